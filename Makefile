@@ -1,0 +1,33 @@
+# Two commands do all set-up on a fresh machine:
+#   make run    start strom on embedded defaults (127.0.0.1:9123, data in ./strom-data)
+#   make test   run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard strom/rpc/proto/*.proto) $(wildcard strom/records/native/*.c)
+
+.PHONY: install run test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): $(BUILD_INPUTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[dev,spark]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/strom server --bind 127.0.0.1:9123 --data-dir strom-data
+
+test: install
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
+
+lint: install
+	$(BIN)/ruff check strom tests bench
+
+bench: install
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info strom/rpc/proto/*_pb2.py strom/records/*.so

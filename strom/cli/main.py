@@ -1,0 +1,109 @@
+"""The ``strom`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from strom.config import ALL_OPTIONS, BIND_LISTENERS, DATA_DIR, Configuration, options_markdown
+
+
+def _parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise click.BadParameter(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _load_config(config_file: Path | None, defines: tuple[str, ...]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            loaded = yaml.safe_load(config_file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise click.BadParameter(f"cannot read {config_file}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise click.BadParameter(f"{config_file} must hold a mapping of config keys to values")
+        values.update({str(k): v for k, v in loaded.items()})
+    for define in defines:
+        key, sep, value = define.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"-D expects key=value, got {define!r}")
+        values[key.strip()] = value.strip()
+    return values
+
+
+@click.group()
+@click.version_option("0.1.0", prog_name="strom")
+def main() -> None:
+    """strom: primary-key table storage that speaks Apache Fluss's protocol."""
+
+
+@main.command()
+@click.option("--bind", "bind", default=None, help="HOST:PORT to listen on (default 127.0.0.1:9123).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Directory for all server data.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="YAML file of config keys (Fluss names).")
+@click.option("-D", "defines", multiple=True, metavar="KEY=VALUE", help="Set a config key, e.g. -D kv.snapshot.interval=1s.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def server(bind: str | None, data_dir: Path | None, config_file: Path | None, defines: tuple[str, ...],
+           log_level: str) -> None:
+    """Run a single-node cluster (coordinator and tablet server) in the foreground until SIGTERM/SIGINT."""
+    from strom.server.node import StromServer
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    values = _load_config(config_file, defines)
+    if bind is not None:
+        values[BIND_LISTENERS.key] = bind
+    if data_dir is not None:
+        values[DATA_DIR.key] = str(data_dir)
+    try:
+        config = Configuration(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    host, port = _parse_address(config.get(BIND_LISTENERS) or "127.0.0.1:9123")
+    directory = Path(config.get(DATA_DIR) or "strom-data")
+    unknown = sorted(k for k in values if k not in ALL_OPTIONS)
+    if unknown:
+        logging.getLogger("strom").warning("ignoring unknown config keys: %s", ", ".join(unknown))
+
+    async def run() -> None:
+        node = StromServer(directory, host, port, config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, node.request_stop)
+        try:
+            await node.start()
+        except OSError as exc:
+            await node.stop()
+            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        click.echo(f"strom listening on {host}:{node.port}, data in {directory}", err=True)
+        try:
+            await node.serve_forever()
+        finally:
+            await node.stop()
+
+    asyncio.run(run())
+
+
+@main.group()
+def config() -> None:
+    """Configuration reference."""
+
+
+@config.command("docs")
+def config_docs() -> None:
+    """Print the configuration reference (Markdown)."""
+    sys.stdout.write(options_markdown())
+
+
+if __name__ == "__main__":
+    main()

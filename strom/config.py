@@ -1,0 +1,273 @@
+"""Configuration options, declared once with their type, default and description.
+
+Keys are spelled as Apache Fluss spells them so Fluss users feel at home; where strom's default differs
+from Fluss's, the description says why. ``docs/configuration.md`` is generated from this module
+(``strom config docs``). Components read an option once and keep it in a unit-named attribute.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|milli|millis|s|sec|secs|min|mins|m|h|d|day|days)?\s*$", re.IGNORECASE)
+_DURATION_MS = {
+    None: 1,
+    "ms": 1,
+    "milli": 1,
+    "millis": 1,
+    "s": 1000,
+    "sec": 1000,
+    "secs": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "mins": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
+}
+_MEMORY = re.compile(r"^\s*(\d+)\s*(b|bytes|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?\s*$", re.IGNORECASE)
+_MEMORY_BYTES = {None: 1, "b": 1, "bytes": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+                 "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+                 "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Fluss duration syntax: ``500ms``, ``1s``, ``10 min``, ``2h``, ``7d``; a bare number is milliseconds."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int):
+        return timedelta(milliseconds=value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"not a duration: {value!r} (examples: 500ms, 1s, 10 min, 2h, 7d)")
+    unit = match.group(2).lower() if match.group(2) else None
+    return timedelta(milliseconds=int(match.group(1)) * _DURATION_MS[unit])
+
+
+def parse_memory_size(value: Any) -> int:
+    """Fluss memory syntax: ``100mb``, ``8 kb``, ``1g``; a bare number is bytes."""
+    if isinstance(value, int):
+        return value
+    match = _MEMORY.match(str(value))
+    if not match:
+        raise ValueError(f"not a memory size: {value!r} (examples: 64kb, 100mb, 1gb)")
+    unit = match.group(2).lower() if match.group(2) else None
+    return int(match.group(1)) * _MEMORY_BYTES[unit]
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def _parse_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"not an integer: {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigOption(Generic[T]):
+    key: str
+    default: T
+    description: str
+    parse: Callable[[Any], T]
+    type_name: str
+
+
+ALL_OPTIONS: dict[str, ConfigOption[Any]] = {}
+
+
+def _option(key: str, default: T, description: str, parse: Callable[[Any], T], type_name: str) -> ConfigOption[T]:
+    assert key not in ALL_OPTIONS, key
+    option = ConfigOption(key, default, description, parse, type_name)
+    ALL_OPTIONS[key] = option
+    return option
+
+
+def duration_option(key: str, default: str, description: str) -> ConfigOption[timedelta]:
+    return _option(key, parse_duration(default), description, parse_duration, "Duration")
+
+
+def memory_option(key: str, default: str, description: str) -> ConfigOption[int]:
+    return _option(key, parse_memory_size(default), description, parse_memory_size, "MemorySize")
+
+
+def int_option(key: str, default: int, description: str) -> ConfigOption[int]:
+    return _option(key, default, description, _parse_int, "Integer")
+
+
+def bool_option(key: str, default: bool, description: str) -> ConfigOption[bool]:
+    return _option(key, default, description, _parse_bool, "Boolean")
+
+
+def string_option(key: str, default: str | None, description: str) -> ConfigOption[str | None]:
+    return _option(key, default, description, lambda v: None if v is None else str(v), "String")
+
+
+# ---- server ----
+BIND_LISTENERS = string_option(
+    "bind.listeners", "127.0.0.1:9123", "Address (host:port) the server listens on. `strom server --bind` sets it."
+)
+ADVERTISED_HOST = string_option(
+    "advertised.host", None,
+    "Host name clients are told to connect to; defaults to the bind host (strom extension).",
+)
+DATA_DIR = string_option("data.dir", None, "Local directory for logs, RocksDB instances and the metadata store.")
+REMOTE_DATA_DIR = string_option(
+    "remote.data.dir", None,
+    "Remote storage for KV snapshots: a local path or an fsspec URL (e.g. s3://bucket/strom). "
+    "Defaults to `<data.dir>/remote`.",
+)
+TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.")
+DEFAULT_BUCKET_NUMBER = int_option(
+    "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count."
+)
+MAX_BUCKET_NUM = int_option("max.bucket.num", 4096, "Maximum number of buckets of a table.")
+MAX_PARTITION_NUM = int_option("max.partition.num", 1000, "Maximum number of partitions of a table.")
+MAX_REQUEST_SIZE = memory_option(
+    "netty.server.max-request-size", "100mb",
+    "Largest request frame the server reads; a larger frame length closes the connection before its body is read.",
+)
+CONNECTION_MAX_IDLE_TIME = duration_option(
+    "netty.connection.max-idle-time", "10 min", "Connections idle for this long are closed."
+)
+SERVER_MAX_IN_FLIGHT_PER_CONNECTION = int_option(
+    "server.max-inflight-requests-per-connection", 64,
+    "Requests of one connection handled at once; further frames wait (strom extension, bounds memory).",
+)
+METRICS_PORT = int_option(
+    "metrics.reporter.prometheus.port", 0,
+    "Port of the Prometheus metrics endpoint on the bind host; 0 disables it.",
+)
+
+# ---- log ----
+LOG_SEGMENT_FILE_SIZE = memory_option("log.segment.file-size", "1024mb", "Size at which a log segment is rolled.")
+LOG_FLUSH_INTERVAL_MESSAGES = int_option(
+    "log.flush.interval-messages", 1,
+    "Number of appended batches after which the log is fsynced before the write is acknowledged. "
+    "Fluss defaults to never (it relies on replication); strom runs a single replica, so it defaults to 1: "
+    "every acknowledged write is on disk. Concurrent appends share one fsync (group commit).",
+)
+TABLE_LOG_TTL = duration_option("table.log.ttl", "7d", "Log segments older than this are deleted; <= 0 keeps them forever.")
+LOG_RETENTION_CHECK_INTERVAL = duration_option(
+    "log.retention.check-interval", "5 min", "How often log retention runs."
+)
+LOG_FETCH_WAIT_MAX = duration_option(
+    "log.fetch.wait-max-time", "5s", "Server cap on a FetchLog long-poll, whatever the client asks (strom extension)."
+)
+WRITER_ID_EXPIRATION_TIME = duration_option(
+    "server.writer-id.expiration-time", "7d", "Writer ids idle this long lose their deduplication state."
+)
+
+# ---- kv ----
+KV_SNAPSHOT_INTERVAL = duration_option(
+    "kv.snapshot.interval", "10 min", "Period of KV snapshots of each bucket with new writes; <= 0 disables them."
+)
+KV_SNAPSHOT_NUM_RETAINED = int_option(
+    "kv.snapshot.num-retained", 2, "Completed snapshots kept per bucket (leased ones are kept in addition)."
+)
+KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL = duration_option(
+    "kv.snapshot.lease.expiration-check-interval", "10 min",
+    "How often expired KV snapshot leases are dropped and the snapshots they freed are cleaned.",
+)
+KV_SCANNER_TTL = duration_option("kv.scanner.ttl", "10 min", "Idle time after which a KV scan session is closed.")
+KV_SCANNER_EXPIRATION_INTERVAL = duration_option(
+    "kv.scanner.expiration-interval", "30s", "How often idle KV scan sessions are looked for."
+)
+KV_SCANNER_MAX_PER_BUCKET = int_option("kv.scanner.max-per-bucket", 8, "Open KV scan sessions allowed per bucket.")
+KV_SCANNER_MAX_PER_SERVER = int_option("kv.scanner.max-per-server", 200, "Open KV scan sessions allowed per server.")
+KV_SCANNER_MAX_BATCH_SIZE = memory_option(
+    "kv.scanner.max-batch-size", "10mb", "Server cap on a ScanKv response's `batch_size_bytes`."
+)
+KV_ROCKSDB_BLOCK_CACHE_SIZE = memory_option(
+    "kv.rocksdb.block.cache-size", "8mb", "RocksDB block cache of each bucket."
+)
+
+
+class Configuration:
+    """An immutable set of option values: defaults overlaid with what the user set.
+
+    Unknown keys are kept (table properties and client options pass through) but never validated.
+    """
+
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+        self._raw: dict[str, Any] = dict(values or {})
+        for key, raw in self._raw.items():
+            option = ALL_OPTIONS.get(key)
+            if option is not None:
+                try:
+                    option.parse(raw)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"invalid value for {key}: {exc}") from exc
+
+    def get(self, option: ConfigOption[T]) -> T:
+        if option.key in self._raw:
+            return option.parse(self._raw[option.key])
+        return option.default
+
+    def get_ms(self, option: ConfigOption[timedelta]) -> int:
+        return int(self.get(option).total_seconds() * 1000)
+
+    def with_values(self, values: Mapping[str, Any]) -> Configuration:
+        merged = dict(self._raw)
+        merged.update(values)
+        return Configuration(merged)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._raw)
+
+    def __repr__(self) -> str:
+        return f"Configuration({self._raw!r})"
+
+
+def options_markdown() -> str:
+    """The configuration reference page, generated from the declarations above."""
+    lines = [
+        "# Configuration",
+        "",
+        "Generated from `strom/config.py` by `strom config docs`. Set any key with `strom server -D key=value`",
+        "or in a YAML file passed with `--config`.",
+        "",
+        "| key | type | default | description |",
+        "|---|---|---|---|",
+    ]
+    for key in sorted(ALL_OPTIONS):
+        option = ALL_OPTIONS[key]
+        default = option.default
+        if isinstance(default, timedelta):
+            shown = _format_duration(default)
+        elif option.type_name == "MemorySize":
+            shown = _format_memory(int(default))
+        else:
+            shown = "(none)" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+        lines.append(f"| `{key}` | {option.type_name} | {shown} | {option.description} |")
+    return "\n".join(lines) + "\n"
+
+
+def _format_duration(value: timedelta) -> str:
+    ms = int(value.total_seconds() * 1000)
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
+
+
+def _format_memory(value: int) -> str:
+    for unit, size in (("gb", 1 << 30), ("mb", 1 << 20), ("kb", 1 << 10)):
+        if value and value % size == 0:
+            return f"{value // size} {unit}"
+    return f"{value} bytes"

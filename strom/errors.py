@@ -1,0 +1,336 @@
+"""Every error strom raises, each bound to its Apache Fluss error code.
+
+The codes are part of the wire protocol: clients branch on them (pyfluss retries some per-bucket codes,
+treats 32 as success, turns 36 into "no row"), so a code is never renumbered. The server maps an exception
+to a code in exactly one place (:func:`code_for_exception`); the client maps a code back with
+:func:`error_for_code`. Retriable errors derive from :class:`RetriableError`: the caller may try again.
+"""
+
+from __future__ import annotations
+
+
+class StromError(Exception):
+    """Base of every error with a Fluss error code."""
+
+    code: int = -1
+    default_message = "An unexpected server error occurred."
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.default_message)
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class RetriableError(StromError):
+    """A transient failure: the same request may succeed if sent again (after a metadata refresh)."""
+
+
+class UnknownServerError(StromError):
+    """A bug or an unexpected failure in the server; the message says what happened."""
+
+    code = -1
+
+
+class NetworkError(RetriableError):
+    code = 1
+    default_message = "The server disconnected before a response was received."
+
+
+class UnsupportedVersionError(StromError):
+    """The api key or version is not served here; upgrade the server or use another call."""
+
+    code = 2
+    default_message = "The version of API is not supported."
+
+
+class CorruptMessageError(RetriableError):
+    """The request frame or its protobuf body could not be parsed."""
+
+    code = 3
+    default_message = "The message is corrupt (for example a bad CRC or a truncated body)."
+
+
+class DatabaseNotExistError(StromError):
+    code = 4
+    default_message = "The database does not exist."
+
+
+class DatabaseNotEmptyError(StromError):
+    """Drop the tables first, or drop with cascade."""
+
+    code = 5
+    default_message = "The database is not empty."
+
+
+class DatabaseAlreadyExistError(StromError):
+    code = 6
+    default_message = "The database already exists."
+
+
+class TableNotExistError(StromError):
+    code = 7
+    default_message = "The table does not exist."
+
+
+class TableAlreadyExistError(StromError):
+    code = 8
+    default_message = "The table already exists."
+
+
+class SchemaNotExistError(StromError):
+    code = 9
+    default_message = "The schema does not exist."
+
+
+class LogStorageError(RetriableError):
+    code = 10
+    default_message = "The log storage failed."
+
+
+class KvStorageError(RetriableError):
+    code = 11
+    default_message = "The kv storage failed."
+
+
+class NotLeaderOrFollowerError(RetriableError):
+    """Refresh metadata and send the request to the bucket's current leader."""
+
+    code = 12
+    default_message = "This server is not the leader of the bucket."
+
+
+class RecordTooLargeError(StromError):
+    code = 13
+    default_message = "The record is too large."
+
+
+class CorruptRecordError(RetriableError):
+    code = 14
+    default_message = "The record is corrupt."
+
+
+class InvalidTableError(StromError):
+    code = 15
+    default_message = "The table is invalid."
+
+
+class InvalidDatabaseError(StromError):
+    code = 16
+    default_message = "The database name is invalid."
+
+
+class InvalidRequiredAcksError(StromError):
+    code = 18
+    default_message = "The required acks are invalid."
+
+
+class LogOffsetOutOfRangeError(StromError):
+    code = 19
+    default_message = "The requested offset is out of the log's range."
+
+
+class NonPrimaryKeyTableError(StromError):
+    code = 20
+    default_message = "The table is not a primary key table."
+
+
+class UnknownTableOrBucketError(RetriableError):
+    code = 21
+    default_message = "This server does not host the table or bucket."
+
+
+class InvalidCoordinatorError(StromError):
+    code = 23
+    default_message = "The coordinator epoch is invalid."
+
+
+class RequestTimeoutError(RetriableError):
+    code = 25
+    default_message = "The request timed out."
+
+
+class StorageError(RetriableError):
+    code = 26
+    default_message = "The storage failed."
+
+
+class OutOfOrderSequenceError(StromError):
+    code = 31
+    default_message = "The writer's batch sequence is out of order."
+
+
+class DuplicateSequenceError(StromError):
+    """The batch was already written; clients treat this as success."""
+
+    code = 32
+    default_message = "The batch was already written (duplicate sequence)."
+
+
+class UnknownWriterIdError(StromError):
+    """The server has no state for this writer id; the client re-initialises its writer."""
+
+    code = 33
+    default_message = "The writer id is unknown."
+
+
+class InvalidColumnProjectionError(StromError):
+    code = 34
+    default_message = "The column projection is invalid."
+
+
+class InvalidTargetColumnError(StromError):
+    code = 35
+    default_message = "The target columns of the partial update are invalid."
+
+
+class PartitionNotExistError(StromError):
+    code = 36
+    default_message = "The partition does not exist."
+
+
+class TableNotPartitionedError(StromError):
+    code = 37
+    default_message = "The table is not partitioned."
+
+
+class InvalidTimestampError(StromError):
+    code = 38
+    default_message = "The timestamp is invalid."
+
+
+class InvalidConfigError(StromError):
+    code = 39
+    default_message = "The config is invalid."
+
+
+class KvSnapshotNotExistError(StromError):
+    code = 41
+    default_message = "The kv snapshot does not exist."
+
+
+class PartitionAlreadyExistsError(StromError):
+    code = 42
+    default_message = "The partition already exists."
+
+
+class PartitionSpecInvalidError(StromError):
+    code = 43
+    default_message = "The partition spec is invalid."
+
+
+class LeaderNotAvailableError(RetriableError):
+    code = 44
+    default_message = "No leader is available for the bucket."
+
+
+class PartitionMaxNumError(StromError):
+    code = 45
+    default_message = "The maximum number of partitions is reached."
+
+
+class AuthenticationError(StromError):
+    code = 46
+    default_message = "Authentication failed."
+
+
+class SecurityDisabledError(StromError):
+    code = 47
+    default_message = "Security is disabled."
+
+
+class AuthorizationError(StromError):
+    code = 48
+    default_message = "Authorization failed."
+
+
+class BucketMaxNumError(StromError):
+    code = 49
+    default_message = "The maximum number of buckets is reached."
+
+
+class FencedTieringEpochError(StromError):
+    code = 50
+    default_message = "The tiering epoch is fenced."
+
+
+class LakeSnapshotNotExistError(StromError):
+    code = 53
+    default_message = "The lake snapshot does not exist."
+
+
+class InvalidAlterTableError(StromError):
+    code = 56
+    default_message = "The alter table request is invalid."
+
+
+class DeletionDisabledError(StromError):
+    code = 57
+    default_message = "Deletion is disabled on this table."
+
+
+class ScannerExpiredError(StromError):
+    """The scan session idled past ``kv.scanner.ttl`` or lost its bucket; restart the scan."""
+
+    code = 66
+    default_message = "The scanner expired; restart the scan."
+
+
+class UnknownScannerIdError(StromError):
+    """The scan session is unknown or already finished; restart the scan."""
+
+    code = 67
+    default_message = "Unknown scanner id."
+
+
+class InvalidScanRequestError(StromError):
+    code = 68
+    default_message = "The scan request is invalid."
+
+
+class TooManyScannersError(StromError):
+    """The per-bucket or per-server scanner limit is reached; back off and open again."""
+
+    code = 69
+    default_message = "The per-bucket or per-server scanner session limit has been reached."
+
+
+class StorageBackpressureError(RetriableError):
+    code = 72
+    default_message = "The storage is applying back pressure; retry later."
+
+
+class ConnectionFailedError(RetriableError):
+    """Client side: the server could not be reached (it never sent a code, so this maps to NETWORK)."""
+
+    code = 1
+    default_message = "Could not connect to the server."
+
+
+_BY_CODE: dict[int, type[StromError]] = {}
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, StromError) and _cls not in (
+        StromError,
+        RetriableError,
+        ConnectionFailedError,
+    ):
+        assert _cls.code not in _BY_CODE, f"duplicate error code {_cls.code}"
+        _BY_CODE[_cls.code] = _cls
+
+
+def error_for_code(code: int, message: str | None = None) -> StromError:
+    """The exception a client raises for an error code received on the wire."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        error = StromError(message or f"Fluss error code {code}")
+        error.code = code
+        return error
+    return cls(message)
+
+
+def code_for_exception(exc: BaseException) -> tuple[int, str]:
+    """The error code and message the server sends for an exception; unknown failures are -1."""
+    if isinstance(exc, StromError):
+        return exc.code, str(exc)
+    return UnknownServerError.code, f"{type(exc).__name__}: {exc}"

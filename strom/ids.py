@@ -1,0 +1,37 @@
+"""Value types that name things across every layer: tables, partitions and buckets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TablePath:
+    """``database.table``."""
+
+    database_name: str
+    table_name: str
+
+    def __str__(self) -> str:
+        return f"{self.database_name}.{self.table_name}"
+
+    @classmethod
+    def parse(cls, text: str) -> TablePath:
+        database, sep, table = text.partition(".")
+        if not sep or not database or not table:
+            raise ValueError(f"expected DATABASE.TABLE, got {text!r}")
+        return cls(database, table)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TableBucket:
+    """One bucket of a table (of one partition, for partitioned tables)."""
+
+    table_id: int
+    bucket: int
+    partition_id: int | None = None
+
+    def __str__(self) -> str:
+        if self.partition_id is None:
+            return f"TableBucket(table_id={self.table_id}, bucket={self.bucket})"
+        return f"TableBucket(table_id={self.table_id}, partition_id={self.partition_id}, bucket={self.bucket})"

@@ -1,0 +1,347 @@
+"""The primary-key state of one bucket: RocksDB for current values, the LogTablet for the changelog.
+
+Write path (see docs/write-path.md): a PutKv batch is turned into changelog records (+I, -U/+U, -D) by
+reading each key's current value, the changelog batch is appended to the log, and the new values wait in
+the *pre-write buffer* until the log batch is durable; only then are they written to RocksDB (one
+WriteBatch that also records the applied log offset) and the write acknowledged. So RocksDB never holds a
+change the log could lose, lookups never see an unacknowledged value, and after a crash RocksDB is
+recovered by replaying the changelog from its applied offset.
+
+Not thread-safe: every method runs on the server's event loop (RocksDB calls are short and hold the GIL
+anyway; the only blocking I/O, the log fsync, runs in a worker thread inside LogTablet).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import rocksdict
+
+from strom.errors import DeletionDisabledError, KvStorageError
+from strom.kv.row_format import TableRowFormat
+from strom.log.log_tablet import AppendResult, LogTablet
+from strom.records import log_batch
+from strom.records.kv_batch import SCHEMA_ID
+from strom.records.log_batch import ChangeType
+
+log = logging.getLogger(__name__)
+
+META_COLUMN_FAMILY = "strom_meta"
+APPLIED_OFFSET_KEY = b"applied_log_offset"
+_OFFSET = struct.Struct("<q")
+_INSERT = bytes([ChangeType.INSERT])
+_UPDATE_PAIR = bytes([ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER])
+_DELETE = bytes([ChangeType.DELETE])
+
+
+@dataclass(frozen=True, slots=True)
+class KvConfig:
+    block_cache_size_bytes: int
+    delete_behavior: str = "ALLOW"  # table.delete.behavior: ALLOW | IGNORE | DISABLE
+
+
+@dataclass(slots=True)
+class _PendingBatch:
+    next_offset: int
+    keys: list[bytes]
+    values: list[bytes | None]
+
+
+def open_rocksdb(path: Path, block_cache_size_bytes: int, *, read_only: bool = False) -> rocksdict.Rdict:
+    """Open a bucket's RocksDB in raw mode (rocksdict pickles values by default)."""
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    options.set_compression_type(rocksdict.DBCompressionType.lz4())
+    table_options = rocksdict.BlockBasedOptions()
+    table_options.set_block_cache(rocksdict.Cache(block_cache_size_bytes))
+    table_options.set_bloom_filter(10, False)
+    options.set_block_based_table_factory(table_options)
+    column_families = {META_COLUMN_FAMILY: rocksdict.Options(raw_mode=True)}
+    access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
+    return rocksdict.Rdict(str(path), options, column_families=column_families, access_type=access)
+
+
+class KvTablet:
+    """One primary-key bucket. Owned by the event loop."""
+
+    def __init__(self, directory: Path, log_tablet: LogTablet, row_format: TableRowFormat, config: KvConfig) -> None:
+        self.directory = directory
+        self.log = log_tablet
+        self._format = row_format
+        self._config = config
+        self._db = open_rocksdb(directory / "rocksdb", config.block_cache_size_bytes)
+        self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
+        self._write_options = rocksdict.WriteOptions()
+        self._write_options.sync = False  # the changelog, fsynced first, is the write-ahead record
+        self._pending: list[_PendingBatch] = []
+        self._pre_write: dict[bytes, tuple[bytes | None, int]] = {}  # key -> (value or None, next_offset)
+        self._applied_offset = self._read_applied_offset()
+        self._closed = False
+        self._recover()
+
+    # ---- recovery ----
+    def _read_applied_offset(self) -> int:
+        raw = self._db.get_column_family(META_COLUMN_FAMILY).get(APPLIED_OFFSET_KEY)
+        return _OFFSET.unpack(raw)[0] if raw else 0
+
+    @property
+    def applied_offset(self) -> int:
+        """Exclusive: every changelog record below this offset is reflected in RocksDB."""
+        return self._applied_offset
+
+    def _recover(self) -> None:
+        end = self.log.high_watermark
+        if self._applied_offset > end:
+            if self.log.log_start_offset != 0:
+                raise KvStorageError(
+                    f"{self.directory}: RocksDB is at offset {self._applied_offset} but the changelog ends at {end} "
+                    "and no longer starts at 0; restore the bucket from a KV snapshot"
+                )
+            log.warning("%s: RocksDB ahead of the changelog (%d > %d); rebuilding it from the log",
+                        self.directory, self._applied_offset, end)
+            self._db.close()
+            rocksdict.Rdict.destroy(str(self.directory / "rocksdb"))
+            self._db = open_rocksdb(self.directory / "rocksdb", self._config.block_cache_size_bytes)
+            self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
+            self._applied_offset = 0
+        if self._applied_offset < end:
+            replayed = self.replay_changelog(self._applied_offset, end)
+            log.info("%s: replayed %d changelog records up to offset %d", self.directory, replayed, end)
+
+    def replay_changelog(self, start_offset: int, end_offset: int) -> int:
+        """Apply changelog records in ``[start_offset, end_offset)`` to RocksDB; returns records applied."""
+        applied = 0
+        offset = start_offset
+        schema = self._format.arrow_schema
+        while offset < end_offset:
+            data = self.log.read_range(offset, end_offset, 16 << 20)
+            if not data:
+                break
+            batch_write = rocksdict.WriteBatch(raw_mode=True)
+            for position, header in log_batch.iter_batches(data, verify_crc=False):
+                if header.next_offset <= offset:
+                    continue
+                change_types, batch = log_batch.read_arrow(data, position, header, schema)
+                if batch.num_rows:
+                    keys, values = self._format.changelog_to_kv(batch, change_types or b"", header.schema_id)
+                    first = max(0, offset - header.base_offset)
+                    for key, value in zip(keys[first:], values[first:], strict=True):
+                        if key is None:
+                            continue  # -U: the +U that follows carries the new value
+                        if value is None:
+                            batch_write.delete(key)
+                        else:
+                            batch_write.put(key, value)
+                        applied += 1
+                offset = header.next_offset
+            batch_write.put(APPLIED_OFFSET_KEY, _OFFSET.pack(offset), self._meta)
+            self._db.write(batch_write, self._write_options)
+            self._applied_offset = offset
+        return applied
+
+    # ---- writes ----
+    def prepare_put(
+        self,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        schema_id: int,
+        target_columns: Sequence[int] | None,
+        writer_id: int,
+        batch_sequence: int,
+        now_ms: int,
+    ) -> AppendResult:
+        """Turn one request's records into a changelog batch and append it; values wait in the pre-write
+        buffer until :meth:`apply_durable` runs after the log is durable.
+
+        Raises DuplicateSequenceError / OutOfOrderSequenceError (nothing written) for a replayed or
+        skipped writer sequence, DeletionDisabledError if the table forbids deletes.
+        """
+        self._check_open()
+        self.log.writer_state.check(writer_id, batch_sequence)
+        if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
+            raise DeletionDisabledError("deletes are disabled on this table (table.delete.behavior=DISABLE)")
+        ignore_deletes = self._config.delete_behavior == "IGNORE"
+        old_values = self._current_values(keys)
+        prefix = SCHEMA_ID.pack(schema_id)
+        local: dict[bytes, bytes | None] = {}
+        change_types = bytearray()
+        rows: list[bytes] = []
+        new_keys: list[bytes] = []
+        new_values: list[bytes | None] = []
+        partial = bool(target_columns)
+        for key, value, old in zip(keys, values, old_values, strict=True):
+            if key in local:
+                old = local[key]
+            if value is None:
+                if old is None or ignore_deletes:
+                    continue
+                if partial:
+                    remaining = self._format.null_out(old, target_columns)  # type: ignore[arg-type]
+                    if remaining is not None:
+                        change_types += _UPDATE_PAIR
+                        rows.append(old)
+                        rows.append(remaining)
+                        local[key] = remaining
+                        new_keys.append(key)
+                        new_values.append(remaining)
+                        continue
+                change_types += _DELETE
+                rows.append(old)
+                local[key] = None
+                new_keys.append(key)
+                new_values.append(None)
+                continue
+            if partial and old is not None:
+                new = self._format.merge_partial(old, prefix + value, target_columns)  # type: ignore[arg-type]
+            else:
+                new = prefix + value
+            if old is None:
+                change_types += _INSERT
+                rows.append(new)
+            else:
+                change_types += _UPDATE_PAIR
+                rows.append(old)
+                rows.append(new)
+            local[key] = new
+            new_keys.append(key)
+            new_values.append(new)
+        batch = self._format.stored_values_to_batch(rows)
+        data = bytearray(
+            log_batch.build_arrow_batch(
+                batch,
+                schema_id=self._format.schema_id,
+                change_types=bytes(change_types),
+                compression=self._format.log_compression,
+                writer_id=writer_id,
+                batch_sequence=batch_sequence,
+            )
+        )
+        headers = list(log_batch.iter_batches(data, verify_crc=False))
+        result = self.log.append(data, headers, now_ms)
+        self._pending.append(_PendingBatch(result.next_offset, new_keys, new_values))
+        for key, value in zip(new_keys, new_values, strict=True):
+            self._pre_write[key] = (value, result.next_offset)
+        return result
+
+    def _current_values(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Latest values including the pre-write buffer (what the changelog must compare against)."""
+        if not keys:
+            return []
+        values: list[bytes | None] = self._db.get(list(keys))
+        if self._pre_write:
+            pre_write = self._pre_write
+            for index, key in enumerate(keys):
+                entry = pre_write.get(key)
+                if entry is not None:
+                    values[index] = entry[0]
+        return values
+
+    def apply_durable(self) -> None:
+        """Move every pre-write batch the log made durable into RocksDB, in order, with its offset."""
+        if not self._pending:
+            return
+        high_watermark = self.log.high_watermark
+        if self._pending[0].next_offset > high_watermark:
+            return
+        write = rocksdict.WriteBatch(raw_mode=True)
+        applied_to = self._applied_offset
+        pre_write = self._pre_write
+        while self._pending and self._pending[0].next_offset <= high_watermark:
+            pending = self._pending.pop(0)
+            for key, value in zip(pending.keys, pending.values, strict=True):
+                if value is None:
+                    write.delete(key)
+                else:
+                    write.put(key, value)
+                entry = pre_write.get(key)
+                if entry is not None and entry[1] == pending.next_offset:
+                    del pre_write[key]
+            applied_to = pending.next_offset
+        write.put(APPLIED_OFFSET_KEY, _OFFSET.pack(applied_to), self._meta)
+        try:
+            self._db.write(write, self._write_options)
+        except Exception as exc:
+            raise KvStorageError(f"RocksDB write failed in {self.directory}: {exc}") from exc
+        self._applied_offset = applied_to
+
+    # ---- reads ----
+    def lookup(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Stored values (schema id + row) of acknowledged writes; None for missing keys."""
+        self._check_open()
+        if len(keys) == 1:
+            return [self._db.get(keys[0])]
+        result: list[bytes | None] = self._db.get(list(keys))
+        return result
+
+    def prefix_lookup(self, prefixes: Sequence[bytes], limit_per_prefix: int) -> list[list[bytes]]:
+        self._check_open()
+        results: list[list[bytes]] = []
+        for prefix in prefixes:
+            matches: list[bytes] = []
+            iterator = self._db.iter()
+            try:
+                iterator.seek(prefix)
+                while iterator.valid() and len(matches) < limit_per_prefix:
+                    key = iterator.key()
+                    if not key.startswith(prefix):
+                        break
+                    matches.append(iterator.value())
+                    iterator.next()
+            finally:
+                del iterator
+            results.append(matches)
+        return results
+
+    def limit_scan(self, limit: int) -> list[bytes]:
+        self._check_open()
+        values: list[bytes] = []
+        iterator = self._db.iter()
+        try:
+            iterator.seek_to_first()
+            while iterator.valid() and len(values) < limit:
+                values.append(iterator.value())
+                iterator.next()
+        finally:
+            del iterator
+        return values
+
+    def iterate_values(self) -> Iterator[bytes]:
+        """Every stored value in key order from a point-in-time iterator created now."""
+        self._check_open()
+        iterator = self._db.iter()
+        iterator.seek_to_first()
+        try:
+            while iterator.valid():
+                yield iterator.value()
+                iterator.next()
+        finally:
+            del iterator
+
+    @property
+    def db(self) -> rocksdict.Rdict:
+        return self._db
+
+    @property
+    def row_format(self) -> TableRowFormat:
+        return self._format
+
+    # ---- lifecycle ----
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KvStorageError(f"kv tablet {self.directory} is closed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._db.close()
+
+    def delete(self) -> None:
+        self.close()
+        shutil.rmtree(self.directory / "rocksdb", ignore_errors=True)

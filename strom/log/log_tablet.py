@@ -1,0 +1,287 @@
+"""The append-only log of one bucket: offsets, segments, durability and the high watermark.
+
+Appends are stamped with consecutive offsets and a commit timestamp, written to the active segment, and
+become visible (the high watermark moves) once durable: after an fsync when ``log.flush.interval-messages``
+is 1 (strom's default), otherwise after every N appends. Concurrent appenders share one fsync (group
+commit). Readers never see data above the high watermark, so nothing they read can vanish in a crash.
+
+All methods run on the server's event loop; only the fsync runs in a worker thread, on descriptors that
+stay open until the tablet closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from strom.errors import LogOffsetOutOfRangeError, LogStorageError
+from strom.log.segment import FILE_SUFFIX, LogSegment
+from strom.log.writer_state import WriterStateManager
+from strom.records import log_batch
+
+log = logging.getLogger(__name__)
+
+EARLIEST_OFFSET = -2  # FetchLog's "from the log start"
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_size_bytes_max: int
+    flush_interval_messages: int
+    writer_expiration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    next_offset: int
+    """Exclusive: the offset the next append will get."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    records: bytes
+    high_watermark: int
+    log_start_offset: int
+
+
+class LogTablet:
+    """One bucket's log. Not thread-safe: owned by the event loop."""
+
+    def __init__(
+        self, directory: Path, config: LogConfig, segments: list[LogSegment], writer_state: WriterStateManager
+    ) -> None:
+        assert segments, "a log always has an active segment"
+        self.directory = directory
+        self._config = config
+        self._segments = segments
+        self.writer_state = writer_state
+        self._unflushed_segments: list[LogSegment] = []
+        self._appends_since_flush = 0
+        self._high_watermark = self.log_end_offset
+        self._flush_task: asyncio.Future[None] | None = None
+        self._hw_advanced = asyncio.Event()
+        self._last_commit_timestamp = max(s.last_timestamp for s in segments)
+        self._failed: Exception | None = None
+        self._closed = False
+
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig) -> LogTablet:
+        """Open (creating if needed) the log in ``directory``, repairing a torn tail and rebuilding state."""
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = sorted(directory.glob(f"*{FILE_SUFFIX}"))
+        segments: list[LogSegment] = []
+        # Batch headers carry writer ids and sequences, so replaying them rebuilds the dedup state.
+        writer_state = WriterStateManager(config.writer_expiration_ms)
+        try:
+            for index, path in enumerate(paths):
+                segments.append(
+                    LogSegment.open(path, is_last=index == len(paths) - 1, on_batch=writer_state.observe_header)
+                )
+            if not segments:
+                segments.append(LogSegment.create(directory, 0))
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+        return cls(directory, config, segments, writer_state)
+
+    # ---- offsets ----
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(segment.size_bytes for segment in self._segments)
+
+    # ---- appending ----
+    def append(
+        self, data: bytearray, batches: Sequence[tuple[int, log_batch.LogBatchHeader]], now_ms: int
+    ) -> AppendResult:
+        """Append validated batches (positions and headers from :func:`log_batch.iter_batches`).
+
+        Raises DuplicateSequenceError / OutOfOrderSequenceError (nothing is written) when the writer
+        state rejects the first batch. The batches are stamped in place with offsets and a timestamp.
+        """
+        self._check_usable()
+        assert batches
+        for _position, header in batches:
+            self.writer_state.check(header.writer_id, header.batch_sequence)
+        commit_timestamp = max(now_ms, self._last_commit_timestamp)
+        base_offset = self.log_end_offset
+        next_offset = base_offset
+        index_entries = []
+        for position, header in batches:
+            log_batch.stamp(data, position, next_offset, commit_timestamp)
+            batch_next = next_offset + header.last_offset_delta + 1
+            index_entries.append((position, next_offset, batch_next, commit_timestamp))
+            next_offset = batch_next
+        segment = self._segment_for_append(len(data))
+        try:
+            segment.append(data, index_entries)
+        except OSError as exc:
+            self._fail(exc)
+            raise LogStorageError(f"cannot append to {segment.path}: {exc}") from exc
+        for (_position, header), (_p, batch_base, batch_next, _t) in zip(batches, index_entries, strict=True):
+            self.writer_state.observe(header.writer_id, header.batch_sequence, batch_base, batch_next, commit_timestamp)
+        self._last_commit_timestamp = commit_timestamp
+        if segment not in self._unflushed_segments:
+            self._unflushed_segments.append(segment)
+        self._appends_since_flush += 1
+        if self._config.flush_interval_messages > 1 and self._appends_since_flush < self._config.flush_interval_messages:
+            self._advance_high_watermark(next_offset)
+        return AppendResult(base_offset, next_offset)
+
+    def _segment_for_append(self, size_bytes: int) -> LogSegment:
+        active = self._segments[-1]
+        if active.size_bytes > 0 and active.size_bytes + size_bytes > self._config.segment_size_bytes_max:
+            active = LogSegment.create(self.directory, active.next_offset)
+            self._segments.append(active)
+        return active
+
+    async def wait_durable(self, offset: int) -> None:
+        """Return once every offset below ``offset`` is durable and visible (the high watermark passed it)."""
+        while self._high_watermark < offset:
+            self._check_usable()
+            if self._flush_task is None:
+                self._flush_task = asyncio.ensure_future(self._flush())
+            await asyncio.shield(self._flush_task)
+
+    async def _flush(self) -> None:
+        target = self.log_end_offset
+        segments = self._unflushed_segments
+        self._unflushed_segments = []
+        self._appends_since_flush = 0
+        try:
+            loop = asyncio.get_running_loop()
+            for segment in segments:
+                await loop.run_in_executor(None, segment.fsync)
+        except OSError as exc:
+            self._fail(exc)
+            raise LogStorageError(f"fsync of {self.directory} failed: {exc}") from exc
+        finally:
+            self._flush_task = None
+        self._advance_high_watermark(target)
+
+    def _advance_high_watermark(self, offset: int) -> None:
+        if offset > self._high_watermark:
+            self._high_watermark = offset
+            self._hw_advanced.set()
+            self._hw_advanced = asyncio.Event()
+
+    def high_watermark_event(self) -> asyncio.Event:
+        """An event set the next time the high watermark moves (or the tablet closes)."""
+        return self._hw_advanced
+
+    # ---- reading ----
+    def read(self, fetch_offset: int, max_bytes: int) -> ReadResult:
+        """Whole batches whose last offset is at or after ``fetch_offset``, below the high watermark.
+
+        At least one batch is returned when one is available, even above ``max_bytes``.
+        Raises LogOffsetOutOfRangeError below the log start or above the high watermark.
+        """
+        self._check_usable()
+        start = self.log_start_offset
+        if fetch_offset == EARLIEST_OFFSET:
+            fetch_offset = start
+        if fetch_offset < start or fetch_offset > self._high_watermark:
+            raise LogOffsetOutOfRangeError(
+                f"offset {fetch_offset} is outside [{start}, {self._high_watermark}] of {self.directory.name}"
+            )
+        records = b""
+        if fetch_offset < self._high_watermark:
+            for segment in self._segments_from(fetch_offset):
+                records = segment.read(segment.batch_index_for(fetch_offset), max_bytes, self._high_watermark)
+                if records:
+                    break
+        return ReadResult(records, self._high_watermark, start)
+
+    def read_range(self, start_offset: int, end_offset: int, max_bytes: int) -> bytes:
+        """Whole batches covering ``[start_offset, end_offset)`` (end capped at the high watermark)."""
+        end_offset = min(end_offset, self._high_watermark)
+        chunks: list[bytes] = []
+        total = 0
+        offset = max(start_offset, self.log_start_offset)
+        while offset < end_offset and total < max_bytes:
+            data = b""
+            for segment in self._segments_from(offset):
+                data = segment.read(segment.batch_index_for(offset), max_bytes - total, end_offset)
+                if data:
+                    break
+            if not data:
+                break
+            chunks.append(data)
+            total += len(data)
+            last = None
+            for _position, header in log_batch.iter_batches(data, verify_crc=False):
+                last = header
+            assert last is not None
+            offset = last.next_offset
+        return b"".join(chunks)
+
+    def _segments_from(self, offset: int) -> list[LogSegment]:
+        for index in range(len(self._segments) - 1, -1, -1):
+            if self._segments[index].base_offset <= offset:
+                return self._segments[index:]
+        return list(self._segments)
+
+    def offset_for_timestamp(self, timestamp: int) -> int:
+        """The base offset of the first batch committed at or after ``timestamp``, else the high watermark."""
+        for segment in self._segments:
+            if segment.last_timestamp >= timestamp:
+                found = segment.first_offset_at_or_after(timestamp)
+                if found is not None:
+                    return min(found, self._high_watermark)
+        return self._high_watermark
+
+    # ---- retention ----
+    def delete_segments(self, *, older_than_ms: int | None, below_offset: int | None) -> int:
+        """Delete whole closed segments that end below ``below_offset`` and whose last batch is older than
+        ``older_than_ms``; the active segment always stays. Returns the bytes freed."""
+        freed = 0
+        while len(self._segments) > 1:
+            oldest = self._segments[0]
+            if oldest in self._unflushed_segments:
+                break
+            if below_offset is not None and oldest.next_offset > below_offset:
+                break
+            if older_than_ms is not None and oldest.last_timestamp >= older_than_ms:
+                break
+            freed += oldest.size_bytes
+            oldest.delete()
+            self._segments.pop(0)
+        return freed
+
+    # ---- lifecycle ----
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise LogStorageError(f"log {self.directory} failed earlier and is offline: {self._failed}")
+        if self._closed:
+            raise LogStorageError(f"log {self.directory} is closed")
+
+    def _fail(self, exc: Exception) -> None:
+        log.error("log %s goes offline: %s", self.directory, exc)
+        self._failed = exc
+
+    def close(self) -> None:
+        self._closed = True
+        self._hw_advanced.set()
+        for segment in self._segments:
+            segment.close()
+
+    def delete(self) -> None:
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)

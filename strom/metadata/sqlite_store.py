@@ -1,0 +1,243 @@
+"""The embedded metadata store: one SQLite file in WAL mode with ``synchronous=FULL``.
+
+Every call is one transaction, committed (and fsynced) before it returns, so metadata a client was told
+about survives a crash. The store is used from one thread at a time (the server's event loop); the
+connection is opened with ``check_same_thread=False`` so tests and tools may hand it between threads.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from strom.errors import (
+    DatabaseAlreadyExistError,
+    DatabaseNotExistError,
+    PartitionAlreadyExistsError,
+    TableAlreadyExistError,
+)
+from strom.metadata.store import DatabaseRecord, KvSnapshotRecord, MetadataStore, PartitionRecord, TableRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS databases (
+    name TEXT PRIMARY KEY, database_json BLOB NOT NULL, created_ms INTEGER NOT NULL, modified_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tables (
+    table_id INTEGER PRIMARY KEY, database TEXT NOT NULL REFERENCES databases(name), name TEXT NOT NULL,
+    table_json BLOB NOT NULL, schema_id INTEGER NOT NULL, created_ms INTEGER NOT NULL, modified_ms INTEGER NOT NULL,
+    UNIQUE (database, name));
+CREATE TABLE IF NOT EXISTS partitions (
+    partition_id INTEGER PRIMARY KEY, table_id INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
+    created_ms INTEGER NOT NULL, UNIQUE (table_id, name));
+CREATE TABLE IF NOT EXISTS sequences (name TEXT PRIMARY KEY, next_value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS kv_snapshots (
+    table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, bucket INTEGER NOT NULL, snapshot_id INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL, metadata_path TEXT NOT NULL, row_count INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL, created_ms INTEGER NOT NULL,
+    PRIMARY KEY (table_id, partition_id, bucket, snapshot_id));
+CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
+"""
+
+# SQLite cannot key on NULL, so "no partition" is stored as -1 (Fluss never assigns negative ids).
+_NO_PARTITION = -1
+
+
+def _partition_key(partition_id: int | None) -> int:
+    return _NO_PARTITION if partition_id is None else partition_id
+
+
+class SqliteMetadataStore(MetadataStore):
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, *args: object) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ---- databases ----
+    def create_database(self, record: DatabaseRecord) -> None:
+        try:
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT INTO databases VALUES (?, ?, ?, ?)",
+                    (record.name, record.database_json, record.created_ms, record.modified_ms),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise DatabaseAlreadyExistError(f"Database {record.name} already exists.") from exc
+
+    def get_database(self, name: str) -> DatabaseRecord | None:
+        rows = self._query("SELECT name, database_json, created_ms, modified_ms FROM databases WHERE name = ?", name)
+        return DatabaseRecord(*rows[0]) if rows else None
+
+    def list_databases(self) -> list[str]:
+        return [row[0] for row in self._query("SELECT name FROM databases ORDER BY name")]
+
+    def drop_database(self, name: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM databases WHERE name = ?", (name,))
+
+    # ---- tables ----
+    def create_table(self, database: str, name: str, table_json: bytes, schema_id: int, now_ms: int) -> TableRecord:
+        try:
+            with self._transaction() as db:
+                if db.execute("SELECT 1 FROM databases WHERE name = ?", (database,)).fetchone() is None:
+                    raise DatabaseNotExistError(f"Database {database} does not exist.")
+                table_id = self._next_id(db, "table")
+                db.execute(
+                    "INSERT INTO tables VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (table_id, database, name, table_json, schema_id, now_ms, now_ms),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise TableAlreadyExistError(f"Table {database}.{name} already exists.") from exc
+        return TableRecord(table_id, database, name, table_json, schema_id, now_ms, now_ms)
+
+    _TABLE_COLUMNS = "table_id, database, name, table_json, schema_id, created_ms, modified_ms"
+
+    def get_table(self, database: str, name: str) -> TableRecord | None:
+        rows = self._query(f"SELECT {self._TABLE_COLUMNS} FROM tables WHERE database = ? AND name = ?", database, name)
+        return TableRecord(*rows[0]) if rows else None
+
+    def get_table_by_id(self, table_id: int) -> TableRecord | None:
+        rows = self._query(f"SELECT {self._TABLE_COLUMNS} FROM tables WHERE table_id = ?", table_id)
+        return TableRecord(*rows[0]) if rows else None
+
+    def list_tables(self, database: str) -> list[str]:
+        return [row[0] for row in self._query("SELECT name FROM tables WHERE database = ? ORDER BY name", database)]
+
+    def update_table(self, table_id: int, table_json: bytes, now_ms: int) -> TableRecord:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE tables SET table_json = ?, modified_ms = ? WHERE table_id = ?", (table_json, now_ms, table_id)
+            )
+        record = self.get_table_by_id(table_id)
+        assert record is not None
+        return record
+
+    def drop_table(self, table_id: int) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM tables WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM partitions WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM kv_snapshots WHERE table_id = ?", (table_id,))
+
+    # ---- partitions ----
+    def create_partition(
+        self, table_id: int, name: str, spec: tuple[tuple[str, str], ...], now_ms: int
+    ) -> PartitionRecord:
+        try:
+            with self._transaction() as db:
+                partition_id = self._next_id(db, "partition")
+                db.execute(
+                    "INSERT INTO partitions VALUES (?, ?, ?, ?, ?)",
+                    (partition_id, table_id, name, json.dumps([list(kv) for kv in spec]), now_ms),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise PartitionAlreadyExistsError(f"Partition {name} already exists.") from exc
+        return PartitionRecord(partition_id, table_id, name, spec, now_ms)
+
+    @staticmethod
+    def _partition(row: tuple) -> PartitionRecord:
+        spec = tuple((str(k), str(v)) for k, v in json.loads(row[3]))
+        return PartitionRecord(row[0], row[1], row[2], spec, row[4])
+
+    def list_partitions(self, table_id: int) -> list[PartitionRecord]:
+        rows = self._query("SELECT * FROM partitions WHERE table_id = ? ORDER BY partition_id", table_id)
+        return [self._partition(row) for row in rows]
+
+    def get_partition(self, table_id: int, name: str) -> PartitionRecord | None:
+        rows = self._query("SELECT * FROM partitions WHERE table_id = ? AND name = ?", table_id, name)
+        return self._partition(rows[0]) if rows else None
+
+    def get_partition_by_id(self, partition_id: int) -> PartitionRecord | None:
+        rows = self._query("SELECT * FROM partitions WHERE partition_id = ?", partition_id)
+        return self._partition(rows[0]) if rows else None
+
+    def drop_partition(self, partition_id: int) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM partitions WHERE partition_id = ?", (partition_id,))
+            db.execute("DELETE FROM kv_snapshots WHERE partition_id = ?", (partition_id,))
+
+    # ---- sequences ----
+    @staticmethod
+    def _next_id(db: sqlite3.Connection, sequence: str) -> int:
+        row = db.execute("SELECT next_value FROM sequences WHERE name = ?", (sequence,)).fetchone()
+        value = 0 if row is None else int(row[0])
+        db.execute("INSERT OR REPLACE INTO sequences VALUES (?, ?)", (sequence, value + 1))
+        return value
+
+    def next_id(self, sequence: str) -> int:
+        with self._transaction() as db:
+            return self._next_id(db, sequence)
+
+    # ---- KV snapshots ----
+    def add_kv_snapshot(self, record: KvSnapshotRecord) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO kv_snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.table_id,
+                    _partition_key(record.partition_id),
+                    record.bucket,
+                    record.snapshot_id,
+                    record.log_offset,
+                    record.metadata_path,
+                    record.row_count,
+                    record.size_bytes,
+                    record.created_ms,
+                ),
+            )
+
+    def list_kv_snapshots(
+        self, table_id: int, partition_id: int | None, bucket: int | None = None
+    ) -> list[KvSnapshotRecord]:
+        sql = "SELECT * FROM kv_snapshots WHERE table_id = ? AND partition_id = ?"
+        args: list[object] = [table_id, _partition_key(partition_id)]
+        if bucket is not None:
+            sql += " AND bucket = ?"
+            args.append(bucket)
+        rows = self._query(sql + " ORDER BY bucket, snapshot_id", *args)
+        return [
+            KvSnapshotRecord(r[0], None if r[1] == _NO_PARTITION else r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
+            for r in rows
+        ]
+
+    def delete_kv_snapshot(self, table_id: int, partition_id: int | None, bucket: int, snapshot_id: int) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "DELETE FROM kv_snapshots WHERE table_id = ? AND partition_id = ? AND bucket = ? AND snapshot_id = ?",
+                (table_id, _partition_key(partition_id), bucket, snapshot_id),
+            )
+
+    # ---- leases ----
+    def put_lease(self, lease_id: str, payload: bytes) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?)", (lease_id, payload))
+
+    def delete_lease(self, lease_id: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
+
+    def list_leases(self) -> dict[str, bytes]:
+        return {row[0]: bytes(row[1]) for row in self._query("SELECT lease_id, payload FROM leases")}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,181 @@
+"""Where cluster metadata lives: databases, tables, partitions, id sequences, KV snapshots and leases.
+
+``MetadataStore`` is the contract; backends live in their own modules and are picked by name from
+:data:`STORES` (imported lazily, so an optional backend's library is only needed when it is used).
+Every method is atomic: it either applies completely or raises and changes nothing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from strom.errors import StromError
+
+
+class NotInstalledError(StromError):
+    """An optional backend's library is missing; the message names the extra to install."""
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseRecord:
+    name: str
+    database_json: bytes
+    created_ms: int
+    modified_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TableRecord:
+    table_id: int
+    database: str
+    name: str
+    table_json: bytes
+    schema_id: int
+    created_ms: int
+    modified_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    partition_id: int
+    table_id: int
+    name: str
+    spec: tuple[tuple[str, str], ...]
+    created_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class KvSnapshotRecord:
+    """A completed KV snapshot of one bucket; ``log_offset`` is exclusive (next offset not in it)."""
+
+    table_id: int
+    partition_id: int | None
+    bucket: int
+    snapshot_id: int
+    log_offset: int
+    metadata_path: str
+    row_count: int
+    size_bytes: int
+    created_ms: int
+
+
+class MetadataStore(ABC):
+    """Durable cluster metadata. Names are case-sensitive; ids are never reused."""
+
+    # ---- databases ----
+    @abstractmethod
+    def create_database(self, record: DatabaseRecord) -> None:
+        """Raises DatabaseAlreadyExistError."""
+
+    @abstractmethod
+    def get_database(self, name: str) -> DatabaseRecord | None: ...
+
+    @abstractmethod
+    def list_databases(self) -> list[str]: ...
+
+    @abstractmethod
+    def drop_database(self, name: str) -> None:
+        """Drops the database row only; the caller dropped (or refused to drop) its tables first."""
+
+    # ---- tables ----
+    @abstractmethod
+    def create_table(self, database: str, name: str, table_json: bytes, schema_id: int, now_ms: int) -> TableRecord:
+        """Assigns a new table id. Raises TableAlreadyExistError or DatabaseNotExistError."""
+
+    @abstractmethod
+    def get_table(self, database: str, name: str) -> TableRecord | None: ...
+
+    @abstractmethod
+    def get_table_by_id(self, table_id: int) -> TableRecord | None: ...
+
+    @abstractmethod
+    def list_tables(self, database: str) -> list[str]: ...
+
+    @abstractmethod
+    def update_table(self, table_id: int, table_json: bytes, now_ms: int) -> TableRecord: ...
+
+    @abstractmethod
+    def drop_table(self, table_id: int) -> None:
+        """Drops the table, its partitions and its KV snapshot records."""
+
+    # ---- partitions ----
+    @abstractmethod
+    def create_partition(
+        self, table_id: int, name: str, spec: tuple[tuple[str, str], ...], now_ms: int
+    ) -> PartitionRecord:
+        """Assigns a new partition id. Raises PartitionAlreadyExistsError."""
+
+    @abstractmethod
+    def list_partitions(self, table_id: int) -> list[PartitionRecord]: ...
+
+    @abstractmethod
+    def get_partition(self, table_id: int, name: str) -> PartitionRecord | None: ...
+
+    @abstractmethod
+    def get_partition_by_id(self, partition_id: int) -> PartitionRecord | None: ...
+
+    @abstractmethod
+    def drop_partition(self, partition_id: int) -> None: ...
+
+    # ---- sequences ----
+    @abstractmethod
+    def next_id(self, sequence: str) -> int:
+        """The next value of a named counter (0, 1, 2, ...), durable before it is returned."""
+
+    # ---- KV snapshots ----
+    @abstractmethod
+    def add_kv_snapshot(self, record: KvSnapshotRecord) -> None: ...
+
+    @abstractmethod
+    def list_kv_snapshots(self, table_id: int, partition_id: int | None, bucket: int | None = None) -> list[
+        KvSnapshotRecord
+    ]:
+        """Snapshots ordered by bucket then snapshot id."""
+
+    @abstractmethod
+    def delete_kv_snapshot(self, table_id: int, partition_id: int | None, bucket: int, snapshot_id: int) -> None: ...
+
+    # ---- KV snapshot leases ----
+    @abstractmethod
+    def put_lease(self, lease_id: str, payload: bytes) -> None:
+        """Create or replace a lease's encoded state."""
+
+    @abstractmethod
+    def delete_lease(self, lease_id: str) -> None: ...
+
+    @abstractmethod
+    def list_leases(self) -> dict[str, bytes]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+def _open_sqlite(location: str) -> MetadataStore:
+    from strom.metadata.sqlite_store import SqliteMetadataStore
+
+    return SqliteMetadataStore(location)
+
+
+STORES: dict[str, Callable[[str], MetadataStore]] = {"sqlite": _open_sqlite}
+
+
+def open_store(kind: str, location: str) -> MetadataStore:
+    """Open the backend ``kind`` at ``location`` ("sqlite": a file path)."""
+    try:
+        opener = STORES[kind]
+    except KeyError:
+        raise ValueError(f"unknown metadata store {kind!r}; choose one of {sorted(STORES)}") from None
+    return opener(location)
+
+
+__all__ = [
+    "DatabaseRecord",
+    "KvSnapshotRecord",
+    "MetadataStore",
+    "NotInstalledError",
+    "PartitionRecord",
+    "TableRecord",
+    "open_store",
+]

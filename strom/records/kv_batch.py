@@ -1,0 +1,171 @@
+"""KV record batches (PutKv) and value record batches (LimitScan, ScanKv); little-endian throughout.
+
+KvRecordBatch, 28-byte header then records:
+
+    0 length i32 (bytes after this field) | 4 magic i8 | 5 crc u32 (CRC-32C of bytes [9, end))
+    9 schema_id i16 | 11 attributes i8 | 12 writer_id i64 | 20 batch_sequence i32 | 24 record_count i32
+
+Each record: ``size i32`` (bytes after it), ``varint key_length``, key, then the value — whatever bytes
+remain, a row *without* a schema id. A record with no value bytes is a delete.
+
+Value record batch: ``length i32 | magic i8 | record_count i32`` then per record ``size i32`` and a stored
+value (``schema_id i16`` + row bytes).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+
+from strom.errors import CorruptRecordError
+
+KV_HEADER = struct.Struct("<ibIhbqii")
+KV_HEADER_SIZE_BYTES = 28
+assert KV_HEADER.size == KV_HEADER_SIZE_BYTES
+KV_CRC_START = 9
+KV_MAGIC = 0
+VALUE_HEADER = struct.Struct("<ibi")
+VALUE_HEADER_SIZE_BYTES = 9
+assert VALUE_HEADER.size == VALUE_HEADER_SIZE_BYTES
+SCHEMA_ID = struct.Struct("<h")
+_INT32 = struct.Struct("<i")
+
+
+@dataclass(frozen=True, slots=True)
+class KvBatch:
+    """The decoded content of one KvRecordBatch; ``values[i] is None`` means delete ``keys[i]``."""
+
+    schema_id: int
+    writer_id: int
+    batch_sequence: int
+    keys: list[bytes]
+    values: list[bytes | None]
+
+
+def parse_kv_batches(buffer: bytes | memoryview) -> list[KvBatch]:
+    """Parse every KvRecordBatch in ``buffer``, verifying framing and CRC; raises CorruptRecordError."""
+    view = memoryview(buffer)
+    batches: list[KvBatch] = []
+    position = 0
+    end = len(view)
+    while position < end:
+        if end - position < KV_HEADER_SIZE_BYTES:
+            raise CorruptRecordError(f"truncated kv batch header at byte {position}")
+        length, magic, crc, schema_id, _attributes, writer_id, sequence, count = KV_HEADER.unpack_from(view, position)
+        batch_end = position + 4 + length
+        if magic != KV_MAGIC:
+            raise CorruptRecordError(f"unsupported kv batch magic {magic}")
+        if length < KV_HEADER_SIZE_BYTES - 4 or batch_end > end:
+            raise CorruptRecordError(f"kv batch at byte {position} claims {length + 4} bytes, {end - position} present")
+        actual = crc32c.crc32c(view[position + KV_CRC_START : batch_end])
+        if actual != crc:
+            raise CorruptRecordError(f"kv batch CRC-32C {actual:#010x} != header {crc:#010x}")
+        if count < 0:
+            raise CorruptRecordError(f"kv batch record count {count} is negative")
+        keys, values = _parse_records(view, position + KV_HEADER_SIZE_BYTES, batch_end, count)
+        batches.append(KvBatch(schema_id, writer_id, sequence, keys, values))
+        position = batch_end
+    return batches
+
+
+def _parse_records(view: memoryview, position: int, end: int, count: int) -> tuple[list[bytes], list[bytes | None]]:
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    unpack_int32 = _INT32.unpack_from
+    for _ in range(count):
+        if end - position < 4:
+            raise CorruptRecordError("truncated kv record size")
+        (size,) = unpack_int32(view, position)
+        record_start = position + 4
+        record_end = record_start + size
+        if size < 1 or record_end > end:
+            raise CorruptRecordError(f"kv record of {size} bytes overruns its batch")
+        key_length = 0
+        shift = 0
+        cursor = record_start
+        while True:
+            if cursor >= record_end or shift > 28:
+                raise CorruptRecordError("malformed kv record key length")
+            byte = view[cursor]
+            cursor += 1
+            key_length |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        key_end = cursor + key_length
+        if key_end > record_end:
+            raise CorruptRecordError(f"kv record key of {key_length} bytes overruns its record")
+        keys.append(bytes(view[cursor:key_end]))
+        values.append(bytes(view[key_end:record_end]) if key_end < record_end else None)
+        position = record_end
+    if position != end:
+        raise CorruptRecordError(f"kv batch has {end - position} trailing bytes after {count} records")
+    return keys, values
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def build_kv_batch(
+    schema_id: int,
+    keys: Sequence[bytes],
+    values: Sequence[bytes | None],
+    *,
+    writer_id: int = -1,
+    batch_sequence: int = -1,
+) -> bytes:
+    """Encode a KvRecordBatch (what a client sends in PutKv); ``None`` values are deletes."""
+    assert len(keys) == len(values)
+    body = bytearray()
+    for key, value in zip(keys, values, strict=True):
+        record = _varint(len(key)) + key + (value or b"")
+        body += _INT32.pack(len(record))
+        body += record
+    buffer = bytearray(KV_HEADER_SIZE_BYTES) + body
+    KV_HEADER.pack_into(buffer, 0, len(buffer) - 4, KV_MAGIC, 0, schema_id, 0, writer_id, batch_sequence, len(keys))
+    struct.pack_into("<I", buffer, 5, crc32c.crc32c(memoryview(buffer)[KV_CRC_START:]))
+    return bytes(buffer)
+
+
+def build_value_batch(values: Sequence[bytes]) -> bytes:
+    """A value record batch of stored values (each already ``schema_id i16`` + row bytes)."""
+    parts = [b""]
+    size = VALUE_HEADER_SIZE_BYTES
+    for value in values:
+        parts.append(_INT32.pack(len(value)))
+        parts.append(value)
+        size += 4 + len(value)
+    parts[0] = VALUE_HEADER.pack(size - 4, 0, len(values))
+    return b"".join(parts)
+
+
+def parse_value_batch(buffer: bytes | memoryview) -> list[bytes]:
+    """The stored values of a value record batch (empty input means no records)."""
+    view = memoryview(buffer)
+    if len(view) == 0:
+        return []
+    if len(view) < VALUE_HEADER_SIZE_BYTES:
+        raise CorruptRecordError("truncated value batch header")
+    length, _magic, count = VALUE_HEADER.unpack_from(view, 0)
+    end = 4 + length
+    if end > len(view):
+        raise CorruptRecordError("value batch overruns its buffer")
+    values = []
+    position = VALUE_HEADER_SIZE_BYTES
+    for _ in range(count):
+        (size,) = _INT32.unpack_from(view, position)
+        position += 4
+        values.append(bytes(view[position : position + size]))
+        position += size
+    if position != end:
+        raise CorruptRecordError("value batch length disagrees with its records")
+    return values

@@ -1,0 +1,97 @@
+"""Fluss RPC frames: a big-endian int32 length, then a header and one protobuf message.
+
+Request:  length | api_key:i16 | api_version:i16 | request_id:i32 | body
+Response: length | type:i8 (0 success, 1 error) | request_id:i32 | body (the response, or ErrorResponse)
+
+Fluss also defines type 2 (server failure, no request id); the official Rust client cannot parse it, so
+strom never sends it: a failure it cannot attribute to a request closes the connection instead.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+LENGTH = struct.Struct(">i")
+REQUEST_HEADER = struct.Struct(">hhi")
+RESPONSE_HEADER = struct.Struct(">bi")
+LENGTH_SIZE_BYTES = 4
+REQUEST_HEADER_SIZE_BYTES = 8
+RESPONSE_HEADER_SIZE_BYTES = 5
+assert LENGTH.size == LENGTH_SIZE_BYTES
+assert REQUEST_HEADER.size == REQUEST_HEADER_SIZE_BYTES
+assert RESPONSE_HEADER.size == RESPONSE_HEADER_SIZE_BYTES
+
+RESPONSE_SUCCESS = 0
+RESPONSE_ERROR = 1
+REQUEST_ID_MASK = 0x7FFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    request_id: int
+
+
+def encode_request(api_key: int, api_version: int, request_id: int, body: bytes) -> bytes:
+    header = REQUEST_HEADER.pack(api_key, api_version, request_id & REQUEST_ID_MASK)
+    return LENGTH.pack(REQUEST_HEADER_SIZE_BYTES + len(body)) + header + body
+
+
+def encode_response(response_type: int, request_id: int, body: bytes) -> bytes:
+    return LENGTH.pack(RESPONSE_HEADER_SIZE_BYTES + len(body)) + RESPONSE_HEADER.pack(response_type, request_id) + body
+
+
+def decode_request_header(frame: bytes | memoryview) -> RequestHeader:
+    """Parse the header of a frame body (the bytes after the length); the caller checked its size."""
+    api_key, api_version, request_id = REQUEST_HEADER.unpack_from(frame, 0)
+    return RequestHeader(api_key, api_version, request_id)
+
+
+class FrameBuffer:
+    """Reassembles length-prefixed frames from a byte stream without copying each frame twice.
+
+    A frame length outside ``[min_size_bytes, frame_size_bytes_max]`` raises ``ValueError`` as soon as the
+    length is read, before any of the body is buffered.
+    """
+
+    __slots__ = ("_buffer", "_frame_size_bytes_max", "_min_size_bytes", "_start")
+
+    def __init__(self, frame_size_bytes_max: int, min_size_bytes: int) -> None:
+        assert frame_size_bytes_max > min_size_bytes >= 0
+        self._buffer = bytearray()
+        self._start = 0
+        self._frame_size_bytes_max = frame_size_bytes_max
+        self._min_size_bytes = min_size_bytes
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add received bytes; return the complete frame bodies now available, in order."""
+        self._buffer += data
+        frames: list[bytes] = []
+        buffer = self._buffer
+        start = self._start
+        end = len(buffer)
+        while end - start >= LENGTH_SIZE_BYTES:
+            (length,) = LENGTH.unpack_from(buffer, start)
+            if length < self._min_size_bytes or length > self._frame_size_bytes_max:
+                raise ValueError(
+                    f"frame length {length} outside [{self._min_size_bytes}, {self._frame_size_bytes_max}]"
+                )
+            frame_end = start + LENGTH_SIZE_BYTES + length
+            if frame_end > end:
+                break
+            frames.append(bytes(buffer[start + LENGTH_SIZE_BYTES : frame_end]))
+            start = frame_end
+        if start == end:
+            buffer.clear()
+            start = 0
+        elif start > 1 << 16:
+            del buffer[:start]
+            start = 0
+        self._start = start
+        return frames
+
+    @property
+    def buffered_size_bytes(self) -> int:
+        return len(self._buffer) - self._start

@@ -1,0 +1,33 @@
+"""The Fluss protobuf message classes, generated from ``proto/fluss_api.proto`` at install time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.message import DecodeError, Message
+
+try:
+    from strom.rpc.proto import fluss_api_pb2 as pb
+except ImportError as exc:  # pragma: no cover - only when the package was copied without building
+    raise ImportError(
+        "strom's protocol module is not built: run `make install` (or `pip install -e .`), which compiles "
+        "strom/rpc/proto/fluss_api.proto"
+    ) from exc
+
+from strom.rpc.api_keys import ApiKey, message_names
+
+__all__ = ["DecodeError", "Message", "pb", "request_class", "response_class"]
+
+
+def _message_class(name: str) -> type[Message] | None:
+    cls: Any = getattr(pb, name, None)
+    return cls
+
+
+def request_class(key: ApiKey) -> type[Message] | None:
+    """The request message of ``key``, or None when strom's proto does not define it (not served)."""
+    return _message_class(message_names(key)[0])
+
+
+def response_class(key: ApiKey) -> type[Message] | None:
+    return _message_class(message_names(key)[1])

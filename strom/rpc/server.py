@@ -1,0 +1,267 @@
+"""An asyncio server for Fluss RPC frames.
+
+Each connection's requests run concurrently and their responses go out in completion order: the official
+client multiplexes everything (admin calls, writes, 500 ms FetchLog long-polls) over one connection per
+server and matches responses by request id. Limits keep a misbehaving client from hurting the others:
+frames longer than ``frame_size_bytes_max`` close the connection before their body is read, and at most
+``in_flight_count_max`` requests per connection run at once (reading pauses beyond that).
+
+Shared across tasks: ``RpcServer._connections`` (mutated only on the event loop thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from strom.errors import CorruptMessageError, StromError, UnsupportedVersionError, code_for_exception
+from strom.rpc import framing
+from strom.rpc.api_keys import ApiKey, version_range
+from strom.rpc.messages import DecodeError, Message, pb, request_class
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What a handler may know about the request besides its body."""
+
+    api_key: ApiKey
+    api_version: int
+    request_id: int
+    peer: str
+    connection_id: int
+
+
+Handler = Callable[[Message, RequestContext], Awaitable[Message]]
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """Counters for tests and metrics; mutated only on the event loop."""
+
+    connections_opened: int = 0
+    connections_closed_on_bad_frame: int = 0
+    requests: int = 0
+    error_responses: int = 0
+    internal_errors: list[str] = field(default_factory=list)
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0 picks a free port), bound before the handlers exist so the
+    server can advertise its real port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+class RpcServer:
+    """Serves Fluss RPC on one TCP port and dispatches each api key to its handler."""
+
+    def __init__(
+        self,
+        handlers: Mapping[ApiKey, Handler],
+        *,
+        frame_size_bytes_max: int,
+        in_flight_count_max: int,
+        idle_timeout_ms: int,
+    ) -> None:
+        assert frame_size_bytes_max > framing.REQUEST_HEADER_SIZE_BYTES
+        assert in_flight_count_max >= 1
+        self._handlers = dict(handlers)
+        self._handlers.setdefault(ApiKey.API_VERSIONS, self._api_versions)
+        self._frame_size_bytes_max = frame_size_bytes_max
+        self._in_flight_count_max = in_flight_count_max
+        self._idle_timeout_ms = idle_timeout_ms
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: dict[int, _Connection] = {}
+        self._next_connection_id = 0
+        self._idle_task: asyncio.Task[None] | None = None
+        self.stats = ServerStats()
+
+    async def start(self, sock: socket.socket) -> None:
+        """Serve connections on a socket from :func:`bind_listener`."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._new_connection, sock=sock)
+        self._idle_task = asyncio.create_task(self._close_idle_connections())
+
+    async def stop(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections.values()):
+            connection.close()
+        for connection in list(self._connections.values()):
+            await connection.cancel_in_flight()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def _new_connection(self) -> _Connection:
+        self._next_connection_id += 1
+        self.stats.connections_opened += 1
+        return _Connection(self, self._next_connection_id)
+
+    async def _close_idle_connections(self) -> None:
+        interval_s = max(0.05, min(self._idle_timeout_ms / 1000 / 4, 30.0))
+        while True:
+            await asyncio.sleep(interval_s)
+            deadline = time.monotonic() - self._idle_timeout_ms / 1000
+            for connection in list(self._connections.values()):
+                if connection.in_flight_count == 0 and connection.last_active < deadline:
+                    log.info("closing idle connection %s", connection.peer)
+                    connection.close()
+
+    async def _api_versions(self, request: Message, context: RequestContext) -> Message:
+        response = pb.ApiVersionsResponse()
+        for key in ApiKey:
+            versions = version_range(key)
+            response.api_versions.add(
+                api_key=int(key), min_version=versions.min_version, max_version=versions.max_version
+            )
+        # server_type stays unset: one port serves both the coordinator and the tablet-server role, and
+        # the client rejects a node whose declared type differs from the role it expected.
+        return response
+
+    async def dispatch(self, frame: bytes, connection: _Connection) -> bytes | None:
+        """Handle one request frame; returns the response frame (None only if the frame had no header)."""
+        self.stats.requests += 1
+        header = framing.decode_request_header(frame)
+        try:
+            key = ApiKey(header.api_key)
+        except ValueError:
+            return self._error_frame(header.request_id, UnsupportedVersionError(f"unknown api key {header.api_key}"))
+        handler = self._handlers.get(key)
+        message_class = request_class(key)
+        if handler is None or message_class is None:
+            return self._error_frame(
+                header.request_id, UnsupportedVersionError(f"strom does not serve {key.name} ({int(key)})")
+            )
+        versions = version_range(key)
+        if not versions.min_version <= header.api_version <= versions.max_version:
+            return self._error_frame(
+                header.request_id,
+                UnsupportedVersionError(f"{key.name} version {header.api_version} is not supported"),
+            )
+        try:
+            request = message_class.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return self._error_frame(header.request_id, CorruptMessageError(f"cannot parse {key.name} body: {exc}"))
+        context = RequestContext(key, header.api_version, header.request_id, connection.peer, connection.connection_id)
+        try:
+            response = await handler(request, context)
+            body = response.SerializeToString()
+        except asyncio.CancelledError:
+            raise
+        except StromError as exc:
+            return self._error_frame(header.request_id, exc)
+        except Exception as exc:  # every failure becomes an error response; the server keeps serving
+            if isinstance(exc, AssertionError):
+                self.stats.internal_errors.append(f"{key.name}: {exc!r}")
+            log.exception("%s from %s failed", key.name, connection.peer)
+            return self._error_frame(header.request_id, exc)
+        return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)
+
+    def _error_frame(self, request_id: int, exc: BaseException) -> bytes:
+        self.stats.error_responses += 1
+        code, message = code_for_exception(exc)
+        body = pb.ErrorResponse(error_code=code, error_message=message[:4096]).SerializeToString()
+        return framing.encode_response(framing.RESPONSE_ERROR, request_id, body)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: reassembles frames and runs each request as its own task."""
+
+    def __init__(self, server: RpcServer, connection_id: int) -> None:
+        self._server = server
+        self.connection_id = connection_id
+        self._frames = framing.FrameBuffer(server._frame_size_bytes_max, framing.REQUEST_HEADER_SIZE_BYTES)
+        self._transport: asyncio.Transport | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reading_paused = False
+        self._writing_paused = False
+        self.peer = "?"
+        self.in_flight_count = 0
+        self.last_active = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peername = transport.get_extra_info("peername")
+        self.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        self._server._connections[self.connection_id] = self
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server._connections.pop(self.connection_id, None)
+        self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        try:
+            frames = self._frames.feed(data)
+        except ValueError as exc:
+            log.warning("closing connection from %s: %s", self.peer, exc)
+            self._server.stats.connections_closed_on_bad_frame += 1
+            self.close()
+            return
+        for frame in frames:
+            self.in_flight_count += 1
+            task = asyncio.ensure_future(self._handle(frame))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._update_reading()
+
+    async def _handle(self, frame: bytes) -> None:
+        try:
+            response = await self._server.dispatch(frame, self)
+            if response is not None and self._transport is not None and not self._transport.is_closing():
+                self._transport.write(response)
+        finally:
+            self.in_flight_count -= 1
+            self.last_active = time.monotonic()
+            self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        should_pause = self._writing_paused or self.in_flight_count >= self._server._in_flight_count_max
+        if should_pause and not self._reading_paused:
+            self._transport.pause_reading()
+            self._reading_paused = True
+        elif not should_pause and self._reading_paused:
+            self._transport.resume_reading()
+            self._reading_paused = False
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    async def cancel_in_flight(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,402 @@
+"""The coordinator role: the catalog (databases, tables, partitions), bucket leadership and cluster metadata.
+
+It owns the metadata store and tells tablet servers what to host through a :class:`TabletServerGateway`.
+Every handler validates its input and raises a :mod:`strom.errors` error, which the RPC layer turns into
+the matching Fluss error code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from strom.clock import Clock
+from strom.config import DEFAULT_BUCKET_NUMBER, MAX_BUCKET_NUM, MAX_PARTITION_NUM, Configuration
+from strom.errors import (
+    BucketMaxNumError,
+    DatabaseAlreadyExistError,
+    DatabaseNotEmptyError,
+    DatabaseNotExistError,
+    InvalidConfigError,
+    InvalidTableError,
+    PartitionAlreadyExistsError,
+    PartitionMaxNumError,
+    PartitionNotExistError,
+    PartitionSpecInvalidError,
+    SchemaNotExistError,
+    TableAlreadyExistError,
+    TableNotExistError,
+    TableNotPartitionedError,
+)
+from strom.ids import TablePath
+from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord
+from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
+from strom.records import types as fluss_types
+from strom.records.schema import TableDescriptor
+from strom.rpc.messages import pb
+from strom.server.gateway import TabletServerGateway
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATABASE = "fluss"
+DEFAULT_DATABASE_JSON = b'{"custom_properties":{},"version":1}'
+UNSUPPORTED_TABLE_OPTIONS = {
+    "table.merge-engine": "merge engines are not supported yet; leave the option unset",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerNode:
+    node_id: int
+    host: str
+    port: int
+
+    def to_pb(self) -> Any:
+        return pb.PbServerNode(node_id=self.node_id, host=self.host, port=self.port)
+
+
+class CoordinatorService:
+    """Catalog and metadata RPCs. Runs on the event loop; the store calls are short SQLite transactions."""
+
+    def __init__(
+        self, store: MetadataStore, tablets: TabletServerGateway, config: Configuration, clock: Clock, node: ServerNode
+    ) -> None:
+        self._store = store
+        self._tablets = tablets
+        self._clock = clock
+        self._node = node
+        self._default_bucket_count = config.get(DEFAULT_BUCKET_NUMBER)
+        self._bucket_count_max = config.get(MAX_BUCKET_NUM)
+        self._partition_count_max = config.get(MAX_PARTITION_NUM)
+
+    def start(self) -> None:
+        """Create the default database and hand every stored bucket to the tablet server."""
+        if self._store.get_database(DEFAULT_DATABASE) is None:
+            now = self._clock.now_ms()
+            self._store.create_database(DatabaseRecord(DEFAULT_DATABASE, DEFAULT_DATABASE_JSON, now, now))
+        for database in self._store.list_databases():
+            for name in self._store.list_tables(database):
+                table = self.table_info(TablePath(database, name))
+                if table.is_partitioned:
+                    for partition in self._store.list_partitions(table.table_id):
+                        self._tablets.become_leader(table, table.buckets(partition.partition_id))
+                else:
+                    self._tablets.become_leader(table, table.buckets())
+
+    # ---- lookups shared with other components ----
+    def table_info(self, path: TablePath) -> TableInfo:
+        record = self._store.get_table(path.database_name, path.table_name)
+        if record is None:
+            raise TableNotExistError(f"Table '{path}' does not exist.")
+        return TableInfo.from_record(record)
+
+    def table_info_by_id(self, table_id: int) -> TableInfo | None:
+        record = self._store.get_table_by_id(table_id)
+        return TableInfo.from_record(record) if record else None
+
+    def partition(self, table: TableInfo, name: str) -> PartitionRecord:
+        if not table.is_partitioned:
+            raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
+        record = self._store.get_partition(table.table_id, name)
+        if record is None:
+            raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
+        return record
+
+    def list_partitions(self, table: TableInfo) -> list[PartitionRecord]:
+        return self._store.list_partitions(table.table_id)
+
+    def _require_database(self, name: str) -> DatabaseRecord:
+        record = self._store.get_database(name)
+        if record is None:
+            raise DatabaseNotExistError(f"Database '{name}' does not exist.")
+        return record
+
+    # ---- databases ----
+    async def create_database(self, request: Any, _context: object) -> Any:
+        name = request.database_name
+        validate_database_name(name)
+        database_json = request.database_json if request.HasField("database_json") else DEFAULT_DATABASE_JSON
+        _parse_json_object(database_json, "database_json")
+        now = self._clock.now_ms()
+        try:
+            self._store.create_database(DatabaseRecord(name, database_json, now, now))
+        except DatabaseAlreadyExistError:
+            if not request.ignore_if_exists:
+                raise
+        return pb.CreateDatabaseResponse()
+
+    async def drop_database(self, request: Any, _context: object) -> Any:
+        name = request.database_name
+        if self._store.get_database(name) is None:
+            if request.ignore_if_not_exists:
+                return pb.DropDatabaseResponse()
+            raise DatabaseNotExistError(f"Database '{name}' does not exist.")
+        tables = self._store.list_tables(name)
+        if tables and not request.cascade:
+            raise DatabaseNotEmptyError(f"Database '{name}' is not empty: it has {len(tables)} tables.")
+        for table_name in tables:
+            await self._drop_table(self.table_info(TablePath(name, table_name)))
+        self._store.drop_database(name)
+        return pb.DropDatabaseResponse()
+
+    async def list_databases(self, request: Any, _context: object) -> Any:
+        response = pb.ListDatabasesResponse()
+        for name in self._store.list_databases():
+            response.database_name.append(name)
+            if request.include_summary:
+                record = self._store.get_database(name)
+                assert record is not None
+                response.database_summary.add(
+                    database_name=name, created_time=record.created_ms, table_count=len(self._store.list_tables(name))
+                )
+        return response
+
+    async def database_exists(self, request: Any, _context: object) -> Any:
+        return pb.DatabaseExistsResponse(exists=self._store.get_database(request.database_name) is not None)
+
+    async def get_database_info(self, request: Any, _context: object) -> Any:
+        record = self._require_database(request.database_name)
+        return pb.GetDatabaseInfoResponse(
+            database_json=record.database_json, created_time=record.created_ms, modified_time=record.modified_ms
+        )
+
+    # ---- tables ----
+    async def create_table(self, request: Any, _context: object) -> Any:
+        path = TablePath(request.table_path.database_name, request.table_path.table_name)
+        validate_database_name(path.database_name)
+        validate_table_name(path.table_name)
+        self._require_database(path.database_name)
+        table_json = self._validated_table_json(request.table_json)
+        try:
+            record = self._store.create_table(path.database_name, path.table_name, table_json, 1, self._clock.now_ms())
+        except TableAlreadyExistError:
+            if request.ignore_if_exists:
+                return pb.CreateTableResponse()
+            raise
+        table = TableInfo.from_record(record)
+        if not table.is_partitioned:
+            self._tablets.become_leader(table, table.buckets())
+        log.info("created table %s (id %d, %d buckets)", path, table.table_id, table.bucket_count)
+        return pb.CreateTableResponse()
+
+    def _validated_table_json(self, raw: bytes) -> bytes:
+        """Parse and check a client's table descriptor; returns the JSON to store (bucket count filled in)."""
+        document = _parse_json_object(raw, "table_json")
+        try:
+            descriptor = TableDescriptor.from_json(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidTableError(f"Invalid table descriptor: {exc}") from exc
+        schema = descriptor.schema
+        columns = schema.column_names
+        if len(set(columns)) != len(columns):
+            raise InvalidTableError(f"Column names must be unique, got {columns}.")
+        if not columns:
+            raise InvalidTableError("A table needs at least one column.")
+        primary_key = list(schema.primary_key or [])
+        for key in primary_key:
+            if key not in columns:
+                raise InvalidTableError(f"Primary key column '{key}' is not a column of the table.")
+            column_type = schema.row_type.fields[columns.index(key)].type
+            if isinstance(column_type, (fluss_types.MapType, fluss_types.ArrayType, fluss_types.RowType)):
+                raise InvalidTableError(f"Primary key column '{key}' cannot be of type {column_type}.")
+        for key in descriptor.partition_keys:
+            if key not in columns:
+                raise InvalidTableError(f"Partition key '{key}' is not a column of the table.")
+            if primary_key and key not in primary_key:
+                raise InvalidTableError(f"Partition key '{key}' must be part of the primary key {primary_key}.")
+        physical_pk = [key for key in primary_key if key not in descriptor.partition_keys]
+        if primary_key and not physical_pk:
+            raise InvalidTableError("The primary key must contain at least one column that is not a partition key.")
+        bucket_keys = list(descriptor.bucket_keys or [])
+        for key in bucket_keys:
+            if key not in columns:
+                raise InvalidTableError(f"Bucket key '{key}' is not a column of the table.")
+            if primary_key and key not in physical_pk:
+                raise InvalidTableError(f"Bucket key '{key}' must be part of the physical primary key {physical_pk}.")
+        if primary_key and not bucket_keys:
+            document["bucket_key"] = physical_pk
+        bucket_count = descriptor.bucket_count
+        if bucket_count is None:
+            bucket_count = self._default_bucket_count
+            document["bucket_count"] = bucket_count
+        if bucket_count <= 0:
+            raise InvalidTableError(f"The bucket count must be positive, got {bucket_count}.")
+        if bucket_count > self._bucket_count_max:
+            raise BucketMaxNumError(
+                f"Bucket count {bucket_count} exceeds the maximum of {self._bucket_count_max} (max.bucket.num)."
+            )
+        properties = dict(descriptor.properties)
+        for key, reason in UNSUPPORTED_TABLE_OPTIONS.items():
+            if key in properties:
+                raise InvalidConfigError(f"Table option '{key}' is not supported: {reason}.")
+        log_format = properties.get("table.log.format", "ARROW").upper()
+        if log_format != "ARROW":
+            raise InvalidConfigError(f"table.log.format={log_format} is not supported; strom stores ARROW logs.")
+        kv_format = properties.get("table.kv.format", "COMPACTED").upper()
+        if kv_format not in ("COMPACTED", "INDEXED"):
+            raise InvalidConfigError(f"table.kv.format={kv_format} is unknown; use COMPACTED or INDEXED.")
+        image = properties.get("table.changelog.image", "FULL").upper()
+        if image != "FULL":
+            raise InvalidConfigError(f"table.changelog.image={image} is not supported; strom writes FULL changelogs.")
+        delete_behavior = properties.get("table.delete.behavior", "ALLOW").upper()
+        if delete_behavior not in ("ALLOW", "IGNORE", "DISABLE"):
+            raise InvalidConfigError(f"table.delete.behavior={delete_behavior} is unknown; use ALLOW, IGNORE or DISABLE.")
+        compression = properties.get("table.log.arrow.compression.type", "ZSTD").upper()
+        if compression not in ("NONE", "LZ4_FRAME", "ZSTD"):
+            raise InvalidConfigError(
+                f"table.log.arrow.compression.type={compression} is unknown; use NONE, LZ4_FRAME or ZSTD."
+            )
+        return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+    async def drop_table(self, request: Any, _context: object) -> Any:
+        path = TablePath(request.table_path.database_name, request.table_path.table_name)
+        try:
+            table = self.table_info(path)
+        except TableNotExistError:
+            if request.ignore_if_not_exists:
+                return pb.DropTableResponse()
+            raise
+        await self._drop_table(table)
+        return pb.DropTableResponse()
+
+    async def _drop_table(self, table: TableInfo) -> None:
+        self._store.drop_table(table.table_id)
+        await self._tablets.stop_replicas(table.table_id, None, delete=True)
+        log.info("dropped table %s (id %d)", table.path, table.table_id)
+
+    async def get_table_info(self, request: Any, _context: object) -> Any:
+        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        return pb.GetTableInfoResponse(
+            table_id=table.table_id,
+            schema_id=table.schema_id,
+            table_json=table.table_json,
+            created_time=table.created_ms,
+            modified_time=table.modified_ms,
+        )
+
+    async def list_tables(self, request: Any, _context: object) -> Any:
+        self._require_database(request.database_name)
+        return pb.ListTablesResponse(table_name=self._store.list_tables(request.database_name))
+
+    async def table_exists(self, request: Any, _context: object) -> Any:
+        record = self._store.get_table(request.table_path.database_name, request.table_path.table_name)
+        return pb.TableExistsResponse(exists=record is not None)
+
+    async def get_table_schema(self, request: Any, _context: object) -> Any:
+        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        if request.HasField("schema_id") and request.schema_id != table.schema_id:
+            raise SchemaNotExistError(f"Schema {request.schema_id} of table '{table.path}' does not exist.")
+        document = json.loads(table.table_json)
+        schema_json = json.dumps(document["schema"], sort_keys=True, separators=(",", ":")).encode()
+        return pb.GetTableSchemaResponse(schema_id=table.schema_id, schema_json=schema_json)
+
+    # ---- partitions ----
+    async def list_partition_infos(self, request: Any, _context: object) -> Any:
+        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        if not table.is_partitioned:
+            raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
+        wanted = {kv.key: kv.value for kv in request.partial_partition_spec.partition_key_values}
+        unknown = set(wanted) - set(table.partition_keys)
+        if unknown:
+            raise PartitionSpecInvalidError(f"{sorted(unknown)} are not partition keys of '{table.path}'.")
+        response = pb.ListPartitionInfosResponse()
+        for partition in self._store.list_partitions(table.table_id):
+            spec = dict(partition.spec)
+            if any(spec.get(key) != value for key, value in wanted.items()):
+                continue
+            info = response.partitions_info.add(partition_id=partition.partition_id)
+            # The client rebuilds the partition name from these entries in order: partition-key order.
+            for key in table.partition_keys:
+                info.partition_spec.partition_key_values.add(key=key, value=spec[key])
+        return response
+
+    async def create_partition(self, request: Any, _context: object) -> Any:
+        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        if not table.is_partitioned:
+            raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
+        spec = {kv.key: kv.value for kv in request.partition_spec.partition_key_values}
+        name = partition_name(spec, table.partition_keys)
+        existing = self._store.list_partitions(table.table_id)
+        if any(p.name == name for p in existing):
+            if request.ignore_if_not_exists:  # Fluss's name for "ignore if it already exists"
+                return pb.CreatePartitionResponse()
+            raise PartitionAlreadyExistsError(f"Partition '{name}' of table '{table.path}' already exists.")
+        if len(existing) >= self._partition_count_max:
+            raise PartitionMaxNumError(
+                f"Table '{table.path}' already has {len(existing)} partitions (max.partition.num)."
+            )
+        ordered = tuple((key, spec[key]) for key in table.partition_keys)
+        record = self._store.create_partition(table.table_id, name, ordered, self._clock.now_ms())
+        self._tablets.become_leader(table, table.buckets(record.partition_id))
+        return pb.CreatePartitionResponse()
+
+    async def drop_partition(self, request: Any, _context: object) -> Any:
+        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        if not table.is_partitioned:
+            raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
+        spec = {kv.key: kv.value for kv in request.partition_spec.partition_key_values}
+        name = partition_name(spec, table.partition_keys)
+        record = self._store.get_partition(table.table_id, name)
+        if record is None:
+            if request.ignore_if_not_exists:
+                return pb.DropPartitionResponse()
+            raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
+        self._store.drop_partition(record.partition_id)
+        await self._tablets.stop_replicas(table.table_id, record.partition_id, delete=True)
+        return pb.DropPartitionResponse()
+
+    # ---- cluster metadata ----
+    async def metadata(self, request: Any, _context: object) -> Any:
+        response = pb.MetadataResponse()
+        response.coordinator_server.CopyFrom(self._node.to_pb())
+        response.tablet_servers.append(self._node.to_pb())
+        tables: dict[int, TableInfo] = {}
+        for table_path in request.table_path:
+            table = self.table_info(TablePath(table_path.database_name, table_path.table_name))
+            tables[table.table_id] = table
+            metadata = response.table_metadata.add(
+                table_path=table_path,
+                table_id=table.table_id,
+                schema_id=table.schema_id,
+                table_json=table.table_json,
+                created_time=table.created_ms,
+                modified_time=table.modified_ms,
+            )
+            if not table.is_partitioned:  # partitioned tables carry buckets per partition
+                self._add_buckets(metadata.bucket_metadata, table)
+        for partition_path in request.partitions_path:
+            table = self.table_info(TablePath(partition_path.database_name, partition_path.table_name))
+            record = self.partition(table, partition_path.partition_name)
+            self._add_partition(response, table, record)
+        for partition_id in request.partitions_id:
+            partition = self._store.get_partition_by_id(partition_id)
+            table_info = self.table_info_by_id(partition.table_id) if partition else None
+            if partition is None or table_info is None:
+                raise PartitionNotExistError(f"Partition id {partition_id} does not exist.")
+            self._add_partition(response, table_info, partition)
+        return response
+
+    def _add_partition(self, response: Any, table: TableInfo, record: PartitionRecord) -> None:
+        metadata = response.partition_metadata.add(
+            table_id=table.table_id, partition_name=record.name, partition_id=record.partition_id
+        )
+        self._add_buckets(metadata.bucket_metadata, table)
+
+    def _add_buckets(self, target: Any, table: TableInfo) -> None:
+        for bucket in range(table.bucket_count):
+            target.add(bucket_id=bucket, leader_id=self._node.node_id, replica_id=[self._node.node_id], leader_epoch=0)
+
+    async def init_writer(self, _request: Any, _context: object) -> Any:
+        return pb.InitWriterResponse(writer_id=self._store.next_id("writer"))
+
+
+def _parse_json_object(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidTableError(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise InvalidTableError(f"{what} must be a JSON object")
+    return document

@@ -1,0 +1,22 @@
+"""How the coordinator role tells tablet servers what to host.
+
+In the single-process server the tablet server implements this interface directly; a multi-process
+cluster would implement it with Fluss's NotifyLeaderAndIsr / StopReplica RPCs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from strom.ids import TableBucket
+from strom.metadata.table_info import TableInfo
+
+
+class TabletServerGateway(Protocol):
+    def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
+        """Host ``buckets`` of ``table`` as leader (storage opens lazily on first use)."""
+
+    async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
+        """Stop hosting a table's buckets (all partitions when ``partition_id`` is None); ``delete`` removes
+        their data. Closes their scan sessions and wakes their long-polls."""

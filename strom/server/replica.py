@@ -1,0 +1,201 @@
+"""Replicas hosted by the tablet server: one per bucket, opened on first use.
+
+Opening a bucket means recovering its log (and, for primary-key tables, its RocksDB from the changelog),
+which can take a while after a crash, so buckets are opened lazily rather than all at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+
+from strom.config import (
+    KV_ROCKSDB_BLOCK_CACHE_SIZE,
+    LOG_FLUSH_INTERVAL_MESSAGES,
+    LOG_SEGMENT_FILE_SIZE,
+    WRITER_ID_EXPIRATION_TIME,
+    Configuration,
+)
+from strom.errors import (
+    InvalidColumnProjectionError,
+    InvalidTargetColumnError,
+    NonPrimaryKeyTableError,
+    UnknownTableOrBucketError,
+)
+from strom.ids import TableBucket
+from strom.kv.kv_tablet import KvConfig, KvTablet
+from strom.kv.row_format import TableRowFormat
+from strom.log.log_tablet import LogConfig, LogTablet
+from strom.metadata.table_info import TableInfo
+from strom.records import log_batch
+
+log = logging.getLogger(__name__)
+
+
+class Replica:
+    """One bucket this server leads. Owned by the event loop."""
+
+    def __init__(self, table: TableInfo, bucket: TableBucket, directory: Path, manager: ReplicaManager) -> None:
+        assert bucket.table_id == table.table_id
+        self.table = table
+        self.bucket = bucket
+        self.directory = directory
+        self._manager = manager
+        self._log: LogTablet | None = None
+        self._kv: KvTablet | None = None
+        self.stopped = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._log is not None
+
+    @property
+    def is_kv(self) -> bool:
+        return self.table.has_primary_key
+
+    def open(self) -> None:
+        if self._log is not None:
+            return
+        if self.stopped:
+            raise UnknownTableOrBucketError(f"{self.bucket} is no longer hosted here")
+        log_tablet = LogTablet.open(self.directory / "log", self._manager.log_config)
+        if self.is_kv:
+            try:
+                self._kv = KvTablet(
+                    self.directory / "kv",
+                    log_tablet,
+                    self._manager.row_format(self.table),
+                    self._manager.kv_config(self.table),
+                )
+            except BaseException:
+                log_tablet.close()
+                raise
+        self._log = log_tablet
+
+    @property
+    def log(self) -> LogTablet:
+        self.open()
+        assert self._log is not None
+        return self._log
+
+    @property
+    def kv(self) -> KvTablet:
+        self.open()
+        if self._kv is None:
+            raise NonPrimaryKeyTableError(f"Table '{self.table.path}' is not a primary key table.")
+        return self._kv
+
+    def log_arrow_schema(self) -> pa.Schema:
+        return self._manager.row_format(self.table).arrow_schema
+
+    def project_records(self, records: bytes, columns: list[int]) -> bytes:
+        """Re-encode fetched batches with only ``columns`` (FetchLog projection pushdown)."""
+        row_format = self._manager.row_format(self.table)
+        field_count = len(row_format.arrow_schema)
+        if not columns or any(c < 0 or c >= field_count for c in columns) or len(set(columns)) != len(columns):
+            raise InvalidColumnProjectionError(
+                f"Projection {columns} is invalid for table '{self.table.path}' with {field_count} columns."
+            )
+        parts = [
+            log_batch.project(records, position, header, row_format.arrow_schema, columns, row_format.log_compression)
+            for position, header in log_batch.iter_batches(records, verify_crc=False)
+        ]
+        return b"".join(parts)
+
+    def validate_target_columns(self, columns: list[int]) -> None:
+        """Partial updates must name existing columns and include the whole primary key."""
+        row_format = self._manager.row_format(self.table)
+        field_count = len(row_format.arrow_schema)
+        if any(c < 0 or c >= field_count for c in columns):
+            raise InvalidTargetColumnError(f"Target columns {columns} are out of range for {field_count} columns.")
+        missing = [i for i in row_format.primary_key_indexes if i not in columns]
+        if missing:
+            raise InvalidTargetColumnError(
+                f"The target columns {columns} of a partial update must include the primary key columns {missing}."
+            )
+
+    def close(self) -> None:
+        self.stopped = True
+        if self._kv is not None:
+            self._kv.close()
+        if self._log is not None:
+            self._log.close()
+
+
+class ReplicaManager:
+    """All replicas of this tablet server, keyed by bucket."""
+
+    def __init__(self, data_dir: Path, config: Configuration) -> None:
+        self._data_dir = data_dir
+        self._config = config
+        self.log_config = LogConfig(
+            segment_size_bytes_max=config.get(LOG_SEGMENT_FILE_SIZE),
+            flush_interval_messages=config.get(LOG_FLUSH_INTERVAL_MESSAGES),
+            writer_expiration_ms=config.get_ms(WRITER_ID_EXPIRATION_TIME),
+        )
+        self._block_cache_size_bytes = config.get(KV_ROCKSDB_BLOCK_CACHE_SIZE)
+        self._replicas: dict[TableBucket, Replica] = {}
+        self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
+
+    def replica_directory(self, table: TableInfo, bucket: TableBucket) -> Path:
+        table_dir = self._data_dir / table.path.database_name / f"{table.path.table_name}-{table.table_id}"
+        if bucket.partition_id is not None:
+            table_dir = table_dir / f"p{bucket.partition_id}"
+        return table_dir / str(bucket.bucket)
+
+    def row_format(self, table: TableInfo) -> TableRowFormat:
+        key = (table.table_id, table.schema_id)
+        row_format = self._row_formats.get(key)
+        if row_format is None:
+            row_format = self._row_formats[key] = TableRowFormat(table)
+        return row_format
+
+    def kv_config(self, table: TableInfo) -> KvConfig:
+        behavior = table.properties.get("table.delete.behavior", "ALLOW").upper()
+        return KvConfig(block_cache_size_bytes=self._block_cache_size_bytes, delete_behavior=behavior)
+
+    def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
+        for bucket in buckets:
+            existing = self._replicas.get(bucket)
+            if existing is not None and not existing.stopped:
+                continue
+            self._replicas[bucket] = Replica(table, bucket, self.replica_directory(table, bucket), self)
+
+    def get(self, bucket: TableBucket) -> Replica:
+        """The open replica of ``bucket``; raises UnknownTableOrBucketError if it is not hosted here."""
+        replica = self._replicas.get(bucket)
+        if replica is None or replica.stopped:
+            raise UnknownTableOrBucketError(f"{bucket} is not hosted by this server")
+        replica.open()
+        return replica
+
+    def hosted(self, table_id: int | None = None) -> list[Replica]:
+        return [r for r in self._replicas.values() if table_id is None or r.bucket.table_id == table_id]
+
+    async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
+        stopped = [
+            replica
+            for bucket, replica in list(self._replicas.items())
+            if bucket.table_id == table_id and (partition_id is None or bucket.partition_id == partition_id)
+        ]
+        for replica in stopped:
+            del self._replicas[replica.bucket]
+            replica.close()
+        if delete and stopped:
+            directories = {replica.directory for replica in stopped}
+            if partition_id is None:
+                directories = {replica.directory.parent if replica.bucket.partition_id is None
+                               else replica.directory.parent.parent for replica in stopped}
+            loop = asyncio.get_running_loop()
+            for directory in directories:
+                await loop.run_in_executor(None, shutil.rmtree, directory, True)
+
+    def close(self) -> None:
+        for replica in self._replicas.values():
+            replica.close()
+        self._replicas.clear()

@@ -1,0 +1,255 @@
+"""The tablet-server role: produce, fetch, put, lookup and list offsets on the buckets it leads.
+
+Write and read failures are reported per bucket (a request-level error makes the official client retry a
+write forever), and every bucket of a request gets exactly one response entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from strom.clock import Clock
+from strom.config import LOG_FETCH_WAIT_MAX, Configuration
+from strom.errors import CorruptRecordError, InvalidTableError, StromError, code_for_exception
+from strom.ids import TableBucket
+from strom.records import log_batch
+from strom.records.kv_batch import build_value_batch, parse_kv_batches
+from strom.rpc.messages import pb
+from strom.server.replica import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+OFFSET_EARLIEST = 0
+OFFSET_LATEST = 1
+OFFSET_TIMESTAMP = 2
+PREFIX_LOOKUP_ROWS_MAX = 100_000
+
+
+def _bucket(table_id: int, request: Any) -> TableBucket:
+    partition_id = request.partition_id if request.HasField("partition_id") else None
+    return TableBucket(table_id, request.bucket_id, partition_id)
+
+
+def _set_error(response: Any, exc: BaseException) -> None:
+    code, message = code_for_exception(exc)
+    response.error_code = code
+    response.error_message = message[:4096]
+    if not isinstance(exc, StromError):
+        log.error("unexpected failure: %s", message, exc_info=exc)
+
+
+def _echo_partition(response: Any, bucket: TableBucket) -> None:
+    if bucket.partition_id is not None:
+        response.partition_id = bucket.partition_id
+
+
+class TabletService:
+    """Data-path RPCs. Runs on the event loop."""
+
+    def __init__(self, replicas: ReplicaManager, config: Configuration, clock: Clock) -> None:
+        self._replicas = replicas
+        self._clock = clock
+        self._fetch_wait_ms_max = config.get_ms(LOG_FETCH_WAIT_MAX)
+
+    # ---- log tables ----
+    async def produce_log(self, request: Any, _context: object) -> Any:
+        results = await asyncio.gather(
+            *(self._produce_bucket(request.table_id, bucket_request) for bucket_request in request.buckets_req)
+        )
+        return pb.ProduceLogResponse(buckets_resp=results)
+
+    async def _produce_bucket(self, table_id: int, bucket_request: Any) -> Any:
+        bucket = _bucket(table_id, bucket_request)
+        response = pb.PbProduceLogRespForBucket(bucket_id=bucket.bucket)
+        _echo_partition(response, bucket)
+        try:
+            replica = self._replicas.get(bucket)
+            if replica.is_kv:
+                raise InvalidTableError(
+                    f"Table '{replica.table.path}' has a primary key: write it with PutKv (an upsert writer)."
+                )
+            data = bytearray(bucket_request.records)
+            batches = list(log_batch.iter_batches(data))
+            if not batches:
+                raise CorruptRecordError("ProduceLog carried no record batch")
+            schema = replica.log_arrow_schema()
+            for position, header in batches:
+                log_batch.read_arrow(data, position, header, schema)  # reject undecodable Arrow up front
+            result = replica.log.append(data, batches, self._clock.now_ms())
+            await replica.log.wait_durable(result.next_offset)
+            response.base_offset = result.base_offset
+        except Exception as exc:
+            _set_error(response, exc)
+        return response
+
+    async def fetch_log(self, request: Any, _context: object) -> Any:
+        wait_ms = min(max(request.max_wait_ms if request.HasField("max_wait_ms") else 0, 0), self._fetch_wait_ms_max)
+        min_bytes = request.min_bytes if request.HasField("min_bytes") else 1
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            response, total_bytes, events = self._read_fetch(request)
+            remaining = deadline - time.monotonic()
+            if total_bytes >= min_bytes or remaining <= 0 or not events:
+                return response
+            waiters = [asyncio.ensure_future(event.wait()) for event in events]
+            try:
+                await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+
+    def _read_fetch(self, request: Any) -> tuple[Any, int, list[asyncio.Event]]:
+        response = pb.FetchLogResponse()
+        total_bytes = 0
+        budget = max(request.max_bytes, 1)
+        events: list[asyncio.Event] = []
+        for table_request in request.tables_req:
+            table_response = response.tables_resp.add(table_id=table_request.table_id)
+            projection = list(table_request.projected_fields) if table_request.projection_pushdown_enabled else None
+            for bucket_request in table_request.buckets_req:
+                bucket = _bucket(table_request.table_id, bucket_request)
+                bucket_response = table_response.buckets_resp.add(bucket_id=bucket.bucket)
+                _echo_partition(bucket_response, bucket)
+                try:
+                    replica = self._replicas.get(bucket)
+                    log_tablet = replica.log
+                    max_bytes = max(1, min(bucket_request.max_fetch_bytes, budget)) if total_bytes else max(
+                        1, bucket_request.max_fetch_bytes
+                    )
+                    read = log_tablet.read(bucket_request.fetch_offset, max_bytes)
+                    records = read.records
+                    if records and projection is not None:
+                        records = replica.project_records(records, projection)
+                    bucket_response.high_watermark = read.high_watermark
+                    bucket_response.log_start_offset = read.log_start_offset
+                    bucket_response.records = records
+                    total_bytes += len(records)
+                    budget -= len(records)
+                    if not records:
+                        events.append(log_tablet.high_watermark_event())
+                except Exception as exc:
+                    _set_error(bucket_response, exc)
+        return response, total_bytes, events
+
+    async def list_offsets(self, request: Any, _context: object) -> Any:
+        response = pb.ListOffsetsResponse()
+        partition_id = request.partition_id if request.HasField("partition_id") else None
+        for bucket_id in request.bucket_id:
+            bucket_response = response.buckets_resp.add(bucket_id=bucket_id)
+            try:
+                replica = self._replicas.get(TableBucket(request.table_id, bucket_id, partition_id))
+                log_tablet = replica.log
+                if request.offset_type == OFFSET_EARLIEST:
+                    bucket_response.offset = log_tablet.log_start_offset
+                elif request.offset_type == OFFSET_LATEST:
+                    bucket_response.offset = log_tablet.high_watermark
+                elif request.offset_type == OFFSET_TIMESTAMP:
+                    if not request.HasField("startTimestamp"):
+                        raise CorruptRecordError("ListOffsets by timestamp needs startTimestamp")
+                    bucket_response.offset = log_tablet.offset_for_timestamp(request.startTimestamp)
+                else:
+                    bucket_response.offset = log_tablet.high_watermark
+            except Exception as exc:
+                _set_error(bucket_response, exc)
+        return response
+
+    # ---- primary-key tables ----
+    async def put_kv(self, request: Any, _context: object) -> Any:
+        target_columns = list(request.target_columns)
+        results = await asyncio.gather(
+            *(self._put_bucket(request.table_id, b, target_columns) for b in request.buckets_req)
+        )
+        return pb.PutKvResponse(buckets_resp=results)
+
+    async def _put_bucket(self, table_id: int, bucket_request: Any, target_columns: list[int]) -> Any:
+        bucket = _bucket(table_id, bucket_request)
+        response = pb.PbPutKvRespForBucket(bucket_id=bucket.bucket)
+        _echo_partition(response, bucket)
+        try:
+            replica = self._replicas.get(bucket)
+            kv = replica.kv
+            if target_columns:
+                replica.validate_target_columns(target_columns)
+            batches = parse_kv_batches(bucket_request.records)
+            if not batches:
+                raise CorruptRecordError("PutKv carried no kv record batch")
+            result = None
+            for batch in batches:
+                result = kv.prepare_put(
+                    batch.keys,
+                    batch.values,
+                    batch.schema_id,
+                    target_columns,
+                    batch.writer_id,
+                    batch.batch_sequence,
+                    self._clock.now_ms(),
+                )
+            assert result is not None
+            await kv.log.wait_durable(result.next_offset)
+            kv.apply_durable()
+            response.log_end_offset = result.next_offset
+        except Exception as exc:
+            _set_error(response, exc)
+        return response
+
+    async def lookup(self, request: Any, _context: object) -> Any:
+        response = pb.LookupResponse()
+        for bucket_request in request.buckets_req:
+            bucket = _bucket(request.table_id, bucket_request)
+            bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
+            _echo_partition(bucket_response, bucket)
+            try:
+                values = self._replicas.get(bucket).kv.lookup(bucket_request.keys)
+                add = bucket_response.values.add
+                for value in values:
+                    if value is None:
+                        add()
+                    else:
+                        add(values=value)
+            except Exception as exc:
+                del bucket_response.values[:]
+                _set_error(bucket_response, exc)
+        return response
+
+    async def prefix_lookup(self, request: Any, _context: object) -> Any:
+        response = pb.PrefixLookupResponse()
+        for bucket_request in request.buckets_req:
+            bucket = _bucket(request.table_id, bucket_request)
+            bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
+            _echo_partition(bucket_response, bucket)
+            try:
+                matches = self._replicas.get(bucket).kv.prefix_lookup(bucket_request.keys, PREFIX_LOOKUP_ROWS_MAX)
+                for values in matches:
+                    bucket_response.value_lists.add(values=values)
+            except Exception as exc:
+                del bucket_response.value_lists[:]
+                _set_error(bucket_response, exc)
+        return response
+
+    async def limit_scan(self, request: Any, _context: object) -> Any:
+        bucket = TableBucket(
+            request.table_id, request.bucket_id, request.partition_id if request.HasField("partition_id") else None
+        )
+        response = pb.LimitScanResponse()
+        try:
+            if request.limit <= 0:
+                raise CorruptRecordError(f"LimitScan needs a positive limit, got {request.limit}")
+            replica = self._replicas.get(bucket)
+            response.is_log_table = not replica.is_kv
+            if replica.is_kv:
+                response.records = build_value_batch(replica.kv.limit_scan(request.limit))
+            else:
+                log_tablet = replica.log
+                start = max(log_tablet.log_start_offset, log_tablet.high_watermark - request.limit)
+                response.records = log_tablet.read_range(start, log_tablet.high_watermark, 64 << 20)
+        except Exception as exc:
+            _set_error(response, exc)
+        return response
+
+    async def get_file_system_security_token(self, _request: Any, _context: object) -> Any:
+        # Remote files are plain paths readable by the client: no credentials needed.
+        return pb.GetFileSystemSecurityTokenResponse(schema="file", token=b"")
+

@@ -1,0 +1,90 @@
+"""Real strom server processes for tests: started on a free loopback port, stopped by their own pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """``strom server`` in a child process with its own data directory and log file."""
+
+    def __init__(self, data_dir: Path, config: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.config = dict(config or {})
+        self.port = port or free_port()
+        self.log_path = data_dir.parent / f"{data_dir.name}-server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> ServerProcess:
+        assert self.process is None or self.process.poll() is not None
+        command = [
+            sys.executable, "-m", "strom.cli.main", "server",
+            "--bind", self.address, "--data-dir", str(self.data_dir),
+        ]
+        for key, value in self.config.items():
+            command += ["-D", f"{key}={value}"]
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"strom server exited with {self.process.returncode}:\n{self.log_text()[-4000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"strom server did not listen within {READY_TIMEOUT_S}s:\n{self.log_text()[-4000:]}")
+
+    def stop(self) -> int:
+        """SIGTERM and wait for a clean exit; returns the exit code."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError("strom server did not stop within the timeout after SIGTERM") from None
+
+    def kill(self) -> None:
+        """SIGKILL: the crash the durability tests simulate."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(STOP_TIMEOUT_S)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def internal_errors(self) -> list[str]:
+        """Lines where the server logged a broken invariant: any of them fails the test that caused it."""
+        return [line for line in self.log_text().splitlines() if "AssertionError" in line]
