@@ -29,6 +29,7 @@ from strom.records.types import (
     RowType,
     data_type_from_json,
     data_type_to_json,
+    from_arrow_field,
     to_arrow_schema,
 )
 
@@ -239,6 +240,11 @@ class Schema:
         return cls(
             tuple(Column(name, t) for name, t in columns), None if primary_key is None else tuple(primary_key)
         )
+
+    @classmethod
+    def from_arrow(cls, arrow_schema: pa.Schema, primary_key: Sequence[str] | None = None) -> Schema:
+        """Build from an Arrow schema (e.g. a DataFrame's), mapping each Arrow type to its Fluss type."""
+        return cls.of(((f.name, from_arrow_field(f)) for f in arrow_schema), primary_key)
 
     @property
     def row_type(self) -> RowType:

@@ -1,0 +1,223 @@
+"""Catalog and cluster administration (``connection.get_admin()``), named as in pyfluss."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from strom.errors import error_for_code
+from strom.ids import TableBucket, TablePath
+from strom.metadata.table_info import TableInfo
+from strom.records.schema import DatabaseDescriptor, TableDescriptor
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+
+if TYPE_CHECKING:
+    from strom.client.connection import Connection
+
+EARLIEST_OFFSET = -2
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    """Which offset ListOffsets returns: ``earliest()``, ``latest()`` or ``timestamp(ms)``."""
+
+    offset_type: int
+    timestamp_ms: int | None = None
+
+    @classmethod
+    def earliest(cls) -> OffsetSpec:
+        return cls(0)
+
+    @classmethod
+    def latest(cls) -> OffsetSpec:
+        return cls(1)
+
+    @classmethod
+    def timestamp(cls, timestamp_ms: int) -> OffsetSpec:
+        return cls(2, timestamp_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerNode:
+    id: int
+    host: str
+    port: int
+    server_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseInfo:
+    database_name: str
+    descriptor: DatabaseDescriptor
+    created_time: int
+    modified_time: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    partition_id: int
+    partition_name: str
+    spec: dict[str, str]
+
+
+def _path(table_path: TablePath) -> Any:
+    return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
+
+
+class Admin:
+    """Every method is a coroutine that raises the :mod:`strom.errors` error of the server's code."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    async def _coordinator(self, key: ApiKey, message: Any) -> Any:
+        return await self._connection.coordinator_request(key, message)
+
+    # ---- databases ----
+    async def create_database(
+        self, database_name: str, descriptor: DatabaseDescriptor | None = None, ignore_if_exists: bool = False
+    ) -> None:
+        request = pb.CreateDatabaseRequest(database_name=database_name, ignore_if_exists=ignore_if_exists)
+        if descriptor is not None:
+            request.database_json = descriptor.to_json()
+        await self._coordinator(ApiKey.CREATE_DATABASE, request)
+
+    async def drop_database(self, database_name: str, ignore_if_not_exists: bool = False, cascade: bool = True) -> None:
+        await self._coordinator(
+            ApiKey.DROP_DATABASE,
+            pb.DropDatabaseRequest(
+                database_name=database_name, ignore_if_not_exists=ignore_if_not_exists, cascade=cascade
+            ),
+        )
+
+    async def list_databases(self) -> list[str]:
+        response = await self._coordinator(ApiKey.LIST_DATABASES, pb.ListDatabasesRequest())
+        return list(response.database_name)
+
+    async def database_exists(self, database_name: str) -> bool:
+        response = await self._coordinator(ApiKey.DATABASE_EXISTS, pb.DatabaseExistsRequest(database_name=database_name))
+        return bool(response.exists)
+
+    async def get_database_info(self, database_name: str) -> DatabaseInfo:
+        response = await self._coordinator(
+            ApiKey.GET_DATABASE_INFO, pb.GetDatabaseInfoRequest(database_name=database_name)
+        )
+        return DatabaseInfo(
+            database_name,
+            DatabaseDescriptor.from_json(response.database_json),
+            response.created_time,
+            response.modified_time,
+        )
+
+    # ---- tables ----
+    async def create_table(
+        self, table_path: TablePath, descriptor: TableDescriptor, ignore_if_exists: bool = False
+    ) -> None:
+        await self._coordinator(
+            ApiKey.CREATE_TABLE,
+            pb.CreateTableRequest(
+                table_path=_path(table_path), table_json=descriptor.to_json(), ignore_if_exists=ignore_if_exists
+            ),
+        )
+
+    async def drop_table(self, table_path: TablePath, ignore_if_not_exists: bool = False) -> None:
+        await self._coordinator(
+            ApiKey.DROP_TABLE,
+            pb.DropTableRequest(table_path=_path(table_path), ignore_if_not_exists=ignore_if_not_exists),
+        )
+
+    async def get_table_info(self, table_path: TablePath) -> TableInfo:
+        return await self._connection.metadata.refresh_table(table_path)
+
+    async def list_tables(self, database_name: str) -> list[str]:
+        response = await self._coordinator(ApiKey.LIST_TABLES, pb.ListTablesRequest(database_name=database_name))
+        return list(response.table_name)
+
+    async def table_exists(self, table_path: TablePath) -> bool:
+        response = await self._coordinator(ApiKey.TABLE_EXISTS, pb.TableExistsRequest(table_path=_path(table_path)))
+        return bool(response.exists)
+
+    # ---- partitions ----
+    async def create_partition(
+        self, table_path: TablePath, partition_spec: Mapping[str, str], ignore_if_exists: bool = False
+    ) -> None:
+        request = pb.CreatePartitionRequest(table_path=_path(table_path), ignore_if_not_exists=ignore_if_exists)
+        for key, value in partition_spec.items():
+            request.partition_spec.partition_key_values.add(key=key, value=str(value))
+        await self._coordinator(ApiKey.CREATE_PARTITION, request)
+
+    async def drop_partition(
+        self, table_path: TablePath, partition_spec: Mapping[str, str], ignore_if_not_exists: bool = False
+    ) -> None:
+        request = pb.DropPartitionRequest(table_path=_path(table_path), ignore_if_not_exists=ignore_if_not_exists)
+        for key, value in partition_spec.items():
+            request.partition_spec.partition_key_values.add(key=key, value=str(value))
+        await self._coordinator(ApiKey.DROP_PARTITION, request)
+
+    async def list_partition_infos(
+        self, table_path: TablePath, partition_spec: Mapping[str, str] | None = None
+    ) -> list[PartitionInfo]:
+        request = pb.ListPartitionInfosRequest(table_path=_path(table_path))
+        for key, value in (partition_spec or {}).items():
+            request.partial_partition_spec.partition_key_values.add(key=key, value=str(value))
+        response = await self._coordinator(ApiKey.LIST_PARTITION_INFOS, request)
+        infos = []
+        for info in response.partitions_info:
+            spec = {kv.key: kv.value for kv in info.partition_spec.partition_key_values}
+            name = "$".join(kv.value for kv in info.partition_spec.partition_key_values)
+            infos.append(PartitionInfo(info.partition_id, name, spec))
+        return infos
+
+    # ---- offsets and servers ----
+    async def list_offsets(
+        self,
+        table_path: TablePath,
+        bucket_ids: Sequence[int],
+        offset_spec: OffsetSpec,
+        partition_name: str | None = None,
+    ) -> dict[int, int]:
+        """``bucket id -> offset`` per ``offset_spec`` (latest = high watermark)."""
+        table = await self._connection.metadata.table(table_path)
+        partition_id = None
+        if partition_name is not None:
+            partition_id = await self._connection.metadata.partition_id(table, partition_name)
+        return await self.list_bucket_offsets(table.table_id, partition_id, bucket_ids, offset_spec)
+
+    async def list_bucket_offsets(
+        self, table_id: int, partition_id: int | None, bucket_ids: Sequence[int], offset_spec: OffsetSpec
+    ) -> dict[int, int]:
+        by_leader: dict[str, list[int]] = {}
+        for bucket_id in bucket_ids:
+            address = await self._connection.metadata.leader_address(TableBucket(table_id, bucket_id, partition_id))
+            by_leader.setdefault(address, []).append(bucket_id)
+        offsets: dict[int, int] = {}
+        for address, buckets in by_leader.items():
+            request = pb.ListOffsetsRequest(
+                follower_server_id=-1, offset_type=offset_spec.offset_type, table_id=table_id, bucket_id=buckets
+            )
+            if partition_id is not None:
+                request.partition_id = partition_id
+            if offset_spec.timestamp_ms is not None:
+                request.startTimestamp = offset_spec.timestamp_ms
+            response = await self._connection.request(address, ApiKey.LIST_OFFSETS, request)
+            for bucket_response in response.buckets_resp:
+                if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
+                    raise error_for_code(bucket_response.error_code, bucket_response.error_message)
+                offsets[bucket_response.bucket_id] = bucket_response.offset
+        return offsets
+
+    async def get_server_nodes(self) -> list[ServerNode]:
+        response = await self._connection.bootstrap_request(ApiKey.GET_METADATA, pb.MetadataRequest())
+        nodes = [
+            ServerNode(response.coordinator_server.node_id, response.coordinator_server.host,
+                       response.coordinator_server.port, "CoordinatorServer")
+        ]
+        nodes += [ServerNode(n.node_id, n.host, n.port, "TabletServer") for n in response.tablet_servers]
+        return nodes
+
+    async def get_table_schema_json(self, table_path: TablePath) -> dict[str, Any]:
+        response = await self._coordinator(ApiKey.GET_TABLE_SCHEMA, pb.GetTableSchemaRequest(table_path=_path(table_path)))
+        return dict(json.loads(response.schema_json))

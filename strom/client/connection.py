@@ -1,0 +1,149 @@
+"""The entry point of strom's Python client: one :class:`Connection` per cluster.
+
+Names mirror pyfluss (``Connection.create``, ``get_admin``, ``get_table``) so pyfluss users feel at home.
+A connection keeps one RPC connection per server (the protocol multiplexes every request over it),
+a metadata cache, and reconnects once when a server connection was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from strom.client.metadata import MetadataCache
+from strom.config import parse_duration
+from strom.errors import ConnectionFailedError, NetworkError
+from strom.ids import TableBucket, TablePath
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.client import RpcConnection
+from strom.rpc.messages import Message
+
+if TYPE_CHECKING:
+    from strom.client.admin import Admin
+    from strom.client.table import Table
+
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+DEFAULT_CONNECT_TIMEOUT_MS = 10_000
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bootstrap.servers entries must be HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+class Connection:
+    """A connection to a strom (or Fluss) cluster. Use ``async with`` or call :meth:`close`."""
+
+    def __init__(self, config: Mapping[str, str]) -> None:
+        servers = config.get("bootstrap.servers")
+        if not servers:
+            raise ValueError("the client config needs 'bootstrap.servers' (HOST:PORT[,HOST:PORT...])")
+        self.config = dict(config)
+        self._bootstrap = [_split_address(entry) for entry in servers.split(",") if entry.strip()]
+        self.request_timeout_ms = int(
+            parse_duration(config.get("client.request-timeout", "30s")).total_seconds() * 1000
+        )
+        self.connect_timeout_ms = int(
+            parse_duration(config.get("client.connect-timeout", "10s")).total_seconds() * 1000
+        )
+        self._connections: dict[str, RpcConnection] = {}
+        self._connecting: dict[str, asyncio.Future[RpcConnection]] = {}
+        self.metadata = MetadataCache(self)
+        self._closed = False
+
+    @classmethod
+    async def create(cls, config: Mapping[str, str] | str) -> Connection:
+        """Connect to the cluster; ``config`` is a client config mapping or just ``"host:port"``.
+
+        Raises:
+            ConnectionFailedError: no bootstrap server answered.
+        """
+        connection = cls({"bootstrap.servers": config} if isinstance(config, str) else config)
+        try:
+            await connection.metadata.refresh()
+        except BaseException:
+            await connection.close()
+            raise
+        return connection
+
+    def get_admin(self) -> Admin:
+        from strom.client.admin import Admin
+
+        return Admin(self)
+
+    async def get_table(self, table_path: TablePath) -> Table:
+        """A handle on an existing table. Raises TableNotExistError."""
+        from strom.client.table import Table
+
+        info = await self.metadata.refresh_table(table_path)
+        return Table(self, info)
+
+    # ---- RPC plumbing for the client's components ----
+    async def _server(self, address: str) -> RpcConnection:
+        existing = self._connections.get(address)
+        if existing is not None and not existing.is_closed:
+            return existing
+        pending = self._connecting.get(address)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[RpcConnection] = asyncio.get_running_loop().create_future()
+        self._connecting[address] = future
+        try:
+            host, port = _split_address(address)
+            connection = await RpcConnection.connect(host, port, timeout_ms=self.connect_timeout_ms)
+            self._connections[address] = connection
+            future.set_result(connection)
+            return connection
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            self._connecting.pop(address, None)
+
+    async def request(self, address: str, key: ApiKey, message: Message) -> Message:
+        """Send one request to ``address``, reconnecting once if the connection had been lost."""
+        if self._closed:
+            raise NetworkError("the connection is closed")
+        for attempt in range(2):
+            connection = await self._server(address)
+            try:
+                return await connection.request(key, message, timeout_ms=self.request_timeout_ms)
+            except NetworkError:
+                if attempt == 1 or not connection.is_closed:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def bootstrap_request(self, key: ApiKey, message: Message) -> Message:
+        """Send to the first bootstrap server that answers."""
+        last: Exception | None = None
+        for host, port in self._bootstrap:
+            try:
+                return await self.request(f"{host}:{port}", key, message)
+            except (ConnectionFailedError, NetworkError) as exc:
+                last = exc
+        raise ConnectionFailedError(f"no bootstrap server answered: {last}")
+
+    async def coordinator_request(self, key: ApiKey, message: Message) -> Message:
+        return await self.request(await self.metadata.coordinator_address(), key, message)
+
+    async def leader_request(self, bucket: TableBucket, key: ApiKey, message: Message) -> Message:
+        return await self.request(await self.metadata.leader_address(bucket), key, message)
+
+    async def close(self) -> None:
+        self._closed = True
+        connections = list(self._connections.values())
+        self._connections.clear()
+        await asyncio.gather(*(connection.close() for connection in connections), return_exceptions=True)
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

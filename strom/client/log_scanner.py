@@ -1,0 +1,171 @@
+"""Reading a table's log (a log table's records, a primary-key table's changelog) as Arrow batches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from strom.errors import error_for_code
+from strom.ids import TableBucket
+from strom.records import log_batch
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+
+if TYPE_CHECKING:
+    from strom.client.table import Table
+
+EARLIEST_OFFSET = -2
+FETCH_BYTES_MAX = 16 << 20
+FETCH_BUCKET_BYTES_MAX = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ScanBatch:
+    """Consecutive records of one bucket: record ``i`` has offset ``base_offset + i``."""
+
+    bucket: TableBucket
+    base_offset: int
+    change_types: bytes | None
+    """One byte per record (see ``log_batch.ChangeType``); None for a log table (all append-only)."""
+    batch: pa.RecordBatch
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.batch.num_rows
+
+
+class LogScanner:
+    """Subscribe buckets at offsets, then :meth:`poll`. Not safe for concurrent polls."""
+
+    def __init__(self, table: Table, projection: list[int] | None = None) -> None:
+        self._table = table
+        layout = table.layout
+        self._projection = projection
+        self.schema = (
+            layout.arrow_schema if projection is None else pa.schema([layout.arrow_schema.field(i) for i in projection])
+        )
+        self._positions: dict[TableBucket, int] = {}
+        self.high_watermarks: dict[TableBucket, int] = {}
+
+    def subscribe(self, bucket_id: int, offset: int, partition_id: int | None = None) -> None:
+        """Read ``bucket_id`` (of ``partition_id``) from ``offset``; EARLIEST_OFFSET starts at the log start."""
+        self._positions[self._table.bucket(bucket_id, partition_id)] = offset
+
+    def subscribe_buckets(self, offsets: Mapping[int, int]) -> None:
+        for bucket_id, offset in offsets.items():
+            self.subscribe(bucket_id, offset)
+
+    def subscribe_bucket(self, bucket: TableBucket, offset: int) -> None:
+        self._positions[bucket] = offset
+
+    def unsubscribe(self, bucket_id: int, partition_id: int | None = None) -> None:
+        self._positions.pop(self._table.bucket(bucket_id, partition_id), None)
+
+    def position(self, bucket: TableBucket) -> int:
+        return self._positions[bucket]
+
+    async def poll(self, timeout_ms: int) -> list[ScanBatch]:
+        """Whatever arrives within ``timeout_ms`` (long-polling the servers); may be empty."""
+        if not self._positions:
+            return []
+        connection = self._table.connection
+        by_leader: dict[str, list[TableBucket]] = {}
+        for bucket in self._positions:
+            by_leader.setdefault(await connection.metadata.leader_address(bucket), []).append(bucket)
+        responses = await asyncio.gather(
+            *(self._fetch(address, buckets, timeout_ms) for address, buckets in by_leader.items())
+        )
+        batches: list[ScanBatch] = []
+        for response in responses:
+            batches.extend(self._absorb(response))
+        return batches
+
+    async def _fetch(self, address: str, buckets: list[TableBucket], timeout_ms: int) -> Any:
+        request = pb.FetchLogRequest(
+            follower_server_id=-1, max_bytes=FETCH_BYTES_MAX, max_wait_ms=max(0, timeout_ms), min_bytes=1
+        )
+        table_request = request.tables_req.add(
+            table_id=self._table.layout.info.table_id, projection_pushdown_enabled=self._projection is not None
+        )
+        if self._projection is not None:
+            table_request.projected_fields.extend(self._projection)
+        for bucket in buckets:
+            entry = table_request.buckets_req.add(
+                bucket_id=bucket.bucket, fetch_offset=self._positions[bucket], max_fetch_bytes=FETCH_BUCKET_BYTES_MAX
+            )
+            if bucket.partition_id is not None:
+                entry.partition_id = bucket.partition_id
+        return await self._table.connection.request(address, ApiKey.FETCH_LOG, request)
+
+    def _absorb(self, response: Any) -> list[ScanBatch]:
+        batches = []
+        table_id = self._table.layout.info.table_id
+        for table_response in response.tables_resp:
+            for bucket_response in table_response.buckets_resp:
+                partition_id = bucket_response.partition_id if bucket_response.HasField("partition_id") else None
+                bucket = TableBucket(table_id, bucket_response.bucket_id, partition_id)
+                if bucket not in self._positions:
+                    continue
+                if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
+                    raise error_for_code(bucket_response.error_code, bucket_response.error_message)
+                if bucket_response.HasField("high_watermark"):
+                    self.high_watermarks[bucket] = bucket_response.high_watermark
+                batches.extend(self._decode(bucket, bucket_response.records))
+        return batches
+
+    def _decode(self, bucket: TableBucket, records: bytes) -> list[ScanBatch]:
+        position = self._positions[bucket]
+        decoded = []
+        for offset_in_buffer, header in log_batch.iter_batches(records):
+            if position == EARLIEST_OFFSET:
+                position = header.base_offset
+            if header.next_offset <= position:
+                continue
+            change_types, batch = log_batch.read_arrow(records, offset_in_buffer, header, self.schema)
+            skip = max(0, position - header.base_offset)
+            if skip:
+                batch = batch.slice(skip)
+                change_types = change_types[skip:] if change_types is not None else None
+            if batch.num_rows:
+                decoded.append(ScanBatch(bucket, header.base_offset + skip, change_types, batch))
+            position = header.next_offset
+        self._positions[bucket] = position
+        return decoded
+
+    async def read_range(
+        self, bucket: TableBucket, start_offset: int, end_offset: int, *, idle_timeout_ms: int = 30_000
+    ) -> AsyncIterator[ScanBatch]:
+        """Every record of ``bucket`` in ``[start_offset, end_offset)``, trimmed at ``end_offset``.
+
+        Raises RequestTimeoutError-like ``TimeoutError`` if the log stops short of ``end_offset`` for
+        ``idle_timeout_ms`` (the range must already be written).
+        """
+        if start_offset < 0:
+            raise ValueError(f"read_range needs a concrete start offset, got {start_offset}")
+        if start_offset >= end_offset:
+            return
+        saved = dict(self._positions)
+        self._positions = {bucket: start_offset}
+        try:
+            deadline = time.monotonic() + idle_timeout_ms / 1000
+            while self._positions[bucket] < end_offset:
+                polled = await self.poll(500)
+                if polled:
+                    deadline = time.monotonic() + idle_timeout_ms / 1000
+                elif time.monotonic() > deadline:
+                    raise TimeoutError(f"{bucket} did not reach offset {end_offset} within {idle_timeout_ms} ms")
+                for scan_batch in polled:
+                    if scan_batch.base_offset >= end_offset:
+                        continue
+                    if scan_batch.next_offset > end_offset:
+                        keep = end_offset - scan_batch.base_offset
+                        change_types = scan_batch.change_types[:keep] if scan_batch.change_types is not None else None
+                        scan_batch = ScanBatch(bucket, scan_batch.base_offset, change_types, scan_batch.batch.slice(0, keep))
+                    yield scan_batch
+        finally:
+            self._positions = saved

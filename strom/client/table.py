@@ -1,0 +1,189 @@
+"""A table handle (``connection.get_table(path)``) and the builders it hands out, named as in pyfluss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from strom.ids import TableBucket, TablePath
+from strom.metadata.table_info import TableInfo
+from strom.records.compacted import CompactedKeyEncoder, CompactedRowDecoder, CompactedRowEncoder
+from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
+from strom.records.types import RowType
+
+if TYPE_CHECKING:
+    from strom.client.connection import Connection
+    from strom.client.log_scanner import LogScanner
+    from strom.client.lookup import Lookuper, PrefixLookuper
+    from strom.client.writer import AppendWriter, UpsertWriter
+
+
+class TableLayout:
+    """Derived facts about a table's rows that writers and readers share (immutable)."""
+
+    def __init__(self, info: TableInfo) -> None:
+        self.info = info
+        schema = info.schema
+        self.row_type: RowType = schema.row_type
+        self.arrow_schema: pa.Schema = schema.arrow_schema
+        self.column_names: list[str] = list(schema.column_names)
+        self.primary_key: list[str] = list(schema.primary_key or [])
+        self.partition_keys: list[str] = list(info.partition_keys)
+        self.physical_primary_key = [k for k in self.primary_key if k not in self.partition_keys]
+        self.key_indexes = [self.column_names.index(k) for k in self.physical_primary_key]
+        bucket_keys = list(info.descriptor.bucket_keys or []) or list(self.physical_primary_key)
+        self.bucket_key_indexes = [self.column_names.index(k) for k in bucket_keys]
+        self.partition_key_indexes = [self.column_names.index(k) for k in self.partition_keys]
+        self.bucket_count = info.bucket_count
+        self.kv_format = info.properties.get("table.kv.format", "COMPACTED").upper()
+        compression = info.properties.get("table.log.arrow.compression.type", "ZSTD").upper()
+        self.log_compression = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}[compression]
+
+    @cached_property
+    def row_decoder(self) -> CompactedRowDecoder | IndexedRowDecoder:
+        if self.kv_format == "INDEXED":
+            return IndexedRowDecoder(self.row_type)
+        return CompactedRowDecoder(self.row_type)
+
+    @cached_property
+    def row_encoder(self) -> CompactedRowEncoder | IndexedRowEncoder:
+        if self.kv_format == "INDEXED":
+            return IndexedRowEncoder(self.row_type)
+        return CompactedRowEncoder(self.row_type)
+
+    @cached_property
+    def key_encoder(self) -> CompactedKeyEncoder:
+        return CompactedKeyEncoder(self.row_type, self.key_indexes)
+
+    @cached_property
+    def bucket_key_encoder(self) -> CompactedKeyEncoder:
+        return CompactedKeyEncoder(self.row_type, self.bucket_key_indexes)
+
+    def column_indexes(self, columns: Sequence[int | str]) -> list[int]:
+        indexes = []
+        for column in columns:
+            if isinstance(column, str):
+                if column not in self.column_names:
+                    raise ValueError(f"table {self.info.path} has no column {column!r}")
+                indexes.append(self.column_names.index(column))
+            else:
+                if not 0 <= column < len(self.column_names):
+                    raise ValueError(f"column index {column} is out of range for {self.info.path}")
+                indexes.append(column)
+        return indexes
+
+
+class Table:
+    """An existing table of the cluster."""
+
+    def __init__(self, connection: Connection, info: TableInfo) -> None:
+        self.connection = connection
+        self.layout = TableLayout(info)
+
+    @property
+    def table_info(self) -> TableInfo:
+        return self.layout.info
+
+    def get_table_info(self) -> TableInfo:
+        return self.layout.info
+
+    @property
+    def table_path(self) -> TablePath:
+        return self.layout.info.path
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return self.layout.arrow_schema
+
+    def has_primary_key(self) -> bool:
+        return self.layout.info.has_primary_key
+
+    def bucket(self, bucket_id: int, partition_id: int | None = None) -> TableBucket:
+        return TableBucket(self.layout.info.table_id, bucket_id, partition_id)
+
+    def new_upsert(self) -> TableUpsert:
+        return TableUpsert(self)
+
+    def new_append(self) -> TableAppend:
+        return TableAppend(self)
+
+    def new_lookup(self) -> TableLookup:
+        return TableLookup(self)
+
+    def new_scan(self) -> TableScan:
+        return TableScan(self)
+
+
+class TableUpsert:
+    def __init__(self, table: Table) -> None:
+        self._table = table
+        self._targets: list[int] | None = None
+
+    def partial_update(self, columns: Sequence[int | str]) -> TableUpsert:
+        """Only write these columns (they must include the primary key); others keep their values."""
+        self._targets = self._table.layout.column_indexes(columns)
+        return self
+
+    partial_update_by_name = partial_update
+    partial_update_by_index = partial_update
+
+    def create_writer(self) -> UpsertWriter:
+        from strom.client.writer import UpsertWriter
+
+        return UpsertWriter(self._table, self._targets)
+
+
+class TableAppend:
+    def __init__(self, table: Table) -> None:
+        self._table = table
+
+    def create_writer(self) -> AppendWriter:
+        from strom.client.writer import AppendWriter
+
+        return AppendWriter(self._table)
+
+
+class TableLookup:
+    def __init__(self, table: Table) -> None:
+        self._table = table
+        self._prefix: list[str] | None = None
+
+    def lookup_by(self, columns: Sequence[str]) -> TableLookup:
+        self._prefix = list(columns)
+        return self
+
+    def create_lookuper(self) -> Lookuper | PrefixLookuper:
+        from strom.client.lookup import Lookuper, PrefixLookuper
+
+        if self._prefix is not None:
+            return PrefixLookuper(self._table, self._prefix)
+        return Lookuper(self._table)
+
+
+class TableScan:
+    """Builder for scanners: the log scanner here; the KV batch scanners come with ScanKv support."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.projection: list[int] | None = None
+        self.row_limit: int | None = None
+
+    def project(self, columns: Sequence[int | str]) -> TableScan:
+        self.projection = sorted(set(self.table.layout.column_indexes(columns)))
+        return self
+
+    project_by_name = project
+
+    def limit(self, row_limit: int) -> TableScan:
+        if row_limit <= 0:
+            raise ValueError(f"limit must be positive, got {row_limit}")
+        self.row_limit = row_limit
+        return self
+
+    def create_log_scanner(self) -> LogScanner:
+        from strom.client.log_scanner import LogScanner
+
+        return LogScanner(self.table, self.projection)

@@ -1,0 +1,432 @@
+"""Upsert and append writers.
+
+Rows are buffered and sent in *chunks* (on :meth:`flush`, or when ``batch_rows_max`` rows are waiting).
+A chunk is encoded in one pass (Arrow → rows, keys, buckets), split per bucket, and sent as one request
+per leader. Chunks go out strictly one after another, so per-bucket order and the idempotent writer's
+batch sequences stay in order; retriable per-bucket errors are retried with the same sequence number, and
+a DUPLICATE_SEQUENCE answer (the server already has that batch) counts as success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from strom.client import encoding
+from strom.errors import (
+    DuplicateSequenceError,
+    LeaderNotAvailableError,
+    RetriableError,
+    StromError,
+    error_for_code,
+)
+from strom.ids import TableBucket
+from strom.records import log_batch
+from strom.records.kv_batch import build_kv_batch
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+
+if TYPE_CHECKING:
+    from strom.client.table import Table
+
+BATCH_ROWS_MAX = 10_000
+RETRIES_MAX = 10
+RETRY_BACKOFF_MS = 100
+ACKS_ALL = -1
+REQUEST_TIMEOUT_MS = 30_000
+
+
+class WriteResultHandle:
+    """Await :meth:`wait` to know the row was acknowledged (or to get its error)."""
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self._future = future
+
+    async def wait(self) -> None:
+        await asyncio.shield(self._future)
+
+
+@dataclass(slots=True)
+class _BucketBatch:
+    bucket: TableBucket
+    records: bytes
+    futures: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+class _Writer:
+    """The chunking, sequencing and retry logic shared by both writers."""
+
+    def __init__(self, table: Table) -> None:
+        self._table = table
+        self._connection = table.connection
+        self._writer_id: int | None = None
+        self._sequences: dict[TableBucket, int] = {}
+        self._last_chunk: asyncio.Future[None] | None = None
+        self._failure: StromError | None = None
+
+    async def _ensure_writer_id(self) -> int:
+        if self._writer_id is None:
+            request = pb.InitWriterRequest()
+            path = self._table.table_path
+            request.table_path.add(database_name=path.database_name, table_name=path.table_name)
+            response = await self._connection.bootstrap_request(ApiKey.INIT_WRITER, request)
+            self._writer_id = int(response.writer_id)
+        return self._writer_id
+
+    def _next_sequence(self, bucket: TableBucket) -> int:
+        sequence = self._sequences.get(bucket, 0)
+        self._sequences[bucket] = sequence + 1
+        return sequence
+
+    def _enqueue_chunk(self, build: Any) -> asyncio.Future[None]:
+        """Run ``build()`` (an async producer of bucket batches) after every earlier chunk finished."""
+        previous = self._last_chunk
+
+        async def run() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            batches: list[_BucketBatch] = await build()
+            await self._send(batches)
+
+        chunk = asyncio.ensure_future(run())
+        self._last_chunk = chunk
+        return chunk
+
+    async def _send(self, batches: list[_BucketBatch]) -> None:
+        pending = list(batches)
+        for attempt in range(RETRIES_MAX + 1):
+            by_leader: dict[str, list[_BucketBatch]] = {}
+            failures: list[tuple[_BucketBatch, StromError]] = []
+            for batch in pending:
+                try:
+                    address = await self._connection.metadata.leader_address(batch.bucket)
+                except StromError as exc:
+                    failures.append((batch, exc))
+                    continue
+                by_leader.setdefault(address, []).append(batch)
+            results = await asyncio.gather(
+                *(self._send_to_leader(address, group) for address, group in by_leader.items()),
+                return_exceptions=True,
+            )
+            for group, result in zip(by_leader.values(), results, strict=True):
+                if isinstance(result, BaseException):
+                    error = result if isinstance(result, StromError) else StromError(repr(result))
+                    failures.extend((batch, error) for batch in group)
+                else:
+                    failures.extend(result)
+            pending = []
+            for batch, error in failures:
+                if isinstance(error, RetriableError) and attempt < RETRIES_MAX:
+                    self._connection.metadata.invalidate(batch.bucket)
+                    pending.append(batch)
+                else:
+                    _resolve(batch.futures, error)
+            if not pending:
+                return
+            await asyncio.sleep(RETRY_BACKOFF_MS / 1000 * min(attempt + 1, 10))
+
+    async def _send_to_leader(self, address: str, group: list[_BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
+        raise NotImplementedError
+
+    async def flush(self) -> None:
+        """Send everything buffered and wait until all of it is acknowledged; raises the first error."""
+        self._flush_buffer()
+        if self._last_chunk is not None:
+            await asyncio.shield(self._last_chunk)
+
+    def _flush_buffer(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> _Writer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.flush()
+
+
+def _resolve(futures: list[asyncio.Future[None]], error: StromError | None) -> None:
+    for future in futures:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+            future.exception()  # the handle's owner may never await it; don't warn
+
+
+def _bucket_error(response: Any) -> StromError | None:
+    if response.HasField("error_code") and response.error_code != 0:
+        error = error_for_code(response.error_code, response.error_message or None)
+        return None if isinstance(error, DuplicateSequenceError) else error
+    return None
+
+
+class UpsertWriter(_Writer):
+    """Upserts and deletes on a primary-key table; ``partial_update`` writers touch only their columns."""
+
+    def __init__(self, table: Table, target_columns: list[int] | None = None) -> None:
+        super().__init__(table)
+        layout = table.layout
+        if not layout.primary_key:
+            raise ValueError(f"table {layout.info.path} has no primary key; use an append writer")
+        if target_columns is not None:
+            missing = [i for i in layout.key_indexes if i not in target_columns]
+            if missing:
+                raise ValueError("a partial update must include every primary key column")
+        self._targets = target_columns
+        self._ops: list[tuple[bool, Mapping[str, Any] | Sequence[Any], asyncio.Future[None]]] = []
+        self.batch_rows_max = BATCH_ROWS_MAX
+
+    def upsert(self, row: Mapping[str, Any] | Sequence[Any]) -> WriteResultHandle:
+        return self._add(True, row)
+
+    def delete(self, key: Mapping[str, Any] | Sequence[Any]) -> WriteResultHandle:
+        """Delete by primary key: a dict of the key columns, or their values in key order."""
+        return self._add(False, key)
+
+    def _add(self, is_upsert: bool, row: Mapping[str, Any] | Sequence[Any]) -> WriteResultHandle:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ops.append((is_upsert, row, future))
+        if len(self._ops) >= self.batch_rows_max:
+            self._flush_buffer()
+        return WriteResultHandle(future)
+
+    async def upsert_batch(self, data: pa.RecordBatch | pa.Table) -> None:
+        """Upsert every row of an Arrow batch (columns by name) and wait for the acknowledgement."""
+        layout = self._table.layout
+        batch = encoding.conform(layout, data)
+        if batch.num_rows == 0:
+            return
+        futures = [asyncio.get_running_loop().create_future() for _ in range(batch.num_rows)]
+        ops = [(batch, futures)]
+
+        async def build() -> list[_BucketBatch]:
+            return await self._build(ops, [])
+
+        await self._enqueue_chunk(build)
+        await asyncio.gather(*futures)
+
+    def _flush_buffer(self) -> None:
+        if not self._ops:
+            return
+        ops = self._ops
+        self._ops = []
+        upserts = [(row, future) for is_upsert, row, future in ops if is_upsert]
+        order = [is_upsert for is_upsert, _row, _future in ops]
+        deletes = [(row, future) for is_upsert, row, future in ops if not is_upsert]
+        layout = self._table.layout
+
+        async def build() -> list[_BucketBatch]:
+            try:
+                batch = encoding.to_record_batch(layout, [row for row, _f in upserts]) if upserts else None
+                delete_batch = self._key_batch([row for row, _f in deletes]) if deletes else None
+            except (ValueError, TypeError, pa.ArrowException) as exc:
+                error = StromError(f"cannot encode rows for {layout.info.path}: {exc}")
+                _resolve([f for _r, f in upserts] + [f for _r, f in deletes], error)
+                return []
+            parts: list[tuple[pa.RecordBatch, list[asyncio.Future[None]]]] = []
+            if batch is not None:
+                parts.append((batch, [f for _r, f in upserts]))
+            delete_parts = [] if delete_batch is None else [(delete_batch, [f for _r, f in deletes])]
+            return await self._build(parts, delete_parts, order)
+
+        self._enqueue_chunk(build)
+
+    def _key_batch(self, keys: list[Mapping[str, Any] | Sequence[Any]]) -> pa.RecordBatch:
+        """A full-schema batch holding only the key columns (everything else null)."""
+        layout = self._table.layout
+        key_names = layout.primary_key
+        rows = []
+        for key in keys:
+            values = dict(key) if isinstance(key, Mapping) else dict(zip(key_names, key, strict=True))
+            missing = [name for name in key_names if values.get(name) is None]
+            if missing:
+                raise ValueError(f"delete needs the primary key columns {missing}")
+            rows.append({name: values[name] for name in key_names})
+        nullable = pa.schema([f.with_nullable(True) for f in layout.arrow_schema])
+        batch = pa.RecordBatch.from_pylist(rows, schema=nullable)
+        return batch
+
+    async def _build(
+        self,
+        upserts: list[tuple[pa.RecordBatch, list[asyncio.Future[None]]]],
+        deletes: list[tuple[pa.RecordBatch, list[asyncio.Future[None]]]],
+        order: list[bool] | None = None,
+    ) -> list[_BucketBatch]:
+        layout = self._table.layout
+        writer_id = await self._ensure_writer_id()
+        upsert_entries: list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None]]] = []
+        for batch, futures in upserts:
+            upsert_entries += await self._encode(batch, futures, with_values=True)
+        delete_entries: list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None]]] = []
+        for batch, futures in deletes:
+            delete_entries += await self._encode(batch, futures, with_values=False)
+        if order is None:
+            entries = upsert_entries + delete_entries
+        else:
+            upsert_iter, delete_iter = iter(upsert_entries), iter(delete_entries)
+            entries = [next(upsert_iter) if is_upsert else next(delete_iter) for is_upsert in order]
+        grouped: dict[TableBucket, list[tuple[bytes, bytes | None, asyncio.Future[None]]]] = {}
+        for partition_id, bucket_id, key, value, future in entries:
+            bucket = TableBucket(layout.info.table_id, bucket_id, partition_id)
+            grouped.setdefault(bucket, []).append((key, value, future))
+        batches = []
+        schema_id = layout.info.schema_id
+        for bucket, items in grouped.items():
+            records = build_kv_batch(
+                schema_id,
+                [key for key, _v, _f in items],
+                [value for _k, value, _f in items],
+                writer_id=writer_id,
+                batch_sequence=self._next_sequence(bucket),
+            )
+            batches.append(_BucketBatch(bucket, records, [future for _k, _v, future in items]))
+        return batches
+
+    async def _encode(
+        self, batch: pa.RecordBatch, futures: list[asyncio.Future[None]], *, with_values: bool
+    ) -> list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None]]]:
+        layout = self._table.layout
+        encoded = encoding.encode(layout, batch, with_rows=with_values, with_keys=True)
+        partitions = encoding.partition_names(layout, batch)
+        partition_ids: list[int | None] = [None] * batch.num_rows
+        if partitions is not None:
+            ids: dict[str, int] = {}
+            for name in set(partitions):
+                ids[name] = await self._connection.metadata.partition_id(layout.info, name)
+            partition_ids = [ids[name] for name in partitions]
+        assert encoded.keys is not None
+        values = encoded.rows if with_values else None
+        return [
+            (partition_ids[i], encoded.buckets[i], encoded.keys[i], values[i] if values else None, futures[i])
+            for i in range(batch.num_rows)
+        ]
+
+    async def _send_to_leader(self, address: str, group: list[_BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
+        request = pb.PutKvRequest(acks=ACKS_ALL, table_id=self._table.layout.info.table_id, timeout_ms=REQUEST_TIMEOUT_MS)
+        if self._targets is not None:
+            request.target_columns.extend(self._targets)
+        by_bucket = {}
+        for batch in group:
+            entry = request.buckets_req.add(bucket_id=batch.bucket.bucket, records=batch.records)
+            if batch.bucket.partition_id is not None:
+                entry.partition_id = batch.bucket.partition_id
+            by_bucket[(batch.bucket.partition_id, batch.bucket.bucket)] = batch
+        response = await self._connection.request(address, ApiKey.PUT_KV, request)
+        return _collect(response.buckets_resp, by_bucket)
+
+
+def _collect(responses: Any, by_bucket: dict[tuple[int | None, int], _BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
+    failures = []
+    answered = set()
+    for bucket_response in responses:
+        partition_id = bucket_response.partition_id if bucket_response.HasField("partition_id") else None
+        batch = by_bucket.get((partition_id, bucket_response.bucket_id))
+        if batch is None:
+            continue
+        answered.add((partition_id, bucket_response.bucket_id))
+        error = _bucket_error(bucket_response)
+        if error is None:
+            _resolve(batch.futures, None)
+        else:
+            failures.append((batch, error))
+    for key, batch in by_bucket.items():
+        if key not in answered:
+            failures.append((batch, LeaderNotAvailableError(f"no response for {batch.bucket}")))
+    return failures
+
+
+class AppendWriter(_Writer):
+    """Appends rows to a log table."""
+
+    def __init__(self, table: Table) -> None:
+        super().__init__(table)
+        layout = table.layout
+        if layout.primary_key:
+            raise ValueError(f"table {layout.info.path} has a primary key; use an upsert writer")
+        self._rows: list[tuple[Mapping[str, Any] | Sequence[Any], asyncio.Future[None]]] = []
+        self._next_bucket = 0
+        self.batch_rows_max = BATCH_ROWS_MAX
+
+    def append(self, row: Mapping[str, Any] | Sequence[Any]) -> WriteResultHandle:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._rows.append((row, future))
+        if len(self._rows) >= self.batch_rows_max:
+            self._flush_buffer()
+        return WriteResultHandle(future)
+
+    async def write_arrow_batch(self, data: pa.RecordBatch | pa.Table) -> None:
+        """Append an Arrow batch (columns by name) and wait for the acknowledgement."""
+        batch = encoding.conform(self._table.layout, data)
+        if batch.num_rows == 0:
+            return
+        futures = [asyncio.get_running_loop().create_future() for _ in range(batch.num_rows)]
+
+        async def build() -> list[_BucketBatch]:
+            return await self._build(batch, futures)
+
+        await self._enqueue_chunk(build)
+        await asyncio.gather(*futures)
+
+    def _flush_buffer(self) -> None:
+        if not self._rows:
+            return
+        rows = self._rows
+        self._rows = []
+        layout = self._table.layout
+
+        async def build() -> list[_BucketBatch]:
+            futures = [future for _row, future in rows]
+            try:
+                batch = encoding.to_record_batch(layout, [row for row, _f in rows])
+            except (ValueError, TypeError, pa.ArrowException) as exc:
+                _resolve(futures, StromError(f"cannot encode rows for {layout.info.path}: {exc}"))
+                return []
+            return await self._build(batch, futures)
+
+        self._enqueue_chunk(build)
+
+    async def _build(self, batch: pa.RecordBatch, futures: list[asyncio.Future[None]]) -> list[_BucketBatch]:
+        layout = self._table.layout
+        writer_id = await self._ensure_writer_id()
+        partitions = encoding.partition_names(layout, batch)
+        if layout.bucket_key_indexes:
+            buckets = encoding.encode(layout, batch, with_rows=False, with_keys=False).buckets
+        else:
+            buckets = [self._next_bucket % layout.bucket_count] * batch.num_rows
+            self._next_bucket += 1
+        partition_ids: list[int | None] = [None] * batch.num_rows
+        if partitions is not None:
+            ids = {name: await self._connection.metadata.partition_id(layout.info, name) for name in set(partitions)}
+            partition_ids = [ids[name] for name in partitions]
+        groups: dict[TableBucket, list[int]] = {}
+        for index, (partition_id, bucket_id) in enumerate(zip(partition_ids, buckets, strict=True)):
+            groups.setdefault(TableBucket(layout.info.table_id, bucket_id, partition_id), []).append(index)
+        result = []
+        for bucket, indexes in groups.items():
+            part = batch if len(indexes) == batch.num_rows else batch.take(pa.array(indexes, pa.int32()))
+            records = log_batch.build_arrow_batch(
+                part,
+                schema_id=layout.info.schema_id,
+                compression=layout.log_compression,
+                writer_id=writer_id,
+                batch_sequence=self._next_sequence(bucket),
+            )
+            result.append(_BucketBatch(bucket, records, [futures[i] for i in indexes]))
+        return result
+
+    async def _send_to_leader(self, address: str, group: list[_BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
+        request = pb.ProduceLogRequest(acks=ACKS_ALL, table_id=self._table.layout.info.table_id, timeout_ms=REQUEST_TIMEOUT_MS)
+        by_bucket = {}
+        for batch in group:
+            entry = request.buckets_req.add(bucket_id=batch.bucket.bucket, records=batch.records)
+            if batch.bucket.partition_id is not None:
+                entry.partition_id = batch.bucket.partition_id
+            by_bucket[(batch.bucket.partition_id, batch.bucket.bucket)] = batch
+        response = await self._connection.request(address, ApiKey.PRODUCE_LOG, request)
+        return _collect(response.buckets_resp, by_bucket)
