@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pathlib
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 ROOT = pathlib.Path(__file__).parent
@@ -37,4 +37,11 @@ class BuildPyWithProtos(build_py):
 
 setup(
     cmdclass={"build_py": BuildPyWithProtos},
+    ext_modules=[
+        Extension(
+            "strom.records._rowcodec",
+            sources=["strom/records/native/rowcodec.c"],
+            extra_compile_args=["-O2", "-std=c11"],
+        )
+    ],
 )

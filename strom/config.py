@@ -15,50 +15,69 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|milli|millis|s|sec|secs|min|mins|m|h|d|day|days)?\s*$", re.IGNORECASE)
-_DURATION_MS = {
-    None: 1,
-    "ms": 1,
-    "milli": 1,
-    "millis": 1,
-    "s": 1000,
-    "sec": 1000,
-    "secs": 1000,
-    "m": 60_000,
-    "min": 60_000,
-    "mins": 60_000,
-    "h": 3_600_000,
-    "d": 86_400_000,
-    "day": 86_400_000,
-    "days": 86_400_000,
+_DURATION = re.compile(r"^\s*(-?\d+)\s*([a-zµ]+)?\s*$", re.IGNORECASE)
+_DURATION_UNITS_US = {
+    # Fluss's (Flink's TimeUtils) labels: singular and plural forms of each unit
+    1_000 * 86_400_000: ("d", "day", "days"),
+    1_000 * 3_600_000: ("h", "hour", "hours"),
+    1_000 * 60_000: ("m", "min", "mins", "minute", "minutes"),
+    1_000 * 1_000: ("s", "sec", "secs", "second", "seconds"),
+    1_000: ("ms", "milli", "millis", "millisecond", "milliseconds"),
+    1: ("µs", "us", "micro", "micros", "microsecond", "microseconds"),
 }
-_MEMORY = re.compile(r"^\s*(\d+)\s*(b|bytes|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?\s*$", re.IGNORECASE)
-_MEMORY_BYTES = {None: 1, "b": 1, "bytes": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-                 "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-                 "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+_DURATION_US = {label: size for size, labels in _DURATION_UNITS_US.items() for label in labels}
+_DURATION_NANO_LABELS = ("ns", "nano", "nanos", "nanosecond", "nanoseconds")
+_MEMORY = re.compile(r"^\s*(\d+)\s*([a-z]+)?\s*$", re.IGNORECASE)
+_MEMORY_UNITS = {
+    # Fluss's (Flink's MemorySize) labels
+    1: ("b", "bytes"),
+    1 << 10: ("k", "kb", "kib", "kibibytes"),
+    1 << 20: ("m", "mb", "mib", "mebibytes"),
+    1 << 30: ("g", "gb", "gib", "gibibytes"),
+    1 << 40: ("t", "tb", "tib", "tebibytes"),
+}
+_MEMORY_BYTES = {label: size for size, labels in _MEMORY_UNITS.items() for label in labels}
 
 
 def parse_duration(value: Any) -> timedelta:
-    """Fluss duration syntax: ``500ms``, ``1s``, ``10 min``, ``2h``, ``7d``; a bare number is milliseconds."""
+    """Fluss duration syntax: ``500ms``, ``1s``, ``10 min``, ``2 hours``, ``7d``; a bare number is milliseconds.
+
+    A negative value (``-1``) is accepted: options document what ``<= 0`` means for them.
+
+    Raises:
+        ValueError: not a whole number with a known unit.
+    """
     if isinstance(value, timedelta):
         return value
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int):
         return timedelta(milliseconds=value)
     match = _DURATION.match(str(value))
-    if not match:
+    unit = match.group(2).lower() if match and match.group(2) else "ms"
+    if not match or (unit not in _DURATION_US and unit not in _DURATION_NANO_LABELS):
         raise ValueError(f"not a duration: {value!r} (examples: 500ms, 1s, 10 min, 2h, 7d)")
-    unit = match.group(2).lower() if match.group(2) else None
-    return timedelta(milliseconds=int(match.group(1)) * _DURATION_MS[unit])
+    if unit in _DURATION_NANO_LABELS:
+        return timedelta(microseconds=int(match.group(1)) / 1000)
+    return timedelta(microseconds=int(match.group(1)) * _DURATION_US[unit])
 
 
 def parse_memory_size(value: Any) -> int:
-    """Fluss memory syntax: ``100mb``, ``8 kb``, ``1g``; a bare number is bytes."""
+    """Fluss memory syntax: ``100mb``, ``8 kb``, ``1g``; a bare number is bytes.
+
+    Raises:
+        ValueError: not a non-negative whole number with a known unit.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a memory size: {value!r}")
     if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a memory size cannot be negative: {value}")
         return value
     match = _MEMORY.match(str(value))
-    if not match:
+    unit = match.group(2).lower() if match and match.group(2) else "b"
+    if not match or unit not in _MEMORY_BYTES:
         raise ValueError(f"not a memory size: {value!r} (examples: 64kb, 100mb, 1gb)")
-    unit = match.group(2).lower() if match.group(2) else None
     return int(match.group(1)) * _MEMORY_BYTES[unit]
 
 
@@ -74,9 +93,29 @@ def _parse_bool(value: Any) -> bool:
 
 
 def _parse_int(value: Any) -> int:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise ValueError(f"not an integer: {value!r}")
-    return int(value)
+    if isinstance(value, str):
+        value = value.strip()
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"not an integer: {value!r}") from None
+
+
+def _bounded(parse: Callable[[Any], int], minimum: int | None, maximum: int | None) -> Callable[[Any], int]:
+    if minimum is None and maximum is None:
+        return parse
+
+    def parse_bounded(value: Any) -> int:
+        parsed = parse(value)
+        if minimum is not None and parsed < minimum:
+            raise ValueError(f"{parsed} is below the minimum of {minimum}")
+        if maximum is not None and parsed > maximum:
+            raise ValueError(f"{parsed} is above the maximum of {maximum}")
+        return parsed
+
+    return parse_bounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +141,18 @@ def duration_option(key: str, default: str, description: str) -> ConfigOption[ti
     return _option(key, parse_duration(default), description, parse_duration, "Duration")
 
 
-def memory_option(key: str, default: str, description: str) -> ConfigOption[int]:
-    return _option(key, parse_memory_size(default), description, parse_memory_size, "MemorySize")
+def memory_option(
+    key: str, default: str, description: str, *, minimum: int | None = None, maximum: int | None = None
+) -> ConfigOption[int]:
+    parse = _bounded(parse_memory_size, minimum, maximum)
+    return _option(key, parse(default), description, parse, "MemorySize")
 
 
-def int_option(key: str, default: int, description: str) -> ConfigOption[int]:
-    return _option(key, default, description, _parse_int, "Integer")
+def int_option(
+    key: str, default: int, description: str, *, minimum: int | None = None, maximum: int | None = None
+) -> ConfigOption[int]:
+    parse = _bounded(_parse_int, minimum, maximum)
+    return _option(key, parse(default), description, parse, "Integer")
 
 
 def bool_option(key: str, default: bool, description: str) -> ConfigOption[bool]:
@@ -132,15 +177,16 @@ REMOTE_DATA_DIR = string_option(
     "Remote storage for KV snapshots: a local path or an fsspec URL (e.g. s3://bucket/strom). "
     "Defaults to `<data.dir>/remote`.",
 )
-TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.")
+TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.", minimum=0)
 DEFAULT_BUCKET_NUMBER = int_option(
-    "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count."
+    "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count.", minimum=1
 )
-MAX_BUCKET_NUM = int_option("max.bucket.num", 4096, "Maximum number of buckets of a table.")
-MAX_PARTITION_NUM = int_option("max.partition.num", 1000, "Maximum number of partitions of a table.")
+MAX_BUCKET_NUM = int_option("max.bucket.num", 4096, "Maximum number of buckets of a table.", minimum=1)
+MAX_PARTITION_NUM = int_option("max.partition.num", 1000, "Maximum number of partitions of a table.", minimum=1)
 MAX_REQUEST_SIZE = memory_option(
     "netty.server.max-request-size", "100mb",
     "Largest request frame the server reads; a larger frame length closes the connection before its body is read.",
+    minimum=1 << 10,
 )
 CONNECTION_MAX_IDLE_TIME = duration_option(
     "netty.connection.max-idle-time", "10 min", "Connections idle for this long are closed."
@@ -148,19 +194,25 @@ CONNECTION_MAX_IDLE_TIME = duration_option(
 SERVER_MAX_IN_FLIGHT_PER_CONNECTION = int_option(
     "server.max-inflight-requests-per-connection", 64,
     "Requests of one connection handled at once; further frames wait (strom extension, bounds memory).",
+    minimum=1,
 )
 METRICS_PORT = int_option(
     "metrics.reporter.prometheus.port", 0,
     "Port of the Prometheus metrics endpoint on the bind host; 0 disables it.",
+    minimum=0,
+    maximum=65_535,
 )
 
 # ---- log ----
-LOG_SEGMENT_FILE_SIZE = memory_option("log.segment.file-size", "1024mb", "Size at which a log segment is rolled.")
+LOG_SEGMENT_FILE_SIZE = memory_option(
+    "log.segment.file-size", "1024mb", "Size at which a log segment is rolled.", minimum=1 << 10
+)
 LOG_FLUSH_INTERVAL_MESSAGES = int_option(
     "log.flush.interval-messages", 1,
     "Number of appended batches after which the log is fsynced before the write is acknowledged. "
     "Fluss defaults to never (it relies on replication); strom runs a single replica, so it defaults to 1: "
     "every acknowledged write is on disk. Concurrent appends share one fsync (group commit).",
+    minimum=1,
 )
 TABLE_LOG_TTL = duration_option("table.log.ttl", "7d", "Log segments older than this are deleted; <= 0 keeps them forever.")
 LOG_RETENTION_CHECK_INTERVAL = duration_option(
@@ -178,7 +230,7 @@ KV_SNAPSHOT_INTERVAL = duration_option(
     "kv.snapshot.interval", "10 min", "Period of KV snapshots of each bucket with new writes; <= 0 disables them."
 )
 KV_SNAPSHOT_NUM_RETAINED = int_option(
-    "kv.snapshot.num-retained", 2, "Completed snapshots kept per bucket (leased ones are kept in addition)."
+    "kv.snapshot.num-retained", 2, "Completed snapshots kept per bucket (leased ones are kept in addition).", minimum=1
 )
 KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL = duration_option(
     "kv.snapshot.lease.expiration-check-interval", "10 min",
@@ -188,10 +240,14 @@ KV_SCANNER_TTL = duration_option("kv.scanner.ttl", "10 min", "Idle time after wh
 KV_SCANNER_EXPIRATION_INTERVAL = duration_option(
     "kv.scanner.expiration-interval", "30s", "How often idle KV scan sessions are looked for."
 )
-KV_SCANNER_MAX_PER_BUCKET = int_option("kv.scanner.max-per-bucket", 8, "Open KV scan sessions allowed per bucket.")
-KV_SCANNER_MAX_PER_SERVER = int_option("kv.scanner.max-per-server", 200, "Open KV scan sessions allowed per server.")
+KV_SCANNER_MAX_PER_BUCKET = int_option(
+    "kv.scanner.max-per-bucket", 8, "Open KV scan sessions allowed per bucket.", minimum=1
+)
+KV_SCANNER_MAX_PER_SERVER = int_option(
+    "kv.scanner.max-per-server", 200, "Open KV scan sessions allowed per server.", minimum=1
+)
 KV_SCANNER_MAX_BATCH_SIZE = memory_option(
-    "kv.scanner.max-batch-size", "10mb", "Server cap on a ScanKv response's `batch_size_bytes`."
+    "kv.scanner.max-batch-size", "10mb", "Server cap on a ScanKv response's `batch_size_bytes`.", minimum=1
 )
 KV_ROCKSDB_BLOCK_CACHE_SIZE = memory_option(
     "kv.rocksdb.block.cache-size", "8mb", "RocksDB block cache of each bucket."

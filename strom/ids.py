@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class TablePath:
-    """``database.table``."""
+class TablePath(NamedTuple):
+    """``database.table``. A named tuple: hashing and comparing these is on hot paths."""
 
     database_name: str
     table_name: str
@@ -23,9 +22,9 @@ class TablePath:
         return cls(database, table)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class TableBucket:
-    """One bucket of a table (of one partition, for partitioned tables)."""
+class TableBucket(NamedTuple):
+    """One bucket of a table (of one partition, for partitioned tables). A named tuple: buckets key the
+    lease, snapshot and scan bookkeeping, where hashing speed matters."""
 
     table_id: int
     bucket: int

@@ -12,6 +12,7 @@ from typing import Any
 import click
 import yaml
 
+from strom.cli.snapshots import lease, snapshot
 from strom.config import ALL_OPTIONS, BIND_LISTENERS, DATA_DIR, Configuration, options_markdown
 
 
@@ -103,6 +104,10 @@ def config() -> None:
 def config_docs() -> None:
     """Print the configuration reference (Markdown)."""
     sys.stdout.write(options_markdown())
+
+
+main.add_command(lease)
+main.add_command(snapshot)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.types import RowType
 
 if TYPE_CHECKING:
+    from strom.client.batch_scanner import BatchScanner, BucketBatchScanner
     from strom.client.connection import Connection
     from strom.client.log_scanner import LogScanner
     from strom.client.lookup import Lookuper, PrefixLookuper
@@ -187,3 +188,24 @@ class TableScan:
         from strom.client.log_scanner import LogScanner
 
         return LogScanner(self.table, self.projection)
+
+    def create_bucket_batch_scanner(self, bucket: TableBucket) -> BucketBatchScanner:
+        """Scan one bucket's current rows (ScanKv)."""
+        from strom.client.batch_scanner import BucketBatchScanner
+
+        return BucketBatchScanner(self.table, bucket, projection=self.projection, limit=self.row_limit)
+
+    async def create_batch_scanner(self, parallelism: int = 4) -> BatchScanner:
+        """Scan every bucket (of every partition) of the table, ``parallelism`` at a time."""
+        from strom.client.batch_scanner import BatchScanner
+
+        layout = self.table.layout
+        partition_ids: list[int | None] = [None]
+        if layout.partition_keys:
+            admin = self.table.connection.get_admin()
+            partitions = await admin.list_partition_infos(layout.info.path)
+            partition_ids = [p.partition_id for p in partitions]
+        buckets = [self.table.bucket(b, p) for p in partition_ids for b in range(layout.bucket_count)]
+        return BatchScanner(
+            self.table, buckets, projection=self.projection, limit=self.row_limit, parallelism=parallelism
+        )

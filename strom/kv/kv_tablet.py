@@ -13,17 +13,20 @@ anyway; the only blocking I/O, the log fsync, runs in a worker thread inside Log
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import struct
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import rocksdict
 
-from strom.errors import DeletionDisabledError, KvStorageError
+from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError
 from strom.kv.row_format import TableRowFormat
+from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
 from strom.records import log_batch
 from strom.records.kv_batch import SCHEMA_ID
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 
 META_COLUMN_FAMILY = "strom_meta"
 APPLIED_OFFSET_KEY = b"applied_log_offset"
+ROW_COUNT_KEY = b"row_count"
+INSTANCE_ID_KEY = b"instance_id"
 _OFFSET = struct.Struct("<q")
 _INSERT = bytes([ChangeType.INSERT])
 _UPDATE_PAIR = bytes([ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER])
@@ -50,6 +55,7 @@ class _PendingBatch:
     next_offset: int
     keys: list[bytes]
     values: list[bytes | None]
+    row_count_delta: int
 
 
 def open_rocksdb(path: Path, block_cache_size_bytes: int, *, read_only: bool = False) -> rocksdict.Rdict:
@@ -81,14 +87,34 @@ class KvTablet:
         self._write_options.sync = False  # the changelog, fsynced first, is the write-ahead record
         self._pending: list[_PendingBatch] = []
         self._pre_write: dict[bytes, tuple[bytes | None, int]] = {}  # key -> (value or None, next_offset)
-        self._applied_offset = self._read_applied_offset()
+        self._applied_offset = self._read_meta_int(APPLIED_OFFSET_KEY)
+        self._row_count = self._read_meta_int(ROW_COUNT_KEY)
+        self.instance_id = self._instance_id()
         self._closed = False
-        self._recover()
+        try:
+            self._recover()
+        except BaseException:
+            self._close_db()
+            raise
 
     # ---- recovery ----
-    def _read_applied_offset(self) -> int:
-        raw = self._db.get_column_family(META_COLUMN_FAMILY).get(APPLIED_OFFSET_KEY)
-        return _OFFSET.unpack(raw)[0] if raw else 0
+    def _read_meta_int(self, key: bytes) -> int:
+        raw = self._db.get_column_family(META_COLUMN_FAMILY).get(key)
+        return int(_OFFSET.unpack(raw)[0]) if raw else 0
+
+    def _instance_id(self) -> str:
+        """A random id of this RocksDB instance, so its SST names never collide with another's remotely."""
+        meta = self._db.get_column_family(META_COLUMN_FAMILY)
+        raw = meta.get(INSTANCE_ID_KEY)
+        if raw is None:
+            raw = uuid.uuid4().hex.encode()
+            meta.put(INSTANCE_ID_KEY, raw)
+        return bytes(raw).decode()
+
+    @property
+    def row_count(self) -> int:
+        """Rows in RocksDB (acknowledged writes only), maintained from the changelog."""
+        return self._row_count
 
     @property
     def applied_offset(self) -> int:
@@ -105,11 +131,13 @@ class KvTablet:
                 )
             log.warning("%s: RocksDB ahead of the changelog (%d > %d); rebuilding it from the log",
                         self.directory, self._applied_offset, end)
-            self._db.close()
+            self._close_db()
             rocksdict.Rdict.destroy(str(self.directory / "rocksdb"))
             self._db = open_rocksdb(self.directory / "rocksdb", self._config.block_cache_size_bytes)
             self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
             self._applied_offset = 0
+            self._row_count = 0
+            self.instance_id = self._instance_id()
         if self._applied_offset < end:
             replayed = self.replay_changelog(self._applied_offset, end)
             log.info("%s: replayed %d changelog records up to offset %d", self.directory, replayed, end)
@@ -128,6 +156,8 @@ class KvTablet:
                 if header.next_offset <= offset:
                     continue
                 change_types, batch = log_batch.read_arrow(data, position, header, schema)
+                if change_types:
+                    self._row_count += change_types.count(ChangeType.INSERT) - change_types.count(ChangeType.DELETE)
                 if batch.num_rows:
                     keys, values = self._format.changelog_to_kv(batch, change_types or b"", header.schema_id)
                     first = max(0, offset - header.base_offset)
@@ -141,6 +171,7 @@ class KvTablet:
                         applied += 1
                 offset = header.next_offset
             batch_write.put(APPLIED_OFFSET_KEY, _OFFSET.pack(offset), self._meta)
+            batch_write.put(ROW_COUNT_KEY, _OFFSET.pack(self._row_count), self._meta)
             self._db.write(batch_write, self._write_options)
             self._applied_offset = offset
         return applied
@@ -160,10 +191,12 @@ class KvTablet:
         buffer until :meth:`apply_durable` runs after the log is durable.
 
         Raises DuplicateSequenceError / OutOfOrderSequenceError (nothing written) for a replayed or
-        skipped writer sequence, DeletionDisabledError if the table forbids deletes.
+        skipped writer sequence, RequestTimeoutError (retriable) for a replay whose original is not applied
+        yet, DeletionDisabledError if the table forbids deletes.
         """
         self._check_open()
-        self.log.writer_state.check(writer_id, batch_sequence)
+        # a retry is acknowledged (DUPLICATE_SEQUENCE) only once the original is visible in RocksDB
+        self.log.check_writers([(writer_id, batch_sequence)], self._applied_offset)
         if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
             raise DeletionDisabledError("deletes are disabled on this table (table.delete.behavior=DISABLE)")
         ignore_deletes = self._config.delete_behavior == "IGNORE"
@@ -182,7 +215,10 @@ class KvTablet:
                 if old is None or ignore_deletes:
                     continue
                 if partial:
-                    remaining = self._format.null_out(old, target_columns)  # type: ignore[arg-type]
+                    try:
+                        remaining = self._format.null_out(old, target_columns)  # type: ignore[arg-type]
+                    except ValueError as exc:  # a NOT NULL target column cannot be nulled
+                        raise InvalidTargetColumnError(f"Partial delete is not possible: {exc}.") from exc
                     if remaining is not None:
                         change_types += _UPDATE_PAIR
                         rows.append(old)
@@ -224,7 +260,8 @@ class KvTablet:
         )
         headers = list(log_batch.iter_batches(data, verify_crc=False))
         result = self.log.append(data, headers, now_ms)
-        self._pending.append(_PendingBatch(result.next_offset, new_keys, new_values))
+        delta = change_types.count(ChangeType.INSERT) - change_types.count(ChangeType.DELETE)
+        self._pending.append(_PendingBatch(result.next_offset, new_keys, new_values, delta))
         for key, value in zip(new_keys, new_values, strict=True):
             self._pre_write[key] = (value, result.next_offset)
         return result
@@ -243,37 +280,55 @@ class KvTablet:
         return values
 
     def apply_durable(self) -> None:
-        """Move every pre-write batch the log made durable into RocksDB, in order, with its offset."""
-        if not self._pending:
+        """Move every pre-write batch the log made durable into RocksDB, in order, with its offset.
+
+        The pending batches and the pre-write buffer change only after the RocksDB write succeeded: a
+        failed write leaves them in place, so the values stay visible to the changelog computation and a
+        later call (or the replay on reopen) applies them.
+        """
+        if not self._pending or self._closed:
             return
         high_watermark = self.log.high_watermark
         if self._pending[0].next_offset > high_watermark:
             return
         write = rocksdict.WriteBatch(raw_mode=True)
         applied_to = self._applied_offset
-        pre_write = self._pre_write
-        while self._pending and self._pending[0].next_offset <= high_watermark:
-            pending = self._pending.pop(0)
+        row_count = self._row_count
+        durable_count = 0
+        for pending in self._pending:
+            if pending.next_offset > high_watermark:
+                break
             for key, value in zip(pending.keys, pending.values, strict=True):
                 if value is None:
                     write.delete(key)
                 else:
                     write.put(key, value)
-                entry = pre_write.get(key)
-                if entry is not None and entry[1] == pending.next_offset:
-                    del pre_write[key]
             applied_to = pending.next_offset
+            row_count += pending.row_count_delta
+            durable_count += 1
         write.put(APPLIED_OFFSET_KEY, _OFFSET.pack(applied_to), self._meta)
+        write.put(ROW_COUNT_KEY, _OFFSET.pack(row_count), self._meta)
         try:
             self._db.write(write, self._write_options)
         except Exception as exc:
             raise KvStorageError(f"RocksDB write failed in {self.directory}: {exc}") from exc
+        # no await since the write: nothing else touched the buffers
+        applied = self._pending[:durable_count]
+        del self._pending[:durable_count]
+        pre_write = self._pre_write
+        for pending in applied:
+            for key in pending.keys:
+                entry = pre_write.get(key)
+                if entry is not None and entry[1] == pending.next_offset:
+                    del pre_write[key]
         self._applied_offset = applied_to
+        self._row_count = row_count
 
     # ---- reads ----
     def lookup(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Stored values (schema id + row) of acknowledged writes; None for missing keys."""
+        """Stored values (schema id + row) of durable writes; None for missing keys."""
         self._check_open()
+        self.apply_durable()  # a put whose handler never applied (it failed on a later batch) still shows
         if len(keys) == 1:
             return [self._db.get(keys[0])]
         result: list[bytes | None] = self._db.get(list(keys))
@@ -281,6 +336,7 @@ class KvTablet:
 
     def prefix_lookup(self, prefixes: Sequence[bytes], limit_per_prefix: int) -> list[list[bytes]]:
         self._check_open()
+        self.apply_durable()
         results: list[list[bytes]] = []
         for prefix in prefixes:
             matches: list[bytes] = []
@@ -300,6 +356,7 @@ class KvTablet:
 
     def limit_scan(self, limit: int) -> list[bytes]:
         self._check_open()
+        self.apply_durable()
         values: list[bytes] = []
         iterator = self._db.iter()
         try:
@@ -310,6 +367,19 @@ class KvTablet:
         finally:
             del iterator
         return values
+
+    def open_scan(self) -> tuple[Iterator[bytes], int, bool]:
+        """A point-in-time view for a scan session: ``(values in key order, log offset, is empty)``.
+
+        The iterator is created now, so later writes stay invisible to it, and the log offset (exclusive)
+        is the applied offset at this same instant: every change below it is in the view, none above.
+        """
+        self._check_open()
+        values = self._db.values()
+        first = next(values, None)
+        if first is None:
+            return iter(()), self._applied_offset, True
+        return itertools.chain((first,), values), self._applied_offset, False
 
     def iterate_values(self) -> Iterator[bytes]:
         """Every stored value in key order from a point-in-time iterator created now."""
@@ -322,6 +392,11 @@ class KvTablet:
                 iterator.next()
         finally:
             del iterator
+
+    def create_checkpoint(self, directory: Path) -> Checkpoint:
+        """A consistent local checkpoint of the acknowledged state (for a KV snapshot)."""
+        self._check_open()
+        return create_checkpoint(self._db, directory, self._applied_offset, self._row_count)
 
     @property
     def db(self) -> rocksdict.Rdict:
@@ -336,11 +411,17 @@ class KvTablet:
         if self._closed:
             raise KvStorageError(f"kv tablet {self.directory} is closed")
 
+    def _close_db(self) -> None:
+        # A live column-family handle keeps RocksDB open (and its LOCK held) after close(): drop it first,
+        # or the same process can never open this directory again (rebuild, reopen after a failed open).
+        self._meta = None  # type: ignore[assignment]
+        self._db.close()
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._db.close()
+        self._close_db()
 
     def delete(self) -> None:
         self.close()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from strom.metadata.table_info import TableInfo
-from strom.records import compacted, indexed, row_arrow
+from strom.records import compacted, fastpath, indexed, row_arrow
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.log_batch import ChangeType
 
@@ -48,25 +48,34 @@ class TableRowFormat:
 
     def stored_values_to_batch(self, stored_values: Sequence[bytes]) -> pa.RecordBatch:
         """Decode stored values (schema id + row) into one Arrow batch of the table's schema."""
-        rows = [memoryview(value)[SCHEMA_ID_SIZE_BYTES:] for value in stored_values]
-        return row_arrow.rows_to_record_batch(rows, self._decoder, self.arrow_schema)
+        return row_arrow.rows_to_record_batch(
+            stored_values, self._decoder, self.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
+        )
 
     def changelog_to_kv(
         self, batch: pa.RecordBatch, change_types: bytes, schema_id: int
     ) -> tuple[list[bytes | None], list[bytes | None]]:
         """For each changelog row: its key (None for -U, which changes nothing on its own) and the value
         to store (None for -D)."""
-        rows = row_arrow.record_batch_to_values(batch)
         prefix = SCHEMA_ID.pack(schema_id)
+        if self.kv_format == "COMPACTED":
+            rows, all_keys, _buckets = fastpath.encode_batch(
+                batch, self.row_type, key_indexes=self.key_indexes, value_prefix=prefix
+            )
+            assert all_keys is not None
+        else:
+            row_values = row_arrow.record_batch_to_values(batch, self.row_type)
+            rows = [prefix + self._encoder.encode(v) for v in row_values]
+            all_keys = [self._key_encoder.encode(v) for v in row_values]
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
-        for change_type, row in zip(change_types, rows, strict=True):
+        for change_type, key, row in zip(change_types, all_keys, rows, strict=True):
             if change_type == ChangeType.UPDATE_BEFORE:
-                keys.append(None)
+                keys.append(None)  # the +U that follows carries the new value
                 values.append(None)
-                continue
-            keys.append(self._key_encoder.encode(row))
-            values.append(None if change_type == ChangeType.DELETE else prefix + self._encoder.encode(row))
+            else:
+                keys.append(key)
+                values.append(None if change_type == ChangeType.DELETE else row)
         return keys, values
 
     def merge_partial(self, old: bytes, new: bytes, target_columns: Sequence[int]) -> bytes:

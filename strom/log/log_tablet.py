@@ -12,13 +12,19 @@ stay open until the tablet closes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from strom.errors import LogOffsetOutOfRangeError, LogStorageError
+from strom.errors import (
+    DuplicateSequenceError,
+    LogOffsetOutOfRangeError,
+    LogStorageError,
+    RequestTimeoutError,
+)
 from strom.log.segment import FILE_SUFFIX, LogSegment
 from strom.log.writer_state import WriterStateManager
 from strom.records import log_batch
@@ -68,6 +74,7 @@ class LogTablet:
         self._last_commit_timestamp = max(s.last_timestamp for s in segments)
         self._failed: Exception | None = None
         self._closed = False
+        self._writers_expired_at_ms = self._last_commit_timestamp
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig) -> LogTablet:
@@ -84,6 +91,12 @@ class LogTablet:
                 )
             if not segments:
                 segments.append(LogSegment.create(directory, 0))
+            for previous, segment in itertools.pairwise(segments):
+                if segment.base_offset != previous.next_offset:
+                    raise LogStorageError(
+                        f"log {directory} has a gap: {previous.path.name} ends at offset {previous.next_offset} "
+                        f"but the next segment starts at {segment.base_offset}"
+                    )
         except BaseException:
             for segment in segments:
                 segment.close()
@@ -113,13 +126,15 @@ class LogTablet:
     ) -> AppendResult:
         """Append validated batches (positions and headers from :func:`log_batch.iter_batches`).
 
-        Raises DuplicateSequenceError / OutOfOrderSequenceError (nothing is written) when the writer
-        state rejects the first batch. The batches are stamped in place with offsets and a timestamp.
+        Raises DuplicateSequenceError / OutOfOrderSequenceError / RequestTimeoutError (nothing is written)
+        when the writer state rejects the batches (:meth:`check_writers`). The batches are stamped in place
+        with offsets and a timestamp.
         """
         self._check_usable()
         assert batches
-        for _position, header in batches:
-            self.writer_state.check(header.writer_id, header.batch_sequence)
+        self._expire_writers(now_ms)
+        writers = [(header.writer_id, header.batch_sequence) for _position, header in batches]
+        self.check_writers(writers, self._high_watermark)
         commit_timestamp = max(now_ms, self._last_commit_timestamp)
         base_offset = self.log_end_offset
         next_offset = base_offset
@@ -129,12 +144,12 @@ class LogTablet:
             batch_next = next_offset + header.last_offset_delta + 1
             index_entries.append((position, next_offset, batch_next, commit_timestamp))
             next_offset = batch_next
-        segment = self._segment_for_append(len(data))
         try:
+            segment = self._segment_for_append(len(data))
             segment.append(data, index_entries)
         except OSError as exc:
             self._fail(exc)
-            raise LogStorageError(f"cannot append to {segment.path}: {exc}") from exc
+            raise LogStorageError(f"cannot append to {self.directory}: {exc}") from exc
         for (_position, header), (_p, batch_base, batch_next, _t) in zip(batches, index_entries, strict=True):
             self.writer_state.observe(header.writer_id, header.batch_sequence, batch_base, batch_next, commit_timestamp)
         self._last_commit_timestamp = commit_timestamp
@@ -145,9 +160,46 @@ class LogTablet:
             self._advance_high_watermark(next_offset)
         return AppendResult(base_offset, next_offset)
 
+    def _expire_writers(self, now_ms: int) -> None:
+        """Forget writers idle longer than ``writer_expiration_ms``, at most every eighth of that period, so
+        the writer state stays bounded without a pass over every writer on every append."""
+        if now_ms - self._writers_expired_at_ms >= max(1, self._config.writer_expiration_ms // 8):
+            self._writers_expired_at_ms = now_ms
+            expired_count = self.writer_state.expire(now_ms)
+            if expired_count:
+                log.info("%s: forgot %d idle writers", self.directory, expired_count)
+
+    def check_writers(self, batches: Sequence[tuple[int, int]], acknowledged_offset: int) -> None:
+        """Validate the ``(writer_id, batch_sequence)`` of the batches of one append (nothing is recorded).
+
+        A retried batch is answered DUPLICATE_SEQUENCE, which the client takes as its acknowledgement. So that
+        answer waits for the original to be acknowledged too: while the original batch still ends above
+        ``acknowledged_offset`` (the high watermark, or for a KV bucket the offset applied to RocksDB), the
+        retry gets the retriable RequestTimeoutError and comes back later.
+
+        Raises DuplicateSequenceError, OutOfOrderSequenceError or RequestTimeoutError.
+        """
+        try:
+            self.writer_state.check_append(batches)
+        except DuplicateSequenceError:
+            ((writer_id, batch_sequence),) = batches  # only a lone batch is reported as a duplicate
+            next_offset = self.writer_state.batch_next_offset(writer_id, batch_sequence)
+            assert next_offset is not None
+            if next_offset > acknowledged_offset:
+                raise RequestTimeoutError(
+                    f"batch {batch_sequence} of writer {writer_id} is still being written (it ends at offset "
+                    f"{next_offset}, {acknowledged_offset} is acknowledged); retry it"
+                ) from None
+            raise
+
     def _segment_for_append(self, size_bytes: int) -> LogSegment:
         active = self._segments[-1]
         if active.size_bytes > 0 and active.size_bytes + size_bytes > self._config.segment_size_bytes_max:
+            # A closed segment must be whole on disk before a later one exists: open() repairs a torn tail
+            # only in the last segment and refuses a damaged earlier one. Once per roll, so done inline.
+            active.fsync()
+            if active in self._unflushed_segments:
+                self._unflushed_segments.remove(active)
             active = LogSegment.create(self.directory, active.next_offset)
             self._segments.append(active)
         return active

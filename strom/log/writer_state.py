@@ -9,6 +9,7 @@ them (:meth:`WriterStateManager.observe`) and needs no file of its own.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,11 @@ if TYPE_CHECKING:
 NO_WRITER_ID = -1
 BATCHES_RETAINED_PER_WRITER = 5  # the client keeps at most 5 batches in flight per bucket
 INT32_MAX = 0x7FFFFFFF
+
+
+def follows(last_sequence: int, batch_sequence: int) -> bool:
+    """Whether ``batch_sequence`` is the one after ``last_sequence`` (-1: none yet); wraps at INT32_MAX."""
+    return batch_sequence == last_sequence + 1 or (batch_sequence == 0 and last_sequence == INT32_MAX)
 
 
 @dataclass(slots=True)
@@ -57,11 +63,49 @@ class WriterStateManager:
                     raise DuplicateSequenceError(
                         f"writer {writer_id} already wrote batch {batch_sequence} at offset {base_offset}"
                     )
-        in_sequence = batch_sequence == last + 1 or (batch_sequence == 0 and last == INT32_MAX)
-        if not in_sequence:
+        if not follows(last, batch_sequence):
             raise OutOfOrderSequenceError(
                 f"writer {writer_id}: batch sequence {batch_sequence} does not follow {last}"
             )
+
+    def check_append(self, batches: Sequence[tuple[int, int]]) -> None:
+        """Validate the ``(writer_id, batch_sequence)`` of every batch of one append, in order.
+
+        The first batch of each writer is checked against the state (:meth:`check`); each later batch of
+        the same writer must follow the one before it in the append. A duplicate is only reported when it
+        is the append's only batch: the client treats DUPLICATE_SEQUENCE as success for the whole bucket
+        request, so any other batch sent with a retried one would be lost. That case, like any gap,
+        raises OutOfOrderSequenceError. Nothing is recorded; :meth:`observe` does that after the append.
+        """
+        previous: dict[int, int] = {}
+        for writer_id, sequence in batches:
+            if writer_id == NO_WRITER_ID:
+                continue
+            last = previous.get(writer_id)
+            if last is None:
+                try:
+                    self.check(writer_id, sequence)
+                except DuplicateSequenceError as exc:
+                    if len(batches) == 1:
+                        raise
+                    raise OutOfOrderSequenceError(
+                        f"writer {writer_id}: batch {sequence} was already written but arrived with "
+                        f"{len(batches) - 1} other batches; retry it alone"
+                    ) from exc
+            elif not follows(last, sequence):
+                raise OutOfOrderSequenceError(
+                    f"writer {writer_id}: batch sequence {sequence} does not follow {last} in the same request"
+                )
+            previous[writer_id] = sequence
+
+    def batch_next_offset(self, writer_id: int, batch_sequence: int) -> int | None:
+        """The exclusive end offset of a retained batch of ``writer_id`` (None if not retained)."""
+        entry = self._writers.get(writer_id)
+        if entry is not None:
+            for sequence, _base_offset, next_offset in entry.batches:
+                if sequence == batch_sequence:
+                    return next_offset
+        return None
 
     def observe(self, writer_id: int, batch_sequence: int, base_offset: int, next_offset: int, timestamp_ms: int) -> None:
         """Record a batch that is now in the log (on append, and when replaying the log on open)."""

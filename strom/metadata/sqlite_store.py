@@ -15,9 +15,11 @@ from contextlib import contextmanager
 
 from strom.errors import (
     DatabaseAlreadyExistError,
+    DatabaseNotEmptyError,
     DatabaseNotExistError,
     PartitionAlreadyExistsError,
     TableAlreadyExistError,
+    TableNotExistError,
 )
 from strom.metadata.store import DatabaseRecord, KvSnapshotRecord, MetadataStore, PartitionRecord, TableRecord
 
@@ -34,9 +36,7 @@ CREATE TABLE IF NOT EXISTS partitions (
 CREATE TABLE IF NOT EXISTS sequences (name TEXT PRIMARY KEY, next_value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS kv_snapshots (
     table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, bucket INTEGER NOT NULL, snapshot_id INTEGER NOT NULL,
-    log_offset INTEGER NOT NULL, metadata_path TEXT NOT NULL, row_count INTEGER NOT NULL,
-    size_bytes INTEGER NOT NULL, created_ms INTEGER NOT NULL,
-    PRIMARY KEY (table_id, partition_id, bucket, snapshot_id));
+    snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, partition_id, bucket, snapshot_id));
 CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
 """
 
@@ -92,8 +92,11 @@ class SqliteMetadataStore(MetadataStore):
         return [row[0] for row in self._query("SELECT name FROM databases ORDER BY name")]
 
     def drop_database(self, name: str) -> None:
-        with self._transaction() as db:
-            db.execute("DELETE FROM databases WHERE name = ?", (name,))
+        try:
+            with self._transaction() as db:
+                db.execute("DELETE FROM databases WHERE name = ?", (name,))
+        except sqlite3.IntegrityError as exc:  # the tables' foreign key: the caller did not drop them first
+            raise DatabaseNotEmptyError(f"Database {name} still has tables.") from exc
 
     # ---- tables ----
     def create_table(self, database: str, name: str, table_json: bytes, schema_id: int, now_ms: int) -> TableRecord:
@@ -125,12 +128,13 @@ class SqliteMetadataStore(MetadataStore):
 
     def update_table(self, table_id: int, table_json: bytes, now_ms: int) -> TableRecord:
         with self._transaction() as db:
-            db.execute(
+            updated = db.execute(
                 "UPDATE tables SET table_json = ?, modified_ms = ? WHERE table_id = ?", (table_json, now_ms, table_id)
-            )
-        record = self.get_table_by_id(table_id)
-        assert record is not None
-        return record
+            ).rowcount
+            if updated == 0:
+                raise TableNotExistError(f"Table id {table_id} does not exist.")
+            row = db.execute(f"SELECT {self._TABLE_COLUMNS} FROM tables WHERE table_id = ?", (table_id,)).fetchone()
+        return TableRecord(*row)
 
     def drop_table(self, table_id: int) -> None:
         with self._transaction() as db:
@@ -144,6 +148,8 @@ class SqliteMetadataStore(MetadataStore):
     ) -> PartitionRecord:
         try:
             with self._transaction() as db:
+                if db.execute("SELECT 1 FROM tables WHERE table_id = ?", (table_id,)).fetchone() is None:
+                    raise TableNotExistError(f"Table id {table_id} does not exist.")
                 partition_id = self._next_id(db, "partition")
                 db.execute(
                     "INSERT INTO partitions VALUES (?, ?, ?, ?, ?)",
@@ -191,32 +197,25 @@ class SqliteMetadataStore(MetadataStore):
     def add_kv_snapshot(self, record: KvSnapshotRecord) -> None:
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO kv_snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO kv_snapshots VALUES (?, ?, ?, ?, ?)",
                 (
                     record.table_id,
                     _partition_key(record.partition_id),
                     record.bucket,
                     record.snapshot_id,
-                    record.log_offset,
-                    record.metadata_path,
-                    record.row_count,
-                    record.size_bytes,
-                    record.created_ms,
+                    record.snapshot_json,
                 ),
             )
 
-    def list_kv_snapshots(
-        self, table_id: int, partition_id: int | None, bucket: int | None = None
-    ) -> list[KvSnapshotRecord]:
-        sql = "SELECT * FROM kv_snapshots WHERE table_id = ? AND partition_id = ?"
-        args: list[object] = [table_id, _partition_key(partition_id)]
-        if bucket is not None:
-            sql += " AND bucket = ?"
-            args.append(bucket)
-        rows = self._query(sql + " ORDER BY bucket, snapshot_id", *args)
+    def list_kv_snapshots(self, table_id: int | None = None) -> list[KvSnapshotRecord]:
+        sql = "SELECT * FROM kv_snapshots"
+        args: list[object] = []
+        if table_id is not None:
+            sql += " WHERE table_id = ?"
+            args.append(table_id)
+        rows = self._query(sql + " ORDER BY table_id, partition_id, bucket, snapshot_id", *args)
         return [
-            KvSnapshotRecord(r[0], None if r[1] == _NO_PARTITION else r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
-            for r in rows
+            KvSnapshotRecord(r[0], None if r[1] == _NO_PARTITION else r[1], r[2], r[3], bytes(r[4])) for r in rows
         ]
 
     def delete_kv_snapshot(self, table_id: int, partition_id: int | None, bucket: int, snapshot_id: int) -> None:

@@ -48,17 +48,14 @@ class PartitionRecord:
 
 @dataclass(frozen=True, slots=True)
 class KvSnapshotRecord:
-    """A completed KV snapshot of one bucket; ``log_offset`` is exclusive (next offset not in it)."""
+    """A completed KV snapshot of one bucket; ``snapshot_json`` is its ``_METADATA`` document (the files
+    it references, its exclusive log offset, its row count)."""
 
     table_id: int
     partition_id: int | None
     bucket: int
     snapshot_id: int
-    log_offset: int
-    metadata_path: str
-    row_count: int
-    size_bytes: int
-    created_ms: int
+    snapshot_json: bytes
 
 
 class MetadataStore(ABC):
@@ -129,10 +126,8 @@ class MetadataStore(ABC):
     def add_kv_snapshot(self, record: KvSnapshotRecord) -> None: ...
 
     @abstractmethod
-    def list_kv_snapshots(self, table_id: int, partition_id: int | None, bucket: int | None = None) -> list[
-        KvSnapshotRecord
-    ]:
-        """Snapshots ordered by bucket then snapshot id."""
+    def list_kv_snapshots(self, table_id: int | None = None) -> list[KvSnapshotRecord]:
+        """Snapshots (of one table, or all) ordered by table, partition, bucket, snapshot id."""
 
     @abstractmethod
     def delete_kv_snapshot(self, table_id: int, partition_id: int | None, bucket: int, snapshot_id: int) -> None: ...

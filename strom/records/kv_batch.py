@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import crc32c
 
 from strom.errors import CorruptRecordError
+from strom.records import fastpath
 
 KV_HEADER = struct.Struct("<ibIhbqii")
 KV_HEADER_SIZE_BYTES = 28
@@ -72,6 +73,16 @@ def parse_kv_batches(buffer: bytes | memoryview) -> list[KvBatch]:
 
 
 def _parse_records(view: memoryview, position: int, end: int, count: int) -> tuple[list[bytes], list[bytes | None]]:
+    """The records of one batch body; the native parser when built, else ``_parse_records_python``."""
+    if fastpath.NATIVE_AVAILABLE:
+        return fastpath.parse_kv_records(view, position, end, count)
+    return _parse_records_python(view, position, end, count)
+
+
+def _parse_records_python(
+    view: memoryview, position: int, end: int, count: int
+) -> tuple[list[bytes], list[bytes | None]]:
+    """The reference parser: the native one raises the same errors with the same messages."""
     keys: list[bytes] = []
     values: list[bytes | None] = []
     unpack_int32 = _INT32.unpack_from

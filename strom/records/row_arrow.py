@@ -5,6 +5,9 @@ client decodes it with the schema it derives itself, so batches always carry the
 ``types.to_arrow_type`` layout. The conversion is columnar: rows are decoded into one Python
 list per column and each list becomes an Arrow array in one call, which keeps the per-column
 structure a native fast path can replace.
+
+CompactedRows go through ``fastpath`` (a C extension with this module's pure-Python code as its
+fallback and reference); IndexedRows and other decoders use the pure-Python code directly.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from strom.records.compacted import CompactedRowDecoder
+from strom.records import fastpath
+from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
 from strom.records.types import (
     ArrayType,
     BinaryType,
@@ -88,12 +92,18 @@ def columns_to_record_batch(
         raise ValueError(
             f"{len(columns)} columns, {len(schema)} Arrow fields and {row_type.field_count} Fluss fields"
         )
-    arrays = []
-    for column, fluss_field, arrow_field in zip(columns, row_type.fields, schema, strict=True):
-        padder = _binary_padder(fluss_field.type)
-        values = [padder(v) for v in column] if padder is not None else column
-        arrays.append(pa.array(values, type=arrow_field.type))
+    arrays = [
+        column_to_array(column, fluss_field.type, arrow_field.type)
+        for column, fluss_field, arrow_field in zip(columns, row_type.fields, schema, strict=True)
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def column_to_array(column: Sequence[Any], fluss_type: DataType, arrow_type: pa.DataType) -> pa.Array:
+    """One column of internal values as an Arrow array (BINARY(n) values fitted to n bytes)."""
+    padder = _binary_padder(fluss_type)
+    values = [padder(v) for v in column] if padder is not None else column
+    return pa.array(values, type=arrow_type)
 
 
 def values_to_record_batch(
@@ -105,19 +115,43 @@ def values_to_record_batch(
 
 
 def rows_to_record_batch(
-    rows: Sequence[bytes | memoryview],
+    rows: Sequence[bytes | bytearray | memoryview],
     decoder_or_row_type: RowDecoder | RowType,
     arrow_schema: pa.Schema | None = None,
+    *,
+    offset: int = 0,
 ) -> pa.RecordBatch:
     """Decode encoded rows into one batch; a bare RowType means CompactedRow.
+
+    ``offset`` skips that many bytes at the start of every row (2 for stored values, which begin
+    with the schema id), so callers need not slice.
 
     Raises:
         ValueError: a row does not decode with the given type.
     """
     if isinstance(decoder_or_row_type, RowType):
+        return fastpath.decode_rows(rows, decoder_or_row_type, offset=offset, arrow_schema=arrow_schema)
+    if type(decoder_or_row_type) is CompactedRowDecoder:
+        return fastpath.decode_rows(
+            rows, decoder_or_row_type.row_type, offset=offset, arrow_schema=arrow_schema
+        )
+    return rows_to_record_batch_python(rows, decoder_or_row_type, arrow_schema, offset=offset)
+
+
+def rows_to_record_batch_python(
+    rows: Sequence[bytes | bytearray | memoryview],
+    decoder_or_row_type: RowDecoder | RowType,
+    arrow_schema: pa.Schema | None = None,
+    *,
+    offset: int = 0,
+) -> pa.RecordBatch:
+    """``rows_to_record_batch`` in pure Python: the reference the native path must equal."""
+    if isinstance(decoder_or_row_type, RowType):
         decoder: RowDecoder = CompactedRowDecoder(decoder_or_row_type)
     else:
         decoder = decoder_or_row_type
+    if offset:
+        rows = [memoryview(row)[offset:] for row in rows]
     return columns_to_record_batch(decoder.decode_columns(rows), decoder.row_type, arrow_schema)
 
 
@@ -156,16 +190,28 @@ def record_batch_to_values(batch: pa.RecordBatch, row_type: RowType | None = Non
             target = to_arrow_type(row_type.fields[index].type)
             if array.type != target:
                 array = array.cast(target)
-        physical = _physical_type(array.type)
-        if physical != array.type:
-            array = array.view(physical)
-        columns.append(array.to_pylist())
+        columns.append(column_values(array))
     if row_type is not None and batch.num_columns != row_type.field_count:
         raise ValueError(f"batch has {batch.num_columns} columns, row type {row_type.field_count}")
     return list(zip(*columns, strict=True)) if columns else [() for _ in range(batch.num_rows)]
 
 
+def column_values(array: pa.Array) -> list[Any]:
+    """An array's internal values: temporal types as plain ints in their Arrow unit."""
+    physical = _physical_type(array.type)
+    if physical != array.type:
+        array = array.view(physical)
+    return array.to_pylist()  # type: ignore[no-any-return]
+
+
 def record_batch_to_rows(batch: pa.RecordBatch, encoder: RowEncoder) -> list[bytes]:
     """Encode every row of a batch (columns in the encoder's field order)."""
+    if type(encoder) is CompactedRowEncoder:
+        return fastpath.encode_rows(batch, encoder)
+    return record_batch_to_rows_python(batch, encoder)
+
+
+def record_batch_to_rows_python(batch: pa.RecordBatch, encoder: RowEncoder) -> list[bytes]:
+    """``record_batch_to_rows`` in pure Python: the reference the native path must equal."""
     encode = encoder.encode
     return [encode(values) for values in record_batch_to_values(batch, encoder.row_type)]

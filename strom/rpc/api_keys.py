@@ -77,6 +77,12 @@ class ApiKey(IntEnum):
     GET_CLUSTER_HEALTH = 1062
     LIST_REMOTE_LOG_MANIFESTS = 1063
     LIST_KV_SNAPSHOTS = 1064
+    # strom extensions (strom_ext.proto), advertised only to strom clients
+    LIST_KV_SNAPSHOT_LEASES = 3000
+
+
+EXTENSION_KEYS = frozenset({ApiKey.LIST_KV_SNAPSHOT_LEASES})
+STROM_CLIENT_NAME = "strom-python"
 
 
 @dataclass(frozen=True, slots=True)

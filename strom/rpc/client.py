@@ -19,12 +19,12 @@ from strom.errors import (
     error_for_code,
 )
 from strom.rpc import framing
-from strom.rpc.api_keys import ApiKey, ApiVersionRange
+from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey, ApiVersionRange
 from strom.rpc.messages import Message, pb, response_class
 
 M = TypeVar("M", bound=Message)
 
-CLIENT_SOFTWARE_NAME = "strom-python"
+CLIENT_SOFTWARE_NAME = STROM_CLIENT_NAME
 CLIENT_SOFTWARE_VERSION = "0.1.0"
 
 

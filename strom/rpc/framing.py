@@ -72,17 +72,18 @@ class FrameBuffer:
         buffer = self._buffer
         start = self._start
         end = len(buffer)
-        while end - start >= LENGTH_SIZE_BYTES:
-            (length,) = LENGTH.unpack_from(buffer, start)
-            if length < self._min_size_bytes or length > self._frame_size_bytes_max:
-                raise ValueError(
-                    f"frame length {length} outside [{self._min_size_bytes}, {self._frame_size_bytes_max}]"
-                )
-            frame_end = start + LENGTH_SIZE_BYTES + length
-            if frame_end > end:
-                break
-            frames.append(bytes(buffer[start + LENGTH_SIZE_BYTES : frame_end]))
-            start = frame_end
+        with memoryview(buffer) as view:  # released before the buffer is resized below
+            while end - start >= LENGTH_SIZE_BYTES:
+                (length,) = LENGTH.unpack_from(view, start)
+                if length < self._min_size_bytes or length > self._frame_size_bytes_max:
+                    raise ValueError(
+                        f"frame length {length} outside [{self._min_size_bytes}, {self._frame_size_bytes_max}]"
+                    )
+                frame_end = start + LENGTH_SIZE_BYTES + length
+                if frame_end > end:
+                    break
+                frames.append(bytes(view[start + LENGTH_SIZE_BYTES : frame_end]))  # the one copy
+                start = frame_end
         if start == end:
             buffer.clear()
             start = 0

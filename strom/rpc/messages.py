@@ -1,4 +1,5 @@
-"""The Fluss protobuf message classes, generated from ``proto/fluss_api.proto`` at install time."""
+"""The protobuf message classes, generated from ``proto/*.proto`` at install time: Fluss's (``pb``) and
+strom's extensions (``ext``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from google.protobuf.message import DecodeError, Message
 
 try:
     from strom.rpc.proto import fluss_api_pb2 as pb
+    from strom.rpc.proto import strom_ext_pb2 as ext
 except ImportError as exc:  # pragma: no cover - only when the package was copied without building
     raise ImportError(
         "strom's protocol module is not built: run `make install` (or `pip install -e .`), which compiles "
@@ -16,11 +18,13 @@ except ImportError as exc:  # pragma: no cover - only when the package was copie
 
 from strom.rpc.api_keys import ApiKey, message_names
 
-__all__ = ["DecodeError", "Message", "pb", "request_class", "response_class"]
+__all__ = ["DecodeError", "Message", "ext", "pb", "request_class", "response_class"]
 
 
 def _message_class(name: str) -> type[Message] | None:
     cls: Any = getattr(pb, name, None)
+    if cls is None:
+        cls = getattr(ext, name, None)
     return cls
 
 

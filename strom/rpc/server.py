@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from strom.errors import CorruptMessageError, StromError, UnsupportedVersionError, code_for_exception
 from strom.rpc import framing
-from strom.rpc.api_keys import ApiKey, version_range
+from strom.rpc.api_keys import EXTENSION_KEYS, STROM_CLIENT_NAME, ApiKey, version_range
 from strom.rpc.messages import DecodeError, Message, pb, request_class
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,10 @@ class RpcServer:
 
     async def _api_versions(self, request: Message, context: RequestContext) -> Message:
         response = pb.ApiVersionsResponse()
+        include_extensions = request.client_software_name == STROM_CLIENT_NAME  # type: ignore[attr-defined]
         for key in ApiKey:
+            if key in EXTENSION_KEYS and not include_extensions:
+                continue
             versions = version_range(key)
             response.api_versions.add(
                 api_key=int(key), min_version=versions.min_version, max_version=versions.max_version
@@ -159,6 +162,13 @@ class RpcServer:
             request = message_class.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
         except (DecodeError, ValueError, RuntimeError) as exc:
             return self._error_frame(header.request_id, CorruptMessageError(f"cannot parse {key.name} body: {exc}"))
+        if not request.IsInitialized():
+            # Python's parser accepts a body without its required fields (for example one cut off at a field
+            # boundary); handlers would then act on default values the client never sent.
+            missing = ", ".join(request.FindInitializationErrors())
+            return self._error_frame(
+                header.request_id, CorruptMessageError(f"{key.name} body lacks required fields: {missing}")
+            )
         context = RequestContext(key, header.api_version, header.request_id, connection.peer, connection.connection_id)
         try:
             response = await handler(request, context)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,10 +62,19 @@ class CoordinatorService:
     """Catalog and metadata RPCs. Runs on the event loop; the store calls are short SQLite transactions."""
 
     def __init__(
-        self, store: MetadataStore, tablets: TabletServerGateway, config: Configuration, clock: Clock, node: ServerNode
+        self,
+        store: MetadataStore,
+        tablets: TabletServerGateway,
+        config: Configuration,
+        clock: Clock,
+        node: ServerNode,
+        on_table_dropped: Callable[[int, int | None], None] = lambda table_id, partition_id: None,
     ) -> None:
+        """``on_table_dropped(table_id, partition_id)`` runs after a table (partition_id None) or one partition
+        is dropped: KV snapshots and leases of it are released there."""
         self._store = store
         self._tablets = tablets
+        self._on_table_dropped = on_table_dropped
         self._clock = clock
         self._node = node
         self._default_bucket_count = config.get(DEFAULT_BUCKET_NUMBER)
@@ -264,6 +274,7 @@ class CoordinatorService:
     async def _drop_table(self, table: TableInfo) -> None:
         self._store.drop_table(table.table_id)
         await self._tablets.stop_replicas(table.table_id, None, delete=True)
+        self._on_table_dropped(table.table_id, None)
         log.info("dropped table %s (id %d)", table.path, table.table_id)
 
     async def get_table_info(self, request: Any, _context: object) -> Any:
@@ -345,6 +356,7 @@ class CoordinatorService:
             raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
         self._store.drop_partition(record.partition_id)
         await self._tablets.stop_replicas(table.table_id, record.partition_id, delete=True)
+        self._on_table_dropped(table.table_id, record.partition_id)
         return pb.DropPartitionResponse()
 
     # ---- cluster metadata ----

@@ -1,32 +1,55 @@
 """A single-node strom cluster: the coordinator and tablet-server roles behind one RPC port.
 
-Start-up order: metadata store, tablet server (replicas), coordinator (which hands the tablet server its
-buckets), then the RPC listener. Shutdown reverses it: stop accepting, finish or cancel in-flight
-requests, close the buckets, close the store.
+Start-up order: metadata store and remote storage, the coordinator's snapshot store and lease manager,
+the tablet server (replicas), the coordinator (which hands the tablet server its buckets), background
+loops, then the RPC listener. Shutdown reverses it: stop accepting, cancel in-flight requests, stop the
+loops, close the buckets, close the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 from strom.clock import SYSTEM_CLOCK, Clock
 from strom.config import (
     ADVERTISED_HOST,
     CONNECTION_MAX_IDLE_TIME,
+    KV_SCANNER_EXPIRATION_INTERVAL,
+    KV_SCANNER_MAX_BATCH_SIZE,
+    KV_SCANNER_MAX_PER_BUCKET,
+    KV_SCANNER_MAX_PER_SERVER,
+    KV_SCANNER_TTL,
+    KV_SNAPSHOT_INTERVAL,
+    KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
+    KV_SNAPSHOT_NUM_RETAINED,
+    LOG_RETENTION_CHECK_INTERVAL,
     MAX_REQUEST_SIZE,
+    METRICS_PORT,
     REMOTE_DATA_DIR,
     SERVER_MAX_IN_FLIGHT_PER_CONNECTION,
     TABLET_SERVER_ID,
     Configuration,
 )
+from strom.ids import TableBucket
+from strom.kv.scan import ScannerConfig, ScannerManager
 from strom.metadata.store import MetadataStore, open_store
+from strom.metadata.table_info import TableInfo
+from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.server.coordinator import CoordinatorService, ServerNode
+from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
+from strom.server.kv_snapshot_service import KvSnapshotService
+from strom.server.kv_snapshot_store import KvSnapshotStore
+from strom.server.metrics import StromCollector, serve_metrics
 from strom.server.replica import ReplicaManager
+from strom.server.scan_service import ScanKvService
 from strom.server.tablet_server import TabletService
 
 log = logging.getLogger(__name__)
@@ -47,12 +70,31 @@ class ServerPaths:
         return self.data_dir / "tablets"
 
     @property
+    def snapshot_staging(self) -> Path:
+        return self.data_dir / "snapshot-staging"
+
+    @property
     def default_remote(self) -> Path:
         return self.data_dir / "remote"
 
 
+class LocalTabletServer:
+    """The tablet-server role as the coordinator sees it in a single process (a TabletServerGateway)."""
+
+    def __init__(self, replicas: ReplicaManager, scans: ScanKvService) -> None:
+        self._replicas = replicas
+        self._scans = scans
+
+    def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
+        self._replicas.become_leader(table, buckets)
+
+    async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
+        self._scans.on_buckets_stopped(table_id, partition_id)  # before the RocksDB instances close
+        await self._replicas.stop_replicas(table_id, partition_id, delete=delete)
+
+
 class StromServer:
-    """Both roles in one process. ``start()`` then ``serve_forever()`` or ``stop()``."""
+    """Both roles in one process. ``start()`` then ``serve_forever()``; ``stop()`` shuts down cleanly."""
 
     def __init__(self, data_dir: Path, host: str, port: int, config: Configuration, clock: Clock = SYSTEM_CLOCK) -> None:
         self.paths = ServerPaths(data_dir)
@@ -60,41 +102,92 @@ class StromServer:
         self.port = port
         self.config = config
         self.clock = clock
-        self.remote_dir = config.get(REMOTE_DATA_DIR) or str(self.paths.default_remote)
+        self.remote_root = config.get(REMOTE_DATA_DIR) or str(self.paths.default_remote)
         self.store: MetadataStore | None = None
         self.replicas: ReplicaManager | None = None
         self.coordinator: CoordinatorService | None = None
         self.tablet: TabletService | None = None
+        self.snapshots: KvSnapshotService | None = None
+        self.scans: ScanKvService | None = None
+        self.tablet_server: LocalTabletServer | None = None
+        self.snapshot_scheduler: KvSnapshotScheduler | None = None
         self.rpc: RpcServer | None = None
+        self.metrics_port: int | None = None
+        self._metrics_server: WSGIServer | None = None
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
+        config = self.config
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
-        self.store = open_store("sqlite", str(self.paths.metadata_db))
-        self.replicas = ReplicaManager(self.paths.tablets, self.config)
-        self.tablet = TabletService(self.replicas, self.config, self.clock)
+        self.store = store = open_store("sqlite", str(self.paths.metadata_db))
+        remote = RemoteStorage(self.remote_root)
+        leases = KvSnapshotLeaseManager(store, self.clock)
+        snapshot_store = KvSnapshotStore(store, remote, config.get(KV_SNAPSHOT_NUM_RETAINED), leases.is_leased)
+
+        def on_table_dropped(table_id: int, partition_id: int | None) -> None:
+            leases.drop_table(table_id, partition_id)
+            snapshot_store.drop_table(table_id, partition_id)
+
+        self.replicas = ReplicaManager(self.paths.tablets, config)
+        self.tablet = TabletService(self.replicas, config, self.clock)
+        scanner_config = ScannerConfig(
+            ttl_ms=config.get_ms(KV_SCANNER_TTL),
+            expiration_interval_ms=config.get_ms(KV_SCANNER_EXPIRATION_INTERVAL),
+            scanners_per_bucket_max=config.get(KV_SCANNER_MAX_PER_BUCKET),
+            scanners_per_server_max=config.get(KV_SCANNER_MAX_PER_SERVER),
+            batch_size_bytes_max=min(config.get(KV_SCANNER_MAX_BATCH_SIZE), 0x7FFFFFFF),
+        )
+        self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config, self.clock), self.clock)
+        self.scans.start()
+        self.tablet_server = LocalTabletServer(self.replicas, self.scans)
         sock = bind_listener(self.host, self.port)
         self.port = sock.getsockname()[1]
-        advertised = self.config.get(ADVERTISED_HOST) or self.host
+        advertised = config.get(ADVERTISED_HOST) or self.host
         if advertised in ("0.0.0.0", "::", ""):
             advertised = "127.0.0.1"
-        node = ServerNode(self.config.get(TABLET_SERVER_ID), advertised, self.port)
-        self.coordinator = CoordinatorService(self.store, self.replicas, self.config, self.clock, node)
+        node = ServerNode(config.get(TABLET_SERVER_ID), advertised, self.port)
+        self.coordinator = CoordinatorService(store, self.tablet_server, config, self.clock, node, on_table_dropped)
         self.coordinator.start()
+        self.snapshots = KvSnapshotService(
+            self.coordinator, snapshot_store, leases, self.clock,
+            config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL),
+        )
+        self.snapshots.start()
+        self.snapshot_scheduler = KvSnapshotScheduler(
+            self.replicas,
+            self.snapshots,
+            remote,
+            interval_ms=config.get_ms(KV_SNAPSHOT_INTERVAL),
+            retention_check_interval_ms=config.get_ms(LOG_RETENTION_CHECK_INTERVAL),
+            local_dir=self.paths.snapshot_staging,
+            clock=self.clock,
+        )
+        self.snapshot_scheduler.start()
         self.rpc = RpcServer(
             self._handlers(),
-            frame_size_bytes_max=self.config.get(MAX_REQUEST_SIZE),
-            in_flight_count_max=self.config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
-            idle_timeout_ms=self.config.get_ms(CONNECTION_MAX_IDLE_TIME),
+            frame_size_bytes_max=config.get(MAX_REQUEST_SIZE),
+            in_flight_count_max=config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
+            idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
         )
         await self.rpc.start(sock)
-        log.info("strom serving on %s:%d (data in %s)", self.host, self.port, self.paths.data_dir)
+        metrics_port = config.get(METRICS_PORT)
+        if metrics_port:
+            collector = StromCollector(
+                asyncio.get_running_loop(), leases, snapshot_store, self.replicas, lambda: self.rpc, self._table_name
+            )
+            self._metrics_server, self.metrics_port = serve_metrics(self.host, metrics_port, collector)
+        log.info("strom serving on %s:%d (data in %s, remote storage %s)", self.host, self.port,
+                 self.paths.data_dir, self.remote_root)
+
+    def _table_name(self, table_id: int) -> str:
+        assert self.coordinator is not None
+        table = self.coordinator.table_info_by_id(table_id)
+        return str(table.path) if table else str(table_id)
 
     def _handlers(self) -> dict[ApiKey, Handler]:
-        coordinator = self.coordinator
-        tablet = self.tablet
-        assert coordinator is not None and tablet is not None
+        coordinator, tablet, snapshots, scans = self.coordinator, self.tablet, self.snapshots, self.scans
+        assert coordinator is not None and tablet is not None and snapshots is not None and scans is not None
         return {
             ApiKey.CREATE_DATABASE: coordinator.create_database,
             ApiKey.DROP_DATABASE: coordinator.drop_database,
@@ -112,6 +205,13 @@ class StromServer:
             ApiKey.DROP_PARTITION: coordinator.drop_partition,
             ApiKey.GET_METADATA: coordinator.metadata,
             ApiKey.INIT_WRITER: coordinator.init_writer,
+            ApiKey.GET_LATEST_KV_SNAPSHOTS: snapshots.get_latest_kv_snapshots,
+            ApiKey.GET_KV_SNAPSHOT_METADATA: snapshots.get_kv_snapshot_metadata,
+            ApiKey.LIST_KV_SNAPSHOTS: snapshots.list_kv_snapshots,
+            ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE: snapshots.acquire_kv_snapshot_lease,
+            ApiKey.RELEASE_KV_SNAPSHOT_LEASE: snapshots.release_kv_snapshot_lease,
+            ApiKey.DROP_KV_SNAPSHOT_LEASE: snapshots.drop_kv_snapshot_lease,
+            ApiKey.LIST_KV_SNAPSHOT_LEASES: snapshots.list_kv_snapshot_leases,
             ApiKey.PRODUCE_LOG: tablet.produce_log,
             ApiKey.FETCH_LOG: tablet.fetch_log,
             ApiKey.LIST_OFFSETS: tablet.list_offsets,
@@ -120,6 +220,7 @@ class StromServer:
             ApiKey.PREFIX_LOOKUP: tablet.prefix_lookup,
             ApiKey.LIMIT_SCAN: tablet.limit_scan,
             ApiKey.GET_FILESYSTEM_SECURITY_TOKEN: tablet.get_file_system_security_token,
+            ApiKey.SCAN_KV: scans.scan_kv,
         }
 
     async def serve_forever(self) -> None:
@@ -132,6 +233,14 @@ class StromServer:
         self._stopped.set()
         if self.rpc is not None:
             await self.rpc.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        if self.snapshot_scheduler is not None:
+            await self.snapshot_scheduler.stop()
+        if self.snapshots is not None:
+            await self.snapshots.stop()
+        if self.scans is not None:
+            await self.scans.stop()
         if self.replicas is not None:
             self.replicas.close()
         if self.store is not None:

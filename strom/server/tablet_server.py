@@ -13,8 +13,15 @@ from typing import Any
 
 from strom.clock import Clock
 from strom.config import LOG_FETCH_WAIT_MAX, Configuration
-from strom.errors import CorruptRecordError, InvalidTableError, StromError, code_for_exception
+from strom.errors import (
+    CorruptRecordError,
+    InvalidTableError,
+    InvalidTimestampError,
+    StromError,
+    code_for_exception,
+)
 from strom.ids import TableBucket
+from strom.log.log_tablet import LogTablet
 from strom.records import log_batch
 from strom.records.kv_batch import build_value_batch, parse_kv_batches
 from strom.rpc.messages import pb
@@ -149,12 +156,26 @@ class TabletService:
                 elif request.offset_type == OFFSET_TIMESTAMP:
                     if not request.HasField("startTimestamp"):
                         raise CorruptRecordError("ListOffsets by timestamp needs startTimestamp")
-                    bucket_response.offset = log_tablet.offset_for_timestamp(request.startTimestamp)
+                    bucket_response.offset = self._offset_for_timestamp(log_tablet, request.startTimestamp)
                 else:
                     bucket_response.offset = log_tablet.high_watermark
             except Exception as exc:
                 _set_error(bucket_response, exc)
         return response
+
+    def _offset_for_timestamp(self, log_tablet: LogTablet, timestamp_ms: int) -> int:
+        """The first offset committed at or after ``timestamp_ms`` (the high watermark if none yet).
+
+        Like Fluss, only past timestamps have an answer: appends still to come may be stamped before a
+        future timestamp, so answering with today's high watermark would be wrong later. Raises
+        InvalidTimestampError (38) for a timestamp ahead of the server's clock.
+        """
+        now_ms = self._clock.now_ms()
+        if timestamp_ms > now_ms:
+            raise InvalidTimestampError(
+                f"Timestamp {timestamp_ms} is later than the server's current time {now_ms}."
+            )
+        return log_tablet.offset_for_timestamp(timestamp_ms)
 
     # ---- primary-key tables ----
     async def put_kv(self, request: Any, _context: object) -> Any:

@@ -1,0 +1,103 @@
+"""Shared bench plumbing: a strom server in a child process, timing helpers, result printing.
+
+Benchmarks are not tests: they print what they measured and ratios against a raw ceiling measured in the
+same run, and never assert timings.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+READY_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class BenchServer:
+    """``strom server`` on a free loopback port with a throw-away data directory (a context manager)."""
+
+    def __init__(self, config: dict[str, str] | None = None, data_dir: Path | None = None) -> None:
+        self._temporary = None if data_dir else tempfile.TemporaryDirectory(prefix="strom-bench-")
+        self.data_dir = data_dir or Path(self._temporary.name) / "data"  # type: ignore[union-attr]
+        self.config = config or {}
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> BenchServer:
+        command = [sys.executable, "-m", "strom.cli.main", "server", "--bind", self.address,
+                   "--data-dir", str(self.data_dir), "--log-level", "WARNING"]
+        for key, value in self.config.items():
+            command += ["-D", f"{key}={value}"]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("the bench server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            self.process.wait(30)
+
+    def rss_bytes(self) -> tuple[int, int]:
+        """Current and peak resident memory of the server process."""
+        assert self.process is not None
+        current = peak = 0
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                current = int(line.split()[1]) * 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) * 1024
+        return current, peak
+
+    def __enter__(self) -> BenchServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._temporary is not None:
+            self._temporary.cleanup()
+
+
+def timed(function: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def report(title: str, rows: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in rows)
+    print(f"\n== {title}")
+    for name, value in rows:
+        print(f"  {name.ljust(width)}  {value}")

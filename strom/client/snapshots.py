@@ -1,0 +1,273 @@
+"""KV snapshots and snapshot leases (Fluss FIP-22) on the client, plus a reader for leased snapshots.
+
+A reader of a primary-key table leases the snapshots it is about to read, so the server keeps them even
+when newer snapshots roll past ``kv.snapshot.num-retained``; it releases each bucket once read, and an
+abandoned lease expires on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from strom.ids import TableBucket, TablePath
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import ext, pb
+
+if TYPE_CHECKING:
+    from strom.client.connection import Connection
+    from strom.client.table import TableLayout
+
+SNAPSHOT_BATCH_ROWS = 65_536
+SCHEMA_ID_SIZE_BYTES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class KvSnapshotInfo:
+    """A bucket's snapshot as GetLatestKvSnapshots reports it; ``log_offset`` is exclusive."""
+
+    snapshot_id: int
+    log_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class KvSnapshots:
+    """``bucket id -> latest snapshot`` (None where the bucket has none: read its log from the start)."""
+
+    table_id: int
+    partition_id: int | None
+    snapshots: dict[int, KvSnapshotInfo | None]
+
+    def table_bucket(self, bucket_id: int) -> TableBucket:
+        return TableBucket(self.table_id, bucket_id, self.partition_id)
+
+
+@dataclass(frozen=True, slots=True)
+class KvSnapshotMetadata:
+    log_offset: int
+    files: list[tuple[str, str]]
+    """``(remote path, local file name)`` of every file of the snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireKvSnapshotLeaseResult:
+    unavailable_snapshots: dict[TableBucket, int] = field(default_factory=dict)
+    """Buckets whose requested snapshot does not exist (never taken or already deleted): not pinned."""
+
+    @property
+    def unavailable_table_buckets(self) -> set[TableBucket]:
+        return set(self.unavailable_snapshots)
+
+
+@dataclass(frozen=True, slots=True)
+class KvSnapshotLeaseInfo:
+    """strom extension: a lease as the coordinator holds it."""
+
+    lease_id: str
+    expiration_ms: int
+    snapshots: dict[TableBucket, int]
+
+
+class KvSnapshotLease:
+    """A lease handle from ``admin.create_kv_snapshot_lease`` (creating it sends nothing)."""
+
+    def __init__(self, connection: Connection, lease_id: str, lease_duration_ms: int) -> None:
+        if not lease_id:
+            raise ValueError("a lease needs a non-empty id")
+        if lease_duration_ms <= 0:
+            raise ValueError(f"the lease duration must be positive, got {lease_duration_ms} ms")
+        self._connection = connection
+        self.lease_id = lease_id
+        self.lease_duration_ms = lease_duration_ms
+
+    async def acquire_snapshots(self, snapshot_ids: Mapping[TableBucket, int]) -> AcquireKvSnapshotLeaseResult:
+        """Pin one snapshot per bucket (moving an earlier pin of the same bucket); renews the lease.
+
+        Raises:
+            ValueError: ``snapshot_ids`` is empty (use :meth:`renew`).
+            NonPrimaryKeyTableError: a bucket belongs to a log table.
+            UnknownTableOrBucketError: a table id does not exist.
+        """
+        if not snapshot_ids:
+            raise ValueError("acquire_snapshots needs at least one bucket; use renew() to extend the lease")
+        request = pb.AcquireKvSnapshotLeaseRequest(lease_id=self.lease_id, lease_duration_ms=self.lease_duration_ms)
+        by_table: dict[int, Any] = {}
+        for bucket, snapshot_id in snapshot_ids.items():
+            table_entry = by_table.get(bucket.table_id)
+            if table_entry is None:
+                table_entry = by_table[bucket.table_id] = request.snapshots_to_lease.add(table_id=bucket.table_id)
+            entry = table_entry.bucket_snapshots.add(bucket_id=bucket.bucket, snapshot_id=snapshot_id)
+            if bucket.partition_id is not None:
+                entry.partition_id = bucket.partition_id
+        response = await self._connection.coordinator_request(ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE, request)
+        unavailable = {}
+        for table_entry in response.unavailable_snapshots:
+            for entry in table_entry.bucket_snapshots:
+                partition_id = entry.partition_id if entry.HasField("partition_id") else None
+                unavailable[TableBucket(table_entry.table_id, entry.bucket_id, partition_id)] = entry.snapshot_id
+        return AcquireKvSnapshotLeaseResult(unavailable)
+
+    async def renew(self) -> None:
+        """Push the expiry to now + duration (creates an empty lease if it does not exist)."""
+        request = pb.AcquireKvSnapshotLeaseRequest(lease_id=self.lease_id, lease_duration_ms=self.lease_duration_ms)
+        await self._connection.coordinator_request(ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE, request)
+
+    async def release_snapshots(self, buckets: Iterable[TableBucket]) -> None:
+        """Unpin buckets; releasing the last one deletes the lease. Unknown buckets are ignored."""
+        request = pb.ReleaseKvSnapshotLeaseRequest(lease_id=self.lease_id)
+        for bucket in buckets:
+            entry = request.buckets_to_release.add(table_id=bucket.table_id, bucket_id=bucket.bucket)
+            if bucket.partition_id is not None:
+                entry.partition_id = bucket.partition_id
+        await self._connection.coordinator_request(ApiKey.RELEASE_KV_SNAPSHOT_LEASE, request)
+
+    async def drop(self) -> None:
+        """Delete the lease and all its pins (succeeds if it does not exist)."""
+        await self._connection.coordinator_request(
+            ApiKey.DROP_KV_SNAPSHOT_LEASE, pb.DropKvSnapshotLeaseRequest(lease_id=self.lease_id)
+        )
+
+    drop_lease = drop
+
+
+class SnapshotAdmin:
+    """The snapshot and lease half of :class:`~strom.client.admin.Admin`."""
+
+    _connection: Connection
+
+    async def get_latest_kv_snapshots(self, table_path: TablePath, partition_name: str | None = None) -> KvSnapshots:
+        request = pb.GetLatestKvSnapshotsRequest(
+            table_path=pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
+        )
+        if partition_name is not None:
+            request.partition_name = partition_name
+        response = await self._connection.coordinator_request(ApiKey.GET_LATEST_KV_SNAPSHOTS, request)
+        snapshots: dict[int, KvSnapshotInfo | None] = {}
+        for entry in response.latest_snapshots:
+            has_id, has_offset = entry.HasField("snapshot_id"), entry.HasField("log_offset")
+            if has_id != has_offset:
+                raise ValueError(f"bucket {entry.bucket_id}: snapshot id and log offset must come together")
+            snapshots[entry.bucket_id] = KvSnapshotInfo(entry.snapshot_id, entry.log_offset) if has_id else None
+        partition_id = response.partition_id if response.HasField("partition_id") else None
+        return KvSnapshots(response.table_id, partition_id, snapshots)
+
+    async def get_kv_snapshot_metadata(self, bucket: TableBucket, snapshot_id: int) -> KvSnapshotMetadata:
+        """Raises KvSnapshotNotExistError (41) for a snapshot that is unknown or deleted."""
+        request = pb.GetKvSnapshotMetadataRequest(table_id=bucket.table_id, bucket_id=bucket.bucket, snapshot_id=snapshot_id)
+        if bucket.partition_id is not None:
+            request.partition_id = bucket.partition_id
+        response = await self._connection.coordinator_request(ApiKey.GET_KV_SNAPSHOT_METADATA, request)
+        return KvSnapshotMetadata(
+            response.log_offset, [(f.remote_path, f.local_file_name) for f in response.snapshot_files]
+        )
+
+    async def list_kv_snapshots(self, table_id: int, partition_id: int | None = None) -> list[tuple[int, int, int]]:
+        """``(bucket id, snapshot id, log offset)`` of every retained or leased snapshot."""
+        request = pb.ListKvSnapshotsRequest(table_id=table_id)
+        if partition_id is not None:
+            request.partition_id = partition_id
+        response = await self._connection.coordinator_request(ApiKey.LIST_KV_SNAPSHOTS, request)
+        return [(s.bucket_id, s.snapshot_id, s.log_offset) for s in response.active_snapshots]
+
+    def create_kv_snapshot_lease(self, lease_id: str, lease_duration_ms: int) -> KvSnapshotLease:
+        return KvSnapshotLease(self._connection, lease_id, lease_duration_ms)
+
+    async def list_kv_snapshot_leases(self, lease_id: str | None = None) -> list[KvSnapshotLeaseInfo]:
+        """strom extension (api key 3000, not in Fluss): the leases the coordinator holds."""
+        request = ext.ListKvSnapshotLeasesRequest()
+        if lease_id is not None:
+            request.lease_id = lease_id
+        response = await self._connection.coordinator_request(ApiKey.LIST_KV_SNAPSHOT_LEASES, request)
+        leases = []
+        for summary in response.leases:
+            pins = {
+                TableBucket(s.table_id, s.bucket_id, s.partition_id if s.HasField("partition_id") else None): s.snapshot_id
+                for s in summary.snapshots
+            }
+            leases.append(KvSnapshotLeaseInfo(summary.lease_id, summary.expiration_time, pins))
+        return leases
+
+
+class KvSnapshotReader:
+    """Reads one snapshot's rows from its remote files, read-only, as Arrow batches.
+
+    Files are copied to a local temporary directory (RocksDB cannot read fsspec URLs directly), which is
+    removed on :meth:`close`. Use as a context manager.
+    """
+
+    def __init__(self, layout: TableLayout, metadata: KvSnapshotMetadata, *, work_dir: Path | None = None) -> None:
+        self._layout = layout
+        self.metadata = metadata
+        self._directory = Path(tempfile.mkdtemp(prefix="strom-snapshot-", dir=work_dir))
+        self._db: Any = None
+
+    def open(self) -> KvSnapshotReader:
+        from strom.kv.kv_tablet import open_rocksdb
+        from strom.remote.storage import download
+
+        for remote_path, local_name in self.metadata.files:
+            download(remote_path, self._directory / local_name)
+        self._db = open_rocksdb(self._directory, 8 << 20, read_only=True)
+        return self
+
+    def iter_batches(self, batch_rows: int = SNAPSHOT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        for _keys, batch in self.iter_keyed_batches(batch_rows):
+            yield batch
+
+    def iter_keyed_batches(self, batch_rows: int = SNAPSHOT_BATCH_ROWS) -> Iterator[tuple[list[bytes], pa.RecordBatch]]:
+        """``(keys, rows)`` in key order, at most ``batch_rows`` rows each."""
+        from strom.records import row_arrow
+
+        assert self._db is not None, "open() first"
+        layout = self._layout
+        iterator = self._db.iter()
+        iterator.seek_to_first()
+        keys: list[bytes] = []
+        values: list[memoryview] = []
+        try:
+            while iterator.valid():
+                keys.append(iterator.key())
+                values.append(memoryview(iterator.value())[SCHEMA_ID_SIZE_BYTES:])
+                if len(values) >= batch_rows:
+                    yield keys, row_arrow.rows_to_record_batch(values, layout.row_decoder, layout.arrow_schema)
+                    keys, values = [], []
+                iterator.next()
+        finally:
+            del iterator
+        if values:
+            yield keys, row_arrow.rows_to_record_batch(values, layout.row_decoder, layout.arrow_schema)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+    def __enter__(self) -> KvSnapshotReader:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def read_snapshot(
+    connection: Connection, layout: TableLayout, bucket: TableBucket, snapshot_id: int
+) -> pa.Table:
+    """Convenience: all rows of one snapshot as a table (fetching its metadata first)."""
+    from strom.client.admin import Admin
+
+    metadata = await Admin(connection).get_kv_snapshot_metadata(bucket, snapshot_id)
+
+    def read() -> pa.Table:
+        with KvSnapshotReader(layout, metadata) as reader:
+            batches = list(reader.iter_batches())
+        return pa.Table.from_batches(batches, schema=layout.arrow_schema)
+
+    return await asyncio.to_thread(read)

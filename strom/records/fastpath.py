@@ -1,0 +1,455 @@
+"""Batch-level CompactedRow codecs with a native (C) fast path and a pure-Python fallback.
+
+Every function here returns exactly what the pure-Python reference returns (the same bytes, the
+same Arrow batch, the same exception): only speed differs. The native module
+``strom.records._rowcodec`` (``native/rowcodec.c``) runs the per-row loops; this module decides
+what it may handle and falls back to the reference for the rest:
+
+* a type the C code does not decode (ARRAY, MAP, ROW, DECIMAL(p > 18)) is handled per column:
+  the C loop records where each value starts and Python's field codec decodes just that column
+  (encode: Python encodes that column's values and C splices the bytes in);
+* anything the C code reports as a problem (a malformed row, an integer overflow, invalid UTF-8, a
+  null in a NOT NULL field or a key, ...) reruns the whole batch through the reference, so the
+  caller sees the reference's exception and message;
+* without the compiled module (a build without a C compiler), everything is the reference.
+
+API (``rows``: bytes, bytearray or memoryview CompactedRows; ``row_type``: the table's RowType):
+
+``decode_rows(rows, row_type, *, offset=0, arrow_schema=None) -> pa.RecordBatch``
+    Columnar decode into the client's exact Arrow layout (``types.to_arrow_schema``). ``offset``
+    skips a prefix of every row, e.g. ``2`` for stored values that start with the schema id.
+    Raises ValueError for a row that does not decode (as ``row_arrow.rows_to_record_batch``).
+
+``encode_batch(batch, row_type, key_indexes=None, bucket_key_indexes=None, bucket_count=None, *,
+value_prefix=b"", java_decimal_layout=False) -> (rows, keys | None, buckets | None)``
+    Encode every row of a RecordBatch (columns in field order; cast to the table's Arrow types
+    first if they differ, as ``row_arrow.record_batch_to_values`` does). With ``key_indexes``,
+    also each row's ``CompactedKeyEncoder`` bytes; with ``bucket_key_indexes`` and
+    ``bucket_count``, each row's ``bucketing.bucket_for_key`` over the bucket-key encoding.
+    ``value_prefix`` is prepended to every row (e.g. a schema id); ``java_decimal_layout`` is
+    ``CompactedRowEncoder``'s (it only matters for DECIMAL(p > 18) inside ARRAY/MAP). Raises what
+    the reference raises: ValueError for a null in a NOT NULL field or a key, a value out of
+    range, ...
+
+``parse_kv_records(buffer, position, end, count) -> (keys, values)``
+    The records of a KvRecordBatch body ``buffer[position:end]``; ``values[i] is None`` is a
+    delete. Raises CorruptRecordError with ``kv_batch``'s messages.
+
+``bucket_ids(keys, bucket_count) -> list[int]``
+    ``bucketing.bucket_for_key`` of every key.
+
+``encode_rows(batch, encoder) -> list[bytes]``
+    ``encoder.encode`` (a CompactedRowEncoder) of every row: ``row_arrow.record_batch_to_rows``.
+
+``decode_rows_python``, ``encode_batch_python``: the pure-Python references, same signatures.
+``NATIVE_AVAILABLE``: whether the compiled module loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import pyarrow as pa
+
+from strom.errors import CorruptRecordError
+from strom.records.bucketing import bucket_for_key
+from strom.records.compacted import (
+    _RUST_NESTING,
+    CompactedKeyEncoder,
+    CompactedRowDecoder,
+    CompactedRowEncoder,
+    _field,
+)
+from strom.records.types import (
+    ArrayType,
+    BigIntType,
+    BinaryType,
+    BooleanType,
+    BytesType,
+    CharType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntType,
+    MapType,
+    RowType,
+    SmallIntType,
+    StringType,
+    TimestampLtzType,
+    TimestampType,
+    TimeType,
+    TinyIntType,
+    to_arrow_schema,
+)
+
+try:
+    import strom.records._rowcodec as native
+except ImportError:  # built without a C compiler: the reference handles everything
+    native = None
+
+NATIVE_AVAILABLE = native is not None
+
+RowBytes = bytes | bytearray | memoryview
+EncodedBatch = tuple[list[bytes], list[bytes] | None, list[int] | None]
+
+# Field kinds of the C module (kept in sync with the enum in rowcodec.c).
+_BOOLEAN, _TINYINT, _SMALLINT, _INT, _BIGINT, _FLOAT, _DOUBLE = 1, 2, 3, 4, 5, 6, 7
+_STRING, _BYTES, _BINARY, _DECIMAL, _TIME, _TIMESTAMP, _OPAQUE = 8, 9, 10, 11, 12, 13, 14
+_VAR_WIDTH = (_STRING, _BYTES)
+_SIMPLE_KINDS: dict[type[DataType], int] = {
+    BooleanType: _BOOLEAN,
+    TinyIntType: _TINYINT,
+    SmallIntType: _SMALLINT,
+    IntType: _INT,
+    DateType: _INT,
+    BigIntType: _BIGINT,
+    FloatType: _FLOAT,
+    DoubleType: _DOUBLE,
+    StringType: _STRING,
+    CharType: _STRING,
+    BytesType: _BYTES,
+}
+if native is not None:
+    assert (native.KIND_STRING, native.KIND_OPAQUE) == (_STRING, _OPAQUE), "rowcodec.c kinds changed"
+
+
+def _reference() -> ModuleType:
+    """``row_arrow``, home of the pure-Python conversions; imported late as it imports this module."""
+    from strom.records import row_arrow
+
+    return row_arrow
+
+
+def _kind(t: DataType) -> tuple[int, int]:
+    """(C kind, parameter) of a field type; nested and wide decimal types are OPAQUE."""
+    simple = _SIMPLE_KINDS.get(type(t))
+    if simple is not None:
+        return simple, 0
+    if isinstance(t, BinaryType):
+        return _BINARY, t.length
+    if isinstance(t, DecimalType):
+        return (_DECIMAL, t.precision) if t.is_compact else (_OPAQUE, 0)
+    if isinstance(t, TimeType):
+        return _TIME, t.precision
+    if isinstance(t, (TimestampType, TimestampLtzType)):
+        return _TIMESTAMP, t.precision
+    if isinstance(t, (ArrayType, MapType, RowType)):
+        return _OPAQUE, 0
+    raise TypeError(f"unsupported type for CompactedRow: {t!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What the C code needs to know about a row type, computed once per type."""
+
+    specs: tuple[tuple[int, int, bool], ...]  # (kind, param, nullable) per field
+    schema: pa.Schema  # to_arrow_schema(row_type)
+    arrow_types: tuple[pa.DataType, ...]
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(row_type: RowType) -> _Plan | None:
+    """None when the native path cannot run for this type at all."""
+    if native is None or row_type.field_count == 0:
+        return None
+    specs = []
+    for f in row_type.fields:
+        kind, param = _kind(f.type)
+        specs.append((kind, param, f.type.nullable))
+    schema = to_arrow_schema(row_type)
+    return _Plan(
+        specs=tuple(specs),
+        schema=schema,
+        arrow_types=tuple(schema.types),
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _decoder(row_type: RowType) -> CompactedRowDecoder:
+    return CompactedRowDecoder(row_type)  # compiles a reader: worth caching
+
+
+@functools.lru_cache(maxsize=512)
+def _encoder(row_type: RowType, java_decimal_layout: bool) -> CompactedRowEncoder:
+    return CompactedRowEncoder(row_type, java_decimal_layout=java_decimal_layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode: CompactedRows -> Arrow
+# ---------------------------------------------------------------------------------------------
+
+
+def decode_rows_python(
+    rows: Sequence[RowBytes], row_type: RowType, *, offset: int = 0, arrow_schema: pa.Schema | None = None
+) -> pa.RecordBatch:
+    """The pure-Python reference of ``decode_rows``."""
+    return _reference().rows_to_record_batch_python(rows, _decoder(row_type), arrow_schema, offset=offset)
+
+
+def decode_rows(
+    rows: Sequence[RowBytes], row_type: RowType, *, offset: int = 0, arrow_schema: pa.Schema | None = None
+) -> pa.RecordBatch:
+    """CompactedRows (each starting ``offset`` bytes into its buffer) as one Arrow batch.
+
+    Raises:
+        ValueError: a row does not decode with ``row_type``.
+    """
+    if not isinstance(rows, (list, tuple)):
+        rows = list(rows)  # a one-shot iterable could not be replayed by the fallback
+    plan = _plan(row_type)
+    if arrow_schema is not None and plan is not None and arrow_schema.types != plan.schema.types:
+        plan = None  # other Arrow types than the client's: let pyarrow convert, as the reference does
+    if plan is None or native is None or offset < 0:
+        return decode_rows_python(rows, row_type, offset=offset, arrow_schema=arrow_schema)
+    try:
+        columns = native.decode_columns(rows, offset, plan.specs)
+        arrays = _arrays(columns, rows, row_type, plan, offset)
+        return pa.RecordBatch.from_arrays(
+            arrays, schema=arrow_schema if arrow_schema is not None else plan.schema
+        )
+    except Exception:
+        # A malformed row or a value only Python handles exactly: the reference decides (and
+        # raises its own error for a bad row).
+        return decode_rows_python(rows, row_type, offset=offset, arrow_schema=arrow_schema)
+
+
+def _arrays(
+    columns: list[tuple[Any, ...]], rows: Sequence[RowBytes], row_type: RowType, plan: _Plan, offset: int
+) -> list[pa.Array]:
+    n = len(rows)
+    arrays = []
+    row_data: list[bytes] | None = None
+    for index, (column, (kind, _, _), arrow_type) in enumerate(
+        zip(columns, plan.specs, plan.arrow_types, strict=True)
+    ):
+        validity = None if column[0] is None else pa.py_buffer(column[0])
+        if kind == _OPAQUE:
+            if row_data is None:
+                row_data = [_row_bytes(row, offset) for row in rows]
+            field_type = row_type.fields[index].type
+            values = _opaque_values(row_data, column[2], offset, field_type)
+            arrays.append(_reference().column_to_array(values, field_type, arrow_type))
+        elif kind in _VAR_WIDTH:
+            buffers = [validity, pa.py_buffer(column[2]), pa.py_buffer(column[3])]
+            arrays.append(pa.Array.from_buffers(arrow_type, n, buffers, column[1]))
+        else:
+            arrays.append(
+                pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(column[2])], column[1])
+            )
+    return arrays
+
+
+def _row_bytes(row: RowBytes, offset: int) -> bytes:
+    """The row as the reference decoder sees it: bytes, without the prefix."""
+    if offset:
+        return bytes(memoryview(row)[offset:])
+    return row if type(row) is bytes else bytes(row)
+
+
+def _opaque_values(rows: list[bytes], positions: list[int | None], offset: int, t: DataType) -> list[Any]:
+    """Values of one Python-decoded column; the C loop has checked each value's length prefix."""
+    read = _field(t, _RUST_NESTING).read  # the field codec the reference decoder uses
+    return [
+        None if pos is None else read(data, pos - offset)[0]
+        for data, pos in zip(rows, positions, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Encode: Arrow -> CompactedRows, keys, buckets
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_batch_python(
+    batch: pa.RecordBatch,
+    row_type: RowType,
+    key_indexes: Sequence[int] | None = None,
+    bucket_key_indexes: Sequence[int] | None = None,
+    bucket_count: int | None = None,
+    *,
+    value_prefix: bytes = b"",
+    java_decimal_layout: bool = False,
+) -> EncodedBatch:
+    """The pure-Python reference of ``encode_batch``."""
+    encoder = _encoder(row_type, java_decimal_layout)
+    return _encode_python(
+        batch, encoder, key_indexes, bucket_key_indexes, bucket_count, value_prefix, java_decimal_layout
+    )
+
+
+def encode_batch(
+    batch: pa.RecordBatch,
+    row_type: RowType,
+    key_indexes: Sequence[int] | None = None,
+    bucket_key_indexes: Sequence[int] | None = None,
+    bucket_count: int | None = None,
+    *,
+    value_prefix: bytes = b"",
+    java_decimal_layout: bool = False,
+) -> EncodedBatch:
+    """Rows, keys and buckets of a batch; see the module docstring."""
+    encoder = _encoder(row_type, java_decimal_layout)
+    return _encode(
+        batch, encoder, key_indexes, bucket_key_indexes, bucket_count, value_prefix, java_decimal_layout
+    )
+
+
+def encode_rows(batch: pa.RecordBatch, encoder: CompactedRowEncoder) -> list[bytes]:
+    """``encoder.encode`` of every row of a batch (``row_arrow.record_batch_to_rows``)."""
+    return _encode(batch, encoder, None, None, None, b"", False)[0]
+
+
+def _encode_python(
+    batch: pa.RecordBatch,
+    encoder: CompactedRowEncoder,
+    key_indexes: Sequence[int] | None,
+    bucket_key_indexes: Sequence[int] | None,
+    bucket_count: int | None,
+    value_prefix: bytes,
+    java_decimal_layout: bool,
+) -> EncodedBatch:
+    values = _reference().record_batch_to_values(batch, encoder.row_type)
+    encode = encoder.encode
+    rows = [value_prefix + encode(v) for v in values] if value_prefix else [encode(v) for v in values]
+    keys = None
+    if key_indexes is not None:
+        key_encoder = CompactedKeyEncoder(
+            encoder.row_type, key_indexes, java_decimal_layout=java_decimal_layout
+        )
+        keys = [key_encoder.encode(v) for v in values]
+    buckets = None
+    if bucket_key_indexes is not None:
+        bucket_key_encoder = CompactedKeyEncoder(
+            encoder.row_type, bucket_key_indexes, java_decimal_layout=java_decimal_layout
+        )
+        buckets = [bucket_for_key(bucket_key_encoder.encode(v), bucket_count) for v in values]  # type: ignore[arg-type]
+    return rows, keys, buckets
+
+
+def _encode(
+    batch: pa.RecordBatch,
+    encoder: CompactedRowEncoder,
+    key_indexes: Sequence[int] | None,
+    bucket_key_indexes: Sequence[int] | None,
+    bucket_count: int | None,
+    value_prefix: bytes,
+    java_decimal_layout: bool,
+) -> EncodedBatch:
+    """Native when possible. Key columns of nested types are encoded by ``encoder``'s field writers,
+    which match the key encoder's because both use ``java_decimal_layout`` (``encode_rows`` asks
+    for no keys)."""
+    plan = _plan(encoder.row_type)
+    if plan is not None and _native_encodable(
+        batch, encoder.row_type, key_indexes, bucket_key_indexes, bucket_count
+    ):
+        try:
+            columns = _encode_columns(batch, encoder, plan)
+            keys = None if key_indexes is None else tuple(key_indexes)
+            bucket_keys = None if bucket_key_indexes is None else tuple(bucket_key_indexes)
+            result: EncodedBatch = native.encode_rows(  # type: ignore[union-attr]
+                batch.num_rows, columns, keys, bucket_keys, bucket_count or 0, value_prefix
+            )
+            return result
+        except Exception:
+            pass  # a value only Python handles exactly, or one it rejects: the reference decides
+    return _encode_python(
+        batch, encoder, key_indexes, bucket_key_indexes, bucket_count, value_prefix, java_decimal_layout
+    )
+
+
+def _native_encodable(
+    batch: pa.RecordBatch,
+    row_type: RowType,
+    key_indexes: Sequence[int] | None,
+    bucket_key_indexes: Sequence[int] | None,
+    bucket_count: int | None,
+) -> bool:
+    """Cases the reference rejects in its own way, or that need Python objects, go to the reference."""
+    if not isinstance(batch, pa.RecordBatch) or batch.num_columns != row_type.field_count:
+        return False
+    if bucket_key_indexes is not None and (type(bucket_count) is not int or not 0 < bucket_count < 1 << 31):
+        return False
+    for indexes in (key_indexes, bucket_key_indexes):
+        for index in indexes or ():
+            if type(index) is not int or not 0 <= index < row_type.field_count:
+                return False
+            if isinstance(row_type.fields[index].type, MapType):
+                return False  # CompactedKeyEncoder refuses MAP keys
+    return True
+
+
+def _encode_columns(
+    batch: pa.RecordBatch, encoder: CompactedRowEncoder, plan: _Plan
+) -> tuple[tuple[Any, ...], ...]:
+    """Per field, the C column description: Arrow buffers, or Python-encoded values for OPAQUE."""
+    columns = []
+    for index, ((kind, param, nullable), arrow_type) in enumerate(
+        zip(plan.specs, plan.arrow_types, strict=True)
+    ):
+        array = batch.column(index)
+        if array.type != arrow_type:
+            array = array.cast(arrow_type)  # as record_batch_to_values does (lossless casts only)
+        if kind == _OPAQUE:
+            write = encoder._fields[index][3]  # the encoder's own field writer (its decimal layout)
+            encoded: list[bytes | None] = []
+            for value in _reference().column_values(array):
+                if value is None:
+                    encoded.append(None)
+                else:
+                    buf = bytearray()
+                    write(buf, value)
+                    encoded.append(bytes(buf))
+            columns.append((kind, param, nullable, None, 0, encoded, None))
+            continue
+        buffers = array.buffers()
+        validity = buffers[0] if array.null_count else None
+        if kind in _VAR_WIDTH:
+            columns.append((kind, param, nullable, validity, array.offset, buffers[2], buffers[1]))
+        else:
+            columns.append((kind, param, nullable, validity, array.offset, buffers[1], None))
+    return tuple(columns)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV records and buckets
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_kv_records(
+    buffer: bytes | memoryview, position: int, end: int, count: int
+) -> tuple[list[bytes], list[bytes | None]]:
+    """Keys and values (None: delete) of the records in ``buffer[position:end]``.
+
+    Raises:
+        CorruptRecordError: the records do not fill the range exactly.
+    """
+    if native is None:
+        from strom.records import kv_batch  # imports this module, hence the late import
+
+        return kv_batch._parse_records_python(memoryview(buffer), position, end, count)
+    try:
+        keys, values = native.parse_kv_records(buffer, position, end, count)
+    except ValueError as e:
+        raise CorruptRecordError(str(e)) from None
+    return keys, values
+
+
+def bucket_ids(keys: Sequence[bytes], bucket_count: int) -> list[int]:
+    """``bucketing.bucket_for_key(key, bucket_count)`` of every key.
+
+    Raises:
+        ValueError: an empty key or a non-positive bucket count.
+    """
+    if native is not None and type(bucket_count) is int and 0 < bucket_count < 1 << 31:
+        try:
+            result: list[int] = native.bucket_ids(keys, bucket_count)
+            return result
+        except Exception:
+            pass  # the reference raises its own error
+    return [bucket_for_key(key, bucket_count) for key in keys]

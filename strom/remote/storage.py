@@ -1,0 +1,125 @@
+"""Remote storage for KV snapshots: a local directory by default, any fsspec URL (``s3://…``) otherwise.
+
+Every method blocks; callers on the event loop run them in a worker thread. Local writes are fsynced
+and renamed into place, so a file that exists is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+
+class RemoteStorage:
+    """A root location and the file operations snapshots need. Thread-safe (no shared mutable state)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/")
+        self._fs, self._root_path = fsspec.core.url_to_fs(self.root)
+        self.is_local = isinstance(self._fs, LocalFileSystem)
+        if self.is_local:
+            Path(self._root_path).mkdir(parents=True, exist_ok=True)
+
+    def url(self, relative: str) -> str:
+        """The full location of ``relative`` (what snapshot metadata records)."""
+        return f"{self.root}/{relative.lstrip('/')}"
+
+    def _path(self, location: str) -> str:
+        if location.startswith(self.root + "/"):
+            location = location[len(self.root) + 1 :]
+        elif location.startswith("/") and not self.is_local:
+            raise ValueError(f"{location} is not under {self.root}")
+        elif location.startswith("/"):
+            return location
+        return f"{self._root_path}/{location}"
+
+    def put_file(self, local_path: Path, location: str) -> int:
+        """Upload a local file; returns its size."""
+        target = self._path(location)
+        if self.is_local:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            temporary = f"{target}.{uuid.uuid4().hex}.tmp"
+            shutil.copyfile(local_path, temporary)
+            _fsync_file(temporary)
+            os.replace(temporary, target)
+            _fsync_directory(Path(target).parent)
+        else:
+            self._fs.put_file(str(local_path), target)
+        return local_path.stat().st_size
+
+    def write_bytes(self, location: str, data: bytes) -> None:
+        target = self._path(location)
+        if self.is_local:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            temporary = f"{target}.{uuid.uuid4().hex}.tmp"
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, target)
+            _fsync_directory(Path(target).parent)
+        else:
+            with self._fs.open(target, "wb") as handle:
+                handle.write(data)
+
+    def read_bytes(self, location: str) -> bytes:
+        data: bytes = self._fs.cat_file(self._path(location))
+        return data
+
+    def get_file(self, location: str, local_path: Path) -> None:
+        local_path.parent.mkdir(parents=True, exist_ok=True)
+        self._fs.get_file(self._path(location), str(local_path))
+
+    def exists(self, location: str) -> bool:
+        return bool(self._fs.exists(self._path(location)))
+
+    def size(self, location: str) -> int:
+        return int(self._fs.size(self._path(location)))
+
+    def delete(self, location: str) -> None:
+        """Delete a file; a missing file is not an error (deletes are retried and idempotent)."""
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.rm_file(self._path(location))
+
+    def delete_tree(self, location: str) -> None:
+        path = self._path(location)
+        if self._fs.exists(path):
+            self._fs.rm(path, recursive=True)
+
+    def list_files(self, location: str) -> list[str]:
+        """Full locations of the files under ``location`` (recursively); empty if it does not exist."""
+        path = self._path(location)
+        if not self._fs.exists(path):
+            return []
+        found = self._fs.find(path)
+        prefix = self._root_path.rstrip("/") + "/"
+        return [self.url(p[len(prefix) :]) if p.startswith(prefix) else p for p in found]
+
+
+def download(location: str, local_path: Path) -> None:
+    """Copy one remote file (any fsspec URL or local path) to ``local_path``."""
+    fs, path = fsspec.core.url_to_fs(location)
+    local_path.parent.mkdir(parents=True, exist_ok=True)
+    fs.get_file(path, str(local_path))
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

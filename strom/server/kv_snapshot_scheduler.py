@@ -1,0 +1,194 @@
+"""Periodic KV snapshots on the tablet server, and log retention bounded by them.
+
+Every ``kv.snapshot.interval`` each open primary-key bucket with writes since its last snapshot is
+checkpointed (on the event loop, between writes), uploaded (in a worker thread) and committed to the
+coordinator. At most one snapshot per bucket is in flight. A failed upload or commit removes what it
+uploaded and is retried at the next interval.
+
+Log retention deletes whole segments older than ``table.log.ttl``; for a primary-key bucket only segments
+below its latest snapshot's log offset, since restoring the bucket needs the changelog after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from strom.clock import Clock
+from strom.config import parse_duration
+from strom.ids import TableBucket
+from strom.kv.snapshot import (
+    CompletedKvSnapshot,
+    SnapshotFile,
+    bucket_remote_dir,
+    discard_snapshot,
+    upload_checkpoint,
+)
+from strom.remote.storage import RemoteStorage
+from strom.server.replica import Replica, ReplicaManager
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOG_TTL = "7d"
+
+
+class SnapshotCommitter(Protocol):
+    """The coordinator side a tablet server talks to about snapshots."""
+
+    def next_snapshot_id(self, bucket: TableBucket) -> int: ...
+
+    def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> None: ...
+
+    def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
+
+
+@dataclass(slots=True)
+class _BucketState:
+    last_log_offset: int = -1
+    shared_files: tuple[SnapshotFile, ...] = ()
+    next_due_ms: int = 0
+    in_flight: bool = False
+    initialised: bool = False
+    errors: int = field(default=0)
+
+
+class KvSnapshotScheduler:
+    """Owned by the event loop."""
+
+    def __init__(
+        self,
+        replicas: ReplicaManager,
+        committer: SnapshotCommitter,
+        remote: RemoteStorage,
+        *,
+        interval_ms: int,
+        retention_check_interval_ms: int,
+        local_dir: Path,
+        clock: Clock,
+    ) -> None:
+        self._replicas = replicas
+        self._committer = committer
+        self._remote = remote
+        self._interval_ms = interval_ms
+        self._retention_check_interval_ms = retention_check_interval_ms
+        self._local_dir = local_dir
+        self._clock = clock
+        self._states: dict[TableBucket, _BucketState] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[CompletedKvSnapshot | None]] = set()
+
+    def start(self) -> None:
+        if self._interval_ms > 0:
+            self._tasks.append(asyncio.ensure_future(self._snapshot_loop()))
+        self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._in_flight, return_exceptions=True)
+
+    # ---- snapshots ----
+    async def _snapshot_loop(self) -> None:
+        tick_s = max(0.05, min(self._interval_ms / 1000 / 4, 5.0))
+        while True:
+            await asyncio.sleep(tick_s)
+            now = self._clock.now_ms()
+            for replica in self._replicas.hosted():
+                if not (replica.is_kv and replica.is_open and not replica.stopped):
+                    continue
+                state = self._state(replica.bucket)
+                if state.in_flight or now < state.next_due_ms:
+                    continue
+                state.next_due_ms = now + self._interval_ms
+                task = asyncio.ensure_future(self.snapshot(replica))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+
+    def _state(self, bucket: TableBucket) -> _BucketState:
+        state = self._states.get(bucket)
+        if state is None:
+            state = self._states[bucket] = _BucketState()
+        if not state.initialised:
+            latest = self._committer.latest_snapshot(bucket)
+            if latest is not None:
+                state.last_log_offset = latest.log_offset
+                state.shared_files = tuple(f for f in latest.files if f.shared)
+            state.initialised = True
+        return state
+
+    async def snapshot(self, replica: Replica) -> CompletedKvSnapshot | None:
+        """Take, upload and commit one snapshot of ``replica`` if it changed; None if nothing to do."""
+        state = self._state(replica.bucket)
+        if state.in_flight:
+            return None
+        kv = replica.kv
+        if kv.applied_offset <= state.last_log_offset or (kv.applied_offset == 0 and state.last_log_offset < 0):
+            return None
+        state.in_flight = True
+        snapshot_id = self._committer.next_snapshot_id(replica.bucket)
+        local = self._local_dir / f"{replica.bucket.table_id}-{replica.bucket.partition_id}-{replica.bucket.bucket}-{snapshot_id}"
+        remote_dir = bucket_remote_dir(replica.table.path, replica.bucket)
+        try:
+            checkpoint = kv.create_checkpoint(local)
+            completed = await asyncio.to_thread(
+                upload_checkpoint,
+                checkpoint,
+                instance_id=kv.instance_id,
+                remote=self._remote,
+                remote_dir=remote_dir,
+                bucket=replica.bucket,
+                snapshot_id=snapshot_id,
+                reusable_shared=state.shared_files,
+                created_ms=self._clock.now_ms(),
+            )
+            try:
+                self._committer.commit_snapshot(completed)
+            except BaseException:
+                await asyncio.to_thread(discard_snapshot, self._remote, remote_dir, snapshot_id)
+                raise
+            state.last_log_offset = completed.log_offset
+            state.shared_files = tuple(f for f in completed.files if f.shared)
+            state.errors = 0
+            log.info("snapshot %d of %s at offset %d (%d rows, %d new bytes)", snapshot_id, replica.bucket,
+                     completed.log_offset, completed.row_count, completed.incremental_size_bytes)
+            return completed
+        except Exception as exc:
+            state.errors += 1
+            log.warning("snapshot %d of %s failed (attempt %d): %s", snapshot_id, replica.bucket, state.errors, exc)
+            return None
+        finally:
+            state.in_flight = False
+            await asyncio.to_thread(shutil.rmtree, local, True)
+
+    # ---- log retention ----
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._retention_check_interval_ms / 1000)
+            try:
+                self.apply_log_retention()
+            except Exception:
+                log.exception("log retention failed")
+
+    def apply_log_retention(self) -> int:
+        """Delete expired log segments of every open bucket; returns the bytes freed."""
+        now = self._clock.now_ms()
+        freed = 0
+        for replica in self._replicas.hosted():
+            if not replica.is_open or replica.stopped:
+                continue
+            ttl = parse_duration(replica.table.properties.get("table.log.ttl", DEFAULT_LOG_TTL))
+            ttl_ms = int(ttl.total_seconds() * 1000)
+            if ttl_ms <= 0:
+                continue
+            below: int | None = None
+            if replica.is_kv:
+                latest = self._committer.latest_snapshot(replica.bucket)
+                if latest is None:
+                    continue  # without a snapshot the whole changelog is needed to rebuild the bucket
+                below = latest.log_offset
+            freed += replica.log.delete_segments(older_than_ms=now - ttl_ms, below_offset=below)
+        return freed

@@ -1,0 +1,204 @@
+"""Coordinator RPCs for KV snapshots and their leases, and the commit path tablet servers use.
+
+Validation follows Fluss: lease calls on a log table fail with NON_PRIMARY_KEY_TABLE (20); an unknown
+table id in an acquire is UNKNOWN_TABLE_OR_BUCKET (21); releasing or dropping unknown things succeeds
+(a release naming a table that was dropped is a no-op, since dropping it already removed its pins).
+Every change that drops a pin triggers retention on the affected buckets right away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from strom.clock import Clock
+from strom.errors import (
+    KvSnapshotNotExistError,
+    NonPrimaryKeyTableError,
+    PartitionNotExistError,
+    TableNotPartitionedError,
+    UnknownTableOrBucketError,
+)
+from strom.ids import TableBucket, TablePath
+from strom.kv.snapshot import CompletedKvSnapshot
+from strom.metadata.table_info import TableInfo
+from strom.rpc.messages import ext, pb
+from strom.server.coordinator import CoordinatorService
+from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager, LeaseChange
+from strom.server.kv_snapshot_store import KvSnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+class KvSnapshotService:
+    """Owned by the event loop; ``start()`` launches the lease expiry loop, ``stop()`` ends it."""
+
+    def __init__(
+        self,
+        catalog: CoordinatorService,
+        snapshots: KvSnapshotStore,
+        leases: KvSnapshotLeaseManager,
+        clock: Clock,
+        expiration_check_interval_ms: int,
+    ) -> None:
+        self._catalog = catalog
+        self._snapshots = snapshots
+        self._leases = leases
+        self._clock = clock
+        self._expiration_check_interval_ms = expiration_check_interval_ms
+        self._expiry_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._expiry_task = asyncio.ensure_future(self._expire_periodically())
+
+    async def stop(self) -> None:
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            await asyncio.gather(self._expiry_task, return_exceptions=True)
+        await self._snapshots.wait_for_cleanups()
+
+    async def _expire_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self._expiration_check_interval_ms / 1000)
+            try:
+                self.expire_leases()
+            except Exception:
+                log.exception("lease expiry check failed")
+
+    def expire_leases(self) -> None:
+        self._after_change(self._leases.expire())
+
+    def _after_change(self, change: LeaseChange) -> None:
+        if change.released:
+            self._snapshots.apply_retention(bucket for bucket, _snapshot_id in change.released)
+
+    # ---- the tablet servers' side ----
+    def next_snapshot_id(self, bucket: TableBucket) -> int:
+        return self._snapshots.next_snapshot_id(bucket)
+
+    def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> None:
+        """Record a snapshot a tablet server uploaded. Raises UnknownTableOrBucketError if the table is gone."""
+        if self._catalog.table_info_by_id(snapshot.bucket.table_id) is None:
+            raise UnknownTableOrBucketError(f"table {snapshot.bucket.table_id} no longer exists")
+        self._snapshots.add(snapshot)
+
+    def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+        return self._snapshots.latest(bucket)
+
+    def on_table_dropped(self, table: TableInfo, partition_id: int | None = None) -> None:
+        self._leases.drop_table(table.table_id, partition_id)
+        self._snapshots.drop_table(table.table_id, partition_id)
+
+    # ---- RPCs ----
+    def _pk_table(self, table_id: int) -> TableInfo:
+        table = self._catalog.table_info_by_id(table_id)
+        if table is None:
+            raise UnknownTableOrBucketError(f"Table id {table_id} does not exist.")
+        if not table.has_primary_key:
+            raise NonPrimaryKeyTableError(f"Table '{table.path}' is not a primary key table.")
+        return table
+
+    def _partition_of(self, table: TableInfo, partition_name: str | None) -> int | None:
+        if partition_name is None:
+            if table.is_partitioned:
+                raise PartitionNotExistError(
+                    f"Table '{table.path}' is partitioned: name the partition to read its snapshots."
+                )
+            return None
+        if not table.is_partitioned:
+            raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
+        return self._catalog.partition(table, partition_name).partition_id
+
+    async def get_latest_kv_snapshots(self, request: Any, _context: object) -> Any:
+        table = self._catalog.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        if not table.has_primary_key:
+            raise NonPrimaryKeyTableError(f"Table '{table.path}' is not a primary key table.")
+        partition_id = self._partition_of(table, request.partition_name if request.HasField("partition_name") else None)
+        response = pb.GetLatestKvSnapshotsResponse(table_id=table.table_id)
+        if partition_id is not None:
+            response.partition_id = partition_id
+        for bucket in table.buckets(partition_id):
+            entry = response.latest_snapshots.add(bucket_id=bucket.bucket)
+            latest = self._snapshots.latest(bucket)
+            if latest is not None:
+                entry.snapshot_id = latest.snapshot_id
+                entry.log_offset = latest.log_offset
+        return response
+
+    async def get_kv_snapshot_metadata(self, request: Any, _context: object) -> Any:
+        partition_id = request.partition_id if request.HasField("partition_id") else None
+        bucket = TableBucket(request.table_id, request.bucket_id, partition_id)
+        try:
+            snapshot = self._snapshots.get(bucket, request.snapshot_id)
+        except KvSnapshotNotExistError:
+            raise
+        except Exception as exc:
+            raise KvSnapshotNotExistError(f"Snapshot {request.snapshot_id} of {bucket}: {exc}") from exc
+        response = pb.GetKvSnapshotMetadataResponse(log_offset=snapshot.log_offset)
+        for file in snapshot.files:
+            response.snapshot_files.add(remote_path=file.remote_path, local_file_name=file.local_file_name)
+        return response
+
+    async def list_kv_snapshots(self, request: Any, _context: object) -> Any:
+        partition_id = request.partition_id if request.HasField("partition_id") else None
+        table = self._pk_table(request.table_id)
+        response = pb.ListKvSnapshotsResponse(table_id=table.table_id)
+        if partition_id is not None:
+            response.partition_id = partition_id
+        for snapshot in self._snapshots.snapshots(table.table_id, partition_id):
+            response.active_snapshots.add(
+                bucket_id=snapshot.bucket.bucket, snapshot_id=snapshot.snapshot_id, log_offset=snapshot.log_offset
+            )
+        return response
+
+    async def acquire_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+        pins: dict[TableBucket, int] = {}
+        for table_request in request.snapshots_to_lease:
+            self._pk_table(table_request.table_id)
+            for entry in table_request.bucket_snapshots:
+                partition_id = entry.partition_id if entry.HasField("partition_id") else None
+                pins[TableBucket(table_request.table_id, entry.bucket_id, partition_id)] = entry.snapshot_id
+        change = self._leases.acquire(
+            request.lease_id, request.lease_duration_ms, pins, snapshot_exists=self._snapshots.exists
+        )
+        self._after_change(change)
+        response = pb.AcquireKvSnapshotLeaseResponse()
+        by_table: dict[int, Any] = {}
+        for bucket, snapshot_id in sorted(change.unavailable.items(), key=lambda item: item[0]):
+            table_entry = by_table.get(bucket.table_id)
+            if table_entry is None:
+                table_entry = by_table[bucket.table_id] = response.unavailable_snapshots.add(table_id=bucket.table_id)
+            entry = table_entry.bucket_snapshots.add(bucket_id=bucket.bucket, snapshot_id=snapshot_id)
+            if bucket.partition_id is not None:
+                entry.partition_id = bucket.partition_id
+        return response
+
+    async def release_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+        buckets = []
+        for entry in request.buckets_to_release:
+            table = self._catalog.table_info_by_id(entry.table_id)
+            if table is not None and not table.has_primary_key:
+                raise NonPrimaryKeyTableError(f"Table '{table.path}' is not a primary key table.")
+            partition_id = entry.partition_id if entry.HasField("partition_id") else None
+            buckets.append(TableBucket(entry.table_id, entry.bucket_id, partition_id))
+        self._after_change(self._leases.release(request.lease_id, buckets))
+        return pb.ReleaseKvSnapshotLeaseResponse()
+
+    async def drop_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+        self._after_change(self._leases.drop(request.lease_id))
+        return pb.DropKvSnapshotLeaseResponse()
+
+    async def list_kv_snapshot_leases(self, request: Any, _context: object) -> Any:
+        """strom extension: every lease (or one) with its expiry and pins."""
+        response = ext.ListKvSnapshotLeasesResponse()
+        leases = self._leases.leases()
+        if request.HasField("lease_id"):
+            leases = [lease for lease in leases if lease.lease_id == request.lease_id]
+        for lease in leases:
+            summary = response.leases.add(lease_id=lease.lease_id, expiration_time=lease.expiration_ms)
+            for bucket, snapshot_id in sorted(lease.pins.items()):
+                entry = summary.snapshots.add(table_id=bucket.table_id, bucket_id=bucket.bucket, snapshot_id=snapshot_id)
+                if bucket.partition_id is not None:
+                    entry.partition_id = bucket.partition_id
+        return response

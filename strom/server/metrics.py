@@ -1,0 +1,84 @@
+"""Prometheus metrics, read live from the components when scraped (nothing to keep in sync).
+
+Served on ``metrics.reporter.prometheus.port`` (0 disables the endpoint) from a registry of this server's
+own. The HTTP endpoint runs in its own thread, so a scrape reads the components on the event loop (which
+owns them) through ``run_coroutine_threadsafe`` rather than racing with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from strom.rpc.server import RpcServer
+from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.server.kv_snapshot_store import KvSnapshotStore
+from strom.server.replica import ReplicaManager
+
+SCRAPE_TIMEOUT_S = 5.0
+
+
+class StromCollector(Collector):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        leases: KvSnapshotLeaseManager,
+        snapshots: KvSnapshotStore,
+        replicas: ReplicaManager,
+        rpc: Callable[[], RpcServer | None],
+        table_name: Callable[[int], str],
+    ) -> None:
+        self._loop = loop
+        self._leases = leases
+        self._snapshots = snapshots
+        self._replicas = replicas
+        self._rpc = rpc
+        self._table_name = table_name
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        future = asyncio.run_coroutine_threadsafe(self._gather(), self._loop)
+        return iter(future.result(SCRAPE_TIMEOUT_S))
+
+    async def _gather(self) -> list[GaugeMetricFamily]:
+        return list(self._families())
+
+    def _families(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("strom_kv_snapshot_lease_count", "KV snapshot leases held.", value=self._leases.lease_count)
+        yield GaugeMetricFamily(
+            "strom_kv_snapshot_leased_snapshot_count",
+            "Snapshot pins across all leases (one per lease and bucket).",
+            value=self._leases.pin_count,
+        )
+        retained = GaugeMetricFamily(
+            "strom_kv_snapshot_retained_count", "Completed KV snapshots kept per table.", labels=["table"]
+        )
+        retained_bytes = GaugeMetricFamily(
+            "strom_kv_snapshot_retained_bytes", "Remote bytes of the KV snapshots kept per table.", labels=["table"]
+        )
+        for table_id, (count, size) in sorted(self._snapshots.retained_per_table().items()):
+            name = self._table_name(table_id)
+            retained.add_metric([name], count)
+            retained_bytes.add_metric([name], size)
+        yield retained
+        yield retained_bytes
+        open_buckets = [r for r in self._replicas.hosted() if r.is_open and not r.stopped]
+        yield GaugeMetricFamily("strom_open_buckets", "Buckets whose storage is open.", value=len(open_buckets))
+        rpc = self._rpc()
+        if rpc is not None:
+            yield GaugeMetricFamily("strom_rpc_requests", "RPC requests handled.", value=rpc.stats.requests)
+            yield GaugeMetricFamily(
+                "strom_rpc_error_responses", "RPC requests answered with an error.", value=rpc.stats.error_responses
+            )
+
+
+def serve_metrics(host: str, port: int, collector: StromCollector) -> tuple[WSGIServer, int]:
+    """Start the HTTP endpoint in a daemon thread; returns the server and its bound port."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, server.server_port

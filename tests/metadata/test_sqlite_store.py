@@ -1,0 +1,287 @@
+"""The SQLite metadata store on a real file: every method, its uniqueness errors, and ids across reopen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strom.errors import (
+    DatabaseAlreadyExistError,
+    DatabaseNotEmptyError,
+    DatabaseNotExistError,
+    PartitionAlreadyExistsError,
+    TableAlreadyExistError,
+    TableNotExistError,
+)
+from strom.metadata.sqlite_store import SqliteMetadataStore
+from strom.metadata.store import DatabaseRecord, KvSnapshotRecord, MetadataStore, open_store
+
+T0_MS = 1_700_000_000_000
+TABLE_JSON = b'{"version":1}'
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "metadata.sqlite"
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[MetadataStore]:
+    opened = open_store("sqlite", str(store_path))
+    yield opened
+    opened.close()
+
+
+def with_database(store: MetadataStore, name: str = "db") -> None:
+    store.create_database(DatabaseRecord(name, b'{"comment":"x"}', T0_MS, T0_MS + 1))
+
+
+# ---- databases ----
+
+
+def test_a_created_database_reads_back_and_is_listed_in_name_order(store: MetadataStore) -> None:
+    with_database(store, "zeta")
+    with_database(store, "alpha")
+    assert store.get_database("zeta") == DatabaseRecord("zeta", b'{"comment":"x"}', T0_MS, T0_MS + 1)
+    assert store.get_database("missing") is None
+    assert store.list_databases() == ["alpha", "zeta"]
+
+
+def test_creating_a_database_twice_raises_database_already_exist(store: MetadataStore) -> None:
+    with_database(store)
+    with pytest.raises(DatabaseAlreadyExistError):
+        with_database(store)
+
+
+def test_database_names_are_case_sensitive(store: MetadataStore) -> None:
+    with_database(store, "db")
+    with_database(store, "DB")
+    assert store.list_databases() == ["DB", "db"]
+
+
+def test_dropping_a_database_removes_it_and_a_missing_one_is_a_no_op(store: MetadataStore) -> None:
+    with_database(store)
+    store.drop_database("db")
+    store.drop_database("db")
+    assert store.get_database("db") is None
+    assert store.list_databases() == []
+
+
+def test_dropping_a_database_that_still_has_tables_raises_database_not_empty(store: MetadataStore) -> None:
+    with_database(store)
+    store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    with pytest.raises(DatabaseNotEmptyError):
+        store.drop_database("db")
+    assert store.get_database("db") is not None
+
+
+# ---- tables ----
+
+
+def test_a_created_table_gets_an_id_and_reads_back_by_path_and_id(store: MetadataStore) -> None:
+    with_database(store)
+    record = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    assert (record.database, record.name, record.table_json, record.schema_id) == ("db", "t", TABLE_JSON, 1)
+    assert (record.created_ms, record.modified_ms) == (T0_MS, T0_MS)
+    assert store.get_table("db", "t") == record
+    assert store.get_table_by_id(record.table_id) == record
+    assert store.get_table("db", "other") is None
+    assert store.get_table_by_id(record.table_id + 1) is None
+
+
+def test_creating_a_table_twice_raises_and_consumes_no_id(store: MetadataStore) -> None:
+    with_database(store)
+    first = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    with pytest.raises(TableAlreadyExistError):
+        store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    assert store.create_table("db", "u", TABLE_JSON, 1, T0_MS).table_id == first.table_id + 1
+
+
+def test_a_table_in_a_missing_database_raises_database_not_exist(store: MetadataStore) -> None:
+    with pytest.raises(DatabaseNotExistError):
+        store.create_table("nowhere", "t", TABLE_JSON, 1, T0_MS)
+
+
+def test_the_same_table_name_may_exist_in_two_databases(store: MetadataStore) -> None:
+    with_database(store, "a")
+    with_database(store, "b")
+    first = store.create_table("a", "t", TABLE_JSON, 1, T0_MS)
+    second = store.create_table("b", "t", TABLE_JSON, 1, T0_MS)
+    assert first.table_id != second.table_id
+    assert store.list_tables("a") == ["t"]
+    assert store.list_tables("b") == ["t"]
+    assert store.list_tables("c") == []
+
+
+def test_updating_a_table_replaces_its_json_and_modified_time(store: MetadataStore) -> None:
+    with_database(store)
+    record = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    updated = store.update_table(record.table_id, b'{"version":2}', T0_MS + 5)
+    assert (updated.table_json, updated.created_ms, updated.modified_ms) == (b'{"version":2}', T0_MS, T0_MS + 5)
+    assert store.get_table_by_id(record.table_id) == updated
+
+
+def test_updating_a_missing_table_raises_table_not_exist(store: MetadataStore) -> None:
+    with pytest.raises(TableNotExistError):
+        store.update_table(42, TABLE_JSON, T0_MS)
+
+
+def test_dropping_a_table_drops_its_partitions_and_snapshots(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    other = store.create_table("db", "u", TABLE_JSON, 1, T0_MS)
+    partition = store.create_partition(table.table_id, "2024", (("year", "2024"),), T0_MS)
+    store.add_kv_snapshot(KvSnapshotRecord(table.table_id, partition.partition_id, 0, 0, b"{}"))
+    store.add_kv_snapshot(KvSnapshotRecord(other.table_id, None, 0, 0, b"{}"))
+
+    store.drop_table(table.table_id)
+    assert store.get_table("db", "t") is None
+    assert store.list_partitions(table.table_id) == []
+    assert store.get_partition_by_id(partition.partition_id) is None
+    assert store.list_kv_snapshots(table.table_id) == []
+    assert [s.table_id for s in store.list_kv_snapshots()] == [other.table_id]
+    assert store.list_tables("db") == ["u"]
+
+
+# ---- partitions ----
+
+
+def test_partitions_get_ids_read_back_and_list_in_id_order(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    spec = (("region", "eu"), ("year", "2024"))
+    first = store.create_partition(table.table_id, "eu$2024", spec, T0_MS)
+    second = store.create_partition(table.table_id, "us$2024", (("region", "us"), ("year", "2024")), T0_MS + 1)
+    assert first.spec == spec
+    assert store.get_partition(table.table_id, "eu$2024") == first
+    assert store.get_partition_by_id(second.partition_id) == second
+    assert store.get_partition(table.table_id, "nope") is None
+    assert store.list_partitions(table.table_id) == [first, second]
+
+    store.drop_partition(first.partition_id)
+    assert store.list_partitions(table.table_id) == [second]
+
+
+def test_creating_a_partition_twice_raises_partition_already_exists(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    store.create_partition(table.table_id, "2024", (("year", "2024"),), T0_MS)
+    with pytest.raises(PartitionAlreadyExistsError):
+        store.create_partition(table.table_id, "2024", (("year", "2024"),), T0_MS)
+
+
+def test_a_partition_of_a_missing_table_raises_table_not_exist(store: MetadataStore) -> None:
+    with pytest.raises(TableNotExistError):
+        store.create_partition(99, "2024", (("year", "2024"),), T0_MS)
+
+
+def test_dropping_a_partition_drops_its_snapshots_only(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    kept = store.create_partition(table.table_id, "a", (("p", "a"),), T0_MS)
+    dropped = store.create_partition(table.table_id, "b", (("p", "b"),), T0_MS)
+    store.add_kv_snapshot(KvSnapshotRecord(table.table_id, kept.partition_id, 0, 0, b"{}"))
+    store.add_kv_snapshot(KvSnapshotRecord(table.table_id, dropped.partition_id, 0, 0, b"{}"))
+    store.drop_partition(dropped.partition_id)
+    assert [s.partition_id for s in store.list_kv_snapshots(table.table_id)] == [kept.partition_id]
+
+
+# ---- sequences ----
+
+
+def test_sequences_count_from_zero_independently(store: MetadataStore) -> None:
+    assert [store.next_id("writer") for _ in range(3)] == [0, 1, 2]
+    assert store.next_id("other") == 0
+    assert store.next_id("writer") == 3
+
+
+def test_ids_are_never_reused_across_drops_and_reopen(store_path: Path) -> None:
+    store = SqliteMetadataStore(str(store_path))
+    with_database(store)
+    tables = [store.create_table("db", f"t{i}", TABLE_JSON, 1, T0_MS).table_id for i in range(3)]
+    partition = store.create_partition(tables[0], "x", (("p", "x"),), T0_MS).partition_id
+    writer = store.next_id("writer")
+    for table_id in tables:
+        store.drop_table(table_id)
+    store.close()
+
+    reopened = SqliteMetadataStore(str(store_path))
+    try:
+        assert reopened.get_database("db") is not None
+        assert reopened.create_table("db", "t0", TABLE_JSON, 1, T0_MS).table_id == max(tables) + 1
+        new_table = reopened.get_table("db", "t0")
+        assert new_table is not None
+        assert reopened.create_partition(new_table.table_id, "x", (("p", "x"),), T0_MS).partition_id == partition + 1
+        assert reopened.next_id("writer") == writer + 1
+    finally:
+        reopened.close()
+
+
+# ---- KV snapshots ----
+
+
+def test_kv_snapshots_list_in_table_partition_bucket_and_id_order(store: MetadataStore) -> None:
+    records = [
+        KvSnapshotRecord(2, None, 0, 1, b'{"n":1}'),
+        KvSnapshotRecord(1, None, 1, 0, b'{"n":2}'),
+        KvSnapshotRecord(1, None, 0, 3, b'{"n":3}'),
+        KvSnapshotRecord(1, None, 0, 2, b'{"n":4}'),
+        KvSnapshotRecord(1, 5, 0, 0, b'{"n":5}'),
+    ]
+    for record in records:
+        store.add_kv_snapshot(record)
+    assert store.list_kv_snapshots(1) == [records[3], records[2], records[1], records[4]]
+    assert store.list_kv_snapshots() == [records[3], records[2], records[1], records[4], records[0]]
+
+    store.delete_kv_snapshot(1, None, 0, 3)
+    store.delete_kv_snapshot(1, None, 0, 99)  # missing: a no-op
+    assert store.list_kv_snapshots(1) == [records[3], records[1], records[4]]
+
+
+def test_the_same_snapshot_id_in_another_partition_is_another_snapshot(store: MetadataStore) -> None:
+    store.add_kv_snapshot(KvSnapshotRecord(1, None, 0, 0, b"{}"))
+    store.add_kv_snapshot(KvSnapshotRecord(1, 7, 0, 0, b"{}"))
+    store.delete_kv_snapshot(1, 7, 0, 0)
+    assert [s.partition_id for s in store.list_kv_snapshots(1)] == [None]
+
+
+# ---- leases ----
+
+
+def test_leases_are_created_replaced_listed_and_deleted(store: MetadataStore) -> None:
+    store.put_lease("a", b"one")
+    store.put_lease("b", b"two")
+    store.put_lease("a", b"three")
+    assert store.list_leases() == {"a": b"three", "b": b"two"}
+    store.delete_lease("a")
+    store.delete_lease("missing")
+    assert store.list_leases() == {"b": b"two"}
+
+
+def test_everything_written_survives_reopen(store_path: Path) -> None:
+    store = SqliteMetadataStore(str(store_path))
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    partition = store.create_partition(table.table_id, "x", (("p", "x"),), T0_MS)
+    store.add_kv_snapshot(KvSnapshotRecord(table.table_id, partition.partition_id, 0, 0, b'{"s":1}'))
+    store.put_lease("lease", b"payload")
+    store.close()
+
+    reopened = open_store("sqlite", str(store_path))
+    try:
+        assert reopened.list_databases() == ["db"]
+        assert reopened.get_table("db", "t") == table
+        assert reopened.list_partitions(table.table_id) == [partition]
+        assert reopened.list_kv_snapshots(table.table_id) == [
+            KvSnapshotRecord(table.table_id, partition.partition_id, 0, 0, b'{"s":1}')
+        ]
+        assert reopened.list_leases() == {"lease": b"payload"}
+    finally:
+        reopened.close()
+
+
+def test_an_unknown_store_kind_names_the_known_ones(store_path: Path) -> None:
+    with pytest.raises(ValueError, match="sqlite"):
+        open_store("etcd", str(store_path))

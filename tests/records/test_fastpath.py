@@ -1,0 +1,713 @@
+"""The native row codec (strom.records._rowcodec via fastpath) against the pure-Python reference.
+
+Every test compares the fast path with the reference on the same input: equal bytes, equal
+batches (floats compared bit for bit), equal buckets, or the same exception with the same message.
+Random cases are seeded; failures print the seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import struct
+from collections.abc import Callable, Iterator
+from decimal import Context, Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from strom.errors import CorruptRecordError
+from strom.records import fastpath, kv_batch, row_arrow
+from strom.records.bucketing import bucket_for_key
+from strom.records.compacted import CompactedKeyEncoder, CompactedRowDecoder, CompactedRowEncoder
+from strom.records.types import (
+    ArrayType,
+    BigIntType,
+    BinaryType,
+    BooleanType,
+    BytesType,
+    CharType,
+    DataField,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntType,
+    MapType,
+    RowType,
+    SmallIntType,
+    StringType,
+    TimestampLtzType,
+    TimestampType,
+    TimeType,
+    TinyIntType,
+    to_arrow_schema,
+)
+
+pytestmark = pytest.mark.skipif(not fastpath.NATIVE_AVAILABLE, reason="native row codec not built")
+native = fastpath.native
+
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+_WIDE = Context(prec=100)
+_TEXT = "abcXYZ019 _-éßΩ漢字€😀"
+
+
+# ---------------------------------------------------------------------------------------------
+# Random flat schemas and values with edge cases
+# ---------------------------------------------------------------------------------------------
+
+
+def flat_types(rng: random.Random) -> list[DataType]:
+    p = rng.randint(1, 18)
+    return [
+        BooleanType(),
+        TinyIntType(),
+        SmallIntType(),
+        IntType(),
+        BigIntType(),
+        FloatType(),
+        DoubleType(),
+        CharType(rng.randint(1, 10)),
+        StringType(),
+        BytesType(),
+        BinaryType(rng.randint(1, 12)),
+        DecimalType(p, rng.randint(0, p)),
+        DateType(),
+        TimeType(rng.randint(0, 9)),
+        TimestampType(rng.randint(0, 9)),
+        TimestampLtzType(rng.randint(0, 9)),
+    ]
+
+
+def random_flat_row_type(rng: random.Random, fields_max: int = 12) -> RowType:
+    fields = []
+    for i in range(rng.randint(1, fields_max)):
+        t = rng.choice(flat_types(rng)).copy(rng.random() < 0.7)
+        fields.append(DataField(f"f{i}", t))
+    return RowType(tuple(fields))
+
+
+def _float32(value: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def _text(rng: random.Random) -> str:
+    length = rng.choice((0, 1, 7, 16, rng.randint(0, 40), 200, rng.choice((0, 5000))))
+    return "".join(rng.choice(_TEXT) for _ in range(length))
+
+
+def _bytes(rng: random.Random) -> bytes:
+    return rng.randbytes(rng.choice((0, 1, 127, 128, rng.randint(0, 40), 300)))
+
+
+def _timestamp(rng: random.Random, precision: int) -> int:
+    if precision == 0:  # seconds: millis must stay within int64
+        bound = I64_MAX // 1000
+        return rng.choice((0, -1, 1, bound, -bound, rng.randint(-bound, bound), -86_400 * 365 * 300))
+    # millis, micros and nanos: every int64 survives the millis / nano-of-milli split
+    return rng.choice(
+        (0, -1, 1, -999, -1001, I64_MIN, I64_MAX, rng.randint(I64_MIN, I64_MAX), rng.randint(-(10**15), 0))
+    )
+
+
+def _time(rng: random.Random, precision: int) -> int:
+    millis = rng.choice((0, 86_399_999, rng.randrange(0, 86_400_000), -1, I32_MAX, I32_MIN))
+    if precision == 0:
+        return max(-2_147_483, min(2_147_483, millis // 1000))
+    if precision <= 3:
+        return millis
+    if precision <= 6:  # sub-millisecond digits are dropped on write
+        return millis * 1000 + rng.randint(0, 999)
+    return millis * 1_000_000 + rng.randint(0, 999_999)
+
+
+def edge_value(rng: random.Random, t: DataType, null_rate: float = 0.2) -> Any:
+    """A value of ``t`` in the codecs' internal representation, favouring edges."""
+    if t.nullable and rng.random() < null_rate:
+        return None
+    if isinstance(t, BooleanType):
+        return rng.random() < 0.5
+    if isinstance(t, TinyIntType):
+        return rng.choice((-128, 127, 0, -1, rng.randint(-128, 127)))
+    if isinstance(t, SmallIntType):
+        return rng.choice((-32768, 32767, 0, -1, rng.randint(-32768, 32767)))
+    if isinstance(t, (IntType, DateType)):
+        return rng.choice((I32_MIN, I32_MAX, -1, 0, 127, 128, -200_000, rng.randint(I32_MIN, I32_MAX)))
+    if isinstance(t, BigIntType):
+        return rng.choice((I64_MIN, I64_MAX, -1, 0, 300, rng.randint(I64_MIN, I64_MAX)))
+    if isinstance(t, FloatType):
+        special = (float("nan"), float("inf"), float("-inf"), -0.0, 1e-45, 3.4028234663852886e38)
+        return rng.choice((*special, _float32(rng.uniform(-1e30, 1e30)), _float32(rng.random())))
+    if isinstance(t, DoubleType):
+        special = (float("nan"), float("inf"), float("-inf"), -0.0, 5e-324, 1.7976931348623157e308)
+        return rng.choice((*special, rng.uniform(-1e300, 1e300), rng.random()))
+    if isinstance(t, CharType):
+        return "".join(rng.choice("abcé漢") for _ in range(rng.randint(0, t.length)))
+    if isinstance(t, StringType):
+        return _text(rng)
+    if isinstance(t, BytesType):
+        return _bytes(rng)
+    if isinstance(t, BinaryType):  # Fluss does not enforce the length; Arrow pads or cuts
+        return rng.randbytes(rng.choice((t.length, t.length, 0, 1, t.length + 5)))
+    if isinstance(t, DecimalType):
+        bound = 10**t.precision
+        unscaled = rng.choice((bound - 1, -(bound - 1), 0, -1, rng.randrange(-bound + 1, bound)))
+        return Decimal(unscaled).scaleb(-t.scale, _WIDE)
+    if isinstance(t, TimeType):
+        return _time(rng, t.precision)
+    if isinstance(t, (TimestampType, TimestampLtzType)):
+        return _timestamp(rng, t.precision)
+    raise TypeError(t)
+
+
+def edge_row(rng: random.Random, row_type: RowType, null_rate: float = 0.2) -> tuple[Any, ...]:
+    return tuple(edge_value(rng, f.type, null_rate) for f in row_type.fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def assert_identical(fast: pa.RecordBatch, reference: pa.RecordBatch, context: str) -> None:
+    """Equal schemas and values; floats compared by bit pattern (NaN != NaN under equals)."""
+    fast.validate()
+    try:  # out-of-day TIME values fail full validation in both paths; pyarrow accepts them otherwise
+        reference.validate(full=True)
+    except pa.ArrowInvalid:
+        pass
+    else:
+        fast.validate(full=True)
+    assert fast.schema == reference.schema, context
+    assert fast.num_rows == reference.num_rows, context
+    for index, (a, b) in enumerate(zip(fast.columns, reference.columns, strict=True)):
+        if pa.types.is_float32(a.type):
+            a, b = a.view(pa.int32()), b.view(pa.int32())
+        elif pa.types.is_float64(a.type):
+            a, b = a.view(pa.int64()), b.view(pa.int64())
+        assert a.equals(b), f"{context} column {index} ({fast.schema.field(index)}):\n{a}\n!=\n{b}"
+
+
+def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return "ok", call()
+    except Exception as e:
+        return "error", (type(e), str(e))
+
+
+def assert_same_outcome(fast: Callable[[], Any], reference: Callable[[], Any], context: str) -> None:
+    """Both return equal results, or both raise the same exception type with the same message."""
+    f_kind, f_value = outcome(fast)
+    r_kind, r_value = outcome(reference)
+    assert f_kind == r_kind, (
+        f"{context}: fast {f_kind} {f_value!r:.300} vs reference {r_kind} {r_value!r:.300}"
+    )
+    if f_kind == "error":
+        assert f_value == r_value, context
+    elif isinstance(f_value, pa.RecordBatch):
+        assert_identical(f_value, r_value, context)
+    else:
+        assert f_value == r_value, context
+
+
+def _refuse(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the fast path fell back to the pure-Python reference")
+
+
+@contextlib.contextmanager
+def native_only() -> Iterator[None]:
+    """Fail if the fast path hands a batch to the reference (valid data must stay native)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fastpath, "decode_rows_python", _refuse)
+        patch.setattr(fastpath, "_encode_python", _refuse)
+        yield
+
+
+@pytest.fixture
+def no_fallback() -> Iterator[None]:
+    """``native_only`` for a whole test that calls no pure-Python encode reference."""
+    with native_only():
+        yield
+
+
+def reference_decode(rows: list[Any], row_type: RowType, offset: int = 0) -> pa.RecordBatch:
+    return row_arrow.rows_to_record_batch_python(rows, CompactedRowDecoder(row_type), offset=offset)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode
+# ---------------------------------------------------------------------------------------------
+
+
+def random_case(seed: int) -> tuple[RowType, list[tuple[Any, ...]], list[bytes]]:
+    rng = random.Random(seed)
+    row_type = random_flat_row_type(rng)
+    values = [edge_row(rng, row_type) for _ in range(rng.choice((0, 1, 2, rng.randint(3, 60))))]
+    encoder = CompactedRowEncoder(row_type)
+    return row_type, values, [encoder.encode(v) for v in values]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_decode_equals_reference_for_random_flat_rows(seed, no_fallback):
+    row_type, _, rows = random_case(seed)
+    expected = reference_decode(rows, row_type)
+    context = f"seed={seed} type={row_type}"
+    assert_identical(fastpath.decode_rows(rows, row_type), expected, context)
+    assert_identical(row_arrow.rows_to_record_batch(rows, row_type), expected, context)
+    assert_identical(row_arrow.rows_to_record_batch(rows, CompactedRowDecoder(row_type)), expected, context)
+    # stored values: a 2-byte schema id before each row, skipped rather than sliced off
+    stored = [b"\x07\x00" + row for row in rows]
+    assert_identical(fastpath.decode_rows(stored, row_type, offset=2), expected, context)
+    assert_identical(row_arrow.rows_to_record_batch(stored, row_type, offset=2), expected, context)
+    # every buffer-protocol flavour
+    views = [memoryview(bytearray(b"xyz" + row))[3:] for row in rows]
+    assert_identical(fastpath.decode_rows(views, row_type), expected, context)
+    assert_identical(fastpath.decode_rows([bytearray(r) for r in rows], row_type), expected, context)
+    assert_identical(fastpath.decode_rows(iter(rows), row_type), expected, context)
+
+
+def test_decode_of_float_bit_patterns_matches_reference(no_fallback):
+    row_type = RowType.of(("f", FloatType()), ("d", DoubleType()))
+    floats = [0x7F800001, 0x7FC00123, 0xFFC00000, 0xFF800001, 0x7F800000, 0x80000000, 0x00000001, 0x3F800000]
+    doubles = [
+        0x7FF0000000000001,
+        0x7FF8000000000123,
+        0xFFF8000000000000,
+        0x8000000000000000,
+        1,
+        0x3FF0000000000000,
+    ]
+    rows = [
+        b"\x00" + struct.pack("<I", f) + struct.pack("<Q", d) for f in floats for d in doubles
+    ]  # fmt: skip
+    assert_identical(fastpath.decode_rows(rows, row_type), reference_decode(rows, row_type), "float bits")
+
+
+def test_not_null_fields_ignore_their_null_bit(no_fallback):
+    row_type = RowType.of(
+        ("k", BigIntType(nullable=False)), ("s", StringType(nullable=False)), ("n", IntType())
+    )
+    rows = [b"\x07\x05\x02hi", b"\x00\x2a\x00\x05"]  # first: every null bit set
+    expected = reference_decode(rows, row_type)
+    assert expected.to_pylist() == [{"k": 5, "s": "hi", "n": None}, {"k": 42, "s": "", "n": 5}]
+    assert_identical(fastpath.decode_rows(rows, row_type), expected, "not null")
+
+
+def test_binary_values_are_padded_and_cut_like_the_reference(no_fallback):
+    row_type = RowType.of(("b", BinaryType(4)))
+    rows = [
+        CompactedRowEncoder(row_type).encode([v])
+        for v in (b"", b"\x01", b"\x01\x02\x03\x04", b"abcdefgh", None)
+    ]
+    batch = fastpath.decode_rows(rows, row_type)
+    assert batch.column(0).to_pylist() == [b"\0\0\0\0", b"\x01\0\0\0", b"\x01\x02\x03\x04", b"abcd", None]
+    assert_identical(batch, reference_decode(rows, row_type), "binary")
+
+
+def test_values_only_python_represents_fall_back_to_identical_results():
+    ts6 = RowType.of(("t", TimestampType(6)))
+    ts9 = RowType.of(("t", TimestampLtzType(9)))
+    dec = RowType.of(("d", DecimalType(4, 2)))
+    text = RowType.of(("s", StringType()))
+    cases = [
+        (ts6, [b"\x00" + _uvarint(I64_MAX) + b"\x00"]),  # millis * 1000 overflows int64
+        (ts6, [b"\x00" + _uvarint((I64_MAX // 1000 + 1) & (2**64 - 1)) + _uvarint(2**32 - 5000)]),
+        (ts9, [b"\x00" + _uvarint(I64_MIN & (2**64 - 1)) + b"\x00"]),
+        (dec, [b"\x00" + _uvarint(12345)]),  # more digits than the precision
+        (text, [b"\x00\x02\xff\xfe", b"\x00\x03\xed\xa0\x80", b"\x00\x02\xc0\xaf"]),  # invalid UTF-8
+    ]
+    for row_type, rows in cases:
+        assert_same_outcome(
+            lambda rows=rows, row_type=row_type: fastpath.decode_rows(rows, row_type),
+            lambda rows=rows, row_type=row_type: reference_decode(rows, row_type),
+            f"{row_type} {rows}",
+        )
+    # invalid UTF-8 decodes with replacement characters, as the reference does
+    assert fastpath.decode_rows(cases[-1][1], text).column(0).to_pylist()[0] == "\ufffd\ufffd"
+
+
+def test_nested_columns_decode_in_python_alongside_native_columns(no_fallback):
+    row_type = RowType.of(
+        ("id", BigIntType(nullable=False)),
+        ("tags", ArrayType(StringType())),
+        ("name", StringType()),
+        ("price", DecimalType(30, 4)),
+        ("attrs", MapType(StringType(), RowType.of(("n", IntType()), ("b", BinaryType(2))))),
+        ("inner", RowType.of(("x", DoubleType()), ("y", ArrayType(BinaryType(3))))),
+    )
+    encoder = CompactedRowEncoder(row_type)
+    rows = [
+        encoder.encode([1, ["a", None, "bcdefghijk"], "x", Decimal("-123456789012345678901.2345"),
+                        [("k", {"n": 5, "b": b"\x01"})], {"x": 0.5, "y": [b"ab", None, b"abcdef"]}]),
+        encoder.encode([2, None, None, None, None, None]),
+        encoder.encode([3, [], "", Decimal(0), [], {"x": None, "y": []}]),
+    ]  # fmt: skip
+    expected = reference_decode(rows, row_type)
+    assert_identical(fastpath.decode_rows(rows, row_type), expected, "nested")
+    stored = [b"\x01\x00" + row for row in rows]
+    assert_identical(fastpath.decode_rows(stored, row_type, offset=2), expected, "nested, offset")
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_nested_schemas_still_match_the_reference(seed):
+    from row_values import random_row, random_row_type
+
+    rng = random.Random(seed)
+    row_type = random_row_type(rng)
+    encoder = CompactedRowEncoder(row_type)
+    rows = [encoder.encode(random_row(rng, row_type)) for _ in range(rng.randint(0, 8))]
+    expected = reference_decode(rows, row_type)
+    assert_identical(fastpath.decode_rows(rows, row_type), expected, f"seed={seed} type={row_type}")
+    reencoded = row_arrow.record_batch_to_rows(expected, encoder)
+    assert reencoded == row_arrow.record_batch_to_rows_python(expected, encoder), f"seed={seed}"
+    assert fastpath.encode_batch(expected, row_type) == fastpath.encode_batch_python(expected, row_type)
+
+
+def test_decode_falls_back_when_the_caller_asks_for_other_arrow_types():
+    row_type = RowType.of(("s", StringType()))
+    schema = pa.schema([pa.field("s", pa.large_string())])
+    rows = [b"\x00\x01a"]
+    batch = fastpath.decode_rows(rows, row_type, arrow_schema=schema)
+    assert batch.schema == schema and batch.column(0).to_pylist() == ["a"]
+
+
+def test_decode_without_the_native_module_is_the_reference(monkeypatch):
+    row_type, _, rows = random_case(7)
+    monkeypatch.setattr(fastpath, "native", None)
+    fastpath._plan.cache_clear()
+    try:
+        assert_identical(fastpath.decode_rows(rows, row_type), reference_decode(rows, row_type), "no native")
+    finally:
+        fastpath._plan.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Malformed rows: same outcome as the reference, and never a crash
+# ---------------------------------------------------------------------------------------------
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def mutations(rng: random.Random, row: bytes) -> list[bytes]:
+    cuts = [row[:i] for i in sorted({0, 1, len(row) // 2, max(0, len(row) - 1), rng.randint(0, len(row))})]
+    flipped = bytearray(row)
+    for _ in range(rng.randint(1, 4)):
+        if flipped:
+            flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+    position = rng.randint(0, len(row))
+    return [
+        *cuts,
+        bytes(flipped),
+        row + rng.randbytes(rng.randint(1, 5)),  # trailing bytes are allowed by both
+        row[:position] + b"\xff" * rng.randint(1, 12) + row[position:],  # over-long varints
+        row[:position] + _uvarint(rng.choice((2**31 - 1, 2**32 - 1, 2**35, 127, 128))) + row[position:],
+        rng.randbytes(rng.randint(0, 30)),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_malformed_rows_raise_like_the_reference(seed):
+    rng = random.Random(seed)
+    row_type, _, rows = random_case(seed)
+    specs = fastpath._plan(row_type).specs
+    for row in rows[:4] or [b"\x00" * 4]:
+        for bad in mutations(rng, row):
+            context = f"seed={seed} type={row_type} row={bad.hex()}"
+            assert_same_outcome(
+                lambda bad=bad: fastpath.decode_rows([bad], row_type),
+                lambda bad=bad: reference_decode([bad], row_type),
+                context,
+            )
+            # the C decoder itself only ever raises ValueError (never crashes or reads past the end)
+            with contextlib.suppress(ValueError):
+                native.decode_columns([memoryview(bad)], 0, specs)
+
+
+def test_rows_shorter_than_their_prefix_or_bitset_raise():
+    row_type = RowType.of(*((f"f{i}", IntType()) for i in range(9)))
+    for rows, offset in (([b""], 0), ([b"\x00"], 0), ([b"\x00"], 2), ([b"\x00\x00"], 3)):
+        with pytest.raises(ValueError):
+            native.decode_columns(rows, offset, fastpath._plan(row_type).specs)
+        with pytest.raises(ValueError):
+            fastpath.decode_rows(rows, row_type, offset=offset)
+
+
+def test_native_decode_rejects_bad_arguments_cleanly():
+    with pytest.raises(ValueError):
+        native.decode_columns([b"\x00\x00"], 0, ((99, 0, True),))
+    with pytest.raises(ValueError):
+        native.decode_columns([b"\x00\x00"], 0, ((fastpath._DECIMAL, 19, True),))
+    with pytest.raises(ValueError):
+        native.decode_columns([b"\x00\x00"], -1, ((fastpath._INT, 0, True),))
+    with pytest.raises(TypeError):
+        native.decode_columns([b"\x00\x00"], 0, ("nope",))
+    with pytest.raises(TypeError):
+        native.decode_columns(["not bytes"], 0, ((fastpath._INT, 0, True),))
+    with pytest.raises(TypeError):
+        native.decode_columns(None, 0, ((fastpath._INT, 0, True),))
+    assert (
+        fastpath.decode_rows(
+            [memoryview(b"\x00\x00\x01\x00\x05")[::2]], RowType.of(("i", IntType()))
+        ).num_rows
+        == 1
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Encode
+# ---------------------------------------------------------------------------------------------
+
+
+def random_encode_case(seed: int) -> tuple[RowType, pa.RecordBatch, list[int], list[int], int]:
+    rng = random.Random(seed)
+    row_type = random_flat_row_type(rng)
+    # primary-key columns are NOT NULL
+    key_count = rng.randint(1, min(3, row_type.field_count))
+    key_indexes = sorted(rng.sample(range(row_type.field_count), key_count))
+    fields = tuple(
+        DataField(f.name, f.type.copy(False)) if i in key_indexes else f
+        for i, f in enumerate(row_type.fields)
+    )
+    row_type = RowType(fields)
+    values = [edge_row(rng, row_type) for _ in range(rng.choice((0, 1, rng.randint(2, 60))))]
+    batch = row_arrow.values_to_record_batch(values, row_type)
+    bucket_key_indexes = rng.choice((key_indexes, key_indexes[:1], key_indexes[::-1]))
+    return row_type, batch, key_indexes, bucket_key_indexes, rng.choice((1, 3, 16, 128, rng.randint(1, 1000)))
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_encode_equals_reference_for_random_flat_batches(seed):
+    row_type, batch, keys, bucket_keys, buckets = random_encode_case(seed)
+    context = f"seed={seed} type={row_type} keys={keys} bucket_keys={bucket_keys}"
+    sliced = batch.slice(3, max(0, batch.num_rows - 4))  # non-zero Arrow offsets, validity mid-byte
+    with native_only():
+        fast = fastpath.encode_batch(batch, row_type, keys, bucket_keys, buckets)
+        prefixed = fastpath.encode_batch(batch, row_type, value_prefix=b"\x03\x00")[0]
+        via_row_arrow = row_arrow.record_batch_to_rows(batch, CompactedRowEncoder(row_type))
+        fast_sliced = fastpath.encode_batch(sliced, row_type, keys, bucket_keys, buckets)
+    assert fast == fastpath.encode_batch_python(batch, row_type, keys, bucket_keys, buckets), context
+    # the reference of the reference: the row and key encoders themselves
+    values = row_arrow.record_batch_to_values(batch, row_type)
+    assert fast[0] == [CompactedRowEncoder(row_type).encode(v) for v in values], context
+    assert fast[1] == [CompactedKeyEncoder(row_type, keys).encode(v) for v in values], context
+    bucket_encoder = CompactedKeyEncoder(row_type, bucket_keys)
+    assert fast[2] == [bucket_for_key(bucket_encoder.encode(v), buckets) for v in values], context
+    assert via_row_arrow == fast[0], context
+    assert prefixed == [b"\x03\x00" + r for r in fast[0]], context
+    assert fast_sliced == fastpath.encode_batch_python(sliced, row_type, keys, bucket_keys, buckets), context
+    # and the round trip through the fast decoder
+    assert_identical(fastpath.decode_rows(fast[0], row_type), reference_decode(fast[0], row_type), context)
+
+
+def test_encode_of_float_bit_patterns_matches_reference():
+    row_type = RowType.of(("f", FloatType()), ("d", DoubleType()))
+    floats = [0x7F800001, 0x7FC00123, 0xFFC00000, 0xFF800001, 0x7F800000, 0x80000000, 0x00000001]
+    doubles = [0x7FF0000000000001, 0x7FF8000000000123, 0xFFF8000000000000, 0x8000000000000000, 1, 0]
+    n = len(floats)
+    f = pa.Array.from_buffers(pa.float32(), n, [None, pa.py_buffer(struct.pack(f"<{n}I", *floats))])
+    d = pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(struct.pack(f"<{n}Q", *doubles, 0))])
+    batch = pa.RecordBatch.from_arrays([f, d], schema=to_arrow_schema(row_type))
+    with native_only():
+        fast = fastpath.encode_batch(batch, row_type)
+    assert fast == fastpath.encode_batch_python(batch, row_type)
+
+
+def test_encode_casts_other_arrow_types_like_the_reference():
+    row_type = RowType.of(("s", StringType()), ("d", DateType()), ("t", TimestampType(6)), ("i", IntType()))
+    batch = pa.record_batch(
+        [
+            pa.array(["x", None, "yz"], pa.large_string()),
+            pa.array([86_400_000, None, 0], pa.date64()),
+            pa.array([5, -1, None], pa.timestamp("ms")),
+            pa.array([1, 2, None], pa.int64()),
+        ],
+        names=["s", "d", "t", "i"],
+    )
+    with native_only():
+        fast = fastpath.encode_batch(batch, row_type)
+    assert fast == fastpath.encode_batch_python(batch, row_type)
+
+
+def test_encode_of_nested_columns_splices_python_encodings():
+    row_type = RowType.of(
+        ("id", IntType(nullable=False)),
+        ("tags", ArrayType(StringType())),
+        ("row", RowType.of(("a", DecimalType(25, 3)), ("b", ArrayType(DecimalType(20, 1))))),
+    )
+    values = [(1, ["a", None], {"a": Decimal("1.5"), "b": [Decimal("2.0")]}), (2, [], None)]
+    batch = row_arrow.values_to_record_batch(values, row_type)
+    for java in (False, True):
+        encoder = CompactedRowEncoder(row_type, java_decimal_layout=java)
+        with native_only():  # ARRAY keys are allowed; MAP keys are not
+            fast = fastpath.encode_batch(batch, row_type, [0, 1], [1], 5, java_decimal_layout=java)
+            rows = row_arrow.record_batch_to_rows(batch, encoder)
+        assert fast == fastpath.encode_batch_python(batch, row_type, [0, 1], [1], 5, java_decimal_layout=java)
+        assert rows == [encoder.encode(v) for v in values]
+
+
+def test_encode_errors_are_the_reference_errors():
+    def check(batch: pa.RecordBatch, row_type: RowType, *args: Any) -> None:
+        assert_same_outcome(
+            lambda: fastpath.encode_batch(batch, row_type, *args),
+            lambda: fastpath.encode_batch_python(batch, row_type, *args),
+            f"{row_type} {batch}",
+        )
+        with pytest.raises(Exception):  # noqa: B017 - whatever the reference raises
+            fastpath.encode_batch(batch, row_type, *args)
+
+    not_null = RowType.of(("k", IntType(nullable=False)))
+    check(pa.record_batch([pa.array([1, None], pa.int32())], names=["k"]), not_null)
+    nullable = RowType.of(("k", IntType()), ("v", StringType()))
+    both = pa.record_batch([pa.array([1, None], pa.int32()), pa.array(["a", "b"])], names=["k", "v"])
+    check(both, nullable, [0])  # null key
+    check(both, nullable, [1], [0], 4)  # null bucket key
+    check(both, nullable, [1], [1], 0)  # bad bucket count
+    check(both, nullable, [1], [], 4)  # empty bucket key
+    check(both, RowType.of(("k", IntType())))  # column count
+    seconds = RowType.of(("t", TimestampType(0)))
+    check(pa.record_batch([pa.array([I64_MAX], pa.timestamp("s"))], names=["t"]), seconds)
+    time_us = RowType.of(("t", TimeType(6)))
+    check(pa.record_batch([pa.array([2**50], pa.time64("us"))], names=["t"]), time_us)
+    time_s = RowType.of(("t", TimeType(0)))
+    check(pa.record_batch([pa.array([3_000_000], pa.time32("s"))], names=["t"]), time_s)
+    # a decimal128 holding more digits than its precision (only reachable without validation)
+    dec = RowType.of(("d", DecimalType(3, 0)))
+    data = pa.py_buffer(struct.pack("<qq", 12345, 0))
+    check(
+        pa.RecordBatch.from_arrays([pa.Array.from_buffers(pa.decimal128(3, 0), 1, [None, data])], ["d"]), dec
+    )
+    bad_utf8 = pa.Array.from_buffers(
+        pa.utf8(), 1, [None, pa.py_buffer(struct.pack("<ii", 0, 2)), pa.py_buffer(b"\xff\xfe")]
+    )
+    check(pa.RecordBatch.from_arrays([bad_utf8], ["v"]), RowType.of(("v", StringType())))
+    check(both, RowType.of(("k", IntType()), ("v", MapType(IntType(), IntType()))))  # cast fails
+
+
+def test_native_encode_rejects_buffers_that_do_not_cover_the_array():
+    long_ = fastpath._BIGINT, 0, True
+    with pytest.raises(ValueError, match="data buffer"):
+        native.encode_rows(3, ((*long_, None, 0, b"\x00" * 16, None),), None, None, 0, b"")
+    with pytest.raises(ValueError, match="data buffer"):
+        native.encode_rows(2, ((*long_, None, 1, b"\x00" * 16, None),), None, None, 0, b"")
+    with pytest.raises(ValueError, match="validity buffer"):
+        native.encode_rows(9, ((*long_, b"\xff", 0, b"\x00" * 72, None),), None, None, 0, b"")
+    string = fastpath._STRING, 0, True
+    with pytest.raises(ValueError, match="offsets buffer"):
+        native.encode_rows(2, ((*string, None, 0, b"ab", struct.pack("<ii", 0, 1)),), None, None, 0, b"")
+    for offsets in ((0, 3), (2, 1), (-1, 1)):
+        with pytest.raises(ValueError, match="offsets outside"):
+            native.encode_rows(
+                1, ((*string, None, 0, b"ab", struct.pack("<ii", *offsets)),), None, None, 0, b""
+            )
+    with pytest.raises(ValueError, match="field index"):
+        native.encode_rows(0, ((*long_, None, 0, b"", None),), (1,), None, 0, b"")
+    with pytest.raises(ValueError):
+        native.encode_rows(1, ((*long_, None, -1, b"\x00" * 8, None),), None, None, 0, b"")
+    with pytest.raises(TypeError):
+        native.encode_rows(
+            1, ((fastpath._OPAQUE, 0, True, None, 0, ["not bytes"], None),), None, None, 0, b""
+        )
+    rows, keys, buckets = native.encode_rows(
+        1, ((*string, None, 0, None, struct.pack("<ii", 0, 0)),), (0,), (0,), 3, b""
+    )
+    assert rows == [b"\x00\x00"] and keys == [b"\x00"] and buckets == [bucket_for_key(b"\x00", 3)]
+
+
+# ---------------------------------------------------------------------------------------------
+# KV records and buckets
+# ---------------------------------------------------------------------------------------------
+
+
+def _records(rng: random.Random, count: int) -> bytes:
+    keys = [rng.randbytes(rng.choice((0, 1, 5, 130))) for _ in range(count)]
+    values = [rng.choice((None, b"", rng.randbytes(rng.randint(1, 40)))) for _ in range(count)]
+    batch = kv_batch.build_kv_batch(1, keys, values)
+    return batch[kv_batch.KV_HEADER_SIZE_BYTES :]
+
+
+def _parse_both(body: bytes, position: int, end: int, count: int, context: str) -> None:
+    def reference() -> Any:
+        return kv_batch._parse_records_python(memoryview(body), position, end, count)
+
+    assert_same_outcome(
+        lambda: fastpath.parse_kv_records(memoryview(body), position, end, count), reference, context
+    )
+    assert_same_outcome(
+        lambda: kv_batch._parse_records(memoryview(body), position, end, count), reference, context
+    )
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_kv_records_parse_like_the_reference(seed):
+    rng = random.Random(seed)
+    count = rng.randint(0, 12)
+    body = _records(rng, count)
+    _parse_both(body, 0, len(body), count, f"seed={seed}")
+    padded = b"\x00" * 3 + body + b"\x01" * 2
+    _parse_both(padded, 3, 3 + len(body), count, f"seed={seed} padded")
+    # wrong counts, truncations, corrupted bytes
+    for bad_count in (count + 1, max(0, count - 1), -1, 2**31 - 1):
+        _parse_both(body, 0, len(body), bad_count, f"seed={seed} count={bad_count}")
+    for cut in {0, 1, 3, 4, 5, len(body) // 2, len(body) - 1} & set(range(len(body))):
+        _parse_both(body[:cut], 0, cut, count, f"seed={seed} cut={cut}")
+    for _ in range(10):
+        mutated = bytearray(body)
+        if mutated:
+            mutated[rng.randrange(len(mutated))] = rng.choice((0x00, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+        _parse_both(bytes(mutated), 0, len(mutated), count, f"seed={seed} mutated={bytes(mutated).hex()}")
+
+
+def test_kv_record_errors_carry_the_reference_messages():
+    cases = [
+        (b"\x01\x00", 1, "truncated kv record size"),
+        (b"\x00\x00\x00\x00", 1, "kv record of 0 bytes overruns its batch"),
+        (b"\x02\x00\x00\x00\x80\x80", 1, "malformed kv record key length"),
+        (
+            b"\x06\x00\x00\x00\xff\xff\xff\xff\x7f\x00",
+            1,
+            "kv record key of 34359738367 bytes overruns its record",
+        ),
+        (b"\x01\x00\x00\x00\x00\x09", 1, "kv batch has 1 trailing bytes after 1 records"),
+    ]
+    for body, count, message in cases:
+        with pytest.raises(CorruptRecordError, match=f"^{message}$"):
+            fastpath.parse_kv_records(body, 0, len(body), count)
+        with pytest.raises(CorruptRecordError, match=f"^{message}$"):
+            kv_batch._parse_records_python(memoryview(body), 0, len(body), count)
+    assert fastpath.parse_kv_records(b"\x02\x00\x00\x00\x01k", 0, 6, 1) == ([b"k"], [None])
+
+
+def test_whole_kv_batches_parse_through_the_native_records_parser():
+    batch = kv_batch.build_kv_batch(3, [b"a", b"bb"], [b"\x00\x01", None], writer_id=9, batch_sequence=4)
+    (parsed,) = kv_batch.parse_kv_batches(batch + b"")
+    assert (parsed.keys, parsed.values, parsed.writer_id, parsed.batch_sequence) == (
+        [b"a", b"bb"],
+        [b"\x00\x01", None],
+        9,
+        4,
+    )
+
+
+def test_bucket_ids_match_bucketing():
+    rng = random.Random(5)
+    keys = [rng.randbytes(rng.randint(1, 40)) for _ in range(500)]
+    for count in (1, 2, 7, 16, 1000, 2**31 - 1):
+        assert fastpath.bucket_ids(keys, count) == [bucket_for_key(k, count) for k in keys]
+    # vectors from the Rust client, via the bucketing docs
+    assert fastpath.bucket_ids([b"The quick brown fox jumps over the lazy dog"], 8) == [6]
+    for keys, count in (([b""], 3), ([b"a"], 0), ([b"a"], -2)):
+        assert_same_outcome(
+            lambda keys=keys, count=count: fastpath.bucket_ids(keys, count),
+            lambda keys=keys, count=count: [bucket_for_key(k, count) for k in keys],
+            f"{keys} {count}",
+        )
