@@ -214,7 +214,11 @@ LOG_FLUSH_INTERVAL_MESSAGES = int_option(
     "every acknowledged write is on disk. Concurrent appends share one fsync (group commit).",
     minimum=1,
 )
-TABLE_LOG_TTL = duration_option("table.log.ttl", "7d", "Log segments older than this are deleted; <= 0 keeps them forever.")
+TABLE_LOG_TTL = duration_option(
+    "table.log.ttl", "7d",
+    "Default for tables that do not set it: log segments older than this are deleted (a primary-key "
+    "changelog only below its latest KV snapshot); <= 0 keeps them forever.",
+)
 LOG_RETENTION_CHECK_INTERVAL = duration_option(
     "log.retention.check-interval", "5 min", "How often log retention runs."
 )

@@ -153,3 +153,10 @@ def test_the_generated_docs_list_every_option_once_with_type_and_default() -> No
     assert "| `log.flush.interval-messages` | Integer | 1 |" in page
     assert "| `advertised.host` | String | (none) |" in page
     assert [r.split("`")[1] for r in rows] == sorted(ALL_OPTIONS)
+
+
+def test_the_committed_configuration_page_is_the_generated_one() -> None:
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    assert page.read_text() == options_markdown(), "run `strom config docs > docs/configuration.md`"

@@ -175,10 +175,18 @@ def discard_snapshot(remote: RemoteStorage, remote_dir: str, snapshot_id: int) -
 
 
 def download_snapshot(remote: RemoteStorage, snapshot: CompletedKvSnapshot, directory: Path) -> None:
-    """Fetch every file of ``snapshot`` into ``directory`` so RocksDB can open it."""
+    """Fetch every file of ``snapshot`` into ``directory`` so RocksDB can open it.
+
+    Files land in a sibling temporary directory that is renamed into place, so a crash mid-download
+    never leaves a half-restored RocksDB where a complete one is expected.
+    """
+    staging = directory.with_name(directory.name + ".restoring")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    for file in snapshot.files:
+        remote.get_file(file.remote_path, staging / file.local_file_name)
     if directory.exists():
         shutil.rmtree(directory)
-    directory.mkdir(parents=True)
-    for file in snapshot.files:
-        remote.get_file(file.remote_path, directory / file.local_file_name)
+    staging.rename(directory)
 

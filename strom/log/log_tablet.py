@@ -91,6 +91,9 @@ class LogTablet:
                 )
             if not segments:
                 segments.append(LogSegment.create(directory, 0))
+            # The previous process may have died between a write and its fsync: make what is on disk
+            # durable before the high watermark exposes it (earlier segments were fsynced when they rolled).
+            segments[-1].fsync()
             for previous, segment in itertools.pairwise(segments):
                 if segment.base_offset != previous.next_offset:
                     raise LogStorageError(
@@ -206,6 +209,7 @@ class LogTablet:
 
     async def wait_durable(self, offset: int) -> None:
         """Return once every offset below ``offset`` is durable and visible (the high watermark passed it)."""
+        assert offset <= self.log_end_offset, (offset, self.log_end_offset)  # else no flush could ever reach it
         while self._high_watermark < offset:
             self._check_usable()
             if self._flush_task is None:

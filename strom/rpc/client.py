@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from strom.errors import (
     ConnectionFailedError,
+    CorruptMessageError,
     NetworkError,
     RequestTimeoutError,
     UnsupportedVersionError,
@@ -20,7 +21,7 @@ from strom.errors import (
 )
 from strom.rpc import framing
 from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey, ApiVersionRange
-from strom.rpc.messages import Message, pb, response_class
+from strom.rpc.messages import DecodeError, Message, pb, response_class
 
 M = TypeVar("M", bound=Message)
 
@@ -101,10 +102,15 @@ class RpcConnection:
             raise NetworkError(f"connection to {self.address} failed: {exc}") from exc
         finally:
             self._pending.pop(request_id, None)
-        if response_type == framing.RESPONSE_ERROR:
-            error = pb.ErrorResponse.FromString(body)
-            raise error_for_code(error.error_code, error.error_message or None)
-        return cls.FromString(body)
+        try:
+            if response_type == framing.RESPONSE_ERROR:
+                error = pb.ErrorResponse.FromString(body)
+                raise error_for_code(error.error_code, error.error_message or None)
+            if response_type != framing.RESPONSE_SUCCESS:
+                raise CorruptMessageError(f"{key.name} from {self.address}: unknown response type {response_type}")
+            return cls.FromString(body)
+        except DecodeError as exc:  # the caller gets a strom error, never a protobuf internals one
+            raise CorruptMessageError(f"{key.name} from {self.address}: unparsable response: {exc}") from exc
 
     async def _read_responses(self) -> None:
         try:

@@ -12,6 +12,7 @@ Shared across tasks: ``RpcServer._connections`` (mutated only on the event loop 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 import time
@@ -200,6 +201,9 @@ class _Connection(asyncio.Protocol):
         self._frames = framing.FrameBuffer(server._frame_size_bytes_max, framing.REQUEST_HEADER_SIZE_BYTES)
         self._transport: asyncio.Transport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Frames read but not started: one read may carry many frames, and at most in_flight_count_max of
+        # them run at once. Reading stays paused while any wait, so this holds at most one read's worth.
+        self._waiting: collections.deque[bytes] = collections.deque()
         self._reading_paused = False
         self._writing_paused = False
         self.peer = "?"
@@ -219,6 +223,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.pop(self.connection_id, None)
         self._transport = None
+        self._waiting.clear()  # nobody can receive their answers; the client retries what it needs
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
@@ -229,12 +234,18 @@ class _Connection(asyncio.Protocol):
             self._server.stats.connections_closed_on_bad_frame += 1
             self.close()
             return
-        for frame in frames:
+        self._waiting.extend(frames)
+        self._start_waiting()
+        self._update_reading()
+
+    def _start_waiting(self) -> None:
+        in_flight_count_max = self._server._in_flight_count_max
+        while self._waiting and self.in_flight_count < in_flight_count_max:
             self.in_flight_count += 1
-            task = asyncio.ensure_future(self._handle(frame))
+            task = asyncio.ensure_future(self._handle(self._waiting.popleft()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        self._update_reading()
+        assert self.in_flight_count <= in_flight_count_max
 
     async def _handle(self, frame: bytes) -> None:
         try:
@@ -244,12 +255,18 @@ class _Connection(asyncio.Protocol):
         finally:
             self.in_flight_count -= 1
             self.last_active = time.monotonic()
+            if self._transport is not None:
+                self._start_waiting()
             self._update_reading()
 
     def _update_reading(self) -> None:
         if self._transport is None or self._transport.is_closing():
             return
-        should_pause = self._writing_paused or self.in_flight_count >= self._server._in_flight_count_max
+        should_pause = (
+            self._writing_paused
+            or bool(self._waiting)
+            or self.in_flight_count >= self._server._in_flight_count_max
+        )
         if should_pause and not self._reading_paused:
             self._transport.pause_reading()
             self._reading_paused = True
@@ -270,6 +287,7 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
     async def cancel_in_flight(self) -> None:
+        self._waiting.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import shutil
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
@@ -32,8 +33,6 @@ from strom.remote.storage import RemoteStorage
 from strom.server.replica import Replica, ReplicaManager
 
 log = logging.getLogger(__name__)
-
-DEFAULT_LOG_TTL = "7d"
 
 
 class SnapshotCommitter(Protocol):
@@ -69,6 +68,7 @@ class KvSnapshotScheduler:
         retention_check_interval_ms: int,
         local_dir: Path,
         clock: Clock,
+        default_log_ttl: timedelta,
     ) -> None:
         self._replicas = replicas
         self._committer = committer
@@ -77,6 +77,7 @@ class KvSnapshotScheduler:
         self._retention_check_interval_ms = retention_check_interval_ms
         self._local_dir = local_dir
         self._clock = clock
+        self._default_log_ttl = default_log_ttl
         self._states: dict[TableBucket, _BucketState] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[CompletedKvSnapshot | None]] = set()
@@ -180,7 +181,8 @@ class KvSnapshotScheduler:
         for replica in self._replicas.hosted():
             if not replica.is_open or replica.stopped:
                 continue
-            ttl = parse_duration(replica.table.properties.get("table.log.ttl", DEFAULT_LOG_TTL))
+            override = replica.table.properties.get("table.log.ttl")
+            ttl = parse_duration(override) if override is not None else self._default_log_ttl
             ttl_ms = int(ttl.total_seconds() * 1000)
             if ttl_ms <= 0:
                 continue

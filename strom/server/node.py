@@ -32,6 +32,7 @@ from strom.config import (
     METRICS_PORT,
     REMOTE_DATA_DIR,
     SERVER_MAX_IN_FLIGHT_PER_CONNECTION,
+    TABLE_LOG_TTL,
     TABLET_SERVER_ID,
     Configuration,
 )
@@ -129,7 +130,7 @@ class StromServer:
             leases.drop_table(table_id, partition_id)
             snapshot_store.drop_table(table_id, partition_id)
 
-        self.replicas = ReplicaManager(self.paths.tablets, config)
+        self.replicas = ReplicaManager(self.paths.tablets, config, remote, snapshot_store.latest)
         self.tablet = TabletService(self.replicas, config, self.clock)
         scanner_config = ScannerConfig(
             ttl_ms=config.get_ms(KV_SCANNER_TTL),
@@ -162,6 +163,7 @@ class StromServer:
             retention_check_interval_ms=config.get_ms(LOG_RETENTION_CHECK_INTERVAL),
             local_dir=self.paths.snapshot_staging,
             clock=self.clock,
+            default_log_ttl=config.get(TABLE_LOG_TTL),
         )
         self.snapshot_scheduler.start()
         self.rpc = RpcServer(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,11 +28,13 @@ from strom.errors import (
     UnknownTableOrBucketError,
 )
 from strom.ids import TableBucket
-from strom.kv.kv_tablet import KvConfig, KvTablet
+from strom.kv.kv_tablet import KvConfig, KvRestoreNeededError, KvTablet, reset_instance_id
 from strom.kv.row_format import TableRowFormat
+from strom.kv.snapshot import CompletedKvSnapshot, download_snapshot
 from strom.log.log_tablet import LogConfig, LogTablet
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
+from strom.remote.storage import RemoteStorage
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +68,30 @@ class Replica:
         log_tablet = LogTablet.open(self.directory / "log", self._manager.log_config)
         if self.is_kv:
             try:
-                self._kv = KvTablet(
-                    self.directory / "kv",
-                    log_tablet,
-                    self._manager.row_format(self.table),
-                    self._manager.kv_config(self.table),
-                )
+                self._kv = self._open_kv(log_tablet)
             except BaseException:
                 log_tablet.close()
                 raise
         self._log = log_tablet
+
+    def _open_kv(self, log_tablet: LogTablet) -> KvTablet:
+        """Open the bucket's RocksDB, restoring it from the latest KV snapshot when the local copy is gone
+        (a rebuilt server) or can no longer be caught up from the changelog."""
+        kv_dir = self.directory / "kv"
+
+        def open_tablet() -> KvTablet:
+            return KvTablet(
+                kv_dir, log_tablet, self._manager.row_format(self.table), self._manager.kv_config(self.table)
+            )
+
+        if not (kv_dir / "rocksdb").exists() and self._manager.restore_from_snapshot(self, log_tablet, kv_dir):
+            return open_tablet()
+        try:
+            return open_tablet()
+        except KvRestoreNeededError:
+            if not self._manager.restore_from_snapshot(self, log_tablet, kv_dir):
+                raise
+            return open_tablet()
 
     @property
     def log(self) -> LogTablet:
@@ -130,9 +146,19 @@ class Replica:
 class ReplicaManager:
     """All replicas of this tablet server, keyed by bucket."""
 
-    def __init__(self, data_dir: Path, config: Configuration) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        config: Configuration,
+        remote: RemoteStorage | None = None,
+        latest_snapshot: Callable[[TableBucket], CompletedKvSnapshot | None] = lambda bucket: None,
+    ) -> None:
+        """``remote`` and ``latest_snapshot`` (the coordinator's view) let a bucket be restored from its
+        latest KV snapshot; without them a bucket can only be recovered from its local changelog."""
         self._data_dir = data_dir
         self._config = config
+        self._remote = remote
+        self._latest_snapshot = latest_snapshot
         self.log_config = LogConfig(
             segment_size_bytes_max=config.get(LOG_SEGMENT_FILE_SIZE),
             flush_interval_messages=config.get(LOG_FLUSH_INTERVAL_MESSAGES),
@@ -158,6 +184,26 @@ class ReplicaManager:
     def kv_config(self, table: TableInfo) -> KvConfig:
         behavior = table.properties.get("table.delete.behavior", "ALLOW").upper()
         return KvConfig(block_cache_size_bytes=self._block_cache_size_bytes, delete_behavior=behavior)
+
+    def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool:
+        """Put the latest usable snapshot's files in ``kv_dir/rocksdb``; False if there is none.
+
+        Usable means the changelog still holds everything after it (its offset lies in the log's range),
+        so replay brings the restored state up to date.
+        """
+        snapshot = self._latest_snapshot(replica.bucket)
+        if snapshot is None or self._remote is None:
+            return False
+        if not log_tablet.log_start_offset <= snapshot.log_offset <= log_tablet.high_watermark:
+            log.error("%s: latest snapshot %d covers offset %d, outside the changelog [%d, %d]", replica.bucket,
+                      snapshot.snapshot_id, snapshot.log_offset, log_tablet.log_start_offset, log_tablet.high_watermark)
+            return False
+        log.warning("%s: restoring RocksDB from snapshot %d (log offset %d)", replica.bucket, snapshot.snapshot_id,
+                    snapshot.log_offset)
+        target = kv_dir / "rocksdb"
+        download_snapshot(self._remote, snapshot, target)
+        reset_instance_id(target)
+        return True
 
     def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
         for bucket in buckets:

@@ -13,7 +13,8 @@ from typing import Any
 
 import fluss
 import pyarrow as pa
-from conftest import unique_name
+
+from tests.conftest import unique_name
 
 DATABASE = "fluss"
 POLL_DEADLINE_S = 15.0

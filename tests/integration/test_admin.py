@@ -9,9 +9,9 @@ from typing import Any
 import fluss as pyfluss
 import pyarrow as pa
 import pytest
-from conftest import unique_name
-from pyfluss_support import create_table
 
+from tests.conftest import unique_name
+from tests.integration.pyfluss_support import create_table
 from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)

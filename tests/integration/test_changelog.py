@@ -9,7 +9,8 @@ from typing import Any
 import fluss as pyfluss
 import pyarrow as pa
 import pytest
-from pyfluss_support import changelog, create_table, poll_records
+
+from tests.integration.pyfluss_support import changelog, create_table, poll_records
 
 pytestmark = pytest.mark.timeout(60)
 

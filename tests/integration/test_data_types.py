@@ -21,12 +21,12 @@ from typing import Any
 import fluss as pyfluss
 import pyarrow as pa
 import pytest
-from conftest import unique_name
-from pyfluss_support import DATABASE, change_types, changelog, create_table, poll_records
 
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
+from tests.conftest import unique_name
+from tests.integration.pyfluss_support import DATABASE, change_types, changelog, create_table, poll_records
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,8 +21,8 @@ from typing import Any
 import fluss as pyfluss
 import pyarrow as pa
 import pytest
-from conftest import unique_name
 
+from tests.conftest import unique_name
 from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,6 @@ import fluss as pyfluss
 import pyarrow as pa
 import pytest
 import pytest_asyncio
-from pyfluss_support import change_types, changelog, create_table, lookup_many, poll_records
 
 from strom.records import kv_batch, log_batch
 from strom.records.compacted import CompactedKeyEncoder, CompactedRowEncoder
@@ -25,6 +24,7 @@ from strom.records.types import DataField, IntType, RowType, StringType
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
+from tests.integration.pyfluss_support import change_types, changelog, create_table, lookup_many, poll_records
 from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)

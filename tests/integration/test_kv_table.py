@@ -8,7 +8,8 @@ from typing import Any
 import fluss as pyfluss
 import pyarrow as pa
 import pytest
-from pyfluss_support import change_types, changelog, create_table, lookup_many
+
+from tests.integration.pyfluss_support import change_types, changelog, create_table, lookup_many
 
 pytestmark = pytest.mark.timeout(60)
 

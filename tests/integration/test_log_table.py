@@ -10,7 +10,14 @@ import fluss as pyfluss
 import pandas as pd
 import pyarrow as pa
 import pytest
-from pyfluss_support import change_types, create_table, poll_arrow, poll_batches, poll_records
+
+from tests.integration.pyfluss_support import (
+    change_types,
+    create_table,
+    poll_arrow,
+    poll_batches,
+    poll_records,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

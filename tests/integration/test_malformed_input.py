@@ -19,7 +19,6 @@ import fluss as pyfluss
 import pyarrow as pa
 import pytest
 import pytest_asyncio
-from conftest import unique_name
 
 from strom.records import kv_batch, log_batch
 from strom.records.compacted import CompactedKeyEncoder, CompactedRowEncoder
@@ -28,6 +27,7 @@ from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
+from tests.conftest import unique_name
 from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(120)

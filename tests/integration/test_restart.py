@@ -11,8 +11,8 @@ from typing import Any
 import fluss as pyfluss
 import pyarrow as pa
 import pytest
-from pyfluss_support import change_types, changelog, lookup_many, poll_records
 
+from tests.integration.pyfluss_support import change_types, changelog, lookup_many, poll_records
 from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(90)

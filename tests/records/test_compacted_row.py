@@ -6,7 +6,6 @@ import random
 from decimal import Decimal
 
 import pytest
-from row_values import random_row, random_row_type
 
 from strom.records.compacted import (
     CompactedKeyEncoder,
@@ -28,6 +27,7 @@ from strom.records.types import (
     TimestampType,
     TimeType,
 )
+from tests.records.row_values import random_row, random_row_type
 
 # The table of the research doc's PutKv capture: id is the primary key.
 PEOPLE = RowType.of(("id", IntType(nullable=False)), ("name", StringType()), ("age", BigIntType()))

@@ -353,7 +353,7 @@ def test_nested_columns_decode_in_python_alongside_native_columns(no_fallback):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_random_nested_schemas_still_match_the_reference(seed):
-    from row_values import random_row, random_row_type
+    from tests.records.row_values import random_row, random_row_type
 
     rng = random.Random(seed)
     row_type = random_row_type(rng)
@@ -711,3 +711,26 @@ def test_bucket_ids_match_bucketing():
             lambda keys=keys, count=count: [bucket_for_key(k, count) for k in keys],
             f"{keys} {count}",
         )
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plan_upserts_in_c_equals_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = [bytes([k]) for k in range(8)]
+    keys = [rng.choice(pool) for _ in range(rng.randint(0, 60))]
+    values = [None if rng.random() < 0.3 else rng.randbytes(rng.randint(0, 12)) for _ in keys]
+    state = {k: (None if rng.random() < 0.5 else b"\x01\x00" + rng.randbytes(3)) for k in pool}
+    olds = [state[k] for k in keys]
+    for ignore_deletes in (False, True):
+        expected = fastpath.plan_upserts_python(keys, values, olds, b"\x01\x00", ignore_deletes)
+        assert fastpath.plan_upserts(keys, values, olds, b"\x01\x00", ignore_deletes) == expected, f"seed {seed}"
+
+
+def test_plan_upserts_follows_the_changelog_rules() -> None:
+    change_types, rows, keys, values = fastpath.plan_upserts(
+        [b"a", b"b", b"a", b"c", b"d"], [b"1", b"2", b"3", None, None],
+        [None, b"\x01\x00old", None, b"\x01\x00c", None], b"\x01\x00", False,
+    )
+    assert change_types == bytes([1, 2, 3, 2, 3, 4])  # +I a, -U/+U b, -U/+U a (sees its own write), -D c
+    assert rows == [b"\x01\x001", b"\x01\x00old", b"\x01\x002", b"\x01\x001", b"\x01\x003", b"\x01\x00c"]
+    assert keys == [b"a", b"b", b"a", b"c"] and values == [b"\x01\x001", b"\x01\x002", b"\x01\x003", None]

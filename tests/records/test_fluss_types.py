@@ -7,7 +7,6 @@ import random
 import fluss
 import pyarrow as pa
 import pytest
-from row_values import random_type
 
 from strom.records.types import (
     ArrayType,
@@ -38,6 +37,7 @@ from strom.records.types import (
     to_arrow_field,
     to_arrow_type,
 )
+from tests.records.row_values import random_type
 
 # (type, its JSON, its Arrow type) for every type root.
 EVERY_TYPE = [

@@ -6,7 +6,6 @@ import random
 from decimal import Decimal
 
 import pytest
-from row_values import random_row, random_row_type
 
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.types import (
@@ -21,6 +20,7 @@ from strom.records.types import (
     TimestampLtzType,
     TimestampType,
 )
+from tests.records.row_values import random_row, random_row_type
 
 PEOPLE = RowType.of(("id", IntType(nullable=False)), ("name", StringType()), ("age", BigIntType()))
 

@@ -7,7 +7,6 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
-from row_values import random_row, random_row_type
 
 from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
@@ -33,6 +32,7 @@ from strom.records.types import (
     TimeType,
     to_arrow_schema,
 )
+from tests.records.row_values import random_row, random_row_type
 
 MIXED = RowType.of(
     ("id", BigIntType(nullable=False)),

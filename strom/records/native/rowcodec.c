@@ -1387,6 +1387,105 @@ fail:
 /* Module                                                                                      */
 /* ========================================================================================== */
 
+/* ---- PutKv planning -------------------------------------------------------------------------- */
+
+/*
+ * plan_upserts(keys, values, olds, prefix, ignore_deletes)
+ *     -> (change_types: bytes, rows: list, new_keys: list, new_values: list)
+ *
+ * The changelog of one PutKv batch (full-row upserts and deletes; partial updates stay in Python).
+ * olds[i] is the key's value before the batch (None: absent); a key written earlier in the same batch
+ * sees that write instead. Per record: upsert of an absent key -> +I new; of a present key -> -U old,
+ * +U new; delete of a present key -> -D old (skipped when ignore_deletes); delete of an absent key ->
+ * nothing. new = prefix + value. rows holds the changelog images in order; new_keys/new_values the
+ * writes to apply (None: delete).
+ */
+static PyObject *
+plan_upserts(PyObject *self, PyObject *args)
+{
+    PyObject *keys_arg, *values_arg, *olds_arg, *prefix;
+    int ignore_deletes;
+    if (!PyArg_ParseTuple(args, "OOOSp", &keys_arg, &values_arg, &olds_arg, &prefix, &ignore_deletes)) {
+        return NULL;
+    }
+    PyObject *keys = PySequence_Tuple(keys_arg);
+    PyObject *values = keys ? PySequence_Tuple(values_arg) : NULL;
+    PyObject *olds = values ? PySequence_Tuple(olds_arg) : NULL;
+    PyObject *local = olds ? PyDict_New() : NULL;
+    PyObject *change_types = NULL, *rows = NULL, *new_keys = NULL, *new_values = NULL, *result = NULL;
+    char *types = NULL;
+    Py_ssize_t type_count = 0;
+    if (local == NULL) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (PyTuple_GET_SIZE(values) != n || PyTuple_GET_SIZE(olds) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys, values and olds must have the same length");
+        goto done;
+    }
+    types = PyMem_Malloc((size_t)(2 * n + 1));
+    rows = PyList_New(0);
+    new_keys = PyList_New(0);
+    new_values = PyList_New(0);
+    if (types == NULL || rows == NULL || new_keys == NULL || new_values == NULL) {
+        if (types == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        PyObject *value = PyTuple_GET_ITEM(values, i);
+        PyObject *old = PyDict_GetItemWithError(local, key); /* borrowed */
+        if (old == NULL) {
+            if (PyErr_Occurred()) goto done;
+            old = PyTuple_GET_ITEM(olds, i);
+        }
+        if (value == Py_None) {
+            if (old == Py_None || ignore_deletes) continue;
+            types[type_count++] = 4; /* -D */
+            if (PyList_Append(rows, old) < 0 || PyDict_SetItem(local, key, Py_None) < 0 ||
+                PyList_Append(new_keys, key) < 0 || PyList_Append(new_values, Py_None) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        if (!PyBytes_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "values must be bytes or None");
+            goto done;
+        }
+        Py_ssize_t prefix_size = PyBytes_GET_SIZE(prefix);
+        Py_ssize_t value_size = PyBytes_GET_SIZE(value);
+        PyObject *new_value = PyBytes_FromStringAndSize(NULL, prefix_size + value_size);
+        if (new_value == NULL) goto done;
+        memcpy(PyBytes_AS_STRING(new_value), PyBytes_AS_STRING(prefix), (size_t)prefix_size);
+        memcpy(PyBytes_AS_STRING(new_value) + prefix_size, PyBytes_AS_STRING(value), (size_t)value_size);
+        int failed;
+        if (old == Py_None) {
+            types[type_count++] = 1; /* +I */
+            failed = PyList_Append(rows, new_value) < 0;
+        } else {
+            types[type_count++] = 2; /* -U */
+            types[type_count++] = 3; /* +U */
+            failed = PyList_Append(rows, old) < 0 || PyList_Append(rows, new_value) < 0;
+        }
+        failed = failed || PyDict_SetItem(local, key, new_value) < 0 || PyList_Append(new_keys, key) < 0 ||
+                 PyList_Append(new_values, new_value) < 0;
+        Py_DECREF(new_value);
+        if (failed) goto done;
+    }
+    change_types = PyBytes_FromStringAndSize(types, type_count);
+    if (change_types == NULL) goto done;
+    result = PyTuple_Pack(4, change_types, rows, new_keys, new_values);
+done:
+    PyMem_Free(types);
+    Py_XDECREF(change_types);
+    Py_XDECREF(rows);
+    Py_XDECREF(new_keys);
+    Py_XDECREF(new_values);
+    Py_XDECREF(local);
+    Py_XDECREF(olds);
+    Py_XDECREF(values);
+    Py_XDECREF(keys);
+    return result;
+}
+
 static PyMethodDef rowcodec_methods[] = {
     {"parse_kv_records", parse_kv_records, METH_VARARGS,
      "parse_kv_records(buffer, position, end, count) -> (keys, values)\n\n"
@@ -1405,6 +1504,10 @@ static PyMethodDef rowcodec_methods[] = {
      "Encode n rows from Arrow buffers; each column is (kind, param, nullable, validity, offset,\n"
      "data, offsets), or for OPAQUE (kind, param, nullable, None, offset, encodings, None).\n"
      "Raises ValueError for any value Python must handle (nulls in keys, overflows, ...)."},
+    {"plan_upserts", plan_upserts, METH_VARARGS,
+     "plan_upserts(keys, values, olds, prefix, ignore_deletes)\n"
+     "    -> (change_types, rows, new_keys, new_values)\n\n"
+     "The changelog of one PutKv batch of full-row upserts and deletes (see the C comment)."},
     {"bucket_ids", bucket_ids, METH_VARARGS,
      "bucket_ids(keys, bucket_count) -> list[int]: bucketing.bucket_for_key for each key."},
     {NULL, NULL, 0, NULL},
