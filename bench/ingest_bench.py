@@ -2,7 +2,7 @@
 
 Three paths write the same rows (id BIGINT PK, k STRING, v1 DOUBLE, v2 BIGINT, s STRING):
 * pyfluss, the official client, row by row (``writer.upsert(dict)``), then ``flush()``;
-* strom's client, Arrow batches (``upsert_batch``);
+* strom's client, Arrow batches (``upsert_arrow_batch``, pipelined);
 * the raw ceiling: rocksdict ``WriteBatch`` of the same key and value bytes, 10 000 per batch, in-process,
   no server, WAL not synced (the peers table's "RocksDB sync=False" row).
 Every server write is acknowledged only after the changelog is fsynced. Ratios are server / raw.
@@ -72,7 +72,8 @@ async def strom_client(address: str, rows: pa.Table, schema: Schema, buckets: in
         batches = rows.to_batches(max_chunksize=BATCH_ROWS * buckets)
         start = time.perf_counter()
         for batch in batches:
-            await writer.upsert_batch(batch)
+            writer.upsert_arrow_batch(batch)  # pipelined: up to 4 chunks in flight
+        await writer.flush()
         return rows.num_rows / (time.perf_counter() - start)
 
 

@@ -33,6 +33,14 @@ class UnknownServerError(StromError):
     code = -1
 
 
+class MalformedRowError(UnknownServerError):
+    """A record passed its CRC but its row does not decode with the table's schema: the client wrote
+    bytes for another schema. Nothing of the request was written. (Fluss has no dedicated code; -1 is
+    not retried by clients, unlike CORRUPT_RECORD.)"""
+
+    default_message = "A row does not decode with the table's schema."
+
+
 class NetworkError(RetriableError):
     code = 1
     default_message = "The server disconnected before a response was received."
@@ -314,6 +322,7 @@ for _cls in list(globals().values()):
         StromError,
         RetriableError,
         ConnectionFailedError,
+        MalformedRowError,
     ):
         assert _cls.code not in _BY_CODE, f"duplicate error code {_cls.code}"
         _BY_CODE[_cls.code] = _cls

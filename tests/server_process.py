@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+from strom.rpc import framing
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
@@ -54,13 +58,23 @@ class ServerProcess:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError(f"strom server exited with {self.process.returncode}:\n{self.log_text()[-4000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
+            if self._answers_api_versions():
+                return
+            time.sleep(0.05)
         self.kill()
         raise RuntimeError(f"strom server did not listen within {READY_TIMEOUT_S}s:\n{self.log_text()[-4000:]}")
+
+    def _answers_api_versions(self) -> bool:
+        """Ready means serving RPCs, not merely listening: the socket is bound before start-up ends."""
+        request = pb.ApiVersionsRequest(client_software_name="strom-tests", client_software_version="0")
+        frame = framing.encode_request(int(ApiKey.API_VERSIONS), 0, 0, request.SerializeToString())
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2.0) as sock:
+                sock.sendall(frame)
+                header = sock.recv(framing.LENGTH_SIZE_BYTES + framing.RESPONSE_HEADER_SIZE_BYTES)
+        except OSError:
+            return False
+        return len(header) >= framing.LENGTH_SIZE_BYTES + 1 and header[framing.LENGTH_SIZE_BYTES] == framing.RESPONSE_SUCCESS
 
     def stop(self) -> int:
         """SIGTERM and wait for a clean exit; returns the exit code."""

@@ -20,6 +20,7 @@ from strom.client import encoding
 from strom.errors import (
     DuplicateSequenceError,
     LeaderNotAvailableError,
+    OutOfOrderSequenceError,
     RetriableError,
     StromError,
     error_for_code,
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 BATCH_ROWS_MAX = 10_000
 RETRIES_MAX = 10
 RETRY_BACKOFF_MS = 100
+CHUNKS_IN_FLIGHT_MAX = 4
+OUT_OF_ORDER_RETRIES_MAX = 3
 ACKS_ALL = -1
 REQUEST_TIMEOUT_MS = 30_000
 
@@ -55,6 +58,8 @@ class _BucketBatch:
     bucket: TableBucket
     records: bytes
     futures: list[asyncio.Future[None]] = field(default_factory=list)
+    """Per-row handles of the row API; empty for whole-batch writes, which read ``error`` instead."""
+    error: StromError | None = None
 
 
 class _Writer:
@@ -66,7 +71,9 @@ class _Writer:
         self._writer_id: int | None = None
         self._sequences: dict[TableBucket, int] = {}
         self._last_chunk: asyncio.Future[None] | None = None
-        self._failure: StromError | None = None
+        self._last_sent: asyncio.Event | None = None
+        self._chunks: set[asyncio.Future[None]] = set()
+        self._in_flight = asyncio.Semaphore(CHUNKS_IN_FLIGHT_MAX)
 
     async def _ensure_writer_id(self) -> int:
         if self._writer_id is None:
@@ -83,20 +90,37 @@ class _Writer:
         return sequence
 
     def _enqueue_chunk(self, build: Any) -> asyncio.Future[None]:
-        """Run ``build()`` (an async producer of bucket batches) after every earlier chunk finished."""
-        previous = self._last_chunk
+        """Build and send a chunk (``build()`` produces its bucket batches) in order after earlier chunks.
+
+        Chunks are pipelined: a chunk's requests are written to the connection right after the previous
+        chunk's (the server handles one connection's requests in arrival order, so per-bucket order and
+        batch sequences hold), without waiting for the previous chunk's acknowledgement; at most
+        ``CHUNKS_IN_FLIGHT_MAX`` chunks are unacknowledged at once.
+        """
+        previous_sent = self._last_sent
+        previous_done = self._last_chunk
+        sent = asyncio.Event()
 
         async def run() -> None:
-            if previous is not None:
-                await asyncio.gather(previous, return_exceptions=True)
-            batches: list[_BucketBatch] = await build()
-            await self._send(batches)
+            async with self._in_flight:
+                try:
+                    if previous_sent is not None:
+                        await previous_sent.wait()
+                    batches: list[_BucketBatch] = await build()
+                    await self._send(batches, sent, previous_done)
+                finally:
+                    sent.set()
 
         chunk = asyncio.ensure_future(run())
+        self._last_sent = sent
         self._last_chunk = chunk
+        self._chunks.add(chunk)
+        chunk.add_done_callback(self._chunks.discard)
         return chunk
 
-    async def _send(self, batches: list[_BucketBatch]) -> None:
+    async def _send(
+        self, batches: list[_BucketBatch], sent: asyncio.Event, previous_done: asyncio.Future[None] | None
+    ) -> None:
         pending = list(batches)
         for attempt in range(RETRIES_MAX + 1):
             by_leader: dict[str, list[_BucketBatch]] = {}
@@ -108,10 +132,10 @@ class _Writer:
                     failures.append((batch, exc))
                     continue
                 by_leader.setdefault(address, []).append(batch)
-            results = await asyncio.gather(
-                *(self._send_to_leader(address, group) for address, group in by_leader.items()),
-                return_exceptions=True,
-            )
+            # tasks start in creation order, so this chunk's frames are written before the next chunk's
+            tasks = [asyncio.ensure_future(self._send_to_leader(a, g)) for a, g in by_leader.items()]
+            sent.set()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
             for group, result in zip(by_leader.values(), results, strict=True):
                 if isinstance(result, BaseException):
                     error = result if isinstance(result, StromError) else StromError(repr(result))
@@ -120,14 +144,47 @@ class _Writer:
                     failures.extend(result)
             pending = []
             for batch, error in failures:
-                if isinstance(error, RetriableError) and attempt < RETRIES_MAX:
+                # OUT_OF_ORDER_SEQUENCE here means an earlier chunk's batch for the bucket failed and is
+                # being retried: once that chunk is done, sending again succeeds (or fails for real).
+                retry = isinstance(error, RetriableError) or (
+                    isinstance(error, OutOfOrderSequenceError) and attempt < OUT_OF_ORDER_RETRIES_MAX
+                )
+                if retry and attempt < RETRIES_MAX:
                     self._connection.metadata.invalidate(batch.bucket)
                     pending.append(batch)
                 else:
-                    _resolve(batch.futures, error)
+                    _resolve_batch(batch, error)
             if not pending:
                 return
+            if previous_done is not None:
+                await asyncio.gather(previous_done, return_exceptions=True)  # earlier batches go first
             await asyncio.sleep(RETRY_BACKOFF_MS / 1000 * min(attempt + 1, 10))
+
+    def _enqueue_batch(self, build_batches: Any, row_count: int) -> WriteResultHandle:
+        """Queue a whole-batch write; the handle fails with the first bucket error."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if row_count == 0:
+            done.set_result(None)
+            return WriteResultHandle(done)
+        built: list[_BucketBatch] = []
+
+        async def build() -> list[_BucketBatch]:
+            built.extend(await build_batches())
+            return built
+
+        def finished(chunk: asyncio.Future[None]) -> None:
+            if done.done():
+                return
+            error = chunk.exception() if not chunk.cancelled() else asyncio.CancelledError()
+            error = error or next((b.error for b in built if b.error is not None), None)
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+                done.exception()  # the caller may never wait on it; don't warn
+
+        self._enqueue_chunk(build).add_done_callback(finished)
+        return WriteResultHandle(done)
 
     async def _send_to_leader(self, address: str, group: list[_BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
         raise NotImplementedError
@@ -135,8 +192,9 @@ class _Writer:
     async def flush(self) -> None:
         """Send everything buffered and wait until all of it is acknowledged; raises the first error."""
         self._flush_buffer()
-        if self._last_chunk is not None:
-            await asyncio.shield(self._last_chunk)
+        chunks = list(self._chunks)
+        if chunks:
+            await asyncio.gather(*(asyncio.shield(chunk) for chunk in chunks))
 
     def _flush_buffer(self) -> None:
         raise NotImplementedError
@@ -146,6 +204,11 @@ class _Writer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.flush()
+
+
+def _resolve_batch(batch: _BucketBatch, error: StromError | None) -> None:
+    batch.error = error
+    _resolve(batch.futures, error)
 
 
 def _resolve(futures: list[asyncio.Future[None]], error: StromError | None) -> None:
@@ -196,20 +259,19 @@ class UpsertWriter(_Writer):
             self._flush_buffer()
         return WriteResultHandle(future)
 
+    def upsert_arrow_batch(self, data: pa.RecordBatch | pa.Table) -> WriteResultHandle:
+        """Queue every row of an Arrow batch (columns by name) for upsert; returns at once.
+
+        Consecutive batches are pipelined. ``await handle.wait()`` (or :meth:`flush`) for the
+        acknowledgement; it raises the first error of the batch.
+        """
+        batch = encoding.conform(self._table.layout, data)
+        ops: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]] = [(batch, [None] * batch.num_rows)]
+        return self._enqueue_batch(lambda: self._build(ops, []), batch.num_rows)
+
     async def upsert_batch(self, data: pa.RecordBatch | pa.Table) -> None:
-        """Upsert every row of an Arrow batch (columns by name) and wait for the acknowledgement."""
-        layout = self._table.layout
-        batch = encoding.conform(layout, data)
-        if batch.num_rows == 0:
-            return
-        futures = [asyncio.get_running_loop().create_future() for _ in range(batch.num_rows)]
-        ops = [(batch, futures)]
-
-        async def build() -> list[_BucketBatch]:
-            return await self._build(ops, [])
-
-        await self._enqueue_chunk(build)
-        await asyncio.gather(*futures)
+        """Upsert every row of an Arrow batch and wait for the acknowledgement."""
+        await self.upsert_arrow_batch(data).wait()
 
     def _flush_buffer(self) -> None:
         if not self._ops:
@@ -229,7 +291,7 @@ class UpsertWriter(_Writer):
                 error = StromError(f"cannot encode rows for {layout.info.path}: {exc}")
                 _resolve([f for _r, f in upserts] + [f for _r, f in deletes], error)
                 return []
-            parts: list[tuple[pa.RecordBatch, list[asyncio.Future[None]]]] = []
+            parts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]] = []
             if batch is not None:
                 parts.append((batch, [f for _r, f in upserts]))
             delete_parts = [] if delete_batch is None else [(delete_batch, [f for _r, f in deletes])]
@@ -254,16 +316,16 @@ class UpsertWriter(_Writer):
 
     async def _build(
         self,
-        upserts: list[tuple[pa.RecordBatch, list[asyncio.Future[None]]]],
-        deletes: list[tuple[pa.RecordBatch, list[asyncio.Future[None]]]],
+        upserts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]],
+        deletes: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]],
         order: list[bool] | None = None,
     ) -> list[_BucketBatch]:
         layout = self._table.layout
         writer_id = await self._ensure_writer_id()
-        upsert_entries: list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None]]] = []
+        upsert_entries: list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None] | None]] = []
         for batch, futures in upserts:
             upsert_entries += await self._encode(batch, futures, with_values=True)
-        delete_entries: list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None]]] = []
+        delete_entries: list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None] | None]] = []
         for batch, futures in deletes:
             delete_entries += await self._encode(batch, futures, with_values=False)
         if order is None:
@@ -271,7 +333,7 @@ class UpsertWriter(_Writer):
         else:
             upsert_iter, delete_iter = iter(upsert_entries), iter(delete_entries)
             entries = [next(upsert_iter) if is_upsert else next(delete_iter) for is_upsert in order]
-        grouped: dict[TableBucket, list[tuple[bytes, bytes | None, asyncio.Future[None]]]] = {}
+        grouped: dict[TableBucket, list[tuple[bytes, bytes | None, asyncio.Future[None] | None]]] = {}
         for partition_id, bucket_id, key, value, future in entries:
             bucket = TableBucket(layout.info.table_id, bucket_id, partition_id)
             grouped.setdefault(bucket, []).append((key, value, future))
@@ -285,12 +347,12 @@ class UpsertWriter(_Writer):
                 writer_id=writer_id,
                 batch_sequence=self._next_sequence(bucket),
             )
-            batches.append(_BucketBatch(bucket, records, [future for _k, _v, future in items]))
+            batches.append(_BucketBatch(bucket, records, [f for _k, _v, f in items if f is not None]))
         return batches
 
     async def _encode(
-        self, batch: pa.RecordBatch, futures: list[asyncio.Future[None]], *, with_values: bool
-    ) -> list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None]]]:
+        self, batch: pa.RecordBatch, futures: Sequence[asyncio.Future[None] | None], *, with_values: bool
+    ) -> list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None] | None]]:
         layout = self._table.layout
         encoded = encoding.encode(layout, batch, with_rows=with_values, with_keys=True)
         partitions = encoding.partition_names(layout, batch)
@@ -332,7 +394,7 @@ def _collect(responses: Any, by_bucket: dict[tuple[int | None, int], _BucketBatc
         answered.add((partition_id, bucket_response.bucket_id))
         error = _bucket_error(bucket_response)
         if error is None:
-            _resolve(batch.futures, None)
+            _resolve_batch(batch, None)
         else:
             failures.append((batch, error))
     for key, batch in by_bucket.items():
@@ -360,18 +422,15 @@ class AppendWriter(_Writer):
             self._flush_buffer()
         return WriteResultHandle(future)
 
-    async def write_arrow_batch(self, data: pa.RecordBatch | pa.Table) -> None:
-        """Append an Arrow batch (columns by name) and wait for the acknowledgement."""
+    def append_arrow_batch(self, data: pa.RecordBatch | pa.Table) -> WriteResultHandle:
+        """Queue an Arrow batch (columns by name) for appending; returns at once (pipelined).
+        ``await handle.wait()`` (or :meth:`flush`) for the acknowledgement."""
         batch = encoding.conform(self._table.layout, data)
-        if batch.num_rows == 0:
-            return
-        futures = [asyncio.get_running_loop().create_future() for _ in range(batch.num_rows)]
+        return self._enqueue_batch(lambda: self._build(batch, [None] * batch.num_rows), batch.num_rows)
 
-        async def build() -> list[_BucketBatch]:
-            return await self._build(batch, futures)
-
-        await self._enqueue_chunk(build)
-        await asyncio.gather(*futures)
+    async def write_arrow_batch(self, data: pa.RecordBatch | pa.Table) -> None:
+        """Append an Arrow batch and wait for the acknowledgement."""
+        await self.append_arrow_batch(data).wait()
 
     def _flush_buffer(self) -> None:
         if not self._rows:
@@ -391,7 +450,7 @@ class AppendWriter(_Writer):
 
         self._enqueue_chunk(build)
 
-    async def _build(self, batch: pa.RecordBatch, futures: list[asyncio.Future[None]]) -> list[_BucketBatch]:
+    async def _build(self, batch: pa.RecordBatch, futures: Sequence[asyncio.Future[None] | None]) -> list[_BucketBatch]:
         layout = self._table.layout
         writer_id = await self._ensure_writer_id()
         partitions = encoding.partition_names(layout, batch)
@@ -417,7 +476,7 @@ class AppendWriter(_Writer):
                 writer_id=writer_id,
                 batch_sequence=self._next_sequence(bucket),
             )
-            result.append(_BucketBatch(bucket, records, [futures[i] for i in indexes]))
+            result.append(_BucketBatch(bucket, records, [f for i in indexes if (f := futures[i]) is not None]))
         return result
 
     async def _send_to_leader(self, address: str, group: list[_BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:

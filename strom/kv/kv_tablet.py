@@ -24,7 +24,7 @@ from pathlib import Path
 
 import rocksdict
 
-from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError
+from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError, MalformedRowError
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
@@ -229,7 +229,10 @@ class KvTablet:
             change_types, rows, new_keys, new_values = fastpath.plan_upserts(
                 keys, values, old_values, prefix, ignore_deletes
             )
-        batch = self._format.stored_values_to_batch(rows)
+        try:
+            batch = self._format.stored_values_to_batch(rows)
+        except ValueError as exc:
+            raise MalformedRowError(f"a row of the batch does not decode with the table's schema: {exc}") from exc
         data = bytearray(
             log_batch.build_arrow_batch(
                 batch,

@@ -173,8 +173,12 @@ def parse_value_batch(buffer: bytes | memoryview) -> list[bytes]:
     values = []
     position = VALUE_HEADER_SIZE_BYTES
     for _ in range(count):
+        if position + 4 > end:
+            raise CorruptRecordError(f"value batch claims {count} records but ends after {len(values)}")
         (size,) = _INT32.unpack_from(view, position)
         position += 4
+        if size < 0 or position + size > end:
+            raise CorruptRecordError(f"value record of {size} bytes overruns its batch")
         values.append(bytes(view[position : position + size]))
         position += size
     if position != end:

@@ -198,19 +198,22 @@ class TabletService:
             if not batches:
                 raise CorruptRecordError("PutKv carried no kv record batch")
             result = None
-            for batch in batches:
-                result = kv.prepare_put(
-                    batch.keys,
-                    batch.values,
-                    batch.schema_id,
-                    target_columns,
-                    batch.writer_id,
-                    batch.batch_sequence,
-                    self._clock.now_ms(),
-                )
+            try:
+                for batch in batches:
+                    result = kv.prepare_put(
+                        batch.keys,
+                        batch.values,
+                        batch.schema_id,
+                        target_columns,
+                        batch.writer_id,
+                        batch.batch_sequence,
+                        self._clock.now_ms(),
+                    )
+            finally:
+                if result is not None:  # batches appended before a failing one still become durable
+                    await kv.log.wait_durable(result.next_offset)
+                    kv.apply_durable()
             assert result is not None
-            await kv.log.wait_durable(result.next_offset)
-            kv.apply_durable()
             response.log_end_offset = result.next_offset
         except Exception as exc:
             _set_error(response, exc)

@@ -1,0 +1,73 @@
+"""strom's own client writers against a real server: pipelined Arrow batches keep their order."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
+from strom.errors import StromError
+from tests.conftest import unique_name
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_pipelined_upserts_of_overlapping_keys_end_in_the_last_write(server) -> None:  # type: ignore[no-untyped-def]
+    path = TablePath("fluss", unique_name("pipeline"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("round", pa.int64())]), primary_key=["id"])
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=3))
+        table = await connection.get_table(path)
+        writer = table.new_upsert().create_writer()
+        handles = [
+            writer.upsert_arrow_batch(pa.table({"id": list(range(500)), "round": [r] * 500})) for r in range(12)
+        ]
+        await writer.flush()
+        for handle in handles:
+            await handle.wait()
+        rows = await (await table.new_scan().create_batch_scanner()).to_arrow()
+        assert sorted(rows.column("id").to_pylist()) == list(range(500))
+        assert set(rows.column("round").to_pylist()) == {11}
+        # the changelog saw every round in order: 500 inserts, then 11 rounds of -U/+U per key
+        offsets = await connection.get_admin().list_offsets(path, [0, 1, 2], OffsetSpec.latest())
+        scanner = table.new_scan().create_log_scanner()
+        per_key: dict[int, list[int]] = {}
+        for bucket in range(3):
+            async for change in scanner.read_range(table.bucket(bucket), 0, offsets[bucket]):
+                for change_type, row in zip(change.change_types or b"", change.batch.to_pylist(), strict=True):
+                    if change_type in (1, 3):
+                        per_key.setdefault(row["id"], []).append(row["round"])
+        assert all(rounds == list(range(12)) for rounds in per_key.values())
+        assert len(per_key) == 500
+
+
+async def test_pipelined_appends_keep_their_order_per_bucket(server) -> None:  # type: ignore[no-untyped-def]
+    path = TablePath("fluss", unique_name("appends"))
+    schema = Schema.from_arrow(pa.schema([("seq", pa.int64())]))
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=1))
+        table = await connection.get_table(path)
+        writer = table.new_append().create_writer()
+        for start in range(0, 2000, 100):
+            writer.append_arrow_batch(pa.table({"seq": list(range(start, start + 100))}))
+        await writer.flush()
+        end = (await connection.get_admin().list_offsets(path, [0], OffsetSpec.latest()))[0]
+        seen = []
+        async for change in table.new_scan().create_log_scanner().read_range(table.bucket(0), 0, end):
+            seen += change.batch.column("seq").to_pylist()
+        assert seen == list(range(2000))
+
+
+async def test_a_failed_batch_write_surfaces_on_its_handle(server) -> None:  # type: ignore[no-untyped-def]
+    path = TablePath("fluss", unique_name("gone"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64())]), primary_key=["id"])
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        await admin.create_table(path, TableDescriptor(schema, bucket_count=1))
+        table = await connection.get_table(path)
+        writer = table.new_upsert().create_writer()
+        await writer.upsert_batch(pa.table({"id": [1, 2]}))
+        await admin.drop_table(path)
+        handle = writer.upsert_arrow_batch(pa.table({"id": [3]}))
+        with pytest.raises(StromError):
+            await handle.wait()
