@@ -92,7 +92,19 @@ def server(bind: str | None, data_dir: Path | None, config_file: Path | None, de
         finally:
             await node.stop()
 
-    asyncio.run(run())
+    _run_event_loop(run())
+
+
+def _run_event_loop(main_coroutine: Any) -> None:
+    """Run the server on uvloop when it is installed (about a third less latency per round trip than
+    the standard loop, measured in shared/research/deps-lab.md), else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main_coroutine)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main_coroutine)
 
 
 @main.group()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 from strom.client import encoding
 from strom.errors import PartitionNotExistError, error_for_code
 from strom.ids import TableBucket
-from strom.records import row_arrow
+from strom.records import row_arrow, types
 from strom.records.bucketing import bucket_for_key
 from strom.records.compacted import CompactedKeyEncoder
 from strom.rpc.api_keys import ApiKey
@@ -20,6 +21,13 @@ if TYPE_CHECKING:
     from strom.client.table import Table
 
 SCHEMA_ID_SIZE_BYTES = 2
+# Types whose internal row values are already what Arrow's to_pylist would return, so single keys and
+# rows of them are encoded and decoded without building Arrow arrays. CHAR is not here: Arrow pads it.
+_PLAIN_TYPES = (
+    types.BooleanType, types.TinyIntType, types.SmallIntType, types.IntType, types.BigIntType,
+    types.FloatType, types.DoubleType, types.StringType, types.BytesType,
+)
+_PLAIN_PYTHON = (bool, int, float, str, bytes)
 
 
 class _KeyedReader:
@@ -32,6 +40,10 @@ class _KeyedReader:
         self._lookup_schema = pa.schema(
             [layout.arrow_schema.field(name).with_nullable(True) for name in layout.column_names]
         )
+        types = [f.type for f in layout.row_type.fields]
+        self._key_positions = [layout.column_names.index(name) for name in self._key_columns]
+        self._plain_key = all(isinstance(types[i], _PLAIN_TYPES) for i in self._key_positions)
+        self._plain_rows = all(isinstance(t, _PLAIN_TYPES) for t in types)
 
     def _full_row_batch(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> pa.RecordBatch:
         rows = []
@@ -47,6 +59,14 @@ class _KeyedReader:
         if name is None:
             return None
         return await self._table.connection.metadata.partition_id(self._table.layout.info, name)
+
+    def _decode_one(self, value: bytes) -> dict[str, Any]:
+        """One stored value as a dict; rows of plain types skip Arrow (a single lookup's hot path)."""
+        layout = self._table.layout
+        if self._plain_rows and layout.kv_format == "COMPACTED":
+            row = layout.row_decoder.decode(memoryview(value)[SCHEMA_ID_SIZE_BYTES:])
+            return dict(zip(layout.column_names, row, strict=True))
+        return self._decode([value])[0]
 
     def _decode(self, values: Sequence[bytes]) -> list[dict[str, Any]]:
         if not values:
@@ -65,7 +85,46 @@ class Lookuper(_KeyedReader):
         super().__init__(table, table.layout.primary_key)
 
     async def lookup(self, key: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any] | None:
-        return (await self.lookup_many([key]))[0]
+        simple = self._simple_key(key)
+        if simple is None:
+            return (await self.lookup_many([key]))[0]
+        key_bytes, bucket_id, partition_name = simple
+        try:
+            partition_id = await self._partition_id(partition_name)
+        except PartitionNotExistError:
+            return None
+        bucket = TableBucket(self._table.layout.info.table_id, bucket_id, partition_id)
+        value = (await self._lookup_bucket(bucket, [key_bytes]))[0]
+        return None if value is None else self._decode_one(value)
+
+    def _simple_key(self, key: Mapping[str, Any] | Sequence[Any]) -> tuple[bytes, int, str | None] | None:
+        """Key bytes, bucket and partition of a key of plain Python values (ints, strings, bytes…),
+        encoded directly; None sends the key through the general Arrow path (dates, decimals, …)."""
+        layout = self._table.layout
+        if not self._plain_key:
+            return None
+        values = dict(key) if isinstance(key, Mapping) else dict(zip(self._key_columns, key, strict=True))
+        try:
+            row = [values.get(name) for name in layout.column_names]
+            if any(row[i] is None or type(row[i]) not in _PLAIN_PYTHON for i in self._key_positions):
+                return None
+            key_bytes = layout.key_encoder.encode(row)
+            bucket_key = key_bytes if layout.bucket_key_indexes == layout.key_indexes else layout.bucket_key_encoder.encode(row)
+        except (TypeError, ValueError, OverflowError, struct.error):
+            return None
+        partition = "$".join(str(row[i]) for i in layout.partition_key_indexes) if layout.partition_keys else None
+        return key_bytes, bucket_for_key(bucket_key, layout.bucket_count), partition
+
+    async def _lookup_bucket(self, bucket: TableBucket, keys: list[bytes]) -> list[bytes | None]:
+        request = pb.LookupRequest(table_id=bucket.table_id)
+        entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=keys)
+        if bucket.partition_id is not None:
+            entry.partition_id = bucket.partition_id
+        response = await self._table.connection.leader_request(bucket, ApiKey.LOOKUP, request)
+        bucket_response = response.buckets_resp[0]
+        if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
+            raise error_for_code(bucket_response.error_code, bucket_response.error_message)
+        return [v.values if v.HasField("values") else None for v in bucket_response.values]
 
     async def lookup_many(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> list[dict[str, Any] | None]:
         """Look up many keys with one request per bucket leader; results in input order."""
@@ -83,17 +142,9 @@ class Lookuper(_KeyedReader):
                 continue  # a missing partition holds no rows
             bucket = TableBucket(layout.info.table_id, encoded.buckets[index], partition_id)
             groups.setdefault(bucket, []).append(index)
-        connection = self._table.connection
         for bucket, indexes in groups.items():
-            request = pb.LookupRequest(table_id=bucket.table_id)
-            entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=[encoded.keys[i] for i in indexes])
-            if bucket.partition_id is not None:
-                entry.partition_id = bucket.partition_id
-            response = await connection.leader_request(bucket, ApiKey.LOOKUP, request)
-            bucket_response = response.buckets_resp[0]
-            if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
-                raise error_for_code(bucket_response.error_code, bucket_response.error_message)
-            found = [(i, v.values) for i, v in zip(indexes, bucket_response.values, strict=True) if v.HasField("values")]
+            values = await self._lookup_bucket(bucket, [encoded.keys[i] for i in indexes])
+            found = [(i, v) for i, v in zip(indexes, values, strict=True) if v is not None]
             for (index, _value), row in zip(found, self._decode([v for _i, v in found]), strict=True):
                 results[index] = row
         return results

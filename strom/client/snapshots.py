@@ -223,26 +223,31 @@ class KvSnapshotReader:
 
     def iter_keyed_batches(self, batch_rows: int = SNAPSHOT_BATCH_ROWS) -> Iterator[tuple[list[bytes], pa.RecordBatch]]:
         """``(keys, rows)`` in key order, at most ``batch_rows`` rows each."""
+        assert self._db is not None, "open() first"
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        # items() steps the RocksDB iterator inside rocksdict (one call per row, ~7x faster than
+        # valid()/key()/value()/next()); the checkpoint is read-only, so its view cannot move.
+        items = self._db.items()
+        try:
+            for key, value in items:
+                keys.append(key)
+                values.append(value)
+                if len(values) >= batch_rows:
+                    yield keys, self._decode(values)
+                    keys, values = [], []
+        finally:
+            del items  # a live iterator would keep the DB open after close()
+        if values:
+            yield keys, self._decode(values)
+
+    def _decode(self, values: list[bytes]) -> pa.RecordBatch:
         from strom.records import row_arrow
 
-        assert self._db is not None, "open() first"
         layout = self._layout
-        iterator = self._db.iter()
-        iterator.seek_to_first()
-        keys: list[bytes] = []
-        values: list[memoryview] = []
-        try:
-            while iterator.valid():
-                keys.append(iterator.key())
-                values.append(memoryview(iterator.value())[SCHEMA_ID_SIZE_BYTES:])
-                if len(values) >= batch_rows:
-                    yield keys, row_arrow.rows_to_record_batch(values, layout.row_decoder, layout.arrow_schema)
-                    keys, values = [], []
-                iterator.next()
-        finally:
-            del iterator
-        if values:
-            yield keys, row_arrow.rows_to_record_batch(values, layout.row_decoder, layout.arrow_schema)
+        return row_arrow.rows_to_record_batch(
+            values, layout.row_decoder, layout.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
+        )
 
     def close(self) -> None:
         if self._db is not None:

@@ -7,7 +7,6 @@ with :class:`~strom.errors.NetworkError`; the caller decides whether to reconnec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from typing import TypeVar
 
@@ -29,29 +28,82 @@ CLIENT_SOFTWARE_NAME = STROM_CLIENT_NAME
 CLIENT_SOFTWARE_VERSION = "0.1.0"
 
 
+class _ResponseProtocol(asyncio.Protocol):
+    """Reads response frames and completes the matching request futures as bytes arrive (no reader task:
+    a response wakes its caller directly)."""
+
+    def __init__(self, connection: RpcConnection) -> None:
+        self._connection = connection
+        self._frames = framing.FrameBuffer(framing.RESPONSE_FRAME_SIZE_BYTES_MAX, framing.RESPONSE_HEADER_SIZE_BYTES)
+        self.transport: asyncio.Transport | None = None
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._frames.feed(data)
+        except ValueError as exc:
+            self._connection._fail_pending(NetworkError(f"malformed response frame: {exc}"))
+            if self.transport is not None:
+                self.transport.close()
+            return
+        pending = self._connection._pending
+        for frame in frames:
+            response_type, request_id = framing.RESPONSE_HEADER.unpack_from(frame, 0)
+            future = pending.get(request_id)
+            if future is not None and not future.done():
+                future.set_result((response_type, frame[framing.RESPONSE_HEADER_SIZE_BYTES :]))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection._fail_pending(exc or NetworkError("the server closed the connection"))
+        self._release_drain_waiters()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._release_drain_waiters()
+
+    def _release_drain_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark (back pressure)."""
+        if self._paused and self._connection._closed_error is None:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+
 class RpcConnection:
     """A connection to one server, after the ApiVersions handshake."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str) -> None:
+    def __init__(self, address: str) -> None:
         self.address = address
-        self._reader = reader
-        self._writer = writer
+        self._protocol = _ResponseProtocol(self)
         self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
         self._next_request_id = 0
         self._server_versions: dict[int, ApiVersionRange] = {}
         self._closed_error: Exception | None = None
-        self._reader_task = asyncio.create_task(self._read_responses())
 
     @classmethod
     async def connect(cls, host: str, port: int, *, timeout_ms: int = 10_000) -> RpcConnection:
+        connection = cls(f"{host}:{port}")
+        loop = asyncio.get_running_loop()
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_ms / 1000)
+            await asyncio.wait_for(loop.create_connection(lambda: connection._protocol, host, port), timeout_ms / 1000)
         except (TimeoutError, OSError) as exc:
             raise ConnectionFailedError(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from exc
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection = cls(reader, writer, f"{host}:{port}")
         try:
             response = await connection._send(
                 ApiKey.API_VERSIONS,
@@ -86,21 +138,26 @@ class RpcConnection:
         return await self._send(key, versions.max_version, message, cls, timeout_ms)
 
     async def _send(self, key: ApiKey, version: int, message: Message, cls: type[M], timeout_ms: int) -> M:
-        if self._closed_error is not None:
+        transport = self._protocol.transport
+        if self._closed_error is not None or transport is None or transport.is_closing():
             raise NetworkError(f"connection to {self.address} is closed: {self._closed_error}")
         request_id = self._next_request_id
         self._next_request_id = (self._next_request_id + 1) & framing.REQUEST_ID_MASK
-        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         self._pending[request_id] = future
-        self._writer.write(framing.encode_request(int(key), version, request_id, message.SerializeToString()))
+        transport.write(framing.encode_request(int(key), version, request_id, message.SerializeToString()))
+        # a timer instead of asyncio.wait_for, which wraps every request in an extra task
+        timer = loop.call_later(timeout_ms / 1000, _expire, future)
         try:
-            await self._writer.drain()
-            response_type, body = await asyncio.wait_for(future, timeout_ms / 1000)
+            await self._protocol.drain()
+            response_type, body = await future
         except TimeoutError as exc:
             raise RequestTimeoutError(f"{key.name} to {self.address} timed out after {timeout_ms} ms") from exc
         except (ConnectionError, OSError) as exc:
             raise NetworkError(f"connection to {self.address} failed: {exc}") from exc
         finally:
+            timer.cancel()
             self._pending.pop(request_id, None)
         try:
             if response_type == framing.RESPONSE_ERROR:
@@ -112,36 +169,25 @@ class RpcConnection:
         except DecodeError as exc:  # the caller gets a strom error, never a protobuf internals one
             raise CorruptMessageError(f"{key.name} from {self.address}: unparsable response: {exc}") from exc
 
-    async def _read_responses(self) -> None:
-        try:
-            while True:
-                length_bytes = await self._reader.readexactly(framing.LENGTH_SIZE_BYTES)
-                (length,) = framing.LENGTH.unpack(length_bytes)
-                if length < framing.RESPONSE_HEADER_SIZE_BYTES:
-                    raise NetworkError(f"malformed response frame of {length} bytes")
-                frame = await self._reader.readexactly(length)
-                response_type, request_id = framing.RESPONSE_HEADER.unpack_from(frame, 0)
-                future = self._pending.get(request_id)
-                if future is not None and not future.done():
-                    future.set_result((response_type, frame[framing.RESPONSE_HEADER_SIZE_BYTES :]))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, NetworkError) as exc:
-            self._fail_pending(exc)
-        except asyncio.CancelledError:
-            self._fail_pending(NetworkError("connection closed"))
-            raise
-
     def _fail_pending(self, exc: Exception) -> None:
-        self._closed_error = exc
+        if self._closed_error is None:
+            self._closed_error = exc
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(NetworkError(f"connection to {self.address} lost: {exc!r}"))
 
+    def abort(self) -> None:
+        """Drop the connection at once (what a network failure looks like; used by tests)."""
+        if self._protocol.transport is not None:
+            self._protocol.transport.abort()
+
     async def close(self) -> None:
-        if self._closed_error is None:
-            self._closed_error = NetworkError("closed by the client")
-        self._reader_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader_task
-        self._writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
+        self._fail_pending(NetworkError("closed by the client"))
+        transport = self._protocol.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+
+
+def _expire(future: asyncio.Future[tuple[int, bytes]]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

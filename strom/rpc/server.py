@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 import socket
 import time
@@ -38,7 +39,19 @@ class RequestContext:
     connection_id: int
 
 
-Handler = Callable[[Message, RequestContext], Awaitable[Message]]
+Handler = Callable[[Message, RequestContext], Awaitable[Message]] | Callable[[Message, RequestContext], Message]
+"""An RPC handler: a coroutine function, or a plain function for handlers that never wait (lookups,
+metadata reads). Plain ones run inline as their frame is read, without a task per request."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    key: ApiKey
+    handler: Handler
+    request_class: type[Message]
+    min_version: int
+    max_version: int
+    inline: bool
 
 
 @dataclass(slots=True)
@@ -81,8 +94,16 @@ class RpcServer:
     ) -> None:
         assert frame_size_bytes_max > framing.REQUEST_HEADER_SIZE_BYTES
         assert in_flight_count_max >= 1
-        self._handlers = dict(handlers)
-        self._handlers.setdefault(ApiKey.API_VERSIONS, self._api_versions)
+        routes = dict(handlers)
+        routes.setdefault(ApiKey.API_VERSIONS, self._api_versions)
+        self._routes: dict[int, _Route] = {}
+        for key, handler in routes.items():
+            message_class = request_class(key)
+            if message_class is None:
+                continue  # not in our protocol definitions: answered as unsupported
+            versions = version_range(key)
+            inline = not inspect.iscoroutinefunction(handler)
+            self._routes[int(key)] = _Route(key, handler, message_class, versions.min_version, versions.max_version, inline)
         self._frame_size_bytes_max = frame_size_bytes_max
         self._in_flight_count_max = in_flight_count_max
         self._idle_timeout_ms = idle_timeout_ms
@@ -125,7 +146,7 @@ class RpcServer:
                     log.info("closing idle connection %s", connection.peer)
                     connection.close()
 
-    async def _api_versions(self, request: Message, context: RequestContext) -> Message:
+    def _api_versions(self, request: Message, context: RequestContext) -> Message:
         response = pb.ApiVersionsResponse()
         include_extensions = request.client_software_name == STROM_CLIENT_NAME  # type: ignore[attr-defined]
         for key in ApiKey:
@@ -139,51 +160,66 @@ class RpcServer:
         # the client rejects a node whose declared type differs from the role it expected.
         return response
 
-    async def dispatch(self, frame: bytes, connection: _Connection) -> bytes | None:
-        """Handle one request frame; returns the response frame (None only if the frame had no header)."""
+    def route(self, frame: bytes, connection: _Connection) -> tuple[_Route, Message, RequestContext] | bytes:
+        """Parse and validate one request frame: its route, request and context, or an error frame."""
         self.stats.requests += 1
         header = framing.decode_request_header(frame)
-        try:
-            key = ApiKey(header.api_key)
-        except ValueError:
-            return self._error_frame(header.request_id, UnsupportedVersionError(f"unknown api key {header.api_key}"))
-        handler = self._handlers.get(key)
-        message_class = request_class(key)
-        if handler is None or message_class is None:
-            return self._error_frame(
-                header.request_id, UnsupportedVersionError(f"strom does not serve {key.name} ({int(key)})")
-            )
-        versions = version_range(key)
-        if not versions.min_version <= header.api_version <= versions.max_version:
+        route = self._routes.get(header.api_key)
+        if route is None:
+            try:
+                name = f"{ApiKey(header.api_key).name} ({header.api_key})"
+            except ValueError:
+                return self._error_frame(header.request_id, UnsupportedVersionError(f"unknown api key {header.api_key}"))
+            return self._error_frame(header.request_id, UnsupportedVersionError(f"strom does not serve {name}"))
+        if not route.min_version <= header.api_version <= route.max_version:
             return self._error_frame(
                 header.request_id,
-                UnsupportedVersionError(f"{key.name} version {header.api_version} is not supported"),
+                UnsupportedVersionError(f"{route.key.name} version {header.api_version} is not supported"),
             )
         try:
-            request = message_class.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
+            request = route.request_class.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
         except (DecodeError, ValueError, RuntimeError) as exc:
-            return self._error_frame(header.request_id, CorruptMessageError(f"cannot parse {key.name} body: {exc}"))
+            return self._error_frame(header.request_id, CorruptMessageError(f"cannot parse {route.key.name} body: {exc}"))
         if not request.IsInitialized():
             # Python's parser accepts a body without its required fields (for example one cut off at a field
             # boundary); handlers would then act on default values the client never sent.
             missing = ", ".join(request.FindInitializationErrors())
             return self._error_frame(
-                header.request_id, CorruptMessageError(f"{key.name} body lacks required fields: {missing}")
+                header.request_id, CorruptMessageError(f"{route.key.name} body lacks required fields: {missing}")
             )
-        context = RequestContext(key, header.api_version, header.request_id, connection.peer, connection.connection_id)
+        context = RequestContext(route.key, header.api_version, header.request_id, connection.peer, connection.connection_id)
+        return route, request, context
+
+    def respond(self, context: RequestContext, response: Message | BaseException) -> bytes:
+        """The response frame for a handler's result or failure."""
+        if isinstance(response, BaseException):
+            exc = response
+            if not isinstance(exc, StromError):  # every failure becomes an error response; the server keeps serving
+                if isinstance(exc, AssertionError):
+                    self.stats.internal_errors.append(f"{context.api_key.name}: {exc!r}")
+                log.error("%s from %s failed", context.api_key.name, context.peer, exc_info=exc)
+            return self._error_frame(context.request_id, exc)
         try:
-            response = await handler(request, context)
             body = response.SerializeToString()
+        except Exception as exc:
+            log.exception("%s from %s: unserialisable response", context.api_key.name, context.peer)
+            return self._error_frame(context.request_id, exc)
+        return framing.encode_response(framing.RESPONSE_SUCCESS, context.request_id, body)
+
+    async def dispatch(self, frame: bytes, connection: _Connection) -> bytes | None:
+        """Handle one request frame end to end (used for coroutine handlers, and by tests)."""
+        routed = self.route(frame, connection)
+        if isinstance(routed, bytes):
+            return routed
+        route, request, context = routed
+        try:
+            result = route.handler(request, context)
+            response = await result if inspect.isawaitable(result) else result
         except asyncio.CancelledError:
             raise
-        except StromError as exc:
-            return self._error_frame(header.request_id, exc)
-        except Exception as exc:  # every failure becomes an error response; the server keeps serving
-            if isinstance(exc, AssertionError):
-                self.stats.internal_errors.append(f"{key.name}: {exc!r}")
-            log.exception("%s from %s failed", key.name, connection.peer)
-            return self._error_frame(header.request_id, exc)
-        return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)
+        except Exception as exc:
+            return self.respond(context, exc)
+        return self.respond(context, response)
 
     def _error_frame(self, request_id: int, exc: BaseException) -> bytes:
         self.stats.error_responses += 1
@@ -211,8 +247,7 @@ class _Connection(asyncio.Protocol):
         self.last_active = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -240,18 +275,40 @@ class _Connection(asyncio.Protocol):
 
     def _start_waiting(self) -> None:
         in_flight_count_max = self._server._in_flight_count_max
+        server = self._server
         while self._waiting and self.in_flight_count < in_flight_count_max:
+            frame = self._waiting.popleft()
+            routed = server.route(frame, self)
+            if isinstance(routed, bytes):
+                self._write(routed)
+                continue
+            route, request, context = routed
+            if route.inline:  # never waits: answer now, without the cost of a task
+                try:
+                    response = route.handler(request, context)
+                except Exception as exc:
+                    response = exc
+                self._write(server.respond(context, response))  # type: ignore[arg-type]
+                continue
             self.in_flight_count += 1
-            task = asyncio.ensure_future(self._handle(self._waiting.popleft()))
+            task = asyncio.ensure_future(self._handle(route, request, context))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         assert self.in_flight_count <= in_flight_count_max
 
-    async def _handle(self, frame: bytes) -> None:
+    def _write(self, response: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(response)
+
+    async def _handle(self, route: _Route, request: Message, context: RequestContext) -> None:
         try:
-            response = await self._server.dispatch(frame, self)
-            if response is not None and self._transport is not None and not self._transport.is_closing():
-                self._transport.write(response)
+            try:
+                response: Message | BaseException = await route.handler(request, context)  # type: ignore[misc]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                response = exc
+            self._write(self._server.respond(context, response))
         finally:
             self.in_flight_count -= 1
             self.last_active = time.monotonic()

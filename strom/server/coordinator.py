@@ -151,7 +151,7 @@ class CoordinatorService:
         self._store.drop_database(name)
         return pb.DropDatabaseResponse()
 
-    async def list_databases(self, request: Any, _context: object) -> Any:
+    def list_databases(self, request: Any, _context: object) -> Any:
         response = pb.ListDatabasesResponse()
         for name in self._store.list_databases():
             response.database_name.append(name)
@@ -163,10 +163,10 @@ class CoordinatorService:
                 )
         return response
 
-    async def database_exists(self, request: Any, _context: object) -> Any:
+    def database_exists(self, request: Any, _context: object) -> Any:
         return pb.DatabaseExistsResponse(exists=self._store.get_database(request.database_name) is not None)
 
-    async def get_database_info(self, request: Any, _context: object) -> Any:
+    def get_database_info(self, request: Any, _context: object) -> Any:
         record = self._require_database(request.database_name)
         return pb.GetDatabaseInfoResponse(
             database_json=record.database_json, created_time=record.created_ms, modified_time=record.modified_ms
@@ -277,7 +277,7 @@ class CoordinatorService:
         self._on_table_dropped(table.table_id, None)
         log.info("dropped table %s (id %d)", table.path, table.table_id)
 
-    async def get_table_info(self, request: Any, _context: object) -> Any:
+    def get_table_info(self, request: Any, _context: object) -> Any:
         table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
         return pb.GetTableInfoResponse(
             table_id=table.table_id,
@@ -287,15 +287,15 @@ class CoordinatorService:
             modified_time=table.modified_ms,
         )
 
-    async def list_tables(self, request: Any, _context: object) -> Any:
+    def list_tables(self, request: Any, _context: object) -> Any:
         self._require_database(request.database_name)
         return pb.ListTablesResponse(table_name=self._store.list_tables(request.database_name))
 
-    async def table_exists(self, request: Any, _context: object) -> Any:
+    def table_exists(self, request: Any, _context: object) -> Any:
         record = self._store.get_table(request.table_path.database_name, request.table_path.table_name)
         return pb.TableExistsResponse(exists=record is not None)
 
-    async def get_table_schema(self, request: Any, _context: object) -> Any:
+    def get_table_schema(self, request: Any, _context: object) -> Any:
         table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
         if request.HasField("schema_id") and request.schema_id != table.schema_id:
             raise SchemaNotExistError(f"Schema {request.schema_id} of table '{table.path}' does not exist.")
@@ -304,7 +304,7 @@ class CoordinatorService:
         return pb.GetTableSchemaResponse(schema_id=table.schema_id, schema_json=schema_json)
 
     # ---- partitions ----
-    async def list_partition_infos(self, request: Any, _context: object) -> Any:
+    def list_partition_infos(self, request: Any, _context: object) -> Any:
         table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
         if not table.is_partitioned:
             raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
@@ -360,7 +360,7 @@ class CoordinatorService:
         return pb.DropPartitionResponse()
 
     # ---- cluster metadata ----
-    async def metadata(self, request: Any, _context: object) -> Any:
+    def metadata(self, request: Any, _context: object) -> Any:
         response = pb.MetadataResponse()
         response.coordinator_server.CopyFrom(self._node.to_pb())
         response.tablet_servers.append(self._node.to_pb())
@@ -400,7 +400,7 @@ class CoordinatorService:
         for bucket in range(table.bucket_count):
             target.add(bucket_id=bucket, leader_id=self._node.node_id, replica_id=[self._node.node_id], leader_epoch=0)
 
-    async def init_writer(self, _request: Any, _context: object) -> Any:
+    def init_writer(self, _request: Any, _context: object) -> Any:
         return pb.InitWriterResponse(writer_id=self._store.next_id("writer"))
 
 

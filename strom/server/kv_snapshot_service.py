@@ -110,7 +110,7 @@ class KvSnapshotService:
             raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
         return self._catalog.partition(table, partition_name).partition_id
 
-    async def get_latest_kv_snapshots(self, request: Any, _context: object) -> Any:
+    def get_latest_kv_snapshots(self, request: Any, _context: object) -> Any:
         table = self._catalog.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
         if not table.has_primary_key:
             raise NonPrimaryKeyTableError(f"Table '{table.path}' is not a primary key table.")
@@ -126,7 +126,7 @@ class KvSnapshotService:
                 entry.log_offset = latest.log_offset
         return response
 
-    async def get_kv_snapshot_metadata(self, request: Any, _context: object) -> Any:
+    def get_kv_snapshot_metadata(self, request: Any, _context: object) -> Any:
         partition_id = request.partition_id if request.HasField("partition_id") else None
         bucket = TableBucket(request.table_id, request.bucket_id, partition_id)
         try:
@@ -140,7 +140,7 @@ class KvSnapshotService:
             response.snapshot_files.add(remote_path=file.remote_path, local_file_name=file.local_file_name)
         return response
 
-    async def list_kv_snapshots(self, request: Any, _context: object) -> Any:
+    def list_kv_snapshots(self, request: Any, _context: object) -> Any:
         partition_id = request.partition_id if request.HasField("partition_id") else None
         table = self._pk_table(request.table_id)
         response = pb.ListKvSnapshotsResponse(table_id=table.table_id)
@@ -152,7 +152,7 @@ class KvSnapshotService:
             )
         return response
 
-    async def acquire_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+    def acquire_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
         pins: dict[TableBucket, int] = {}
         for table_request in request.snapshots_to_lease:
             self._pk_table(table_request.table_id)
@@ -174,7 +174,7 @@ class KvSnapshotService:
                 entry.partition_id = bucket.partition_id
         return response
 
-    async def release_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+    def release_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
         buckets = []
         for entry in request.buckets_to_release:
             table = self._catalog.table_info_by_id(entry.table_id)
@@ -185,11 +185,11 @@ class KvSnapshotService:
         self._after_change(self._leases.release(request.lease_id, buckets))
         return pb.ReleaseKvSnapshotLeaseResponse()
 
-    async def drop_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+    def drop_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
         self._after_change(self._leases.drop(request.lease_id))
         return pb.DropKvSnapshotLeaseResponse()
 
-    async def list_kv_snapshot_leases(self, request: Any, _context: object) -> Any:
+    def list_kv_snapshot_leases(self, request: Any, _context: object) -> Any:
         """strom extension: every lease (or one) with its expiry and pins."""
         response = ext.ListKvSnapshotLeasesResponse()
         leases = self._leases.leases()

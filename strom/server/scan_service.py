@@ -72,7 +72,7 @@ class ScanKvService:
         self._finished_bytes += size
         self._prune_finished()
 
-    async def scan_kv(self, request: Any, _context: object) -> Any:
+    def scan_kv(self, request: Any, _context: object) -> Any:
         try:
             return self._scan(request)
         except StromError as exc:

@@ -141,7 +141,7 @@ class TabletService:
                     _set_error(bucket_response, exc)
         return response, total_bytes, events
 
-    async def list_offsets(self, request: Any, _context: object) -> Any:
+    def list_offsets(self, request: Any, _context: object) -> Any:
         response = pb.ListOffsetsResponse()
         partition_id = request.partition_id if request.HasField("partition_id") else None
         for bucket_id in request.bucket_id:
@@ -219,7 +219,7 @@ class TabletService:
             _set_error(response, exc)
         return response
 
-    async def lookup(self, request: Any, _context: object) -> Any:
+    def lookup(self, request: Any, _context: object) -> Any:
         response = pb.LookupResponse()
         for bucket_request in request.buckets_req:
             bucket = _bucket(request.table_id, bucket_request)
@@ -238,7 +238,7 @@ class TabletService:
                 _set_error(bucket_response, exc)
         return response
 
-    async def prefix_lookup(self, request: Any, _context: object) -> Any:
+    def prefix_lookup(self, request: Any, _context: object) -> Any:
         response = pb.PrefixLookupResponse()
         for bucket_request in request.buckets_req:
             bucket = _bucket(request.table_id, bucket_request)
@@ -253,7 +253,7 @@ class TabletService:
                 _set_error(bucket_response, exc)
         return response
 
-    async def limit_scan(self, request: Any, _context: object) -> Any:
+    def limit_scan(self, request: Any, _context: object) -> Any:
         bucket = TableBucket(
             request.table_id, request.bucket_id, request.partition_id if request.HasField("partition_id") else None
         )
@@ -273,7 +273,7 @@ class TabletService:
             _set_error(response, exc)
         return response
 
-    async def get_file_system_security_token(self, _request: Any, _context: object) -> Any:
+    def get_file_system_security_token(self, _request: Any, _context: object) -> Any:
         # Remote files are plain paths readable by the client: no credentials needed.
         return pb.GetFileSystemSecurityTokenResponse(schema="file", token=b"")
 

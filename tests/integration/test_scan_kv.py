@@ -236,7 +236,7 @@ async def test_the_client_retries_a_lost_continuation_and_reads_every_row_once(f
     rows = (await scanner.next_batch()).column("id").to_pylist()  # type: ignore[union-attr]
     # cut the connection under the scanner: its next continuation fails, and it asks for the batch again
     for rpc in list(connection._connections.values()):
-        rpc._writer.transport.abort()
+        rpc.abort()
     while (batch := await scanner.next_batch()) is not None:
         rows += batch.column("id").to_pylist()
     expected = [r for r in (await (await table.new_scan().create_batch_scanner()).to_arrow()).column("id").to_pylist()]
