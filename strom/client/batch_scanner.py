@@ -59,6 +59,7 @@ class BucketBatchScanner:
         self._scanner_id: bytes | None = None
         self._call_seq_id = 0
         self._done = False
+        self._prefetch: asyncio.Future[Any] | None = None
         self.log_offset: int | None = None
         """Exclusive changelog offset the scanned view covers; set once the first response arrived."""
         self.rows_read = 0
@@ -111,14 +112,22 @@ class BucketBatchScanner:
 
     def _decode(self, records: bytes) -> pa.RecordBatch:
         layout = self._table.layout
-        values = [memoryview(v)[SCHEMA_ID_SIZE_BYTES:] for v in parse_value_batch(records)]
-        batch = row_arrow.rows_to_record_batch(values, layout.row_decoder, layout.arrow_schema)
+        batch = row_arrow.rows_to_record_batch(
+            parse_value_batch(records), layout.row_decoder, layout.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
+        )
         return batch if self._projection is None else batch.select(self._projection)
 
     async def next_batch(self) -> pa.RecordBatch | None:
-        """The next batch of rows, or None once the bucket is exhausted."""
+        """The next batch of rows, or None once the bucket is exhausted.
+
+        The next continuation is sent as soon as a response arrives, before this batch is decoded, so
+        the server reads the next batch while the client decodes this one (one request in flight).
+        """
         while not self._done:
-            if self._scanner_id is None and self.log_offset is None:
+            if self._prefetch is not None:
+                prefetch, self._prefetch = self._prefetch, None
+                response = await prefetch
+            elif self._scanner_id is None and self.log_offset is None:
                 response = await self._open()
                 self.log_offset = response.log_offset
             else:
@@ -127,6 +136,8 @@ class BucketBatchScanner:
                 self._scanner_id = response.scanner_id
             self._call_seq_id += 1
             self._done = not response.has_more_results
+            if not self._done:
+                self._prefetch = asyncio.ensure_future(self._continue())
             if response.HasField("records") and response.records:
                 batch = self._decode(response.records)
                 if batch.num_rows:
@@ -146,6 +157,9 @@ class BucketBatchScanner:
 
     async def close(self) -> None:
         """Release the server session early (not needed after the scan is exhausted). Idempotent."""
+        if self._prefetch is not None:
+            prefetch, self._prefetch = self._prefetch, None
+            await asyncio.gather(prefetch, return_exceptions=True)  # its batch is dropped with the session
         if self._done or self._scanner_id is None:
             self._done = True
             return

@@ -20,7 +20,6 @@ then is deferred to that request, which closes the session when it finishes (nev
 from __future__ import annotations
 
 import logging
-import struct
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,11 +27,11 @@ from dataclasses import dataclass, field
 from strom.clock import Clock
 from strom.errors import ScannerExpiredError, TooManyScannersError, UnknownScannerIdError
 from strom.ids import TableBucket
+from strom.records import fastpath
 from strom.records.kv_batch import VALUE_HEADER
 
 log = logging.getLogger(__name__)
 
-_LENGTH = struct.Struct("<i")
 _EMPTY_VALUE_BATCH = VALUE_HEADER.pack(VALUE_HEADER.size - 4, 0, 0)
 
 
@@ -74,37 +73,16 @@ class ScanSession:
     def next_batch(self, batch_size_bytes: int) -> ScanBatch:
         """Pull rows until ``batch_size_bytes`` is reached (at least one row while any remain)."""
         assert not self.closed and self.values is not None
-        parts = [b""]
-        size = VALUE_HEADER.size
-        count = 0
-        pack = _LENGTH.pack
-        values = self.values
-        while self.remaining_limit != 0 and (count == 0 or size < batch_size_bytes):
-            if self._lookahead:
-                value = self._lookahead.pop()
-            else:
-                value = next(values, None)
-                if value is None:
-                    break
-            parts.append(pack(len(value)))
-            parts.append(value)
-            size += 4 + len(value)
-            count += 1
-            if self.remaining_limit > 0:
-                self.remaining_limit -= 1
-        has_more = self.remaining_limit != 0 and self._peek()
-        parts[0] = VALUE_HEADER.pack(size - 4, 0, count)
-        return ScanBatch(b"".join(parts), count, has_more)
-
-    def _peek(self) -> bool:
-        if self._lookahead:
-            return True
-        assert self.values is not None
-        value = next(self.values, None)
-        if value is None:
-            return False
-        self._lookahead.append(value)
-        return True
+        lookahead = self._lookahead.pop() if self._lookahead else None
+        records, count, following = fastpath.fill_value_batch(
+            self.values, lookahead, batch_size_bytes, self.remaining_limit
+        )
+        if self.remaining_limit > 0:
+            self.remaining_limit -= count
+            assert self.remaining_limit >= 0
+        if following is not None:
+            self._lookahead.append(following)
+        return ScanBatch(records, count, following is not None)
 
     def release(self) -> None:
         """Drop the iterator (it pins RocksDB's resources) exactly once."""

@@ -48,7 +48,8 @@ value_prefix=b"", java_decimal_layout=False) -> (rows, keys | None, buckets | No
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -509,3 +510,48 @@ def plan_upserts(
         result: PlannedPut = native.plan_upserts(keys, values, olds, prefix, ignore_deletes)
         return result
     return plan_upserts_python(keys, values, olds, prefix, ignore_deletes)
+
+
+_VALUE_HEADER = struct.Struct("<ibi")  # as kv_batch.VALUE_HEADER (kv_batch imports this module)
+_VALUE_LENGTH = struct.Struct("<i")
+
+
+def fill_value_batch_python(
+    values: Iterator[bytes], lookahead: bytes | None, batch_size_bytes: int, limit: int
+) -> tuple[bytes, int, bytes | None]:
+    """The reference of ``fill_value_batch``: one value record batch from ``values``.
+
+    ``lookahead`` (a value pulled earlier) comes first; values are taken until the batch reaches
+    ``batch_size_bytes`` (at least one), ``limit`` values were taken (negative: no limit) or the
+    iterator ends. Returns the batch, its record count, and the first value of the next batch (None
+    when the scan is complete).
+    """
+    parts = [b""]
+    size = _VALUE_HEADER.size
+    taken = 0
+    pending = lookahead
+    following: bytes | None = None
+    while limit < 0 or taken < limit:
+        value = pending if pending is not None else next(values, None)
+        pending = None
+        if value is None:
+            break
+        if taken and size >= batch_size_bytes:
+            following = value
+            break
+        parts.append(_VALUE_LENGTH.pack(len(value)))
+        parts.append(value)
+        size += 4 + len(value)
+        taken += 1
+    parts[0] = _VALUE_HEADER.pack(size - 4, 0, taken)
+    return b"".join(parts), taken, following
+
+
+def fill_value_batch(
+    values: Iterator[bytes], lookahead: bytes | None, batch_size_bytes: int, limit: int
+) -> tuple[bytes, int, bytes | None]:
+    """``fill_value_batch_python`` in C when built (the per-row loop of every ScanKv response)."""
+    if native is not None:
+        result: tuple[bytes, int, bytes | None] = native.fill_value_batch(values, lookahead, batch_size_bytes, limit)
+        return result
+    return fill_value_batch_python(values, lookahead, batch_size_bytes, limit)

@@ -170,6 +170,14 @@ def parse_value_batch(buffer: bytes | memoryview) -> list[bytes]:
     end = 4 + length
     if end > len(view):
         raise CorruptRecordError("value batch overruns its buffer")
+    from strom.records import fastpath
+
+    if fastpath.native is not None:
+        try:
+            values: list[bytes] = fastpath.native.parse_value_records(view, VALUE_HEADER_SIZE_BYTES, end, count)
+        except ValueError as exc:
+            raise CorruptRecordError(str(exc)) from exc
+        return values
     values = []
     position = VALUE_HEADER_SIZE_BYTES
     for _ in range(count):

@@ -734,3 +734,23 @@ def test_plan_upserts_follows_the_changelog_rules() -> None:
     assert change_types == bytes([1, 2, 3, 2, 3, 4])  # +I a, -U/+U b, -U/+U a (sees its own write), -D c
     assert rows == [b"\x01\x001", b"\x01\x00old", b"\x01\x002", b"\x01\x001", b"\x01\x003", b"\x01\x00c"]
     assert keys == [b"a", b"b", b"a", b"c"] and values == [b"\x01\x001", b"\x01\x002", b"\x01\x003", None]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fill_value_batch_in_c_equals_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    values = [rng.randbytes(rng.randint(0, 40)) for _ in range(rng.randint(0, 50))]
+    size = rng.choice([1, 10, 64, 1000, 1 << 20])
+    limit = rng.choice([-1, 0, 1, 3, 17, 100])
+    native_iter, python_iter = iter(values), iter(values)
+    native_next = python_next = None
+    while True:
+        native_batch = fastpath.fill_value_batch(native_iter, native_next, size, limit)
+        python_batch = fastpath.fill_value_batch_python(python_iter, python_next, size, limit)
+        assert native_batch == python_batch, f"seed {seed}"
+        _records, _count, native_next = native_batch
+        python_next = python_batch[2]
+        if native_next is None:
+            break
+        limit = -1 if limit < 0 else max(0, limit - native_batch[1])
+    assert kv_batch.parse_value_batch(native_batch[0]) is not None

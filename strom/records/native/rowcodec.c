@@ -1486,6 +1486,151 @@ done:
     return result;
 }
 
+/* ---- value record batches ------------------------------------------------------------------- */
+
+/*
+ * parse_value_records(buffer, position, end, count) -> list[bytes]
+ *
+ * The records of a value record batch body: count times (size i32 LE, size bytes). Raises ValueError
+ * when a record overruns buffer[position:end] or the records do not end exactly at end.
+ */
+static PyObject *
+parse_value_records(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t position, end, count;
+    if (!PyArg_ParseTuple(args, "y*nnn", &view, &position, &end, &count)) {
+        return NULL;
+    }
+    PyObject *values = NULL;
+    if (position < 0 || end > view.len || position > end || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "value batch bounds are outside the buffer");
+        goto done;
+    }
+    values = PyList_New(count);
+    if (values == NULL) goto done;
+    const unsigned char *data = (const unsigned char *)view.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (end - position < 4) {
+            PyErr_Format(PyExc_ValueError, "value batch claims %zd records but ends after %zd", count, i);
+            Py_CLEAR(values);
+            goto done;
+        }
+        int32_t size = (int32_t)((uint32_t)data[position] | ((uint32_t)data[position + 1] << 8) |
+                                 ((uint32_t)data[position + 2] << 16) | ((uint32_t)data[position + 3] << 24));
+        position += 4;
+        if (size < 0 || size > end - position) {
+            PyErr_Format(PyExc_ValueError, "value record of %d bytes overruns its batch", size);
+            Py_CLEAR(values);
+            goto done;
+        }
+        PyObject *value = PyBytes_FromStringAndSize((const char *)data + position, size);
+        if (value == NULL) {
+            Py_CLEAR(values);
+            goto done;
+        }
+        PyList_SET_ITEM(values, i, value);
+        position += size;
+    }
+    if (position != end) {
+        PyErr_SetString(PyExc_ValueError, "value batch length disagrees with its records");
+        Py_CLEAR(values);
+    }
+done:
+    PyBuffer_Release(&view);
+    return values;
+}
+
+/*
+ * fill_value_batch(iterator, lookahead, batch_size_bytes, limit) -> (records, count, lookahead)
+ *
+ * Build one value record batch (length i32 | magic i8 | count i32 | per record size i32 + bytes) from
+ * an iterator of bytes values: `lookahead` (a value already pulled, or None) comes first; values are
+ * pulled until the batch reaches batch_size_bytes (always at least one value), `limit` values were
+ * taken (limit < 0: no limit) or the iterator ends. One more value is then pulled, if the limit allows,
+ * and returned as the new lookahead: None means the scan is complete.
+ */
+static PyObject *
+fill_value_batch(PyObject *self, PyObject *args)
+{
+    PyObject *iterator, *lookahead;
+    Py_ssize_t batch_size_bytes, limit;
+    if (!PyArg_ParseTuple(args, "OOnn", &iterator, &lookahead, &batch_size_bytes, &limit)) {
+        return NULL;
+    }
+    if (!PyIter_Check(iterator)) {
+        PyErr_SetString(PyExc_TypeError, "fill_value_batch needs an iterator");
+        return NULL;
+    }
+    PyObject *values = PyList_New(0);
+    if (values == NULL) return NULL;
+    PyObject *pending = NULL; /* owned: the caller's lookahead, consumed first */
+    PyObject *next = NULL;    /* owned: the first value of the next batch, returned as the new lookahead */
+    if (lookahead != Py_None) {
+        Py_INCREF(lookahead);
+        pending = lookahead;
+    }
+    Py_ssize_t size = 9; /* length i32 + magic i8 + count i32 */
+    Py_ssize_t taken = 0;
+    for (;;) {
+        if (limit >= 0 && taken >= limit) break; /* the limit completes the scan: no lookahead */
+        PyObject *value = pending;
+        pending = NULL;
+        if (value == NULL) {
+            value = PyIter_Next(iterator);
+            if (value == NULL) {
+                if (PyErr_Occurred()) goto fail;
+                break; /* exhausted */
+            }
+        }
+        if (!PyBytes_Check(value)) {
+            Py_DECREF(value);
+            PyErr_SetString(PyExc_TypeError, "scan values must be bytes");
+            goto fail;
+        }
+        if (taken > 0 && size >= batch_size_bytes) {
+            next = value; /* full: this value opens the next batch */
+            break;
+        }
+        size += 4 + PyBytes_GET_SIZE(value);
+        taken++;
+        int failed = PyList_Append(values, value) < 0;
+        Py_DECREF(value);
+        if (failed) goto fail;
+    }
+    Py_CLEAR(pending);
+    if (size > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "value batch exceeds 2 GiB");
+        goto fail;
+    }
+    PyObject *records = PyBytes_FromStringAndSize(NULL, size);
+    if (records == NULL) goto fail;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(records);
+    uint32_t length = (uint32_t)(size - 4);
+    uint32_t count = (uint32_t)taken;
+    memcpy(out, (uint8_t[]){(uint8_t)length, (uint8_t)(length >> 8), (uint8_t)(length >> 16), (uint8_t)(length >> 24),
+                            0, (uint8_t)count, (uint8_t)(count >> 8), (uint8_t)(count >> 16), (uint8_t)(count >> 24)},
+           9);
+    Py_ssize_t position = 9;
+    for (Py_ssize_t i = 0; i < taken; i++) {
+        PyObject *item = PyList_GET_ITEM(values, i);
+        uint32_t item_size = (uint32_t)PyBytes_GET_SIZE(item);
+        out[position] = (uint8_t)item_size;
+        out[position + 1] = (uint8_t)(item_size >> 8);
+        out[position + 2] = (uint8_t)(item_size >> 16);
+        out[position + 3] = (uint8_t)(item_size >> 24);
+        memcpy(out + position + 4, PyBytes_AS_STRING(item), item_size);
+        position += 4 + (Py_ssize_t)item_size;
+    }
+    Py_DECREF(values);
+    return Py_BuildValue("(NnN)", records, taken, next != NULL ? next : Py_NewRef(Py_None));
+fail:
+    Py_XDECREF(pending);
+    Py_XDECREF(next);
+    Py_DECREF(values);
+    return NULL;
+}
+
 static PyMethodDef rowcodec_methods[] = {
     {"parse_kv_records", parse_kv_records, METH_VARARGS,
      "parse_kv_records(buffer, position, end, count) -> (keys, values)\n\n"
@@ -1508,6 +1653,10 @@ static PyMethodDef rowcodec_methods[] = {
      "plan_upserts(keys, values, olds, prefix, ignore_deletes)\n"
      "    -> (change_types, rows, new_keys, new_values)\n\n"
      "The changelog of one PutKv batch of full-row upserts and deletes (see the C comment)."},
+    {"parse_value_records", parse_value_records, METH_VARARGS,
+     "parse_value_records(buffer, position, end, count) -> list[bytes]: the records of a value batch."},
+    {"fill_value_batch", fill_value_batch, METH_VARARGS,
+     "fill_value_batch(iterator, lookahead, batch_size_bytes, limit) -> (records, count, lookahead)"},
     {"bucket_ids", bucket_ids, METH_VARARGS,
      "bucket_ids(keys, bucket_count) -> list[int]: bucketing.bucket_for_key for each key."},
     {NULL, NULL, 0, NULL},

@@ -1,0 +1,122 @@
+"""Server-side KV scans (ScanKv) vs raw rocksdict iteration of the same bucket data, and server memory.
+
+The raw ceiling iterates the values of a RocksDB holding the same stored values, in-process. The server
+path is a full ScanKv of a one-bucket table through strom's client, rows decoded into Arrow batches.
+Memory: the server's resident size is sampled while scanning a table, then a table ten times larger; a
+scan holds one iterator and one batch, so the second scan should need no more memory than the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import tempfile
+import threading
+import time
+
+import pyarrow as pa
+import rocksdict
+
+from bench.harness import BenchServer, report
+from bench.ingest_bench import make_rows
+from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.records import fastpath
+from strom.records.kv_batch import SCHEMA_ID
+
+
+def raw_iteration(rows: pa.Table, schema: Schema) -> float:
+    directory = tempfile.mkdtemp(prefix="strom-raw-")
+    try:
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        db = rocksdict.Rdict(f"{directory}/db", options)
+        batch = rows.combine_chunks().to_batches()[0]
+        values, keys, _ = fastpath.encode_batch(batch, schema.row_type, key_indexes=[0], value_prefix=SCHEMA_ID.pack(1))
+        assert keys is not None
+        for offset in range(0, len(keys), 10_000):
+            write = rocksdict.WriteBatch(raw_mode=True)
+            for key, value in zip(keys[offset : offset + 10_000], values[offset : offset + 10_000], strict=True):
+                write.put(key, value)
+            db.write(write)
+        db.flush()
+        start = time.perf_counter()
+        count = sum(1 for _ in db.values())
+        rate = count / (time.perf_counter() - start)
+        db.close()
+        return rate
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def load(address: str, rows: pa.Table, name: str) -> None:
+    async with await Connection.create(address) as connection:
+        path = TablePath("fluss", name)
+        schema = Schema.from_arrow(rows.schema, primary_key=["id"])
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=1))
+        writer = (await connection.get_table(path)).new_upsert().create_writer()
+        for batch in rows.to_batches(max_chunksize=20_000):
+            writer.upsert_arrow_batch(batch)
+        await writer.flush()
+
+
+async def scan(address: str, name: str) -> tuple[int, float]:
+    async with await Connection.create(address) as connection:
+        table = await connection.get_table(TablePath("fluss", name))
+        scanner = table.new_scan().create_bucket_batch_scanner(table.bucket(0))
+        count = 0
+        start = time.perf_counter()
+        async for batch in scanner:
+            count += batch.num_rows
+        return count, count / (time.perf_counter() - start)
+
+
+def scan_with_memory(server: BenchServer, name: str) -> tuple[int, float, int]:
+    """Scan while sampling the server's resident memory; returns rows, rows/s and the peak RSS growth."""
+    baseline, _ = server.rss_bytes()
+    peak = [baseline]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], server.rss_bytes()[0])
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        count, rate = asyncio.run(scan(server.address, name))
+    finally:
+        done.set()
+        sampler.join()
+    return count, rate, peak[0] - baseline
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    args = parser.parse_args()
+    small_rows = make_rows(args.rows // 10, seed=5)
+    rows = make_rows(args.rows, seed=6)
+    schema = Schema.from_arrow(rows.schema, primary_key=["id"])
+    raw = raw_iteration(rows, schema)
+    with BenchServer({"kv.snapshot.interval": "0s"}) as server:
+        asyncio.run(load(server.address, small_rows, "scan_small"))
+        asyncio.run(load(server.address, rows, "scan_large"))
+        scan_with_memory(server, "scan_small")  # warm-up: first-use allocations are not the scan's
+        small_count, _small_rate, small_growth = scan_with_memory(server, "scan_small")
+        count, rate, growth = scan_with_memory(server, "scan_large")
+    assert count == args.rows and small_count == args.rows // 10
+    report(
+        f"full ScanKv of a {args.rows:,}-row bucket",
+        [
+            ("raw rocksdict value iteration (ceiling)", f"{raw:,.0f} rows/s"),
+            ("ScanKv through the server, Arrow batches", f"{rate:,.0f} rows/s  ratio {rate / raw:.2f} (target ≥ 0.5)"),
+            (f"server RSS growth scanning {args.rows // 10:,} rows", f"{small_growth / 2**20:.1f} MiB"),
+            (f"server RSS growth scanning {args.rows:,} rows", f"{growth / 2**20:.1f} MiB (flat: a session holds one batch)"),
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
