@@ -17,7 +17,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
+import rocksdict
+
+from strom.records import fastpath
+from strom.records.kv_batch import SCHEMA_ID
+from strom.records.schema import Schema
+
 READY_TIMEOUT_S = 30.0
+RAW_BATCH_ROWS = 10_000
 
 
 def free_port() -> int:
@@ -101,3 +109,22 @@ def report(title: str, rows: list[tuple[str, str]]) -> None:
     print(f"\n== {title}")
     for name, value in rows:
         print(f"  {name.ljust(width)}  {value}")
+
+
+def load_raw_rocksdb(rows: pa.Table, schema: Schema, directory: str) -> tuple[rocksdict.Rdict, list[bytes], float]:
+    """A RocksDB in ``directory`` holding exactly the keys and stored values strom would store for
+    ``rows`` (primary key: column 0); returns it, the keys, and the WriteBatch put rate (rows/s)."""
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    db = rocksdict.Rdict(f"{directory}/db", options)
+    batch = rows.combine_chunks().to_batches()[0]
+    values, keys, _ = fastpath.encode_batch(batch, schema.row_type, key_indexes=[0], value_prefix=SCHEMA_ID.pack(1))
+    assert keys is not None
+    start = time.perf_counter()
+    for offset in range(0, len(keys), RAW_BATCH_ROWS):
+        write = rocksdict.WriteBatch(raw_mode=True)
+        for key, value in zip(keys[offset : offset + RAW_BATCH_ROWS], values[offset : offset + RAW_BATCH_ROWS], strict=True):
+            write.put(key, value)
+        db.write(write)
+    rate = len(keys) / (time.perf_counter() - start)
+    return db, keys, rate

@@ -18,12 +18,9 @@ import tempfile
 import time
 
 import pyarrow as pa
-import rocksdict
 
-from bench.harness import BenchServer, median, report
+from bench.harness import BenchServer, load_raw_rocksdb, median, report
 from strom.client import Connection, Schema, TableDescriptor, TablePath
-from strom.records import fastpath
-from strom.records.kv_batch import SCHEMA_ID
 
 BATCH_ROWS = 10_000
 
@@ -44,21 +41,9 @@ def raw_rocksdb(rows: pa.Table, schema: Schema) -> float:
     """Rows/s of WriteBatch puts of exactly the key and value bytes the server stores."""
     directory = tempfile.mkdtemp(prefix="strom-raw-")
     try:
-        options = rocksdict.Options(raw_mode=True)
-        options.create_if_missing(True)
-        db = rocksdict.Rdict(f"{directory}/db", options)
-        batch = rows.combine_chunks().to_batches()[0]
-        values, keys, _ = fastpath.encode_batch(batch, schema.row_type, key_indexes=[0], value_prefix=SCHEMA_ID.pack(1))
-        assert keys is not None
-        start = time.perf_counter()
-        for offset in range(0, len(keys), BATCH_ROWS):
-            write = rocksdict.WriteBatch(raw_mode=True)
-            for key, value in zip(keys[offset : offset + BATCH_ROWS], values[offset : offset + BATCH_ROWS], strict=True):
-                write.put(key, value)
-            db.write(write)
-        elapsed = time.perf_counter() - start
+        db, _keys, rate = load_raw_rocksdb(rows, schema, directory)
         db.close()
-        return len(keys) / elapsed
+        return rate
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

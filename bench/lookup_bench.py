@@ -18,13 +18,10 @@ import tempfile
 import time
 
 import pyarrow as pa
-import rocksdict
 
-from bench.harness import BenchServer, median, percentile, report
+from bench.harness import BenchServer, load_raw_rocksdb, median, percentile, report
 from bench.ingest_bench import make_rows
 from strom.client import Connection, Schema, TableDescriptor, TablePath
-from strom.records import fastpath
-from strom.records.kv_batch import SCHEMA_ID
 
 BATCH_KEYS = 1_000
 
@@ -32,17 +29,7 @@ BATCH_KEYS = 1_000
 def raw_multiget(rows: pa.Table, schema: Schema, lookups: list[int]) -> float:
     directory = tempfile.mkdtemp(prefix="strom-raw-")
     try:
-        options = rocksdict.Options(raw_mode=True)
-        options.create_if_missing(True)
-        db = rocksdict.Rdict(f"{directory}/db", options)
-        batch = rows.combine_chunks().to_batches()[0]
-        values, keys, _ = fastpath.encode_batch(batch, schema.row_type, key_indexes=[0], value_prefix=SCHEMA_ID.pack(1))
-        assert keys is not None
-        for offset in range(0, len(keys), 10_000):
-            write = rocksdict.WriteBatch(raw_mode=True)
-            for key, value in zip(keys[offset : offset + 10_000], values[offset : offset + 10_000], strict=True):
-                write.put(key, value)
-            db.write(write)
+        db, keys, _rate = load_raw_rocksdb(rows, schema, directory)
         db.flush()
         wanted = [keys[i] for i in lookups]
         start = time.perf_counter()

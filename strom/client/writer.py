@@ -189,6 +189,19 @@ class _Writer:
     async def _send_to_leader(self, address: str, group: list[_BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
         raise NotImplementedError
 
+    async def _exchange(
+        self, address: str, key: ApiKey, request: Any, group: list[_BucketBatch]
+    ) -> list[tuple[_BucketBatch, StromError]]:
+        """Add one ``buckets_req`` entry per batch, send, and match the per-bucket answers."""
+        by_bucket = {}
+        for batch in group:
+            entry = request.buckets_req.add(bucket_id=batch.bucket.bucket, records=batch.records)
+            if batch.bucket.partition_id is not None:
+                entry.partition_id = batch.bucket.partition_id
+            by_bucket[(batch.bucket.partition_id, batch.bucket.bucket)] = batch
+        response = await self._connection.request(address, key, request)
+        return _collect(response.buckets_resp, by_bucket)
+
     async def flush(self) -> None:
         """Send everything buffered and wait until all of it is acknowledged; raises the first error."""
         self._flush_buffer()
@@ -373,14 +386,7 @@ class UpsertWriter(_Writer):
         request = pb.PutKvRequest(acks=ACKS_ALL, table_id=self._table.layout.info.table_id, timeout_ms=REQUEST_TIMEOUT_MS)
         if self._targets is not None:
             request.target_columns.extend(self._targets)
-        by_bucket = {}
-        for batch in group:
-            entry = request.buckets_req.add(bucket_id=batch.bucket.bucket, records=batch.records)
-            if batch.bucket.partition_id is not None:
-                entry.partition_id = batch.bucket.partition_id
-            by_bucket[(batch.bucket.partition_id, batch.bucket.bucket)] = batch
-        response = await self._connection.request(address, ApiKey.PUT_KV, request)
-        return _collect(response.buckets_resp, by_bucket)
+        return await self._exchange(address, ApiKey.PUT_KV, request, group)
 
 
 def _collect(responses: Any, by_bucket: dict[tuple[int | None, int], _BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
@@ -481,11 +487,4 @@ class AppendWriter(_Writer):
 
     async def _send_to_leader(self, address: str, group: list[_BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
         request = pb.ProduceLogRequest(acks=ACKS_ALL, table_id=self._table.layout.info.table_id, timeout_ms=REQUEST_TIMEOUT_MS)
-        by_bucket = {}
-        for batch in group:
-            entry = request.buckets_req.add(bucket_id=batch.bucket.bucket, records=batch.records)
-            if batch.bucket.partition_id is not None:
-                entry.partition_id = batch.bucket.partition_id
-            by_bucket[(batch.bucket.partition_id, batch.bucket.bucket)] = batch
-        response = await self._connection.request(address, ApiKey.PRODUCE_LOG, request)
-        return _collect(response.buckets_resp, by_bucket)
+        return await self._exchange(address, ApiKey.PRODUCE_LOG, request, group)

@@ -1,0 +1,32 @@
+"""Run every benchmark, one process each, and print their reports (``make bench``).
+
+Pass ``--quick`` for smaller data sets (a smoke run, not numbers to quote).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHES = [
+    ("bench.ingest_bench", ["--rows", "1000000"], ["--rows", "100000", "--rounds", "1"]),
+    ("bench.lookup_bench", [], ["--rows", "50000", "--lookups", "20000", "--singles", "2000"]),
+    ("bench.log_bench", [], ["--rows", "100000", "--rounds", "1"]),
+    ("bench.scan_bench", [], ["--rows", "200000"]),
+    ("bench.lease_bench", [], []),
+    ("bench.spark_bench", [], ["--quick"]),
+]
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv[1:]
+    failures = 0
+    for module, full_args, quick_args in BENCHES:
+        print(f"\n### {module}", flush=True)
+        result = subprocess.run([sys.executable, "-m", module, *(quick_args if quick else full_args)], check=False)
+        failures += result.returncode != 0
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
