@@ -14,7 +14,7 @@ BENCHES = [
     ("bench.log_bench", [], ["--rows", "100000", "--rounds", "1"]),
     ("bench.scan_bench", [], ["--rows", "200000"]),
     ("bench.lease_bench", [], []),
-    ("bench.spark_bench", [], ["--quick"]),
+    ("bench.spark_bench", [], ["--rows", "200000"]),
 ]
 
 

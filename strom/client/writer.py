@@ -110,12 +110,15 @@ class _Writer:
                     await self._send(batches, sent, previous_done)
                 finally:
                     sent.set()
+                failed = next((batch.error for batch in batches if batch.error is not None), None)
+                if failed is not None:
+                    raise failed  # so flush() raises it too
 
         chunk = asyncio.ensure_future(run())
         self._last_sent = sent
         self._last_chunk = chunk
         self._chunks.add(chunk)
-        chunk.add_done_callback(self._chunks.discard)
+        chunk.add_done_callback(_forget_chunk(self._chunks))
         return chunk
 
     async def _send(
@@ -217,6 +220,14 @@ class _Writer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.flush()
+
+
+def _forget_chunk(chunks: set[asyncio.Future[None]]) -> Any:
+    def forget(chunk: asyncio.Future[None]) -> None:
+        chunks.discard(chunk)
+        if not chunk.cancelled():
+            chunk.exception()  # its error reaches callers through flush() and the handles; don't warn
+    return forget
 
 
 def _resolve_batch(batch: _BucketBatch, error: StromError | None) -> None:

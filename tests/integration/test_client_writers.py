@@ -71,3 +71,21 @@ async def test_a_failed_batch_write_surfaces_on_its_handle(server) -> None:  # t
         handle = writer.upsert_arrow_batch(pa.table({"id": [3]}))
         with pytest.raises(StromError):
             await handle.wait()
+
+
+async def test_flush_raises_the_error_of_a_failed_row_write(server) -> None:  # type: ignore[no-untyped-def]
+    path = TablePath("fluss", unique_name("flusherr"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64())]), primary_key=["id"])
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        await admin.create_table(path, TableDescriptor(schema, bucket_count=1))
+        table = await connection.get_table(path)
+        writer = table.new_upsert().create_writer()
+        writer.upsert({"id": 1})
+        await writer.flush()
+        await admin.drop_table(path)
+        handle = writer.upsert({"id": 2})
+        with pytest.raises(StromError):
+            await writer.flush()
+        with pytest.raises(StromError):
+            await handle.wait()

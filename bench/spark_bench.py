@@ -1,0 +1,156 @@
+"""Spark connector throughput, against Spark reading and writing the same rows as Parquet in the same run.
+
+Rows: ``id BIGINT`` (primary key), ``k STRING(16)``, ``v1 DOUBLE``, ``v2 BIGINT``, ``s STRING(18)``, written as
+a two-file Parquet dataset (the ceiling's source) and, through ``df.write.format("fluss")``, into a
+primary-key table of two buckets on a strom server in a child process. Once the table's KV snapshots cover
+every row, it is read back through the connector (snapshot strategy: leased snapshot, empty changelog tail):
+
+* write: ``spark.read.parquet(…).write.format("fluss")`` rows/s, against the same read into Spark's noop sink;
+* read into ``count()``, against ``spark.read.parquet(…).count()`` (which Parquet answers from its footers, so
+  this ratio shows the connector's whole decode cost);
+* read into ``write.parquet``, against a Parquet-to-Parquet copy of the same rows.
+
+Spark runs ``local[2]``. Each read is timed best of ``--repeat`` after one warm-up (Python workers started).
+
+    .venv/bin/python -m bench.spark_bench [--rows 2000000] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.harness import BenchServer, report, timed
+from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
+
+BUCKETS = 2
+SNAPSHOT_WAIT_S_MAX = 600.0
+ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", dtype=np.uint8)
+
+
+def random_strings(rng: np.random.Generator, count: int, width: int) -> pa.Array:
+    codes = ALPHABET[rng.integers(0, len(ALPHABET), size=(count, width))]
+    return pa.array(codes.view(f"S{width}").ravel()).cast(pa.string())
+
+
+def make_rows(count: int, seed: int = 1) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "id": pa.array(np.arange(count, dtype=np.int64)),
+        "k": random_strings(rng, count, 16),
+        "v1": pa.array(rng.random(count)),
+        "v2": pa.array(rng.integers(0, 1 << 40, size=count, dtype=np.int64)),
+        "s": random_strings(rng, count, 18),
+    })
+
+
+def write_dataset(rows: pa.Table, directory: Path, files: int) -> None:
+    directory.mkdir(parents=True)
+    step = -(-rows.num_rows // files)
+    for index in range(files):
+        pq.write_table(rows.slice(index * step, step), directory / f"part-{index}.parquet")
+
+
+async def create_table(address: str, name: str, rows: pa.Table) -> None:
+    async with await Connection.create(address) as connection:
+        schema = Schema.from_arrow(rows.schema, primary_key=["id"])
+        await connection.get_admin().create_table(TablePath("fluss", name), TableDescriptor(schema, bucket_count=BUCKETS))
+
+
+async def snapshots_cover_everything(address: str, name: str) -> bool:
+    async with await Connection.create(address) as connection:
+        admin = connection.get_admin()
+        path = TablePath("fluss", name)
+        high = await admin.list_offsets(path, list(range(BUCKETS)), OffsetSpec.latest())
+        latest = (await admin.get_latest_kv_snapshots(path)).snapshots
+        return all(high[b] == 0 or ((s := latest.get(b)) is not None and s.log_offset >= high[b]) for b in high)
+
+
+def best(repeat: int, action: Any) -> float:
+    action()  # warm-up: Python workers start, imports load
+    return min(timed(action) for _ in range(repeat))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from strom.spark import FlussDataSource
+
+    work = Path(tempfile.mkdtemp(prefix="strom-spark-bench-"))
+    rows = make_rows(args.rows)
+    write_dataset(rows, work / "source", files=BUCKETS)
+    spark = (
+        SparkSession.builder.master("local[2]").appName("strom-spark-bench")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(FlussDataSource)
+    try:
+        with BenchServer({"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1"}) as server:
+            options = {"bootstrap.servers": server.address}
+            source = spark.read.parquet(str(work / "source"))
+            noop_s = best(args.repeat, lambda: source.write.format("noop").mode("overwrite").save())
+
+            def write_into(name: str) -> float:
+                asyncio.run(create_table(server.address, name, rows))
+                writer = source.write.format("fluss").options(**options, table=f"fluss.{name}").mode("append")
+                return timed(writer.save)
+
+            write_s = min(write_into(f"spark_bench_{round_}") for round_ in range(args.repeat))
+
+            table = f"spark_bench_{args.repeat - 1}"
+            deadline = time.monotonic() + SNAPSHOT_WAIT_S_MAX
+            while not asyncio.run(snapshots_cover_everything(server.address, table)):
+                if time.monotonic() > deadline:
+                    raise SystemExit("the KV snapshots did not catch up with the writes")
+                time.sleep(0.5)
+            fluss = spark.read.format("fluss").options(**options, table=f"fluss.{table}").load().drop("_change_type")
+            assert fluss.count() == args.rows
+
+            parquet_count_s = best(args.repeat, lambda: source.count())
+            fluss_count_s = best(args.repeat, lambda: fluss.count())
+            parquet_copy_s = best(args.repeat, lambda: source.write.mode("overwrite").parquet(str(work / "copy-parquet")))
+            fluss_copy_s = best(args.repeat, lambda: fluss.write.mode("overwrite").parquet(str(work / "copy-fluss")))
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    n = args.rows
+
+    def rate(seconds: float) -> str:
+        return f"{seconds:7.2f} s  {n / seconds:>12,.0f} rows/s"
+
+    report(
+        f"Spark connector, {n:,} rows, {BUCKETS} buckets, local[2] (best of {args.repeat})",
+        [
+            ("write: parquet -> noop sink (ceiling)", rate(noop_s)),
+            ("write: parquet -> fluss PK table (upsert)", f"{rate(write_s)}  ratio {noop_s / write_s:.2f}"),
+            ("read count(): parquet (footers only)", rate(parquet_count_s)),
+            ("read count(): fluss PK table (snapshot)", f"{rate(fluss_count_s)}  ratio {parquet_count_s / fluss_count_s:.2f}"),
+            ("read -> write.parquet: parquet copy", rate(parquet_copy_s)),
+            ("read -> write.parquet: fluss PK table", f"{rate(fluss_copy_s)}  ratio {parquet_copy_s / fluss_copy_s:.2f}"),
+        ],
+    )
+    print("  ratio = ceiling time / connector time (1.00 = as fast as Spark on Parquet)")
+
+
+if __name__ == "__main__":
+    main()

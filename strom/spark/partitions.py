@@ -1,0 +1,68 @@
+"""The units of work the driver plans and the executors read: one per bucket (of one partition).
+
+They travel from the driver to the executors pickled, so they hold only plain values: everything a task
+needs beyond them (the table's schema, the leaders) it fetches from the cluster itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import InputPartition
+
+from strom.ids import TableBucket
+
+NO_SNAPSHOT: int | None = None
+
+
+@dataclass(frozen=True)
+class LogRangePartition(InputPartition):
+    """Records ``[start_offset, end_offset)`` of one bucket's log (a log table, or a changelog)."""
+
+    bucket: TableBucket
+    start_offset: int
+    end_offset: int
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.start_offset < self.end_offset, (self.start_offset, self.end_offset)
+
+
+@dataclass(frozen=True)
+class KvStatePartition(InputPartition):
+    """A primary-key bucket's state at ``log_end_offset``: a KV snapshot merged with the changelog after it.
+
+    Without a snapshot, ``log_start_offset`` is where the bucket's changelog starts. ``lease_id`` names the
+    lease pinning ``snapshot_id``; the task releases the bucket from it once the snapshot has been read.
+    """
+
+    bucket: TableBucket
+    snapshot_id: int | None
+    log_start_offset: int
+    log_end_offset: int
+    lease_id: str | None
+    lease_duration_ms: int
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.log_start_offset <= self.log_end_offset, (self.log_start_offset, self.log_end_offset)
+        assert (self.snapshot_id is None) == (self.lease_id is None), "a snapshot is read only under a lease"
+
+
+@dataclass(frozen=True)
+class ServerScanPartition(InputPartition):
+    """A primary-key bucket's rows as its leader holds them when the task runs (ScanKv)."""
+
+    bucket: TableBucket
+
+
+def bucket_key(bucket: TableBucket) -> str:
+    """A bucket's name in streaming offsets: ``b3``, or ``p12-b3`` in partition 12."""
+    if bucket.partition_id is None:
+        return f"b{bucket.bucket}"
+    return f"p{bucket.partition_id}-b{bucket.bucket}"
+
+
+def parse_bucket_key(table_id: int, key: str) -> TableBucket:
+    partition, _, bucket = key.rpartition("-")
+    if not bucket.startswith("b") or (partition and not partition.startswith("p")):
+        raise ValueError(f"not a bucket key: {key!r}")
+    return TableBucket(table_id, int(bucket[1:]), int(partition[1:]) if partition else None)

@@ -1,0 +1,191 @@
+"""Driver-side planning: which buckets a read covers, up to which offsets, from which snapshots.
+
+A batch read fixes everything at planning: one partition per bucket (per partition of a partitioned
+table), each with its end offset (the high watermark when planned). For a primary-key table read with
+the ``snapshot`` strategy the planner first picks each bucket's latest KV snapshot and pins it under a
+lease, and only then lists the end offsets, so every snapshot's log offset is at or below its end offset
+and the merge of snapshot and changelog yields the state at that end offset.
+
+Between listing a snapshot and leasing it, retention may delete it (a newer one committed meanwhile).
+The lease answers such buckets as unavailable; the planner picks again for them, a bounded number of
+times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import InputPartition
+
+from strom.client import Connection, OffsetSpec
+from strom.client.admin import Admin
+from strom.client.snapshots import KvSnapshotInfo
+from strom.client.table import TableLayout
+from strom.ids import TableBucket
+from strom.spark.errors import FlussConnectorError
+from strom.spark.options import ReadOptions, ReadStrategy
+from strom.spark.partitions import KvStatePartition, LogRangePartition, ServerScanPartition
+
+LEASE_ATTEMPTS_MAX = 3
+"""Rounds of pick-and-lease; each lost round means a snapshot was deleted within one RPC round trip."""
+
+Choice = dict[TableBucket, KvSnapshotInfo | None]
+Rechoose = Callable[[Collection[TableBucket]], Awaitable[Choice]]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """One partition of a partitioned table (id and name), or the whole of an unpartitioned one."""
+
+    partition_id: int | None
+    partition_name: str | None
+
+
+async def table_partitions(admin: Admin, layout: TableLayout) -> list[PartitionRef]:
+    if not layout.partition_keys:
+        return [PartitionRef(None, None)]
+    infos = await admin.list_partition_infos(layout.info.path)
+    return [PartitionRef(info.partition_id, info.partition_name) for info in sorted(infos, key=lambda i: i.partition_id)]
+
+
+async def table_buckets(admin: Admin, layout: TableLayout) -> list[TableBucket]:
+    """Every bucket of the table, partition by partition."""
+    partitions = await table_partitions(admin, layout)
+    return [bucket for partition in partitions for bucket in layout.info.buckets(partition.partition_id)]
+
+
+async def bucket_offsets(admin: Admin, layout: TableLayout, buckets: Collection[TableBucket], spec: OffsetSpec) -> dict[TableBucket, int]:
+    """``spec`` offsets (latest = high watermark) of ``buckets``, one request per partition and leader."""
+    by_partition: dict[int | None, list[int]] = {}
+    for bucket in buckets:
+        by_partition.setdefault(bucket.partition_id, []).append(bucket.bucket)
+    offsets: dict[TableBucket, int] = {}
+    table_id = layout.info.table_id
+    for partition_id, bucket_ids in by_partition.items():
+        listed = await admin.list_bucket_offsets(table_id, partition_id, sorted(bucket_ids), spec)
+        offsets.update({TableBucket(table_id, b, partition_id): offset for b, offset in listed.items()})
+    return offsets
+
+
+async def latest_snapshots(admin: Admin, layout: TableLayout, partitions: Collection[PartitionRef]) -> Choice:
+    chosen: Choice = {}
+    for partition in partitions:
+        listed = await admin.get_latest_kv_snapshots(layout.info.path, partition.partition_name)
+        for bucket in layout.info.buckets(partition.partition_id):
+            chosen[bucket] = listed.snapshots.get(bucket.bucket)
+    return chosen
+
+
+async def snapshots_at_or_below(admin: Admin, layout: TableLayout, ends: dict[TableBucket, int]) -> Choice:
+    """Per bucket the newest retained snapshot whose log offset is at most the bucket's end offset."""
+    names = {p.partition_id: p for p in await table_partitions(admin, layout)}
+    wanted_partitions = {bucket.partition_id for bucket in ends}
+    missing = [pid for pid in wanted_partitions if pid not in names]
+    if missing:
+        raise FlussConnectorError(f"partitions {missing} of table '{layout.info.path}' were dropped")
+    latest = await latest_snapshots(admin, layout, [names[pid] for pid in wanted_partitions])
+    chosen: Choice = {}
+    retained: dict[int | None, list[tuple[int, int, int]]] = {}
+    for bucket, end in ends.items():
+        snapshot = latest.get(bucket)
+        if snapshot is None or snapshot.log_offset <= end:
+            chosen[bucket] = snapshot
+            continue
+        if bucket.partition_id not in retained:
+            retained[bucket.partition_id] = await admin.list_kv_snapshots(layout.info.table_id, bucket.partition_id)
+        older = [
+            KvSnapshotInfo(snapshot_id, log_offset)
+            for bucket_id, snapshot_id, log_offset in retained[bucket.partition_id]
+            if bucket_id == bucket.bucket and log_offset <= end
+        ]
+        chosen[bucket] = max(older, key=lambda s: s.snapshot_id) if older else None
+    return chosen
+
+
+async def lease_snapshots(admin: Admin, options: ReadOptions, chosen: Choice, rechoose: Rechoose) -> Choice:
+    """Pin every chosen snapshot under ``options.lease_id``; re-pick buckets whose snapshot is gone.
+
+    Raises:
+        FlussConnectorError: snapshots kept vanishing for ``LEASE_ATTEMPTS_MAX`` rounds.
+    """
+    lease = admin.create_kv_snapshot_lease(options.lease_id, options.lease_duration_ms)
+    chosen = dict(chosen)
+    pending = {bucket: snapshot.snapshot_id for bucket, snapshot in chosen.items() if snapshot is not None}
+    for _attempt in range(LEASE_ATTEMPTS_MAX):
+        if not pending:
+            return chosen
+        result = await lease.acquire_snapshots(pending)
+        lost = set(result.unavailable_snapshots)
+        if not lost:
+            return chosen
+        chosen.update(await rechoose(lost))
+        pending = {bucket: s.snapshot_id for bucket in lost if (s := chosen[bucket]) is not None}
+    raise FlussConnectorError(
+        f"KV snapshots of {len(pending)} bucket(s) were deleted before lease '{options.lease_id}' could pin them, "
+        f"{LEASE_ATTEMPTS_MAX} times in a row; retry the read"
+    )
+
+
+async def state_partitions(
+    admin: Admin, layout: TableLayout, options: ReadOptions, chosen: Choice, ends: dict[TableBucket, int]
+) -> list[KvStatePartition]:
+    """One partition per bucket with data: its (leased) snapshot, or its changelog from the log start."""
+    without_snapshot = [bucket for bucket, snapshot in chosen.items() if snapshot is None]
+    starts = await bucket_offsets(admin, layout, without_snapshot, OffsetSpec.earliest()) if without_snapshot else {}
+    partitions = []
+    for bucket in sorted(chosen):
+        snapshot = chosen[bucket]
+        end = ends[bucket]
+        if snapshot is None:
+            start = starts[bucket]
+            if start > 0:
+                raise FlussConnectorError(
+                    f"{bucket} of table '{layout.info.path}' has no KV snapshot at or below offset {end} and its "
+                    f"changelog starts at {start}: its state cannot be rebuilt"
+                )
+            if start < end:
+                partitions.append(KvStatePartition(bucket, None, start, end, None, options.lease_duration_ms))
+            continue
+        end = max(end, snapshot.log_offset)
+        partitions.append(
+            KvStatePartition(
+                bucket, snapshot.snapshot_id, snapshot.log_offset, end, options.lease_id, options.lease_duration_ms
+            )
+        )
+    return partitions
+
+
+async def plan_batch(connection: Connection, layout: TableLayout, options: ReadOptions) -> list[InputPartition]:
+    """The partitions of a batch read (see the module docstring)."""
+    admin = connection.get_admin()
+    partitions = await table_partitions(admin, layout)
+    buckets = [bucket for partition in partitions for bucket in layout.info.buckets(partition.partition_id)]
+    if not layout.primary_key:
+        starts = await bucket_offsets(admin, layout, buckets, OffsetSpec.earliest())
+        ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
+        return [LogRangePartition(b, starts[b], ends[b]) for b in buckets if starts[b] < ends[b]]
+    if options.strategy is ReadStrategy.SERVER_SCAN:
+        return [ServerScanPartition(bucket) for bucket in buckets]
+    by_id = {partition.partition_id: partition for partition in partitions}
+
+    async def rechoose(lost: Collection[TableBucket]) -> Choice:
+        fresh = await latest_snapshots(admin, layout, [by_id[pid] for pid in {b.partition_id for b in lost}])
+        return {bucket: fresh[bucket] for bucket in lost}
+
+    chosen = await lease_snapshots(admin, options, await latest_snapshots(admin, layout, partitions), rechoose)
+    ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
+    return list(await state_partitions(admin, layout, options, chosen, ends))
+
+
+async def plan_states_at(
+    connection: Connection, layout: TableLayout, options: ReadOptions, ends: dict[TableBucket, int]
+) -> list[KvStatePartition]:
+    """Partitions reading each bucket's state at exactly ``ends[bucket]`` (streaming ``full`` mode)."""
+    admin = connection.get_admin()
+
+    async def rechoose(lost: Collection[TableBucket]) -> Choice:
+        return await snapshots_at_or_below(admin, layout, {bucket: ends[bucket] for bucket in lost})
+
+    chosen = await lease_snapshots(admin, options, await snapshots_at_or_below(admin, layout, ends), rechoose)
+    return await state_partitions(admin, layout, options, chosen, ends)

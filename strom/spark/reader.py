@@ -1,0 +1,61 @@
+"""The batch reader: ``spark.read.format("fluss")``.
+
+``partitions()`` runs once per query on the driver and fixes the read (see :mod:`strom.spark.planning`);
+``read()`` runs in the executors, one call per partition. Python data sources get no column pruning, so
+every read returns full rows and Spark applies ``select``/``where`` afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from strom.client import Connection
+from strom.spark import planning, runtime
+from strom.spark.bucket_reader import ReadContext, read_kv_state, read_log_range, read_server_scan
+from strom.spark.errors import FlussConnectorError
+from strom.spark.options import SCAN_STARTUP_MODE, ConnectionOptions, ReadOptions, StartupMode
+from strom.spark.partitions import KvStatePartition, LogRangePartition, ServerScanPartition
+
+
+def read_partition(context: ReadContext, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Dispatch a planned partition to its reader (shared by the batch and the streaming reader)."""
+    if isinstance(partition, LogRangePartition):
+        return read_log_range(context, partition)
+    if isinstance(partition, KvStatePartition):
+        return read_kv_state(context, partition)
+    if isinstance(partition, ServerScanPartition):
+        return read_server_scan(context, partition)
+    assert type(partition) is InputPartition, f"unknown partition {partition!r}"
+    return iter(())  # Spark's stand-in when planning found nothing to read
+
+
+class FlussBatchReader(DataSourceReader):
+    """Plans one partition per bucket with data; picklable (options and plain values only)."""
+
+    def __init__(self, connection: ConnectionOptions, options: ReadOptions, context: ReadContext) -> None:
+        if options.startup_mode is StartupMode.LATEST:
+            raise FlussConnectorError(
+                f"option '{SCAN_STARTUP_MODE.key}'=latest only applies to streaming reads; a batch read returns the "
+                "table's current contents"
+            )
+        self._connection = connection
+        self._options = options
+        self._context = context
+
+    def partitions(self) -> Sequence[InputPartition]:
+        async def plan(connection: Connection) -> list[InputPartition]:
+            table = await connection.get_table(self._connection.table_path)
+            if table.layout.info.table_id != self._context.table_id:
+                raise FlussConnectorError(
+                    f"table '{self._connection.table}' was dropped and re-created since the DataFrame was defined; "
+                    "load it again"
+                )
+            return await planning.plan_batch(connection, table.layout, self._options)
+
+        return runtime.call(self._connection, plan)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self._context, partition)

@@ -1,0 +1,182 @@
+"""Writing DataFrames: ``df.write.format("fluss").mode("append").save()`` and streaming writes.
+
+Each Spark task converts its Arrow batches to the table's layout and sends them through strom's writers:
+appends for a log table, upserts (and deletes) for a primary-key table. Fluss commits on write, so the
+job-level ``commit`` has nothing to do, and a retried task writes its rows again: the guarantee is
+at-least-once, which for a primary-key table without deletes is effectively exactly-once (an upsert of the
+same row twice leaves the same state).
+
+With a change-type column (option ``write.change-type-column``, used when the DataFrame has it), ``+I`` and
+``+U`` rows upsert, ``-D`` rows delete by primary key and ``-U`` rows are skipped. Rows are applied in their
+order within the task: runs of upserts and runs of deletes go out one after another.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+
+from strom.client.table import Table
+from strom.client.writer import AppendWriter, UpsertWriter, WriteResultHandle
+from strom.spark import runtime
+from strom.spark.errors import FlussConnectorError
+from strom.spark.options import WRITE_CHANGE_TYPE_COLUMN, ConnectionOptions, WriteOptions
+from strom.spark.type_mapping import to_fluss_batch
+
+UPSERT, DELETE, SKIP = 1, 2, 0
+_OPERATIONS = {"+I": UPSERT, "+U": UPSERT, "-U": SKIP, "-D": DELETE}
+_APPEND_TYPES = ("+I", "+A")
+
+
+@dataclass(frozen=True)
+class FlussCommitMessage(WriterCommitMessage):
+    """What one task wrote (Spark collects these on the driver)."""
+
+    rows_written: int
+    rows_deleted: int
+    rows_skipped: int
+
+
+PENDING_BATCHES_MAX = 3
+"""Batches queued but not yet acknowledged per task. The client pipelines them (the server works on one
+while the task encodes the next); the bound keeps a task's memory at a few Spark batches."""
+
+
+class TableSink:
+    """Sends a task's batches to one table, in order, with up to PENDING_BATCHES_MAX unacknowledged.
+
+    The client's loop only runs while a call into it is in progress, so waiting for the oldest batch once
+    the bound is reached is also what keeps the newer ones moving.
+    """
+
+    def __init__(self, table: Table, change_type_column: str | None) -> None:
+        self._table = table
+        self._layout = table.layout
+        self._change_type_column = change_type_column
+        self._writer: UpsertWriter | AppendWriter = (
+            table.new_upsert().create_writer() if self._layout.primary_key else table.new_append().create_writer()
+        )
+        self._pending: deque[WriteResultHandle] = deque()
+        self.rows_written = 0
+        self.rows_deleted = 0
+        self.rows_skipped = 0
+
+    async def write(self, batch: pa.RecordBatch) -> None:
+        operations = self._operations(batch)
+        ignored = (self._change_type_column,) if self._change_type_column else ()
+        rows = to_fluss_batch(batch, self._layout, ignored)
+        if operations is None:
+            await self._send(rows, UPSERT)
+            return
+        changes = np.flatnonzero(np.diff(operations)) + 1
+        for start, stop in zip(np.concatenate(([0], changes)), np.concatenate((changes, [len(operations)])), strict=True):
+            await self._send(rows.slice(int(start), int(stop - start)), int(operations[start]))
+
+    def _operations(self, batch: pa.RecordBatch) -> np.ndarray | None:
+        """Per row UPSERT/DELETE/SKIP from the change-type column; None when every row is an upsert/append."""
+        column = self._change_type_column
+        if not column or column not in batch.schema.names:
+            return None
+        values = batch.column(column)
+        table = str(self._layout.info.path)
+        if values.null_count:
+            raise FlussConnectorError(f"column '{column}' (option '{WRITE_CHANGE_TYPE_COLUMN.key}') has nulls")
+        allowed = _APPEND_TYPES if not self._layout.primary_key else tuple(_OPERATIONS)
+        valid = pc.is_in(values, value_set=pa.array(allowed))
+        if not pc.all(valid).as_py():
+            bad = sorted(set(values.filter(pc.invert(valid)).to_pylist()))
+            kind = "a log table accepts only appends" if not self._layout.primary_key else "expected +I, +U, -U or -D"
+            raise FlussConnectorError(
+                f"column '{column}' (option '{WRITE_CHANGE_TYPE_COLUMN.key}') has {bad} for table '{table}': {kind}"
+            )
+        if not self._layout.primary_key:
+            return None
+        codes = np.full(len(values), UPSERT, dtype=np.int8)
+        codes[pc.equal(values, "-D").to_numpy(zero_copy_only=False)] = DELETE
+        codes[pc.equal(values, "-U").to_numpy(zero_copy_only=False)] = SKIP
+        return None if (codes == UPSERT).all() else codes
+
+    async def _send(self, rows: pa.RecordBatch, operation: int) -> None:
+        if rows.num_rows == 0:
+            return
+        if operation == SKIP:
+            self.rows_skipped += rows.num_rows
+            return
+        writer = self._writer
+        if isinstance(writer, AppendWriter):
+            self._pending.append(writer.append_arrow_batch(rows))
+            self.rows_written += rows.num_rows
+        elif operation == UPSERT:
+            self._pending.append(writer.upsert_arrow_batch(rows))
+            self.rows_written += rows.num_rows
+        else:
+            keys = rows.select(self._layout.primary_key).to_pylist()
+            self._pending.extend(writer.delete(key) for key in keys)
+            await writer.flush()  # buffered deletes go out now: after earlier batches, before later ones
+            await self._settle(0)
+            self.rows_deleted += rows.num_rows
+        await self._settle(PENDING_BATCHES_MAX)
+
+    async def _settle(self, pending_max: int) -> None:
+        """Wait for the oldest writes until at most ``pending_max`` remain; raises the first write error."""
+        while len(self._pending) > pending_max:
+            await self._pending.popleft().wait()
+
+    async def finish(self) -> None:
+        await self._writer.flush()
+        await self._settle(0)
+
+
+def write_task(connection: ConnectionOptions, options: WriteOptions, table_id: int, batches: Iterator[pa.RecordBatch]) -> FlussCommitMessage:
+    """One Spark task's write: everything acknowledged by the server before it returns."""
+    with runtime.connected(connection) as client:
+        table = runtime.run(client.get_table(connection.table_path))
+        if table.layout.info.table_id != table_id:
+            raise FlussConnectorError(f"table '{connection.table}' was dropped and re-created since the write was planned")
+        sink = TableSink(table, options.change_type_column_for(table.layout.column_names))
+        for batch in batches:
+            runtime.run(sink.write(batch))
+        runtime.run(sink.finish())
+        return FlussCommitMessage(sink.rows_written, sink.rows_deleted, sink.rows_skipped)
+
+
+class FlussArrowWriter(DataSourceArrowWriter):
+    """Batch writes; picklable (options and the planned table id only)."""
+
+    def __init__(self, connection: ConnectionOptions, options: WriteOptions, table_id: int) -> None:
+        self._connection = connection
+        self._options = options
+        self._table_id = table_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FlussCommitMessage:
+        return write_task(self._connection, self._options, self._table_id, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to do: every row was committed by the server when the task wrote it."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to undo: rows acknowledged before the failure stay (at-least-once)."""
+
+
+class FlussStreamArrowWriter(DataSourceStreamArrowWriter):
+    """Streaming writes: each micro-batch's tasks write like a batch job; commit/abort have nothing to do."""
+
+    def __init__(self, connection: ConnectionOptions, options: WriteOptions, table_id: int) -> None:
+        self._connection = connection
+        self._options = options
+        self._table_id = table_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FlussCommitMessage:
+        return write_task(self._connection, self._options, self._table_id, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to do: rows are committed by the server as the tasks write them."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to undo: a replayed micro-batch writes its rows again (at-least-once)."""

@@ -1,0 +1,100 @@
+"""Primary-key batch reads from KV snapshots: no hole between snapshot and changelog, and leases that keep a
+snapshot readable while retention rolls past it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.records.types import BigIntType, IntType, StringType
+from tests.spark.support import Fluss, wait_until
+from tests.spark.test_spark_batch_read import load
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(180)]
+
+PK_COLUMNS = [("id", IntType()), ("name", StringType()), ("score", BigIntType())]
+
+
+def test_no_data_hole_between_a_kv_snapshot_and_the_changelog(spark: Any, server_factory: Any) -> None:
+    snapshotting = server_factory({"kv.snapshot.interval": "1s"})
+    cluster = Fluss(snapshotting.address)
+    table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(1, 101)])
+    snapshots = cluster.wait_for_snapshots_at_high_watermark(table, 2)
+    snapshotting.stop()  # restart without snapshots: what follows lives only in the changelog
+    server_factory({"kv.snapshot.interval": "0s"}, data_dir=snapshotting.data_dir, port=snapshotting.port)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(101, 201)])
+    assert cluster.latest_snapshots(table) == snapshots
+
+    stats = load(spark, cluster, table).selectExpr("count(*) AS c", "min(id) AS lo", "max(id) AS hi").first()
+    assert (stats.c, stats.lo, stats.hi) == (200, 1, 200)
+
+    cluster.upsert(table, [{"id": 10, "name": "ten", "score": -10}, {"id": 150, "name": "x", "score": -150}])
+    cluster.delete(table, [{"id": 20}, {"id": 160}])
+    cluster.upsert(table, [{"id": 10, "name": "ten again", "score": -11}])
+    cluster.delete(table, [{"id": 10}])
+    cluster.upsert(table, [{"id": 10, "name": "back", "score": 10}])
+    rows = {r.id: (r.name, r.score) for r in load(spark, cluster, table).collect()}
+    expected = {i: (f"n{i}", i) for i in range(1, 201) if i not in (20, 160)}
+    expected[10] = ("back", 10)
+    expected[150] = ("x", -150)
+    assert rows == expected
+    assert cluster.latest_snapshots(table) == snapshots
+
+
+def test_a_read_leases_its_snapshots_and_reads_them_after_retention_rolled_past(
+    spark: Any, snapshot_cluster: Fluss, tmp_path: Path
+) -> None:
+    cluster = snapshot_cluster
+    table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    original = [{"id": i, "name": f"n{i}", "score": i} for i in range(1, 51)]
+    cluster.upsert(table, original)
+    planned = cluster.wait_for_snapshots_at_high_watermark(table, 2)
+    lease_id = f"test-lease-{tmp_path.name}"
+    gate = tmp_path / "go"
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            df = load(spark, cluster, table, **{"scan.kv.snapshot.lease.id": lease_id, "testing.read.wait-for-file": str(gate)})
+            result["rows"] = [r.asDict() for r in df.collect()]
+        except Exception as exc:  # surfaced by the assertions below
+            result["error"] = exc
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # planned: the lease pins exactly the snapshots that were latest, visible to the admin API and the CLI
+        lease = wait_until(lambda: [x for x in cluster.leases() if x.lease_id == lease_id], "the read's lease")[0]
+        assert {(b.bucket, s) for b, s in lease.snapshots.items()} == {(b, s.snapshot_id) for b, s in planned.items()}
+        listed = subprocess.run(
+            [sys.executable, "-m", "strom.cli.main", "lease", "list", "--json", "-b", cluster.address],
+            capture_output=True, text=True, timeout=60, check=True,
+        )
+        assert lease_id in {entry["lease_id"] for entry in json.loads(listed.stdout)}
+
+        # newer snapshots commit; with kv.snapshot.num-retained=1 only the lease keeps the planned ones
+        cluster.upsert(table, [{**row, "name": "updated"} for row in original])
+        newer = wait_until(
+            lambda: all(
+                (s := cluster.latest_snapshots(table)[b]) is not None and s.snapshot_id > p.snapshot_id
+                for b, p in planned.items()
+            ),
+            "newer snapshots of every bucket",
+        )
+        assert newer
+        pinned = {(b, p.snapshot_id) for b, p in planned.items()}
+        assert pinned <= cluster.retained_snapshot_ids(table)
+    finally:
+        gate.touch()
+        reader.join(120)
+    assert "error" not in result, result.get("error")
+    assert sorted(result["rows"], key=lambda r: r["id"]) == [{**row, "_change_type": "+I"} for row in original]
+    wait_until(lambda: not [x for x in cluster.leases() if x.lease_id == lease_id], "the lease's release")
+    wait_until(lambda: not pinned & cluster.retained_snapshot_ids(table), "retention of the released snapshots")

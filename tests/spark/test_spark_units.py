@@ -1,0 +1,124 @@
+"""The connector's pure parts, without Spark: the changelog fold, budget sharing, and lease re-picking."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pyarrow as pa
+import pytest
+
+from strom.client import Connection
+from strom.client.table import TableLayout
+from strom.ids import TableBucket, TablePath
+from strom.metadata.table_info import TableInfo
+from strom.records.log_batch import ChangeType
+from strom.records.schema import Schema, TableDescriptor
+from strom.records.types import BigIntType, IntType, StringType
+from strom.spark import planning
+from strom.spark.changelog import ChangelogFold, KeyEncoder, change_type_column, merge_snapshot
+from strom.spark.options import ReadOptions
+from strom.spark.stream_reader import share_budget
+from tests.spark.support import Fluss, wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(120)]
+
+INS, UB, UA, D = ChangeType.INSERT, ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER, ChangeType.DELETE
+
+
+def layout_of(columns: list[tuple[str, object]], primary_key: list[str], partition_keys: tuple[str, ...] = ()) -> TableLayout:
+    descriptor = TableDescriptor(Schema.of(columns, primary_key), partition_keys=partition_keys, bucket_count=1)  # type: ignore[arg-type]
+    return TableLayout(TableInfo(1, TablePath("db", "t"), 1, descriptor.to_json(), 0, 0))
+
+
+def batch(layout: TableLayout, rows: list[dict[str, object]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(rows, schema=layout.arrow_schema)
+
+
+def test_key_bytes_match_the_writers_keys_for_composite_and_partitioned_keys() -> None:
+    layout = layout_of(
+        [("day", StringType()), ("id", IntType()), ("name", StringType()), ("n", BigIntType())],
+        ["day", "id", "name"], partition_keys=("day",),
+    )
+    rows = [{"day": "d1", "id": i, "name": f"x{i}", "n": i} for i in range(50)]
+    expected = [layout.key_encoder.encode((r["day"], r["id"], r["name"], r["n"])) for r in rows]
+    assert KeyEncoder(layout).keys(batch(layout, rows)) == expected
+
+
+def test_the_fold_keeps_the_last_change_per_key_and_merges_over_a_snapshot() -> None:
+    layout = layout_of([("id", IntType()), ("v", StringType())], ["id"])
+    fold = ChangelogFold(layout)
+    fold.add(batch(layout, [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 1, "v": "a"}]), bytes([INS, INS, UB]))
+    fold.add(batch(layout, [{"id": 1, "v": "a2"}, {"id": 2, "v": "b"}, {"id": 3, "v": "c"}]), bytes([UA, D, INS]))
+    fold.add(batch(layout, [{"id": 5, "v": "old"}]), bytes([UB]))  # -U alone neither deletes nor upserts
+
+    keys = KeyEncoder(layout)
+    snapshot_rows = batch(layout, [{"id": 0, "v": "s0"}, {"id": 1, "v": "s1"}, {"id": 2, "v": "s2"}, {"id": 5, "v": "s5"}])
+    merged = list(merge_snapshot([(keys.keys(snapshot_rows), snapshot_rows)], fold))
+    merged += list(fold.live_rows(batch_rows_max=1))
+    assert sorted(pa.Table.from_batches(merged).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 0, "v": "s0"}, {"id": 1, "v": "a2"}, {"id": 3, "v": "c"}, {"id": 5, "v": "s5"},
+    ]
+    assert change_type_column(bytes([INS, UB, UA, D]), 4).to_pylist() == ["+I", "-U", "+U", "-D"]
+    assert change_type_column(ChangeType.INSERT, 2).to_pylist() == ["+I", "+I"]
+
+
+def test_the_read_budget_is_shared_fairly_and_always_makes_progress() -> None:
+    rng = random.Random(7)
+    for _ in range(500):
+        pending = {TableBucket(1, b): rng.randint(1, 100) for b in range(rng.randint(1, 6))}
+        budget = rng.randint(1, 300)
+        taken = share_budget(pending, budget)
+        assert sum(taken.values()) == min(budget, sum(pending.values())), (pending, budget, taken)
+        assert all(0 <= taken[b] <= pending[b] for b in pending)
+        fair = budget // len(pending)
+        assert all(taken[b] >= min(pending[b], fair) for b in pending), (pending, budget, taken)
+
+
+def test_a_snapshot_deleted_before_it_was_leased_is_replaced_by_the_latest(snapshot_cluster: Fluss) -> None:
+    cluster = snapshot_cluster
+    table = cluster.create_table([("id", IntType()), ("v", StringType())], primary_key=["id"], bucket_count=1)
+    cluster.upsert(table, [{"id": 1, "v": "a"}])
+    first = cluster.wait_for_snapshots_at_high_watermark(table, 1)[0]
+    cluster.upsert(table, [{"id": 1, "v": "b"}])
+    latest = wait_until(
+        lambda: (s := cluster.latest_snapshots(table)[0]) is not None and s.snapshot_id > first.snapshot_id and s,
+        "a newer snapshot",
+    )
+    wait_until(lambda: (0, first.snapshot_id) not in cluster.retained_snapshot_ids(table), "retention of the first")
+    options = ReadOptions.parse({"scan.kv.snapshot.lease.id": "test-repick"})
+
+    async def lease() -> dict[TableBucket, object]:
+        async with await Connection.create(cluster.address) as connection:
+            layout = (await connection.get_table(TablePath.parse(table))).layout
+            admin = connection.get_admin()
+            stale = {layout.info.buckets()[0]: first}
+            picks = []
+
+            async def rechoose(lost: object) -> planning.Choice:
+                picks.append(sorted(lost))  # type: ignore[call-overload]
+                return await planning.latest_snapshots(admin, layout, [planning.PartitionRef(None, None)])
+
+            chosen = await planning.lease_snapshots(admin, options, stale, rechoose)
+            assert picks == [[layout.info.buckets()[0]]]
+            return dict(chosen)
+
+    chosen = asyncio.run(lease())
+    assert list(chosen.values()) == [latest]
+    leases = [x for x in cluster.leases() if x.lease_id == "test-repick"]
+    assert [list(x.snapshots.values()) for x in leases] == [[latest.snapshot_id]]
+    asyncio.run(_drop(cluster.address, "test-repick"))
+
+
+async def _drop(address: str, lease_id: str) -> None:
+    async with await Connection.create(address) as connection:
+        await connection.get_admin().create_kv_snapshot_lease(lease_id, 1).drop()
+
+
+def test_docs_list_every_connector_option() -> None:
+    from pathlib import Path
+
+    from strom.spark.options import ALL_OPTIONS
+
+    text = (Path(__file__).parents[2] / "docs" / "spark.md").read_text()
+    assert [o.key for o in ALL_OPTIONS if f"| `{o.key}` |" not in text] == []
