@@ -25,6 +25,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check strom tests bench
+	$(BIN)/mypy strom
 
 bench: install
 	$(BIN)/python bench/run_all.py

@@ -60,14 +60,14 @@ def _table_to_batch(table: pa.Table) -> pa.RecordBatch:
 def encode(layout: TableLayout, batch: pa.RecordBatch, *, with_rows: bool, with_keys: bool) -> EncodedRows:
     """Encode a conformed batch; buckets come from the bucket key (or are left to the caller when none)."""
     if layout.kv_format == "COMPACTED":
-        rows, keys, buckets = fastpath.encode_batch(
+        fast_rows, fast_keys, fast_buckets = fastpath.encode_batch(
             batch,
             layout.row_type,
             key_indexes=layout.key_indexes if with_keys else None,
             bucket_key_indexes=layout.bucket_key_indexes or None,
             bucket_count=layout.bucket_count if layout.bucket_key_indexes else None,
         )
-        return EncodedRows(rows if with_rows else None, keys, buckets or [])
+        return EncodedRows(fast_rows if with_rows else None, fast_keys, fast_buckets or [])
     values = row_arrow.record_batch_to_values(batch, layout.row_type)
     rows = [layout.row_encoder.encode(v) for v in values] if with_rows else None
     keys = [layout.key_encoder.encode(v) for v in values] if with_keys else None

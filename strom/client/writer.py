@@ -318,7 +318,9 @@ class UpsertWriter(_Writer):
             parts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]] = []
             if batch is not None:
                 parts.append((batch, [f for _r, f in upserts]))
-            delete_parts = [] if delete_batch is None else [(delete_batch, [f for _r, f in deletes])]
+            delete_parts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]] = []
+            if delete_batch is not None:
+                delete_parts.append((delete_batch, [f for _r, f in deletes]))
             return await self._build(parts, delete_parts, order)
 
         self._enqueue_chunk(build)

@@ -101,7 +101,7 @@ class KvTablet:
         self._write_options = rocksdict.WriteOptions()
         # The changelog, fsynced first, is the write-ahead record: RocksDB's own WAL would only duplicate it.
         # After a crash, RocksDB comes back at its last flush and the changelog replays the rest.
-        self._write_options.disable_wal = True
+        self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]  # a property at runtime
         # The pre-write buffer: batches appended to the log whose values are not in RocksDB yet (in log
         # order), and an index over them built only when a request needs it.
         self._pending: list[_PendingBatch] = []
@@ -309,11 +309,9 @@ class KvTablet:
                 index = self._pending_index = {}
                 for pending in self._pending:
                     index.update(zip(pending.keys, pending.values, strict=True))
-            missing = object()
             for position, key in enumerate(keys):
-                entry = index.get(key, missing)
-                if entry is not missing:
-                    values[position] = entry  # type: ignore[assignment]
+                if key in index:
+                    values[position] = index[key]
         return values
 
     def apply_durable(self) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 try:
-    from strom.rpc.proto import fluss_api_pb2 as pb
-    from strom.rpc.proto import strom_ext_pb2 as ext
+    from strom.rpc.proto import fluss_api_pb2 as _fluss_api
+    from strom.rpc.proto import strom_ext_pb2 as _strom_ext
 except ImportError as exc:  # pragma: no cover - only when the package was copied without building
     raise ImportError(
         "strom's protocol module is not built: run `make install` (or `pip install -e .`), which compiles "
@@ -17,6 +17,10 @@ except ImportError as exc:  # pragma: no cover - only when the package was copie
     ) from exc
 
 from strom.rpc.api_keys import ApiKey, message_names
+
+# Generated modules have no type stubs: their message classes are attributes created at import.
+pb: Any = _fluss_api
+ext: Any = _strom_ext
 
 __all__ = ["DecodeError", "Message", "ext", "pb", "request_class", "response_class"]
 
