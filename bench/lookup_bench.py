@@ -1,7 +1,8 @@
 """Point lookups through the server vs raw rocksdict gets of the same keys.
 
-* batched: keys looked up 1 000 per request (strom client ``lookup_many``: one Lookup RPC per bucket)
-  vs rocksdict multi-get of 1 000 keys — rows/s, ratio server / raw;
+* batched: keys looked up 1 000 per call (strom client ``lookup_arrow``, Arrow in and out, and
+  ``lookup_many``, dicts; one Lookup RPC per bucket) vs rocksdict multi-get of 1 000 keys — ratio
+  server / raw;
 * single: one key per request, sequential, over one connection (strom client) — p50 and p99 latency;
   the round trip itself dominates (peers.md: ~60 µs of VM wake-up per round trip on an idle machine).
 pyfluss's lookuper batches lookups in the client with a fixed 100 ms window, which Python cannot
@@ -42,7 +43,9 @@ def raw_multiget(rows: pa.Table, schema: Schema, lookups: list[int]) -> float:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def server_lookups(address: str, rows: pa.Table, schema: Schema, lookups: list[int], singles: int) -> tuple[float, list[float]]:
+async def server_lookups(
+    address: str, rows: pa.Table, schema: Schema, lookups: list[int], singles: int
+) -> tuple[float, float, list[float]]:
     async with await Connection.create(address) as connection:
         path = TablePath("fluss", "lookups")
         await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=2))
@@ -52,18 +55,24 @@ async def server_lookups(address: str, rows: pa.Table, schema: Schema, lookups: 
             writer.upsert_arrow_batch(batch)
         await writer.flush()
         lookuper = table.new_lookup().create_lookuper()
+        key_table = pa.table({"id": pa.array(lookups, pa.int64())})
+        start = time.perf_counter()
+        for offset in range(0, len(lookups), BATCH_KEYS):
+            found = await lookuper.lookup_arrow(key_table.slice(offset, BATCH_KEYS))
+            assert found.num_rows == min(BATCH_KEYS, len(lookups) - offset)
+        batched = len(lookups) / (time.perf_counter() - start)
         keys = [{"id": i} for i in lookups]
         start = time.perf_counter()
         for offset in range(0, len(keys), BATCH_KEYS):
-            found = await lookuper.lookup_many(keys[offset : offset + BATCH_KEYS])
-            assert all(row is not None for row in found)
-        batched = len(keys) / (time.perf_counter() - start)
+            rows = await lookuper.lookup_many(keys[offset : offset + BATCH_KEYS])
+            assert all(row is not None for row in rows)
+        batched_dicts = len(keys) / (time.perf_counter() - start)
         latencies = []
         for key in keys[:singles]:
             begin = time.perf_counter_ns()
             await lookuper.lookup(key)
             latencies.append((time.perf_counter_ns() - begin) / 1000)
-        return batched, latencies
+        return batched, batched_dicts, latencies
 
 
 async def pyfluss_single(address: str, lookups: list[int], count: int) -> list[float]:
@@ -95,13 +104,16 @@ def main() -> None:
     lookups = [rng.randrange(args.rows) for _ in range(args.lookups)]
     raw = raw_multiget(rows, schema, lookups)
     with BenchServer({"kv.snapshot.interval": "0s"}) as server:
-        batched, latencies = asyncio.run(server_lookups(server.address, rows, schema, lookups, args.singles))
+        batched, batched_dicts, latencies = asyncio.run(
+            server_lookups(server.address, rows, schema, lookups, args.singles)
+        )
         official = asyncio.run(pyfluss_single(server.address, lookups, 20))
     report(
         f"point lookups, {args.rows:,}-row table",
         [
             ("raw rocksdict multi-get of 1 000 (ceiling)", f"{raw:,.0f} keys/s"),
-            ("strom, lookup_many of 1 000", f"{batched:,.0f} keys/s  ratio {batched / raw:.2f}"),
+            ("strom, lookup_arrow of 1 000 (Arrow in/out)", f"{batched:,.0f} keys/s  ratio {batched / raw:.2f}"),
+            ("strom, lookup_many of 1 000 (dicts)", f"{batched_dicts:,.0f} keys/s  ratio {batched_dicts / raw:.2f}"),
             ("  peers: PostgreSQL = ANY / Redis MGET", "292,208 / 638,610 keys/s (peers.md)"),
             ("strom, single lookups, p50 / p99", f"{median(latencies):.0f} / {percentile(latencies, 0.99):.0f} µs "
              f"(target ≤ 100 / ≤ 200 µs)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ import pyarrow as pa
 from strom.client import encoding
 from strom.errors import PartitionNotExistError, error_for_code
 from strom.ids import TableBucket
-from strom.records import row_arrow, types
+from strom.records import fastpath, row_arrow, types
 from strom.records.bucketing import bucket_for_key
 from strom.records.compacted import CompactedKeyEncoder
 from strom.rpc.api_keys import ApiKey
@@ -46,14 +47,28 @@ class _KeyedReader:
         self._plain_rows = all(isinstance(t, _PLAIN_TYPES) for t in types)
 
     def _full_row_batch(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> pa.RecordBatch:
-        rows = []
+        """A batch of the table's schema holding the keys' columns (the others null), built column by
+        column: one Arrow conversion per key column instead of one per key."""
+        columns: dict[str, list[Any]] = {name: [] for name in self._key_columns}
         for key in keys:
-            values = dict(key) if isinstance(key, Mapping) else dict(zip(self._key_columns, key, strict=True))
-            missing = [name for name in self._key_columns if values.get(name) is None]
-            if missing:
-                raise ValueError(f"the lookup key needs the columns {missing}")
-            rows.append({name: values[name] for name in self._key_columns})
-        return pa.RecordBatch.from_pylist(rows, schema=self._lookup_schema)
+            if isinstance(key, Mapping):
+                for name, column in columns.items():
+                    column.append(key.get(name))
+            else:
+                if len(key) != len(self._key_columns):
+                    raise ValueError(f"a lookup key needs {len(self._key_columns)} values {self._key_columns}")
+                for column, value in zip(columns.values(), key, strict=True):
+                    column.append(value)
+        arrays = []
+        for field in self._lookup_schema:
+            values = columns.get(field.name)
+            if values is None:
+                arrays.append(pa.nulls(len(keys), field.type))
+                continue
+            if any(value is None for value in values):
+                raise ValueError(f"the lookup key needs the column {field.name!r}")
+            arrays.append(pa.array(values, field.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=self._lookup_schema)
 
     async def _partition_id(self, name: str | None) -> int | None:
         if name is None:
@@ -113,7 +128,7 @@ class Lookuper(_KeyedReader):
         except (TypeError, ValueError, OverflowError, struct.error):
             return None
         partition = "$".join(str(row[i]) for i in layout.partition_key_indexes) if layout.partition_keys else None
-        return key_bytes, bucket_for_key(bucket_key, layout.bucket_count), partition
+        return key_bytes, fastpath.bucket_ids([bucket_key], layout.bucket_count)[0], partition
 
     async def _lookup_bucket(self, bucket: TableBucket, keys: list[bytes]) -> list[bytes | None]:
         request = pb.LookupRequest(table_id=bucket.table_id)
@@ -128,26 +143,66 @@ class Lookuper(_KeyedReader):
 
     async def lookup_many(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> list[dict[str, Any] | None]:
         """Look up many keys with one request per bucket leader; results in input order."""
+        found = await self._lookup_values(self._full_row_batch(keys))
+        results: list[dict[str, Any] | None] = [None] * len(keys)
+        indexes = sorted(found)
+        for index, row in zip(indexes, self._decode([found[i] for i in indexes]), strict=True):
+            results[index] = row
+        return results
+
+    async def lookup_arrow(self, keys: pa.Table | pa.RecordBatch) -> pa.Table:
+        """Arrow in, Arrow out (no Python object per row): the rows of the keys that exist, in the order of
+        ``keys``, whose columns are (at least) the primary-key columns."""
         layout = self._table.layout
-        batch = self._full_row_batch(keys)
+        if isinstance(keys, pa.Table):
+            keys = keys.combine_chunks().to_batches()[0] if keys.num_rows else self._full_row_batch([])
+        arrays = []
+        for field in self._lookup_schema:
+            index = keys.schema.get_field_index(field.name)
+            if index < 0:
+                if field.name in self._key_columns:
+                    raise ValueError(f"the lookup keys lack the column {field.name!r}")
+                arrays.append(pa.nulls(keys.num_rows, field.type))
+            else:
+                arrays.append(keys.column(index).cast(field.type))
+        found = await self._lookup_values(pa.RecordBatch.from_arrays(arrays, schema=self._lookup_schema))
+        values = [found[i] for i in sorted(found)]
+        batch = row_arrow.rows_to_record_batch(
+            values, layout.row_decoder, layout.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
+        )
+        return pa.Table.from_batches([batch], schema=layout.arrow_schema)
+
+    async def _lookup_values(self, batch: pa.RecordBatch) -> dict[int, bytes]:
+        """Stored values of the keys in ``batch`` that exist, by row index."""
+        layout = self._table.layout
         encoded = encoding.encode(layout, batch, with_rows=False, with_keys=True)
         assert encoded.keys is not None
         partitions = encoding.partition_names(layout, batch)
-        groups: dict[TableBucket, list[int]] = {}
-        results: list[dict[str, Any] | None] = [None] * len(keys)
-        for index in range(len(keys)):
+        partition_ids: dict[str, int | None] = {}
+        for name in set(partitions or ()):
             try:
-                partition_id = await self._partition_id(partitions[index] if partitions else None)
+                partition_ids[name] = await self._partition_id(name)
             except PartitionNotExistError:
-                continue  # a missing partition holds no rows
-            bucket = TableBucket(layout.info.table_id, encoded.buckets[index], partition_id)
-            groups.setdefault(bucket, []).append(index)
-        for bucket, indexes in groups.items():
-            values = await self._lookup_bucket(bucket, [encoded.keys[i] for i in indexes])
-            found = [(i, v) for i, v in zip(indexes, values, strict=True) if v is not None]
-            for (index, _value), row in zip(found, self._decode([v for _i, v in found]), strict=True):
-                results[index] = row
-        return results
+                partition_ids[name] = None  # a missing partition holds no rows
+        found: dict[int, bytes] = {}
+        table_id = layout.info.table_id
+        keys = encoded.keys
+        by_bucket: dict[tuple[int | None, int], list[int]] = {}
+        for index, bucket_id in enumerate(encoded.buckets):
+            partition_id = None
+            if partitions is not None:
+                partition_id = partition_ids[partitions[index]]
+                if partition_id is None:
+                    continue
+            by_bucket.setdefault((partition_id, bucket_id), []).append(index)
+        groups = {TableBucket(table_id, bucket_id, partition_id): indexes
+                  for (partition_id, bucket_id), indexes in by_bucket.items()}
+        answers = await asyncio.gather(
+            *(self._lookup_bucket(bucket, [keys[i] for i in indexes]) for bucket, indexes in groups.items())
+        )
+        for indexes, values in zip(groups.values(), answers, strict=True):
+            found.update((i, v) for i, v in zip(indexes, values, strict=True) if v is not None)
+        return found
 
 
 class PrefixLookuper(_KeyedReader):

@@ -26,6 +26,7 @@ M = TypeVar("M", bound=Message)
 
 CLIENT_SOFTWARE_NAME = STROM_CLIENT_NAME
 CLIENT_SOFTWARE_VERSION = "0.1.0"
+SWEEP_INTERVAL_S = 0.1
 
 
 class _ResponseProtocol(asyncio.Protocol):
@@ -92,6 +93,8 @@ class RpcConnection:
         self.address = address
         self._protocol = _ResponseProtocol(self)
         self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        self._deadlines: dict[int, float] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
         self._next_request_id = 0
         self._server_versions: dict[int, ApiVersionRange] = {}
         self._closed_error: Exception | None = None
@@ -147,8 +150,11 @@ class RpcConnection:
         future: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         self._pending[request_id] = future
         transport.write(framing.encode_request(int(key), version, request_id, message.SerializeToString()))
-        # a timer instead of asyncio.wait_for, which wraps every request in an extra task
-        timer = loop.call_later(timeout_ms / 1000, _expire, future)
+        # One sweeper per connection expires requests, instead of a timer (or asyncio.wait_for's extra
+        # task) per request: a request may time out up to SWEEP_INTERVAL_S late.
+        self._deadlines[request_id] = loop.time() + timeout_ms / 1000
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(SWEEP_INTERVAL_S, self._sweep)
         try:
             await self._protocol.drain()
             response_type, body = await future
@@ -157,8 +163,8 @@ class RpcConnection:
         except (ConnectionError, OSError) as exc:
             raise NetworkError(f"connection to {self.address} failed: {exc}") from exc
         finally:
-            timer.cancel()
             self._pending.pop(request_id, None)
+            self._deadlines.pop(request_id, None)
         try:
             if response_type == framing.RESPONSE_ERROR:
                 error = pb.ErrorResponse.FromString(body)
@@ -168,6 +174,17 @@ class RpcConnection:
             return cls.FromString(body)
         except DecodeError as exc:  # the caller gets a strom error, never a protobuf internals one
             raise CorruptMessageError(f"{key.name} from {self.address}: unparsable response: {exc}") from exc
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = asyncio.get_running_loop().time()
+        for request_id, deadline in list(self._deadlines.items()):
+            if deadline <= now:
+                future = self._pending.get(request_id)
+                if future is not None and not future.done():
+                    future.set_exception(TimeoutError())
+        if self._deadlines and self._closed_error is None:
+            self._sweeper = asyncio.get_running_loop().call_later(SWEEP_INTERVAL_S, self._sweep)
 
     def _fail_pending(self, exc: Exception) -> None:
         if self._closed_error is None:
@@ -182,12 +199,11 @@ class RpcConnection:
             self._protocol.transport.abort()
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         self._fail_pending(NetworkError("closed by the client"))
         transport = self._protocol.transport
         if transport is not None and not transport.is_closing():
             transport.close()
 
-
-def _expire(future: asyncio.Future[tuple[int, bytes]]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())

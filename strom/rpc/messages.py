@@ -3,6 +3,7 @@ strom's extensions (``ext``)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -32,10 +33,12 @@ def _message_class(name: str) -> type[Message] | None:
     return cls
 
 
+@functools.cache
 def request_class(key: ApiKey) -> type[Message] | None:
     """The request message of ``key``, or None when strom's proto does not define it (not served)."""
     return _message_class(message_names(key)[0])
 
 
+@functools.cache
 def response_class(key: ApiKey) -> type[Message] | None:
     return _message_class(message_names(key)[1])

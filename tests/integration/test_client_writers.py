@@ -89,3 +89,18 @@ async def test_flush_raises_the_error_of_a_failed_row_write(server) -> None:  # 
             await writer.flush()
         with pytest.raises(StromError):
             await handle.wait()
+
+
+async def test_lookup_arrow_returns_the_existing_rows_in_key_order(server) -> None:  # type: ignore[no-untyped-def]
+    path = TablePath("fluss", unique_name("lookup_arrow"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("v", pa.string())]), primary_key=["id"])
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=3))
+        table = await connection.get_table(path)
+        await table.new_upsert().create_writer().upsert_batch(pa.table({"id": list(range(100)), "v": [f"v{i}" for i in range(100)]}))
+        lookuper = table.new_lookup().create_lookuper()
+        found = await lookuper.lookup_arrow(pa.table({"id": [42, 1000, 7, 99, -1]}))
+        assert found.column("id").to_pylist() == [42, 7, 99]
+        assert found.column("v").to_pylist() == ["v42", "v7", "v99"]
+        rows = await lookuper.lookup_many([{"id": 7}, {"id": 1000}, (42,)])
+        assert rows == [{"id": 7, "v": "v7"}, None, {"id": 42, "v": "v42"}]
