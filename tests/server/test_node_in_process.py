@@ -1,0 +1,109 @@
+"""A StromServer running in this process, for what only in-process access can trigger: a bucket losing
+leadership (no RPC asks a single-node cluster to give it up) and the metrics endpoint's live values."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.config import Configuration
+from strom.errors import ScannerExpiredError
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.client import RpcConnection
+from strom.rpc.messages import pb
+from strom.server.node import StromServer
+from tests.server_process import free_port
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _started(tmp_path: Path, config: dict[str, str]) -> StromServer:
+    server = StromServer(tmp_path / "data", "127.0.0.1", 0, Configuration(config))
+    await server.start()
+    return server
+
+
+async def _pk_table(address: str, name: str, rows: int) -> tuple[Connection, object]:
+    connection = await Connection.create(address)
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("v", pa.string())]), primary_key=["id"])
+    await connection.get_admin().create_table(TablePath("fluss", name), TableDescriptor(schema, bucket_count=1))
+    table = await connection.get_table(TablePath("fluss", name))
+    await table.new_upsert().create_writer().upsert_batch(pa.table({"id": list(range(rows)), "v": ["x"] * rows}))
+    return connection, table
+
+
+async def test_a_bucket_losing_leadership_closes_its_scan_sessions(tmp_path: Path) -> None:
+    server = await _started(tmp_path, {"kv.snapshot.interval": "0s"})
+    try:
+        connection, table = await _pk_table(f"127.0.0.1:{server.port}", "leader", 50)
+        rpc = await RpcConnection.connect("127.0.0.1", server.port)
+        try:
+            table_id = table.table_info.table_id  # type: ignore[attr-defined]
+            request = pb.ScanKvRequest(call_seq_id=0, batch_size_bytes=1)
+            request.bucket_scan_req.table_id = table_id
+            request.bucket_scan_req.bucket_id = 0
+            opened = await rpc.request(ApiKey.SCAN_KV, request)
+            assert opened.has_more_results and not opened.HasField("error_code")
+            assert server.scans is not None and server.scans.scanners.session_count == 1
+            assert server.tablet_server is not None
+            await server.tablet_server.stop_replicas(table_id, None, delete=False)
+            assert server.scans.scanners.session_count == 0
+            late = await rpc.request(
+                ApiKey.SCAN_KV, pb.ScanKvRequest(scanner_id=opened.scanner_id, call_seq_id=1, batch_size_bytes=1)
+            )
+            assert late.error_code == ScannerExpiredError.code
+            reopen = await rpc.request(ApiKey.SCAN_KV, request)
+            assert reopen.error_code == 21  # the bucket is no longer hosted here
+        finally:
+            await rpc.close()
+            await connection.close()
+    finally:
+        await server.stop()
+
+
+async def test_metrics_report_leases_and_retained_snapshots(tmp_path: Path) -> None:
+    port = free_port()
+    server = await _started(
+        tmp_path, {"kv.snapshot.interval": "100ms", "metrics.reporter.prometheus.port": str(port)}
+    )
+    try:
+        address = f"127.0.0.1:{server.port}"
+        connection, _table = await _pk_table(address, "metered", 20)
+        try:
+            admin = connection.get_admin()
+            path = TablePath("fluss", "metered")
+            for _ in range(200):
+                latest = await admin.get_latest_kv_snapshots(path)
+                if latest.snapshots[0] is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert latest.snapshots[0] is not None
+            lease = admin.create_kv_snapshot_lease("metered-lease", 60_000)
+            await lease.acquire_snapshots({latest.table_bucket(0): latest.snapshots[0].snapshot_id})
+
+            def scrape() -> dict[str, float]:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read()
+                values = {}
+                for line in body.decode().splitlines():
+                    if line and not line.startswith("#"):
+                        name, _, value = line.rpartition(" ")
+                        values[name] = float(value)
+                return values
+
+            metrics = await asyncio.to_thread(scrape)
+            assert metrics["strom_kv_snapshot_lease_count"] == 1
+            assert metrics["strom_kv_snapshot_leased_snapshot_count"] == 1
+            assert metrics['strom_kv_snapshot_retained_count{table="fluss.metered"}'] >= 1
+            assert metrics['strom_kv_snapshot_retained_bytes{table="fluss.metered"}'] > 0
+            await lease.drop()
+            metrics = await asyncio.to_thread(scrape)
+            assert metrics["strom_kv_snapshot_lease_count"] == 0
+        finally:
+            await connection.close()
+    finally:
+        await server.stop()
