@@ -70,6 +70,24 @@ class _KeyedReader:
             arrays.append(pa.array(values, field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self._lookup_schema)
 
+    def _simple_key(self, key: Mapping[str, Any] | Sequence[Any]) -> tuple[bytes, int, str | None] | None:
+        """Key bytes, bucket and partition of a key of plain Python values (ints, strings, bytes…),
+        encoded directly; None sends the key through the general Arrow path (dates, decimals, …)."""
+        layout = self._table.layout
+        if not self._plain_key:
+            return None
+        values = dict(key) if isinstance(key, Mapping) else dict(zip(self._key_columns, key, strict=True))
+        try:
+            row = [values.get(name) for name in layout.column_names]
+            if any(row[i] is None or type(row[i]) not in _PLAIN_PYTHON for i in self._key_positions):
+                return None
+            key_bytes = layout.key_encoder.encode(row)
+            bucket_key = key_bytes if layout.bucket_key_indexes == layout.key_indexes else layout.bucket_key_encoder.encode(row)
+        except (TypeError, ValueError, OverflowError, struct.error):
+            return None
+        partition = "$".join(str(row[i]) for i in layout.partition_key_indexes) if layout.partition_keys else None
+        return key_bytes, fastpath.bucket_ids([bucket_key], layout.bucket_count)[0], partition
+
     async def _partition_id(self, name: str | None) -> int | None:
         if name is None:
             return None
@@ -111,24 +129,6 @@ class Lookuper(_KeyedReader):
         bucket = TableBucket(self._table.layout.info.table_id, bucket_id, partition_id)
         value = (await self._lookup_bucket(bucket, [key_bytes]))[0]
         return None if value is None else self._decode_one(value)
-
-    def _simple_key(self, key: Mapping[str, Any] | Sequence[Any]) -> tuple[bytes, int, str | None] | None:
-        """Key bytes, bucket and partition of a key of plain Python values (ints, strings, bytes…),
-        encoded directly; None sends the key through the general Arrow path (dates, decimals, …)."""
-        layout = self._table.layout
-        if not self._plain_key:
-            return None
-        values = dict(key) if isinstance(key, Mapping) else dict(zip(self._key_columns, key, strict=True))
-        try:
-            row = [values.get(name) for name in layout.column_names]
-            if any(row[i] is None or type(row[i]) not in _PLAIN_PYTHON for i in self._key_positions):
-                return None
-            key_bytes = layout.key_encoder.encode(row)
-            bucket_key = key_bytes if layout.bucket_key_indexes == layout.key_indexes else layout.bucket_key_encoder.encode(row)
-        except (TypeError, ValueError, OverflowError, struct.error):
-            return None
-        partition = "$".join(str(row[i]) for i in layout.partition_key_indexes) if layout.partition_keys else None
-        return key_bytes, fastpath.bucket_ids([bucket_key], layout.bucket_count)[0], partition
 
     async def _lookup_bucket(self, bucket: TableBucket, keys: list[bytes]) -> list[bytes | None]:
         request = pb.LookupRequest(table_id=bucket.table_id)

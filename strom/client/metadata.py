@@ -101,6 +101,14 @@ class MetadataCache:
         self._absorb(await self._connection.bootstrap_request(ApiKey.GET_METADATA, request))
         return self._partition_ids[(table.table_id, partition_name)]
 
+    def cached_partition_id(self, table_id: int, partition_name: str) -> int | None:
+        return self._partition_ids.get((table_id, partition_name))
+
+    def cached_leader_address(self, bucket: TableBucket) -> str | None:
+        """The bucket's leader as last reported, without asking the cluster (for blocking callers)."""
+        leader = self._leaders.get(bucket)
+        return None if leader is None else self._servers.get(leader)
+
     def partition_name(self, partition_id: int) -> str | None:
         return self._partition_names.get(partition_id)
 

@@ -16,6 +16,7 @@ from strom.records.types import RowType
 
 if TYPE_CHECKING:
     from strom.client.batch_scanner import BatchScanner, BucketBatchScanner
+    from strom.client.blocking import BlockingLookuper
     from strom.client.connection import Connection
     from strom.client.log_scanner import LogScanner
     from strom.client.lookup import Lookuper, PrefixLookuper
@@ -155,6 +156,14 @@ class TableLookup:
     def lookup_by(self, columns: Sequence[str]) -> TableLookup:
         self._prefix = list(columns)
         return self
+
+    def create_blocking_lookuper(self) -> BlockingLookuper:
+        """A lookuper for synchronous code: no event loop, one blocking socket per leader (lowest latency)."""
+        from strom.client.blocking import BlockingLookuper
+
+        if self._prefix is not None:
+            raise ValueError("prefix lookups have no blocking variant; use create_lookuper()")
+        return BlockingLookuper(self._table)
 
     def create_lookuper(self) -> Lookuper | PrefixLookuper:
         from strom.client.lookup import Lookuper, PrefixLookuper

@@ -104,3 +104,37 @@ async def test_lookup_arrow_returns_the_existing_rows_in_key_order(server) -> No
         assert found.column("v").to_pylist() == ["v42", "v7", "v99"]
         rows = await lookuper.lookup_many([{"id": 7}, {"id": 1000}, (42,)])
         assert rows == [{"id": 7, "v": "v7"}, None, {"id": 42, "v": "v42"}]
+
+
+async def test_the_blocking_lookuper_finds_rows_without_an_event_loop_in_the_path(server) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    path = TablePath("fluss", unique_name("blocking"))
+    schema = Schema.from_arrow(
+        pa.schema([("region", pa.string()), ("id", pa.int64()), ("day", pa.date32()), ("v", pa.string())]),
+        primary_key=["region", "id", "day"],
+    )
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=3))
+        table = await connection.get_table(path)
+        import datetime as dt
+
+        day = dt.date(2026, 1, 2)
+        await table.new_upsert().create_writer().upsert_batch(
+            pa.table({"region": ["eu", "us"], "id": [1, 2], "day": [day, day], "v": ["a", "b"]})
+        )
+
+        def blocking_reads() -> list[object]:
+            with table.new_lookup().create_blocking_lookuper() as lookuper:
+                return [
+                    lookuper.lookup({"region": "eu", "id": 1, "day": day}),  # a date key: the Arrow path
+                    lookuper.lookup(("us", 2, day)),
+                    lookuper.lookup({"region": "eu", "id": 2, "day": day}),
+                ]
+
+        found = await asyncio.to_thread(blocking_reads)
+        assert found == [
+            {"region": "eu", "id": 1, "day": day, "v": "a"},
+            {"region": "us", "id": 2, "day": day, "v": "b"},
+            None,
+        ]

@@ -1,0 +1,147 @@
+"""Blocking point lookups for latency-sensitive synchronous code (no event loop in the request path).
+
+An asyncio round trip costs this machine ~100 µs at the median; a blocking socket, ~65 µs (deps-lab).
+``BlockingLookuper`` keeps one plain TCP connection per bucket leader and sends each Lookup on the
+calling thread. It takes bucket leaders and partition ids from the connection's metadata cache (filled
+when the table was loaded, or by an async lookup of the partition), so it never awaits anything.
+
+Not thread-safe: use one per thread. Close it when done.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from strom.client.lookup import _KeyedReader
+from strom.errors import (
+    ConnectionFailedError,
+    LeaderNotAvailableError,
+    NetworkError,
+    error_for_code,
+)
+from strom.ids import TableBucket
+from strom.rpc import framing
+from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey
+from strom.rpc.messages import pb
+
+if TYPE_CHECKING:
+    from strom.client.table import Table
+
+LOOKUP_VERSION = 1
+TIMEOUT_S = 30.0
+
+
+class _BlockingRpc:
+    """One blocking socket to a server, after the ApiVersions handshake."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        host, _, port = address.rpartition(":")
+        try:
+            self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        except OSError as exc:
+            raise ConnectionFailedError(f"cannot connect to {address}: {exc}") from exc
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._address = address
+        self._request_id = 0
+        hello = pb.ApiVersionsRequest(client_software_name=STROM_CLIENT_NAME, client_software_version="0.1.0")
+        self.call(ApiKey.API_VERSIONS, 0, hello, pb.ApiVersionsResponse)
+
+    def call(self, key: ApiKey, version: int, message: Any, response_class: Any) -> Any:
+        self._request_id = (self._request_id + 1) & framing.REQUEST_ID_MASK
+        try:
+            self._sock.sendall(framing.encode_request(int(key), version, self._request_id, message.SerializeToString()))
+            (length,) = framing.LENGTH.unpack(self._read(framing.LENGTH_SIZE_BYTES))
+            if length < framing.RESPONSE_HEADER_SIZE_BYTES or length > framing.RESPONSE_FRAME_SIZE_BYTES_MAX:
+                raise NetworkError(f"malformed response frame of {length} bytes from {self._address}")
+            frame = self._read(length)
+        except OSError as exc:
+            self.close()
+            raise NetworkError(f"connection to {self._address} failed: {exc}") from exc
+        response_type, request_id = framing.RESPONSE_HEADER.unpack_from(frame, 0)
+        if request_id != self._request_id:
+            self.close()
+            raise NetworkError(f"{self._address} answered request {request_id}, expected {self._request_id}")
+        body = frame[framing.RESPONSE_HEADER_SIZE_BYTES :]
+        if response_type == framing.RESPONSE_ERROR:
+            error = pb.ErrorResponse.FromString(body)
+            raise error_for_code(error.error_code, error.error_message or None)
+        return response_class.FromString(body)
+
+    def _read(self, size: int) -> bytes:
+        chunks = []
+        while size:
+            chunk = self._sock.recv(size)
+            if not chunk:
+                raise ConnectionResetError("the server closed the connection")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class BlockingLookuper(_KeyedReader):
+    """``lookuper.lookup({"id": 1})`` → the row as a dict, or None, without asyncio."""
+
+    def __init__(self, table: Table, timeout_s: float = TIMEOUT_S) -> None:
+        super().__init__(table, table.layout.primary_key)
+        self._timeout_s = timeout_s
+        self._servers: dict[str, _BlockingRpc] = {}
+
+    def lookup(self, key: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any] | None:
+        """Raises LeaderNotAvailableError if the table's (or partition's) metadata is not cached: load it
+        with ``await connection.get_table(...)`` (or one async lookup into the partition) first."""
+        layout = self._table.layout
+        simple = self._simple_key(key)
+        if simple is None:
+            from strom.client import encoding
+
+            batch = self._full_row_batch([key])
+            encoded = encoding.encode(layout, batch, with_rows=False, with_keys=True)
+            assert encoded.keys is not None
+            partitions = encoding.partition_names(layout, batch)
+            simple = (encoded.keys[0], encoded.buckets[0], partitions[0] if partitions else None)
+        key_bytes, bucket_id, partition_name = simple
+        partition_id = None
+        metadata = self._table.connection.metadata
+        if partition_name is not None:
+            partition_id = metadata.cached_partition_id(layout.info.table_id, partition_name)
+            if partition_id is None:
+                raise LeaderNotAvailableError(
+                    f"partition {partition_name!r} of {layout.info.path} is not in the metadata cache; "
+                    "look it up once with the async Lookuper"
+                )
+        bucket = TableBucket(layout.info.table_id, bucket_id, partition_id)
+        address = metadata.cached_leader_address(bucket)
+        if address is None:
+            raise LeaderNotAvailableError(f"no cached leader for {bucket}; reload the table with get_table()")
+        request = pb.LookupRequest(table_id=bucket.table_id)
+        entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=[key_bytes])
+        if partition_id is not None:
+            entry.partition_id = partition_id
+        response = self._server(address).call(ApiKey.LOOKUP, LOOKUP_VERSION, request, pb.LookupResponse)
+        bucket_response = response.buckets_resp[0]
+        if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
+            raise error_for_code(bucket_response.error_code, bucket_response.error_message)
+        value = bucket_response.values[0]
+        return self._decode_one(value.values) if value.HasField("values") else None
+
+    def _server(self, address: str) -> _BlockingRpc:
+        server = self._servers.get(address)
+        if server is None:
+            server = self._servers[address] = _BlockingRpc(address, self._timeout_s)
+        return server
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            server.close()
+        self._servers.clear()
+
+    def __enter__(self) -> BlockingLookuper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
