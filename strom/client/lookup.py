@@ -139,7 +139,8 @@ class Lookuper(_KeyedReader):
         bucket_response = response.buckets_resp[0]
         if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
             raise error_for_code(bucket_response.error_code, bucket_response.error_message)
-        return [v.values if v.HasField("values") else None for v in bucket_response.values]
+        # a stored value is never empty (it starts with the schema id), so empty bytes means "no row"
+        return [v.values or None for v in bucket_response.values]
 
     async def lookup_many(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> list[dict[str, Any] | None]:
         """Look up many keys with one request per bucket leader; results in input order."""
