@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     from strom.client.admin import Admin
     from strom.client.table import Table
 
-DEFAULT_REQUEST_TIMEOUT_MS = 30_000
-DEFAULT_CONNECT_TIMEOUT_MS = 10_000
-
-
 def _split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     if not sep or not host or not port.isdigit():

@@ -85,9 +85,6 @@ class MetadataCache:
         cached = self._tables.get(path)
         return cached if cached is not None else await self.refresh_table(path)
 
-    def cached_table_by_id(self, table_id: int) -> TableInfo | None:
-        return self._tables_by_id.get(table_id)
-
     async def partition_id(self, table: TableInfo, partition_name: str) -> int:
         """The id of a partition. Raises PartitionNotExistError (36) if it does not exist."""
         cached = self._partition_ids.get((table.table_id, partition_name))

@@ -408,18 +408,6 @@ class KvTablet:
             return iter(()), self._applied_offset, True
         return itertools.chain((first,), values), self._applied_offset, False
 
-    def iterate_values(self) -> Iterator[bytes]:
-        """Every stored value in key order from a point-in-time iterator created now."""
-        self._check_open()
-        iterator = self._db.iter()
-        iterator.seek_to_first()
-        try:
-            while iterator.valid():
-                yield iterator.value()
-                iterator.next()
-        finally:
-            del iterator
-
     def create_checkpoint(self, directory: Path) -> Checkpoint:
         """A consistent local checkpoint of the acknowledged state (for a KV snapshot)."""
         self._check_open()

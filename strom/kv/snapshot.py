@@ -110,10 +110,6 @@ def bucket_remote_dir(path: TablePath, bucket: TableBucket) -> str:
     return f"{base}/{bucket.bucket}"
 
 
-def table_remote_dir(path: TablePath, table_id: int) -> str:
-    return f"kv/{path.database_name}/{path.table_name}-{table_id}"
-
-
 def create_checkpoint(db: rocksdict.Rdict, directory: Path, log_offset: int, row_count: int) -> Checkpoint:
     """Hard-link a consistent copy of ``db`` into ``directory`` (which must not exist yet)."""
     directory.parent.mkdir(parents=True, exist_ok=True)

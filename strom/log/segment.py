@@ -136,15 +136,11 @@ class LogSegment:
 
     # ---- reading ----
     @property
-    def batch_count(self) -> int:
-        return len(self._offsets)
-
-    @property
     def last_timestamp(self) -> int:
         return self._timestamps[-1] if self._timestamps else -1
 
     def batch_index_for(self, offset: int) -> int:
-        """Index of the batch containing ``offset``, or ``batch_count`` if the offset is past the end."""
+        """Index of the batch containing ``offset``, or the number of batches if the offset is past the end."""
         index = bisect_right(self._offsets, offset) - 1
         if index < 0:
             return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -239,20 +239,6 @@ class RowType(DataType):
             if f.name == name:
                 return index
         raise KeyError(f"no field {name!r} in {self}")
-
-
-_NESTED = (ArrayType, MapType, RowType)
-_CONSTANT_WIDTH = (BooleanType, TinyIntType, SmallIntType, FloatType, DoubleType)
-
-
-def is_nested(t: DataType) -> bool:
-    """ARRAY, MAP and ROW: the types whose values are themselves binary containers."""
-    return isinstance(t, _NESTED)
-
-
-def is_fixed_width(t: DataType) -> bool:
-    """Whether every non-null value takes the same number of bytes in a CompactedRow."""
-    return isinstance(t, _CONSTANT_WIDTH)
 
 
 def is_compact(t: DataType) -> bool:
@@ -529,10 +515,6 @@ def from_arrow_type(arrow_type: pa.DataType, nullable: bool = True) -> DataType:
 def from_arrow_field(arrow_field: pa.Field) -> DataType:
     """Like ``from_arrow_type`` but nullability comes from the field."""
     return from_arrow_type(arrow_field.type, nullable=arrow_field.nullable)
-
-
-def from_arrow_schema(schema: pa.Schema | Iterable[pa.Field]) -> RowType:
-    return RowType(tuple(DataField(f.name, from_arrow_field(f)) for f in schema))
 
 
 # ---------------------------------------------------------------------------------------

@@ -92,15 +92,6 @@ class RemoteStorage:
         if self._fs.exists(path):
             self._fs.rm(path, recursive=True)
 
-    def list_files(self, location: str) -> list[str]:
-        """Full locations of the files under ``location`` (recursively); empty if it does not exist."""
-        path = self._path(location)
-        if not self._fs.exists(path):
-            return []
-        found = self._fs.find(path)
-        prefix = self._root_path.rstrip("/") + "/"
-        return [self.url(p[len(prefix) :]) if p.startswith(prefix) else p for p in found]
-
 
 def download(location: str, local_path: Path) -> None:
     """Copy one remote file (any fsspec URL or local path) to ``local_path``."""

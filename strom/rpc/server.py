@@ -206,21 +206,6 @@ class RpcServer:
             return self._error_frame(context.request_id, exc)
         return framing.encode_response(framing.RESPONSE_SUCCESS, context.request_id, body)
 
-    async def dispatch(self, frame: bytes, connection: _Connection) -> bytes | None:
-        """Handle one request frame end to end (used for coroutine handlers, and by tests)."""
-        routed = self.route(frame, connection)
-        if isinstance(routed, bytes):
-            return routed
-        route, request, context = routed
-        try:
-            result = route.handler(request, context)
-            response = await result if inspect.isawaitable(result) else result
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            return self.respond(context, exc)
-        return self.respond(context, response)
-
     def _error_frame(self, request_id: int, exc: BaseException) -> bytes:
         self.stats.error_responses += 1
         code, message = code_for_exception(exc)

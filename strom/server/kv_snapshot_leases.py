@@ -135,9 +135,6 @@ class KvSnapshotLeaseManager:
     def is_leased(self, bucket: TableBucket, snapshot_id: int) -> bool:
         return (bucket, snapshot_id) in self._refcounts
 
-    def leased_snapshot_ids(self, bucket: TableBucket) -> set[int]:
-        return {snapshot_id for (b, snapshot_id) in self._refcounts if b == bucket}
-
     def get(self, lease_id: str) -> KvSnapshotLease | None:
         return self._leases.get(lease_id)
 

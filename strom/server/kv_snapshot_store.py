@@ -85,9 +85,6 @@ class KvSnapshotStore:
         ]
         return sorted(found, key=lambda s: (s.bucket.partition_id or -1, s.bucket.bucket, s.snapshot_id))
 
-    def all_buckets(self) -> list[TableBucket]:
-        return [bucket for bucket, entry in self._buckets.items() if entry.snapshots]
-
     # ---- writes ----
     def next_snapshot_id(self, bucket: TableBucket) -> int:
         return self._store.next_id(_sequence_name(bucket))
