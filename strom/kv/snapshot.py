@@ -21,6 +21,7 @@ from pathlib import Path
 
 import rocksdict
 
+from strom.fsync import fsync_path
 from strom.ids import TableBucket, TablePath
 from strom.remote.storage import RemoteStorage
 
@@ -174,15 +175,20 @@ def download_snapshot(remote: RemoteStorage, snapshot: CompletedKvSnapshot, dire
     """Fetch every file of ``snapshot`` into ``directory`` so RocksDB can open it.
 
     Files land in a sibling temporary directory that is renamed into place, so a crash mid-download
-    never leaves a half-restored RocksDB where a complete one is expected.
+    never leaves a half-restored RocksDB where a complete one is expected; everything is fsynced
+    before and after the rename, so a power loss cannot either.
     """
     staging = directory.with_name(directory.name + ".restoring")
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     for file in snapshot.files:
-        remote.get_file(file.remote_path, staging / file.local_file_name)
+        local_file = staging / file.local_file_name
+        remote.get_file(file.remote_path, local_file)
+        fsync_path(local_file)
+    fsync_path(staging)
     if directory.exists():
         shutil.rmtree(directory)
     staging.rename(directory)
+    fsync_path(directory.parent)
 

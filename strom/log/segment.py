@@ -17,6 +17,7 @@ from pathlib import Path
 import crc32c
 
 from strom.errors import LogStorageError
+from strom.fsync import fsync_path
 from strom.records import log_batch
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class LogSegment:
     def create(cls, directory: Path, base_offset: int) -> LogSegment:
         path = directory / segment_file_name(base_offset)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        _fsync_directory(directory)
+        fsync_path(directory)
         return cls(path, base_offset, fd)
 
     @classmethod
@@ -176,11 +177,3 @@ class LogSegment:
     def delete(self) -> None:
         self.close()
         self.path.unlink(missing_ok=True)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

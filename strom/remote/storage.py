@@ -15,6 +15,8 @@ from pathlib import Path
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from strom.fsync import fsync_path
+
 
 class RemoteStorage:
     """A root location and the file operations snapshots need. Thread-safe (no shared mutable state)."""
@@ -46,9 +48,9 @@ class RemoteStorage:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
             temporary = f"{target}.{uuid.uuid4().hex}.tmp"
             shutil.copyfile(local_path, temporary)
-            _fsync_file(temporary)
+            fsync_path(temporary)
             os.replace(temporary, target)
-            _fsync_directory(Path(target).parent)
+            fsync_path(Path(target).parent)
         else:
             self._fs.put_file(str(local_path), target)
         return local_path.stat().st_size
@@ -63,7 +65,7 @@ class RemoteStorage:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temporary, target)
-            _fsync_directory(Path(target).parent)
+            fsync_path(Path(target).parent)
         else:
             with self._fs.open(target, "wb") as handle:
                 handle.write(data)
@@ -98,19 +100,3 @@ def download(location: str, local_path: Path) -> None:
     fs, path = fsspec.core.url_to_fs(location)
     local_path.parent.mkdir(parents=True, exist_ok=True)
     fs.get_file(path, str(local_path))
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
