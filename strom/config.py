@@ -217,7 +217,8 @@ LOG_FLUSH_INTERVAL_MESSAGES = int_option(
 TABLE_LOG_TTL = duration_option(
     "table.log.ttl", "7d",
     "Default for tables that do not set it: log segments older than this are deleted (a primary-key "
-    "changelog only below its latest KV snapshot); <= 0 keeps them forever.",
+    "changelog only below its oldest stored KV snapshot, so leased snapshots keep the changelog after "
+    "them); <= 0 keeps them forever.",
 )
 LOG_RETENTION_CHECK_INTERVAL = duration_option(
     "log.retention.check-interval", "5 min", "How often log retention runs."

@@ -6,7 +6,9 @@ coordinator. At most one snapshot per bucket is in flight. A failed upload or co
 uploaded and is retried at the next interval.
 
 Log retention deletes whole segments older than ``table.log.ttl``; for a primary-key bucket only segments
-below its latest snapshot's log offset, since restoring the bucket needs the changelog after it.
+below the log offset of its oldest stored snapshot. Restoring the bucket needs the changelog after the
+latest snapshot, and a reader of any older snapshot still stored — one a lease keeps, above all — needs the
+changelog after that one to catch up (Fluss leaves this gap open: its leases do not protect the log).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class SnapshotCommitter(Protocol):
     def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> None: ...
 
     def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
+
+    def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
 
 
 @dataclass(slots=True)
@@ -188,9 +192,9 @@ class KvSnapshotScheduler:
                 continue
             below: int | None = None
             if replica.is_kv:
-                latest = self._committer.latest_snapshot(replica.bucket)
-                if latest is None:
+                oldest = self._committer.oldest_snapshot(replica.bucket)
+                if oldest is None:
                     continue  # without a snapshot the whole changelog is needed to rebuild the bucket
-                below = latest.log_offset
+                below = oldest.log_offset
             freed += replica.log.delete_segments(older_than_ms=now - ttl_ms, below_offset=below)
         return freed

@@ -86,6 +86,9 @@ class KvSnapshotService:
     def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
         return self._snapshots.latest(bucket)
 
+    def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+        return self._snapshots.oldest(bucket)
+
     def on_table_dropped(self, table: TableInfo, partition_id: int | None = None) -> None:
         self._leases.drop_table(table.table_id, partition_id)
         self._snapshots.drop_table(table.table_id, partition_id)

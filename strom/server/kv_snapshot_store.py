@@ -69,6 +69,13 @@ class KvSnapshotStore:
             return None
         return entry.snapshots[max(entry.snapshots)]
 
+    def oldest(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+        """The oldest snapshot still stored: inside the retention window, or kept by a lease."""
+        entry = self._buckets.get(bucket)
+        if entry is None or not entry.snapshots:
+            return None
+        return entry.snapshots[min(entry.snapshots)]
+
     def get(self, bucket: TableBucket, snapshot_id: int) -> CompletedKvSnapshot:
         entry = self._buckets.get(bucket)
         if entry is None or snapshot_id not in entry.snapshots:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
 from strom.config import Configuration
 from strom.errors import ScannerExpiredError
 from strom.rpc.api_keys import ApiKey
@@ -103,6 +103,59 @@ async def test_metrics_report_leases_and_retained_snapshots(tmp_path: Path) -> N
             await lease.drop()
             metrics = await asyncio.to_thread(scrape)
             assert metrics["strom_kv_snapshot_lease_count"] == 0
+        finally:
+            await connection.close()
+    finally:
+        await server.stop()
+
+
+async def test_log_retention_keeps_the_changelog_after_a_leased_snapshot(tmp_path: Path) -> None:
+    """A leased snapshot outside the retention window still has its catch-up changelog; the lease's release
+    lets retention trim it. Snapshots and retention are triggered directly, so nothing depends on timing."""
+    server = await _started(
+        tmp_path,
+        {"kv.snapshot.interval": "0s", "log.segment.file-size": "4kb", "table.log.ttl": "1ms",
+         "kv.snapshot.num-retained": "1"},
+    )
+    try:
+        connection, table = await _pk_table(f"127.0.0.1:{server.port}", "held", 100)
+        try:
+            admin = connection.get_admin()
+            path = TablePath("fluss", "held")
+            table_id = table.table_info.table_id  # type: ignore[attr-defined]
+            (replica,) = [r for r in server.replicas.hosted() if r.bucket.table_id == table_id]
+            writer = table.new_upsert().create_writer()  # type: ignore[attr-defined]
+
+            async def write_round(tag: str) -> None:
+                await writer.upsert_batch(pa.table({"id": list(range(100)), "v": [f"{tag}-{i:04d}" * 8 for i in range(100)]}))
+
+            async def snapshot() -> int:
+                completed = await server.snapshot_scheduler.snapshot(replica)
+                assert completed is not None
+                return completed.log_offset
+
+            async def earliest() -> int:
+                return (await admin.list_offsets(path, [0], OffsetSpec.earliest()))[0]
+
+            await write_round("a")
+            leased_offset = await snapshot()
+            lease = admin.create_kv_snapshot_lease("reader", 60_000)
+            await lease.acquire_snapshots({replica.bucket: 0})
+            for tag in ("b", "c", "d"):
+                await write_round(tag)
+                await snapshot()
+            await asyncio.sleep(0.01)  # every segment is now older than the 1 ms ttl
+
+            server.snapshot_scheduler.apply_log_retention()
+            assert await earliest() <= leased_offset
+            scanner = table.new_scan().create_log_scanner()  # type: ignore[attr-defined]
+            scanner.subscribe(0, leased_offset)
+            batches = await scanner.poll(5_000)
+            assert batches and batches[0].base_offset == leased_offset
+
+            await lease.drop()  # snapshot 0 leaves retention; the changelog before snapshot 3 may go
+            server.snapshot_scheduler.apply_log_retention()
+            assert await earliest() > leased_offset
         finally:
             await connection.close()
     finally:
