@@ -22,6 +22,7 @@ import crc32c
 
 from strom.errors import CorruptRecordError
 from strom.records import fastpath
+from strom.records.compacted import write_varint32
 
 KV_HEADER = struct.Struct("<ibIhbqii")
 KV_HEADER_SIZE_BYTES = 28
@@ -117,15 +118,6 @@ def _parse_records_python(
     return keys, values
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def build_kv_batch(
     schema_id: int,
     keys: Sequence[bytes],
@@ -138,7 +130,11 @@ def build_kv_batch(
     assert len(keys) == len(values)
     body = bytearray()
     for key, value in zip(keys, values, strict=True):
-        record = _varint(len(key)) + key + (value or b"")
+        record = bytearray()
+        write_varint32(record, len(key))
+        record += key
+        if value:
+            record += value
         body += _INT32.pack(len(record))
         body += record
     buffer = bytearray(KV_HEADER_SIZE_BYTES) + body
@@ -170,8 +166,6 @@ def parse_value_batch(buffer: bytes | memoryview) -> list[bytes]:
     end = 4 + length
     if end > len(view):
         raise CorruptRecordError("value batch overruns its buffer")
-    from strom.records import fastpath
-
     if fastpath.native is not None:
         try:
             values: list[bytes] = fastpath.native.parse_value_records(view, VALUE_HEADER_SIZE_BYTES, end, count)
