@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from strom.ids import TableBucket, TablePath
 from strom.rpc.api_keys import ApiKey
-from strom.rpc.messages import ext, pb
+from strom.rpc.messages import add_snapshot_pins, ext, pb, read_snapshot_pins
 
 if TYPE_CHECKING:
     from strom.client.connection import Connection
@@ -98,21 +98,9 @@ class KvSnapshotLease:
         if not snapshot_ids:
             raise ValueError("acquire_snapshots needs at least one bucket; use renew() to extend the lease")
         request = pb.AcquireKvSnapshotLeaseRequest(lease_id=self.lease_id, lease_duration_ms=self.lease_duration_ms)
-        by_table: dict[int, Any] = {}
-        for bucket, snapshot_id in snapshot_ids.items():
-            table_entry = by_table.get(bucket.table_id)
-            if table_entry is None:
-                table_entry = by_table[bucket.table_id] = request.snapshots_to_lease.add(table_id=bucket.table_id)
-            entry = table_entry.bucket_snapshots.add(bucket_id=bucket.bucket, snapshot_id=snapshot_id)
-            if bucket.partition_id is not None:
-                entry.partition_id = bucket.partition_id
+        add_snapshot_pins(request.snapshots_to_lease, snapshot_ids)
         response = await self._connection.coordinator_request(ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE, request)
-        unavailable = {}
-        for table_entry in response.unavailable_snapshots:
-            for entry in table_entry.bucket_snapshots:
-                partition_id = entry.partition_id if entry.HasField("partition_id") else None
-                unavailable[TableBucket(table_entry.table_id, entry.bucket_id, partition_id)] = entry.snapshot_id
-        return AcquireKvSnapshotLeaseResult(unavailable)
+        return AcquireKvSnapshotLeaseResult(read_snapshot_pins(response.unavailable_snapshots))
 
     async def renew(self) -> None:
         """Push the expiry to now + duration (creates an empty lease if it does not exist)."""

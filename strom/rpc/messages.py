@@ -4,6 +4,7 @@ strom's extensions (``ext``)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -17,13 +18,17 @@ except ImportError as exc:  # pragma: no cover - only when the package was copie
         "strom/rpc/proto/fluss_api.proto"
     ) from exc
 
+from strom.ids import TableBucket
 from strom.rpc.api_keys import ApiKey, message_names
 
 # Generated modules have no type stubs: their message classes are attributes created at import.
 pb: Any = _fluss_api
 ext: Any = _strom_ext
 
-__all__ = ["DecodeError", "Message", "ext", "pb", "request_class", "response_class"]
+__all__ = [
+    "DecodeError", "Message", "add_snapshot_pins", "ext", "pb", "read_snapshot_pins", "request_class",
+    "response_class",
+]
 
 
 def _message_class(name: str) -> type[Message] | None:
@@ -42,3 +47,30 @@ def request_class(key: ApiKey) -> type[Message] | None:
 @functools.cache
 def response_class(key: ApiKey) -> type[Message] | None:
     return _message_class(message_names(key)[1])
+
+
+def add_snapshot_pins(tables: Any, pins: Mapping[TableBucket, int]) -> None:
+    """Fill a repeated ``PbKvSnapshotLeaseForTable`` field (lease requests, unavailable snapshots) with
+    ``{bucket: snapshot id}``, one entry per table, buckets in order."""
+    by_table: dict[int, Any] = {}
+    def order(item: tuple[TableBucket, int]) -> tuple[int, int, int]:
+        bucket = item[0]
+        return bucket.table_id, -1 if bucket.partition_id is None else bucket.partition_id, bucket.bucket
+
+    for bucket, snapshot_id in sorted(pins.items(), key=order):
+        table_entry = by_table.get(bucket.table_id)
+        if table_entry is None:
+            table_entry = by_table[bucket.table_id] = tables.add(table_id=bucket.table_id)
+        entry = table_entry.bucket_snapshots.add(bucket_id=bucket.bucket, snapshot_id=snapshot_id)
+        if bucket.partition_id is not None:
+            entry.partition_id = bucket.partition_id
+
+
+def read_snapshot_pins(tables: Iterable[Any]) -> dict[TableBucket, int]:
+    """``{bucket: snapshot id}`` from a repeated ``PbKvSnapshotLeaseForTable`` field."""
+    pins: dict[TableBucket, int] = {}
+    for table_entry in tables:
+        for entry in table_entry.bucket_snapshots:
+            partition_id = entry.partition_id if entry.HasField("partition_id") else None
+            pins[TableBucket(table_entry.table_id, entry.bucket_id, partition_id)] = entry.snapshot_id
+    return pins

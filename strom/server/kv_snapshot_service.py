@@ -23,7 +23,7 @@ from strom.errors import (
 from strom.ids import TableBucket, TablePath
 from strom.kv.snapshot import CompletedKvSnapshot
 from strom.metadata.table_info import TableInfo
-from strom.rpc.messages import ext, pb
+from strom.rpc.messages import add_snapshot_pins, ext, pb, read_snapshot_pins
 from strom.server.coordinator import CoordinatorService
 from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager, LeaseChange
 from strom.server.kv_snapshot_store import KvSnapshotStore
@@ -156,25 +156,15 @@ class KvSnapshotService:
         return response
 
     def acquire_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
-        pins: dict[TableBucket, int] = {}
         for table_request in request.snapshots_to_lease:
             self._pk_table(table_request.table_id)
-            for entry in table_request.bucket_snapshots:
-                partition_id = entry.partition_id if entry.HasField("partition_id") else None
-                pins[TableBucket(table_request.table_id, entry.bucket_id, partition_id)] = entry.snapshot_id
+        pins = read_snapshot_pins(request.snapshots_to_lease)
         change = self._leases.acquire(
             request.lease_id, request.lease_duration_ms, pins, snapshot_exists=self._snapshots.exists
         )
         self._after_change(change)
         response = pb.AcquireKvSnapshotLeaseResponse()
-        by_table: dict[int, Any] = {}
-        for bucket, snapshot_id in sorted(change.unavailable.items(), key=lambda item: item[0]):
-            table_entry = by_table.get(bucket.table_id)
-            if table_entry is None:
-                table_entry = by_table[bucket.table_id] = response.unavailable_snapshots.add(table_id=bucket.table_id)
-            entry = table_entry.bucket_snapshots.add(bucket_id=bucket.bucket, snapshot_id=snapshot_id)
-            if bucket.partition_id is not None:
-                entry.partition_id = bucket.partition_id
+        add_snapshot_pins(response.unavailable_snapshots, change.unavailable)
         return response
 
     def release_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
