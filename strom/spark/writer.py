@@ -146,8 +146,9 @@ def write_task(connection: ConnectionOptions, options: WriteOptions, table_id: i
         return FlussCommitMessage(sink.rows_written, sink.rows_deleted, sink.rows_skipped)
 
 
-class FlussArrowWriter(DataSourceArrowWriter):
-    """Batch writes; picklable (options and the planned table id only)."""
+class _TaskWriter:
+    """What batch and streaming writers share: the picklable plan (options and the planned table id only)
+    and the per-task write."""
 
     def __init__(self, connection: ConnectionOptions, options: WriteOptions, table_id: int) -> None:
         self._connection = connection
@@ -156,6 +157,10 @@ class FlussArrowWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FlussCommitMessage:
         return write_task(self._connection, self._options, self._table_id, iterator)
+
+
+class FlussArrowWriter(_TaskWriter, DataSourceArrowWriter):
+    """Batch writes."""
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Nothing to do: every row was committed by the server when the task wrote it."""
@@ -164,16 +169,8 @@ class FlussArrowWriter(DataSourceArrowWriter):
         """Nothing to undo: rows acknowledged before the failure stay (at-least-once)."""
 
 
-class FlussStreamArrowWriter(DataSourceStreamArrowWriter):
+class FlussStreamArrowWriter(_TaskWriter, DataSourceStreamArrowWriter):
     """Streaming writes: each micro-batch's tasks write like a batch job; commit/abort have nothing to do."""
-
-    def __init__(self, connection: ConnectionOptions, options: WriteOptions, table_id: int) -> None:
-        self._connection = connection
-        self._options = options
-        self._table_id = table_id
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> FlussCommitMessage:
-        return write_task(self._connection, self._options, self._table_id, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to do: rows are committed by the server as the tasks write them."""
