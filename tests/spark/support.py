@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -145,6 +146,16 @@ class Fluss:
             return {(bucket, snapshot_id) for bucket, snapshot_id, _offset in snapshots}
 
         return run(self.address, listed)
+
+
+def run_available_now(stream_writer: Any, checkpoint: Path) -> None:
+    """Start a streaming query (a ``DataStreamWriter`` with its sink set) with trigger(availableNow=True)
+    and wait until it has drained its source."""
+    query = stream_writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    try:
+        query.awaitTermination(120)
+    finally:
+        query.stop()
 
 
 def wait_until(condition: Callable[[], T], what: str, timeout_s: float = WAIT_S_MAX) -> T:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from strom.records.types import BigIntType, IntType, StringType
-from tests.spark.support import Fluss
+from tests.spark.support import Fluss, run_available_now
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(180)]
 
@@ -42,17 +42,8 @@ def stream(spark: Any, cluster: Fluss, table: str, **options: str) -> Any:
 
 
 def drain(frame: Any, collector: Collector, checkpoint: Path) -> None:
-    """Run with trigger(availableNow=True) until the source is drained."""
-    query = (
-        frame.writeStream.foreachBatch(collector)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination(120)
-    finally:
-        query.stop()
+    """Collect every micro-batch until the source is drained."""
+    run_available_now(frame.writeStream.foreachBatch(collector), checkpoint)
 
 
 def test_log_table_earliest_drains_in_batches_and_restarts_without_loss_or_repeat(

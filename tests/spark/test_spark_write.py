@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from strom.records.types import BigIntType, IntType, StringType
-from tests.spark.support import Fluss
+from tests.spark.support import Fluss, run_available_now
 from tests.spark.test_spark_batch_read import load
 from tests.spark.test_spark_errors import failure_line
 
@@ -64,17 +64,11 @@ def test_streaming_write_upserts_each_micro_batch(spark: Any, cluster: Fluss, tm
     target = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
     cluster.append(source, [{"id": i % 5, "name": f"v{i}", "score": i} for i in range(10)])
 
-    query = (
+    run_available_now(
         spark.readStream.format("fluss").options(**cluster.options(source, **{"scan.startup.mode": "earliest"})).load()
-        .writeStream.format("fluss").options(**cluster.options(target))
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
+        .writeStream.format("fluss").options(**cluster.options(target)),
+        tmp_path / "checkpoint",
     )
-    try:
-        query.awaitTermination(120)
-    finally:
-        query.stop()
     assert sorted(r["id"] for r in cluster.rows(target)) == [0, 1, 2, 3, 4]
 
 
