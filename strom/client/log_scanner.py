@@ -33,6 +33,8 @@ class ScanBatch:
     change_types: bytes | None
     """One byte per record (see ``log_batch.ChangeType``); None for a log table (all append-only)."""
     batch: pa.RecordBatch
+    commit_timestamp: int = -1
+    """The server's commit time of the log batch these records came from (epoch ms; -1 unknown)."""
 
     @property
     def next_offset(self) -> int:
@@ -132,7 +134,7 @@ class LogScanner:
                 batch = batch.slice(skip)
                 change_types = change_types[skip:] if change_types is not None else None
             if batch.num_rows:
-                decoded.append(ScanBatch(bucket, header.base_offset + skip, change_types, batch))
+                decoded.append(ScanBatch(bucket, header.base_offset + skip, change_types, batch, header.commit_timestamp))
             position = header.next_offset
         self._positions[bucket] = position
         return decoded
@@ -165,7 +167,10 @@ class LogScanner:
                     if scan_batch.next_offset > end_offset:
                         keep = end_offset - scan_batch.base_offset
                         change_types = scan_batch.change_types[:keep] if scan_batch.change_types is not None else None
-                        scan_batch = ScanBatch(bucket, scan_batch.base_offset, change_types, scan_batch.batch.slice(0, keep))
+                        scan_batch = ScanBatch(
+                            bucket, scan_batch.base_offset, change_types, scan_batch.batch.slice(0, keep),
+                            scan_batch.commit_timestamp,
+                        )
                     yield scan_batch
         finally:
             self._positions = saved

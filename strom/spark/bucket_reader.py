@@ -22,7 +22,7 @@ from strom.errors import KvSnapshotNotExistError
 from strom.ids import TableBucket
 from strom.records.log_batch import ChangeType
 from strom.spark import runtime
-from strom.spark.changelog import ChangelogFold, change_type_column, merge_snapshot
+from strom.client.changelog import ChangelogFold, change_type_column, merge_snapshot
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import TEST_WAIT_FOR_FILE, ConnectionOptions
 from strom.spark.partitions import KvStatePartition, LogRangePartition, ServerScanPartition

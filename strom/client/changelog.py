@@ -11,6 +11,7 @@ not the table's; rows are kept as Arrow batches and indexed, never copied into P
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -62,11 +63,17 @@ class ChangelogFold:
         self._row_count = 0
         self._latest: dict[bytes, int] = {}
         """Key -> index of its last +I/+U row among all added rows, or DELETED."""
+        self._deletions: dict[bytes, int] = {}
+        """Key -> index of its last -D row (its primary-key values name the deleted key)."""
+        self._offsets: list[np.ndarray] = []
+        self._timestamps: list[np.ndarray] = []
 
     def __len__(self) -> int:
         return len(self._latest)
 
-    def add(self, batch: pa.RecordBatch, change_types: bytes) -> None:
+    def add(self, batch: pa.RecordBatch, change_types: bytes, base_offset: int = -1, commit_timestamp: int = -1) -> None:
+        """Fold in the next changelog rows; ``base_offset`` and ``commit_timestamp`` (of the log batch) are
+        kept for :meth:`changes` (-1: unknown)."""
         assert len(change_types) == batch.num_rows, "one change type per row"
         keys = self._key_encoder.keys(batch)
         latest = self._latest
@@ -74,11 +81,16 @@ class ChangelogFold:
         for index, (key, change) in enumerate(zip(keys, change_types, strict=True)):
             if change == ChangeType.DELETE:
                 latest[key] = DELETED
+                self._deletions[key] = base + index
             elif change != ChangeType.UPDATE_BEFORE:
                 assert change in (ChangeType.INSERT, ChangeType.UPDATE_AFTER, ChangeType.APPEND_ONLY), change
                 latest[key] = base + index
         self._batches.append(batch)
         self._row_count += batch.num_rows
+        rows = batch.num_rows
+        offsets = np.arange(base_offset, base_offset + rows, dtype=np.int64) if base_offset >= 0 else np.full(rows, -1, np.int64)
+        self._offsets.append(offsets)
+        self._timestamps.append(np.full(rows, commit_timestamp, np.int64))
 
     def untouched(self, keys: Sequence[bytes]) -> pa.Array | None:
         """A mask of the snapshot rows whose key the changelog did not touch; None when it touched none."""
@@ -97,6 +109,35 @@ class ChangelogFold:
         for start in range(0, len(indexes), batch_rows_max):
             chunk = pa.array(indexes[start : start + batch_rows_max], pa.int64())
             yield from table.take(chunk).combine_chunks().to_batches()
+
+
+    def changes(self) -> FoldedChanges:
+        """The fold as a lake writer applies it: the live rows (with their offsets and commit timestamps)
+        and the rows naming every touched key, live or deleted (an upsert replaces, a delete removes)."""
+        live = np.fromiter((i for i in self._latest.values() if i != DELETED), np.int64)
+        live.sort()
+        deleted = np.fromiter(
+            (self._deletions[key] for key, index in self._latest.items() if index == DELETED), np.int64
+        )
+        table = pa.Table.from_batches(self._batches, schema=self._schema)
+        offsets = np.concatenate(self._offsets) if self._offsets else np.empty(0, np.int64)
+        timestamps = np.concatenate(self._timestamps) if self._timestamps else np.empty(0, np.int64)
+        return FoldedChanges(
+            rows=table.take(pa.array(live)),
+            offsets=pa.array(offsets[live]),
+            timestamps=pa.array(timestamps[live]),
+            touched=table.take(pa.array(np.sort(np.concatenate([live, deleted])))),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FoldedChanges:
+    rows: pa.Table
+    """The last +I/+U row of every key the changelog left live, in offset order."""
+    offsets: pa.Array
+    timestamps: pa.Array
+    touched: pa.Table
+    """One row per key the changelog touched (live or deleted); its primary-key columns name the key."""
 
 
 def merge_snapshot(
