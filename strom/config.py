@@ -259,6 +259,36 @@ KV_ROCKSDB_BLOCK_CACHE_SIZE = memory_option(
 )
 
 
+# ---- lake ----
+DATALAKE_FORMAT = string_option(
+    "datalake.format", "delta",
+    "Lake format of lake-enabled tables (`table.datalake.enabled`): `delta`. Its options are "
+    "`datalake.<format>.<key>`; the coordinator copies them into each lake table's properties as "
+    "`table.datalake.<format>.<key>`.",
+)
+DATALAKE_DELTA_WAREHOUSE = string_option(
+    "datalake.delta.warehouse", None,
+    "Root of the Delta lake tables (`<warehouse>/<database>/<table>`): a local path or a URL delta-rs reads "
+    "(e.g. s3://bucket/lake). Defaults to `<data.dir>/lake`. Other `datalake.delta.*` keys are passed to "
+    "delta-rs as storage options.",
+)
+TABLE_DATALAKE_FRESHNESS = duration_option(
+    "table.datalake.freshness", "3 min",
+    "Default for tables that do not set it: how stale a table's lake copy may get; the next tiering round "
+    "is due this long after the last one ended, and a round is cut when it runs longer.",
+)
+LAKE_TIERING_HEARTBEAT_TIMEOUT = duration_option(
+    "lake.tiering.heartbeat-timeout", "2 min",
+    "A tiering job that sends no heartbeat for a table this long loses it: the table is tiered again with "
+    "the next epoch (Fluss fixes it at 120 s; strom extension).",
+)
+LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL = duration_option(
+    "lake.tiering.heartbeat-check-interval", "15s",
+    "How often the coordinator looks for tiering jobs whose heartbeats stopped (strom extension).",
+)
+SUPPORTED_LAKE_FORMATS = ("delta",)
+
+
 class Configuration:
     """An immutable set of option values: defaults overlaid with what the user set.
 

@@ -13,6 +13,7 @@ import click
 import yaml
 
 from strom.cli.snapshots import lease, snapshot
+from strom.cli.tiering import tiering
 from strom.config import ALL_OPTIONS, BIND_LISTENERS, DATA_DIR, Configuration, options_markdown
 
 
@@ -72,7 +73,7 @@ def server(bind: str | None, data_dir: Path | None, config_file: Path | None, de
         raise click.BadParameter(str(exc)) from exc
     host, port = _parse_address(config.get(BIND_LISTENERS) or "127.0.0.1:9123")
     directory = Path(config.get(DATA_DIR) or "strom-data")
-    unknown = sorted(k for k in values if k not in ALL_OPTIONS)
+    unknown = sorted(k for k in values if k not in ALL_OPTIONS and not k.startswith("datalake."))
     if unknown:
         logging.getLogger("strom").warning("ignoring unknown config keys: %s", ", ".join(unknown))
 
@@ -120,6 +121,7 @@ def config_docs() -> None:
 
 main.add_command(lease)
 main.add_command(snapshot)
+main.add_command(tiering)
 
 
 if __name__ == "__main__":

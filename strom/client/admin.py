@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from strom.client.lake import LakeAdmin
 from strom.client.snapshots import SnapshotAdmin
 from strom.errors import error_for_code
 from strom.ids import TableBucket, TablePath
@@ -68,7 +69,7 @@ def _path(table_path: TablePath) -> Any:
     return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
 
 
-class Admin(SnapshotAdmin):
+class Admin(SnapshotAdmin, LakeAdmin):
     """Every method is a coroutine that raises the :mod:`strom.errors` error of the server's code."""
 
     def __init__(self, connection: Connection) -> None:

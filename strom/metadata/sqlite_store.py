@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS kv_snapshots (
     table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, bucket INTEGER NOT NULL, snapshot_id INTEGER NOT NULL,
     snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, partition_id, bucket, snapshot_id));
 CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS lake_tables (table_id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 """
 
 # SQLite cannot key on NULL, so "no partition" is stored as -1 (Fluss never assigns negative ids).
@@ -141,6 +142,7 @@ class SqliteMetadataStore(MetadataStore):
             db.execute("DELETE FROM tables WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM partitions WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM kv_snapshots WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM lake_tables WHERE table_id = ?", (table_id,))
 
     # ---- partitions ----
     def create_partition(
@@ -236,6 +238,18 @@ class SqliteMetadataStore(MetadataStore):
 
     def list_leases(self) -> dict[str, bytes]:
         return {row[0]: bytes(row[1]) for row in self._query("SELECT lease_id, payload FROM leases")}
+
+    # ---- lake tables ----
+    def put_lake_table(self, table_id: int, payload: bytes) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO lake_tables VALUES (?, ?)", (table_id, payload))
+
+    def delete_lake_table(self, table_id: int) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM lake_tables WHERE table_id = ?", (table_id,))
+
+    def list_lake_tables(self) -> dict[int, bytes]:
+        return {int(row[0]): bytes(row[1]) for row in self._query("SELECT table_id, payload FROM lake_tables")}
 
     def close(self) -> None:
         with self._lock:

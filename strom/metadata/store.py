@@ -95,7 +95,7 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def drop_table(self, table_id: int) -> None:
-        """Drops the table, its partitions and its KV snapshot records."""
+        """Drops the table, its partitions, its KV snapshot records and its lake table state."""
 
     # ---- partitions ----
     @abstractmethod
@@ -142,6 +142,17 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def list_leases(self) -> dict[str, bytes]: ...
+
+    # ---- lake tables (tiering state and lake snapshots of lake-enabled tables) ----
+    @abstractmethod
+    def put_lake_table(self, table_id: int, payload: bytes) -> None:
+        """Create or replace a lake-enabled table's encoded tiering state."""
+
+    @abstractmethod
+    def delete_lake_table(self, table_id: int) -> None: ...
+
+    @abstractmethod
+    def list_lake_tables(self) -> dict[int, bytes]: ...
 
     @abstractmethod
     def close(self) -> None: ...

@@ -79,9 +79,10 @@ class ApiKey(IntEnum):
     LIST_KV_SNAPSHOTS = 1064
     # strom extensions (strom_ext.proto), advertised only to strom clients
     LIST_KV_SNAPSHOT_LEASES = 3000
+    DESCRIBE_LAKE_TIERING = 3001
 
 
-EXTENSION_KEYS = frozenset({ApiKey.LIST_KV_SNAPSHOT_LEASES})
+EXTENSION_KEYS = frozenset({ApiKey.LIST_KV_SNAPSHOT_LEASES, ApiKey.DESCRIBE_LAKE_TIERING})
 STROM_CLIENT_NAME = "strom-python"
 
 

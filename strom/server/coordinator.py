@@ -14,12 +14,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from strom.clock import Clock
-from strom.config import DEFAULT_BUCKET_NUMBER, MAX_BUCKET_NUM, MAX_PARTITION_NUM, Configuration
+from strom.config import (
+    DATALAKE_FORMAT,
+    DEFAULT_BUCKET_NUMBER,
+    MAX_BUCKET_NUM,
+    MAX_PARTITION_NUM,
+    SUPPORTED_LAKE_FORMATS,
+    TABLE_DATALAKE_FRESHNESS,
+    Configuration,
+)
 from strom.errors import (
     BucketMaxNumError,
     DatabaseAlreadyExistError,
     DatabaseNotEmptyError,
     DatabaseNotExistError,
+    InvalidAlterTableError,
     InvalidConfigError,
     InvalidTableError,
     PartitionAlreadyExistsError,
@@ -38,11 +47,16 @@ from strom.records import types as fluss_types
 from strom.records.schema import TableDescriptor
 from strom.rpc.messages import pb
 from strom.server.gateway import TabletServerGateway
+from strom.server.lake_tiering import LakeTableTieringManager, freshness_ms_of
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DATABASE = "fluss"
 DEFAULT_DATABASE_JSON = b'{"custom_properties":{},"version":1}'
+DATALAKE_ENABLED = "table.datalake.enabled"
+DATALAKE_FORMAT_PROPERTY = "table.datalake.format"
+ALTER_SET, ALTER_DELETE = 0, 1
+"""PbAlterConfig op types strom applies to table properties (Fluss's AlterConfigOpType SET and DELETE)."""
 UNSUPPORTED_TABLE_OPTIONS = {
     "table.merge-engine": "merge engines are not supported yet; leave the option unset",
 }
@@ -68,6 +82,7 @@ class CoordinatorService:
         config: Configuration,
         clock: Clock,
         node: ServerNode,
+        lake_tiering: LakeTableTieringManager,
         on_table_dropped: Callable[[int, int | None], None] = lambda table_id, partition_id: None,
     ) -> None:
         """``on_table_dropped(table_id, partition_id)`` runs after a table (partition_id None) or one partition
@@ -80,6 +95,18 @@ class CoordinatorService:
         self._default_bucket_count = config.get(DEFAULT_BUCKET_NUMBER)
         self._bucket_count_max = config.get(MAX_BUCKET_NUM)
         self._partition_count_max = config.get(MAX_PARTITION_NUM)
+        self._lake_tiering = lake_tiering
+        self._lake_format = (config.get(DATALAKE_FORMAT) or "").strip().lower()
+        if self._lake_format not in SUPPORTED_LAKE_FORMATS:
+            raise InvalidConfigError(
+                f"datalake.format={self._lake_format!r} is not supported; strom writes {', '.join(SUPPORTED_LAKE_FORMATS)}"
+            )
+        prefix = f"datalake.{self._lake_format}."
+        self._lake_options = {
+            key[len("datalake."):]: str(value) for key, value in config.to_dict().items() if key.startswith(prefix)
+        }
+        """``<format>.<key>`` -> value: copied into lake tables' properties as ``table.datalake.<format>.<key>``."""
+        self._default_freshness_ms = config.get_ms(TABLE_DATALAKE_FRESHNESS)
 
     def start(self) -> None:
         """Create the default database and hand every stored bucket to the tablet server."""
@@ -94,6 +121,16 @@ class CoordinatorService:
                         self._tablets.become_leader(table, table.buckets(partition.partition_id))
                 else:
                     self._tablets.become_leader(table, table.buckets())
+                self._sync_lake(table)
+
+    def _sync_lake(self, table: TableInfo) -> None:
+        """Register a lake-enabled table with the tiering manager (or forget one no longer enabled)."""
+        if _lake_enabled(table.properties):
+            self._lake_tiering.add_table(
+                table.table_id, table.path, freshness_ms_of(table.properties, self._default_freshness_ms)
+            )
+        elif table.table_id in self._lake_tiering:
+            self._lake_tiering.remove_table(table.table_id)
 
     # ---- lookups shared with other components ----
     def table_info(self, path: TablePath) -> TableInfo:
@@ -113,6 +150,9 @@ class CoordinatorService:
         if record is None:
             raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
         return record
+
+    def partition_by_id(self, partition_id: int) -> PartitionRecord | None:
+        return self._store.get_partition_by_id(partition_id)
 
     def list_partitions(self, table: TableInfo) -> list[PartitionRecord]:
         return self._store.list_partitions(table.table_id)
@@ -188,6 +228,7 @@ class CoordinatorService:
         table = TableInfo.from_record(record)
         if not table.is_partitioned:
             self._tablets.become_leader(table, table.buckets())
+        self._sync_lake(table)
         log.info("created table %s (id %d, %d buckets)", path, table.table_id, table.bucket_count)
         return pb.CreateTableResponse()
 
@@ -258,7 +299,27 @@ class CoordinatorService:
             raise InvalidConfigError(
                 f"table.log.arrow.compression.type={compression} is unknown; use NONE, LZ4_FRAME or ZSTD."
             )
+        document["properties"] = self._with_lake_properties(properties)
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+    def _with_lake_properties(self, properties: dict[str, str]) -> dict[str, str]:
+        """Check the ``table.datalake.*`` options; a lake-enabled table gets the format and its options."""
+        raw = properties.get(DATALAKE_ENABLED, "false").strip().lower()
+        if raw not in ("true", "false"):
+            raise InvalidConfigError(f"{DATALAKE_ENABLED} must be true or false, got {properties[DATALAKE_ENABLED]!r}")
+        freshness_ms_of(properties, self._default_freshness_ms)  # validates
+        fmt = properties.get(DATALAKE_FORMAT_PROPERTY)
+        if fmt is not None and fmt.strip().lower() != self._lake_format:
+            raise InvalidConfigError(
+                f"{DATALAKE_FORMAT_PROPERTY}={fmt} differs from the cluster's datalake.format={self._lake_format}"
+            )
+        if raw != "true":
+            return properties
+        completed = dict(properties)
+        completed[DATALAKE_FORMAT_PROPERTY] = self._lake_format
+        for key, value in self._lake_options.items():
+            completed.setdefault(f"table.datalake.{key}", value)
+        return completed
 
     async def drop_table(self, request: Any, _context: object) -> Any:
         path = TablePath(request.table_path.database_name, request.table_path.table_name)
@@ -276,6 +337,38 @@ class CoordinatorService:
         await self._tablets.stop_replicas(table.table_id, None, delete=True)
         self._on_table_dropped(table.table_id, None)
         log.info("dropped table %s (id %d)", table.path, table.table_id)
+
+    async def alter_table(self, request: Any, _context: object) -> Any:
+        """Set or reset table properties (column changes are not supported yet)."""
+        path = TablePath(request.table_path.database_name, request.table_path.table_name)
+        try:
+            table = self.table_info(path)
+        except TableNotExistError:
+            if request.ignore_if_not_exists:
+                return pb.AlterTableResponse()
+            raise
+        if request.add_columns or request.drop_columns or request.rename_columns or request.modify_columns:
+            raise InvalidAlterTableError(f"Altering the columns of '{path}' is not supported yet; only properties.")
+        document = json.loads(table.table_json)
+        properties = dict(document.get("properties") or {})
+        for change in request.config_changes:
+            if change.op_type == ALTER_SET:
+                if not change.HasField("config_value"):
+                    raise InvalidAlterTableError(f"Setting '{change.config_key}' needs a value.")
+                properties[change.config_key] = change.config_value
+            elif change.op_type == ALTER_DELETE:
+                properties.pop(change.config_key, None)
+            else:
+                raise InvalidAlterTableError(f"Alter operation {change.op_type} on '{change.config_key}' is not supported.")
+        if _lake_enabled(table.properties) and not _lake_enabled(properties):
+            for key in [k for k in properties if k.startswith("table.datalake.") and k != DATALAKE_ENABLED]:
+                properties.pop(key)  # disabling the lake forgets its format options (enabling copies them again)
+        document["properties"] = properties
+        table_json = self._validated_table_json(json.dumps(document).encode())
+        record = self._store.update_table(table.table_id, table_json, self._clock.now_ms())
+        self._sync_lake(TableInfo.from_record(record))
+        log.info("altered table %s: %d property changes", path, len(request.config_changes))
+        return pb.AlterTableResponse()
 
     def get_table_info(self, request: Any, _context: object) -> Any:
         table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
@@ -402,6 +495,10 @@ class CoordinatorService:
 
     def init_writer(self, _request: Any, _context: object) -> Any:
         return pb.InitWriterResponse(writer_id=self._store.next_id("writer"))
+
+
+def _lake_enabled(properties: dict[str, str]) -> bool:
+    return properties.get(DATALAKE_ENABLED, "false").strip().lower() == "true"
 
 
 def _parse_json_object(raw: bytes, what: str) -> dict[str, Any]:

@@ -15,9 +15,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from strom.clock import Clock
 from strom.rpc.server import RpcServer
 from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.server.kv_snapshot_store import KvSnapshotStore
+from strom.server.lake_tiering import LakeTableTieringManager
 from strom.server.replica import ReplicaManager
 
 SCRAPE_TIMEOUT_S = 5.0
@@ -32,6 +34,8 @@ class StromCollector(Collector):
         replicas: ReplicaManager,
         rpc: Callable[[], RpcServer | None],
         table_name: Callable[[int], str],
+        lake_tiering: LakeTableTieringManager,
+        clock: Clock,
     ) -> None:
         self._loop = loop
         self._leases = leases
@@ -39,6 +43,8 @@ class StromCollector(Collector):
         self._replicas = replicas
         self._rpc = rpc
         self._table_name = table_name
+        self._lake_tiering = lake_tiering
+        self._clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         future = asyncio.run_coroutine_threadsafe(self._gather(), self._loop)
@@ -68,12 +74,30 @@ class StromCollector(Collector):
         yield retained_bytes
         open_buckets = [r for r in self._replicas.hosted() if r.is_open and not r.stopped]
         yield GaugeMetricFamily("strom_open_buckets", "Buckets whose storage is open.", value=len(open_buckets))
+        yield from self._lake_families()
         rpc = self._rpc()
         if rpc is not None:
             yield GaugeMetricFamily("strom_rpc_requests", "RPC requests handled.", value=rpc.stats.requests)
             yield GaugeMetricFamily(
                 "strom_rpc_error_responses", "RPC requests answered with an error.", value=rpc.stats.error_responses
             )
+
+
+    def _lake_families(self) -> Iterator[GaugeMetricFamily]:
+        states = GaugeMetricFamily("strom_lake_tiering_tables", "Lake-enabled tables per tiering state.", labels=["state"])
+        for state, count in self._lake_tiering.counts_by_state().items():
+            states.add_metric([state.value], count)
+        yield states
+        lag = GaugeMetricFamily(
+            "strom_lake_tiering_lag_seconds", "Time since a table's last tiering round ended.", labels=["table"]
+        )
+        failures = GaugeMetricFamily("strom_lake_tiering_failures", "Failed tiering rounds per table.", labels=["table"])
+        now = self._clock.now_ms()
+        for entry in self._lake_tiering:
+            lag.add_metric([str(entry.path)], max(0, now - entry.last_tiered_ms) / 1000)
+            failures.add_metric([str(entry.path)], entry.failures)
+        yield lag
+        yield failures
 
 
 def serve_metrics(host: str, port: int, collector: StromCollector) -> tuple[WSGIServer, int]:

@@ -19,6 +19,7 @@ from strom.clock import SYSTEM_CLOCK, Clock
 from strom.config import (
     ADVERTISED_HOST,
     CONNECTION_MAX_IDLE_TIME,
+    DATALAKE_DELTA_WAREHOUSE,
     KV_SCANNER_EXPIRATION_INTERVAL,
     KV_SCANNER_MAX_BATCH_SIZE,
     KV_SCANNER_MAX_PER_BUCKET,
@@ -27,6 +28,8 @@ from strom.config import (
     KV_SNAPSHOT_INTERVAL,
     KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
     KV_SNAPSHOT_NUM_RETAINED,
+    LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
+    LAKE_TIERING_HEARTBEAT_TIMEOUT,
     LOG_RETENTION_CHECK_INTERVAL,
     MAX_REQUEST_SIZE,
     METRICS_PORT,
@@ -48,6 +51,8 @@ from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
 from strom.server.kv_snapshot_service import KvSnapshotService
 from strom.server.kv_snapshot_store import KvSnapshotStore
+from strom.server.lake_service import LakeTieringService
+from strom.server.lake_tiering import LakeTableTieringManager
 from strom.server.metrics import StromCollector, serve_metrics
 from strom.server.replica import ReplicaManager
 from strom.server.scan_service import ScanKvService
@@ -78,6 +83,10 @@ class ServerPaths:
     def default_remote(self) -> Path:
         return self.data_dir / "remote"
 
+    @property
+    def default_lake(self) -> Path:
+        return self.data_dir / "lake"
+
 
 class LocalTabletServer:
     """The tablet-server role as the coordinator sees it in a single process (a TabletServerGateway)."""
@@ -107,6 +116,7 @@ class StromServer:
         self.store: MetadataStore | None = None
         self.replicas: ReplicaManager | None = None
         self.coordinator: CoordinatorService | None = None
+        self.lake: LakeTieringService | None = None
         self.tablet: TabletService | None = None
         self.snapshots: KvSnapshotService | None = None
         self.scans: ScanKvService | None = None
@@ -118,6 +128,8 @@ class StromServer:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
+        if self.config.get(DATALAKE_DELTA_WAREHOUSE) is None:
+            self.config = self.config.with_values({DATALAKE_DELTA_WAREHOUSE.key: str(self.paths.default_lake.resolve())})
         config = self.config
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
@@ -125,10 +137,16 @@ class StromServer:
         remote = RemoteStorage(self.remote_root)
         leases = KvSnapshotLeaseManager(store, self.clock)
         snapshot_store = KvSnapshotStore(store, remote, config.get(KV_SNAPSHOT_NUM_RETAINED), leases.is_leased)
+        lake_tiering = LakeTableTieringManager(
+            store, self.clock, config.get_ms(LAKE_TIERING_HEARTBEAT_TIMEOUT),
+            config.get_ms(LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL),
+        )
 
         def on_table_dropped(table_id: int, partition_id: int | None) -> None:
             leases.drop_table(table_id, partition_id)
             snapshot_store.drop_table(table_id, partition_id)
+            if partition_id is None and self.lake is not None:
+                self.lake.drop_table(table_id)
 
         self.replicas = ReplicaManager(self.paths.tablets, config, remote, snapshot_store.latest)
         self.tablet = TabletService(self.replicas, config, self.clock)
@@ -148,8 +166,12 @@ class StromServer:
         if advertised in ("0.0.0.0", "::", ""):
             advertised = "127.0.0.1"
         node = ServerNode(config.get(TABLET_SERVER_ID), advertised, self.port)
-        self.coordinator = CoordinatorService(store, self.tablet_server, config, self.clock, node, on_table_dropped)
+        self.coordinator = CoordinatorService(
+            store, self.tablet_server, config, self.clock, node, lake_tiering, on_table_dropped
+        )
         self.coordinator.start()
+        self.lake = LakeTieringService(self.coordinator, lake_tiering, remote)
+        self.lake.start()
         self.snapshots = KvSnapshotService(
             self.coordinator, snapshot_store, leases, self.clock,
             config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL),
@@ -176,7 +198,8 @@ class StromServer:
         metrics_port = config.get(METRICS_PORT)
         if metrics_port:
             collector = StromCollector(
-                asyncio.get_running_loop(), leases, snapshot_store, self.replicas, lambda: self.rpc, self._table_name
+                asyncio.get_running_loop(), leases, snapshot_store, self.replicas, lambda: self.rpc, self._table_name,
+                lake_tiering, self.clock,
             )
             self._metrics_server, self.metrics_port = serve_metrics(self.host, metrics_port, collector)
         log.info("strom serving on %s:%d (data in %s, remote storage %s)", self.host, self.port,
@@ -188,9 +211,16 @@ class StromServer:
         return str(table.path) if table else str(table_id)
 
     def _handlers(self) -> dict[ApiKey, Handler]:
-        coordinator, tablet, snapshots, scans = self.coordinator, self.tablet, self.snapshots, self.scans
+        coordinator, tablet, snapshots, scans, lake = self.coordinator, self.tablet, self.snapshots, self.scans, self.lake
         assert coordinator is not None and tablet is not None and snapshots is not None and scans is not None
+        assert lake is not None
         return {
+            ApiKey.ALTER_TABLE: coordinator.alter_table,
+            ApiKey.LAKE_TIERING_HEARTBEAT: lake.lake_tiering_heartbeat,
+            ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT: lake.prepare_lake_table_snapshot,
+            ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT: lake.commit_lake_table_snapshot,
+            ApiKey.GET_LAKE_SNAPSHOT: lake.get_lake_snapshot,
+            ApiKey.DESCRIBE_LAKE_TIERING: lake.describe_lake_tiering,
             ApiKey.CREATE_DATABASE: coordinator.create_database,
             ApiKey.DROP_DATABASE: coordinator.drop_database,
             ApiKey.LIST_DATABASES: coordinator.list_databases,
@@ -241,6 +271,8 @@ class StromServer:
             await self.snapshot_scheduler.stop()
         if self.snapshots is not None:
             await self.snapshots.stop()
+        if self.lake is not None:
+            await self.lake.stop()
         if self.scans is not None:
             await self.scans.stop()
         if self.replicas is not None:

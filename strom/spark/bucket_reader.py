@@ -15,17 +15,23 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from strom.client import Connection
+from strom.client.changelog import ChangelogFold, KeyEncoder, change_type_column, merge_snapshot
 from strom.client.log_scanner import LogScanner
 from strom.client.snapshots import KvSnapshotReader
 from strom.client.table import Table, TableLayout
 from strom.errors import KvSnapshotNotExistError
 from strom.ids import TableBucket
+from strom.lake.format import lake_format
 from strom.records.log_batch import ChangeType
 from strom.spark import runtime
-from strom.client.changelog import ChangelogFold, change_type_column, merge_snapshot
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import TEST_WAIT_FOR_FILE, ConnectionOptions
-from strom.spark.partitions import KvStatePartition, LogRangePartition, ServerScanPartition
+from strom.spark.partitions import (
+    KvStatePartition,
+    LakeBucketPartition,
+    LogRangePartition,
+    ServerScanPartition,
+)
 from strom.spark.type_mapping import to_spark_batch
 
 READ_BATCH_ROWS_MAX = 65_536
@@ -165,6 +171,36 @@ def _read_snapshot(
     finally:
         if completed:
             runtime.run(lease.release_snapshots([partition.bucket]))
+
+
+def read_lake_bucket(context: ReadContext, partition: LakeBucketPartition) -> Iterator[pa.RecordBatch]:
+    """A tiered bucket's rows in the lake snapshot; for a primary-key table merged with its changelog after
+    the lake's offset (keys the changelog touched come from the changelog, deleted ones not at all)."""
+    with runtime.connected(context.connection) as connection:
+        table = _open_table(connection, context)
+        layout = table.layout
+        output = _Output(layout, context)
+        lake_rows = lake_format(layout.info).table(layout.info).read_bucket(
+            partition.lake_snapshot_id, partition.bucket.bucket, partition.partition_name
+        )
+        if not layout.primary_key:
+            for batch in lake_rows:
+                yield from output.add(batch, ChangeType.APPEND_ONLY)
+            yield from output.drain()
+            return
+        fold = ChangelogFold(layout)
+        changes = _changes(table, partition.bucket, partition.log_start_offset, partition.log_end_offset)
+        for batch, change_types in runtime.iterate(changes):
+            assert change_types is not None, "a primary-key table's log carries change types"
+            fold.add(batch, change_types)
+        if len(fold):
+            keys = KeyEncoder(layout)
+            lake_rows = merge_snapshot(((keys.keys(batch), batch) for batch in lake_rows), fold)
+        for batch in lake_rows:
+            yield from output.add(batch, ChangeType.INSERT)
+        for batch in fold.live_rows(READ_BATCH_ROWS_MAX):
+            yield from output.add(batch, ChangeType.INSERT)
+        yield from output.drain()
 
 
 def read_server_scan(context: ReadContext, partition: ServerScanPartition) -> Iterator[pa.RecordBatch]:

@@ -39,6 +39,12 @@ READ_STRATEGY = ConnectorOption(
     "Batch reads of primary-key tables. snapshot: leased KV snapshot merged with the changelog up to the "
     "offsets fixed at planning; server-scan: the rows the server holds when each task runs (ScanKv).",
 )
+READ_SOURCE = ConnectorOption(
+    "read.source", "union",
+    "Batch reads of lake-enabled tables. union: the lake snapshot the coordinator reports, plus the changes "
+    "after it from strom (primary-key rows merged by key); lake: the lake snapshot alone (as fresh as the last "
+    "tiering round); strom: strom alone, as for tables without a lake.",
+)
 LEASE_ID = ConnectorOption(
     "scan.kv.snapshot.lease.id", None, "Lease id pinning the snapshots a read uses (default: spark-<uuid> per read)."
 )
@@ -62,7 +68,7 @@ TEST_WAIT_FOR_FILE = ConnectorOption(
 )
 
 ALL_OPTIONS = (
-    BOOTSTRAP_SERVERS, TABLE, SCAN_STARTUP_MODE, READ_STRATEGY, LEASE_ID, LEASE_DURATION, READ_CHANGE_TYPE_COLUMN,
+    BOOTSTRAP_SERVERS, TABLE, SCAN_STARTUP_MODE, READ_STRATEGY, READ_SOURCE, LEASE_ID, LEASE_DURATION, READ_CHANGE_TYPE_COLUMN,
     MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, TEST_WAIT_FOR_FILE,
 )
 
@@ -76,6 +82,12 @@ class StartupMode(Enum):
 class ReadStrategy(Enum):
     SNAPSHOT = "snapshot"
     SERVER_SCAN = "server-scan"
+
+
+class ReadSource(Enum):
+    UNION = "union"
+    LAKE = "lake"
+    STROM = "strom"
 
 
 def _choice(raw: Mapping[str, str], option: ConnectorOption, enum: type[Enum]) -> Enum:
@@ -131,6 +143,7 @@ class ConnectionOptions:
 class ReadOptions:
     startup_mode: StartupMode
     strategy: ReadStrategy
+    source: ReadSource
     lease_id: str
     lease_duration_ms: int
     change_type_column: str
@@ -155,10 +168,13 @@ class ReadOptions:
         lease_id = raw.get(LEASE_ID.key) or f"{LEASE_ID_PREFIX}{uuid.uuid4()}"
         startup = _choice(raw, SCAN_STARTUP_MODE, StartupMode)
         strategy = _choice(raw, READ_STRATEGY, ReadStrategy)
+        source = _choice(raw, READ_SOURCE, ReadSource)
         assert isinstance(startup, StartupMode) and isinstance(strategy, ReadStrategy)
+        assert isinstance(source, ReadSource)
         return cls(
             startup_mode=startup,
             strategy=strategy,
+            source=source,
             lease_id=lease_id,
             lease_duration_ms=duration_ms,
             change_type_column=_get(raw, READ_CHANGE_TYPE_COLUMN).strip(),

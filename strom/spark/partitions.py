@@ -48,6 +48,22 @@ class KvStatePartition(InputPartition):
 
 
 @dataclass(frozen=True)
+class LakeBucketPartition(InputPartition):
+    """One bucket's rows in lake snapshot ``lake_snapshot_id``; for a primary-key table merged with the
+    bucket's changelog ``[log_start_offset, log_end_offset)`` (the log wins; an empty range reads the lake
+    alone). For a log table the log range is planned as its own LogRangePartition."""
+
+    bucket: TableBucket
+    partition_name: str | None
+    lake_snapshot_id: int
+    log_start_offset: int = 0
+    log_end_offset: int = 0
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.log_start_offset <= self.log_end_offset, (self.log_start_offset, self.log_end_offset)
+
+
+@dataclass(frozen=True)
 class ServerScanPartition(InputPartition):
     """A primary-key bucket's rows as its leader holds them when the task runs (ScanKv)."""
 

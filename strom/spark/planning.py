@@ -9,6 +9,11 @@ and the merge of snapshot and changelog yields the state at that end offset.
 Between listing a snapshot and leasing it, retention may delete it (a newer one committed meanwhile).
 The lease answers such buckets as unavailable; the planner picks again for them, a bounded number of
 times.
+
+A lake-enabled table that has been tiered is read as a **union**: each tiered bucket from the lake snapshot
+the coordinator reports (read in the tasks), plus what strom holds after the lake's offset — for a log
+table the log range ``[lake offset, high watermark)``, for a primary-key table the changelog over the same
+range merged into the lake rows by key (the log wins). Buckets not tiered yet are read from strom alone.
 """
 
 from __future__ import annotations
@@ -20,13 +25,21 @@ from pyspark.sql.datasource import InputPartition
 
 from strom.client import Connection, OffsetSpec
 from strom.client.admin import Admin
+from strom.client.lake import LakeSnapshot
 from strom.client.snapshots import KvSnapshotInfo
 from strom.client.table import TableLayout
+from strom.errors import LakeSnapshotNotExistError
 from strom.ids import TableBucket
 from strom.spark.errors import FlussConnectorError
-from strom.spark.options import ReadOptions, ReadStrategy
-from strom.spark.partitions import KvStatePartition, LogRangePartition, ServerScanPartition
+from strom.spark.options import READ_SOURCE, ReadOptions, ReadSource, ReadStrategy
+from strom.spark.partitions import (
+    KvStatePartition,
+    LakeBucketPartition,
+    LogRangePartition,
+    ServerScanPartition,
+)
 
+DATALAKE_ENABLED = "table.datalake.enabled"
 LEASE_ATTEMPTS_MAX = 3
 """Rounds of pick-and-lease; each lost round means a snapshot was deleted within one RPC round trip."""
 
@@ -161,21 +174,68 @@ async def plan_batch(connection: Connection, layout: TableLayout, options: ReadO
     admin = connection.get_admin()
     partitions = await table_partitions(admin, layout)
     buckets = [bucket for partition in partitions for bucket in layout.info.buckets(partition.partition_id)]
+    lake = await lake_snapshot_to_read(admin, layout, options)
+    planned: list[InputPartition] = []
+    if lake is not None:
+        if options.source is ReadSource.LAKE:
+            return lake_partitions(lake, layout, {})
+        ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
+        planned = lake_partitions(lake, layout, ends)
+        if layout.primary_key:  # tiered buckets are read from the lake merged with their changelog
+            buckets = [bucket for bucket in buckets if bucket not in lake.bucket_offsets]
     if not layout.primary_key:
         starts = await bucket_offsets(admin, layout, buckets, OffsetSpec.earliest())
+        if lake is not None:  # the lake holds each tiered bucket up to its lake offset
+            starts.update({b: offset for b, offset in lake.bucket_offsets.items() if b in starts})
         ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
-        return [LogRangePartition(b, starts[b], ends[b]) for b in buckets if starts[b] < ends[b]]
+        return planned + [LogRangePartition(b, starts[b], ends[b]) for b in buckets if starts[b] < ends[b]]
+    if not buckets:
+        return planned
     if options.strategy is ReadStrategy.SERVER_SCAN:
-        return [ServerScanPartition(bucket) for bucket in buckets]
+        return planned + [ServerScanPartition(bucket) for bucket in buckets]
+    wanted = set(buckets)
     by_id = {partition.partition_id: partition for partition in partitions}
 
     async def rechoose(lost: Collection[TableBucket]) -> Choice:
         fresh = await latest_snapshots(admin, layout, [by_id[pid] for pid in {b.partition_id for b in lost}])
         return {bucket: fresh[bucket] for bucket in lost}
 
-    chosen = await lease_snapshots(admin, options, await latest_snapshots(admin, layout, partitions), rechoose)
+    latest = await latest_snapshots(admin, layout, [by_id[pid] for pid in {b.partition_id for b in buckets}])
+    chosen = await lease_snapshots(admin, options, {b: s for b, s in latest.items() if b in wanted}, rechoose)
     ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
-    return list(await state_partitions(admin, layout, options, chosen, ends))
+    return planned + list(await state_partitions(admin, layout, options, chosen, ends))
+
+
+async def lake_snapshot_to_read(admin: Admin, layout: TableLayout, options: ReadOptions) -> LakeSnapshot | None:
+    """The lake snapshot a batch read starts from: None for tables without a lake (or ``read.source=strom``)
+    and for lake tables not tiered yet, which strom alone serves."""
+    lake_enabled = layout.info.properties.get(DATALAKE_ENABLED, "false").lower() == "true"
+    if options.source is ReadSource.STROM or not lake_enabled:
+        if options.source is ReadSource.LAKE:
+            raise FlussConnectorError(
+                f"option '{READ_SOURCE.key}'=lake: table '{layout.info.path}' has no lake ({DATALAKE_ENABLED} is not true)"
+            )
+        return None
+    try:
+        return await admin.get_lake_snapshot(layout.info.path)
+    except LakeSnapshotNotExistError:
+        if options.source is ReadSource.LAKE:
+            raise FlussConnectorError(
+                f"option '{READ_SOURCE.key}'=lake: table '{layout.info.path}' has not been tiered to its lake yet"
+            ) from None
+        return None
+
+
+def lake_partitions(lake: LakeSnapshot, layout: TableLayout, ends: dict[TableBucket, int]) -> list[InputPartition]:
+    """One partition per tiered bucket. With ``ends`` (a union read), a primary-key bucket also reads its
+    changelog from its lake offset up to its end offset; a bucket whose strom partition is gone (dropped
+    after tiering) is read from the lake alone."""
+    planned: list[InputPartition] = []
+    for bucket, offset in sorted(lake.bucket_offsets.items(), key=lambda item: (item[0].partition_id or -1, item[0].bucket)):
+        name = lake.partition_names.get(bucket.partition_id) if bucket.partition_id is not None else None
+        end = ends.get(bucket, offset) if layout.primary_key else offset
+        planned.append(LakeBucketPartition(bucket, name, lake.snapshot_id, offset, max(offset, end)))
+    return planned
 
 
 async def plan_states_at(

@@ -14,10 +14,21 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from strom.client import Connection
 from strom.spark import planning, runtime
-from strom.spark.bucket_reader import ReadContext, read_kv_state, read_log_range, read_server_scan
+from strom.spark.bucket_reader import (
+    ReadContext,
+    read_kv_state,
+    read_lake_bucket,
+    read_log_range,
+    read_server_scan,
+)
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import SCAN_STARTUP_MODE, ConnectionOptions, ReadOptions, StartupMode
-from strom.spark.partitions import KvStatePartition, LogRangePartition, ServerScanPartition
+from strom.spark.partitions import (
+    KvStatePartition,
+    LakeBucketPartition,
+    LogRangePartition,
+    ServerScanPartition,
+)
 
 
 def read_partition(context: ReadContext, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -28,6 +39,8 @@ def read_partition(context: ReadContext, partition: InputPartition) -> Iterator[
         return read_kv_state(context, partition)
     if isinstance(partition, ServerScanPartition):
         return read_server_scan(context, partition)
+    if isinstance(partition, LakeBucketPartition):
+        return read_lake_bucket(context, partition)
     assert type(partition) is InputPartition, f"unknown partition {partition!r}"
     return iter(())  # Spark's stand-in when planning found nothing to read
 

@@ -50,10 +50,12 @@ class Fluss:
         partitions: Iterable[Mapping[str, str]] = (),
         bucket_count: int = 2,
         prefix: str = "spark",
+        properties: Mapping[str, str] | None = None,
     ) -> str:
         path = TablePath(DATABASE, unique_name(prefix))
         descriptor = TableDescriptor(
-            Schema.of(columns, primary_key), partition_keys=tuple(partition_keys), bucket_count=bucket_count
+            Schema.of(columns, primary_key), partition_keys=tuple(partition_keys), bucket_count=bucket_count,
+            properties=dict(properties or {}),
         )
 
         async def create(connection: Connection) -> None:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from strom.client import Connection
+from strom.client.changelog import ChangelogFold, KeyEncoder, change_type_column, merge_snapshot
 from strom.client.table import TableLayout
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
@@ -16,7 +17,6 @@ from strom.records.log_batch import ChangeType
 from strom.records.schema import Schema, TableDescriptor
 from strom.records.types import BigIntType, IntType, StringType
 from strom.spark import planning
-from strom.client.changelog import ChangelogFold, KeyEncoder, change_type_column, merge_snapshot
 from strom.spark.options import ReadOptions
 from strom.spark.stream_reader import share_budget
 from tests.spark.support import Fluss, wait_until

@@ -1,0 +1,216 @@
+"""Lake tiering throughput and freshness, against Spark and delta-rs doing the same work in the same run.
+
+1. **First round** of a primary-key table (``--rows``, 2 buckets, read from its KV snapshots) into Delta,
+   against Spark copying the same rows from Parquet to Parquet (``local[2]``, same session).
+2. **An update round**: ``--rows/10`` updates and ``--rows/100`` deletes tiered into the lake copy, against
+   a bare delta-rs ``MERGE`` of the same changes into a copy of the same lake table.
+3. **Lake lag** under continuous upserts for ``--lag-seconds`` into a second table with
+   ``table.datalake.freshness`` = ``--freshness``: once a second, ``now - write time of the newest row the
+   lake holds``; p50 and p99 against the freshness.
+
+    .venv/bin/python -m bench.tiering_bench [--rows 10000000] [--lag-seconds 300] [--freshness 30s]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bench.harness import BenchServer, report, timed
+from bench.spark_bench import BUCKETS, make_rows, snapshots_cover_everything, write_dataset
+from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.config import parse_duration
+from strom.tiering.driver import TieringDriver, TieringOptions
+
+SNAPSHOT_WAIT_S_MAX = 900.0
+INGEST_BATCH_ROWS = 50_000
+
+
+async def create_lake_table(address: str, name: str, schema: pa.Schema, freshness: str) -> None:
+    async with await Connection.create(address) as connection:
+        properties = {"table.datalake.enabled": "true", "table.datalake.freshness": freshness}
+        descriptor = TableDescriptor(Schema.from_arrow(schema, primary_key=["id"]), bucket_count=BUCKETS,
+                                     properties=properties)
+        await connection.get_admin().create_table(TablePath("fluss", name), descriptor)
+
+
+async def upsert(address: str, name: str, rows: pa.Table) -> None:
+    async with await Connection.create(address) as connection:
+        writer = (await connection.get_table(TablePath("fluss", name))).new_upsert().create_writer()
+        for batch in rows.to_batches(INGEST_BATCH_ROWS):
+            await writer.upsert_batch(pa.Table.from_batches([batch]))
+        await writer.flush()
+
+
+async def delete(address: str, name: str, keys: pa.Table) -> None:
+    async with await Connection.create(address) as connection:
+        writer = (await connection.get_table(TablePath("fluss", name))).new_upsert().create_writer()
+        for row in keys.to_pylist():
+            writer.delete(row)
+        await writer.flush()
+
+
+def lake_path(server: BenchServer, name: str) -> Path:
+    return server.data_dir / "lake" / "fluss" / name
+
+
+def tier_once(spark: Any, address: str) -> float:
+    driver = TieringDriver(spark, TieringOptions(address, "bench", poll_interval_ms=100, once=True))
+    return timed(driver.run)
+
+
+def merge_ceiling(lake_copy: Path, changes: pa.Table, deleted: pa.Table) -> float:
+    """delta-rs MERGE of the same upserts and deletes (keyed by id) into a copy of the lake table."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(lake_copy))
+    buckets = table.to_pyarrow_table(columns=["id", "__bucket"])
+    upserts = changes.join(buckets, "id").append_column("__deleted", pa.array(np.zeros(len(changes), bool)))
+    gone = deleted.join(buckets, "id")
+    filler = {name: pa.nulls(len(gone), changes.schema.field(name).type) for name in changes.column_names if name != "id"}
+    gone = pa.table({"id": gone["id"], **filler, "__bucket": gone["__bucket"],
+                     "__deleted": pa.array(np.ones(len(gone), bool))})
+    source = pa.concat_tables([upserts.select(gone.column_names), gone])
+    now = pa.scalar(int(time.time() * 1_000_000), pa.timestamp("us", "UTC"))
+    source = source.append_column("__offset", pa.array(np.zeros(len(source), np.int64)))
+    source = source.append_column("__timestamp", pa.repeat(now, len(source)))
+    columns = {name: f"s.{name}" for name in changes.column_names if name != "id"}
+    columns.update({"__offset": "s.__offset", "__timestamp": "s.__timestamp"})
+
+    def merge() -> None:
+        (table.merge(source, "t.id = s.id AND t.__bucket = s.__bucket", source_alias="s", target_alias="t")
+         .when_matched_delete("s.__deleted")
+         .when_matched_update(columns, "NOT s.__deleted")
+         .execute())
+
+    return timed(merge)
+
+
+def lag_run(spark: Any, server: BenchServer, seconds: float, freshness: str) -> list[float]:
+    """Lag samples (seconds) while a writer upserts continuously and the service tiers on its own."""
+    from deltalake import DeltaTable
+
+    name = "lag_bench"
+    schema = pa.schema([("id", pa.int64()), ("written_ms", pa.int64())])
+    asyncio.run(create_lake_table(server.address, name, schema, freshness))
+    stop = threading.Event()
+
+    def write() -> None:
+        async def loop() -> None:
+            async with await Connection.create(server.address) as connection:
+                writer = (await connection.get_table(TablePath("fluss", name))).new_upsert().create_writer()
+                key = 0
+                while not stop.is_set():
+                    now = int(time.time() * 1000)
+                    ids = np.arange(key, key + 500, dtype=np.int64) % 100_000
+                    await writer.upsert_batch(pa.table({"id": ids, "written_ms": np.full(500, now, np.int64)}))
+                    await writer.flush()
+                    key += 500
+                    await asyncio.sleep(0.1)
+
+        asyncio.run(loop())
+
+    driver = TieringDriver(spark, TieringOptions(server.address, "lag-bench", poll_interval_ms=1000))
+    threads = [threading.Thread(target=write, daemon=True), threading.Thread(target=driver.run, daemon=True)]
+    for thread in threads:
+        thread.start()
+    samples: list[float] = []
+    started = time.monotonic()
+    path = lake_path(server, name)
+    while time.monotonic() - started < seconds:
+        time.sleep(1.0)
+        if not (path / "_delta_log").exists():
+            continue
+        newest = pc.max(DeltaTable(str(path)).to_pyarrow_table(columns=["written_ms"])["written_ms"]).as_py()
+        if newest is not None:
+            samples.append(time.time() - newest / 1000)
+    stop.set()
+    driver.stop()
+    for thread in threads:
+        thread.join(60)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--lag-seconds", type=float, default=300.0)
+    parser.add_argument("--freshness", default="30s")
+    args = parser.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    work = Path(tempfile.mkdtemp(prefix="strom-tiering-bench-"))
+    rows = make_rows(args.rows)
+    write_dataset(rows, work / "source", files=BUCKETS)
+    spark = (
+        SparkSession.builder.master("local[2]").appName("strom-tiering-bench")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    name = "tiering_bench"
+    try:
+        with BenchServer({"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1"}) as server:
+            asyncio.run(create_lake_table(server.address, name, rows.schema, "1s"))
+            asyncio.run(upsert(server.address, name, rows))
+            deadline = time.monotonic() + SNAPSHOT_WAIT_S_MAX
+            while not asyncio.run(snapshots_cover_everything(server.address, name)):
+                if time.monotonic() > deadline:
+                    raise SystemExit("the KV snapshots did not catch up with the writes")
+                time.sleep(0.5)
+            source = spark.read.parquet(str(work / "source"))
+            source.write.format("noop").mode("overwrite").save()  # warm-up: Python workers, JIT
+            parquet_s = timed(lambda: source.write.mode("overwrite").parquet(str(work / "copy")))
+            first_s = tier_once(spark, server.address)
+
+            shutil.copytree(lake_path(server, name), work / "merge-copy")
+            rng = np.random.default_rng(7)
+            updated_ids = np.sort(rng.choice(args.rows, size=args.rows // 10, replace=False))
+            updates = rows.take(pa.array(updated_ids))
+            updates = updates.set_column(3, "v2", pc.negate(updates["v2"]))
+            remaining = np.setdiff1d(np.arange(args.rows), updated_ids)
+            deleted = pa.table({"id": pa.array(np.sort(rng.choice(remaining, size=args.rows // 100, replace=False)))})
+            asyncio.run(upsert(server.address, name, updates))
+            asyncio.run(delete(server.address, name, deleted))
+            update_s = tier_once(spark, server.address)
+            merge_s = merge_ceiling(work / "merge-copy", updates, deleted)
+
+            lag = lag_run(spark, server, args.lag_seconds, args.freshness) if args.lag_seconds > 0 else []
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    n = args.rows
+    lines = [
+        ("first round: Spark parquet -> parquet (ceiling)", f"{parquet_s:7.2f} s  {n / parquet_s:>12,.0f} rows/s"),
+        ("first round: strom tiering (KV snapshots -> Delta)",
+         f"{first_s:7.2f} s  {n / first_s:>12,.0f} rows/s  ratio {parquet_s / first_s:.2f}"),
+        (f"update round: delta-rs MERGE of {n // 10:,} upserts + {n // 100:,} deletes (ceiling)", f"{merge_s:7.2f} s"),
+        ("update round: strom tiering (changelog -> Delta)", f"{update_s:7.2f} s  ratio {merge_s / update_s:.2f}"),
+    ]
+    if lag:
+        freshness_s = parse_duration(args.freshness).total_seconds()
+        p50 = statistics.median(lag)
+        p99 = statistics.quantiles(lag, n=100)[98] if len(lag) >= 2 else lag[0]
+        lines.append((f"lake lag over {args.lag_seconds:.0f} s of upserts, freshness {args.freshness}",
+                      f"p50 {p50:6.1f} s ({p50 / freshness_s:.2f}x)  p99 {p99:6.1f} s ({p99 / freshness_s:.2f}x)"))
+    report(f"Lake tiering, {n:,} rows, {BUCKETS} buckets, Spark local[2]", lines)
+    print("  ratio = ceiling time / tiering time (1.00 = as fast as the ceiling); lag ratio = lag / freshness")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The lake half of :class:`~strom.client.admin.Admin`: lake snapshots (public in Fluss), the tiering
+service's coordinator calls (private in Fluss, which pyfluss does not offer), and strom's tiering status."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from strom.errors import StromError, error_for_code
+from strom.ids import TableBucket, TablePath
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import ext, pb
+
+if TYPE_CHECKING:
+    from strom.client.connection import Connection
+
+COORDINATOR_EPOCH = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LakeSnapshot:
+    table_id: int
+    snapshot_id: int
+    bucket_offsets: dict[TableBucket, int]
+    """Per tiered bucket, the first log offset not in the lake."""
+    partition_names: dict[int, str]
+    """Partition id -> name, for partitioned tables (partitions dropped since are missing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TieringAssignment:
+    table_id: int
+    table_path: TablePath
+    tiering_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedTiering:
+    table_id: int
+    tiering_epoch: int
+    force_finished: bool = False
+    file_size: int | None = None
+    record_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    coordinator_epoch: int
+    assignment: TieringAssignment | None
+    errors: dict[int, StromError]
+    """Table id -> the coordinator's error for it (fenced epoch, table gone, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LakeTieringStatus:
+    """strom extension: one lake-enabled table as the coordinator's tiering manager sees it."""
+
+    table_id: int
+    table_path: TablePath
+    state: str
+    tiering_epoch: int
+    freshness_ms: int
+    last_tiered_time: int | None
+    last_round_duration_ms: int | None
+    failures: int
+    pending_since: int | None
+    lake_snapshot_id: int | None
+    bucket_offsets: dict[TableBucket, int]
+    file_size: int | None
+    record_count: int | None
+
+
+def _path(table_path: TablePath) -> Any:
+    return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
+
+
+def _known(value: int) -> int | None:
+    return None if value < 0 else value
+
+
+def _bucket_offsets(table_id: int, entries: Any) -> tuple[dict[TableBucket, int], dict[int, str]]:
+    offsets: dict[TableBucket, int] = {}
+    names: dict[int, str] = {}
+    for entry in entries:
+        partition = entry.partition_id if entry.HasField("partition_id") else None
+        if entry.HasField("log_offset"):
+            offsets[TableBucket(table_id, entry.bucket_id, partition)] = entry.log_offset
+        if partition is not None and entry.HasField("partition_name"):
+            names[partition] = entry.partition_name
+    return offsets, names
+
+
+def _raise_per_table(entry: Any) -> None:
+    if entry.HasField("error_code") and entry.error_code != 0:
+        raise error_for_code(entry.error_code, entry.error_message)
+
+
+class LakeAdmin:
+    _connection: Connection
+
+    async def get_lake_snapshot(
+        self, table_path: TablePath, snapshot_id: int | None = None, readable: bool = False
+    ) -> LakeSnapshot:
+        """The latest (or a given, or the latest readable) lake snapshot; LakeSnapshotNotExistError if none."""
+        request = pb.GetLakeSnapshotRequest(table_path=_path(table_path))
+        if snapshot_id is not None:
+            request.snapshot_id = snapshot_id
+        if readable:
+            request.readable = True
+        response = await self._connection.coordinator_request(ApiKey.GET_LAKE_SNAPSHOT, request)
+        offsets, names = _bucket_offsets(response.table_id, response.bucket_snapshots)
+        return LakeSnapshot(response.table_id, response.snapshotId, offsets, names)
+
+    async def lake_tiering_heartbeat(
+        self,
+        tiering: Mapping[int, int] | None = None,
+        finished: Sequence[FinishedTiering] = (),
+        failed: Mapping[int, int] | None = None,
+        request_table: bool = False,
+    ) -> HeartbeatResult:
+        """One heartbeat of a tiering job: renew ``tiering`` (table id -> epoch), report ``finished`` and
+        ``failed`` rounds, and optionally ask for a table to tier."""
+        request = pb.LakeTieringHeartbeatRequest()
+        for table_id, epoch in (tiering or {}).items():
+            request.tiering_tables.add(table_id=table_id, coordinator_epoch=COORDINATOR_EPOCH, tiering_epoch=epoch)
+        for table_id, epoch in (failed or {}).items():
+            request.failed_tables.add(table_id=table_id, coordinator_epoch=COORDINATOR_EPOCH, tiering_epoch=epoch)
+        for done in finished:
+            entry = request.finished_tables.add(
+                table_id=done.table_id, coordinator_epoch=COORDINATOR_EPOCH, tiering_epoch=done.tiering_epoch
+            )
+            if done.file_size is not None or done.record_count is not None:
+                entry.lake_tiering_stats.SetInParent()
+                if done.file_size is not None:
+                    entry.lake_tiering_stats.file_size = done.file_size
+                if done.record_count is not None:
+                    entry.lake_tiering_stats.record_count = done.record_count
+            if done.force_finished:
+                request.force_finished_tables.append(done.table_id)
+        if request_table:
+            request.request_table = True
+        response = await self._connection.coordinator_request(ApiKey.LAKE_TIERING_HEARTBEAT, request)
+        errors: dict[int, StromError] = {}
+        for entries in (response.failed_table_resp, response.tiering_table_resp, response.finished_table_resp):
+            for entry in entries:
+                if entry.HasField("error"):
+                    errors[entry.table_id] = error_for_code(entry.error.error_code, entry.error.error_message)
+        assignment = None
+        if response.HasField("tiering_table"):
+            table = response.tiering_table
+            assignment = TieringAssignment(
+                table.table_id, TablePath(table.table_path.database_name, table.table_path.table_name),
+                table.tiering_epoch,
+            )
+        return HeartbeatResult(response.coordinator_epoch, assignment, errors)
+
+    async def prepare_lake_table_snapshot(
+        self, table_id: int, table_path: TablePath, offsets: Mapping[TableBucket, int],
+        tiering_epoch: int | None = None,
+    ) -> str:
+        """Have the coordinator write the offsets file a lake commit will carry; returns its path."""
+        request = pb.PrepareLakeTableSnapshotRequest()
+        table = request.bucket_offsets.add(table_id=table_id, table_path=_path(table_path))
+        if tiering_epoch is not None:
+            table.tiering_epoch = tiering_epoch
+        for bucket, offset in sorted(offsets.items(), key=lambda i: (i[0].partition_id or -1, i[0].bucket)):
+            entry = table.bucket_offsets.add(bucket_id=bucket.bucket, log_end_offset=offset)
+            if bucket.partition_id is not None:
+                entry.partition_id = bucket.partition_id
+        response = await self._connection.coordinator_request(ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT, request)
+        [result] = response.prepare_lake_table_resp
+        _raise_per_table(result)
+        return str(result.lake_table_offsets_path)
+
+    async def commit_lake_table_snapshot(
+        self, table_id: int, lake_snapshot_id: int, tiered_offsets_path: str, *,
+        tiering_epoch: int | None = None, max_timestamps: Mapping[TableBucket, int] | None = None,
+        earliest_snapshot_id_to_keep: int | None = None, readable: bool = True,
+    ) -> None:
+        """Record a committed lake snapshot (readable at once unless ``readable`` is False)."""
+        request = pb.CommitLakeTableSnapshotRequest()
+        metadata = request.lake_table_snapshot_metadata.add(
+            table_id=table_id, snapshot_id=lake_snapshot_id, tiered_bucket_offsets_file_path=tiered_offsets_path
+        )
+        if readable:
+            metadata.readable_bucket_offsets_file_path = tiered_offsets_path
+        if tiering_epoch is not None:
+            metadata.tiering_epoch = tiering_epoch
+        if earliest_snapshot_id_to_keep is not None:
+            metadata.earliest_snapshot_id_to_keep = earliest_snapshot_id_to_keep
+        if max_timestamps:
+            info = request.tables_req.add(table_id=table_id, snapshot_id=lake_snapshot_id)
+            for bucket, timestamp in max_timestamps.items():
+                entry = info.buckets_req.add(bucket_id=bucket.bucket, max_timestamp=timestamp)
+                if bucket.partition_id is not None:
+                    entry.partition_id = bucket.partition_id
+        response = await self._connection.coordinator_request(ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT, request)
+        for result in response.table_resp:
+            _raise_per_table(result)
+
+    async def describe_lake_tiering(self, table_path: TablePath | None = None) -> list[LakeTieringStatus]:
+        request = ext.DescribeLakeTieringRequest()
+        if table_path is not None:
+            request.table_path.database_name = table_path.database_name
+            request.table_path.table_name = table_path.table_name
+        response = await self._connection.coordinator_request(ApiKey.DESCRIBE_LAKE_TIERING, request)
+        statuses = []
+        for table in response.tables:
+            offsets, _names = _bucket_offsets(table.table_id, table.bucket_offsets)
+            statuses.append(
+                LakeTieringStatus(
+                    table.table_id, TablePath(table.table_path.database_name, table.table_path.table_name),
+                    table.state, table.tiering_epoch, table.freshness_ms, _known(table.last_tiered_time),
+                    _known(table.last_round_duration_ms), table.failures, _known(table.pending_since),
+                    table.lake_snapshot_id if table.HasField("lake_snapshot_id") else None, offsets,
+                    _known(table.file_size), _known(table.record_count),
+                )
+            )
+        return statuses
+
+    async def alter_table(
+        self, table_path: TablePath, set_properties: Mapping[str, str] | None = None,
+        reset_properties: Sequence[str] = (), ignore_if_not_exists: bool = False,
+    ) -> None:
+        """Set or reset table properties, e.g. ``{"table.datalake.enabled": "true"}``."""
+        request = pb.AlterTableRequest(table_path=_path(table_path), ignore_if_not_exists=ignore_if_not_exists)
+        for key, value in (set_properties or {}).items():
+            request.config_changes.add(config_key=key, config_value=str(value), op_type=0)
+        for key in reset_properties:
+            request.config_changes.add(config_key=key, op_type=1)
+        await self._connection.coordinator_request(ApiKey.ALTER_TABLE, request)

@@ -1,0 +1,188 @@
+"""The tiering service end to end: real server processes, real Spark (local mode), real Delta tables read
+back by DuckDB. Each test has its own server, so a driver's ``once`` covers just that test's tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.records.types import BigIntType, IntType, StringType
+from strom.tiering.driver import lease_id_for
+from tests.spark.support import Fluss, wait_until
+from tests.spark.tiering_support import (
+    FAST_TIERING,
+    DriverThread,
+    Gates,
+    create_lake_table,
+    lake_rows,
+    lake_snapshot,
+    strom_rows,
+    tier_once,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
+
+PK_COLUMNS = [("id", IntType()), ("name", StringType()), ("score", BigIntType())]
+LOG_COLUMNS = [("id", IntType()), ("day", StringType()), ("event", StringType())]
+PK_NAMES = ["id", "name", "score"]
+
+
+def test_primary_key_table_lake_copy_is_its_state_across_rounds(spark: Any, server_factory: Any) -> None:
+    cluster = Fluss(server_factory(FAST_TIERING).address)
+    table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(100)])
+    first = tier_once(spark, cluster)
+    assert len(first.outcomes) == 1
+    assert lake_rows(cluster, table, PK_NAMES) == strom_rows(cluster, table, PK_NAMES)
+
+    cluster.upsert(table, [{"id": i, "name": f"u{i}", "score": -i} for i in range(0, 100, 3)])
+    cluster.delete(table, [{"id": i} for i in range(1, 100, 5)])
+    cluster.upsert(table, [{"id": i, "name": f"new{i}", "score": i} for i in range(100, 120)])
+    cluster.delete(table, [{"id": 101}])
+    cluster.upsert(table, [{"id": 101, "name": "back", "score": 1}])
+    tier_once(spark, cluster)
+    assert lake_rows(cluster, table, PK_NAMES) == strom_rows(cluster, table, PK_NAMES)
+
+    cluster.delete(table, [{"id": i} for i in range(0, 120, 2)])
+    tier_once(spark, cluster)
+    expected = strom_rows(cluster, table, PK_NAMES)
+    assert lake_rows(cluster, table, PK_NAMES) == expected
+    assert len(expected) < 70
+
+    snapshot = lake_snapshot(cluster, table)
+    assert snapshot is not None
+    assert {b.bucket: o for b, o in snapshot.bucket_offsets.items()} == cluster.high_watermarks(table, 2)
+    buckets = dict(lake_rows(cluster, table, ["id", "__bucket"]))
+    assert set(buckets.values()) == {0, 1}
+
+
+def test_partitioned_log_table_holds_every_record_once(spark: Any, server_factory: Any) -> None:
+    cluster = Fluss(server_factory(FAST_TIERING).address)
+    days = [{"day": "d1"}, {"day": "d2"}]
+    table = create_lake_table(cluster, LOG_COLUMNS, partition_keys=["day"], partitions=days, bucket_count=2)
+    cluster.append(table, [{"id": i, "day": f"d{1 + i % 2}", "event": f"e{i}"} for i in range(50)])
+    tier_once(spark, cluster)
+    cluster.append(table, [{"id": i, "day": f"d{1 + i % 2}", "event": f"e{i}"} for i in range(50, 80)])
+    tier_once(spark, cluster)
+    expected = [(i, f"d{1 + i % 2}", f"e{i}") for i in range(80)]
+    assert lake_rows(cluster, table, ["id", "day", "event"]) == expected
+
+
+def test_first_round_reads_the_leased_snapshots_while_they_roll(spark: Any, server_factory: Any, tmp_path: Path) -> None:
+    """Snapshots roll every second and only one is retained, yet the round reads exactly what it leased,
+    the lease is renewed while the round outlasts its duration, and pins nothing afterwards."""
+    server = server_factory({**FAST_TIERING, "kv.snapshot.interval": "1s", "kv.snapshot.num-retained": "1"})
+    cluster = Fluss(server.address)
+    table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(200)])
+    snapshots = cluster.wait_for_snapshots_at_high_watermark(table, 2)
+    gates = Gates(tmp_path / "gates")
+    gates.hold("task")
+    thread = DriverThread(spark, cluster, lease_duration_ms=1500, gate_dir=gates.path).start()
+    gates.wait_reached("task")
+    lease_id = lease_id_for("test-job")
+    pinned = {lease.lease_id: lease.snapshots for lease in cluster.leases()}[lease_id]
+    assert {b.bucket: s for b, s in pinned.items()} == {b: s.snapshot_id for b, s in snapshots.items()}
+    for round_number in range(4):  # newer snapshots replace the retained one while the round waits
+        cluster.upsert(table, [{"id": 1000 + round_number, "name": "later", "score": 0}])
+        wait_until(lambda: cluster.latest_snapshots(table) != snapshots, "a newer snapshot")
+    import time
+
+    time.sleep(2.0)  # longer than the lease duration: only the heartbeats' renewals keep it
+    still = {lease.lease_id: lease.snapshots for lease in cluster.leases()}
+    assert lease_id in still and still[lease_id] == pinned
+    gates.release("task")
+    driver = thread.join()
+    [(_, outcome)] = driver.outcomes
+    assert {b.bucket: o for b, o in outcome.offsets.items()} == {b: s.log_offset for b, s in snapshots.items()}
+    assert lake_rows(cluster, table, PK_NAMES) == [(i, f"n{i}", i) for i in range(200)]
+    assert all(not lease.snapshots for lease in cluster.leases() if lease.lease_id == lease_id)
+
+    tier_once(spark, cluster)  # the changelog after the snapshots follows as log splits
+    assert lake_rows(cluster, table, PK_NAMES) == strom_rows(cluster, table, PK_NAMES)
+
+
+def test_log_only_table_takes_no_lease_and_the_lease_is_dropped_at_the_end(spark: Any, server_factory: Any) -> None:
+    cluster = Fluss(server_factory(FAST_TIERING).address)
+    table = create_lake_table(cluster, LOG_COLUMNS, bucket_count=1)
+    cluster.append(table, [{"id": 1, "day": "d", "event": "e"}])
+    tier_once(spark, cluster)
+    assert [lease.lease_id for lease in cluster.leases()] == []
+    assert lake_rows(cluster, table, ["id"]) == [(1,)]
+
+
+def test_table_with_nothing_new_finishes_without_a_lake_commit(spark: Any, server_factory: Any) -> None:
+    cluster = Fluss(server_factory(FAST_TIERING).address)
+    table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=1)
+    cluster.upsert(table, [{"id": 1, "name": "a", "score": 1}])
+    tier_once(spark, cluster)
+    before = lake_snapshot(cluster, table)
+    driver = tier_once(spark, cluster)
+    [(_, outcome)] = driver.outcomes
+    assert outcome.lake_snapshot_id is None
+    assert lake_snapshot(cluster, table) == before
+
+
+def _spark_rows(frame: Any, columns: list[str]) -> list[tuple[Any, ...]]:
+    return sorted(tuple(row[c] for c in columns) for row in frame.select(*columns).collect())
+
+
+def _planned(cluster: Fluss, table: str, **options: str) -> list[Any]:
+    from strom.spark import FlussDataSource
+
+    source = FlussDataSource(cluster.options(table, **options))
+    return list(source.reader(source.schema()).partitions())
+
+
+def test_union_read_merges_the_lake_with_the_changes_after_it(spark: Any, server_factory: Any) -> None:
+    from strom.spark.partitions import KvStatePartition, LakeBucketPartition
+    from tests.spark.test_spark_batch_read import load
+
+    cluster = Fluss(server_factory(FAST_TIERING).address)
+    table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(1, 41)])
+    assert {type(p) for p in _planned(cluster, table)} == {KvStatePartition}, "not tiered yet: strom alone"
+    tier_once(spark, cluster)
+    tiered = strom_rows(cluster, table, PK_NAMES)
+    cluster.upsert(table, [{"id": 2, "name": "updated", "score": -2}, {"id": 41, "name": "new", "score": 41}])
+    cluster.delete(table, [{"id": 3}, {"id": 4}])
+    current = strom_rows(cluster, table, PK_NAMES)
+    assert current != tiered
+
+    planned = _planned(cluster, table)
+    assert {type(p) for p in planned} == {LakeBucketPartition}
+    assert sum(p.log_end_offset - p.log_start_offset for p in planned) > 0, "the changelog tail is read"
+    assert _spark_rows(load(spark, cluster, table), PK_NAMES) == current
+    assert _spark_rows(load(spark, cluster, table, **{"read.source": "lake"}), PK_NAMES) == tiered
+    assert _spark_rows(load(spark, cluster, table, **{"read.source": "strom"}), PK_NAMES) == current
+    assert {type(p) for p in _planned(cluster, table, **{"read.source": "strom"})} == {KvStatePartition}
+
+
+def test_union_read_of_a_partitioned_log_table_returns_every_record_once(spark: Any, server_factory: Any) -> None:
+    from tests.spark.test_spark_batch_read import load
+
+    cluster = Fluss(server_factory(FAST_TIERING).address)
+    days = [{"day": "d1"}, {"day": "d2"}]
+    table = create_lake_table(cluster, LOG_COLUMNS, partition_keys=["day"], partitions=days, bucket_count=2)
+    cluster.append(table, [{"id": i, "day": f"d{1 + i % 2}", "event": f"e{i}"} for i in range(30)])
+    tier_once(spark, cluster)
+    cluster.append(table, [{"id": i, "day": f"d{1 + i % 2}", "event": f"e{i}"} for i in range(30, 45)])
+    names = ["id", "day", "event"]
+    assert _spark_rows(load(spark, cluster, table), names) == [(i, f"d{1 + i % 2}", f"e{i}") for i in range(45)]
+    assert _spark_rows(load(spark, cluster, table, **{"read.source": "lake"}), names) == [
+        (i, f"d{1 + i % 2}", f"e{i}") for i in range(30)
+    ]
+
+
+def test_read_source_lake_on_a_table_without_a_lake_is_a_clear_error(spark: Any, server_factory: Any) -> None:
+    from tests.spark.test_spark_batch_read import load
+
+    cluster = Fluss(server_factory(FAST_TIERING).address)
+    table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=1)
+    with pytest.raises(Exception, match="has no lake"):
+        load(spark, cluster, table, **{"read.source": "lake"}).collect()
+    lake_table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=1)
+    with pytest.raises(Exception, match="not been tiered"):
+        load(spark, cluster, lake_table, **{"read.source": "lake"}).collect()
