@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 import time
 from typing import Any
 
@@ -91,7 +92,7 @@ def status(bootstrap_servers: str, table: str | None, job_id: str, as_json: bool
             _time(s.last_tiered_time) if s.last_tiered_time else "never",
             _lag(s, now), f"{s.freshness_ms / 1000:g} s", str(s.failures),
         )
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # scripts and logs get whole rows
     console.print(view)
     if leases:
         console.print(f"lease {leases[0].lease_id}: {len(leases[0].snapshots)} snapshots pinned, "

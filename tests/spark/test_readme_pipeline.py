@@ -1,0 +1,72 @@
+"""The README's Spark and lake tiering examples run as written (against a test server instead of
+127.0.0.1:9123, with its data directory instead of ./strom-data)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.client import Schema, TableDescriptor
+from strom.records.types import BigIntType, DoubleType
+from tests.spark.support import Fluss, run
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+ADDRESS = "127.0.0.1:9123"
+
+
+def blocks_after(heading: str, language: str) -> list[str]:
+    text = README.read_text()
+    section = text[text.index(heading) :]
+    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
+
+
+def run_python(code: str, namespace: dict[str, Any], wrap_async: bool = False) -> None:
+    if wrap_async:
+        code = "import asyncio\nasync def example():\n" + "".join(f"    {line}\n" for line in code.splitlines())
+        code += "asyncio.run(example())\n"
+    exec(compile(code, "README example", "exec"), namespace)
+
+
+def test_readme_spark_and_lake_tiering_examples(spark: Any, server_factory: Any, capsys: Any) -> None:
+    server = server_factory({"kv.snapshot.interval": "0s"})
+    cluster = Fluss(server.address)
+    [client_example] = blocks_after("## strom's own client", "python")
+    run_python(client_example.replace(ADDRESS, server.address), {"__name__": "readme"}, wrap_async=True)
+    assert capsys.readouterr().out.split()[0] == "2"
+
+    async def create_copy(connection: Any) -> None:
+        schema = Schema.of([("id", BigIntType()), ("amount", DoubleType())], ["id"])
+        from strom.ids import TablePath
+
+        await connection.get_admin().create_table(TablePath("fluss", "orders_copy"), TableDescriptor(schema, bucket_count=1))
+
+    run(server.address, create_copy)
+    [spark_example] = blocks_after("## Spark", "python")
+    run_python(spark_example.replace(ADDRESS, server.address), {"__name__": "readme", "spark": spark})
+    assert sorted(row["id"] for row in cluster.rows("fluss.orders_copy")) == [1, 2]
+
+    enable, query = blocks_after("## Lake tiering", "python")
+    [shell] = blocks_after("## Lake tiering", "sh")
+    run_python(enable.replace(ADDRESS, server.address), {"__name__": "readme"}, wrap_async=True)
+    for line in shell.strip().splitlines():
+        words = shlex.split(line.replace(ADDRESS, server.address))
+        assert words[0] == ".venv/bin/strom"
+        done = subprocess.run([sys.executable, "-m", "strom.cli.main", *words[1:]], capture_output=True, text=True,
+                              timeout=240, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "fluss.orders" in done.stdout and "Scheduled" in done.stdout, done.stdout
+
+    namespace: dict[str, Any] = {"__name__": "readme", "spark": spark}
+    lake_root = str(server.data_dir / "lake")
+    run_python(query.replace(ADDRESS, server.address).replace("strom-data/lake", lake_root), namespace)
+    assert capsys.readouterr().out.split()[-1] == "2"
+    assert namespace["orders"].count() == 2
