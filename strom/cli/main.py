@@ -12,6 +12,7 @@ from typing import Any
 import click
 import yaml
 
+from strom.cli.common import key_value_pairs
 from strom.cli.snapshots import lease, snapshot
 from strom.cli.tiering import tiering
 from strom.config import ALL_OPTIONS, BIND_LISTENERS, DATA_DIR, Configuration, options_markdown
@@ -34,11 +35,7 @@ def _load_config(config_file: Path | None, defines: tuple[str, ...]) -> dict[str
         if not isinstance(loaded, dict):
             raise click.BadParameter(f"{config_file} must hold a mapping of config keys to values")
         values.update({str(k): v for k, v in loaded.items()})
-    for define in defines:
-        key, sep, value = define.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"-D expects key=value, got {define!r}")
-        values[key.strip()] = value.strip()
+    values.update(key_value_pairs(defines, "-D"))
     return values
 
 

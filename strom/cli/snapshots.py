@@ -2,56 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import datetime as dt
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from strom.errors import StromError
+from strom.cli.common import bootstrap_option, format_time, json_option, lease_json, run_on_server
 from strom.ids import TablePath
-
-T = TypeVar("T")
-
-bootstrap_option = click.option(
-    "--bootstrap-servers", "-b", default="127.0.0.1:9123", show_default=True, help="HOST:PORT of a strom server."
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
-
-
-def _run(bootstrap: str, action: Callable[[Any], Awaitable[T]]) -> T:
-    """Connect, run ``action(connection)``, close; errors become one clear line (exit code 1)."""
-    from strom.client import Connection
-
-    async def main() -> T:
-        async with await Connection.create(bootstrap) as connection:
-            return await action(connection)
-
-    try:
-        return asyncio.run(main())
-    except StromError as exc:
-        raise click.ClickException(f"{type(exc).__name__} (code {exc.code}): {exc}") from None
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _time(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _lease_json(lease: Any) -> dict[str, Any]:
-    return {
-        "lease_id": lease.lease_id,
-        "expiration_ms": lease.expiration_ms,
-        "snapshots": [
-            {"table_id": b.table_id, "partition_id": b.partition_id, "bucket": b.bucket, "snapshot_id": s}
-            for b, s in sorted(lease.snapshots.items(), key=lambda item: (item[0].table_id, item[0].partition_id or -1, item[0].bucket))
-        ],
-    }
 
 
 @click.group()
@@ -64,15 +23,15 @@ def lease() -> None:
 @json_option
 def lease_list(bootstrap_servers: str, as_json: bool) -> None:
     """Every lease with its expiry and number of pinned snapshots."""
-    leases = _run(bootstrap_servers, lambda c: c.get_admin().list_kv_snapshot_leases())
+    leases = run_on_server(bootstrap_servers, lambda c: c.get_admin().list_kv_snapshot_leases())
     if as_json:
-        click.echo(json.dumps([_lease_json(lease) for lease in leases], indent=2))
+        click.echo(json.dumps([lease_json(lease) for lease in leases], indent=2))
         return
     table = RichTable(title=f"{len(leases)} KV snapshot lease(s)")
     for column in ("lease id", "expires", "pinned snapshots"):
         table.add_column(column)
     for item in leases:
-        table.add_row(item.lease_id, _time(item.expiration_ms), str(len(item.snapshots)))
+        table.add_row(item.lease_id, format_time(item.expiration_ms), str(len(item.snapshots)))
     Console().print(table)
 
 
@@ -82,17 +41,17 @@ def lease_list(bootstrap_servers: str, as_json: bool) -> None:
 @json_option
 def lease_show(lease_id: str, bootstrap_servers: str, as_json: bool) -> None:
     """One lease and every snapshot it pins."""
-    leases = _run(bootstrap_servers, lambda c: c.get_admin().list_kv_snapshot_leases(lease_id))
+    leases = run_on_server(bootstrap_servers, lambda c: c.get_admin().list_kv_snapshot_leases(lease_id))
     if not leases:
         raise click.ClickException(f"no lease {lease_id!r}")
     item = leases[0]
     if as_json:
-        click.echo(json.dumps(_lease_json(item), indent=2))
+        click.echo(json.dumps(lease_json(item), indent=2))
         return
-    table = RichTable(title=f"lease {item.lease_id}, expires {_time(item.expiration_ms)}")
+    table = RichTable(title=f"lease {item.lease_id}, expires {format_time(item.expiration_ms)}")
     for column in ("table id", "partition id", "bucket", "snapshot id"):
         table.add_column(column, justify="right")
-    for entry in _lease_json(item)["snapshots"]:
+    for entry in lease_json(item)["snapshots"]:
         partition = "-" if entry["partition_id"] is None else str(entry["partition_id"])
         table.add_row(str(entry["table_id"]), partition, str(entry["bucket"]), str(entry["snapshot_id"]))
     Console().print(table)
@@ -103,7 +62,7 @@ def lease_show(lease_id: str, bootstrap_servers: str, as_json: bool) -> None:
 @bootstrap_option
 def lease_drop(lease_id: str, bootstrap_servers: str) -> None:
     """Drop a lease (its snapshots become eligible for cleanup). Dropping an unknown lease succeeds."""
-    _run(bootstrap_servers, lambda c: c.get_admin().create_kv_snapshot_lease(lease_id, 1).drop())
+    run_on_server(bootstrap_servers, lambda c: c.get_admin().create_kv_snapshot_lease(lease_id, 1).drop())
     click.echo(f"dropped lease {lease_id}")
 
 
@@ -127,7 +86,7 @@ def snapshot_list(table: str, partition: str | None, bootstrap_servers: str, as_
         active = await admin.list_kv_snapshots(latest.table_id, latest.partition_id)
         return latest, active
 
-    latest, active = _run(bootstrap_servers, gather)
+    latest, active = run_on_server(bootstrap_servers, gather)
     rows = [
         {
             "bucket": bucket,

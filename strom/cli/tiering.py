@@ -13,7 +13,14 @@ import click
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from strom.cli.snapshots import _lease_json, _run, _time, bootstrap_option, json_option
+from strom.cli.common import (
+    bootstrap_option,
+    format_time,
+    json_option,
+    key_value_pairs,
+    lease_json,
+    run_on_server,
+)
 from strom.ids import TablePath
 
 
@@ -42,20 +49,10 @@ def tiering(ctx: click.Context, bootstrap_servers: str, master: str, job_id: str
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        options = options_from(_pairs(defines, "-D"), bootstrap_servers, job_id, once)
+        options = options_from(key_value_pairs(defines, "-D"), bootstrap_servers, job_id, once)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    run_service(options, master, _pairs(spark_conf, "--conf"))
-
-
-def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
-    pairs = {}
-    for value in values:
-        key, sep, rest = value.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{flag} expects KEY=VALUE, got {value!r}")
-        pairs[key.strip()] = rest.strip()
-    return pairs
+    run_service(options, master, key_value_pairs(spark_conf, "--conf"))
 
 
 @tiering.command()
@@ -73,12 +70,12 @@ def status(bootstrap_servers: str, table: str | None, job_id: str, as_json: bool
         admin = connection.get_admin()
         return await admin.describe_lake_tiering(path), await admin.list_kv_snapshot_leases(lease_id_for(job_id))
 
-    statuses, leases = _run(bootstrap_servers, fetch)
+    statuses, leases = run_on_server(bootstrap_servers, fetch)
     now = int(time.time() * 1000)
     if as_json:
         document = {
             "tables": [_status_json(s, now) for s in statuses],
-            "lease": _lease_json(leases[0]) if leases else None,
+            "lease": lease_json(leases[0]) if leases else None,
         }
         click.echo(json.dumps(document, indent=2, sort_keys=True))
         return
@@ -89,14 +86,14 @@ def status(bootstrap_servers: str, table: str | None, job_id: str, as_json: bool
         view.add_row(
             str(s.table_path), s.state, str(s.tiering_epoch),
             str(s.lake_snapshot_id) if s.lake_snapshot_id is not None else "-",
-            _time(s.last_tiered_time) if s.last_tiered_time else "never",
+            format_time(s.last_tiered_time) if s.last_tiered_time else "never",
             _lag(s, now), f"{s.freshness_ms / 1000:g} s", str(s.failures),
         )
     console = Console() if sys.stdout.isatty() else Console(width=160)  # scripts and logs get whole rows
     console.print(view)
     if leases:
         console.print(f"lease {leases[0].lease_id}: {len(leases[0].snapshots)} snapshots pinned, "
-                      f"expires {_time(leases[0].expiration_ms)}")
+                      f"expires {format_time(leases[0].expiration_ms)}")
     else:
         console.print(f"lease {lease_id_for(job_id)}: none held")
 

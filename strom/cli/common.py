@@ -1,0 +1,62 @@
+"""What the ``strom`` subcommands that talk to a running server share: options, the connect-run-close
+helper, time and lease formatting, and ``KEY=VALUE`` parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+
+from strom.errors import StromError
+
+T = TypeVar("T")
+
+bootstrap_option = click.option(
+    "--bootstrap-servers", "-b", default="127.0.0.1:9123", show_default=True, help="HOST:PORT of a strom server."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
+
+
+def run_on_server(bootstrap: str, action: Callable[[Any], Awaitable[T]]) -> T:
+    """Connect, run ``action(connection)``, close; errors become one clear line (exit code 1)."""
+    from strom.client import Connection
+
+    async def main() -> T:
+        async with await Connection.create(bootstrap) as connection:
+            return await action(connection)
+
+    try:
+        return asyncio.run(main())
+    except StromError as exc:
+        raise click.ClickException(f"{type(exc).__name__} (code {exc.code}): {exc}") from None
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def format_time(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def lease_json(lease: Any) -> dict[str, Any]:
+    return {
+        "lease_id": lease.lease_id,
+        "expiration_ms": lease.expiration_ms,
+        "snapshots": [
+            {"table_id": b.table_id, "partition_id": b.partition_id, "bucket": b.bucket, "snapshot_id": s}
+            for b, s in sorted(lease.snapshots.items(), key=lambda item: (item[0].table_id, item[0].partition_id or -1, item[0].bucket))
+        ],
+    }
+
+
+def key_value_pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` arguments of a repeatable flag as a dict (the last of a repeated key wins)."""
+    pairs = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{flag} expects KEY=VALUE, got {value!r}")
+        pairs[key.strip()] = rest.strip()
+    return pairs
