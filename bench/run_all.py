@@ -15,6 +15,7 @@ BENCHES = [
     ("bench.scan_bench", [], ["--rows", "200000"]),
     ("bench.lease_bench", [], []),
     ("bench.spark_bench", [], ["--rows", "200000"]),
+    ("bench.tiering_bench", [], ["--rows", "200000", "--lag-seconds", "30", "--freshness", "5s"]),
 ]
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -12,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from strom.client import Schema, TableDescriptor
-from strom.records.types import BigIntType, DoubleType
-from tests.spark.support import Fluss, run
+from tests.spark.support import Fluss
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
 
@@ -43,13 +42,6 @@ def test_readme_spark_and_lake_tiering_examples(spark: Any, server_factory: Any,
     run_python(client_example.replace(ADDRESS, server.address), {"__name__": "readme"}, wrap_async=True)
     assert capsys.readouterr().out.split()[0] == "2"
 
-    async def create_copy(connection: Any) -> None:
-        schema = Schema.of([("id", BigIntType()), ("amount", DoubleType())], ["id"])
-        from strom.ids import TablePath
-
-        await connection.get_admin().create_table(TablePath("fluss", "orders_copy"), TableDescriptor(schema, bucket_count=1))
-
-    run(server.address, create_copy)
     [spark_example] = blocks_after("## Spark", "python")
     run_python(spark_example.replace(ADDRESS, server.address), {"__name__": "readme", "spark": spark})
     assert sorted(row["id"] for row in cluster.rows("fluss.orders_copy")) == [1, 2]
@@ -64,6 +56,11 @@ def test_readme_spark_and_lake_tiering_examples(spark: Any, server_factory: Any,
                               timeout=240, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
     assert "fluss.orders" in done.stdout and "Scheduled" in done.stdout, done.stdout
+    as_json = subprocess.run([sys.executable, "-m", "strom.cli.main", "tiering", "status", "-b", server.address,
+                              "--json"], capture_output=True, text=True, timeout=60, check=True)
+    [status] = json.loads(as_json.stdout)["tables"]
+    assert (status["table_path"], status["state"], status["lake_snapshot_id"]) == ("fluss.orders", "Scheduled", 1)
+    assert sum(entry["offset"] for entry in status["bucket_offsets"]) == 2, "both upserts are in the lake"
 
     namespace: dict[str, Any] = {"__name__": "readme", "spark": spark}
     lake_root = str(server.data_dir / "lake")
