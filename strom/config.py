@@ -163,6 +163,19 @@ def string_option(key: str, default: str | None, description: str) -> ConfigOpti
     return _option(key, default, description, lambda v: None if v is None else str(v), "String")
 
 
+def choice_option(key: str, default: str, choices: tuple[str, ...], description: str) -> ConfigOption[str]:
+    """A string from ``choices`` (compared case-insensitively, stored lower-case)."""
+    assert default in choices
+
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+        return text
+
+    return _option(key, default, description, parse, "Enum")
+
+
 # ---- server ----
 BIND_LISTENERS = string_option(
     "bind.listeners", "127.0.0.1:9123", "Address (host:port) the server listens on. `strom server --bind` sets it."
@@ -260,17 +273,19 @@ KV_ROCKSDB_BLOCK_CACHE_SIZE = memory_option(
 
 
 # ---- lake ----
-DATALAKE_FORMAT = string_option(
-    "datalake.format", "delta",
-    "Lake format of lake-enabled tables (`table.datalake.enabled`): `delta`. Its options are "
-    "`datalake.<format>.<key>`; the coordinator copies them into each lake table's properties as "
-    "`table.datalake.<format>.<key>`.",
+SUPPORTED_LAKE_FORMATS = ("delta",)
+DATALAKE_FORMAT = choice_option(
+    "datalake.format", "delta", SUPPORTED_LAKE_FORMATS,
+    "Lake format of lake-enabled tables (`table.datalake.enabled`); only `delta` for now (another value "
+    "stops the server at start). Its options are `datalake.<format>.<key>`: the coordinator copies them "
+    "into each lake-enabled table's properties as `table.datalake.<format>.<key>`, except keys naming a "
+    "password, secret or key, which the tiering service must be given itself.",
 )
 DATALAKE_DELTA_WAREHOUSE = string_option(
     "datalake.delta.warehouse", None,
     "Root of the Delta lake tables (`<warehouse>/<database>/<table>`): a local path or a URL delta-rs reads "
-    "(e.g. s3://bucket/lake). Defaults to `<data.dir>/lake`. Other `datalake.delta.*` keys are passed to "
-    "delta-rs as storage options.",
+    "(e.g. s3://bucket/lake). Defaults to `<data.dir>/lake`; a relative local path is made absolute at "
+    "start. Other `datalake.delta.*` keys are passed to delta-rs as storage options.",
 )
 TABLE_DATALAKE_FRESHNESS = duration_option(
     "table.datalake.freshness", "3 min",
@@ -284,9 +299,9 @@ LAKE_TIERING_HEARTBEAT_TIMEOUT = duration_option(
 )
 LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL = duration_option(
     "lake.tiering.heartbeat-check-interval", "15s",
-    "How often the coordinator looks for tiering jobs whose heartbeats stopped (strom extension).",
+    "How often the coordinator looks for tiering jobs whose heartbeats stopped (Fluss fixes it at 15 s; "
+    "strom extension).",
 )
-SUPPORTED_LAKE_FORMATS = ("delta",)
 
 
 class Configuration:

@@ -65,6 +65,10 @@ class PartitionInfo:
     spec: dict[str, str]
 
 
+ALTER_SET, ALTER_DELETE = 0, 1
+"""PbAlterConfig op types (Fluss's AlterConfigOpType)."""
+
+
 def _path(table_path: TablePath) -> Any:
     return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
 
@@ -130,6 +134,30 @@ class Admin(SnapshotAdmin, LakeAdmin):
             ApiKey.DROP_TABLE,
             pb.DropTableRequest(table_path=_path(table_path), ignore_if_not_exists=ignore_if_not_exists),
         )
+
+    async def alter_table(
+        self,
+        table_path: TablePath,
+        set_properties: Mapping[str, str] | None = None,
+        reset_properties: Sequence[str] = (),
+        ignore_if_not_exists: bool = False,
+    ) -> None:
+        """Set or reset table options and custom properties, e.g. ``{"table.datalake.enabled": "true"}``.
+
+        Of the ``table.*`` options only ``table.datalake.enabled``, ``table.datalake.freshness`` and
+        ``table.datalake.format`` may change; keys outside ``table.`` are custom properties.
+
+        Raises:
+            TableNotExistError: the table does not exist (unless ``ignore_if_not_exists``).
+            InvalidAlterTableError: an option that cannot change after creation.
+            InvalidConfigError: a value the table would not be created with either.
+        """
+        request = pb.AlterTableRequest(table_path=_path(table_path), ignore_if_not_exists=ignore_if_not_exists)
+        for key, value in (set_properties or {}).items():
+            request.config_changes.add(config_key=key, config_value=str(value), op_type=ALTER_SET)
+        for key in reset_properties:
+            request.config_changes.add(config_key=key, op_type=ALTER_DELETE)
+        await self._coordinator(ApiKey.ALTER_TABLE, request)
 
     async def get_table_info(self, table_path: TablePath) -> TableInfo:
         return await self._connection.metadata.refresh_table(table_path)

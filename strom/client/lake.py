@@ -1,21 +1,23 @@
 """The lake half of :class:`~strom.client.admin.Admin`: lake snapshots (public in Fluss), the tiering
-service's coordinator calls (private in Fluss, which pyfluss does not offer), and strom's tiering status."""
+service's coordinator calls (private in Fluss, so pyfluss does not offer them), and strom's tiering status.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from strom.errors import StromError, error_for_code
 from strom.ids import TableBucket, TablePath
-from strom.rpc.api_keys import ApiKey
+from strom.rpc.api_keys import COORDINATOR_EPOCH, ApiKey
 from strom.rpc.messages import ext, pb
 
 if TYPE_CHECKING:
     from strom.client.connection import Connection
 
-COORDINATOR_EPOCH = 0
+_NO_TABLES: Mapping[int, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,13 +25,15 @@ class LakeSnapshot:
     table_id: int
     snapshot_id: int
     bucket_offsets: dict[TableBucket, int]
-    """Per tiered bucket, the first log offset not in the lake."""
+    """Per tiered bucket, the next offset to tier (the exclusive end of what the lake holds)."""
     partition_names: dict[int, str]
     """Partition id -> name, for partitioned tables (partitions dropped since are missing)."""
 
 
 @dataclass(frozen=True, slots=True)
 class TieringAssignment:
+    """A table the coordinator handed to this tiering job, and the epoch to present for it."""
+
     table_id: int
     table_path: TablePath
     tiering_epoch: int
@@ -37,6 +41,9 @@ class TieringAssignment:
 
 @dataclass(frozen=True, slots=True)
 class FinishedTiering:
+    """A round to report as finished; ``force_finished`` when it was cut at the freshness deadline (the
+    table is due again at once). ``file_size`` and ``record_count`` are the lake table's totals."""
+
     table_id: int
     tiering_epoch: int
     force_finished: bool = False
@@ -48,27 +55,36 @@ class FinishedTiering:
 class HeartbeatResult:
     coordinator_epoch: int
     assignment: TieringAssignment | None
+    """The table to tier next, when one was requested and one is due."""
     errors: dict[int, StromError]
-    """Table id -> the coordinator's error for it (fenced epoch, table gone, ...)."""
+    """Table id -> the coordinator's error for it (fenced epoch, table gone, ...), from any of the lists."""
 
 
 @dataclass(frozen=True, slots=True)
 class LakeTieringStatus:
-    """strom extension: one lake-enabled table as the coordinator's tiering manager sees it."""
+    """strom extension: one lake-enabled table as the coordinator's tiering manager sees it. Times are
+    epoch milliseconds of the coordinator's clock; None where unknown."""
 
     table_id: int
     table_path: TablePath
     state: str
+    """New, Scheduled, Pending, Tiering, Tiered or Failed."""
     tiering_epoch: int
     freshness_ms: int
     last_tiered_time: int | None
+    """End of the last finished round; None before the first."""
     last_round_duration_ms: int | None
     failures: int
     pending_since: int | None
+    """When the table became Pending; None unless it is."""
     lake_snapshot_id: int | None
     bucket_offsets: dict[TableBucket, int]
+    """The latest lake snapshot's offsets (the next offset to tier per bucket)."""
+    partition_names: dict[int, str]
     file_size: int | None
     record_count: int | None
+    newest_timestamp: int | None
+    """Newest record timestamp in the lake, when commits reported max timestamps."""
 
 
 def _path(table_path: TablePath) -> Any:
@@ -96,13 +112,24 @@ def _raise_per_table(entry: Any) -> None:
         raise error_for_code(entry.error_code, entry.error_message)
 
 
+def _heartbeat_entry(target: Any, table_id: int, tiering_epoch: int) -> Any:
+    return target.add(table_id=table_id, coordinator_epoch=COORDINATOR_EPOCH, tiering_epoch=tiering_epoch)
+
+
 class LakeAdmin:
+    """Mixed into :class:`~strom.client.admin.Admin`; every call goes to the coordinator."""
+
     _connection: Connection
 
     async def get_lake_snapshot(
         self, table_path: TablePath, snapshot_id: int | None = None, readable: bool = False
     ) -> LakeSnapshot:
-        """The latest (or a given, or the latest readable) lake snapshot; LakeSnapshotNotExistError if none."""
+        """The latest lake snapshot of a table, or the one with ``snapshot_id``, or the latest readable one.
+
+        Raises:
+            LakeSnapshotNotExistError: the table has no (such) lake snapshot.
+            TableNotExistError: the table does not exist.
+        """
         request = pb.GetLakeSnapshotRequest(table_path=_path(table_path))
         if snapshot_id is not None:
             request.snapshot_id = snapshot_id
@@ -114,22 +141,21 @@ class LakeAdmin:
 
     async def lake_tiering_heartbeat(
         self,
-        tiering: Mapping[int, int] | None = None,
+        tiering: Mapping[int, int] = _NO_TABLES,
         finished: Sequence[FinishedTiering] = (),
-        failed: Mapping[int, int] | None = None,
+        failed: Mapping[int, int] = _NO_TABLES,
         request_table: bool = False,
     ) -> HeartbeatResult:
-        """One heartbeat of a tiering job: renew ``tiering`` (table id -> epoch), report ``finished`` and
-        ``failed`` rounds, and optionally ask for a table to tier."""
+        """One heartbeat of a tiering job: renew the rounds in ``tiering`` (table id -> tiering epoch), report
+        ``finished`` and ``failed`` (table id -> epoch) rounds, and optionally ask for a table to tier. An
+        empty heartbeat registers the job. Per-table refusals come back in ``errors``, never raised."""
         request = pb.LakeTieringHeartbeatRequest()
-        for table_id, epoch in (tiering or {}).items():
-            request.tiering_tables.add(table_id=table_id, coordinator_epoch=COORDINATOR_EPOCH, tiering_epoch=epoch)
-        for table_id, epoch in (failed or {}).items():
-            request.failed_tables.add(table_id=table_id, coordinator_epoch=COORDINATOR_EPOCH, tiering_epoch=epoch)
+        for table_id, epoch in tiering.items():
+            _heartbeat_entry(request.tiering_tables, table_id, epoch)
+        for table_id, epoch in failed.items():
+            _heartbeat_entry(request.failed_tables, table_id, epoch)
         for done in finished:
-            entry = request.finished_tables.add(
-                table_id=done.table_id, coordinator_epoch=COORDINATOR_EPOCH, tiering_epoch=done.tiering_epoch
-            )
+            entry = _heartbeat_entry(request.finished_tables, done.table_id, done.tiering_epoch)
             if done.file_size is not None or done.record_count is not None:
                 entry.lake_tiering_stats.SetInParent()
                 if done.file_size is not None:
@@ -159,12 +185,18 @@ class LakeAdmin:
         self, table_id: int, table_path: TablePath, offsets: Mapping[TableBucket, int],
         tiering_epoch: int | None = None,
     ) -> str:
-        """Have the coordinator write the offsets file a lake commit will carry; returns its path."""
+        """Have the coordinator write the offsets file a lake commit will carry: ``offsets`` (the next
+        offset to tier per bucket) merged over the table's latest lake snapshot. Returns the file's path.
+
+        Raises:
+            FencedTieringEpochError: ``tiering_epoch`` given, and no round of the table runs under it.
+            TableNotExistError: no table ``table_id`` at ``table_path``.
+        """
         request = pb.PrepareLakeTableSnapshotRequest()
         table = request.bucket_offsets.add(table_id=table_id, table_path=_path(table_path))
         if tiering_epoch is not None:
             table.tiering_epoch = tiering_epoch
-        for bucket, offset in sorted(offsets.items(), key=lambda i: (i[0].partition_id or -1, i[0].bucket)):
+        for bucket, offset in sorted(offsets.items(), key=lambda i: (i[0].partition_id or 0, i[0].bucket)):
             entry = table.bucket_offsets.add(bucket_id=bucket.bucket, log_end_offset=offset)
             if bucket.partition_id is not None:
                 entry.partition_id = bucket.partition_id
@@ -178,7 +210,15 @@ class LakeAdmin:
         tiering_epoch: int | None = None, max_timestamps: Mapping[TableBucket, int] | None = None,
         earliest_snapshot_id_to_keep: int | None = None, readable: bool = True,
     ) -> None:
-        """Record a committed lake snapshot (readable at once unless ``readable`` is False)."""
+        """Record a committed lake snapshot whose offsets are in ``tiered_offsets_path`` (from
+        :meth:`prepare_lake_table_snapshot`), readable at once unless ``readable`` is False. Retention:
+        ``earliest_snapshot_id_to_keep`` None keeps only this snapshot, -1 keeps all, an id keeps from it on.
+
+        Raises:
+            FencedTieringEpochError: ``tiering_epoch`` given, and no round of the table runs under it.
+            LogOffsetOutOfRangeError: a bucket's offset would move back.
+            TableNotExistError: no table ``table_id``.
+        """
         request = pb.CommitLakeTableSnapshotRequest()
         metadata = request.lake_table_snapshot_metadata.add(
             table_id=table_id, snapshot_id=lake_snapshot_id, tiered_bucket_offsets_file_path=tiered_offsets_path
@@ -200,6 +240,12 @@ class LakeAdmin:
             _raise_per_table(result)
 
     async def describe_lake_tiering(self, table_path: TablePath | None = None) -> list[LakeTieringStatus]:
+        """strom extension: every lake-enabled table's tiering state (or one table's; [] if its lake is
+        not enabled).
+
+        Raises:
+            TableNotExistError: ``table_path`` does not exist.
+        """
         request = ext.DescribeLakeTieringRequest()
         if table_path is not None:
             request.table_path.database_name = table_path.database_name
@@ -207,26 +253,15 @@ class LakeAdmin:
         response = await self._connection.coordinator_request(ApiKey.DESCRIBE_LAKE_TIERING, request)
         statuses = []
         for table in response.tables:
-            offsets, _names = _bucket_offsets(table.table_id, table.bucket_offsets)
+            offsets, names = _bucket_offsets(table.table_id, table.bucket_offsets)
             statuses.append(
                 LakeTieringStatus(
                     table.table_id, TablePath(table.table_path.database_name, table.table_path.table_name),
                     table.state, table.tiering_epoch, table.freshness_ms, _known(table.last_tiered_time),
                     _known(table.last_round_duration_ms), table.failures, _known(table.pending_since),
-                    table.lake_snapshot_id if table.HasField("lake_snapshot_id") else None, offsets,
+                    table.lake_snapshot_id if table.HasField("lake_snapshot_id") else None, offsets, names,
                     _known(table.file_size), _known(table.record_count),
+                    table.newest_timestamp if table.HasField("newest_timestamp") else None,
                 )
             )
         return statuses
-
-    async def alter_table(
-        self, table_path: TablePath, set_properties: Mapping[str, str] | None = None,
-        reset_properties: Sequence[str] = (), ignore_if_not_exists: bool = False,
-    ) -> None:
-        """Set or reset table properties, e.g. ``{"table.datalake.enabled": "true"}``."""
-        request = pb.AlterTableRequest(table_path=_path(table_path), ignore_if_not_exists=ignore_if_not_exists)
-        for key, value in (set_properties or {}).items():
-            request.config_changes.add(config_key=key, config_value=str(value), op_type=0)
-        for key in reset_properties:
-            request.config_changes.add(config_key=key, op_type=1)
-        await self._connection.coordinator_request(ApiKey.ALTER_TABLE, request)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 from strom.errors import (
@@ -21,7 +21,14 @@ from strom.errors import (
     TableAlreadyExistError,
     TableNotExistError,
 )
-from strom.metadata.store import DatabaseRecord, KvSnapshotRecord, MetadataStore, PartitionRecord, TableRecord
+from strom.metadata.store import (
+    DatabaseRecord,
+    KvSnapshotRecord,
+    LakeSnapshotRecord,
+    MetadataStore,
+    PartitionRecord,
+    TableRecord,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS databases (
@@ -38,7 +45,10 @@ CREATE TABLE IF NOT EXISTS kv_snapshots (
     table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, bucket INTEGER NOT NULL, snapshot_id INTEGER NOT NULL,
     snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, partition_id, bucket, snapshot_id));
 CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS lake_tables (table_id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS lake_tiering (table_id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS lake_snapshots (
+    table_id INTEGER NOT NULL, seq INTEGER NOT NULL, snapshot_id INTEGER NOT NULL, readable INTEGER NOT NULL,
+    snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, seq), UNIQUE (table_id, snapshot_id));
 """
 
 # SQLite cannot key on NULL, so "no partition" is stored as -1 (Fluss never assigns negative ids).
@@ -142,7 +152,8 @@ class SqliteMetadataStore(MetadataStore):
             db.execute("DELETE FROM tables WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM partitions WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM kv_snapshots WHERE table_id = ?", (table_id,))
-            db.execute("DELETE FROM lake_tables WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM lake_tiering WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM lake_snapshots WHERE table_id = ?", (table_id,))
 
     # ---- partitions ----
     def create_partition(
@@ -239,17 +250,71 @@ class SqliteMetadataStore(MetadataStore):
     def list_leases(self) -> dict[str, bytes]:
         return {row[0]: bytes(row[1]) for row in self._query("SELECT lease_id, payload FROM leases")}
 
-    # ---- lake tables ----
-    def put_lake_table(self, table_id: int, payload: bytes) -> None:
+    # ---- lake tiering state ----
+    def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:
         with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO lake_tables VALUES (?, ?)", (table_id, payload))
+            db.execute("INSERT OR REPLACE INTO lake_tiering VALUES (?, ?)", (table_id, payload))
 
-    def delete_lake_table(self, table_id: int) -> None:
+    def delete_lake_tiering_state(self, table_id: int) -> None:
         with self._transaction() as db:
-            db.execute("DELETE FROM lake_tables WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM lake_tiering WHERE table_id = ?", (table_id,))
 
-    def list_lake_tables(self) -> dict[int, bytes]:
-        return {int(row[0]): bytes(row[1]) for row in self._query("SELECT table_id, payload FROM lake_tables")}
+    def list_lake_tiering_states(self) -> dict[int, bytes]:
+        return {int(row[0]): bytes(row[1]) for row in self._query("SELECT table_id, payload FROM lake_tiering")}
+
+    # ---- lake snapshots ----
+    # ``seq`` orders a table's snapshots by commit: lake snapshot ids need not grow (Iceberg's are random).
+    _LAKE_COLUMNS = "table_id, snapshot_id, readable, snapshot_json"
+
+    @staticmethod
+    def _lake_snapshot(row: tuple) -> LakeSnapshotRecord:
+        return LakeSnapshotRecord(int(row[0]), int(row[1]), bool(row[2]), bytes(row[3]))
+
+    def commit_lake_snapshot(
+        self, record: LakeSnapshotRecord, discard_snapshot_ids: Collection[int] = ()
+    ) -> list[LakeSnapshotRecord]:
+        assert record.snapshot_id not in discard_snapshot_ids, "a snapshot cannot replace and discard itself"
+        with self._transaction() as db:
+            discarded = []
+            for snapshot_id in discard_snapshot_ids:
+                row = db.execute(
+                    f"SELECT {self._LAKE_COLUMNS} FROM lake_snapshots WHERE table_id = ? AND snapshot_id = ?",
+                    (record.table_id, snapshot_id),
+                ).fetchone()
+                if row is not None:
+                    discarded.append(self._lake_snapshot(row))
+                    db.execute(
+                        "DELETE FROM lake_snapshots WHERE table_id = ? AND snapshot_id = ?",
+                        (record.table_id, snapshot_id),
+                    )
+            db.execute(
+                "DELETE FROM lake_snapshots WHERE table_id = ? AND snapshot_id = ?", (record.table_id, record.snapshot_id)
+            )
+            (last_seq,) = db.execute(
+                "SELECT COALESCE(MAX(seq), -1) FROM lake_snapshots WHERE table_id = ?", (record.table_id,)
+            ).fetchone()
+            db.execute(
+                "INSERT INTO lake_snapshots VALUES (?, ?, ?, ?, ?)",
+                (record.table_id, int(last_seq) + 1, record.snapshot_id, int(record.readable), record.snapshot_json),
+            )
+        return discarded
+
+    def list_lake_snapshot_ids(self, table_id: int) -> list[int]:
+        rows = self._query("SELECT snapshot_id FROM lake_snapshots WHERE table_id = ? ORDER BY seq", table_id)
+        return [int(row[0]) for row in rows]
+
+    def get_lake_snapshot(
+        self, table_id: int, snapshot_id: int | None = None, readable: bool = False
+    ) -> LakeSnapshotRecord | None:
+        sql = f"SELECT {self._LAKE_COLUMNS} FROM lake_snapshots WHERE table_id = ?"
+        args: list[object] = [table_id]
+        if snapshot_id is not None:
+            sql += " AND snapshot_id = ?"
+            args.append(snapshot_id)
+        if readable:
+            sql += " AND readable = 1"
+        rows = self._query(sql + " ORDER BY seq DESC LIMIT 1", *args)
+        return self._lake_snapshot(rows[0]) if rows else None
 
     def close(self) -> None:
         with self._lock:

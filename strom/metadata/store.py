@@ -1,4 +1,5 @@
-"""Where cluster metadata lives: databases, tables, partitions, id sequences, KV snapshots and leases.
+"""Where cluster metadata lives: databases, tables, partitions, id sequences, KV snapshots, leases, and the
+lake tiering state and lake snapshots of lake-enabled tables.
 
 ``MetadataStore`` is the contract; backends live in their own modules and are picked by name from
 :data:`STORES` (imported lazily, so an optional backend's library is only needed when it is used).
@@ -8,7 +9,7 @@ Every method is atomic: it either applies completely or raises and changes nothi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from strom.errors import StromError
@@ -58,6 +59,20 @@ class KvSnapshotRecord:
     snapshot_json: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class LakeSnapshotRecord:
+    """A lake snapshot of a table as the coordinator recorded it (Fluss's lake table entry).
+
+    ``readable`` says whether readers may use it (it has readable offsets); ``snapshot_json`` is the
+    coordinator's document: the offsets files' paths and the offsets in them, so reads need no remote I/O.
+    """
+
+    table_id: int
+    snapshot_id: int
+    readable: bool
+    snapshot_json: bytes
+
+
 class MetadataStore(ABC):
     """Durable cluster metadata. Names are case-sensitive; ids are never reused."""
 
@@ -95,7 +110,8 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def drop_table(self, table_id: int) -> None:
-        """Drops the table, its partitions, its KV snapshot records and its lake table state."""
+        """Drops the table, its partitions, its KV snapshot records, its lake tiering state and its lake
+        snapshot records."""
 
     # ---- partitions ----
     @abstractmethod
@@ -143,16 +159,34 @@ class MetadataStore(ABC):
     @abstractmethod
     def list_leases(self) -> dict[str, bytes]: ...
 
-    # ---- lake tables (tiering state and lake snapshots of lake-enabled tables) ----
+    # ---- lake tiering state (one small document per lake table the tiering manager knows) ----
     @abstractmethod
-    def put_lake_table(self, table_id: int, payload: bytes) -> None:
-        """Create or replace a lake-enabled table's encoded tiering state."""
+    def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:
+        """Create or replace a table's encoded tiering state."""
 
     @abstractmethod
-    def delete_lake_table(self, table_id: int) -> None: ...
+    def delete_lake_tiering_state(self, table_id: int) -> None: ...
 
     @abstractmethod
-    def list_lake_tables(self) -> dict[int, bytes]: ...
+    def list_lake_tiering_states(self) -> dict[int, bytes]: ...
+
+    # ---- lake snapshots (per table, in commit order) ----
+    @abstractmethod
+    def commit_lake_snapshot(
+        self, record: LakeSnapshotRecord, discard_snapshot_ids: Collection[int] = ()
+    ) -> list[LakeSnapshotRecord]:
+        """Append ``record`` as the table's newest lake snapshot (replacing an entry with the same id) and
+        delete the table's ``discard_snapshot_ids``, in one transaction; returns the deleted records."""
+
+    @abstractmethod
+    def list_lake_snapshot_ids(self, table_id: int) -> list[int]:
+        """The table's lake snapshot ids, oldest commit first."""
+
+    @abstractmethod
+    def get_lake_snapshot(
+        self, table_id: int, snapshot_id: int | None = None, readable: bool = False
+    ) -> LakeSnapshotRecord | None:
+        """The snapshot with ``snapshot_id``, else the newest one (the newest readable one if ``readable``)."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -179,6 +213,7 @@ def open_store(kind: str, location: str) -> MetadataStore:
 __all__ = [
     "DatabaseRecord",
     "KvSnapshotRecord",
+    "LakeSnapshotRecord",
     "MetadataStore",
     "NotInstalledError",
     "PartitionRecord",

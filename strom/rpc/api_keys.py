@@ -84,6 +84,9 @@ class ApiKey(IntEnum):
 
 EXTENSION_KEYS = frozenset({ApiKey.LIST_KV_SNAPSHOT_LEASES, ApiKey.DESCRIBE_LAKE_TIERING})
 STROM_CLIENT_NAME = "strom-python"
+COORDINATOR_EPOCH = 0
+"""strom runs one coordinator that never fails over, so its epoch (which Fluss bumps on every coordinator
+election, and which tiering heartbeats carry per table) is always this."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +19,9 @@ from strom.config import (
     DEFAULT_BUCKET_NUMBER,
     MAX_BUCKET_NUM,
     MAX_PARTITION_NUM,
-    SUPPORTED_LAKE_FORMATS,
     TABLE_DATALAKE_FRESHNESS,
     Configuration,
+    parse_duration,
 )
 from strom.errors import (
     BucketMaxNumError,
@@ -47,7 +47,7 @@ from strom.records import types as fluss_types
 from strom.records.schema import TableDescriptor
 from strom.rpc.messages import pb
 from strom.server.gateway import TabletServerGateway
-from strom.server.lake_tiering import LakeTableTieringManager, freshness_ms_of
+from strom.server.lake_tiering import LakeTableTieringManager
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,19 @@ DEFAULT_DATABASE = "fluss"
 DEFAULT_DATABASE_JSON = b'{"custom_properties":{},"version":1}'
 DATALAKE_ENABLED = "table.datalake.enabled"
 DATALAKE_FORMAT_PROPERTY = "table.datalake.format"
+DATALAKE_FRESHNESS = "table.datalake.freshness"
+TABLE_OPTION_PREFIX = "table."
+ALTERABLE_TABLE_OPTIONS = frozenset({DATALAKE_ENABLED, DATALAKE_FRESHNESS, DATALAKE_FORMAT_PROPERTY})
+"""Table options AlterTable may change (Fluss's list, plus the format, which must stay the cluster's).
+Other ``table.*`` options shape how stored data is read, so they are fixed at creation; keys outside
+``table.`` are custom properties, which AlterTable changes freely (as in Fluss)."""
+SENSITIVE_OPTION_WORDS = ("password", "secret", "key")
+"""Server lake options whose key contains one of these are not copied into table properties, which every
+client can read (Fluss's rule)."""
 ALTER_SET, ALTER_DELETE = 0, 1
-"""PbAlterConfig op types strom applies to table properties (Fluss's AlterConfigOpType SET and DELETE)."""
+"""PbAlterConfig op types strom applies (Fluss's AlterConfigOpType SET and DELETE; APPEND and SUBTRACT are
+for list-valued options, which strom's tables do not have)."""
+TableDroppedHook = Callable[[TableInfo, int | None], Awaitable[None]]
 UNSUPPORTED_TABLE_OPTIONS = {
     "table.merge-engine": "merge engines are not supported yet; leave the option unset",
 }
@@ -83,10 +94,10 @@ class CoordinatorService:
         clock: Clock,
         node: ServerNode,
         lake_tiering: LakeTableTieringManager,
-        on_table_dropped: Callable[[int, int | None], None] = lambda table_id, partition_id: None,
+        on_table_dropped: TableDroppedHook | None = None,
     ) -> None:
-        """``on_table_dropped(table_id, partition_id)`` runs after a table (partition_id None) or one partition
-        is dropped: KV snapshots and leases of it are released there."""
+        """``on_table_dropped(table, partition_id)`` is awaited after a table (partition_id None) or one
+        partition is dropped: KV snapshots, leases and lake offsets files of it are released there."""
         self._store = store
         self._tablets = tablets
         self._on_table_dropped = on_table_dropped
@@ -96,16 +107,13 @@ class CoordinatorService:
         self._bucket_count_max = config.get(MAX_BUCKET_NUM)
         self._partition_count_max = config.get(MAX_PARTITION_NUM)
         self._lake_tiering = lake_tiering
-        self._lake_format = (config.get(DATALAKE_FORMAT) or "").strip().lower()
-        if self._lake_format not in SUPPORTED_LAKE_FORMATS:
-            raise InvalidConfigError(
-                f"datalake.format={self._lake_format!r} is not supported; strom writes {', '.join(SUPPORTED_LAKE_FORMATS)}"
-            )
+        self._lake_format = config.get(DATALAKE_FORMAT)
         prefix = f"datalake.{self._lake_format}."
         self._lake_options = {
-            key[len("datalake."):]: str(value) for key, value in config.to_dict().items() if key.startswith(prefix)
+            f"table.{key}": str(value) for key, value in config.to_dict().items()
+            if key.startswith(prefix) and not any(word in key.lower() for word in SENSITIVE_OPTION_WORDS)
         }
-        """``<format>.<key>`` -> value: copied into lake tables' properties as ``table.datalake.<format>.<key>``."""
+        """``table.datalake.<format>.<key>`` -> value: what a lake-enabled table's properties get."""
         self._default_freshness_ms = config.get_ms(TABLE_DATALAKE_FRESHNESS)
 
     def start(self) -> None:
@@ -113,6 +121,7 @@ class CoordinatorService:
         if self._store.get_database(DEFAULT_DATABASE) is None:
             now = self._clock.now_ms()
             self._store.create_database(DatabaseRecord(DEFAULT_DATABASE, DEFAULT_DATABASE_JSON, now, now))
+        table_ids: list[int] = []
         for database in self._store.list_databases():
             for name in self._store.list_tables(database):
                 table = self.table_info(TablePath(database, name))
@@ -122,15 +131,28 @@ class CoordinatorService:
                 else:
                     self._tablets.become_leader(table, table.buckets())
                 self._sync_lake(table)
+                table_ids.append(table.table_id)
+        self._lake_tiering.retain_tables(table_ids)
 
     def _sync_lake(self, table: TableInfo) -> None:
-        """Register a lake-enabled table with the tiering manager (or forget one no longer enabled)."""
+        """Register a lake-enabled table with the tiering manager (its freshness may have changed), or
+        stop scheduling one whose lake was disabled."""
         if _lake_enabled(table.properties):
-            self._lake_tiering.add_table(
-                table.table_id, table.path, freshness_ms_of(table.properties, self._default_freshness_ms)
-            )
-        elif table.table_id in self._lake_tiering:
-            self._lake_tiering.remove_table(table.table_id)
+            self._lake_tiering.add_table(table.table_id, table.path, self._freshness_ms(table.properties))
+        else:
+            self._lake_tiering.disable_table(table.table_id)
+
+    def _freshness_ms(self, properties: dict[str, str]) -> int:
+        raw = properties.get(DATALAKE_FRESHNESS)
+        if raw is None:
+            return self._default_freshness_ms
+        try:
+            freshness_ms = int(parse_duration(raw).total_seconds() * 1000)
+        except ValueError as exc:
+            raise InvalidConfigError(f"{DATALAKE_FRESHNESS}: {exc}") from None
+        if freshness_ms < 0:
+            raise InvalidConfigError(f"{DATALAKE_FRESHNESS} must not be negative, got {raw!r}.")
+        return freshness_ms
 
     # ---- lookups shared with other components ----
     def table_info(self, path: TablePath) -> TableInfo:
@@ -303,22 +325,30 @@ class CoordinatorService:
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
     def _with_lake_properties(self, properties: dict[str, str]) -> dict[str, str]:
-        """Check the ``table.datalake.*`` options; a lake-enabled table gets the format and its options."""
+        """Check the ``table.datalake.*`` options. A lake-enabled table gets the cluster's format and its
+        options (copied once: a table keeps its lake location when the server's options change later)."""
         raw = properties.get(DATALAKE_ENABLED, "false").strip().lower()
         if raw not in ("true", "false"):
-            raise InvalidConfigError(f"{DATALAKE_ENABLED} must be true or false, got {properties[DATALAKE_ENABLED]!r}")
-        freshness_ms_of(properties, self._default_freshness_ms)  # validates
-        fmt = properties.get(DATALAKE_FORMAT_PROPERTY)
-        if fmt is not None and fmt.strip().lower() != self._lake_format:
             raise InvalidConfigError(
-                f"{DATALAKE_FORMAT_PROPERTY}={fmt} differs from the cluster's datalake.format={self._lake_format}"
+                f"{DATALAKE_ENABLED} must be true or false, got {properties[DATALAKE_ENABLED]!r}."
             )
-        if raw != "true":
-            return properties
+        self._freshness_ms(properties)
+        lake_format = properties.get(DATALAKE_FORMAT_PROPERTY)
+        if lake_format is not None and lake_format.strip().lower() != self._lake_format:
+            raise InvalidConfigError(
+                f"{DATALAKE_FORMAT_PROPERTY}={lake_format!r} is not the cluster's lake format: this server "
+                f"tiers into '{self._lake_format}' (datalake.format). Leave the option unset."
+            )
         completed = dict(properties)
+        if DATALAKE_ENABLED in completed:
+            completed[DATALAKE_ENABLED] = raw
+        if lake_format is not None:
+            completed[DATALAKE_FORMAT_PROPERTY] = self._lake_format
+        if raw != "true":
+            return completed
         completed[DATALAKE_FORMAT_PROPERTY] = self._lake_format
         for key, value in self._lake_options.items():
-            completed.setdefault(f"table.datalake.{key}", value)
+            completed.setdefault(key, value)
         return completed
 
     async def drop_table(self, request: Any, _context: object) -> Any:
@@ -335,11 +365,14 @@ class CoordinatorService:
     async def _drop_table(self, table: TableInfo) -> None:
         self._store.drop_table(table.table_id)
         await self._tablets.stop_replicas(table.table_id, None, delete=True)
-        self._on_table_dropped(table.table_id, None)
+        if self._on_table_dropped is not None:
+            await self._on_table_dropped(table, None)
         log.info("dropped table %s (id %d)", table.path, table.table_id)
 
     async def alter_table(self, request: Any, _context: object) -> Any:
-        """Set or reset table properties (column changes are not supported yet)."""
+        """Set or reset table options and custom properties, validated as at creation (no column changes
+        yet). Enabling the lake registers the table for tiering, disabling it stops its schedule, and a new
+        freshness re-arms its timer."""
         path = TablePath(request.table_path.database_name, request.table_path.table_name)
         try:
             table = self.table_info(path)
@@ -348,26 +381,41 @@ class CoordinatorService:
                 return pb.AlterTableResponse()
             raise
         if request.add_columns or request.drop_columns or request.rename_columns or request.modify_columns:
-            raise InvalidAlterTableError(f"Altering the columns of '{path}' is not supported yet; only properties.")
+            raise InvalidAlterTableError(f"Altering the columns of '{path}' is not supported yet; only options.")
         document = json.loads(table.table_json)
         properties = dict(document.get("properties") or {})
+        custom = dict(document.get("custom_properties") or {})
         for change in request.config_changes:
+            key = change.config_key
+            target = properties if key.startswith(TABLE_OPTION_PREFIX) else custom
+            if target is properties and key not in ALTERABLE_TABLE_OPTIONS:
+                raise InvalidAlterTableError(
+                    f"The option '{key}' is not supported to alter yet; alterable table options: "
+                    f"{', '.join(sorted(ALTERABLE_TABLE_OPTIONS))}."
+                )
             if change.op_type == ALTER_SET:
                 if not change.HasField("config_value"):
-                    raise InvalidAlterTableError(f"Setting '{change.config_key}' needs a value.")
-                properties[change.config_key] = change.config_value
+                    raise InvalidAlterTableError(f"Setting '{key}' needs a value.")
+                target[key] = change.config_value
             elif change.op_type == ALTER_DELETE:
-                properties.pop(change.config_key, None)
+                target.pop(key, None)
             else:
-                raise InvalidAlterTableError(f"Alter operation {change.op_type} on '{change.config_key}' is not supported.")
+                raise InvalidAlterTableError(
+                    f"Alter operation {change.op_type} on '{key}' is not supported; use SET (0) or DELETE (1)."
+                )
         if _lake_enabled(table.properties) and not _lake_enabled(properties):
-            for key in [k for k in properties if k.startswith("table.datalake.") and k != DATALAKE_ENABLED]:
-                properties.pop(key)  # disabling the lake forgets its format options (enabling copies them again)
+            # Disabling forgets what enabling copied (the format and its options); enabling copies them again.
+            lake_prefix = f"table.datalake.{self._lake_format}."
+            for key in [k for k in properties if k == DATALAKE_FORMAT_PROPERTY or k.startswith(lake_prefix)]:
+                del properties[key]
         document["properties"] = properties
+        document["custom_properties"] = custom
         table_json = self._validated_table_json(json.dumps(document).encode())
+        if table_json == table.table_json:
+            return pb.AlterTableResponse()
         record = self._store.update_table(table.table_id, table_json, self._clock.now_ms())
         self._sync_lake(TableInfo.from_record(record))
-        log.info("altered table %s: %d property changes", path, len(request.config_changes))
+        log.info("altered table %s: %d option changes", path, len(request.config_changes))
         return pb.AlterTableResponse()
 
     def get_table_info(self, request: Any, _context: object) -> Any:
@@ -449,7 +497,8 @@ class CoordinatorService:
             raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
         self._store.drop_partition(record.partition_id)
         await self._tablets.stop_replicas(table.table_id, record.partition_id, delete=True)
-        self._on_table_dropped(table.table_id, record.partition_id)
+        if self._on_table_dropped is not None:
+            await self._on_table_dropped(table, record.partition_id)
         return pb.DropPartitionResponse()
 
     # ---- cluster metadata ----

@@ -1,17 +1,20 @@
 """The coordinator's lake RPCs: LakeTieringHeartbeat, PrepareLakeTableSnapshot, CommitLakeTableSnapshot,
 GetLakeSnapshot, and strom's DescribeLakeTiering.
 
-Offsets files use Fluss's layout (``{"version":1,"table_id":N,"bucket_offsets":[...]}``, or
-``partition_offsets`` for partitioned tables; -1 marks a bucket never tiered) and live in remote storage
-under ``lake/{db}/{table}-{id}/metadata/{uuid}.offsets``. Per-table errors go into the responses; a
-request about one table never fails another. Remote I/O runs off the event loop.
+Per-table errors go into the responses: a request about one table never fails another. Remote I/O (the
+offsets files) runs in worker threads; every check that an ``await`` could invalidate is made again after
+it, and the store is written in an await-free stretch right after the last check.
+
+Beyond Fluss, prepare and commit accept a ``tiering_epoch`` (strom's field 100 of ``PbTableOffsets`` and
+``PbLakeTableSnapshotMetadata``): when present, the call is refused unless a round of the table runs under
+that epoch. Official clients never send it and are served as Fluss serves them. Whoever commits, a lake
+snapshot never moves a bucket's offset back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -21,85 +24,70 @@ from strom.errors import (
     InvalidCoordinatorError,
     LakeSnapshotNotExistError,
     LogOffsetOutOfRangeError,
+    PartitionNotExistError,
+    StorageError,
     StromError,
     TableNotExistError,
+    UnknownTableOrBucketError,
+    UnsupportedVersionError,
     code_for_exception,
 )
 from strom.ids import TableBucket, TablePath
+from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
+from strom.rpc.api_keys import COORDINATOR_EPOCH
 from strom.rpc.messages import ext, pb
 from strom.server.coordinator import CoordinatorService
-from strom.server.lake_tiering import LakeSnapshotRecord, LakeTableEntry, LakeTableTieringManager
+from strom.server.lake_snapshots import (
+    LakeSnapshot,
+    decode_offsets_file,
+    encode_offsets_file,
+    lake_table_dir,
+    offsets_file_dir,
+    snapshots_to_discard,
+)
+from strom.server.lake_tiering import UNKNOWN, LakeTableTieringManager
 
 log = logging.getLogger(__name__)
 
-COORDINATOR_EPOCH = 0
-"""A single coordinator that never fails over: its epoch is always 0."""
-OFFSETS_FILE_VERSION = 1
-NEVER_TIERED = -1
-
-
-def lake_metadata_dir(path: TablePath, table_id: int) -> str:
-    return f"lake/{path.database_name}/{path.table_name}-{table_id}"
-
-
-def encode_offsets(table_id: int, offsets: Mapping[TableBucket, int]) -> bytes:
-    """Fluss's offsets file: bucket offsets by bucket id (holes are -1), per partition if partitioned."""
-
-    def as_list(buckets: Mapping[int, int]) -> list[int]:
-        listed = [NEVER_TIERED] * (max(buckets) + 1)
-        for bucket, offset in buckets.items():
-            listed[bucket] = offset
-        return listed
-
-    by_partition: dict[int | None, dict[int, int]] = {}
-    for bucket, offset in offsets.items():
-        by_partition.setdefault(bucket.partition_id, {})[bucket.bucket] = offset
-    document: dict[str, Any] = {"version": OFFSETS_FILE_VERSION, "table_id": table_id}
-    if None in by_partition:
-        document["bucket_offsets"] = as_list(by_partition[None])
-    else:
-        document["partition_offsets"] = [
-            {"partition_id": pid, "bucket_offsets": as_list(buckets)} for pid, buckets in sorted(by_partition.items())
-        ]
-    return json.dumps(document, separators=(",", ":")).encode()
-
-
-def decode_offsets(raw: bytes) -> tuple[int, dict[TableBucket, int]]:
-    try:
-        document = json.loads(raw)
-        table_id = int(document["table_id"])
-        offsets: dict[TableBucket, int] = {}
-        for bucket, offset in enumerate(document.get("bucket_offsets", [])):
-            if offset >= 0:
-                offsets[TableBucket(table_id, bucket)] = int(offset)
-        for partition in document.get("partition_offsets", []):
-            for bucket, offset in enumerate(partition["bucket_offsets"]):
-                if offset >= 0:
-                    offsets[TableBucket(table_id, bucket, int(partition["partition_id"]))] = int(offset)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise StromError(f"not a lake offsets file: {exc}") from None
-    return table_id, offsets
+TICK_INTERVAL_MS = 100
+"""How often the loop task fires due schedules (heartbeat timeouts are checked at their own interval)."""
 
 
 def _set_error(target: Any, exc: StromError) -> None:
     target.error_code, target.error_message = code_for_exception(exc)
 
 
+def _bucket(table_id: int, entry: Any) -> TableBucket:
+    return TableBucket(table_id, entry.bucket_id, entry.partition_id if entry.HasField("partition_id") else None)
+
+
+def _optional(message: Any, field: str) -> Any:
+    return getattr(message, field) if message.HasField(field) else None
+
+
 class LakeTieringService:
-    def __init__(self, coordinator: CoordinatorService, manager: LakeTableTieringManager, remote: RemoteStorage) -> None:
+    """Serves the lake RPCs from the tiering manager, the metadata store and remote storage (event loop)."""
+
+    def __init__(
+        self, coordinator: CoordinatorService, manager: LakeTableTieringManager, store: MetadataStore,
+        remote: RemoteStorage,
+    ) -> None:
         self._coordinator = coordinator
         self._manager = manager
+        self._store = store
         self._remote = remote
         self._ticker: asyncio.Task[None] | None = None
 
-    def start(self, tick_interval_ms: int = 100) -> None:
+    def start(self) -> None:
         async def tick() -> None:
             while True:
-                await asyncio.sleep(tick_interval_ms / 1000)
+                await asyncio.sleep(TICK_INTERVAL_MS / 1000)
                 try:
                     self._manager.tick()
+                except StromError as exc:  # e.g. a store write; the timers fire again next tick
+                    log.warning("lake tiering timers: %s", exc)
                 except Exception:
                     log.exception("lake tiering timers failed")
 
@@ -113,6 +101,7 @@ class LakeTieringService:
 
     # ---- LakeTieringHeartbeat ----
     def lake_tiering_heartbeat(self, request: Any, _context: object) -> Any:
+        """Fluss's order: failed rounds, renewals, finished rounds, then (if asked) one table to tier."""
         manager = self._manager
         response = pb.LakeTieringHeartbeatResponse(coordinator_epoch=COORDINATOR_EPOCH)
         forced = set(request.force_finished_tables)
@@ -123,18 +112,19 @@ class LakeTieringService:
                 try:
                     if table.coordinator_epoch != COORDINATOR_EPOCH:
                         raise InvalidCoordinatorError(
-                            f"coordinator epoch {table.coordinator_epoch} is not the current {COORDINATOR_EPOCH}"
+                            f"The coordinator epoch {table.coordinator_epoch} is not the current "
+                            f"{COORDINATOR_EPOCH}."
                         )
                     action(table)
                 except StromError as exc:
                     _set_error(entry.error, exc)
 
         def finish(table: Any) -> None:
-            stats = table.lake_tiering_stats if table.HasField("lake_tiering_stats") else None
+            stats = _optional(table, "lake_tiering_stats")
             manager.finish(
                 table.table_id, table.tiering_epoch, table.table_id in forced,
-                stats.file_size if stats is not None and stats.HasField("file_size") else None,
-                stats.record_count if stats is not None and stats.HasField("record_count") else None,
+                _optional(stats, "file_size") if stats is not None else None,
+                _optional(stats, "record_count") if stats is not None else None,
             )
 
         each(request.failed_tables, response.failed_table_resp, lambda t: manager.fail(t.table_id, t.tiering_epoch))
@@ -150,170 +140,253 @@ class LakeTieringService:
                 log.info("handing %s to a tiering job (epoch %d)", assignment.path, assignment.tiering_epoch)
         return response
 
-    def _lake_entry(self, table_id: int, path: TablePath | None, tiering_epoch: int | None) -> LakeTableEntry:
-        """The entry of a lake table that still exists under ``path`` (the same id)."""
-        if tiering_epoch is None:
-            entry = self._manager.entry(table_id)
-        else:
-            entry = self._manager.tiering_entry(table_id, tiering_epoch)
-        current = self._coordinator.table_info_by_id(table_id)
-        if current is None or (path is not None and current.path != path):
+    # ---- checks shared by prepare and commit ----
+    def _table(self, table_id: int, path: TablePath | None, tiering_epoch: int | None) -> TableInfo:
+        """The table ``table_id`` (still at ``path``), held under ``tiering_epoch`` when one is given."""
+        if tiering_epoch is not None:
+            self._manager.check_tiering(table_id, tiering_epoch)
+        table = self._coordinator.table_info_by_id(table_id)
+        if table is None:
             raise TableNotExistError(f"The table {table_id} doesn't exist.")
-        return entry
+        if path is not None and table.path != path:
+            raise TableNotExistError(f"The table {table_id} is '{table.path}', not '{path}'.")
+        return table
+
+    def _check_buckets(self, table: TableInfo, offsets: Mapping[TableBucket, int]) -> None:
+        """Offsets name real buckets of the table (partition ids are not checked at commit: a partition
+        dropped since the prepare keeps its offsets, as in Fluss)."""
+        for bucket, offset in offsets.items():
+            if not 0 <= bucket.bucket < table.bucket_count:
+                raise UnknownTableOrBucketError(
+                    f"Table '{table.path}' has {table.bucket_count} buckets; there is no bucket {bucket.bucket}."
+                )
+            if (bucket.partition_id is None) == table.is_partitioned:
+                needs = "needs" if table.is_partitioned else "has no"
+                raise UnknownTableOrBucketError(f"{bucket} of table '{table.path}': the table {needs} partitions.")
+            if offset < 0:
+                raise LogOffsetOutOfRangeError(f"The lake offset {offset} of {bucket} is negative.")
+
+    def _offsets_location(self, table: TableInfo, location: str) -> str:
+        """``location`` if it names an offsets file of ``table`` in remote storage (nothing else is read, and
+        retention deletes nothing else)."""
+        directory = self._remote.url(offsets_file_dir(table.path, table.table_id)) + "/"
+        name = location[len(directory):] if location.startswith(directory) else ""
+        if not name or "/" in name or name in (".", ".."):
+            raise StromError(f"{location!r} is not an offsets file of table '{table.path}' (expected {directory}<name>)")
+        return location
+
+    async def _read_offsets(self, table: TableInfo, location: str) -> dict[TableBucket, int]:
+        self._offsets_location(table, location)
+        try:
+            raw = await asyncio.to_thread(self._remote.read_bytes, location)
+        except FileNotFoundError:
+            raise StromError(f"The lake offsets file {location} does not exist.") from None
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"Cannot read the lake offsets file {location}: {exc}") from None
+        table_id, offsets = decode_offsets_file(raw, location)
+        if table_id != table.table_id:
+            raise StromError(f"The offsets file {location} belongs to table {table_id}, not {table.table_id}.")
+        self._check_buckets(table, offsets)
+        return offsets
+
+    def _latest(self, table_id: int) -> LakeSnapshot | None:
+        record = self._store.get_lake_snapshot(table_id)
+        return LakeSnapshot.from_record(record) if record is not None else None
 
     # ---- PrepareLakeTableSnapshot ----
     async def prepare_lake_table_snapshot(self, request: Any, _context: object) -> Any:
+        """Write each table's offsets file (merged over its latest lake snapshot) and return its path."""
         response = pb.PrepareLakeTableSnapshotResponse()
-        for table in request.bucket_offsets:
-            result = response.prepare_lake_table_resp.add(table_id=table.table_id)
+        for entry in request.bucket_offsets:
+            result = response.prepare_lake_table_resp.add(table_id=entry.table_id)
             try:
-                path = TablePath(table.table_path.database_name, table.table_path.table_name)
-                epoch = table.tiering_epoch if table.HasField("tiering_epoch") else None
-                entry = self._lake_entry(table.table_id, path, epoch)
-                offsets: dict[TableBucket, int] = {}
-                latest = entry.latest_snapshot
-                if latest is not None and not request.ignore_previous_table_offsets:
-                    offsets.update(latest.bucket_offsets(table.table_id))
-                for bucket_offset in table.bucket_offsets:
-                    if not bucket_offset.HasField("log_end_offset"):
-                        continue
-                    partition = bucket_offset.partition_id if bucket_offset.HasField("partition_id") else None
-                    offsets[TableBucket(table.table_id, bucket_offset.bucket_id, partition)] = bucket_offset.log_end_offset
-                location = f"{lake_metadata_dir(path, table.table_id)}/metadata/{uuid.uuid4()}.offsets"
-                await asyncio.to_thread(self._remote.write_bytes, location, encode_offsets(table.table_id, offsets))
-                result.lake_table_offsets_path = self._remote.url(location)
+                result.lake_table_offsets_path = await self._prepare(entry, request.ignore_previous_table_offsets)
             except StromError as exc:
                 _set_error(result, exc)
         return response
+
+    async def _prepare(self, entry: Any, ignore_previous: bool) -> str:
+        path = TablePath(entry.table_path.database_name, entry.table_path.table_name)
+        epoch = _optional(entry, "tiering_epoch")
+        table = self._table(entry.table_id, path, epoch)
+        new = {_bucket(table.table_id, b): b.log_end_offset for b in entry.bucket_offsets if b.HasField("log_end_offset")}
+        self._check_buckets(table, new)
+        for partition_id in {b.partition_id for b in new if b.partition_id is not None}:
+            partition = self._coordinator.partition_by_id(partition_id)
+            if partition is None or partition.table_id != table.table_id:
+                raise PartitionNotExistError(f"Partition id {partition_id} of table '{table.path}' does not exist.")
+        offsets: dict[TableBucket, int] = {}
+        latest = self._latest(table.table_id)
+        if latest is not None and not ignore_previous:
+            offsets.update(latest.tiered_offsets)
+        offsets.update(new)
+        location = self._remote.url(f"{offsets_file_dir(table.path, table.table_id)}/{uuid.uuid4()}.offsets")
+        try:
+            await asyncio.to_thread(self._remote.write_bytes, location, encode_offsets_file(table.table_id, offsets))
+        except OSError as exc:
+            raise StorageError(f"Cannot write the lake offsets file {location}: {exc}") from None
+        return location
 
     # ---- CommitLakeTableSnapshot ----
     async def commit_lake_table_snapshot(self, request: Any, _context: object) -> Any:
+        """Record each table's lake snapshot. ``tables_req`` (Fluss's older form) only lends its per-bucket
+        max timestamps to the snapshot committed for the same table."""
         response = pb.CommitLakeTableSnapshotResponse()
+        timestamps: dict[int, dict[TableBucket, int]] = {}
+        for info in request.tables_req:
+            if info.HasField("table_id"):
+                by_bucket = timestamps.setdefault(info.table_id, {})
+                for b in info.buckets_req:
+                    if b.HasField("max_timestamp") and b.max_timestamp >= 0:
+                        bucket = _bucket(info.table_id, b)
+                        by_bucket[bucket] = max(b.max_timestamp, by_bucket.get(bucket, -1))
         for metadata in request.lake_table_snapshot_metadata:
             result = response.table_resp.add(table_id=metadata.table_id)
             try:
-                await self._commit(metadata)
+                await self._commit(metadata, timestamps.get(metadata.table_id, {}))
             except StromError as exc:
                 _set_error(result, exc)
-        for info in request.tables_req:  # legacy: per-bucket max timestamps, for lag metrics
-            if info.HasField("table_id") and info.table_id in self._manager:
-                timestamps = {
-                    TableBucket(info.table_id, b.bucket_id, b.partition_id if b.HasField("partition_id") else None):
-                    b.max_timestamp
-                    for b in info.buckets_req if b.HasField("max_timestamp")
-                }
-                self._manager.record_max_timestamps(self._manager.entry(info.table_id), timestamps)
+        for table_id in timestamps.keys() - {m.table_id for m in request.lake_table_snapshot_metadata}:
+            _set_error(response.table_resp.add(table_id=table_id), UnsupportedVersionError(
+                f"Table {table_id}: a lake snapshot is committed with lake_table_snapshot_metadata "
+                "(Fluss 0.8 and later); tables_req alone is not supported."
+            ))
         return response
 
-    async def _commit(self, metadata: Any) -> None:
-        epoch = metadata.tiering_epoch if metadata.HasField("tiering_epoch") else None
-        entry = self._lake_entry(metadata.table_id, None, epoch)
-        path = metadata.tiered_bucket_offsets_file_path
-        if not path.startswith(self._remote.root + "/"):
-            raise StromError(f"the lake offsets file {path!r} is not under the remote data dir {self._remote.root}")
-        try:
-            raw = await asyncio.to_thread(self._remote.read_bytes, path)
-        except (OSError, ValueError) as exc:
-            raise StromError(f"cannot read the lake offsets file {path!r}: {exc}") from None
-        table_id, offsets = decode_offsets(raw)
-        if table_id != metadata.table_id:
-            raise StromError(f"the offsets file {path!r} belongs to table {table_id}, not {metadata.table_id}")
-        entry = self._lake_entry(metadata.table_id, None, epoch)  # re-checked: the file read yielded the loop
-        latest = entry.latest_snapshot
+    async def _commit(self, metadata: Any, max_timestamps: dict[TableBucket, int]) -> None:
+        epoch = _optional(metadata, "tiering_epoch")
+        table = self._table(metadata.table_id, None, epoch)
+        tiered_path = self._offsets_location(table, metadata.tiered_bucket_offsets_file_path)
+        readable_path = _optional(metadata, "readable_bucket_offsets_file_path")
+        if readable_path is not None:
+            self._offsets_location(table, readable_path)
+        self._check_buckets(table, max_timestamps)
+        tiered = await self._read_offsets(table, tiered_path)
+        readable = None
+        if readable_path is not None:
+            readable = tiered if readable_path == tiered_path else await self._read_offsets(table, readable_path)
+        # The reads yielded the loop: check again, then write without yielding.
+        table = self._table(metadata.table_id, None, epoch)
+        latest = self._latest(table.table_id)
         if latest is not None:
-            previous = latest.bucket_offsets(metadata.table_id)
-            for bucket, offset in offsets.items():
-                if offset < previous.get(bucket, NEVER_TIERED):
-                    raise LogOffsetOutOfRangeError(
-                        f"lake snapshot {metadata.snapshot_id} would move {bucket} back from offset "
-                        f"{previous[bucket]} to {offset}: lake offsets only move forward"
-                    )
-        readable = metadata.readable_bucket_offsets_file_path if metadata.HasField("readable_bucket_offsets_file_path") else None
-        record = LakeSnapshotRecord(
-            metadata.snapshot_id, path, readable,
-            sorted(((b.partition_id, b.bucket, o) for b, o in offsets.items()), key=lambda t: (t[0] or -1, t[1])),
-        )
-        keep = metadata.earliest_snapshot_id_to_keep if metadata.HasField("earliest_snapshot_id_to_keep") else None
-        dropped = self._manager.add_snapshot(entry, record, keep)
-        in_use = {s.tiered_offsets_path for s in entry.snapshots} | {s.readable_offsets_path for s in entry.snapshots}
-        for old in dropped:
-            for file in {old.tiered_offsets_path, old.readable_offsets_path} - in_use - {None}:
-                await asyncio.to_thread(self._delete_quietly, file)  # type: ignore[arg-type]
+            self._check_forward(table, metadata.snapshot_id, latest.tiered_offsets, tiered)
+        merged_timestamps = dict(latest.max_timestamps) if latest is not None else {}
+        for bucket, timestamp in max_timestamps.items():
+            merged_timestamps[bucket] = max(timestamp, merged_timestamps.get(bucket, -1))
+        snapshot = LakeSnapshot(table.table_id, metadata.snapshot_id, tiered_path, readable_path, tiered, readable,
+                                merged_timestamps)
+        committed_ids = [i for i in self._store.list_lake_snapshot_ids(table.table_id) if i != snapshot.snapshot_id]
+        discard = snapshots_to_discard(committed_ids, snapshot.snapshot_id,
+                                       _optional(metadata, "earliest_snapshot_id_to_keep"))
+        discarded = self._store.commit_lake_snapshot(snapshot.to_record(), discard)
+        if max_timestamps:
+            self._manager.record_newest_timestamp(table.table_id, max(max_timestamps.values()))
+        log.info("table %s: lake snapshot %d committed (%d buckets)", table.path, snapshot.snapshot_id, len(tiered))
+        if discarded:
+            await self._delete_offsets_files(table, snapshot, [LakeSnapshot.from_record(r) for r in discarded])
 
-    def _delete_quietly(self, location: str) -> None:
-        try:
-            self._remote.delete(location)
-        except OSError as exc:
-            log.warning("could not delete the old lake offsets file %s: %s", location, exc)
+    @staticmethod
+    def _check_forward(
+        table: TableInfo, snapshot_id: int, previous: Mapping[TableBucket, int], new: Mapping[TableBucket, int]
+    ) -> None:
+        """A bucket's lake offset never moves back, and a tiered bucket is never forgotten (the next round
+        would tier it again from the start)."""
+        for bucket, offset in previous.items():
+            if bucket not in new:
+                raise LogOffsetOutOfRangeError(
+                    f"Lake snapshot {snapshot_id} of table '{table.path}' has no offset for {bucket}, which the "
+                    f"latest lake snapshot has at {offset}: lake offsets only move forward."
+                )
+            if new[bucket] < offset:
+                raise LogOffsetOutOfRangeError(
+                    f"Lake snapshot {snapshot_id} of table '{table.path}' would move {bucket} back from offset "
+                    f"{offset} to {new[bucket]}: lake offsets only move forward."
+                )
+
+    async def _delete_offsets_files(self, table: TableInfo, new: LakeSnapshot, discarded: list[LakeSnapshot]) -> None:
+        """Delete the offsets files only discarded snapshots referenced (after the store forgot them)."""
+        in_use = set(new.paths)
+        for snapshot_id in self._store.list_lake_snapshot_ids(table.table_id):
+            record = self._store.get_lake_snapshot(table.table_id, snapshot_id)
+            if record is not None:
+                in_use |= LakeSnapshot.from_record(record).paths
+        for location in set().union(*(s.paths for s in discarded)) - in_use:
+            try:
+                await asyncio.to_thread(self._remote.delete, location)
+            except OSError as exc:
+                log.warning("could not delete the discarded lake offsets file %s: %s", location, exc)
 
     # ---- GetLakeSnapshot ----
     def get_lake_snapshot(self, request: Any, _context: object) -> Any:
         path = TablePath(request.table_path.database_name, request.table_path.table_name)
         table = self._coordinator.table_info(path)
-        entry = self._manager.entry(table.table_id) if table.table_id in self._manager else None
-        snapshots = entry.snapshots if entry is not None else []
-        if request.HasField("snapshot_id"):
-            chosen = [s for s in snapshots if s.snapshot_id == request.snapshot_id]
-        elif request.readable:
-            chosen = [s for s in snapshots if s.readable_offsets_path is not None]
-        else:
-            chosen = snapshots
-        if not chosen:
-            if request.HasField("snapshot_id"):
-                raise LakeSnapshotNotExistError(f"Lake snapshot {request.snapshot_id} of table '{path}' does not exist.")
-            raise LakeSnapshotNotExistError(f"Table '{path}' has no lake snapshot yet.")
-        snapshot = chosen[-1]
+        snapshot_id = _optional(request, "snapshot_id")
+        record = self._store.get_lake_snapshot(table.table_id, snapshot_id, readable=request.readable)
+        if record is None:
+            if snapshot_id is not None:
+                raise LakeSnapshotNotExistError(f"Lake snapshot {snapshot_id} of table '{path}' does not exist.")
+            which = "readable lake snapshot" if request.readable else "lake snapshot"
+            raise LakeSnapshotNotExistError(f"Table '{path}' has no {which} yet.")
+        snapshot = LakeSnapshot.from_record(record)
+        offsets = snapshot.readable_offsets if request.readable else snapshot.tiered_offsets
+        assert offsets is not None, "the store returned a readable snapshot"
         response = pb.GetLakeSnapshotResponse(table_id=table.table_id, snapshotId=snapshot.snapshot_id)
-        self._add_bucket_offsets(response.bucket_snapshots, table, snapshot, with_offset_field="log_offset")
+        self._add_bucket_offsets(response.bucket_snapshots, table, offsets)
         return response
 
-    def _add_bucket_offsets(self, target: Any, table: TableInfo, snapshot: LakeSnapshotRecord, with_offset_field: str) -> None:
+    def _add_bucket_offsets(self, target: Any, table: TableInfo, offsets: Mapping[TableBucket, int]) -> None:
         names: dict[int, str | None] = {}
-        for partition_id, bucket, offset in snapshot.offsets:
-            entry = target.add(bucket_id=bucket)
-            setattr(entry, with_offset_field, offset)
-            if partition_id is not None:
-                entry.partition_id = partition_id
-                if partition_id not in names:
-                    record = self._coordinator.partition_by_id(partition_id)
-                    names[partition_id] = record.name if record is not None and record.table_id == table.table_id else None
-                if names[partition_id] is not None:
-                    entry.partition_name = names[partition_id]
+        for bucket, offset in sorted(offsets.items(), key=lambda item: (item[0].partition_id or 0, item[0].bucket)):
+            entry = target.add(bucket_id=bucket.bucket, log_offset=offset)
+            if bucket.partition_id is None:
+                continue
+            entry.partition_id = bucket.partition_id
+            if bucket.partition_id not in names:
+                partition = self._coordinator.partition_by_id(bucket.partition_id)
+                names[bucket.partition_id] = (
+                    partition.name if partition is not None and partition.table_id == table.table_id else None
+                )
+            name = names[bucket.partition_id]
+            if name is not None:  # a partition dropped since keeps its offsets, without a name
+                entry.partition_name = name
 
     # ---- DescribeLakeTiering (strom extension) ----
     def describe_lake_tiering(self, request: Any, _context: object) -> Any:
         wanted = None
         if request.HasField("table_path"):
-            wanted = TablePath(request.table_path.database_name, request.table_path.table_name)
-            self._coordinator.table_info(wanted)  # TableNotExist for an unknown table
+            wanted = self._coordinator.table_info(
+                TablePath(request.table_path.database_name, request.table_path.table_name)
+            ).table_id
         response = ext.DescribeLakeTieringResponse()
-        for entry in sorted(self._manager, key=lambda e: e.table_id):
-            if wanted is not None and entry.path != wanted:
+        for tiering in self._manager.tables():
+            if wanted is not None and tiering.table_id != wanted:
                 continue
-            table = self._coordinator.table_info_by_id(entry.table_id)
+            table = self._coordinator.table_info_by_id(tiering.table_id)
             if table is None:
                 continue
             status = response.tables.add(
-                table_id=entry.table_id, state=entry.state.value, tiering_epoch=entry.tiering_epoch,
-                freshness_ms=entry.freshness_ms, last_tiered_time=entry.last_tiered_ms if entry.snapshots else -1,
-                last_round_duration_ms=entry.last_round_duration_ms, failures=entry.failures,
-                pending_since=entry.pending_since_ms, file_size=entry.file_size, record_count=entry.record_count,
+                table_id=tiering.table_id, state=tiering.state.value, tiering_epoch=tiering.tiering_epoch,
+                freshness_ms=tiering.freshness_ms, last_tiered_time=tiering.last_tiered_ms,
+                last_round_duration_ms=tiering.last_round_duration_ms, failures=tiering.failures,
+                pending_since=tiering.pending_since_ms, file_size=tiering.file_size,
+                record_count=tiering.record_count,
             )
-            status.table_path.database_name = entry.path.database_name
-            status.table_path.table_name = entry.path.table_name
-            latest = entry.latest_snapshot
+            status.table_path.database_name = table.path.database_name
+            status.table_path.table_name = table.path.table_name
+            if tiering.newest_timestamp_ms != UNKNOWN:
+                status.newest_timestamp = tiering.newest_timestamp_ms
+            latest = self._latest(tiering.table_id)
             if latest is not None:
                 status.lake_snapshot_id = latest.snapshot_id
-                self._add_bucket_offsets(status.bucket_offsets, table, latest, with_offset_field="log_offset")
+                self._add_bucket_offsets(status.bucket_offsets, table, latest.tiered_offsets)
         return response
 
     # ---- table lifecycle ----
-    def drop_table(self, table_id: int) -> None:
-        """Forget a dropped table's tiering state and delete its offsets files (never the lake table)."""
-        entry = self._manager.remove_table(table_id)
-        if entry is None:
-            return
+    async def drop_table(self, table: TableInfo) -> None:
+        """Forget a dropped table's tiering state (the store already dropped its records with the table)
+        and delete its offsets files; the lake table itself is left alone."""
+        self._manager.drop_table(table.table_id)
         try:
-            self._remote.delete_tree(lake_metadata_dir(entry.path, table_id))
+            await asyncio.to_thread(self._remote.delete_tree, lake_table_dir(table.path, table.table_id))
         except OSError as exc:
-            log.warning("could not delete the lake offsets of dropped table %s: %s", entry.path, exc)
+            log.warning("could not delete the lake offsets files of dropped table %s: %s", table.path, exc)

@@ -1,40 +1,52 @@
-"""The coordinator's ``LakeTableTieringManager``: which lake-enabled table is tiered when, by whom.
+"""The coordinator's ``LakeTableTieringManager``: which lake-enabled table is tiered when, and by whom.
 
 Each lake-enabled table moves through Fluss's states::
 
     New -> Scheduled -(freshness since its last round)-> Pending -> Tiering -> Tiered -> Scheduled
-                                                          ^            |
-                                                          +-- Failed <-+  (reported, or heartbeats stopped)
+                                                          ^  ^          |        |
+                                                          |  +----------|--------+ (round cut at the freshness
+                                                          |             |            deadline: force-finished)
+                                                          +-- Failed <--+ (reported, or heartbeats stopped)
 
-Entering *Pending* increments the table's **tiering epoch**; a job must present the current epoch with
-every heartbeat, report and commit, so a job that lost the table (its heartbeats stopped for
-``lake.tiering.heartbeat-timeout``) is fenced. Pending tables are handed out first in, first out. A round
-that was cut at the freshness deadline (*force-finished*) makes the table Pending again at once.
+Entering *Pending* increments the table's **tiering epoch**; a tiering job presents its epoch with every
+heartbeat, report, prepare and commit, so a job that lost the table is fenced. Pending tables are handed
+out first in, first out.
 
-Unlike Fluss, whose manager lives in memory only, every state change is persisted through the
-``MetadataStore`` together with the table's lake snapshots: after a restart a table that was Tiering is
-Pending with the next epoch (its old holder is fenced), and a Scheduled table waits only what is left of
-its freshness since the *stored* end of its last round.
+What strom adds to Fluss, whose manager lives in memory only:
 
-The manager is driven from the coordinator's event loop: :meth:`tick` (called by a loop task and before
-every table request) fires due timers; nothing here runs on its own thread.
+* every state change is persisted through the :class:`MetadataStore` before it shows in memory, so a failed
+  write changes nothing;
+* after a restart a table that was being tiered is Pending with the next epoch (its old holder is fenced),
+  a Pending table keeps its place, and a Scheduled table waits only the rest of its freshness since the
+  *stored* end of its last round;
+* disabling the lake keeps the table's epoch (in the store, not in the schedule), so re-enabling it never
+  hands out an epoch that a job from before could still hold.
+
+Owned by the coordinator's event loop: :meth:`tick` (called by a loop task, and before every table
+request) fires due timers and times out silent jobs; nothing here runs on a thread of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import json
 import logging
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from strom.clock import Clock
-from strom.errors import FencedTieringEpochError, InvalidConfigError, TableNotExistError
-from strom.ids import TableBucket, TablePath
+from strom.errors import FencedTieringEpochError, TableNotExistError
+from strom.ids import TablePath
 from strom.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
+
+_STATE_VERSION = 1
+UNKNOWN = -1
+"""Stored for times, durations and sizes not known (yet), as Fluss reports them."""
 
 
 class TieringState(Enum):
@@ -46,256 +58,319 @@ class TieringState(Enum):
     FAILED = "Failed"
 
 
-@dataclass
-class LakeSnapshotRecord:
-    """One lake snapshot the coordinator knows: its id, offsets file and the offsets in it."""
-
-    snapshot_id: int
-    tiered_offsets_path: str
-    readable_offsets_path: str | None
-    offsets: list[tuple[int | None, int, int]]
-    """``(partition id, bucket, next offset to tier)`` for every bucket ever tiered."""
-
-    def bucket_offsets(self, table_id: int) -> dict[TableBucket, int]:
-        return {TableBucket(table_id, bucket, partition): offset for partition, bucket, offset in self.offsets}
+_ALLOWED_FROM: dict[TieringState, frozenset[TieringState]] = {
+    TieringState.NEW: frozenset(),
+    TieringState.SCHEDULED: frozenset({TieringState.NEW, TieringState.TIERED}),
+    TieringState.PENDING: frozenset({TieringState.SCHEDULED, TieringState.FAILED, TieringState.TIERED}),
+    TieringState.TIERING: frozenset({TieringState.PENDING}),
+    TieringState.TIERED: frozenset({TieringState.TIERING}),
+    TieringState.FAILED: frozenset({TieringState.TIERING}),
+}
+"""Fluss's transitions: target state <- the states it may be entered from."""
 
 
-@dataclass
-class LakeTableEntry:
+@dataclass(frozen=True, slots=True)
+class LakeTableTiering:
+    """One table's tiering state: what is persisted, and what DescribeLakeTiering and the metrics show."""
+
     table_id: int
     path: TablePath
     freshness_ms: int
-    state: TieringState = TieringState.NEW
-    tiering_epoch: int = 0
-    last_tiered_ms: int = 0
-    due_ms: int = 0
-    pending_since_ms: int = -1
-    round_started_ms: int = -1
-    last_heartbeat_ms: int = -1
-    last_round_duration_ms: int = -1
-    file_size: int = -1
-    record_count: int = -1
+    state: TieringState
+    tiering_epoch: int
+    registered: bool
+    """False once the lake was disabled: the table is not scheduled, but its epoch is remembered."""
+    schedule_base_ms: int
+    """Start of the current freshness interval: registration, or the end of the last round."""
+    last_tiered_ms: int = UNKNOWN
+    """End of the last finished round."""
+    last_round_duration_ms: int = UNKNOWN
+    file_size: int = UNKNOWN
+    record_count: int = UNKNOWN
     failures: int = 0
-    snapshots: list[LakeSnapshotRecord] = field(default_factory=list)
-    max_timestamps: dict[str, int] = field(default_factory=dict)
+    pending_since_ms: int = UNKNOWN
+    newest_timestamp_ms: int = UNKNOWN
+    """Newest record timestamp the lake holds, from the commits' max timestamps."""
 
     @property
-    def latest_snapshot(self) -> LakeSnapshotRecord | None:
-        return self.snapshots[-1] if self.snapshots else None
+    def due_ms(self) -> int:
+        return self.schedule_base_ms + self.freshness_ms
+
+    def lag_ms(self, now_ms: int) -> int:
+        """Time since the last round ended (since registration if none has)."""
+        since = self.last_tiered_ms if self.last_tiered_ms != UNKNOWN else self.schedule_base_ms
+        return max(0, now_ms - since)
 
     def encode(self) -> bytes:
-        document = asdict(self)
+        document = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         document["path"] = [self.path.database_name, self.path.table_name]
         document["state"] = self.state.value
-        return json.dumps(document, separators=(",", ":")).encode()
+        document["version"] = _STATE_VERSION
+        return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
-    def decode(cls, payload: bytes) -> LakeTableEntry:
+    def decode(cls, payload: bytes) -> LakeTableTiering:
         document = json.loads(payload)
+        if document.pop("version", None) != _STATE_VERSION:
+            raise ValueError("unknown lake tiering state version")
         document["path"] = TablePath(*document["path"])
         document["state"] = TieringState(document["state"])
-        document["snapshots"] = [
-            LakeSnapshotRecord(s["snapshot_id"], s["tiered_offsets_path"], s["readable_offsets_path"],
-                               [tuple(o) for o in s["offsets"]])  # type: ignore[misc]
-            for s in document["snapshots"]
-        ]
         return cls(**document)
 
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
+    """A table handed to a tiering job, under the epoch the job must present."""
+
     table_id: int
     path: TablePath
     tiering_epoch: int
 
 
+def _not_exist(table_id: int) -> TableNotExistError:
+    return TableNotExistError(f"The table {table_id} doesn't exist.")
+
+
 class LakeTableTieringManager:
-    """Shared by the coordinator's RPC handlers on one event loop (no locking needed)."""
+    """Every lake-enabled table's place in the tiering schedule (see the module docstring)."""
 
     def __init__(self, store: MetadataStore, clock: Clock, heartbeat_timeout_ms: int, check_interval_ms: int) -> None:
+        """Recovers the persisted tables; the coordinator then registers (or removes) each table it knows."""
         self._store = store
         self._clock = clock
-        self._timeout_ms = heartbeat_timeout_ms
-        self._check_interval_ms = check_interval_ms
-        self._last_check_ms = clock.now_ms()
-        self._tables: dict[int, LakeTableEntry] = {}
-        self._pending: deque[int] = deque()
-        for payload in store.list_lake_tables().values():
-            self._recover(LakeTableEntry.decode(payload))
+        self._heartbeat_timeout_ms = heartbeat_timeout_ms
+        self._check_interval_ms = max(0, check_interval_ms)
+        self._next_check_ms = clock.now_ms() + self._check_interval_ms
+        self._tables: dict[int, LakeTableTiering] = {}
+        """Every table the store holds a state for, registered or not."""
+        self._pending: dict[int, None] = {}
+        """Pending table ids in arrival order (a dict as an ordered set)."""
+        self._timers: list[tuple[int, int]] = []
+        """Heap of (due ms, table id) for Scheduled tables; an entry whose table moved on is skipped."""
+        self._heartbeats_ms: dict[int, int] = {}
+        """Tiering table id -> last heartbeat (the round's start counts as one)."""
+        self._round_started_ms: dict[int, int] = {}
+        for table_id, payload in store.list_lake_tiering_states().items():
+            try:
+                self._tables[table_id] = LakeTableTiering.decode(payload)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("ignoring the unreadable lake tiering state of table %d: %s", table_id, exc)
+        pending = sorted(
+            (t for t in self._tables.values() if t.registered and t.state is TieringState.PENDING),
+            key=lambda t: (t.pending_since_ms, t.table_id),
+        )
+        for table in pending:
+            self._pending[table.table_id] = None
+        for table in list(self._tables.values()):
+            if not table.registered or table.state is TieringState.PENDING:
+                continue
+            if table.state in (TieringState.TIERING, TieringState.FAILED):
+                # The round in flight when the coordinator stopped: its holder is fenced by the next epoch.
+                self._to_pending(dataclasses.replace(table, state=TieringState.FAILED))
+            else:  # New, Scheduled, Tiered: the next round is due one freshness after the stored base
+                self._to_scheduled(dataclasses.replace(table, state=TieringState.NEW))
 
-    def _recover(self, entry: LakeTableEntry) -> None:
-        self._tables[entry.table_id] = entry
-        if entry.state in (TieringState.TIERING, TieringState.FAILED, TieringState.PENDING):
-            self._to_pending(entry)  # the next epoch: whoever held the table before the restart is fenced  # its old holder (if any) is fenced by the new epoch
-        else:  # New, Scheduled or Tiered: the next round is due one freshness after the last
-            self._to_scheduled(entry)
-
-    # ---- registration ----
+    # ---- registration (the coordinator calls these on create, alter, drop and start) ----
     def add_table(self, table_id: int, path: TablePath, freshness_ms: int) -> None:
-        """A table became lake-enabled (created, or altered): its first round is due after one freshness."""
-        if table_id in self._tables:
+        """A table is lake-enabled: a new one is due one freshness from now; a known one takes the new
+        freshness (a Scheduled table's timer is re-armed)."""
+        assert freshness_ms >= 0
+        known = self._tables.get(table_id)
+        if known is not None and known.registered:
             self.update_freshness(table_id, freshness_ms)
             return
-        entry = LakeTableEntry(table_id, path, freshness_ms, last_tiered_ms=self._clock.now_ms())
-        self._tables[table_id] = entry
-        self._to_scheduled(entry)
+        now = self._clock.now_ms()
+        epoch = known.tiering_epoch if known is not None else 0
+        table = LakeTableTiering(table_id, path, freshness_ms, TieringState.NEW, epoch, True, now)
+        if known is not None:  # re-enabled: keep the history, never reuse an epoch
+            table = dataclasses.replace(known, freshness_ms=freshness_ms, state=TieringState.NEW,
+                                        registered=True, schedule_base_ms=now, pending_since_ms=UNKNOWN)
+        self._to_scheduled(table)
+        log.info("lake tiering of %s (table %d) registered, freshness %d ms", path, table_id, freshness_ms)
 
-    def remove_table(self, table_id: int) -> LakeTableEntry | None:
-        entry = self._tables.pop(table_id, None)
-        if entry is not None:
-            self._store.delete_lake_table(table_id)
-            if table_id in self._pending:
-                self._pending.remove(table_id)
-        return entry
+    def disable_table(self, table_id: int) -> None:
+        """The lake was disabled: stop scheduling the table; its holder (if any) gets TableNotExist."""
+        table = self._tables.get(table_id)
+        if table is None or not table.registered:
+            return
+        self._put(dataclasses.replace(table, registered=False, state=TieringState.NEW, pending_since_ms=UNKNOWN))
+        self._forget_schedule(table_id)
+
+    def drop_table(self, table_id: int) -> None:
+        """The table was dropped: forget it entirely (its id is never reused)."""
+        if table_id not in self._tables:
+            return
+        self._store.delete_lake_tiering_state(table_id)
+        del self._tables[table_id]
+        self._forget_schedule(table_id)
+
+    def retain_tables(self, table_ids: Iterable[int]) -> None:
+        """Drop the state of every table not in ``table_ids`` (tables the catalog no longer has)."""
+        keep = set(table_ids)
+        for table_id in [t for t in self._tables if t not in keep]:
+            self.drop_table(table_id)
 
     def update_freshness(self, table_id: int, freshness_ms: int) -> None:
-        entry = self._tables.get(table_id)
-        if entry is None or entry.freshness_ms == freshness_ms:
+        assert freshness_ms >= 0
+        table = self._registered(table_id)
+        if table.freshness_ms == freshness_ms:
             return
-        entry.freshness_ms = freshness_ms
-        if entry.state is TieringState.SCHEDULED:
-            entry.due_ms = entry.last_tiered_ms + freshness_ms
-        self._persist(entry)
+        updated = dataclasses.replace(table, freshness_ms=freshness_ms)
+        self._put(updated)
+        if updated.state is TieringState.SCHEDULED:
+            heapq.heappush(self._timers, (updated.due_ms, table_id))
+
+    def _forget_schedule(self, table_id: int) -> None:
+        self._pending.pop(table_id, None)
+        self._heartbeats_ms.pop(table_id, None)
+        self._round_started_ms.pop(table_id, None)
 
     # ---- the state machine ----
-    def _to_scheduled(self, entry: LakeTableEntry) -> None:
-        entry.state = TieringState.SCHEDULED
-        entry.due_ms = entry.last_tiered_ms + entry.freshness_ms
-        self._persist(entry)
+    def _put(self, table: LakeTableTiering) -> None:
+        """Persist, then show in memory: a failed write leaves both as they were."""
+        self._store.put_lake_tiering_state(table.table_id, table.encode())
+        self._tables[table.table_id] = table
 
-    def _to_pending(self, entry: LakeTableEntry) -> None:
-        entry.state = TieringState.PENDING
-        entry.tiering_epoch += 1
-        entry.pending_since_ms = self._clock.now_ms()
-        if entry.table_id not in self._pending:
-            self._pending.append(entry.table_id)
-        self._persist(entry)
+    def _transition(self, table: LakeTableTiering, target: TieringState, **changes: Any) -> LakeTableTiering:
+        assert table.state in _ALLOWED_FROM[target], f"table {table.table_id}: {table.state} -> {target}"
+        return dataclasses.replace(table, state=target, **changes)
 
-    def _persist(self, entry: LakeTableEntry) -> None:
-        self._store.put_lake_table(entry.table_id, entry.encode())
+    def _to_scheduled(self, table: LakeTableTiering) -> None:
+        scheduled = self._transition(table, TieringState.SCHEDULED, pending_since_ms=UNKNOWN)
+        self._put(scheduled)
+        heapq.heappush(self._timers, (scheduled.due_ms, table.table_id))
+        self._compact_timers()
+
+    def _to_pending(self, table: LakeTableTiering) -> None:
+        pending = self._transition(
+            table, TieringState.PENDING, tiering_epoch=table.tiering_epoch + 1, pending_since_ms=self._clock.now_ms()
+        )
+        self._put(pending)
+        self._pending[table.table_id] = None
+        self._heartbeats_ms.pop(table.table_id, None)
+        self._round_started_ms.pop(table.table_id, None)
+
+    def _compact_timers(self) -> None:
+        """Bound the heap: rebuild it from the live timers when stale entries dominate."""
+        if len(self._timers) <= 2 * len(self._tables) + 16:
+            return
+        self._timers = [(t.due_ms, t.table_id) for t in self._tables.values()
+                        if t.registered and t.state is TieringState.SCHEDULED]
+        heapq.heapify(self._timers)
 
     def tick(self) -> None:
-        """Fire due schedules, and (every check interval) time out tiering jobs that went silent."""
+        """Make due Scheduled tables Pending and, every check interval, fail rounds whose job went silent."""
         now = self._clock.now_ms()
-        for entry in self._tables.values():
-            if entry.state is TieringState.SCHEDULED and entry.due_ms <= now:
-                self._to_pending(entry)
-        if now - self._last_check_ms >= self._check_interval_ms:
-            self._last_check_ms = now
-            for entry in list(self._tables.values()):
-                if entry.state is TieringState.TIERING and now - entry.last_heartbeat_ms >= self._timeout_ms:
-                    log.warning("tiering of %s (epoch %d) timed out: no heartbeat for %d ms",
-                                entry.path, entry.tiering_epoch, now - entry.last_heartbeat_ms)
-                    self._fail(entry)
+        while self._timers and self._timers[0][0] <= now:
+            due_ms, table_id = self._timers[0]
+            table = self._tables.get(table_id)
+            if (table is not None and table.registered and table.state is TieringState.SCHEDULED
+                    and table.due_ms == due_ms):
+                self._to_pending(table)  # may raise (store): the timer stays for the next tick
+            heapq.heappop(self._timers)
+        if now < self._next_check_ms:
+            return
+        self._next_check_ms = now + self._check_interval_ms
+        for table_id, heartbeat_ms in list(self._heartbeats_ms.items()):
+            if now - heartbeat_ms >= self._heartbeat_timeout_ms:
+                table = self._tables[table_id]
+                log.warning("tiering of %s (epoch %d) timed out: no heartbeat for %d ms",
+                            table.path, table.tiering_epoch, now - heartbeat_ms)
+                self._fail(table)
 
     def request_table(self) -> Assignment | None:
-        """The next pending table, now Tiering under its epoch; None when nothing is due."""
+        """The longest-pending table, now Tiering under its epoch; None when no table is due."""
         self.tick()
         while self._pending:
-            entry = self._tables.get(self._pending.popleft())
-            if entry is None or entry.state is not TieringState.PENDING:
+            table_id = next(iter(self._pending))
+            table = self._tables.get(table_id)
+            if table is None or not table.registered or table.state is not TieringState.PENDING:
+                del self._pending[table_id]
                 continue
             now = self._clock.now_ms()
-            entry.state = TieringState.TIERING
-            entry.round_started_ms = entry.last_heartbeat_ms = now
-            self._persist(entry)
-            return Assignment(entry.table_id, entry.path, entry.tiering_epoch)
+            self._put(self._transition(table, TieringState.TIERING, pending_since_ms=UNKNOWN))
+            del self._pending[table_id]
+            self._heartbeats_ms[table_id] = now
+            self._round_started_ms[table_id] = now
+            return Assignment(table_id, table.path, table.tiering_epoch)
         return None
 
-    def entry(self, table_id: int, tiering_epoch: int | None = None) -> LakeTableEntry:
-        """The table's entry, checking ``tiering_epoch`` when given (Fluss's messages)."""
-        entry = self._tables.get(table_id)
-        if entry is None:
-            raise TableNotExistError(f"The table {table_id} doesn't exist.")
-        if tiering_epoch is not None and tiering_epoch != entry.tiering_epoch:
+    def _registered(self, table_id: int) -> LakeTableTiering:
+        table = self._tables.get(table_id)
+        if table is None or not table.registered:
+            raise _not_exist(table_id)
+        return table
+
+    def _validated(self, table_id: int, tiering_epoch: int) -> LakeTableTiering:
+        """The table held under ``tiering_epoch`` (Fluss's messages for an unknown table or another epoch)."""
+        table = self._registered(table_id)
+        if tiering_epoch != table.tiering_epoch:
             raise FencedTieringEpochError(
-                f"The tiering epoch {tiering_epoch} is not match current epoch {entry.tiering_epoch} in "
+                f"The tiering epoch {tiering_epoch} is not match current epoch {table.tiering_epoch} in "
                 f"coordinator for table {table_id}."
             )
-        return entry
-
-    def tiering_entry(self, table_id: int, tiering_epoch: int) -> LakeTableEntry:
-        entry = self.entry(table_id, tiering_epoch)
-        if entry.state is not TieringState.TIERING:
+        if table.state is not TieringState.TIERING:
             raise FencedTieringEpochError(
-                f"The table {table_id} is {entry.state.value}, not being tiered under epoch {tiering_epoch}."
+                f"The table {table_id} is {table.state.value}: no round runs under epoch {tiering_epoch}."
             )
-        return entry
+        return table
+
+    def check_tiering(self, table_id: int, tiering_epoch: int) -> None:
+        """Raise unless a round of ``table_id`` runs under ``tiering_epoch`` (prepare and commit fencing)."""
+        self._validated(table_id, tiering_epoch)
 
     def renew(self, table_id: int, tiering_epoch: int) -> None:
-        self.tiering_entry(table_id, tiering_epoch).last_heartbeat_ms = self._clock.now_ms()
+        self._validated(table_id, tiering_epoch)
+        self._heartbeats_ms[table_id] = self._clock.now_ms()
 
-    def finish(self, table_id: int, tiering_epoch: int, force_finished: bool,
-               file_size: int | None = None, record_count: int | None = None) -> None:
-        entry = self.tiering_entry(table_id, tiering_epoch)
+    def finish(
+        self, table_id: int, tiering_epoch: int, force_finished: bool,
+        file_size: int | None = None, record_count: int | None = None,
+    ) -> None:
+        """End a round: the next one is due one freshness later, or at once if the round was cut short.
+
+        As in Fluss, stats replace the previous ones when any is given (a missing one becomes unknown)."""
+        table = self._validated(table_id, tiering_epoch)
         now = self._clock.now_ms()
-        entry.state = TieringState.TIERED
-        entry.last_tiered_ms = now
-        entry.last_round_duration_ms = now - entry.round_started_ms
-        if file_size is not None:
-            entry.file_size = file_size
-        if record_count is not None:
-            entry.record_count = record_count
+        if file_size is not None or record_count is not None:
+            table = dataclasses.replace(table, file_size=UNKNOWN if file_size is None else file_size,
+                                        record_count=UNKNOWN if record_count is None else record_count)
+        started_ms = self._round_started_ms.get(table_id, now)
+        tiered = self._transition(table, TieringState.TIERED, last_tiered_ms=now, schedule_base_ms=now,
+                                  last_round_duration_ms=now - started_ms)
+        self._heartbeats_ms.pop(table_id, None)
+        self._round_started_ms.pop(table_id, None)
         if force_finished:
-            self._to_pending(entry)
+            self._to_pending(tiered)
         else:
-            self._to_scheduled(entry)
+            self._to_scheduled(tiered)
 
     def fail(self, table_id: int, tiering_epoch: int) -> None:
-        self._fail(self.tiering_entry(table_id, tiering_epoch))
+        """A job gave up on its round: the table is Pending again at once, with the next epoch."""
+        self._fail(self._validated(table_id, tiering_epoch))
 
-    def _fail(self, entry: LakeTableEntry) -> None:
-        entry.state = TieringState.FAILED
-        entry.failures += 1
-        self._to_pending(entry)
+    def _fail(self, table: LakeTableTiering) -> None:
+        self._to_pending(self._transition(table, TieringState.FAILED, failures=table.failures + 1))
 
-    # ---- lake snapshots ----
-    def add_snapshot(self, entry: LakeTableEntry, snapshot: LakeSnapshotRecord, earliest_to_keep: int | None) -> list[LakeSnapshotRecord]:
-        """Record a committed lake snapshot; returns the ones retention discards (Fluss's rule:
-        ``earliest_to_keep`` None keeps only the new one, -1 keeps all, an id keeps from that id on)."""
-        snapshots = [s for s in entry.snapshots if s.snapshot_id != snapshot.snapshot_id]
-        if earliest_to_keep is None:
-            kept, dropped = [], snapshots
-        elif earliest_to_keep == -1:
-            kept, dropped = snapshots, []
-        else:
-            ids = [s.snapshot_id for s in snapshots]
-            start = ids.index(earliest_to_keep) if earliest_to_keep in ids else 0
-            kept, dropped = snapshots[start:], snapshots[:start]
-        entry.snapshots = [*kept, snapshot]
-        self._persist(entry)
-        return dropped
-
-    def record_max_timestamps(self, entry: LakeTableEntry, timestamps: dict[TableBucket, int]) -> None:
-        for bucket, timestamp in timestamps.items():
-            key = f"{bucket.partition_id if bucket.partition_id is not None else ''}:{bucket.bucket}"
-            entry.max_timestamps[key] = max(timestamp, entry.max_timestamps.get(key, -1))
-        self._persist(entry)
+    def record_newest_timestamp(self, table_id: int, timestamp_ms: int) -> None:
+        """A commit brought records up to ``timestamp_ms`` into the lake (for the data lag)."""
+        table = self._tables.get(table_id)
+        if table is not None and timestamp_ms > table.newest_timestamp_ms:
+            self._put(dataclasses.replace(table, newest_timestamp_ms=timestamp_ms))
 
     # ---- views ----
-    def __iter__(self) -> Iterator[LakeTableEntry]:
-        return iter(list(self._tables.values()))
+    def get(self, table_id: int) -> LakeTableTiering | None:
+        """The table's state if it is lake-enabled."""
+        table = self._tables.get(table_id)
+        return table if table is not None and table.registered else None
 
-    def __contains__(self, table_id: int) -> bool:
-        return table_id in self._tables
+    def tables(self) -> list[LakeTableTiering]:
+        """Every lake-enabled table, by id."""
+        return sorted((t for t in self._tables.values() if t.registered), key=lambda t: t.table_id)
 
     def counts_by_state(self) -> dict[TieringState, int]:
         counts = dict.fromkeys(TieringState, 0)
-        for entry in self._tables.values():
-            counts[entry.state] += 1
+        for table in self._tables.values():
+            if table.registered:
+                counts[table.state] += 1
         return counts
-
-
-def freshness_ms_of(properties: dict[str, str], default_ms: int) -> int:
-    from strom.config import parse_duration
-
-    raw = properties.get("table.datalake.freshness")
-    if raw is None:
-        return default_ms
-    try:
-        value = int(parse_duration(raw).total_seconds() * 1000)
-    except ValueError as exc:
-        raise InvalidConfigError(f"table.datalake.freshness: {exc}") from None
-    if value < 0:
-        raise InvalidConfigError(f"table.datalake.freshness must not be negative, got {raw!r}")
-    return value

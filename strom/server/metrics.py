@@ -19,7 +19,7 @@ from strom.clock import Clock
 from strom.rpc.server import RpcServer
 from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.server.kv_snapshot_store import KvSnapshotStore
-from strom.server.lake_tiering import LakeTableTieringManager
+from strom.server.lake_tiering import UNKNOWN, LakeTableTieringManager
 from strom.server.replica import ReplicaManager
 
 SCRAPE_TIMEOUT_S = 5.0
@@ -82,21 +82,35 @@ class StromCollector(Collector):
                 "strom_rpc_error_responses", "RPC requests answered with an error.", value=rpc.stats.error_responses
             )
 
-
     def _lake_families(self) -> Iterator[GaugeMetricFamily]:
-        states = GaugeMetricFamily("strom_lake_tiering_tables", "Lake-enabled tables per tiering state.", labels=["state"])
+        states = GaugeMetricFamily(
+            "strom_lake_tiering_tables", "Lake-enabled tables per tiering state.", labels=["state"]
+        )
         for state, count in self._lake_tiering.counts_by_state().items():
             states.add_metric([state.value], count)
         yield states
         lag = GaugeMetricFamily(
-            "strom_lake_tiering_lag_seconds", "Time since a table's last tiering round ended.", labels=["table"]
+            "strom_lake_tiering_lag_seconds",
+            "Time since a table's last tiering round ended (since the lake was enabled, before the first).",
+            labels=["table"],
         )
-        failures = GaugeMetricFamily("strom_lake_tiering_failures", "Failed tiering rounds per table.", labels=["table"])
+        data_lag = GaugeMetricFamily(
+            "strom_lake_tiering_data_lag_seconds",
+            "Time since the newest record timestamp the lake holds, per table (once a commit reported one).",
+            labels=["table"],
+        )
+        failures = GaugeMetricFamily(
+            "strom_lake_tiering_failures", "Failed or timed-out tiering rounds per table.", labels=["table"]
+        )
         now = self._clock.now_ms()
-        for entry in self._lake_tiering:
-            lag.add_metric([str(entry.path)], max(0, now - entry.last_tiered_ms) / 1000)
-            failures.add_metric([str(entry.path)], entry.failures)
+        for table in self._lake_tiering.tables():
+            name = str(table.path)
+            lag.add_metric([name], table.lag_ms(now) / 1000)
+            if table.newest_timestamp_ms != UNKNOWN:
+                data_lag.add_metric([name], max(0, now - table.newest_timestamp_ms) / 1000)
+            failures.add_metric([name], table.failures)
         yield lag
+        yield data_lag
         yield failures
 
 

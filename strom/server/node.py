@@ -128,8 +128,7 @@ class StromServer:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
-        if self.config.get(DATALAKE_DELTA_WAREHOUSE) is None:
-            self.config = self.config.with_values({DATALAKE_DELTA_WAREHOUSE.key: str(self.paths.default_lake.resolve())})
+        self.config = self.config.with_values({DATALAKE_DELTA_WAREHOUSE.key: self._lake_warehouse()})
         config = self.config
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
@@ -142,11 +141,11 @@ class StromServer:
             config.get_ms(LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL),
         )
 
-        def on_table_dropped(table_id: int, partition_id: int | None) -> None:
-            leases.drop_table(table_id, partition_id)
-            snapshot_store.drop_table(table_id, partition_id)
+        async def on_table_dropped(table: TableInfo, partition_id: int | None) -> None:
+            leases.drop_table(table.table_id, partition_id)
+            snapshot_store.drop_table(table.table_id, partition_id)
             if partition_id is None and self.lake is not None:
-                self.lake.drop_table(table_id)
+                await self.lake.drop_table(table)
 
         self.replicas = ReplicaManager(self.paths.tablets, config, remote, snapshot_store.latest)
         self.tablet = TabletService(self.replicas, config, self.clock)
@@ -170,7 +169,7 @@ class StromServer:
             store, self.tablet_server, config, self.clock, node, lake_tiering, on_table_dropped
         )
         self.coordinator.start()
-        self.lake = LakeTieringService(self.coordinator, lake_tiering, remote)
+        self.lake = LakeTieringService(self.coordinator, lake_tiering, store, remote)
         self.lake.start()
         self.snapshots = KvSnapshotService(
             self.coordinator, snapshot_store, leases, self.clock,
@@ -204,6 +203,16 @@ class StromServer:
             self._metrics_server, self.metrics_port = serve_metrics(self.host, metrics_port, collector)
         log.info("strom serving on %s:%d (data in %s, remote storage %s)", self.host, self.port,
                  self.paths.data_dir, self.remote_root)
+
+    def _lake_warehouse(self) -> str:
+        """Tables record where their lake lives, and the tiering service may run elsewhere: a local
+        warehouse is given as an absolute path."""
+        configured = self.config.get(DATALAKE_DELTA_WAREHOUSE)
+        if configured is None:
+            return str(self.paths.default_lake.resolve())
+        if "://" in configured:
+            return configured
+        return str(Path(configured).expanduser().resolve())
 
     def _table_name(self, table_id: int) -> str:
         assert self.coordinator is not None

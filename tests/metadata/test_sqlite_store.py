@@ -16,7 +16,13 @@ from strom.errors import (
     TableNotExistError,
 )
 from strom.metadata.sqlite_store import SqliteMetadataStore
-from strom.metadata.store import DatabaseRecord, KvSnapshotRecord, MetadataStore, open_store
+from strom.metadata.store import (
+    DatabaseRecord,
+    KvSnapshotRecord,
+    LakeSnapshotRecord,
+    MetadataStore,
+    open_store,
+)
 
 T0_MS = 1_700_000_000_000
 TABLE_JSON = b'{"version":1}'
@@ -260,6 +266,72 @@ def test_leases_are_created_replaced_listed_and_deleted(store: MetadataStore) ->
     assert store.list_leases() == {"b": b"two"}
 
 
+# ---- lake tiering state and lake snapshots ----
+
+
+def test_lake_tiering_states_are_created_replaced_listed_and_deleted(store: MetadataStore) -> None:
+    store.put_lake_tiering_state(1, b"one")
+    store.put_lake_tiering_state(2, b"two")
+    store.put_lake_tiering_state(1, b"three")
+    assert store.list_lake_tiering_states() == {1: b"three", 2: b"two"}
+    store.delete_lake_tiering_state(1)
+    store.delete_lake_tiering_state(99)
+    assert store.list_lake_tiering_states() == {2: b"two"}
+
+
+def lake_snapshot(table_id: int, snapshot_id: int, readable: bool = True) -> LakeSnapshotRecord:
+    return LakeSnapshotRecord(table_id, snapshot_id, readable, f'{{"s":{snapshot_id}}}'.encode())
+
+
+def test_lake_snapshots_keep_commit_order_not_id_order(store: MetadataStore) -> None:
+    for snapshot_id in (30, 10, 20):
+        assert store.commit_lake_snapshot(lake_snapshot(1, snapshot_id)) == []
+    store.commit_lake_snapshot(lake_snapshot(2, 5))
+    assert store.list_lake_snapshot_ids(1) == [30, 10, 20]
+    assert store.get_lake_snapshot(1) == lake_snapshot(1, 20)
+    assert store.get_lake_snapshot(1, 30) == lake_snapshot(1, 30)
+    assert store.get_lake_snapshot(1, 5) is None
+    assert store.get_lake_snapshot(3) is None
+
+
+def test_committing_a_known_lake_snapshot_id_replaces_it_as_the_newest(store: MetadataStore) -> None:
+    store.commit_lake_snapshot(lake_snapshot(1, 1))
+    store.commit_lake_snapshot(lake_snapshot(1, 2))
+    replaced = LakeSnapshotRecord(1, 1, False, b'{"s":"again"}')
+    store.commit_lake_snapshot(replaced)
+    assert store.list_lake_snapshot_ids(1) == [2, 1]
+    assert store.get_lake_snapshot(1) == replaced
+
+
+def test_a_lake_commit_discards_snapshots_in_the_same_transaction(store: MetadataStore) -> None:
+    for snapshot_id in (1, 2, 3):
+        store.commit_lake_snapshot(lake_snapshot(1, snapshot_id))
+    discarded = store.commit_lake_snapshot(lake_snapshot(1, 4), discard_snapshot_ids=[1, 2, 99])
+    assert discarded == [lake_snapshot(1, 1), lake_snapshot(1, 2)]
+    assert store.list_lake_snapshot_ids(1) == [3, 4]
+
+
+def test_the_latest_readable_lake_snapshot_skips_unreadable_ones(store: MetadataStore) -> None:
+    store.commit_lake_snapshot(lake_snapshot(1, 1, readable=True))
+    store.commit_lake_snapshot(lake_snapshot(1, 2, readable=False))
+    assert store.get_lake_snapshot(1).snapshot_id == 2  # type: ignore[union-attr]
+    assert store.get_lake_snapshot(1, readable=True) == lake_snapshot(1, 1, readable=True)
+    assert store.get_lake_snapshot(1, 2, readable=True) is None
+
+
+def test_dropping_a_table_drops_its_lake_state_and_snapshots_only(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    other = store.create_table("db", "u", TABLE_JSON, 1, T0_MS)
+    for table_id in (table.table_id, other.table_id):
+        store.put_lake_tiering_state(table_id, b"state")
+        store.commit_lake_snapshot(lake_snapshot(table_id, 1))
+    store.drop_table(table.table_id)
+    assert store.list_lake_tiering_states() == {other.table_id: b"state"}
+    assert store.list_lake_snapshot_ids(table.table_id) == []
+    assert store.list_lake_snapshot_ids(other.table_id) == [1]
+
+
 def test_everything_written_survives_reopen(store_path: Path) -> None:
     store = SqliteMetadataStore(str(store_path))
     with_database(store)
@@ -267,6 +339,8 @@ def test_everything_written_survives_reopen(store_path: Path) -> None:
     partition = store.create_partition(table.table_id, "x", (("p", "x"),), T0_MS)
     store.add_kv_snapshot(KvSnapshotRecord(table.table_id, partition.partition_id, 0, 0, b'{"s":1}'))
     store.put_lease("lease", b"payload")
+    store.put_lake_tiering_state(table.table_id, b"tiering")
+    store.commit_lake_snapshot(lake_snapshot(table.table_id, 8))
     store.close()
 
     reopened = open_store("sqlite", str(store_path))
@@ -278,6 +352,8 @@ def test_everything_written_survives_reopen(store_path: Path) -> None:
             KvSnapshotRecord(table.table_id, partition.partition_id, 0, 0, b'{"s":1}')
         ]
         assert reopened.list_leases() == {"lease": b"payload"}
+        assert reopened.list_lake_tiering_states() == {table.table_id: b"tiering"}
+        assert reopened.get_lake_snapshot(table.table_id) == lake_snapshot(table.table_id, 8)
     finally:
         reopened.close()
 

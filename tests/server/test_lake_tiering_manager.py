@@ -1,29 +1,55 @@
-"""The coordinator's lake tiering state machine, on a manual clock and a real SQLite store: Fluss's
-scenarios (scheduling by freshness, epochs, fencing, heartbeat timeouts, forced finishes), plus what strom
-adds: the state survives a restart."""
+"""The coordinator's lake tiering state machine on a manual clock and a real SQLite store: the behaviour
+Fluss pins for its manager (scheduling by freshness, epochs, fencing, heartbeat timeouts, failed and
+forced rounds), and what strom adds: the state is persisted, survives a restart, and keeps epochs across
+disabling and re-enabling the lake."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from strom.clock import ManualClock
-from strom.errors import FencedTieringEpochError, TableNotExistError
+from strom.errors import FencedTieringEpochError, StorageError, TableNotExistError
 from strom.ids import TablePath
 from strom.metadata.sqlite_store import SqliteMetadataStore
-from strom.server.lake_tiering import LakeSnapshotRecord, LakeTableTieringManager, TieringState
+from strom.server.lake_tiering import (
+    UNKNOWN,
+    Assignment,
+    LakeTableTiering,
+    LakeTableTieringManager,
+    TieringState,
+)
 
-MINUTES = 60_000
+MINUTE_MS = 60_000
 TIMEOUT_MS = 120_000
 CHECK_MS = 15_000
-T1, T2 = 1, 2
-P1, P2 = TablePath("db", "t1"), TablePath("db", "t2")
+T1, T2, T3 = 1, 2, 3
+P1, P2, P3 = TablePath("db", "t1"), TablePath("db", "t2"), TablePath("db", "t3")
+
+
+class FlakyStore(SqliteMetadataStore):
+    """A real SQLite store whose tiering-state writes fail while ``failing`` is set (a full disk)."""
+
+    failing = False
+
+    def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:
+        if self.failing:
+            raise StorageError("disk full")
+        super().put_lake_tiering_state(table_id, payload)
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> SqliteMetadataStore:
-    return SqliteMetadataStore(str(tmp_path / "metadata.sqlite"))
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "metadata.sqlite"
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[FlakyStore]:
+    opened = FlakyStore(str(store_path))
+    yield opened
+    opened.close()
 
 
 @pytest.fixture
@@ -31,144 +57,320 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-def manager_on(store: SqliteMetadataStore, clock: ManualClock) -> LakeTableTieringManager:
+@pytest.fixture
+def manager(store: FlakyStore, clock: ManualClock) -> LakeTableTieringManager:
     return LakeTableTieringManager(store, clock, TIMEOUT_MS, CHECK_MS)
 
 
-def test_new_table_is_due_one_freshness_after_it_was_added(store: SqliteMetadataStore, clock: ManualClock) -> None:
-    manager = manager_on(store, clock)
-    manager.add_table(T1, P1, 10_000)
+def requested(manager: LakeTableTieringManager) -> Assignment:
+    assignment = manager.request_table()
+    assert assignment is not None, "a table should be due"
+    return assignment
+
+
+def state_of(manager: LakeTableTieringManager, table_id: int) -> LakeTableTiering:
+    table = manager.get(table_id)
+    assert table is not None
+    return table
+
+
+# ---- Fluss's scenarios ----
+
+
+def test_tables_known_at_start_are_due_one_freshness_after_their_stored_last_round(
+    store: FlakyStore, clock: ManualClock
+) -> None:
+    now = clock.now_ms()
+    for table_id, path, base_ms in ((T1, P1, now - 3 * MINUTE_MS), (T2, P2, now)):
+        stored = LakeTableTiering(table_id, path, 3 * MINUTE_MS, TieringState.SCHEDULED, 0, True, base_ms)
+        store.put_lake_tiering_state(table_id, stored.encode())
+    manager = LakeTableTieringManager(store, clock, TIMEOUT_MS, CHECK_MS)
+    assert requested(manager) == Assignment(T1, P1, 1)
     assert manager.request_table() is None
+    clock.advance(ms=3 * MINUTE_MS)
+    assert requested(manager) == Assignment(T2, P2, 1)
+
+
+def test_a_new_table_is_due_after_its_freshness_and_handed_to_one_job(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
+    manager.add_table(T1, P1, 10_000)
+    assert state_of(manager, T1).state is TieringState.SCHEDULED
     clock.advance(ms=9_999)
     assert manager.request_table() is None
     clock.advance(ms=1)
-    assignment = manager.request_table()
-    assert assignment is not None and (assignment.table_id, assignment.path, assignment.tiering_epoch) == (T1, P1, 1)
-    assert manager.request_table() is None, "a table is handed to one job at a time"
+    assert requested(manager) == Assignment(T1, P1, 1)
+    assert state_of(manager, T1).state is TieringState.TIERING
+    assert manager.request_table() is None
 
 
-def test_finished_round_waits_a_freshness_and_comes_back_with_the_next_epoch(store: SqliteMetadataStore, clock: ManualClock) -> None:
-    manager = manager_on(store, clock)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: m.renew(T1, 1),
+        lambda m: m.fail(T1, 1),
+        lambda m: m.finish(T1, 1, False),
+        lambda m: m.check_tiering(T1, 1),
+    ],
+    ids=["renew", "fail", "finish", "check"],
+)
+def test_a_dropped_table_is_never_handed_out_and_calls_on_it_raise_table_not_exist(
+    manager: LakeTableTieringManager, clock: ManualClock, store: FlakyStore,
+    call: Callable[[LakeTableTieringManager], None],
+) -> None:
+    manager.add_table(T1, P1, 1_000)
+    clock.advance(ms=1_000)
+    requested(manager)
+    manager.drop_table(T1)
+    clock.advance(ms=10 * MINUTE_MS)
+    assert manager.request_table() is None
+    with pytest.raises(TableNotExistError, match=r"The table 1 doesn't exist\."):
+        call(manager)
+    assert store.list_lake_tiering_states() == {}
+
+
+def test_a_finished_round_makes_the_table_due_a_freshness_later_with_the_next_epoch(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
     manager.add_table(T1, P1, 10_000)
     clock.advance(ms=10_000)
-    manager.request_table()
-    manager.finish(T1, 1, force_finished=False, file_size=100, record_count=7)
-    assert manager.entry(T1).state is TieringState.SCHEDULED
+    requested(manager)
+    clock.advance(ms=2_000)
+    manager.finish(T1, 1, force_finished=False)
+    assert manager.request_table() is None
     clock.advance(ms=4_000)
     assert manager.request_table() is None
     clock.advance(ms=6_000)
-    assignment = manager.request_table()
-    assert assignment is not None and assignment.tiering_epoch == 2
-    assert (manager.entry(T1).file_size, manager.entry(T1).record_count) == (100, 7)
+    assert requested(manager) == Assignment(T1, P1, 2)
+    assert state_of(manager, T1).last_round_duration_ms == 2_000
 
 
-def test_force_finished_and_failed_rounds_are_due_at_once(store: SqliteMetadataStore, clock: ManualClock) -> None:
-    manager = manager_on(store, clock)
-    manager.add_table(T1, P1, 3 * MINUTES)
-    clock.advance(ms=3 * MINUTES)
-    manager.request_table()
-    manager.finish(T1, 1, force_finished=True)
-    again = manager.request_table()
-    assert again is not None and again.tiering_epoch == 2
-    manager.fail(T1, 2)
-    assert manager.entry(T1).failures == 1
-    third = manager.request_table()
-    assert third is not None and third.tiering_epoch == 3
-
-
-def test_pending_tables_are_handed_out_first_in_first_out(store: SqliteMetadataStore, clock: ManualClock) -> None:
-    manager = manager_on(store, clock)
-    manager.add_table(T1, P1, 5_000)
-    clock.advance(ms=1_000)
-    manager.add_table(T2, P2, 3_000)
-    clock.advance(ms=10_000)
-    first, second = manager.request_table(), manager.request_table()
-    assert first is not None and second is not None
-    assert {first.table_id, second.table_id} == {T1, T2}
-
-
-def test_silent_job_loses_its_table_and_old_epochs_are_fenced(store: SqliteMetadataStore, clock: ManualClock) -> None:
-    manager = manager_on(store, clock)
-    manager.add_table(T1, P1, 3 * MINUTES)
-    manager.add_table(T2, P2, 3 * MINUTES)
-    clock.advance(ms=3 * MINUTES)
-    assert manager.request_table() is not None and manager.request_table() is not None
+def test_a_silent_job_loses_its_tables_and_every_other_epoch_is_fenced(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
+    manager.add_table(T1, P1, 3 * MINUTE_MS)
+    manager.add_table(T2, P2, 3 * MINUTE_MS)
+    clock.advance(ms=3 * MINUTE_MS)
+    assert {requested(manager).table_id, requested(manager).table_id} == {T1, T2}
     clock.advance(ms=TIMEOUT_MS - 1)
     manager.renew(T1, 1)
-    clock.advance(ms=CHECK_MS)
+    clock.advance(ms=10_000)
     manager.tick()
-    assert manager.entry(T2).state is TieringState.PENDING and manager.entry(T2).tiering_epoch == 2
-    assert manager.entry(T1).state is TieringState.TIERING
+    assert (state_of(manager, T2).state, state_of(manager, T2).tiering_epoch) == (TieringState.PENDING, 2)
+    assert state_of(manager, T2).failures == 1
+    assert state_of(manager, T1).state is TieringState.TIERING
     clock.advance(ms=TIMEOUT_MS)
     manager.tick()
-    assert manager.entry(T1).tiering_epoch == 2
-    for call in (lambda: manager.renew(T1, 1), lambda: manager.fail(T1, 1),
-                 lambda: manager.finish(T1, 1, False), lambda: manager.renew(T1, 3)):
-        with pytest.raises(FencedTieringEpochError, match="not match current epoch 2"):
+    assert (state_of(manager, T1).state, state_of(manager, T1).tiering_epoch) == (TieringState.PENDING, 2)
+    for call in (lambda: manager.renew(T1, 1), lambda: manager.fail(T1, 1), lambda: manager.finish(T1, 1, False),
+                 lambda: manager.renew(T1, 3)):
+        with pytest.raises(FencedTieringEpochError, match="is not match current epoch 2 in coordinator for table 1"):
             call()
 
 
-def test_removed_table_is_never_handed_out_and_calls_on_it_fail(store: SqliteMetadataStore, clock: ManualClock) -> None:
-    manager = manager_on(store, clock)
-    manager.add_table(T1, P1, 1_000)
+def test_silent_jobs_are_looked_for_once_per_check_interval(store: FlakyStore, clock: ManualClock) -> None:
+    manager = LakeTableTieringManager(store, clock, 1_000, CHECK_MS)
+    manager.add_table(T1, P1, 0)
+    requested(manager)
+    clock.advance(ms=CHECK_MS - 1)
+    manager.tick()
+    assert state_of(manager, T1).state is TieringState.TIERING, "timed out, but no check has run yet"
+    clock.advance(ms=1)
+    manager.tick()
+    assert (state_of(manager, T1).state, state_of(manager, T1).tiering_epoch) == (TieringState.PENDING, 2)
+
+
+def test_a_failed_round_is_due_again_at_once_with_the_next_epoch(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
+    manager.add_table(T1, P1, 3 * MINUTE_MS)
+    clock.advance(ms=3 * MINUTE_MS)
+    requested(manager)
+    manager.fail(T1, 1)
+    assert state_of(manager, T1).failures == 1
+    assert requested(manager) == Assignment(T1, P1, 2)
+
+
+def test_a_force_finished_round_is_due_again_at_once(manager: LakeTableTieringManager, clock: ManualClock) -> None:
+    manager.add_table(T1, P1, 3 * MINUTE_MS)
+    clock.advance(ms=3 * MINUTE_MS)
+    requested(manager)
+    manager.finish(T1, 1, force_finished=True)
+    assert requested(manager) == Assignment(T1, P1, 2)
+    assert state_of(manager, T1).failures == 0
+
+
+# ---- details of the state machine ----
+
+
+def test_pending_tables_are_handed_out_first_in_first_out(manager: LakeTableTieringManager, clock: ManualClock) -> None:
+    manager.add_table(T1, P1, 5_000)
+    manager.add_table(T2, P2, 1_000)
+    manager.add_table(T3, P3, 3_000)
     clock.advance(ms=1_000)
     manager.tick()
-    manager.remove_table(T1)
-    assert manager.request_table() is None
-    with pytest.raises(TableNotExistError, match="The table 1 doesn't exist"):
-        manager.renew(T1, 1)
-    assert store.list_lake_tables() == {}
+    clock.advance(ms=2_000)
+    manager.tick()
+    clock.advance(ms=2_000)
+    assert [requested(manager).table_id for _ in range(3)] == [T2, T3, T1]
 
 
-def test_freshness_change_rearms_a_scheduled_table(store: SqliteMetadataStore, clock: ManualClock) -> None:
-    manager = manager_on(store, clock)
-    manager.add_table(T1, P1, 10 * MINUTES)
-    clock.advance(ms=MINUTES)
-    manager.update_freshness(T1, 30_000)
-    assert manager.request_table() is not None
+def test_stats_are_replaced_when_a_round_reports_any_and_kept_otherwise(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
+    manager.add_table(T1, P1, 0)
+    epoch = requested(manager).tiering_epoch
+    manager.finish(T1, epoch, False, file_size=100, record_count=7)
+    assert (state_of(manager, T1).file_size, state_of(manager, T1).record_count) == (100, 7)
+    epoch = requested(manager).tiering_epoch
+    manager.finish(T1, epoch, False)
+    assert (state_of(manager, T1).file_size, state_of(manager, T1).record_count) == (100, 7)
+    epoch = requested(manager).tiering_epoch
+    manager.finish(T1, epoch, False, file_size=300)
+    assert (state_of(manager, T1).file_size, state_of(manager, T1).record_count) == (300, UNKNOWN)
 
 
-def test_state_survives_a_restart_and_fences_the_old_holder(store: SqliteMetadataStore, clock: ManualClock, tmp_path: Path) -> None:
-    manager = manager_on(store, clock)
-    manager.add_table(T1, P1, 10_000)
-    manager.add_table(T2, P2, 10_000)
-    clock.advance(ms=10_000)
-    held = manager.request_table()
-    assert held is not None
-    other = manager.request_table()
-    assert other is not None
-    manager.finish(other.table_id, other.tiering_epoch, False)
-    entry = manager.entry(other.table_id)
-    manager.add_snapshot(entry, LakeSnapshotRecord(5, "remote/x.offsets", None, [(None, 0, 42)]), None)
-    store.close()
-
-    clock.advance(ms=4_000)
-    reopened = manager_on(SqliteMetadataStore(str(tmp_path / "metadata.sqlite")), clock)
-    restarted = reopened.entry(held.table_id)
-    assert restarted.state is TieringState.PENDING and restarted.tiering_epoch == held.tiering_epoch + 1
-    with pytest.raises(FencedTieringEpochError):
-        reopened.finish(held.table_id, held.tiering_epoch, False)
-    again = reopened.request_table()
-    assert again is not None and again.table_id == held.table_id
-    assert reopened.request_table() is None, "the finished table waits the rest of its freshness, not a new one"
-    clock.advance(ms=6_000)
-    scheduled = reopened.request_table()
-    assert scheduled is not None and scheduled.table_id == other.table_id
-    snapshot = reopened.entry(other.table_id).latest_snapshot
-    assert snapshot is not None and snapshot.snapshot_id == 5 and snapshot.offsets == [(None, 0, 42)]
-
-
-def test_snapshot_retention_follows_earliest_to_keep(store: SqliteMetadataStore, clock: ManualClock) -> None:
-    manager = manager_on(store, clock)
+def test_calls_for_a_table_not_being_tiered_are_fenced_even_with_its_epoch(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
     manager.add_table(T1, P1, 1_000)
-    entry = manager.entry(T1)
+    clock.advance(ms=1_000)
+    epoch = requested(manager).tiering_epoch
+    manager.finish(T1, epoch, False)
+    for call in (lambda: manager.renew(T1, epoch), lambda: manager.finish(T1, epoch, False),
+                 lambda: manager.check_tiering(T1, epoch)):
+        with pytest.raises(FencedTieringEpochError, match="Scheduled: no round runs under epoch 1"):
+            call()
 
-    def snapshot(snapshot_id: int) -> LakeSnapshotRecord:
-        return LakeSnapshotRecord(snapshot_id, f"p{snapshot_id}", None, [])
 
-    assert manager.add_snapshot(entry, snapshot(1), -1) == []
-    assert manager.add_snapshot(entry, snapshot(2), -1) == []
-    assert [s.snapshot_id for s in manager.add_snapshot(entry, snapshot(3), 2)] == [1]
-    assert [s.snapshot_id for s in entry.snapshots] == [2, 3]
-    assert [s.snapshot_id for s in manager.add_snapshot(entry, snapshot(4), None)] == [2, 3]
-    assert [s.snapshot_id for s in entry.snapshots] == [4]
+def test_a_new_freshness_rearms_a_scheduled_table(manager: LakeTableTieringManager, clock: ManualClock) -> None:
+    manager.add_table(T1, P1, 10 * MINUTE_MS)
+    clock.advance(ms=MINUTE_MS)
+    manager.add_table(T1, P1, 30_000)  # the coordinator re-registers on ALTER
+    assert requested(manager).table_id == T1
+    manager.update_freshness(T1, 5 * MINUTE_MS)
+    assert state_of(manager, T1).freshness_ms == 5 * MINUTE_MS
+
+
+def test_disabling_the_lake_stops_the_schedule_and_reenabling_never_reuses_an_epoch(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
+    manager.add_table(T1, P1, 1_000)
+    clock.advance(ms=1_000)
+    held = requested(manager)
+    manager.disable_table(T1)
+    assert manager.get(T1) is None and manager.tables() == []
+    with pytest.raises(TableNotExistError):
+        manager.renew(T1, held.tiering_epoch)
+    clock.advance(ms=MINUTE_MS)
+    assert manager.request_table() is None
+    manager.add_table(T1, P1, 1_000)
+    assert manager.request_table() is None, "re-enabled: due one freshness from now"
+    clock.advance(ms=1_000)
+    again = requested(manager)
+    assert again.tiering_epoch == held.tiering_epoch + 1
+    with pytest.raises(FencedTieringEpochError):
+        manager.check_tiering(T1, held.tiering_epoch)
+
+
+def test_a_failed_store_write_changes_nothing_and_the_timer_fires_later(
+    manager: LakeTableTieringManager, clock: ManualClock, store: FlakyStore
+) -> None:
+    manager.add_table(T1, P1, 1_000)
+    clock.advance(ms=1_000)
+    store.failing = True
+    with pytest.raises(StorageError):
+        manager.tick()
+    assert state_of(manager, T1).state is TieringState.SCHEDULED
+    store.failing = False
+    assignment = requested(manager)
+    store.failing = True
+    with pytest.raises(StorageError):
+        manager.finish(T1, assignment.tiering_epoch, False)
+    assert state_of(manager, T1).state is TieringState.TIERING
+    store.failing = False
+    manager.finish(T1, assignment.tiering_epoch, False)
+    assert state_of(manager, T1).state is TieringState.SCHEDULED
+
+
+def test_tables_the_catalog_no_longer_has_are_forgotten(
+    manager: LakeTableTieringManager, store: FlakyStore
+) -> None:
+    manager.add_table(T1, P1, 1_000)
+    manager.add_table(T2, P2, 1_000)
+    manager.retain_tables([T2])
+    assert [t.table_id for t in manager.tables()] == [T2]
+    assert list(store.list_lake_tiering_states()) == [T2]
+
+
+def test_counts_by_state_cover_lake_enabled_tables_only(manager: LakeTableTieringManager, clock: ManualClock) -> None:
+    manager.add_table(T1, P1, 0)
+    manager.add_table(T2, P2, MINUTE_MS)
+    manager.add_table(T3, P3, 0)
+    manager.disable_table(T3)
+    requested(manager)
+    counts = manager.counts_by_state()
+    assert (counts[TieringState.TIERING], counts[TieringState.SCHEDULED], sum(counts.values())) == (1, 1, 2)
+
+
+# ---- restarts ----
+
+
+def reopen(store_path: Path, clock: ManualClock) -> LakeTableTieringManager:
+    return LakeTableTieringManager(SqliteMetadataStore(str(store_path)), clock, TIMEOUT_MS, CHECK_MS)
+
+
+def test_after_a_restart_the_round_in_flight_is_fenced_and_the_table_is_pending_with_the_next_epoch(
+    manager: LakeTableTieringManager, clock: ManualClock, store_path: Path
+) -> None:
+    manager.add_table(T1, P1, 10_000)
+    clock.advance(ms=10_000)
+    held = requested(manager)
+    restarted = reopen(store_path, clock)
+    table = state_of(restarted, T1)
+    assert (table.state, table.tiering_epoch, table.failures) == (TieringState.PENDING, held.tiering_epoch + 1, 0)
+    with pytest.raises(FencedTieringEpochError):
+        restarted.finish(T1, held.tiering_epoch, False)
+    assert requested(restarted) == Assignment(T1, P1, held.tiering_epoch + 1)
+
+
+def test_after_a_restart_a_scheduled_table_waits_only_the_rest_of_its_freshness(
+    manager: LakeTableTieringManager, clock: ManualClock, store_path: Path
+) -> None:
+    manager.add_table(T1, P1, 10_000)
+    clock.advance(ms=10_000)
+    manager.finish(T1, requested(manager).tiering_epoch, False, file_size=5, record_count=2)
+    clock.advance(ms=4_000)
+    restarted = reopen(store_path, clock)
+    assert restarted.request_table() is None
+    clock.advance(ms=5_999)
+    assert restarted.request_table() is None
+    clock.advance(ms=1)
+    assert requested(restarted) == Assignment(T1, P1, 2)
+    table = state_of(restarted, T1)
+    assert (table.file_size, table.record_count, table.last_tiered_ms) == (5, 2, clock.now_ms() - 10_000)
+
+
+def test_after_a_restart_pending_tables_keep_their_epoch_and_order(
+    manager: LakeTableTieringManager, clock: ManualClock, store_path: Path
+) -> None:
+    manager.add_table(T2, P2, 1_000)
+    manager.add_table(T1, P1, 2_000)
+    clock.advance(ms=1_000)
+    manager.tick()
+    clock.advance(ms=1_000)
+    manager.tick()
+    restarted = reopen(store_path, clock)
+    assert [requested(restarted) for _ in range(2)] == [Assignment(T2, P2, 1), Assignment(T1, P1, 1)]
+
+
+def test_after_a_restart_a_disabled_table_stays_unscheduled_and_keeps_its_epoch(
+    manager: LakeTableTieringManager, clock: ManualClock, store_path: Path
+) -> None:
+    manager.add_table(T1, P1, 0)
+    requested(manager)
+    manager.disable_table(T1)
+    restarted = reopen(store_path, clock)
+    assert restarted.tables() == [] and restarted.request_table() is None
+    restarted.add_table(T1, P1, 0)
+    assert requested(restarted).tiering_epoch == 2
