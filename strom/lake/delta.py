@@ -1,24 +1,28 @@
 """Delta Lake through delta-rs (``deltalake``): the lake copy of a strom table as a Delta table.
 
-Spark tasks write Parquet files straight into the table's directory (``<partition path>/part-<uuid>.parquet``)
-and describe them as Delta add/remove actions; the driver commits all of a round's actions in one Delta
-transaction whose commit info carries the tiering properties. Nothing a task writes is visible before
-that commit, and a round that never commits leaves only unreferenced files.
+Spark tasks write Parquet files straight into the table's directory (``<partition path>/part-<uuid>...``)
+and describe them as Delta add and remove actions; the driver commits all of a round's actions in one
+Delta transaction whose commit info carries the tiering properties. Nothing a task writes is visible
+before that commit, and a round that never commits leaves only unreferenced files.
 
 Primary-key tables are kept as their current state by copy-on-write per bucket: a writer reads the key
-columns of each of its bucket's files in the base snapshot, rewrites the files that hold a changed or
-deleted key without those rows, and adds the new rows as new files. Files without a touched key stay.
-The transaction is read at the base snapshot, so a concurrent commit that removed the same files makes
-delta-rs refuse this one.
+columns of its bucket's files in the base snapshot (skipping files whose key statistics rule out every
+touched key), rewrites the files that hold a changed or deleted key without those rows, and adds the new
+rows as new files. Files without a touched key stay.
+
+Two committers racing: the transaction is read at the base snapshot and carries a Delta transaction
+identifier (``txn``) per strom table, so delta-rs refuses the second of two strom commits made from the
+same snapshot (and any commit whose removed files another commit removed first). Commits of other
+writers (compaction, say) that do not touch this round's files are not conflicts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import posixpath
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -29,180 +33,270 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
-from strom.errors import InvalidConfigError, InvalidTableError, StromError
+from strom.errors import InvalidConfigError, InvalidTableError
 from strom.ids import TableBucket
+from strom.lake.delta_files import DeltaFileSink, FileLimits
 from strom.lake.format import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
     CommittedLakeSnapshot,
+    LakeCommitConflictError,
     LakeFormat,
     LakeStats,
     LakeTable,
+    LakeTableMismatchError,
     LakeWriter,
     LakeWriteResult,
 )
-from strom.lake.layout import LakeLayout
+from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout
 from strom.metadata.table_info import TableInfo
 
-TABLE_ID_KEY = "strom.table-id"
-"""Kept in the Delta table's description: which strom table this lake copy belongs to."""
-FILE_ROWS_MAX = 1_000_000
-"""Rows per Parquet file a writer produces before it starts the next one."""
-HISTORY_SCAN_MAX = 1000
+__all__ = ["DeltaLakeFormat", "DeltaLakeTable", "DeltaLakeWriter", "LakeCommitConflictError"]
+
+TABLE_ID_CONFIGURATION = "strom.table-id"
+"""Key in the Delta table's configuration: which strom table this lake copy belongs to."""
+TRANSACTION_APP_ID_PREFIX = "strom-tiering-"
+"""``txn`` application id of a strom table's commits (prefix + table id); its version counts them."""
+_LOG_DIRECTORY = "_delta_log"
 
 
-class LakeCommitConflictError(StromError):
-    """The lake changed under a round in a way its commit cannot be applied to (retry the round)."""
-
-
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system and root path of a table URI (a local path, or any URL pyarrow or
+    fsspec understands). Credentials come from the environment, as pyarrow's file systems take them."""
     if "://" not in uri:
         return pafs.LocalFileSystem(), uri
-    return pafs.FileSystem.from_uri(uri)
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise InvalidConfigError(f"pyarrow cannot open {uri!r} and fsspec is not installed") from exc
+        fs, path = fsspec.core.url_to_fs(uri)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
-def _file_stats(table: pa.Table) -> str:
-    """Delta's per-file statistics: row count, null counts, and min/max of numeric columns (for pruning)."""
-    minimum: dict[str, Any] = {}
-    maximum: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        kind = column.type
-        if pa.types.is_nested(kind):
-            continue  # Delta nests the statistics of nested columns; none are kept for them
-        nulls[name] = column.null_count
-        if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and column.null_count < len(column):
-            low, high = pc.min_max(column).values()
-            if pa.types.is_floating(kind) and (np.isnan(low.as_py()) or np.isnan(high.as_py())):
-                continue
-            minimum[name], maximum[name] = low.as_py(), high.as_py()
-    return json.dumps({"numRecords": table.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls})
+def _comparable_fields(schema: DeltaSchema) -> list[tuple[str, Any]]:
+    """Name and type of each top-level field; nullability and field metadata may differ."""
+    return [(field.name, json.loads(field.to_json())["type"]) for field in schema.fields]
+
+
+def _in_keys(rows: pa.Table, keys: pa.Table) -> np.ndarray:
+    """A mask: which rows' key (the columns of ``keys``, same types) is one of ``keys``."""
+    if keys.num_columns == 1:
+        return pc.is_in(rows.column(0), value_set=keys.column(0).combine_chunks()).to_numpy(zero_copy_only=False)
+    numbered = rows.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    matches = numbered.join(keys, keys=keys.column_names, join_type="left semi").column("__row")
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[matches.to_numpy()] = True
+    return mask
 
 
 class DeltaLakeFormat(LakeFormat):
-    """Options (``table.datalake.delta.<key>``): ``warehouse`` (required; a local directory or any URL
+    """Options (``table.datalake.delta.<key>``): ``warehouse`` (required; a local directory or a URL
     delta-rs and pyarrow understand); every other key is passed to delta-rs as a storage option."""
 
     identifier = "delta"
 
-    def __init__(self, options: Mapping[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str], limits: FileLimits | None = None) -> None:
         warehouse = options.get("warehouse", "").strip()
         if not warehouse:
-            raise InvalidConfigError("the delta lake format needs 'table.datalake.delta.warehouse' (datalake.delta.warehouse)")
-        self.warehouse = warehouse.rstrip("/")
+            raise InvalidConfigError(
+                "the delta lake format needs 'table.datalake.delta.warehouse' (server option datalake.delta.warehouse)"
+            )
+        # Spark tasks may run in another working directory: a relative warehouse is pinned here.
+        self.warehouse = (warehouse if "://" in warehouse else os.path.abspath(warehouse)).rstrip("/")
         self.storage_options = {k: v for k, v in options.items() if k != "warehouse"}
+        self.limits = limits or FileLimits()
 
     def table(self, info: TableInfo) -> DeltaLakeTable:
         uri = f"{self.warehouse}/{info.path.database_name}/{info.path.table_name}"
-        return DeltaLakeTable(uri, LakeLayout(info), self.storage_options).ensure_created()
+        table = DeltaLakeTable(uri, LakeLayout(info), self.storage_options, self.limits)
+        table.ensure_created()
+        return table
 
 
 class DeltaLakeTable(LakeTable):
-    def __init__(self, uri: str, layout: LakeLayout, storage_options: Mapping[str, str]) -> None:
+    """One strom table's Delta table. Opens delta-rs afresh for every call (it is cheap, and a stale
+    table state would hide other commits); pickles as its location and layout."""
+
+    def __init__(
+        self, uri: str, layout: LakeLayout, storage_options: Mapping[str, str], limits: FileLimits | None = None
+    ) -> None:
         self._uri = uri
         self.layout = layout
-        self._storage_options = dict(storage_options) or None
+        self._storage_options = dict(storage_options)
+        self.limits = limits or FileLimits()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (DeltaLakeTable, (self._uri, self.layout, self._storage_options or {}))
+        return (DeltaLakeTable, (self._uri, self.layout, self._storage_options, self.limits))
 
     @property
     def uri(self) -> str:
         return self._uri
 
     @cached_property
-    def _fs(self) -> tuple[pafs.FileSystem, str]:
-        return _filesystem(self._uri)
+    def _files(self) -> tuple[pafs.FileSystem, str]:
+        return filesystem(self._uri)
+
+    @property
+    def app_id(self) -> str:
+        return f"{TRANSACTION_APP_ID_PREFIX}{self.layout.info.table_id}"
 
     def delta(self, version: int | None = None) -> DeltaTable:
-        return DeltaTable(self._uri, version=version, storage_options=self._storage_options)
+        return DeltaTable(self._uri, version=version, storage_options=self._storage_options or None)
 
-    def ensure_created(self) -> DeltaLakeTable:
-        info = self.layout.info
-        description = json.dumps({TABLE_ID_KEY: info.table_id})
+    # ---- creating ----
+    def ensure_created(self) -> None:
+        """Create the Delta table if absent, then check it is this strom table's copy.
+
+        Raises:
+            LakeTableMismatchError: another strom table id, or another schema or partitioning.
+            InvalidTableError: the table has something Delta cannot hold.
+        """
+        layout, info = self.layout, self.layout.info
+        layout.validate()
         try:
             table = self.delta()
         except TableNotFoundError:
-            DeltaTable.create(
-                self._uri, schema=self.layout.schema, mode="ignore", partition_by=self.layout.partition_columns,
-                name=str(info.path), description=description, storage_options=self._storage_options,
-            )
+            try:
+                DeltaTable.create(
+                    self._uri, schema=layout.schema, mode="ignore", partition_by=layout.partition_columns,
+                    name=str(info.path), configuration={TABLE_ID_CONFIGURATION: str(info.table_id)},
+                    storage_options=self._storage_options or None, raise_if_key_not_exists=False,
+                    # A racing creator must fail rather than retry: delta-rs would retry a lost
+                    # version 0 as a second CREATE TABLE at version 1.
+                    commit_properties=CommitProperties(max_commit_retries=0),
+                )
+            except CommitFailedError:
+                pass  # another process created it first; checked below like any existing table
+            except DeltaError as exc:
+                raise InvalidTableError(f"cannot create the Delta table of '{info.path}' at {self._uri}: {exc}") from exc
             table = self.delta()
-        try:
-            owner = json.loads(table.metadata().description or "{}").get(TABLE_ID_KEY)
-        except ValueError:
-            owner = None
-        if owner != info.table_id:
-            raise InvalidTableError(
-                f"the lake table at {self._uri} belongs to strom table id {owner}, not to '{info.path}' (id "
-                f"{info.table_id}): a table of the same name was dropped and re-created; move the old lake table away"
+        self._check_is_ours(table)
+
+    def _check_is_ours(self, table: DeltaTable) -> None:
+        info = self.layout.info
+        metadata = table.metadata()
+        owner = metadata.configuration.get(TABLE_ID_CONFIGURATION)
+        if owner != str(info.table_id):
+            raise LakeTableMismatchError(
+                f"the Delta table at {self._uri} belongs to strom table id {owner}, not to '{info.path}' "
+                f"(id {info.table_id}): a table of that name was dropped and re-created, or the warehouse is "
+                f"shared; move the old lake table away"
             )
-        expected = self.layout.schema.names
-        actual = [field.name for field in table.schema().fields]
-        if actual != expected:
-            raise InvalidTableError(f"the lake table at {self._uri} has columns {actual}, expected {expected}")
-        return self
+        expected = _comparable_fields(DeltaSchema.from_arrow(self.layout.schema))
+        actual = _comparable_fields(table.schema())
+        if actual != expected or list(metadata.partition_columns) != self.layout.partition_columns:
+            raise LakeTableMismatchError(
+                f"the Delta table at {self._uri} has columns {actual} partitioned by {metadata.partition_columns}; "
+                f"'{info.path}' needs {expected} partitioned by {self.layout.partition_columns}"
+            )
 
     # ---- writing ----
     def writer(self, bucket: TableBucket, partition_name: str | None, base_snapshot_id: int | None) -> DeltaLakeWriter:
         return DeltaLakeWriter(self, bucket, partition_name, base_snapshot_id)
 
     def latest_snapshot_id(self) -> int | None:
-        return self.delta().version()
+        try:
+            return self.delta().version()
+        except TableNotFoundError:
+            return None
 
     def commit(self, results: Sequence[LakeWriteResult], properties: Mapping[str, str]) -> int:
+        """One Delta transaction of every result's actions, read at the results' base snapshot, with
+        ``properties`` and the commit user in its commit info and this table's ``txn``.
+
+        Raises:
+            LakeCommitConflictError: another strom commit since the base snapshot, or another commit
+                removed a file this one removes; nothing of this commit is visible.
+        """
+        table_id = self.layout.info.table_id
         actions: list[AddAction | RemoveAction] = []
         bases = set()
+        now_ms = int(time.time() * 1000)
         for result in results:
+            assert result.bucket.table_id == table_id, (result.bucket, table_id)
             payload = json.loads(result.payload)
             bases.add(payload["base"])
             actions += [AddAction(**add) for add in payload["add"]]
             actions += [
-                RemoveAction(r["path"], True, int(time.time() * 1000), r["size"], r["partition_values"])
-                for r in payload["remove"]
+                RemoveAction(r["path"], True, now_ms, r["size"], r["partition_values"]) for r in payload["remove"]
             ]
         if len(bases) > 1:
-            raise LakeCommitConflictError(f"the results were written against different lake snapshots {sorted(bases)}")
+            raise ValueError(f"the results of one commit were written against different lake snapshots {sorted(bases)}")
         base = bases.pop() if bases else None
-        table = self.delta(base) if base is not None else self.delta()
+        table = self.delta(base)
+        read_version = table.version()
+        sequence = (table.transaction_version(self.app_id) or 0) + 1
         metadata = {**properties, COMMIT_USER_PROPERTY: COMMIT_USER}
         try:
             table.create_write_transaction(
                 actions, mode="append", schema=self.layout.schema, partition_by=self.layout.partition_columns,
-                commit_properties=CommitProperties(custom_metadata=metadata),
+                commit_properties=CommitProperties(
+                    custom_metadata=metadata, app_transactions=[Transaction(self.app_id, sequence)]
+                ),
             )
-        except Exception as exc:
-            if type(exc).__name__ == "CommitFailedError":
-                raise LakeCommitConflictError(f"lake commit to {self._uri} refused: {exc}") from exc
-            raise
-        return self._version_of(metadata)
+        except CommitFailedError as exc:
+            raise LakeCommitConflictError(
+                f"lake commit to {self._uri} (read at version {read_version}) refused: {exc}"
+            ) from exc
+        return self._version_of_transaction(sequence, read_version)
 
-    def _version_of(self, metadata: Mapping[str, str]) -> int:
-        """The version our commit got (another commit may have followed it already)."""
-        for entry in self.delta().history(HISTORY_SCAN_MAX):
-            if all(str(entry.get(key)) == str(value) for key, value in metadata.items()):
-                return int(entry["version"])
-        raise LakeCommitConflictError(f"the commit to {self._uri} is not in the table's history")
+    def _version_of_transaction(self, sequence: int, read_version: int) -> int:
+        """The version our commit landed at: delta-rs may have moved it past commits of other writers
+        and does not say where."""
+        latest = self.delta().version()
+        for version in range(read_version + 1, latest + 1):
+            for action in self._commit_actions(version) or ():
+                txn = action.get("txn")
+                if txn and txn.get("appId") == self.app_id and txn.get("version") == sequence:
+                    return version
+        raise AssertionError(f"the commit of txn {self.app_id}/{sequence} is not in {self._uri} after version {read_version}")
 
     def abort(self, results: Sequence[LakeWriteResult]) -> None:
-        fs, root = self._fs
-        for result in results:
-            for add in json.loads(result.payload)["add"]:
+        """Delete the files the results added, except any the latest snapshot references (a commit that
+        did land must never lose its files)."""
+        paths = [add["path"] for result in results for add in json.loads(result.payload)["add"]]
+        if not paths:
+            return
+        live = set(pa.table(self.delta().get_add_actions()).column("path").to_pylist())
+        fs, root = self._files
+        for path in paths:
+            if path not in live:
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(posixpath.join(root, add["path"]))
+                    fs.delete_file(posixpath.join(root, path))
 
     # ---- reading ----
+    def _commit_actions(self, version: int) -> list[dict[str, Any]] | None:
+        """The actions of one commit, read from the Delta log; None once log cleanup removed it.
+
+        Read directly because ``DeltaTable.history()`` skips commits without commit info and then
+        numbers the rest wrongly."""
+        fs, root = self._files
+        try:
+            with fs.open_input_stream(posixpath.join(root, _LOG_DIRECTORY, f"{version:020d}.json")) as stream:
+                data = stream.read()
+        except FileNotFoundError:
+            return None
+        return [json.loads(line) for line in data.splitlines() if line.strip()]
+
     def last_strom_commit(self, after_snapshot_id: int | None) -> CommittedLakeSnapshot | None:
-        for entry in self.delta().history(HISTORY_SCAN_MAX):
-            version = int(entry["version"])
-            if after_snapshot_id is not None and version <= after_snapshot_id:
-                return None
-            if entry.get(COMMIT_USER_PROPERTY) == COMMIT_USER:
-                properties = {k: str(v) for k, v in entry.items() if isinstance(v, str)}
-                return CommittedLakeSnapshot(version, properties)
+        latest = self.latest_snapshot_id()
+        if latest is None:
+            return None
+        stop = -1 if after_snapshot_id is None else after_snapshot_id
+        for version in range(latest, stop, -1):  # newest first: at most latest - stop commits
+            actions = self._commit_actions(version)
+            if actions is None:
+                return None  # older commits are gone with the log
+            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            if info.get(COMMIT_USER_PROPERTY) == COMMIT_USER:
+                return CommittedLakeSnapshot(version, {k: v for k, v in info.items() if isinstance(v, str)})
         return None
 
     def stats(self, snapshot_id: int | None = None) -> LakeStats:
@@ -213,45 +307,56 @@ class DeltaLakeTable(LakeTable):
         return LakeStats(int(pc.sum(actions.column("size_bytes")).as_py()), int(records))
 
     def read_bucket(
-        self, snapshot_id: int, bucket: int, partition_name: str | None, with_system_columns: bool = False
+        self,
+        snapshot_id: int,
+        bucket: int,
+        partition_name: str | None,
+        columns: Sequence[str] | None = None,
+        with_system_columns: bool = False,
     ) -> Iterator[pa.RecordBatch]:
         values = self.layout.partition_values(bucket, partition_name)
-        filters = [(key, "=", value) for key, value in values.items()]
-        dataset = self.delta(snapshot_id).to_pyarrow_dataset(file_pruning_predicate=filters)
-        for batch in dataset.to_batches():
+        dataset = self.delta(snapshot_id).to_pyarrow_dataset(
+            file_pruning_predicate=[(key, "=", value) for key, value in values.items()]
+        )
+        names = list(columns) if columns is not None else self.layout.row_type.field_names
+        wanted = names + list(SYSTEM_COLUMNS) if with_system_columns else names
+        for batch in dataset.to_batches(columns=wanted):
             if batch.num_rows:
-                yield from self.layout.from_lake(batch, with_system_columns).to_batches()
+                yield from self.layout.from_lake(batch, names, with_system_columns).to_batches()
+
+    def buckets(self, snapshot_id: int) -> list[tuple[str | None, int]]:
+        actions = pa.table(self.delta(snapshot_id).get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return []
+        columns = [f"partition.{name}" for name in self.layout.partition_columns]
+        found = set()
+        for values in actions.select(columns).cast(pa.schema([(c, pa.string()) for c in columns])).to_pylist():
+            plain = {name[len("partition."):]: value for name, value in values.items()}
+            found.add((self.layout.partition_name(plain), int(plain[BUCKET_COLUMN])))
+        return sorted(found, key=lambda pair: (pair[0] or "", pair[1]))
 
     def read(self, snapshot_id: int | None = None) -> pa.Table:
         return self.delta(snapshot_id).to_pyarrow_table()
 
-    def files_of(self, snapshot_id: int, partition_values: Mapping[str, str]) -> list[dict[str, Any]]:
-        """``path`` and ``size`` of every file of one (partition, bucket) at a snapshot."""
-        actions = pa.table(self.delta(snapshot_id).get_add_actions(flatten=False))
-        files = []
-        for row in actions.to_pylist():
-            values = {k: (str(v) if v is not None else None) for k, v in (row.get("partition") or {}).items()}
-            if all(values.get(k) == v for k, v in partition_values.items()):
-                files.append({"path": row["path"], "size": row["size_bytes"]})
-        return files
+    # ---- what writers use ----
+    @property
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        return self._files
 
-    def write_file(self, directory: str, rows: pa.Table) -> dict[str, Any]:
-        """Write one Parquet file (partition columns left out, as Delta stores them) and describe it."""
-        fs, root = self._fs
-        relative = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet"
-        data = rows.drop_columns([c for c in self.layout.partition_columns if c in rows.column_names])
-        fs.create_dir(posixpath.join(root, directory), recursive=True)
-        pq.write_table(data, posixpath.join(root, relative), filesystem=fs, compression="zstd")
-        size = fs.get_file_info(posixpath.join(root, relative)).size
-        return {"path": relative, "size": size, "stats": _file_stats(data), "rows": rows.num_rows}
-
-    def read_file(self, path: str, columns: Sequence[str] | None = None) -> pa.Table:
-        fs, root = self._fs
-        return pq.read_table(posixpath.join(root, path), columns=list(columns) if columns else None, filesystem=fs)
+    def bucket_files(self, snapshot_id: int, partition_values: Mapping[str, str]) -> pa.Table:
+        """The add actions (flattened: ``path``, ``size_bytes``, ``min.<column>``, ...) of one
+        (partition, bucket) at a snapshot."""
+        actions = pa.table(self.delta(snapshot_id).get_add_actions(flatten=True))
+        for key, value in partition_values.items():
+            if actions.num_rows == 0:
+                break
+            actions = actions.filter(pc.equal(actions.column(f"partition.{key}").cast(pa.string()), value))
+        return actions
 
 
 class DeltaLakeWriter(LakeWriter):
-    """One bucket's new files; see the module docstring for the copy-on-write of primary-key tables."""
+    """One bucket's new files; see the module docstring for the copy-on-write of primary-key tables.
+    Runs in one Spark task; not thread-safe."""
 
     def __init__(self, table: DeltaLakeTable, bucket: TableBucket, partition_name: str | None, base: int | None) -> None:
         self._table = table
@@ -260,71 +365,97 @@ class DeltaLakeWriter(LakeWriter):
         self._partition_name = partition_name
         self._base = base
         self._values = self._layout.partition_values(bucket.bucket, partition_name)
-        self._directory = "/".join(f"{key}={value}" for key, value in self._values.items())
-        self._pending: list[pa.Table] = []
-        self._pending_rows = 0
-        self._added: list[dict[str, Any]] = []
-        self._removed: list[dict[str, Any]] = []
+        fs, root = table.filesystem
+        file_schema = pa.schema([f for f in self._layout.schema if f.name not in self._values])
+        directory = "/".join(f"{key}={value}" for key, value in self._values.items())
+        self._sink = DeltaFileSink(fs, root, directory, file_schema, table.limits)
         self._touched: list[pa.Table] = []
+        self._removed: list[dict[str, Any]] = []
         self._completed = False
 
     def append(self, rows: pa.RecordBatch, offsets: pa.Array, timestamps: pa.Array) -> None:
+        assert not self._completed, "append after complete()"
         if rows.num_rows == 0:
             return
-        self._pending.append(self._layout.to_lake(rows, self._bucket.bucket, offsets, timestamps))
-        self._pending_rows += rows.num_rows
-        if self._pending_rows >= FILE_ROWS_MAX:
-            self._flush()
+        lake_rows = self._layout.to_lake(rows, self._bucket.bucket, offsets, timestamps)
+        self._sink.write(lake_rows.select(self._sink.schema.names))
 
     def delete_keys(self, keys: pa.Table) -> None:
+        assert not self._completed, "delete_keys after complete()"
         if not self._layout.primary_key:
             raise InvalidTableError(f"'{self._layout.info.path}' is a log table: its lake rows are never deleted")
         if keys.num_rows:
-            self._touched.append(keys.select(self._layout.primary_key))
+            self._touched.append(self._layout.keys_to_lake(keys))
 
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        rows = pa.concat_tables(self._pending)
-        self._pending, self._pending_rows = [], 0
-        self._added.append(self._table.write_file(self._directory, rows))
+    def complete(self) -> LakeWriteResult:
+        assert not self._completed, "complete() twice"
+        self._rewrite_touched_files()
+        files = self._sink.finish()
+        self._completed = True
+        now_ms = int(time.time() * 1000)
+        adds = [
+            {"path": f.path, "size": f.size, "partition_values": self._values, "modification_time": now_ms,
+             "data_change": True, "stats": f.stats}
+            for f in files
+        ]
+        payload = json.dumps({"base": self._base, "add": adds, "remove": self._removed}, separators=(",", ":"))
+        return LakeWriteResult(
+            self._bucket, self._partition_name, payload.encode(),
+            sum(f.record_count for f in files), sum(f.size for f in files), len(files),
+        )
+
+    def close(self) -> None:
+        if not self._completed:  # a failed split: its files will never be committed
+            self._sink.discard()
+        self._touched = []
 
     def _rewrite_touched_files(self) -> None:
         if not self._touched or self._base is None:
             return
         key = self._layout.primary_key
         touched = pa.concat_tables(self._touched).group_by(key).aggregate([])
-        for file in self._table.files_of(self._base, self._values):
-            keys = self._table.read_file(file["path"], key)
-            keys = keys.append_column("__row", pa.array(np.arange(keys.num_rows, dtype=np.int64)))
-            kept = keys.join(touched, keys=key, join_type="left anti").column("__row")
-            if len(kept) == keys.num_rows:
-                continue  # no touched key in this file: it stays
-            self._removed.append({"path": file["path"], "size": file["size"], "partition_values": self._values})
-            if len(kept):  # the file's other rows, in their order, into a new file
-                rows = self._table.read_file(file["path"]).take(pa.array(np.sort(kept.to_numpy())))
-                self._added.append(self._table.write_file(self._directory, rows))
+        self._touched = []
+        files = self._table.bucket_files(self._base, self._values)
+        fs, root = self._table.filesystem
+        for index in range(files.num_rows):
+            if not self._may_hold(files, index, touched):
+                continue
+            path = files.column("path")[index].as_py()
+            file_keys = pq.read_table(posixpath.join(root, path), columns=key, filesystem=fs).cast(touched.schema)
+            hit = _in_keys(file_keys, touched)
+            if not hit.any():
+                continue
+            self._removed.append(
+                {"path": path, "size": files.column("size_bytes")[index].as_py(), "partition_values": self._values}
+            )
+            if not hit.all():
+                self._copy_rows(posixpath.join(root, path), ~hit)
 
-    def complete(self) -> LakeWriteResult:
-        self._rewrite_touched_files()
-        self._flush()
-        self._completed = True
-        now = int(time.time() * 1000)
-        adds = [
-            {"path": f["path"], "size": f["size"], "partition_values": self._values, "modification_time": now,
-             "data_change": True, "stats": f["stats"]}
-            for f in self._added
-        ]
-        payload = json.dumps({"base": self._base, "add": adds, "remove": self._removed}).encode()
-        return LakeWriteResult(
-            self._bucket, self._partition_name, payload,
-            sum(f["rows"] for f in self._added), sum(f["size"] for f in self._added), len(self._added),
-        )
+    def _may_hold(self, files: pa.Table, index: int, touched: pa.Table) -> bool:
+        """False if the file's key statistics rule out every touched key (each key column on its own)."""
+        for name in touched.column_names:
+            if f"min.{name}" not in files.column_names or f"max.{name}" not in files.column_names:
+                continue
+            low, high = files.column(f"min.{name}")[index], files.column(f"max.{name}")[index]
+            if not (low.is_valid and high.is_valid):
+                continue
+            column = touched.column(name)
+            try:
+                inside = pc.and_(pc.greater_equal(column, low.cast(column.type)), pc.less_equal(column, high.cast(column.type)))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue  # statistics of a type we cannot compare: read the file
+            if not pc.any(inside).as_py():
+                return False
+        return True
 
-    def close(self) -> None:
-        if not self._completed:  # a failed split: its files will never be committed
-            fs, root = self._table._fs
-            for file in self._added:
-                with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(posixpath.join(root, file["path"]))
-        self._pending = []
+    def _copy_rows(self, path: str, keep: np.ndarray) -> None:
+        """The kept rows of a file into this writer's new files, streamed batch by batch."""
+        fs, _ = self._table.filesystem
+        names = self._sink.schema.names
+        start = 0
+        with fs.open_input_file(path) as source:
+            for batch in pq.ParquetFile(source).iter_batches(columns=names):
+                mask = pa.array(keep[start:start + batch.num_rows])
+                start += batch.num_rows
+                self._sink.write(pa.Table.from_batches([batch]).select(names).filter(mask))
+        assert start == len(keep), (path, start, len(keep))

@@ -13,22 +13,34 @@ when the lake is enabled, so readers and the tiering service need no lake config
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import pyarrow as pa
 
-from strom.errors import InvalidConfigError
+from strom.errors import InvalidConfigError, InvalidTableError, StromError
 from strom.ids import TableBucket
 from strom.metadata.table_info import TableInfo
 
 COMMIT_USER = "__fluss_lake_tiering"
-"""Fluss's marker of a lake commit made by tiering (``commit-user``)."""
+"""Fluss's marker of a lake commit made by tiering (the value of :data:`COMMIT_USER_PROPERTY`)."""
 COMMIT_USER_PROPERTY = "commit-user"
 OFFSETS_PROPERTY = "fluss-offsets"
 """Fluss's commit property: the path of the coordinator's offsets file this commit brings the lake to."""
 FORMAT_PROPERTY = "table.datalake.format"
+FORMAT_OPTION_PREFIX = "table.datalake."
+"""``table.datalake.<format>.<key>`` configures format ``<format>``."""
+
+
+class LakeCommitConflictError(StromError):
+    """The lake changed under a round so that its commit cannot apply (another committer won the race);
+    nothing of this commit is visible. Abort the round's files and plan the round again."""
+
+
+class LakeTableMismatchError(InvalidTableError):
+    """The lake location holds a table that is not this strom table's copy (another strom table id, or
+    an incompatible schema). Move the old lake table away or point the warehouse elsewhere."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,17 +50,21 @@ class LakeWriteResult:
     bucket: TableBucket
     partition_name: str | None
     payload: bytes
+    """Format specific (Delta: JSON of the add and remove actions and the base snapshot)."""
     record_count: int
-    """Rows added by this split (rewritten rows of a copy-on-write included)."""
+    """Rows in the files this split added (rows a copy-on-write carried over included)."""
     file_size: int
-    """Bytes added by this split."""
-    file_count: int
+    """Bytes of the files this split added."""
+    file_count: int = 0
+    """Files this split added."""
 
 
 @dataclass(frozen=True, slots=True)
 class CommittedLakeSnapshot:
     snapshot_id: int
     properties: dict[str, str]
+    """The commit's properties: :data:`OFFSETS_PROPERTY`, :data:`COMMIT_USER_PROPERTY` and what else the
+    committer passed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,27 +76,35 @@ class LakeStats:
 
 
 class LakeWriter(ABC):
-    """Writes one split of one bucket into new lake files. Never commits; ``close()`` always runs."""
+    """Writes one split of one (partition, bucket) into new lake files in a Spark task. It never commits;
+    the caller always calls :meth:`close`, after :meth:`complete` or after a failure."""
 
     @abstractmethod
     def append(self, rows: pa.RecordBatch, offsets: pa.Array, timestamps: pa.Array) -> None:
-        """Add rows (the strom table's Arrow schema) with their log offsets and commit timestamps (epoch
-        ms; -1 where unknown, as for rows of a KV snapshot)."""
+        """Add rows in the strom table's Arrow schema, with their log offsets (int64; -1 for rows of a
+        KV snapshot) and commit timestamps (int64 epoch ms; -1 unknown). The writer adds the system
+        columns."""
 
     @abstractmethod
     def delete_keys(self, keys: pa.Table) -> None:
-        """Primary-key tables: remove from the lake every row of this bucket whose key (the columns of
-        ``keys``) is in ``keys``, as of the base snapshot. An upsert is ``delete_keys`` then ``append``."""
+        """Primary-key tables: remove every row of this bucket whose primary key (the key columns of
+        ``keys``) is in ``keys``, as of the base snapshot. An upsert is ``delete_keys`` then ``append``.
+
+        Raises:
+            InvalidTableError: the table is a log table.
+        """
 
     @abstractmethod
-    def complete(self) -> LakeWriteResult: ...
+    def complete(self) -> LakeWriteResult:
+        """Finish the files and describe them; nothing is visible until the driver commits them."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release resources; without :meth:`complete` first, delete the files written so far."""
 
 
 class LakeTable(ABC):
-    """One strom table's lake copy."""
+    """One strom table's lake copy. Picklable (it travels to Spark tasks) and cheap to re-open."""
 
     @property
     @abstractmethod
@@ -88,15 +112,20 @@ class LakeTable(ABC):
 
     @abstractmethod
     def writer(self, bucket: TableBucket, partition_name: str | None, base_snapshot_id: int | None) -> LakeWriter:
-        """A writer for one bucket; ``base_snapshot_id`` is the snapshot its deletes apply to."""
+        """A writer for one bucket; ``base_snapshot_id`` is the snapshot its key deletes apply to (the
+        snapshot the round was planned on; every writer of one commit must share it)."""
 
     @abstractmethod
     def latest_snapshot_id(self) -> int | None: ...
 
     @abstractmethod
     def commit(self, results: Sequence[LakeWriteResult], properties: Mapping[str, str]) -> int:
-        """One atomic commit of every result (an empty one too: it records progress), carrying
-        ``properties`` and the commit user. Returns the new snapshot id."""
+        """One atomic lake commit of every result (an empty one too: it records progress), carrying
+        ``properties`` and :data:`COMMIT_USER`. Returns the new snapshot id.
+
+        Raises:
+            LakeCommitConflictError: another commit won (nothing of this one is visible).
+        """
 
     @abstractmethod
     def abort(self, results: Sequence[LakeWriteResult]) -> None:
@@ -104,21 +133,34 @@ class LakeTable(ABC):
 
     @abstractmethod
     def last_strom_commit(self, after_snapshot_id: int | None) -> CommittedLakeSnapshot | None:
-        """The newest commit by :data:`COMMIT_USER` newer than ``after_snapshot_id`` (None: any)."""
+        """The newest commit by :data:`COMMIT_USER` with an id above ``after_snapshot_id`` (None: any):
+        how a round finds a lake commit the coordinator never heard of."""
 
     @abstractmethod
-    def stats(self, snapshot_id: int | None = None) -> LakeStats: ...
+    def stats(self, snapshot_id: int | None = None) -> LakeStats:
+        """File bytes and rows of a snapshot (the latest by default)."""
 
     @abstractmethod
     def read_bucket(
-        self, snapshot_id: int, bucket: int, partition_name: str | None, with_system_columns: bool = False
+        self,
+        snapshot_id: int,
+        bucket: int,
+        partition_name: str | None,
+        columns: Sequence[str] | None = None,
+        with_system_columns: bool = False,
     ) -> Iterator[pa.RecordBatch]:
-        """One bucket's rows at a snapshot, in the strom table's Arrow schema (plus the system columns
-        if asked)."""
+        """One bucket's rows at a snapshot in the strom table's Arrow schema (only ``columns`` if given;
+        the system columns appended if asked): the lake half of a union read."""
+
+    @abstractmethod
+    def buckets(self, snapshot_id: int) -> list[tuple[str | None, int]]:
+        """(partition name, bucket) of every bucket with rows at a snapshot, sorted: what a union read
+        plans from the lake alone (e.g. partitions strom has dropped since they were tiered)."""
 
     @abstractmethod
     def read(self, snapshot_id: int | None = None) -> pa.Table:
-        """The whole table at a snapshot (latest by default), system columns included."""
+        """The whole table at a snapshot (latest by default) as the lake stores it, system columns
+        included (tests and tools)."""
 
 
 class LakeFormat(ABC):
@@ -126,19 +168,39 @@ class LakeFormat(ABC):
 
     @abstractmethod
     def table(self, info: TableInfo) -> LakeTable:
-        """The lake copy of ``info``, created if absent (safe if several processes race)."""
+        """The lake copy of ``info``, created if absent (idempotent; safe if several processes race).
+
+        Raises:
+            LakeTableMismatchError: the location holds another strom table's lake copy, or a schema
+                this table cannot be written into.
+            InvalidTableError: the table uses something the format cannot store.
+        """
+
+
+def _load_delta(options: Mapping[str, str]) -> LakeFormat:
+    from strom.lake.delta import DeltaLakeFormat  # delta-rs loads only when a table asks for Delta
+
+    return DeltaLakeFormat(options)
+
+
+FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {"delta": _load_delta}
+"""Lake format identifier -> factory taking the format's options (``table.datalake.<format>.*``)."""
 
 
 def lake_format(info: TableInfo) -> LakeFormat:
-    """The format a lake-enabled table names, configured from its ``table.datalake.<format>.*`` properties."""
+    """The format a lake-enabled table names (``table.datalake.format``), configured from its
+    ``table.datalake.<format>.<key>`` properties.
+
+    Raises:
+        InvalidConfigError: no or an unknown format, or a format option missing (e.g. the warehouse).
+    """
     properties = info.properties
     name = properties.get(FORMAT_PROPERTY, "").strip().lower()
-    prefix = f"table.datalake.{name}."
-    options = {key[len(prefix):]: value for key, value in properties.items() if key.startswith(prefix)}
-    if name == "delta":
-        from strom.lake.delta import DeltaLakeFormat
-
-        return DeltaLakeFormat(options)
-    raise InvalidConfigError(
-        f"table '{info.path}' names lake format {name or '(none)'!r} ({FORMAT_PROPERTY}); strom writes 'delta'"
-    )
+    factory = FORMATS.get(name)
+    if factory is None:
+        raise InvalidConfigError(
+            f"table '{info.path}' names lake format {name or '(none)'!r} ({FORMAT_PROPERTY}); "
+            f"strom writes {', '.join(sorted(FORMATS))}"
+        )
+    prefix = f"{FORMAT_OPTION_PREFIX}{name}."
+    return factory({key[len(prefix):]: value for key, value in properties.items() if key.startswith(prefix)})

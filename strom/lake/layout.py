@@ -2,16 +2,18 @@
 
 The lake table has the strom table's columns, then ``__bucket`` (int32), ``__offset`` (int64: the log
 offset of the row's last change, -1 for rows from a KV snapshot) and ``__timestamp`` (timestamp UTC: the
-commit time of that change). It is partitioned by the table's partition keys, then ``__bucket``, so a
-bucket's files are found from partition values alone (Fluss lays Iceberg tables out the same way).
+commit time of that change, epoch -1 ms when unknown, as Fluss writes it). It is partitioned by the
+table's partition keys, then ``__bucket``, so a bucket's files are found from partition values alone
+(Fluss lays Iceberg tables out the same way).
 
-Lake formats know fewer types than Fluss: TIME becomes int64 microseconds of the day, every timestamp
-keeps microseconds (nanoseconds are truncated), fixed-size BINARY(n) becomes variable binary. Reading
-back converts to the strom table's Arrow types.
+Lake formats know fewer types than Fluss: TIME becomes int64 microseconds of the day (also inside
+ARRAY, MAP and ROW), every timestamp keeps microseconds (nanoseconds are truncated), CHAR becomes
+string and fixed-size BINARY(n) variable binary. Reading back converts to the strom table's Arrow types.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -19,15 +21,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from strom.metadata.table_info import TableInfo
+from strom.errors import InvalidTableError
+from strom.metadata.table_info import PARTITION_NAME_SEPARATOR, TableInfo
 from strom.records import types as fluss
-from strom.records.types import to_arrow_schema
 
 BUCKET_COLUMN = "__bucket"
 OFFSET_COLUMN = "__offset"
 TIMESTAMP_COLUMN = "__timestamp"
 SYSTEM_COLUMNS = (BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN)
-_MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 1}
+MICROS_PER_MILLI = 1000
+
+_PARTITION_KEY_TYPES = (
+    fluss.StringType, fluss.CharType, fluss.BooleanType, fluss.TinyIntType, fluss.SmallIntType, fluss.IntType,
+    fluss.BigIntType, fluss.DateType,
+)
+"""Types whose partition-name form (Python ``str`` of the value) is also a valid lake partition value."""
 
 
 def lake_type(t: fluss.DataType) -> pa.DataType:
@@ -45,35 +53,41 @@ def lake_type(t: fluss.DataType) -> pa.DataType:
     if isinstance(t, fluss.ArrayType):
         return pa.list_(pa.field("element", lake_type(t.element), nullable=t.element.nullable))
     if isinstance(t, fluss.MapType):
-        return pa.map_(pa.field("key", lake_type(t.key), nullable=False), pa.field("value", lake_type(t.value), nullable=t.value.nullable))
+        return pa.map_(
+            pa.field("key", lake_type(t.key), nullable=False),
+            pa.field("value", lake_type(t.value), nullable=t.value.nullable),
+        )
     if isinstance(t, fluss.RowType):
         return pa.struct([pa.field(f.name, lake_type(f.type), nullable=f.type.nullable) for f in t.fields])
     return fluss.to_arrow_type(t)
 
 
-def _contains_time(t: fluss.DataType) -> bool:
+def _micros_type(t: fluss.DataType) -> pa.DataType:
+    """The strom Arrow type with every TIME and timestamp at microseconds: the step between strom's
+    types and the lake's that Arrow can cast to and from both (time64[us] <-> int64 keeps the value)."""
     if isinstance(t, fluss.TimeType):
-        return True
+        return pa.time64("us")
+    if isinstance(t, fluss.TimestampType):
+        return pa.timestamp("us")
+    if isinstance(t, fluss.TimestampLtzType):
+        return pa.timestamp("us", tz="UTC")
     if isinstance(t, fluss.ArrayType):
-        return _contains_time(t.element)
+        return pa.list_(pa.field("item", _micros_type(t.element), nullable=t.element.nullable))
     if isinstance(t, fluss.MapType):
-        return _contains_time(t.key) or _contains_time(t.value)
+        return pa.map_(
+            pa.field("key", _micros_type(t.key), nullable=False),
+            pa.field("value", _micros_type(t.value), nullable=t.value.nullable),
+        )
     if isinstance(t, fluss.RowType):
-        return any(_contains_time(f.type) for f in t.fields)
-    return False
+        return pa.struct([pa.field(f.name, _micros_type(f.type), nullable=f.type.nullable) for f in t.fields])
+    return fluss.to_arrow_type(t)
 
 
-def _time_to_micros(array: pa.Array, unit: str) -> pa.Array:
-    raw = array.cast(pa.int32() if unit in ("s", "ms") else pa.int64()).cast(pa.int64())
-    if unit == "ns":
-        return pc.divide(raw, 1000)
-    return pc.multiply(raw, _MICROS_PER_UNIT[unit])
-
-
-def _micros_to_time(array: pa.Array, target: pa.DataType) -> pa.Array:
-    unit = target.unit
-    scaled = pc.multiply(array, 1000) if unit == "ns" else pc.divide(array, _MICROS_PER_UNIT[unit])
-    return scaled.cast(pa.int32() if unit in ("s", "ms") else pa.int64()).cast(target)
+def _cast(array: pa.Array | pa.ChunkedArray, *steps: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    for step in steps:
+        if array.type != step:
+            array = array.cast(step, safe=False)  # unsafe: sub-microsecond digits are dropped on purpose
+    return array
 
 
 @dataclass(frozen=True)
@@ -87,12 +101,17 @@ class LakeLayout:
         return self.info.schema.row_type
 
     @cached_property
+    def _types(self) -> dict[str, fluss.DataType]:
+        return {f.name: f.type for f in self.row_type.fields}
+
+    @cached_property
     def table_schema(self) -> pa.Schema:
         """The strom table's Arrow schema (what writers get and readers return)."""
-        return to_arrow_schema(self.row_type)
+        return fluss.to_arrow_schema(self.row_type)
 
     @cached_property
     def schema(self) -> pa.Schema:
+        """The lake table's Arrow schema: the table's columns in lake types, then the system columns."""
         fields = [pa.field(f.name, lake_type(f.type), nullable=f.type.nullable) for f in self.row_type.fields]
         fields += [
             pa.field(BUCKET_COLUMN, pa.int32(), nullable=False),
@@ -107,9 +126,28 @@ class LakeLayout:
 
     @cached_property
     def primary_key(self) -> list[str]:
-        """The physical primary key: within one (partition, bucket) it identifies a row."""
-        key = list(self.info.schema.primary_key or [])
-        return [k for k in key if k not in self.info.partition_keys]
+        """The physical primary key: within one (partition, bucket) it identifies a row. Empty for log
+        tables."""
+        return list(self.info.descriptor.physical_primary_key)
+
+    def validate(self) -> None:
+        """Refuse what the lake cannot hold.
+
+        Raises:
+            InvalidTableError: a column named like a system column, or a partition key of a type whose
+                partition name is no lake partition value.
+        """
+        clash = [name for name in self.row_type.field_names if name in SYSTEM_COLUMNS]
+        if clash:
+            raise InvalidTableError(
+                f"table '{self.info.path}' has columns {clash}: the lake reserves {list(SYSTEM_COLUMNS)}"
+            )
+        for key in self.info.partition_keys:
+            if not isinstance(self._types[key], _PARTITION_KEY_TYPES):
+                raise InvalidTableError(
+                    f"table '{self.info.path}': partition key '{key}' of type {self._types[key]} cannot be a lake "
+                    f"partition column (STRING, CHAR, BOOLEAN, integers and DATE can)"
+                )
 
     def partition_values(self, bucket: int, partition_name: str | None) -> dict[str, str]:
         """Partition column -> value string, as the lake's file actions store them."""
@@ -118,45 +156,64 @@ class LakeLayout:
         if keys:
             if partition_name is None:
                 raise ValueError(f"table '{self.info.path}' is partitioned: a partition name is required")
-            parts = partition_name.split("$")
+            parts = partition_name.split(PARTITION_NAME_SEPARATOR)
             if len(parts) != len(keys):
                 raise ValueError(f"partition name {partition_name!r} does not match the partition keys {keys}")
-            values.update(zip(keys, parts, strict=True))
+            for key, part in zip(keys, parts, strict=True):
+                # the partition name holds Python's str() of the value: "True" where the lake says "true"
+                values[key] = part.lower() if isinstance(self._types[key], fluss.BooleanType) else part
+        elif partition_name is not None:
+            raise ValueError(f"table '{self.info.path}' is not partitioned, got partition {partition_name!r}")
         values[BUCKET_COLUMN] = str(bucket)
         return values
 
+    def partition_name(self, values: Mapping[str, str | None]) -> str | None:
+        """The strom partition name of lake partition values (the inverse of :meth:`partition_values`)."""
+        keys = self.info.partition_keys
+        if not keys:
+            return None
+        parts = []
+        for key in keys:
+            value = values[key]
+            assert value is not None, f"partition column '{key}' without a value"
+            parts.append(value.capitalize() if isinstance(self._types[key], fluss.BooleanType) else value)
+        return PARTITION_NAME_SEPARATOR.join(parts)
+
+    def _column_to_lake(self, name: str, array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        t = self._types[name]
+        return _cast(array, _micros_type(t), lake_type(t))
+
     def to_lake(self, rows: pa.RecordBatch, bucket: int, offsets: pa.Array, timestamps: pa.Array) -> pa.Table:
         """Strom rows (the table's Arrow schema) as lake rows with the system columns added."""
-        columns = []
-        for field, lake_field in zip(self.row_type.fields, self.schema, strict=False):
-            array = rows.column(field.name)
-            if isinstance(field.type, fluss.TimeType):
-                array = _time_to_micros(array, array.type.unit)
-            elif _contains_time(field.type):
-                raise TypeError(f"column '{field.name}': TIME inside a nested type is not supported in the lake")
-            else:
-                array = array.cast(lake_field.type, safe=False)
-            columns.append(array)
-        count = rows.num_rows
-        columns.append(pa.array(np.full(count, bucket, np.int32)))
+        assert len(offsets) == rows.num_rows, f"{len(offsets)} offsets for {rows.num_rows} rows"
+        assert len(timestamps) == rows.num_rows, f"{len(timestamps)} timestamps for {rows.num_rows} rows"
+        columns = [self._column_to_lake(f.name, rows.column(f.name)) for f in self.row_type.fields]
+        columns.append(pa.array(np.full(rows.num_rows, bucket, np.int32)))
         columns.append(offsets.cast(pa.int64()))
         millis = pc.max_element_wise(timestamps.cast(pa.int64()), pa.scalar(-1, pa.int64()))
-        columns.append(pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC")))
+        columns.append(pc.multiply(millis, MICROS_PER_MILLI).cast(pa.timestamp("us", tz="UTC")))
         return pa.Table.from_arrays(columns, schema=self.schema)
 
-    def from_lake(self, rows: pa.RecordBatch | pa.Table, with_system_columns: bool = False) -> pa.Table:
-        """Lake rows back in the strom table's Arrow schema (system columns dropped unless asked)."""
-        columns, fields = [], []
-        for field, target in zip(self.row_type.fields, self.table_schema, strict=True):
-            array = rows.column(field.name)
-            if isinstance(field.type, fluss.TimeType):
-                array = _micros_to_time(array, target.type)
-            else:
-                array = array.cast(target.type)
-            columns.append(array)
+    def keys_to_lake(self, keys: pa.Table) -> pa.Table:
+        """Primary-key columns of ``keys`` (strom types) in lake types, to compare with stored keys."""
+        columns = [self._column_to_lake(name, keys.column(name)) for name in self.primary_key]
+        return pa.Table.from_arrays(columns, schema=pa.schema([self.schema.field(name) for name in self.primary_key]))
+
+    def from_lake(
+        self,
+        rows: pa.RecordBatch | pa.Table,
+        columns: Sequence[str] | None = None,
+        with_system_columns: bool = False,
+    ) -> pa.Table:
+        """Lake rows back in the strom table's Arrow schema (only ``columns`` if given; system columns
+        appended if asked)."""
+        arrays, fields = [], []
+        for name in columns if columns is not None else self.row_type.field_names:
+            target = self.table_schema.field(name)
+            arrays.append(_cast(rows.column(name), _micros_type(self._types[name]), target.type))
             fields.append(target)
         if with_system_columns:
             for name in SYSTEM_COLUMNS:
-                columns.append(rows.column(name))
+                arrays.append(rows.column(name))
                 fields.append(self.schema.field(name))
-        return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))

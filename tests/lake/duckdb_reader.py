@@ -1,10 +1,11 @@
-"""DuckDB as an independent reader of strom's lake tables (its delta extension, from the
-``duckdb-extension-delta`` wheel: no download at run time)."""
+"""DuckDB as an independent reader of strom's lake tables: its delta extension (delta-kernel-rs, not
+delta-rs) comes from the ``duckdb-extension-delta`` wheel, so nothing is downloaded at run time."""
 
 from __future__ import annotations
 
 import glob
 import os
+from typing import Any
 
 import duckdb
 import duckdb_extension_delta
@@ -12,18 +13,28 @@ import pyarrow as pa
 
 
 def delta_extension_path() -> str:
-    [path] = glob.glob(os.path.join(duckdb_extension_delta.__path__[0], "extensions", "*", "delta.duckdb_extension"))
-    return path
+    """The extension file the wheel ships (``extensions/v<duckdb version>/<platform>/...``)."""
+    root = duckdb_extension_delta.__path__[0]
+    paths = glob.glob(os.path.join(root, "extensions", "v*", "**", "delta.duckdb_extension"), recursive=True)
+    assert len(paths) == 1, f"expected one delta extension under {root}, found {paths}"
+    return paths[0]
 
 
 def connect() -> duckdb.DuckDBPyConnection:
-    connection = duckdb.connect()
-    connection.load_extension(delta_extension_path())
+    """A fresh in-memory DuckDB with the delta extension loaded."""
+    connection = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    connection.execute(f"LOAD '{delta_extension_path()}'")
     return connection
 
 
-def read_delta(uri: str, query: str = "SELECT * FROM lake") -> pa.Table:
-    """``query`` over the Delta table at ``uri`` (named ``lake``), as DuckDB reads its latest version."""
+def read_delta(uri: str, query: str = "SELECT * FROM lake", parameters: list[Any] | None = None) -> pa.Table:
+    """``query`` over the latest version of the Delta table at ``uri``, which the query calls ``lake``."""
     with connect() as connection:
         connection.execute(f"CREATE VIEW lake AS SELECT * FROM delta_scan('{uri}')")
-        return connection.execute(query).to_arrow_table()
+        return connection.execute(query, parameters).to_arrow_table()
+
+
+def rows_of(uri: str, query: str, parameters: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    """``read_delta`` as a list of row tuples (easy to compare with an expected state)."""
+    result = read_delta(uri, query, parameters)
+    return [tuple(row.values()) for row in result.to_pylist()]

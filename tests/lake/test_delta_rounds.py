@@ -1,0 +1,250 @@
+"""Tiering rounds into Delta tables, checked against an expected state with DuckDB: log tables append;
+primary-key tables hold exactly the current rows (upserts replace, deletes remove) with the offset of
+each row's last change, across buckets and partitions."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from strom.errors import InvalidTableError
+from strom.ids import TableBucket
+from strom.lake.delta import DeltaLakeFormat, DeltaLakeTable
+from strom.lake.delta_files import FileLimits
+from strom.lake.format import OFFSETS_PROPERTY, LakeWriteResult, lake_format
+from strom.metadata.table_info import TableInfo
+from strom.records import types as t
+from tests.lake.duckdb_reader import rows_of
+from tests.lake.support import TABLE_ID, int64s, row_tuples, table_info, write_split
+
+LOG = [("id", t.IntType()), ("event", t.StringType())]
+PK = [("id", t.IntType(nullable=False)), ("name", t.StringType()), ("score", t.BigIntType())]
+SEEDS = [1, 2, 3]
+
+
+def delta_table(info: TableInfo) -> DeltaLakeTable:
+    table = lake_format(info).table(info)
+    assert isinstance(table, DeltaLakeTable)
+    return table
+
+
+def test_log_tables_append_across_commits(tmp_path: Path) -> None:
+    info = table_info(tmp_path, LOG)
+    table = lake_format(info).table(info)
+    expected = []
+    next_offset = {0: 0, 1: 0}
+    for round_index in range(3):
+        results = []
+        for bucket in (0, 1):
+            ids = [round_index * 10 + bucket * 100 + i for i in range(3)]
+            rows = pa.record_batch({"id": pa.array(ids, pa.int32()), "event": [f"e{i}" for i in ids]})
+            offsets = list(range(next_offset[bucket], next_offset[bucket] + 3))
+            next_offset[bucket] += 3
+            results.append(write_split(table, bucket, rows, offsets))
+            expected += [(i, f"e{i}", bucket, o) for i, o in zip(ids, offsets, strict=True)]
+        version = table.commit(results, {OFFSETS_PROPERTY: f"round-{round_index}"})
+        assert version == round_index + 1
+        assert rows_of(table.uri, "SELECT id, event, __bucket, __offset FROM lake ORDER BY id") == sorted(expected)
+    assert table.stats().record_count == 18
+
+
+def test_log_tables_refuse_deletes(tmp_path: Path) -> None:
+    info = table_info(tmp_path, LOG)
+    table = lake_format(info).table(info)
+    writer = table.writer(TableBucket(TABLE_ID, 0), None, table.latest_snapshot_id())
+    with pytest.raises(InvalidTableError, match="log table"):
+        writer.delete_keys(pa.table({"id": pa.array([1], pa.int32())}))
+    writer.close()
+
+
+@dataclass
+class Model:
+    """The expected lake state of a primary-key table: key -> row, with the bucket and last offset."""
+
+    key_names: list[str]
+    rows: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    next_offset: dict[tuple[str | None, int], int] = field(default_factory=dict)
+
+    def offset(self, partition: str | None, bucket: int) -> int:
+        value = self.next_offset.get((partition, bucket), 0)
+        self.next_offset[(partition, bucket)] = value + 1
+        return value
+
+
+def pk_round(
+    table: DeltaLakeTable, model: Model, rng: random.Random, partitions: list[str | None], bucket_of: Any, make_row: Any,
+    key_space: int,
+) -> list[LakeWriteResult]:
+    """One round: per (partition, bucket) some inserts, updates and deletes (some of keys never stored),
+    folded as the tiering task folds a changelog: every touched key deleted, the last rows appended."""
+    results = []
+    base = table.latest_snapshot_id()
+    for partition in partitions:
+        for bucket in (0, 1):
+            touched: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+            for _ in range(rng.randint(0, 6)):
+                row = make_row(partition, rng.randrange(key_space), rng)
+                key = tuple(row[k] for k in model.key_names)
+                if bucket_of(key) != bucket:
+                    continue
+                deleted = rng.random() < 0.3
+                offset = model.offset(partition, bucket)
+                touched[key] = None if deleted else {**row, "__bucket": bucket, "__offset": offset}
+            if not touched:
+                continue
+            schema = table.layout.table_schema
+            keys = pa.Table.from_pylist([dict(zip(model.key_names, k, strict=True)) for k in touched],
+                                        schema=pa.schema([schema.field(n) for n in model.key_names]))
+            upserts = [r for r in touched.values() if r is not None]
+            batch = pa.RecordBatch.from_pylist([{n: r[n] for n in schema.names} for r in upserts], schema=schema)
+            writer = table.writer(TableBucket(TABLE_ID, bucket, None if partition is None else 1), partition, base)
+            try:
+                writer.delete_keys(keys)
+                writer.append(batch, int64s([r["__offset"] for r in upserts]), int64s([7_000] * len(upserts)))
+                results.append(writer.complete())
+            finally:
+                writer.close()
+            for key, row in touched.items():
+                if row is None:
+                    model.rows.pop(key, None)
+                else:
+                    model.rows[key] = row
+    return results
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_primary_key_rounds_keep_exactly_the_current_state(tmp_path: Path, seed: int) -> None:
+    info = table_info(tmp_path, PK, ["id"])
+    table = delta_table(info)
+    rng = random.Random(seed)
+    model = Model(["id"])
+
+    def make_row(_: str | None, key: int, rng: random.Random) -> dict[str, Any]:
+        return {"id": key, "name": f"n{key}-{rng.randrange(1000)}", "score": rng.randrange(-5, 5)}
+
+    for round_index in range(6):
+        results = pk_round(table, model, rng, [None], lambda key: key[0] % 2, make_row, key_space=20)
+        table.commit(results, {OFFSETS_PROPERTY: f"r{round_index}"})
+        expected = sorted((r["id"], r["name"], r["score"], r["__bucket"], r["__offset"]) for r in model.rows.values())
+        actual = rows_of(table.uri, "SELECT id, name, score, __bucket, __offset FROM lake ORDER BY id")
+        assert actual == expected, f"seed {seed}, round {round_index}"
+        assert table.stats().record_count == len(expected), f"seed {seed}, round {round_index}"
+        version = table.latest_snapshot_id()
+        assert version is not None
+        for bucket in (0, 1):
+            bucket_rows = pa.Table.from_batches(list(table.read_bucket(version, bucket, None)), schema=info.schema.arrow_schema)
+            assert row_tuples(bucket_rows, ["id", "name", "score"]) == [e[:3] for e in expected if e[3] == bucket]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_partitioned_table_with_a_composite_key_keeps_the_current_state(tmp_path: Path, seed: int) -> None:
+    columns = [
+        ("region", t.StringType(nullable=False)), ("id", t.IntType(nullable=False)),
+        ("sub", t.StringType(nullable=False)), ("v", t.DoubleType()),
+    ]
+    info = table_info(tmp_path, columns, ["region", "id", "sub"], partition_keys=["region"])
+    table = delta_table(info)
+    assert table.layout.primary_key == ["id", "sub"], "partition keys are not part of the key within a bucket"
+    rng = random.Random(seed)
+    model = Model(["region", "id", "sub"])
+
+    def make_row(region: str | None, key: int, rng: random.Random) -> dict[str, Any]:
+        return {"region": region, "id": key // 3, "sub": "abc"[key % 3], "v": rng.random()}
+
+    for round_index in range(4):
+        results = pk_round(table, model, rng, ["eu", "us"], lambda key: key[1] % 2, make_row, key_space=12)
+        table.commit(results, {OFFSETS_PROPERTY: f"r{round_index}"})
+        expected = sorted((r["region"], r["id"], r["sub"], r["v"], r["__bucket"], r["__offset"]) for r in model.rows.values())
+        actual = rows_of(table.uri, "SELECT region, id, sub, v, __bucket, __offset FROM lake ORDER BY ALL")
+        assert actual == expected, f"seed {seed}, round {round_index}"
+    version = table.latest_snapshot_id()
+    assert version is not None
+    for partition in ("eu", "us"):
+        for bucket in (0, 1):
+            bucket_rows = pa.Table.from_batches(list(table.read_bucket(version, bucket, partition)),
+                                                schema=info.schema.arrow_schema)
+            assert row_tuples(bucket_rows, ["region", "id", "sub", "v"]) == [
+                e[:4] for e in expected if e[0] == partition and e[4] == bucket
+            ], f"seed {seed}: {partition}/{bucket}"
+    assert table.buckets(version) == sorted({(e[0], e[4]) for e in expected})
+    for path in Path(table.uri).glob("**/*.parquet"):
+        assert path.parent.parent.name.startswith("region=") and path.parent.name.startswith("__bucket=")
+
+
+def test_only_files_holding_a_touched_key_are_rewritten(tmp_path: Path) -> None:
+    info = table_info(tmp_path, PK, ["id"])
+    table = lake_format(info).table(info)
+
+    def rows(ids: list[int], name: str) -> pa.RecordBatch:
+        return pa.record_batch({"id": pa.array(ids, pa.int32()), "name": [name] * len(ids),
+                                "score": pa.array(ids, pa.int64())})
+
+    # three files in bucket 0 (keys 0-9, 10-19, 20-29) and one in bucket 1
+    first = [write_split(table, 0, rows(list(range(lo, lo + 10)), "a"), range(lo, lo + 10)) for lo in (0, 10, 20)]
+    table.commit([*first, write_split(table, 1, rows([1001], "a"), [0])], {})
+    keys = pa.table({"id": pa.array([12, 15, 40], pa.int32())})
+    result = write_split(table, 0, rows([12], "b"), [30], deleted_keys=keys)
+    payload = json.loads(result.payload)
+    assert [r["path"] for r in payload["remove"]] == [json.loads(first[1].payload)["add"][0]["path"]]
+    assert result.record_count == 9 and result.file_count == 1, "8 rows carried over and 1 new row, in one file"
+    table.commit([result], {})
+    assert rows_of(table.uri, "SELECT count(*), count(DISTINCT id) FROM lake WHERE __bucket = 0") == [(29, 29)]
+    assert rows_of(table.uri, "SELECT id, name, __offset FROM lake WHERE id IN (12, 15, 13)") == [(12, "b", 30), (13, "a", 13)]
+
+
+def test_a_file_whose_keys_are_all_deleted_is_removed_without_a_rewrite(tmp_path: Path) -> None:
+    info = table_info(tmp_path, PK, ["id"])
+    table = lake_format(info).table(info)
+    rows = pa.record_batch({"id": pa.array([1, 2], pa.int32()), "name": ["a", "b"], "score": pa.array([1, 2], pa.int64())})
+    table.commit([write_split(table, 0, rows, [0, 1])], {})
+    result = write_split(table, 0, deleted_keys=pa.table({"id": pa.array([2, 1], pa.int32())}))
+    assert len(json.loads(result.payload)["remove"]) == 1 and result.file_count == 0
+    table.commit([result], {})
+    assert rows_of(table.uri, "SELECT count(*) FROM lake") == [(0,)]
+
+
+def test_writers_roll_files_at_the_row_limit(tmp_path: Path) -> None:
+    info = table_info(tmp_path, LOG)
+    limits = FileLimits(file_rows_max=4, row_group_rows_max=2)
+    table = DeltaLakeFormat({"warehouse": str(tmp_path)}, limits).table(info)
+    ids = list(range(10))
+    rows = pa.record_batch({"id": pa.array(ids, pa.int32()), "event": [str(i) for i in ids]})
+    writer = table.writer(TableBucket(TABLE_ID, 0), None, table.latest_snapshot_id())
+    for start in range(0, 10, 3):  # appends of 3 rows cut into row groups of 2, files of 4
+        part = rows.slice(start, 3)
+        writer.append(part, int64s(ids[start:start + 3]), int64s([0] * part.num_rows))
+    result = writer.complete()
+    writer.close()
+    adds = json.loads(result.payload)["add"]
+    assert [json.loads(a["stats"])["numRecords"] for a in adds] == [4, 4, 2] and result.file_count == 3
+    assert [json.loads(a["stats"])["minValues"]["id"] for a in adds] == [0, 4, 8]
+    table.commit([result], {})
+    assert rows_of(table.uri, "SELECT id, __offset FROM lake ORDER BY id") == [(i, i) for i in ids]
+
+
+def test_read_bucket_at_an_older_snapshot_returns_that_version(tmp_path: Path) -> None:
+    info = table_info(tmp_path, PK, ["id"])
+    table = lake_format(info).table(info)
+
+    def rows(ids: list[int], name: str) -> pa.RecordBatch:
+        return pa.record_batch({"id": pa.array(ids, pa.int32()), "name": [name] * len(ids),
+                                "score": pa.array(ids, pa.int64())})
+
+    v1 = table.commit([write_split(table, 0, rows([2, 4], "old"), [0, 1])], {})
+    v2 = table.commit([write_split(table, 0, rows([4, 6], "new"), [2, 3],
+                                   deleted_keys=pa.table({"id": pa.array([2, 4, 6], pa.int32())}))], {})
+    at_v1 = pa.Table.from_batches(list(table.read_bucket(v1, 0, None)))
+    assert at_v1.schema == info.schema.arrow_schema
+    assert row_tuples(at_v1, ["id", "name"]) == [(2, "old"), (4, "old")]
+    at_v2 = pa.Table.from_batches(list(table.read_bucket(v2, 0, None, columns=["name", "id"], with_system_columns=True)))
+    assert at_v2.schema.names == ["name", "id", "__bucket", "__offset", "__timestamp"]
+    assert row_tuples(at_v2, ["id", "name", "__offset"]) == [(4, "new", 2), (6, "new", 3)]
+    assert list(table.read_bucket(v2, 1, None)) == []
+    assert table.buckets(v2) == [(None, 0)] and table.buckets(0) == []
+    assert table.read(v1).num_rows == 2 and "__offset" in table.read(v1).column_names
