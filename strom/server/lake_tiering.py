@@ -219,6 +219,7 @@ class LakeTableTieringManager:
         self._put(updated)
         if updated.state is TieringState.SCHEDULED:
             heapq.heappush(self._timers, (updated.due_ms, table_id))
+            self._compact_timers()
 
     def _forget_schedule(self, table_id: int) -> None:
         self._pending.pop(table_id, None)

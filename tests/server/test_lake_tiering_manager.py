@@ -374,3 +374,16 @@ def test_after_a_restart_a_disabled_table_stays_unscheduled_and_keeps_its_epoch(
     assert restarted.tables() == [] and restarted.request_table() is None
     restarted.add_table(T1, P1, 0)
     assert requested(restarted).tiering_epoch == 2
+
+
+def test_rearming_a_timer_many_times_keeps_the_timer_heap_bounded(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
+    manager.add_table(T1, P1, 10 * MINUTE_MS)
+    for freshness_ms in range(100):
+        manager.update_freshness(T1, 20 * MINUTE_MS + freshness_ms)
+    assert len(manager._timers) <= 2 * 1 + 16
+    clock.advance(ms=20 * MINUTE_MS + 98)
+    assert manager.request_table() is None
+    clock.advance(ms=1)
+    assert requested(manager).table_id == T1
