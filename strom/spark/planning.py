@@ -18,6 +18,7 @@ range merged into the lake rows by key (the log wins). Buckets not tiered yet ar
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from strom.client.snapshots import KvSnapshotInfo
 from strom.client.table import TableLayout
 from strom.errors import LakeSnapshotNotExistError
 from strom.ids import TableBucket
+from strom.lake.format import lake_format
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import READ_SOURCE, ReadOptions, ReadSource, ReadStrategy
 from strom.spark.partitions import (
@@ -180,7 +182,11 @@ async def plan_batch(connection: Connection, layout: TableLayout, options: ReadO
         if options.source is ReadSource.LAKE:
             return lake_partitions(lake, layout, {})
         ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
-        planned = lake_partitions(lake, layout, ends)
+        current = {partition.partition_id for partition in partitions}
+        planned = lake_partitions(lake, layout, ends, current)
+        if layout.partition_keys:
+            names = {partition.partition_name for partition in partitions}
+            planned += await asyncio.to_thread(dropped_partitions, lake, layout, names)
         if layout.primary_key:  # tiered buckets are read from the lake merged with their changelog
             buckets = [bucket for bucket in buckets if bucket not in lake.bucket_offsets]
     if not layout.primary_key:
@@ -226,16 +232,32 @@ async def lake_snapshot_to_read(admin: Admin, layout: TableLayout, options: Read
         return None
 
 
-def lake_partitions(lake: LakeSnapshot, layout: TableLayout, ends: dict[TableBucket, int]) -> list[InputPartition]:
-    """One partition per tiered bucket. With ``ends`` (a union read), a primary-key bucket also reads its
-    changelog from its lake offset up to its end offset; a bucket whose strom partition is gone (dropped
-    after tiering) is read from the lake alone."""
+def lake_partitions(
+    lake: LakeSnapshot, layout: TableLayout, ends: dict[TableBucket, int], current: set[int | None] | None = None
+) -> list[InputPartition]:
+    """One partition per tiered bucket (of the ``current`` strom partitions, when given). With ``ends`` (a
+    union read), a primary-key bucket also reads its changelog from its lake offset up to its end offset."""
     planned: list[InputPartition] = []
     for bucket, offset in sorted(lake.bucket_offsets.items(), key=lambda item: (item[0].partition_id or -1, item[0].bucket)):
+        if current is not None and bucket.partition_id not in current:
+            continue  # its strom partition was dropped: dropped_partitions reads it by name
         name = lake.partition_names.get(bucket.partition_id) if bucket.partition_id is not None else None
         end = ends.get(bucket, offset) if layout.primary_key else offset
         planned.append(LakeBucketPartition(bucket, name, lake.snapshot_id, offset, max(offset, end)))
     return planned
+
+
+def dropped_partitions(lake: LakeSnapshot, layout: TableLayout, current_names: set[str | None]) -> list[InputPartition]:
+    """Lake-only partitions for partitions dropped from strom after they were tiered: found by name in
+    the lake table itself (the coordinator no longer knows their names), given negative partition ids as
+    Fluss's planners do."""
+    found = lake_format(layout.info).table(layout.info).buckets(lake.snapshot_id)
+    gone = sorted({name for name, _bucket in found if name not in current_names}, key=str)
+    fake_ids = {name: -(index + 1) for index, name in enumerate(gone)}
+    return [
+        LakeBucketPartition(TableBucket(layout.info.table_id, bucket, fake_ids[name]), name, lake.snapshot_id)
+        for name, bucket in found if name in fake_ids
+    ]
 
 
 async def plan_states_at(

@@ -3,6 +3,7 @@ back by DuckDB. Each test has its own server, so a driver's ``once`` covers just
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ def test_partitioned_log_table_holds_every_record_once(spark: Any, server_factor
 def test_first_round_reads_the_leased_snapshots_while_they_roll(spark: Any, server_factory: Any, tmp_path: Path) -> None:
     """Snapshots roll every second and only one is retained, yet the round reads exactly what it leased,
     the lease is renewed while the round outlasts its duration, and pins nothing afterwards."""
-    server = server_factory({**FAST_TIERING, "kv.snapshot.interval": "1s", "kv.snapshot.num-retained": "1"})
+    server = server_factory({**FAST_TIERING, "kv.snapshot.interval": "1s", "kv.snapshot.num-retained": "1",
+                             "kv.snapshot.lease.expiration-check-interval": "200ms"})
     cluster = Fluss(server.address)
     table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
     cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(200)])
@@ -83,16 +85,17 @@ def test_first_round_reads_the_leased_snapshots_while_they_roll(spark: Any, serv
     thread = DriverThread(spark, cluster, lease_duration_ms=1500, gate_dir=gates.path).start()
     gates.wait_reached("task")
     lease_id = lease_id_for("test-job")
-    pinned = {lease.lease_id: lease.snapshots for lease in cluster.leases()}[lease_id]
+    [held] = [lease for lease in cluster.leases() if lease.lease_id == lease_id]
+    pinned = held.snapshots
     assert {b.bucket: s for b, s in pinned.items()} == {b: s.snapshot_id for b, s in snapshots.items()}
     for round_number in range(4):  # newer snapshots replace the retained one while the round waits
         cluster.upsert(table, [{"id": 1000 + round_number, "name": "later", "score": 0}])
         wait_until(lambda: cluster.latest_snapshots(table) != snapshots, "a newer snapshot")
-    import time
 
-    time.sleep(2.0)  # longer than the lease duration: only the heartbeats' renewals keep it
-    still = {lease.lease_id: lease.snapshots for lease in cluster.leases()}
-    assert lease_id in still and still[lease_id] == pinned
+    time.sleep(2.0)  # longer than the lease duration, with expired leases reaped every 200 ms
+    [renewed] = [lease for lease in cluster.leases() if lease.lease_id == lease_id]
+    assert renewed.snapshots == pinned
+    assert renewed.expiration_ms > held.expiration_ms, "the heartbeats renewed the lease"
     gates.release("task")
     driver = thread.join()
     [(_, outcome)] = driver.outcomes
@@ -186,3 +189,30 @@ def test_read_source_lake_on_a_table_without_a_lake_is_a_clear_error(spark: Any,
     lake_table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=1)
     with pytest.raises(Exception, match="not been tiered"):
         load(spark, cluster, lake_table, **{"read.source": "lake"}).collect()
+
+
+def test_union_read_keeps_partitions_only_the_lake_still_has(spark: Any, server_factory: Any) -> None:
+    """A partition dropped from strom after it was tiered is still read from the lake; a new partition
+    that was never tiered is read from strom alone."""
+    from strom.ids import TablePath
+    from tests.spark.support import run
+    from tests.spark.test_spark_batch_read import load
+
+    cluster = Fluss(server_factory(FAST_TIERING).address)
+    columns = [("id", IntType()), ("day", StringType()), ("name", StringType())]
+    table = create_lake_table(cluster, columns, primary_key=["id", "day"], partition_keys=["day"],
+                              partitions=[{"day": "d1"}, {"day": "d2"}], bucket_count=1)
+    cluster.upsert(table, [{"id": i, "day": day, "name": f"{day}-{i}"} for i in range(5) for day in ("d1", "d2")])
+    tier_once(spark, cluster)
+
+    async def reshape(connection: Any) -> None:
+        admin = connection.get_admin()
+        await admin.drop_partition(TablePath.parse(table), {"day": "d1"})
+        await admin.create_partition(TablePath.parse(table), {"day": "d3"})
+
+    run(cluster.address, reshape)
+    cluster.upsert(table, [{"id": 9, "day": "d3", "name": "new"}, {"id": 0, "day": "d2", "name": "changed"}])
+    got = _spark_rows(load(spark, cluster, table), ["day", "id", "name"])
+    expected = ([("d1", i, f"d1-{i}") for i in range(5)] + [("d2", 0, "changed")]
+                + [("d2", i, f"d2-{i}") for i in range(1, 5)] + [("d3", 9, "new")])
+    assert got == sorted(expected)
