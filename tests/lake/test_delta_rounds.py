@@ -4,6 +4,7 @@ each row's last change, across buckets and partitions."""
 
 from __future__ import annotations
 
+import decimal
 import json
 import random
 from dataclasses import dataclass, field
@@ -248,3 +249,47 @@ def test_read_bucket_at_an_older_snapshot_returns_that_version(tmp_path: Path) -
     assert list(table.read_bucket(v2, 1, None)) == []
     assert table.buckets(v2) == [(None, 0)] and table.buckets(0) == []
     assert table.read(v1).num_rows == 2 and "__offset" in table.read(v1).column_names
+
+
+@pytest.mark.parametrize(
+    "key_columns",
+    [
+        [("k", t.TimeType(3, nullable=False))],
+        [("k", t.TimestampType(9, nullable=False))],
+        [("k", t.DecimalType(20, 4, nullable=False))],
+        [("k", t.CharType(2, nullable=False))],
+        [("k", t.BinaryType(2, nullable=False))],
+        [("a", t.DateType(nullable=False)), ("b", t.TimestampLtzType(3, nullable=False)),
+         ("c", t.BooleanType(nullable=False)), ("d", t.DecimalType(10, 2, nullable=False)),
+         ("e", t.BytesType(nullable=False)), ("f", t.TinyIntType(nullable=False))],
+    ],
+    ids=["time", "timestamp_ns", "decimal", "char", "binary", "composite"],
+)
+def test_keys_of_every_primitive_type_compare_by_value(tmp_path: Path, key_columns: list[tuple[str, t.DataType]]) -> None:
+    info = table_info(tmp_path, [*key_columns, ("v", t.IntType())], [name for name, _ in key_columns])
+    table = lake_format(info).table(info)
+    schema = info.schema.arrow_schema
+    key_schema = pa.schema([schema.field(name) for name, _ in key_columns])
+    samples: dict[str, list[Any]] = {
+        "time": [1_000, 2_000, 3_000], "timestamp_ns": [1_000_000_001, 2_000_000_002, 3_000_000_003],
+        "decimal": [decimal.Decimal(v) for v in ("1.0001", "2.5", "-3")], "char": ["ab", "cd", "ef"],
+        "binary": [b"ab", b"cd", b"ef"], "a": [0, 1, 2], "b": [5, 6, 7], "c": [True, False, True],
+        "d": [decimal.Decimal(v) for v in ("0.01", "0.02", "0.03")], "e": [b"x", b"", b"y"], "f": [1, -1, 0],
+    }
+    kinds = {t.TimeType: "time", t.TimestampType: "timestamp_ns", t.DecimalType: "decimal", t.CharType: "char",
+             t.BinaryType: "binary"}
+
+    def key_values(name: str, kind: t.DataType) -> list[Any]:
+        return samples[kinds[type(kind)]] if name == "k" else samples[name]
+
+    columns = {name: pa.array(key_values(name, kind), schema.field(name).type) for name, kind in key_columns}
+    batch = pa.record_batch({**columns, "v": pa.array([1, 2, 3], pa.int32())}, schema=schema)
+    table.commit([write_split(table, 0, batch, [0, 1, 2])], {})
+    touched = pa.Table.from_batches([batch.select(key_schema.names)]).slice(1, 1)  # the second row's key
+    replaced = pa.record_batch({**{n: touched.column(n).combine_chunks() for n in key_schema.names},
+                                "v": pa.array([20], pa.int32())}, schema=schema)
+    result = write_split(table, 0, replaced, [3], deleted_keys=touched)
+    version = table.commit([result], {})
+    back = pa.Table.from_batches(list(table.read_bucket(version, 0, None)), schema=schema)
+    assert sorted(back.column("v").to_pylist()) == [1, 3, 20]
+    assert rows_of(table.uri, "SELECT count(*) FROM lake") == [(3,)]
