@@ -273,8 +273,9 @@ class LakeTieringService:
         merged_timestamps = dict(latest.max_timestamps) if latest is not None else {}
         for bucket, timestamp in max_timestamps.items():
             merged_timestamps[bucket] = max(timestamp, merged_timestamps.get(bucket, -1))
+        names = self._partition_names(table, [*tiered, *(readable or {})], latest)
         snapshot = LakeSnapshot(table.table_id, metadata.snapshot_id, tiered_path, readable_path, tiered, readable,
-                                merged_timestamps)
+                                merged_timestamps, names)
         committed_ids = [i for i in self._store.list_lake_snapshot_ids(table.table_id) if i != snapshot.snapshot_id]
         discard = snapshots_to_discard(committed_ids, snapshot.snapshot_id,
                                        _optional(metadata, "earliest_snapshot_id_to_keep"))
@@ -284,6 +285,20 @@ class LakeTieringService:
         log.info("table %s: lake snapshot %d committed (%d buckets)", table.path, snapshot.snapshot_id, len(tiered))
         if discarded:
             await self._delete_offsets_files(table, snapshot, [LakeSnapshot.from_record(r) for r in discarded])
+
+    def _partition_names(
+        self, table: TableInfo, buckets: list[TableBucket], latest: LakeSnapshot | None
+    ) -> dict[int, str]:
+        """The name of each partition in ``buckets``: the catalog's, or the one recorded when it was
+        tiered before it was dropped."""
+        names: dict[int, str] = {}
+        for partition_id in {b.partition_id for b in buckets if b.partition_id is not None}:
+            partition = self._coordinator.partition_by_id(partition_id)
+            if partition is not None and partition.table_id == table.table_id:
+                names[partition_id] = partition.name
+            elif latest is not None and partition_id in latest.partition_names:
+                names[partition_id] = latest.partition_names[partition_id]
+        return names
 
     @staticmethod
     def _check_forward(
@@ -331,24 +346,17 @@ class LakeTieringService:
         offsets = snapshot.readable_offsets if request.readable else snapshot.tiered_offsets
         assert offsets is not None, "the store returned a readable snapshot"
         response = pb.GetLakeSnapshotResponse(table_id=table.table_id, snapshotId=snapshot.snapshot_id)
-        self._add_bucket_offsets(response.bucket_snapshots, table, offsets)
+        self._add_bucket_offsets(response.bucket_snapshots, offsets, snapshot.partition_names)
         return response
 
-    def _add_bucket_offsets(self, target: Any, table: TableInfo, offsets: Mapping[TableBucket, int]) -> None:
-        names: dict[int, str | None] = {}
+    @staticmethod
+    def _add_bucket_offsets(target: Any, offsets: Mapping[TableBucket, int], names: Mapping[int, str]) -> None:
         for bucket, offset in sorted(offsets.items(), key=lambda item: (item[0].partition_id or 0, item[0].bucket)):
             entry = target.add(bucket_id=bucket.bucket, log_offset=offset)
-            if bucket.partition_id is None:
-                continue
-            entry.partition_id = bucket.partition_id
-            if bucket.partition_id not in names:
-                partition = self._coordinator.partition_by_id(bucket.partition_id)
-                names[bucket.partition_id] = (
-                    partition.name if partition is not None and partition.table_id == table.table_id else None
-                )
-            name = names[bucket.partition_id]
-            if name is not None:  # a partition dropped since keeps its offsets, without a name
-                entry.partition_name = name
+            if bucket.partition_id is not None:
+                entry.partition_id = bucket.partition_id
+                if bucket.partition_id in names:
+                    entry.partition_name = names[bucket.partition_id]
 
     # ---- DescribeLakeTiering (strom extension) ----
     def describe_lake_tiering(self, request: Any, _context: object) -> Any:
@@ -378,7 +386,7 @@ class LakeTieringService:
             latest = self._latest(tiering.table_id)
             if latest is not None:
                 status.lake_snapshot_id = latest.snapshot_id
-                self._add_bucket_offsets(status.bucket_offsets, table, latest.tiered_offsets)
+                self._add_bucket_offsets(status.bucket_offsets, latest.tiered_offsets, latest.partition_names)
         return response
 
     # ---- table lifecycle ----

@@ -126,6 +126,9 @@ class LakeSnapshot:
     """The offsets readers may use; None when the snapshot is not readable (yet)."""
     max_timestamps: dict[TableBucket, int]
     """Per bucket, the newest record timestamp tiered so far (carried over from earlier snapshots)."""
+    partition_names: dict[int, str]
+    """Names of the partitions in the offsets, recorded at commit: a partition dropped since keeps its
+    name, so readers still find its rows in the lake (Fluss records them too)."""
 
     @property
     def paths(self) -> set[str]:
@@ -141,6 +144,7 @@ class LakeSnapshot:
                 None if self.readable_offsets is None else offsets_document(self.table_id, self.readable_offsets)
             ),
             "max_timestamps": offsets_document(self.table_id, self.max_timestamps),
+            "partition_names": {str(partition_id): name for partition_id, name in sorted(self.partition_names.items())},
         }
         snapshot_json = json.dumps(document, separators=(",", ":")).encode()
         return LakeSnapshotRecord(self.table_id, self.snapshot_id, self.readable_offsets is not None, snapshot_json)
@@ -154,8 +158,9 @@ class LakeSnapshot:
         if document["readable_offsets"] is not None:
             _, readable = offsets_from_document(document["readable_offsets"])
         _, max_timestamps = offsets_from_document(document["max_timestamps"])
+        names = {int(partition_id): str(name) for partition_id, name in document["partition_names"].items()}
         return cls(record.table_id, record.snapshot_id, document["tiered_offsets_path"],
-                   document["readable_offsets_path"], tiered, readable, max_timestamps)
+                   document["readable_offsets_path"], tiered, readable, max_timestamps, names)
 
 
 def snapshots_to_discard(committed_ids: Sequence[int], new_id: int, earliest_to_keep: int | None) -> list[int]:

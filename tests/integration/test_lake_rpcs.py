@@ -349,7 +349,13 @@ async def test_partitioned_tables_snapshots_carry_partition_names(server_factory
         assert status.partition_names == {ids["EU"]: "EU", ids["US"]: "US"}
         await admin.drop_partition(path, {"region": "US"})
         after = await admin.get_lake_snapshot(path)
-        assert (after.bucket_offsets, after.partition_names) == (offsets, {ids["EU"]: "EU"})
+        assert (after.bucket_offsets, after.partition_names) == (offsets, {ids["EU"]: "EU", ids["US"]: "US"}), (
+            "a dropped partition's rows are still in the lake, under its recorded name")
+        epoch = (await take_table(connection, table_id)).tiering_epoch
+        eu_only = await admin.prepare_lake_table_snapshot(table_id, path, {TableBucket(table_id, 0, ids["EU"]): 1}, epoch)
+        await admin.commit_lake_table_snapshot(table_id, 2, eu_only, tiering_epoch=epoch)
+        latest = await admin.get_lake_snapshot(path)
+        assert latest.partition_names == {ids["EU"]: "EU", ids["US"]: "US"}, "names carry over across commits"
 
 
 async def test_readable_snapshots_and_retention(server_factory: Any) -> None:

@@ -56,12 +56,12 @@ def test_anything_else_is_not_an_offsets_file(raw: bytes) -> None:
 def test_a_lake_snapshot_round_trips_through_its_store_record() -> None:
     snapshot = LakeSnapshot(
         TABLE, 42, "r/a.offsets", "r/b.offsets", {TableBucket(TABLE, 0): 10}, {TableBucket(TABLE, 0): 8},
-        {TableBucket(TABLE, 0): 1_700_000_000_000},
+        {TableBucket(TABLE, 0): 1_700_000_000_000}, {},
     )
     record = snapshot.to_record()
     assert (record.table_id, record.snapshot_id, record.readable) == (TABLE, 42, True)
     assert LakeSnapshot.from_record(record) == snapshot
-    unreadable = LakeSnapshot(TABLE, 43, "r/c.offsets", None, {}, None, {})
+    unreadable = LakeSnapshot(TABLE, 43, "r/c.offsets", None, {TableBucket(TABLE, 0, 5): 1}, None, {}, {5: "EU"})
     assert LakeSnapshot.from_record(unreadable.to_record()) == unreadable
     assert not unreadable.to_record().readable
 
