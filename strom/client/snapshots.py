@@ -197,7 +197,7 @@ class KvSnapshotReader:
         self._db: Any = None
 
     def open(self) -> KvSnapshotReader:
-        from strom.kv.kv_tablet import open_rocksdb
+        from strom.kv.rocksdb import open_rocksdb
         from strom.remote.storage import download
 
         for remote_path, local_name in self.metadata.files:

@@ -25,6 +25,7 @@ from pathlib import Path
 import rocksdict
 
 from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError, MalformedRowError
+from strom.kv.rocksdb import META_COLUMN_FAMILY, open_rocksdb
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
@@ -34,7 +35,6 @@ from strom.records.log_batch import ChangeType
 
 log = logging.getLogger(__name__)
 
-META_COLUMN_FAMILY = "strom_meta"
 APPLIED_OFFSET_KEY = b"applied_log_offset"
 ROW_COUNT_KEY = b"row_count"
 INSTANCE_ID_KEY = b"instance_id"
@@ -61,21 +61,6 @@ class _PendingBatch:
     keys: list[bytes]
     values: list[bytes | None]
     row_count_delta: int
-
-
-def open_rocksdb(path: Path, block_cache_size_bytes: int, *, read_only: bool = False) -> rocksdict.Rdict:
-    """Open a bucket's RocksDB in raw mode (rocksdict pickles values by default)."""
-    options = rocksdict.Options(raw_mode=True)
-    options.create_if_missing(True)
-    options.create_missing_column_families(True)
-    options.set_compression_type(rocksdict.DBCompressionType.lz4())
-    table_options = rocksdict.BlockBasedOptions()
-    table_options.set_block_cache(rocksdict.Cache(block_cache_size_bytes))
-    table_options.set_bloom_filter(10, False)
-    options.set_block_based_table_factory(table_options)
-    column_families = {META_COLUMN_FAMILY: rocksdict.Options(raw_mode=True)}
-    access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
-    return rocksdict.Rdict(str(path), options, column_families=column_families, access_type=access)
 
 
 def reset_instance_id(path: Path) -> None:
