@@ -77,6 +77,20 @@ async def snapshots_cover_everything(address: str, name: str) -> bool:
         return all(high[b] == 0 or ((s := latest.get(b)) is not None and s.log_offset >= high[b]) for b in high)
 
 
+def local_spark(name: str) -> Any:
+    """A ``local[2]`` session for benchmarks: no UI, no progress bar, workers on this interpreter."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]").appName(name)
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def best(repeat: int, action: Any) -> float:
     action()  # warm-up: Python workers start, imports load
     return min(timed(action) for _ in range(repeat))
@@ -87,21 +101,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     from strom.spark import FlussDataSource
 
     work = Path(tempfile.mkdtemp(prefix="strom-spark-bench-"))
     rows = make_rows(args.rows)
     write_dataset(rows, work / "source", files=BUCKETS)
-    spark = (
-        SparkSession.builder.master("local[2]").appName("strom-spark-bench")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("strom-spark-bench")
     spark.dataSource.register(FlussDataSource)
     try:
         with BenchServer({"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1"}) as server:

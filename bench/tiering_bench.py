@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -30,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench.harness import BenchServer, report, timed
-from bench.spark_bench import BUCKETS, make_rows, snapshots_cover_everything, write_dataset
+from bench.spark_bench import BUCKETS, local_spark, make_rows, snapshots_cover_everything, write_dataset
 from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.config import parse_duration
 from strom.tiering.driver import TieringDriver, TieringOptions
@@ -150,18 +148,10 @@ def main() -> None:
     parser.add_argument("--lag-seconds", type=float, default=300.0)
     parser.add_argument("--freshness", default="30s")
     args = parser.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     work = Path(tempfile.mkdtemp(prefix="strom-tiering-bench-"))
     rows = make_rows(args.rows)
     write_dataset(rows, work / "source", files=BUCKETS)
-    spark = (
-        SparkSession.builder.master("local[2]").appName("strom-tiering-bench")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g").getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("strom-tiering-bench")
     name = "tiering_bench"
     try:
         with BenchServer({"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1"}) as server:
