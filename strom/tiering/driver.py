@@ -157,11 +157,17 @@ class TieringDriver:
             self._loop.close()
 
     def stop(self) -> None:
-        """Ask the driver to stop; a running round is cancelled and reported failed."""
+        """Ask the driver to stop; a running round is cancelled and reported failed. Safe to call from a
+        signal handler: the cancellation goes to Spark from its own thread, not from inside the main
+        thread's pending call into the JVM."""
         self._stopping.set()
         with self._round_lock:
-            if self._round is not None:
-                self._spark.sparkContext.cancelJobGroup(self._round.job_group)
+            current = self._round
+        if current is not None:
+            threading.Thread(
+                target=self._spark.sparkContext.cancelJobGroup, args=(current.job_group,),
+                name="strom-tiering-cancel", daemon=True,
+            ).start()
 
     @property
     def _admin(self) -> Admin:

@@ -162,3 +162,33 @@ def test_table_dropped_mid_round(spark: Any, server_factory: Any, tmp_path: Path
     gates.release("task")
     driver = thread.join()
     assert driver.outcomes == []
+
+
+def test_sigterm_mid_round_cancels_it_reports_it_failed_and_drops_the_lease(server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory({**FAST_TIERING, "kv.snapshot.interval": "1s"})
+    cluster = Fluss(server.address)
+    table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=1)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(20)])
+    cluster.wait_for_snapshots_at_high_watermark(table, 1)
+    gates = Gates(tmp_path / "gates")
+    gates.hold("task")
+    process = TieringProcess(cluster, tmp_path / "driver.log", job_id="stopped",
+                             defines={"testing.tiering.gate-dir": gates.path})
+    try:
+        gates.wait_reached("task")
+        assert [lease.lease_id for lease in cluster.leases()] == [lease_id_for("stopped")]
+        process.signal(signal.SIGTERM)
+        assert process.wait(120) == 0, process.log()[-4000:]
+    finally:
+        process.kill()
+    assert cluster.leases() == [], "a clean shutdown drops the job's lease"
+
+    async def status(connection: Any) -> Any:
+        from strom.ids import TablePath
+
+        [found] = await connection.get_admin().describe_lake_tiering(TablePath.parse(table))
+        return found
+
+    described = run(cluster.address, status)
+    assert (described.state, described.failures) == ("Pending", 1), "the cancelled round was reported failed"
+    assert lake_snapshot(cluster, table) is None
