@@ -110,7 +110,6 @@ class ChangelogFold:
             chunk = pa.array(indexes[start : start + batch_rows_max], pa.int64())
             yield from table.take(chunk).combine_chunks().to_batches()
 
-
     def changes(self) -> FoldedChanges:
         """The fold as a lake writer applies it: the live rows (with their offsets and commit timestamps)
         and the rows naming every touched key, live or deleted (an upsert replaces, a delete removes)."""

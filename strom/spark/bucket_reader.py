@@ -112,6 +112,15 @@ async def _changes(table: Table, bucket: TableBucket, start: int, end: int) -> A
         yield scan_batch.batch, scan_batch.change_types
 
 
+def _fold(table: Table, bucket: TableBucket, start: int, end: int) -> ChangelogFold:
+    """A primary-key bucket's changelog ``[start, end)`` folded by key."""
+    fold = ChangelogFold(table.layout)
+    for batch, change_types in runtime.iterate(_changes(table, bucket, start, end)):
+        assert change_types is not None, "a primary-key table's log carries change types"
+        fold.add(batch, change_types)
+    return fold
+
+
 def read_log_range(context: ReadContext, partition: LogRangePartition) -> Iterator[pa.RecordBatch]:
     """A log table's records, or a primary-key table's change rows, in ``[start, end)``."""
     with runtime.connected(context.connection) as connection:
@@ -134,11 +143,7 @@ def read_kv_state(context: ReadContext, partition: KvStatePartition) -> Iterator
         table = _open_table(connection, context)
         layout = table.layout
         output = _Output(layout, context)
-        fold = ChangelogFold(layout)
-        changes = _changes(table, partition.bucket, partition.log_start_offset, partition.log_end_offset)
-        for batch, change_types in runtime.iterate(changes):
-            assert change_types is not None, "a primary-key table's log carries change types"
-            fold.add(batch, change_types)
+        fold = _fold(table, partition.bucket, partition.log_start_offset, partition.log_end_offset)
         if partition.snapshot_id is not None:
             yield from _read_snapshot(connection, layout, partition, fold, output)
         for batch in fold.live_rows(READ_BATCH_ROWS_MAX):
@@ -188,11 +193,7 @@ def read_lake_bucket(context: ReadContext, partition: LakeBucketPartition) -> It
                 yield from output.add(batch, ChangeType.APPEND_ONLY)
             yield from output.drain()
             return
-        fold = ChangelogFold(layout)
-        changes = _changes(table, partition.bucket, partition.log_start_offset, partition.log_end_offset)
-        for batch, change_types in runtime.iterate(changes):
-            assert change_types is not None, "a primary-key table's log carries change types"
-            fold.add(batch, change_types)
+        fold = _fold(table, partition.bucket, partition.log_start_offset, partition.log_end_offset)
         if len(fold):
             keys = KeyEncoder(layout)
             lake_rows = merge_snapshot(((keys.keys(batch), batch) for batch in lake_rows), fold)

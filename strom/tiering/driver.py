@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from strom.client import Connection
 from strom.client.admin import Admin
 from strom.client.lake import FinishedTiering, HeartbeatResult, TieringAssignment
+from strom.client.snapshots import KvSnapshotLease
 from strom.config import parse_duration
 from strom.errors import StromError, UnsupportedVersionError
 from strom.ids import TableBucket
@@ -174,6 +175,11 @@ class TieringDriver:
         assert self._connection is not None
         return self._connection.get_admin()
 
+    @property
+    def _lease(self) -> KvSnapshotLease:
+        """The job's lease handle (creating one sends nothing)."""
+        return self._admin.create_kv_snapshot_lease(self._options.lease_id, self._options.lease_duration_ms)
+
     # ---- the main loop ----
     def _serve(self) -> None:
         remaining = self._tables_to_tier_once() if self._options.once else None
@@ -307,9 +313,8 @@ class TieringDriver:
             pins = {s.bucket: s.snapshot_id for s in splits if s.kind is SplitKind.SNAPSHOT and s.snapshot_id is not None}
             if not pins or not self._leases_supported:
                 return splits
-            lease = self._admin.create_kv_snapshot_lease(self._options.lease_id, self._options.lease_duration_ms)
             try:
-                result = self._loop.call(lease.acquire_snapshots(pins))
+                result = self._loop.call(self._lease.acquire_snapshots(pins))
             except UnsupportedVersionError:
                 log.warning("the server has no KV snapshot lease RPCs; snapshots are read without a lease")
                 self._leases_supported = False
@@ -345,8 +350,7 @@ class TieringDriver:
                     self._admin.lake_tiering_heartbeat(tiering={assignment.table_id: assignment.tiering_epoch})
                 )
                 if current.pinned and self._leases_supported:
-                    lease = self._admin.create_kv_snapshot_lease(self._options.lease_id, self._options.lease_duration_ms)
-                    self._loop.call(lease.renew())
+                    self._loop.call(self._lease.renew())
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
                 continue
@@ -360,18 +364,16 @@ class TieringDriver:
     def _release(self, current: _Round) -> None:
         if not current.pinned:
             return
-        lease = self._admin.create_kv_snapshot_lease(self._options.lease_id, self._options.lease_duration_ms)
         try:
-            self._loop.call(lease.release_snapshots(current.pinned), 30)
+            self._loop.call(self._lease.release_snapshots(current.pinned), 30)
         except Exception as exc:
             log.warning("could not release the snapshots of %s: %s", current.assignment.table_path, exc)
 
     def _drop_lease(self, why: str) -> None:
         if not self._leases_supported or self._connection is None:
             return
-        lease = self._admin.create_kv_snapshot_lease(self._options.lease_id, self._options.lease_duration_ms)
         try:
-            self._loop.call(lease.drop(), 30)
+            self._loop.call(self._lease.drop(), 30)
             log.info("dropped lease %s (%s)", self._options.lease_id, why)
         except UnsupportedVersionError:
             self._leases_supported = False

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from strom.client import Connection
 from strom.client.changelog import ChangelogFold
+from strom.client.log_scanner import ScanBatch
 from strom.client.snapshots import KvSnapshotReader
 from strom.client.table import Table
 from strom.errors import TableNotExistError
@@ -115,7 +116,7 @@ async def run_split(context: RoundContext, index: int, split: TieringSplit) -> S
         writer = lake_table.writer(split.bucket, split.partition_name, context.lake_base_snapshot_id)
         try:
             if split.kind is SplitKind.SNAPSHOT:
-                end, max_timestamp, forced = await _write_snapshot(connection, table, split, writer), -1, False
+                end, max_timestamp, forced = await _write_snapshot(connection, table, split, writer)
             elif table.layout.primary_key:
                 end, max_timestamp, forced = await _write_changelog(table, split, writer, context.deadline_ms)
             else:
@@ -126,51 +127,66 @@ async def run_split(context: RoundContext, index: int, split: TieringSplit) -> S
     return SplitResult(index, result, end, max_timestamp, forced)
 
 
-async def _write_snapshot(connection: Connection, table: Table, split: TieringSplit, writer: LakeWriter) -> int:
+async def _write_snapshot(connection: Connection, table: Table, split: TieringSplit, writer: LakeWriter) -> tuple[int, int, bool]:
+    """A never-tiered primary-key bucket's leased KV snapshot; the lake then stands at its log offset."""
     assert split.snapshot_id is not None
     metadata = await connection.get_admin().get_kv_snapshot_metadata(split.bucket, split.snapshot_id)
     with KvSnapshotReader(table.layout, metadata) as reader:
         for batch in reader.iter_batches():
             unknown = pa.array(np.full(batch.num_rows, -1, np.int64))
             writer.append(batch, unknown, unknown)
-    return split.stop_offset
+    return split.stop_offset, -1, False
+
+
+class _LogRange:
+    """Reads a log split's range in offset order, stopping after the batch during which the round's
+    deadline passed; then says where it stopped, whether early, and the newest commit timestamp read."""
+
+    def __init__(self, table: Table, split: TieringSplit, deadline_ms: int) -> None:
+        self._table = table
+        self._split = split
+        self._deadline_ms = deadline_ms
+        self.end = split.start_offset
+        self.max_timestamp = -1
+        self.forced = False
+
+    async def batches(self) -> AsyncIterator[ScanBatch]:
+        split = self._split
+        scanner = self._table.new_scan().create_log_scanner()
+        async for scan_batch in scanner.read_range(split.bucket, split.start_offset, split.stop_offset):
+            yield scan_batch
+            self.end = scan_batch.next_offset
+            self.max_timestamp = max(self.max_timestamp, scan_batch.commit_timestamp)
+            if self.end < split.stop_offset and _now_ms() >= self._deadline_ms:
+                self.forced = True
+                return
+        self.end = split.stop_offset
+
+    @property
+    def outcome(self) -> tuple[int, int, bool]:
+        return self.end, self.max_timestamp, self.forced
 
 
 async def _write_log(table: Table, split: TieringSplit, writer: LakeWriter, deadline_ms: int) -> tuple[int, int, bool]:
     """A log table's records, each once, in offset order."""
-    scanner = table.new_scan().create_log_scanner()
-    end, max_timestamp = split.start_offset, -1
-    async for scan_batch in scanner.read_range(split.bucket, split.start_offset, split.stop_offset):
+    log_range = _LogRange(table, split, deadline_ms)
+    async for scan_batch in log_range.batches():
         rows = scan_batch.batch.num_rows
         offsets = pa.array(np.arange(scan_batch.base_offset, scan_batch.base_offset + rows, dtype=np.int64))
-        timestamps = pa.array(np.full(rows, scan_batch.commit_timestamp, np.int64))
-        writer.append(scan_batch.batch, offsets, timestamps)
-        end = scan_batch.next_offset
-        max_timestamp = max(max_timestamp, scan_batch.commit_timestamp)
-        if end < split.stop_offset and _now_ms() >= deadline_ms:
-            return end, max_timestamp, True
-    return split.stop_offset, max_timestamp, False
+        writer.append(scan_batch.batch, offsets, pa.array(np.full(rows, scan_batch.commit_timestamp, np.int64)))
+    return log_range.outcome
 
 
 async def _write_changelog(table: Table, split: TieringSplit, writer: LakeWriter, deadline_ms: int) -> tuple[int, int, bool]:
     """A primary-key bucket's changelog folded by key: the last change wins, deletes stay deletes."""
     fold = ChangelogFold(table.layout)
-    scanner = table.new_scan().create_log_scanner()
-    end, max_timestamp, forced = split.start_offset, -1, False
-    async for scan_batch in scanner.read_range(split.bucket, split.start_offset, split.stop_offset):
+    log_range = _LogRange(table, split, deadline_ms)
+    async for scan_batch in log_range.batches():
         assert scan_batch.change_types is not None, "a primary-key table's log carries change types"
         fold.add(scan_batch.batch, scan_batch.change_types, scan_batch.base_offset, scan_batch.commit_timestamp)
-        end = scan_batch.next_offset
-        max_timestamp = max(max_timestamp, scan_batch.commit_timestamp)
-        if end < split.stop_offset and _now_ms() >= deadline_ms:
-            forced = True
-            break
-    else:
-        end = split.stop_offset
     if len(fold):
         changes = fold.changes()
-        key_names = [table.layout.row_type.fields[i].name for i in table.layout.key_indexes]
-        writer.delete_keys(changes.touched.select(key_names))
+        writer.delete_keys(changes.touched.select(table.layout.physical_primary_key))
         position = 0
         for batch in changes.rows.to_batches():
             count = batch.num_rows
@@ -178,4 +194,4 @@ async def _write_changelog(table: Table, split: TieringSplit, writer: LakeWriter
                 batch, changes.offsets.slice(position, count), changes.timestamps.slice(position, count)
             )
             position += count
-    return end, max_timestamp, forced
+    return log_range.outcome
