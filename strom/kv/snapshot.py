@@ -13,6 +13,7 @@ Remote layout: ``kv/<db>/<table>-<table id>/[p<partition id>/]<bucket>/{shared/,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Iterable
@@ -104,11 +105,18 @@ class Checkpoint:
     row_count: int
 
 
+KV_ROOT = "kv"
+"""Every snapshot file lives under this directory of the remote storage, and nothing else does."""
+
+
+def table_remote_dir(path: TablePath, table_id: int, partition_id: int | None = None) -> str:
+    """The directory holding every snapshot file of a table (or of one of its partitions)."""
+    base = f"{KV_ROOT}/{path.database_name}/{path.table_name}-{table_id}"
+    return base if partition_id is None else f"{base}/p{partition_id}"
+
+
 def bucket_remote_dir(path: TablePath, bucket: TableBucket) -> str:
-    base = f"kv/{path.database_name}/{path.table_name}-{bucket.table_id}"
-    if bucket.partition_id is not None:
-        base += f"/p{bucket.partition_id}"
-    return f"{base}/{bucket.bucket}"
+    return f"{table_remote_dir(path, bucket.table_id, bucket.partition_id)}/{bucket.bucket}"
 
 
 def create_checkpoint(db: rocksdict.Rdict, directory: Path, log_offset: int, row_count: int) -> Checkpoint:
@@ -134,41 +142,55 @@ def upload_checkpoint(
     """Upload a checkpoint (blocking). ``instance_id`` names the RocksDB instance the SSTs come from;
     ``reusable_shared`` lists shared files already uploaded.
 
-    On failure nothing is committed; the private directory may hold partial files, which
-    :func:`discard_snapshot` removes.
+    On failure nothing is committed and what this call uploaded is removed again (best effort: a file
+    that cannot be removed now is unreferenced, and the coordinator's start-up sweep removes it).
     """
     already = {f.remote_path: f for f in reusable_shared}
     files: list[SnapshotFile] = []
     incremental = 0
     private_dir = f"{remote_dir}/snap-{snapshot_id}"
-    for local in sorted(checkpoint.directory.iterdir()):
-        if not local.is_file():
-            continue
-        if local.suffix == ".sst":
-            location = remote.url(f"{remote_dir}/shared/{instance_id}-{local.name}")
-            reused = already.get(location)
-            if reused is not None and reused.size_bytes == local.stat().st_size:
-                files.append(SnapshotFile(location, local.name, reused.size_bytes, True))
+    try:
+        for local in sorted(checkpoint.directory.iterdir()):
+            if not local.is_file():
                 continue
-            size = remote.put_file(local, location)
-            files.append(SnapshotFile(location, local.name, size, True))
-        else:
-            location = remote.url(f"{private_dir}/{local.name}")
-            size = remote.put_file(local, location)
-            files.append(SnapshotFile(location, local.name, size, False))
-        incremental += size
-    metadata_path = remote.url(f"{private_dir}/{METADATA_FILE_NAME}")
-    snapshot = CompletedKvSnapshot(
-        bucket, snapshot_id, checkpoint.log_offset, checkpoint.row_count, tuple(files), metadata_path,
-        incremental, created_ms,
-    )
-    remote.write_bytes(metadata_path, snapshot.to_json())
+            if local.suffix == ".sst":
+                location = remote.url(f"{remote_dir}/shared/{instance_id}-{local.name}")
+                reused = already.get(location)
+                if reused is not None and reused.size_bytes == local.stat().st_size:
+                    files.append(SnapshotFile(location, local.name, reused.size_bytes, True))
+                    continue
+                size = remote.put_file(local, location)
+                files.append(SnapshotFile(location, local.name, size, True))
+            else:
+                location = remote.url(f"{private_dir}/{local.name}")
+                size = remote.put_file(local, location)
+                files.append(SnapshotFile(location, local.name, size, False))
+            incremental += size
+        metadata_path = remote.url(f"{private_dir}/{METADATA_FILE_NAME}")
+        snapshot = CompletedKvSnapshot(
+            bucket, snapshot_id, checkpoint.log_offset, checkpoint.row_count, tuple(files), metadata_path,
+            incremental, created_ms,
+        )
+        remote.write_bytes(metadata_path, snapshot.to_json())
+    except BaseException:
+        with contextlib.suppress(Exception):
+            _discard(remote, private_dir, [f for f in files if f.shared and f.remote_path not in already])
+        raise
     return snapshot
 
 
-def discard_snapshot(remote: RemoteStorage, remote_dir: str, snapshot_id: int) -> None:
-    """Remove a snapshot's private directory (shared files are reference-counted elsewhere)."""
-    remote.delete_tree(f"{remote_dir}/snap-{snapshot_id}")
+def discard_upload(remote: RemoteStorage, snapshot: CompletedKvSnapshot, reused_shared: Iterable[SnapshotFile]) -> None:
+    """Remove an uploaded snapshot the coordinator did not commit: its private directory and the shared
+    files it sent itself. Shared files it reused belong to committed snapshots and stay."""
+    reused = {f.remote_path for f in reused_shared}
+    private_dir = snapshot.metadata_path.rsplit("/", 1)[0]
+    _discard(remote, private_dir, [f for f in snapshot.files if f.shared and f.remote_path not in reused])
+
+
+def _discard(remote: RemoteStorage, private_dir: str, new_shared: Iterable[SnapshotFile]) -> None:
+    for file in new_shared:
+        remote.delete(file.remote_path)
+    remote.delete_tree(private_dir)
 
 
 def download_snapshot(remote: RemoteStorage, snapshot: CompletedKvSnapshot, directory: Path) -> None:

@@ -89,6 +89,30 @@ class RemoteStorage:
         with contextlib.suppress(FileNotFoundError):
             self._fs.rm_file(self._path(location))
 
+    def list_files(self, location: str) -> list[str]:
+        """Every file under ``location``, as full locations (the form :meth:`url` gives)."""
+        base = self._path(location)
+        if not self._fs.exists(base):
+            return []
+        prefix = self._root_path.rstrip("/") + "/"
+        found = []
+        for path in self._fs.find(base):
+            path = str(path)
+            found.append(self.url(path[len(prefix):]) if path.startswith(prefix) else path)
+        return sorted(found)
+
+    def delete_empty_dirs(self, location: str) -> None:
+        """Remove the empty directories under ``location`` (local storage; object stores have none)."""
+        if not self.is_local:
+            return
+        root = Path(self._path(location))
+        if not root.is_dir():
+            return
+        for directory, _subdirs, _files in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+            if Path(directory) != root:
+                with contextlib.suppress(OSError):  # not empty, or already gone
+                    os.rmdir(directory)
+
     def delete_tree(self, location: str) -> None:
         path = self._path(location)
         if self._fs.exists(path):

@@ -49,6 +49,8 @@ class LeaseChange:
 
     released: list[tuple[TableBucket, int]]
     unavailable: dict[TableBucket, int]
+    released_all: bool = False
+    """The last unreadable lease went: any snapshot of any bucket may have been released."""
 
 
 def encode_lease(lease: KvSnapshotLease) -> bytes:
@@ -64,6 +66,15 @@ def encode_lease(lease: KvSnapshotLease) -> bytes:
         body += _GROUP.pack(table_id, -1 if partition_id is None else partition_id, width)
         body += array("q", [pins.get(bucket, -1) for bucket in range(width)]).tobytes()
     return _HEADER.pack(_FORMAT_VERSION, lease.expiration_ms) + zlib.compress(bytes(body), 6)
+
+
+def _readable_expiration(payload: bytes) -> int | None:
+    """The expiry in a lease's header, if the header at least is intact (known version)."""
+    try:
+        version, expiration_ms = _HEADER.unpack_from(payload, 0)
+    except struct.error:
+        return None
+    return int(expiration_ms) if version == _FORMAT_VERSION else None
 
 
 def decode_lease(lease_id: str, payload: bytes) -> KvSnapshotLease:
@@ -97,11 +108,18 @@ class KvSnapshotLeaseManager:
         self._clock = clock
         self._leases: dict[str, KvSnapshotLease] = {}
         self._refcounts: dict[tuple[TableBucket, int], int] = {}
+        self._unreadable: dict[str, int | None] = {}
         for lease_id, payload in store.list_leases().items():
             try:
                 lease = decode_lease(lease_id, payload)
             except (ValueError, zlib.error, IndexError, struct.error) as exc:
-                log.error("ignoring unreadable lease %r: %s", lease_id, exc)
+                self._unreadable[lease_id] = _readable_expiration(payload)
+                log.error(
+                    "lease %r cannot be read (%s): until it expires (%s) or an operator drops it "
+                    "(`strom lease drop`), no snapshot outside the retention "
+                    "window is deleted, since it may pin any of them",
+                    lease_id, exc, self._unreadable[lease_id] or "never: its expiry is unreadable too",
+                )
                 continue
             self._leases[lease_id] = lease
             self._count(lease.pins, +1)
@@ -133,7 +151,14 @@ class KvSnapshotLeaseManager:
 
     # ---- queries ----
     def is_leased(self, bucket: TableBucket, snapshot_id: int) -> bool:
-        return (bucket, snapshot_id) in self._refcounts
+        """Whether a lease pins the snapshot; while an unreadable lease is in force, every snapshot may be
+        pinned (fail safe: keep rather than delete what a reader may hold)."""
+        return bool(self._unreadable) or (bucket, snapshot_id) in self._refcounts
+
+    @property
+    def unreadable_lease_ids(self) -> list[str]:
+        """Leases found unreadable at start-up and not yet expired or dropped."""
+        return sorted(self._unreadable)
 
     def get(self, lease_id: str) -> KvSnapshotLease | None:
         return self._leases.get(lease_id)
@@ -173,6 +198,9 @@ class KvSnapshotLeaseManager:
                 released.append((bucket, previous))
             new.pins[bucket] = snapshot_id
         self._replace(lease_id, new)
+        if self._unreadable.pop(lease_id, False) is not False:  # its holder re-stated it: the new state rules
+            log.warning("unreadable lease %r replaced by a new acquire", lease_id)
+            return LeaseChange(released, unavailable, released_all=not self._unreadable)
         return LeaseChange(released, unavailable)
 
     def release(self, lease_id: str, buckets: Iterable[TableBucket]) -> LeaseChange:
@@ -191,7 +219,13 @@ class KvSnapshotLeaseManager:
         return LeaseChange(released, {})
 
     def drop(self, lease_id: str) -> LeaseChange:
-        """Delete a lease; dropping an unknown lease succeeds and changes nothing."""
+        """Delete a lease; dropping an unknown lease succeeds and changes nothing. Dropping an unreadable
+        lease lifts the hold it put on every snapshot."""
+        if lease_id in self._unreadable:
+            self._store.delete_lease(lease_id)
+            del self._unreadable[lease_id]
+            log.warning("unreadable lease %r dropped", lease_id)
+            return LeaseChange([], {}, released_all=not self._unreadable)
         old = self._leases.get(lease_id)
         if old is None:
             return LeaseChange([], {})
@@ -202,6 +236,13 @@ class KvSnapshotLeaseManager:
         """Drop every lease whose expiry has passed (strictly before now)."""
         now = self._clock.now_ms()
         released: list[tuple[TableBucket, int]] = []
+        released_all = False
+        for lease_id, expiration_ms in list(self._unreadable.items()):
+            if expiration_ms is not None and expiration_ms < now:
+                try:
+                    released_all |= self.drop(lease_id).released_all
+                except Exception:
+                    log.exception("cannot drop expired unreadable lease %r; will retry", lease_id)
         for lease in [lease for lease in self._leases.values() if lease.expiration_ms < now]:
             try:
                 released += self.drop(lease.lease_id).released
@@ -209,7 +250,7 @@ class KvSnapshotLeaseManager:
                 log.exception("cannot drop expired lease %r; will retry", lease.lease_id)
             else:
                 log.info("lease %r expired", lease.lease_id)
-        return LeaseChange(released, {})
+        return LeaseChange(released, {}, released_all=released_all)
 
     def drop_table(self, table_id: int, partition_id: int | None = None) -> LeaseChange:
         """Remove a dropped table's (or partition's) pins from every lease."""

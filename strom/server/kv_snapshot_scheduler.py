@@ -28,7 +28,7 @@ from strom.kv.snapshot import (
     CompletedKvSnapshot,
     SnapshotFile,
     bucket_remote_dir,
-    discard_snapshot,
+    discard_upload,
     upload_checkpoint,
 )
 from strom.remote.storage import RemoteStorage
@@ -43,6 +43,8 @@ class SnapshotCommitter(Protocol):
     def next_snapshot_id(self, bucket: TableBucket) -> int: ...
 
     def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> None: ...
+
+    def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool: ...
 
     def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
 
@@ -87,9 +89,21 @@ class KvSnapshotScheduler:
         self._in_flight: set[asyncio.Task[CompletedKvSnapshot | None]] = set()
 
     def start(self) -> None:
+        self._clear_staging()
         if self._interval_ms > 0:
             self._tasks.append(asyncio.ensure_future(self._snapshot_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+
+    def _clear_staging(self) -> None:
+        """Remove checkpoints a killed process left behind (hard links that pin deleted SSTs' disk space)."""
+        if not self._local_dir.is_dir():
+            return
+        for leftover in self._local_dir.iterdir():
+            log.info("removing leftover snapshot staging %s", leftover.name)
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -153,7 +167,11 @@ class KvSnapshotScheduler:
             try:
                 self._committer.commit_snapshot(completed)
             except BaseException:
-                await asyncio.to_thread(discard_snapshot, self._remote, remote_dir, snapshot_id)
+                # A commit that failed after the record was stored (it is then the bucket's latest) must
+                # keep its files; one that was rejected (table or partition dropped meanwhile, metadata
+                # error) leaves nothing behind, shared SSTs it sent included.
+                if not self._committer.snapshot_exists(replica.bucket, snapshot_id):
+                    await asyncio.to_thread(discard_upload, self._remote, completed, state.shared_files)
                 raise
             state.last_log_offset = completed.log_offset
             state.shared_files = tuple(f for f in completed.files if f.shared)

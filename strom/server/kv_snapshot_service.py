@@ -21,7 +21,7 @@ from strom.errors import (
     UnknownTableOrBucketError,
 )
 from strom.ids import TableBucket, TablePath
-from strom.kv.snapshot import CompletedKvSnapshot
+from strom.kv.snapshot import CompletedKvSnapshot, table_remote_dir
 from strom.metadata.table_info import TableInfo
 from strom.rpc.messages import add_snapshot_pins, ext, pb, read_snapshot_pins
 from strom.server.coordinator import CoordinatorService
@@ -70,7 +70,9 @@ class KvSnapshotService:
         self._after_change(self._leases.expire())
 
     def _after_change(self, change: LeaseChange) -> None:
-        if change.released:
+        if change.released_all:
+            self._snapshots.apply_retention(self._snapshots.buckets())
+        elif change.released:
             self._snapshots.apply_retention(bucket for bucket, _snapshot_id in change.released)
 
     # ---- the tablet servers' side ----
@@ -78,10 +80,19 @@ class KvSnapshotService:
         return self._snapshots.next_snapshot_id(bucket)
 
     def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> None:
-        """Record a snapshot a tablet server uploaded. Raises UnknownTableOrBucketError if the table is gone."""
-        if self._catalog.table_info_by_id(snapshot.bucket.table_id) is None:
-            raise UnknownTableOrBucketError(f"table {snapshot.bucket.table_id} no longer exists")
+        """Record a snapshot a tablet server uploaded. Raises UnknownTableOrBucketError if its table or
+        partition was dropped while it was uploading (the uploader then removes its files)."""
+        bucket = snapshot.bucket
+        if self._catalog.table_info_by_id(bucket.table_id) is None:
+            raise UnknownTableOrBucketError(f"table {bucket.table_id} no longer exists")
+        if bucket.partition_id is not None:
+            partition = self._catalog.partition_by_id(bucket.partition_id)
+            if partition is None or partition.table_id != bucket.table_id:
+                raise UnknownTableOrBucketError(f"partition {bucket.partition_id} of table {bucket.table_id} no longer exists")
         self._snapshots.add(snapshot)
+
+    def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
+        return self._snapshots.exists(bucket, snapshot_id)
 
     def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
         return self._snapshots.latest(bucket)
@@ -90,8 +101,12 @@ class KvSnapshotService:
         return self._snapshots.oldest(bucket)
 
     def on_table_dropped(self, table: TableInfo, partition_id: int | None = None) -> None:
+        """Drop the pins and the snapshots of a dropped table (or partition), and its whole remote
+        snapshot directory: that also takes shared files an upload in flight sent before the drop."""
         self._leases.drop_table(table.table_id, partition_id)
-        self._snapshots.drop_table(table.table_id, partition_id)
+        self._snapshots.drop_table(
+            table.table_id, partition_id, table_remote_dir(table.path, table.table_id, partition_id)
+        )
 
     # ---- RPCs ----
     def _pk_table(self, table_id: int) -> TableInfo:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from strom.errors import KvSnapshotNotExistError
 from strom.ids import TableBucket
-from strom.kv.snapshot import CompletedKvSnapshot
+from strom.kv.snapshot import KV_ROOT, CompletedKvSnapshot
 from strom.metadata.store import KvSnapshotRecord, MetadataStore
 from strom.remote.storage import RemoteStorage
 
@@ -62,6 +62,9 @@ class KvSnapshotStore:
     def exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
         entry = self._buckets.get(bucket)
         return entry is not None and snapshot_id in entry.snapshots
+
+    def buckets(self) -> list[TableBucket]:
+        return list(self._buckets)
 
     def latest(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
         entry = self._buckets.get(bucket)
@@ -108,10 +111,16 @@ class KvSnapshotStore:
             )
         )
         self._bucket(snapshot.bucket).snapshots[snapshot.snapshot_id] = snapshot
+        # The snapshot is committed from here on: a retention failure must not make the caller treat
+        # the commit as failed (and delete the files of what is now the latest snapshot).
         self.apply_retention([snapshot.bucket])
 
     def apply_retention(self, buckets: Iterable[TableBucket]) -> None:
-        """Delete snapshots of ``buckets`` that are outside the retention window and not leased."""
+        """Delete snapshots of ``buckets`` that are outside the retention window and not leased.
+
+        Never raises: a snapshot whose metadata cannot be deleted stays (in memory and in the store),
+        and retention tries again at the bucket's next commit or pin change.
+        """
         for bucket in set(buckets):
             entry = self._buckets.get(bucket)
             if entry is None:
@@ -123,7 +132,11 @@ class KvSnapshotStore:
                 continue
             private_dirs = []
             for snapshot_id in victims:
-                self._store.delete_kv_snapshot(bucket.table_id, bucket.partition_id, bucket.bucket, snapshot_id)
+                try:
+                    self._store.delete_kv_snapshot(bucket.table_id, bucket.partition_id, bucket.bucket, snapshot_id)
+                except Exception as exc:
+                    log.warning("cannot delete snapshot %d of %s (will retry): %s", snapshot_id, bucket, exc)
+                    break
                 victim = entry.snapshots.pop(snapshot_id)
                 entry.orphaned_files.update(f.remote_path for f in victim.files)
                 entry.orphaned_files.add(victim.metadata_path)
@@ -159,8 +172,14 @@ class KvSnapshotStore:
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    def drop_table(self, table_id: int, partition_id: int | None = None) -> None:
-        """Forget a dropped table's (or partition's) snapshots and delete their files."""
+    def drop_table(self, table_id: int, partition_id: int | None = None, remote_dir: str | None = None) -> None:
+        """Forget a dropped table's (or partition's) snapshots and delete their files; ``remote_dir`` (the
+        table's or partition's snapshot directory) is then removed whole, taking files no record names.
+
+        The records are gone with the table's metadata already (the store drops them with the table), so a
+        crash before the files are deleted leaves only unreferenced files: :meth:`sweep_unreferenced`
+        removes those at the next start.
+        """
         dropped = [
             bucket
             for bucket in self._buckets
@@ -172,6 +191,34 @@ class KvSnapshotStore:
             locations |= {s.metadata_path for s in entry.snapshots.values()}
             directories = sorted({s.metadata_path.rsplit("/", 1)[0] for s in entry.snapshots.values()})
             self._delete_files(bucket, sorted(locations), directories)
+        if remote_dir is not None:
+            self._delete_files(TableBucket(table_id, -1, partition_id), [], [remote_dir])
+
+    def referenced_files(self) -> set[str]:
+        """Every remote file a stored snapshot needs (its data files and its metadata file)."""
+        return {
+            location
+            for entry in self._buckets.values()
+            for snapshot in entry.snapshots.values()
+            for location in (snapshot.metadata_path, *(f.remote_path for f in snapshot.files))
+        }
+
+    async def sweep_unreferenced(self) -> int:
+        """Delete every file under the remote snapshot root that no stored snapshot references: files whose
+        deletion failed before a restart, partial uploads of a killed process, tables whose files a crash
+        kept from being deleted. Run at start-up, before any upload can be in flight. Returns the count."""
+        referenced = self.referenced_files()
+        present = await asyncio.to_thread(self._remote.list_files, KV_ROOT)
+        doomed = [location for location in present if location not in referenced]
+        for location in doomed:
+            try:
+                await asyncio.to_thread(self._remote.delete, location)
+            except OSError as exc:
+                log.warning("cannot delete unreferenced snapshot file %s: %s", location, exc)
+        await asyncio.to_thread(self._remote.delete_empty_dirs, KV_ROOT)
+        if doomed:
+            log.info("removed %d unreferenced snapshot files", len(doomed))
+        return len(doomed)
 
     async def wait_for_cleanups(self) -> None:
         """Wait until every file deletion started so far has finished (tests and shutdown)."""

@@ -56,6 +56,11 @@ class StromCollector(Collector):
     def _families(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("strom_kv_snapshot_lease_count", "KV snapshot leases held.", value=self._leases.lease_count)
         yield GaugeMetricFamily(
+            "strom_kv_snapshot_unreadable_lease_count",
+            "Leases unreadable at start-up: while any is in force, no snapshot is deleted (drop it to resume).",
+            value=len(self._leases.unreadable_lease_ids),
+        )
+        yield GaugeMetricFamily(
             "strom_kv_snapshot_leased_snapshot_count",
             "Snapshot pins across all leases (one per lease and bucket).",
             value=self._leases.pin_count,

@@ -142,8 +142,8 @@ class StromServer:
         )
 
         async def on_table_dropped(table: TableInfo, partition_id: int | None) -> None:
-            leases.drop_table(table.table_id, partition_id)
-            snapshot_store.drop_table(table.table_id, partition_id)
+            assert self.snapshots is not None
+            self.snapshots.on_table_dropped(table, partition_id)
             if partition_id is None and self.lake is not None:
                 await self.lake.drop_table(table)
 
@@ -186,6 +186,7 @@ class StromServer:
             clock=self.clock,
             default_log_ttl=config.get(TABLE_LOG_TTL),
         )
+        await snapshot_store.sweep_unreferenced()  # before the first upload can be in flight
         self.snapshot_scheduler.start()
         self.rpc = RpcServer(
             self._handlers(),

@@ -77,6 +77,9 @@ class ScanKvService:
             return self._scan(request)
         except StromError as exc:
             return _error_response(exc, request)
+        except Exception as exc:  # a storage failure (RocksDB raises plain exceptions): still a scan error
+            log.error("ScanKv failed", exc_info=exc)
+            return _error_response(exc, request)
 
     def _scan(self, request: Any) -> Any:
         opening = request.HasField("bucket_scan_req")
@@ -169,7 +172,7 @@ class ScanKvService:
         self.scanners.close_scanners_for_table(table_id, partition_id)
 
 
-def _error_response(exc: StromError, request: Any) -> Any:
+def _error_response(exc: Exception, request: Any) -> Any:
     code, message = code_for_exception(exc)
     response = pb.ScanKvResponse(error_code=code, error_message=message[:4096])
     if request.HasField("scanner_id"):

@@ -117,3 +117,26 @@ def test_dropping_a_table_deletes_every_snapshot_file(tmp_path: Path, remote: Re
 def test_a_non_positive_retention_count_is_rejected(tmp_path: Path, remote: RemoteStorage) -> None:
     with pytest.raises(ValueError, match="num-retained"):
         KvSnapshotStore(SqliteMetadataStore(str(tmp_path / "m.sqlite")), remote, 0, lambda b, s: False)
+
+
+def test_an_unreadable_lease_keeps_every_snapshot_until_dropped(tmp_path: Path, remote: RemoteStorage) -> None:
+    from strom.clock import ManualClock
+    from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
+
+    async def scenario() -> None:
+        metadata = SqliteMetadataStore(str(tmp_path / "m.sqlite"))
+        metadata.put_lease("garbled", b"\x00\x01")
+        leases = KvSnapshotLeaseManager(metadata, ManualClock())
+        store = KvSnapshotStore(metadata, remote, 1, leases.is_leased)
+        for snapshot_id in range(3):
+            store.add(make_snapshot(remote, snapshot_id, [f"{snapshot_id}.sst"]))
+        await store.wait_for_cleanups()
+        assert [s.snapshot_id for s in store.snapshots(5)] == [0, 1, 2]
+        assert {"b/snap-0/_METADATA", "b/shared/0.sst"} <= existing(tmp_path / "remote")
+        assert leases.drop("garbled").released_all
+        store.apply_retention(store.buckets())
+        await store.wait_for_cleanups()
+        assert [s.snapshot_id for s in store.snapshots(5)] == [2]
+        assert "b/snap-0/_METADATA" not in existing(tmp_path / "remote")
+
+    asyncio.run(scenario())

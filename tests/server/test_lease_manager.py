@@ -212,3 +212,44 @@ def test_a_lease_pinning_100k_buckets_is_stored_far_below_one_megabyte() -> None
     pins = {TableBucket(3, bucket): rng.randint(0, 10_000) for bucket in range(100_000)}
     size = len(encode_lease(KvSnapshotLease("big", 1, pins)))
     assert size < 300_000, size  # random snapshot ids: the worst case for the encoding
+
+
+def test_an_unreadable_lease_holds_every_snapshot_until_an_operator_drops_it(
+    store: SqliteMetadataStore, clock: ManualClock
+) -> None:
+    store.put_lease("readable", encode_lease(KvSnapshotLease("readable", clock.now_ms() + 60_000, {T0: 3})))
+    store.put_lease("garbled", b"\x07not a lease")
+    manager = KvSnapshotLeaseManager(store, clock)
+    assert manager.unreadable_lease_ids == ["garbled"]
+    assert manager.get("readable") is not None
+    # it may pin anything: fail safe, nothing is released by retention
+    assert manager.is_leased(T1, 1) and manager.is_leased(P0, 42)
+    clock.advance(ms=10 * 365 * 86_400_000)
+    assert manager.expire().released_all is False  # its expiry is unreadable too: it never lapses by itself
+    assert manager.is_leased(T2, 5)
+    change = manager.drop("garbled")
+    assert change.released_all and manager.unreadable_lease_ids == []
+    assert not manager.is_leased(T2, 5)
+    assert "garbled" not in store.list_leases()
+
+
+def test_an_unreadable_lease_with_an_intact_header_expires_at_its_recorded_time(
+    store: SqliteMetadataStore, clock: ManualClock
+) -> None:
+    payload = encode_lease(KvSnapshotLease("cut", clock.now_ms() + 1_000, {T0: 3, T1: 4}))
+    store.put_lease("cut", payload[:-3])  # the body is cut short; the header with the expiry survives
+    manager = KvSnapshotLeaseManager(store, clock)
+    assert manager.unreadable_lease_ids == ["cut"] and manager.is_leased(T2, 9)
+    assert manager.expire().released_all is False
+    clock.advance(ms=1_001)
+    assert manager.expire().released_all is True
+    assert not manager.is_leased(T2, 9) and store.list_leases() == {}
+
+
+def test_acquiring_an_unreadable_lease_id_replaces_it(store: SqliteMetadataStore, clock: ManualClock) -> None:
+    store.put_lease("holder", b"\x02garbage")
+    manager = KvSnapshotLeaseManager(store, clock)
+    change = manager.acquire("holder", 60_000, {T0: 1}, everything_exists)
+    assert change.released_all and manager.unreadable_lease_ids == []
+    assert manager.is_leased(T0, 1) and not manager.is_leased(T0, 2)
+    assert decode_lease("holder", store.list_leases()["holder"]).pins == {T0: 1}
