@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from strom.clock import Clock
+from strom.errors import InvalidConfigError
 from strom.ids import TableBucket
 from strom.metadata.store import MetadataStore
 
@@ -98,6 +99,30 @@ def decode_lease(lease_id: str, payload: bytes) -> KvSnapshotLease:
     if position != len(body):
         raise ValueError(f"lease {lease_id!r} has {len(body) - position} trailing bytes")
     return lease
+
+
+LEASE_ID_LENGTH_MAX = 256
+LEASE_DURATION_MS_MAX = 365 * 24 * 3600 * 1000
+"""A lease is renewed by its holder while it reads; a year bounds what a forgotten one can keep."""
+
+
+def validate_lease_request(lease_id: str, duration_ms: int) -> None:
+    """Reject what would be stored and then haunt the cluster: an empty, huge or unprintable id, a
+    duration that is not positive or would overflow the expiry."""
+    if not isinstance(lease_id, str):  # protobuf hands over a proto2 string that is not UTF-8 as bytes
+        raise InvalidConfigError("Invalid lease request: the lease id is not valid UTF-8.")
+    if not lease_id:
+        raise InvalidConfigError("Invalid lease request: the lease id is empty.")
+    if len(lease_id) > LEASE_ID_LENGTH_MAX:
+        raise InvalidConfigError(
+            f"Invalid lease request: the lease id has {len(lease_id)} characters (at most {LEASE_ID_LENGTH_MAX})."
+        )
+    if not lease_id.isprintable():
+        raise InvalidConfigError(f"Invalid lease request: the lease id {lease_id[:64]!r} has unprintable characters.")
+    if not 0 < duration_ms <= LEASE_DURATION_MS_MAX:
+        raise InvalidConfigError(
+            f"Invalid lease request: the lease duration must be in (0, {LEASE_DURATION_MS_MAX}] ms, got {duration_ms}."
+        )
 
 
 class KvSnapshotLeaseManager:
@@ -183,8 +208,7 @@ class KvSnapshotLeaseManager:
         snapshot_exists: Callable[[TableBucket, int], bool],
     ) -> LeaseChange:
         """Pin ``pins`` (an empty mapping renews), setting the expiry to now + ``duration_ms``."""
-        if duration_ms <= 0:
-            raise ValueError(f"lease duration must be positive, got {duration_ms} ms")
+        validate_lease_request(lease_id, duration_ms)
         old = self._leases.get(lease_id)
         new = KvSnapshotLease(lease_id, self._clock.now_ms() + duration_ms, dict(old.pins) if old else {})
         unavailable: dict[TableBucket, int] = {}
