@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from strom.client.acls import AclAdmin
 from strom.client.lake import LakeAdmin
 from strom.client.snapshots import SnapshotAdmin
 from strom.errors import error_for_code
@@ -73,7 +74,7 @@ def _path(table_path: TablePath) -> Any:
     return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
 
 
-class Admin(SnapshotAdmin, LakeAdmin):
+class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
     """Every method is a coroutine that raises the :mod:`strom.errors` error of the server's code."""
 
     def __init__(self, connection: Connection) -> None:

@@ -19,6 +19,7 @@ from strom.ids import TableBucket, TablePath
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import Message
+from strom.security.credentials import credentials_from_config
 
 if TYPE_CHECKING:
     from strom.client.admin import Admin
@@ -46,6 +47,8 @@ class Connection:
         self.connect_timeout_ms = int(
             parse_duration(config.get("client.connect-timeout", "10s")).total_seconds() * 1000
         )
+        # SASL credentials (client.security.protocol=SASL …), sent on every server connection
+        self._credentials = credentials_from_config(config)
         self._connections: dict[str, RpcConnection] = {}
         self._connecting: dict[str, asyncio.Future[RpcConnection]] = {}
         self.metadata = MetadataCache(self)
@@ -90,7 +93,9 @@ class Connection:
         self._connecting[address] = future
         try:
             host, port = _split_address(address)
-            connection = await RpcConnection.connect(host, port, timeout_ms=self.connect_timeout_ms)
+            connection = await RpcConnection.connect(
+                host, port, timeout_ms=self.connect_timeout_ms, credentials=self._credentials
+            )
             self._connections[address] = connection
             future.set_result(connection)
             return connection

@@ -22,6 +22,7 @@ from strom.errors import (
     TableNotExistError,
 )
 from strom.metadata.store import (
+    AclRecord,
     DatabaseRecord,
     KvSnapshotRecord,
     LakeSnapshotRecord,
@@ -49,6 +50,10 @@ CREATE TABLE IF NOT EXISTS lake_tiering (table_id INTEGER PRIMARY KEY, payload B
 CREATE TABLE IF NOT EXISTS lake_snapshots (
     table_id INTEGER NOT NULL, seq INTEGER NOT NULL, snapshot_id INTEGER NOT NULL, readable INTEGER NOT NULL,
     snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, seq), UNIQUE (table_id, snapshot_id));
+CREATE TABLE IF NOT EXISTS acls (
+    resource_type INTEGER NOT NULL, resource_name TEXT NOT NULL, principal_type TEXT NOT NULL,
+    principal_name TEXT NOT NULL, host TEXT NOT NULL, operation INTEGER NOT NULL, permission INTEGER NOT NULL,
+    PRIMARY KEY (resource_type, resource_name, principal_type, principal_name, host, operation, permission));
 """
 
 # SQLite cannot key on NULL, so "no partition" is stored as -1 (Fluss never assigns negative ids).
@@ -316,6 +321,28 @@ class SqliteMetadataStore(MetadataStore):
         rows = self._query(sql + " ORDER BY seq DESC LIMIT 1", *args)
         return self._lake_snapshot(rows[0]) if rows else None
 
+    # ---- ACLs ----
+    def add_acls(self, records: Collection[AclRecord]) -> None:
+        with self._transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO acls VALUES (?, ?, ?, ?, ?, ?, ?)", [_acl_row(r) for r in records])
+
+    def delete_acls(self, records: Collection[AclRecord]) -> None:
+        with self._transaction() as db:
+            db.executemany(
+                "DELETE FROM acls WHERE resource_type = ? AND resource_name = ? AND principal_type = ? AND "
+                "principal_name = ? AND host = ? AND operation = ? AND permission = ?",
+                [_acl_row(r) for r in records],
+            )
+
+    def list_acls(self) -> list[AclRecord]:
+        rows = self._query("SELECT * FROM acls ORDER BY 1, 2, 3, 4, 5, 6, 7")
+        return [AclRecord(int(a), b, c, d, e, int(f), int(g)) for a, b, c, d, e, f, g in rows]
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _acl_row(record: AclRecord) -> tuple[int, str, str, str, str, int, int]:
+    return (record.resource_type, record.resource_name, record.principal_type, record.principal_name, record.host,
+            record.operation, record.permission)

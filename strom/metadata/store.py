@@ -1,5 +1,5 @@
-"""Where cluster metadata lives: databases, tables, partitions, id sequences, KV snapshots, leases, and the
-lake tiering state and lake snapshots of lake-enabled tables.
+"""Where cluster metadata lives: databases, tables, partitions, id sequences, KV snapshots, leases, the
+lake tiering state and lake snapshots of lake-enabled tables, and ACLs.
 
 ``MetadataStore`` is the contract; backends live in their own modules and are picked by name from
 :data:`STORES` (imported lazily, so an optional backend's library is only needed when it is used).
@@ -71,6 +71,19 @@ class LakeSnapshotRecord:
     snapshot_id: int
     readable: bool
     snapshot_json: bytes
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AclRecord:
+    """One stored ACL entry; the codes are Fluss's (``strom.security.acl`` gives them names)."""
+
+    resource_type: int
+    resource_name: str
+    principal_type: str
+    principal_name: str
+    host: str
+    operation: int
+    permission: int
 
 
 class MetadataStore(ABC):
@@ -188,6 +201,19 @@ class MetadataStore(ABC):
     ) -> LakeSnapshotRecord | None:
         """The snapshot with ``snapshot_id``, else the newest one (the newest readable one if ``readable``)."""
 
+    # ---- ACLs ----
+    @abstractmethod
+    def add_acls(self, records: Collection[AclRecord]) -> None:
+        """Store the entries; one already stored is kept once."""
+
+    @abstractmethod
+    def delete_acls(self, records: Collection[AclRecord]) -> None:
+        """Remove the entries; one not stored is ignored."""
+
+    @abstractmethod
+    def list_acls(self) -> list[AclRecord]:
+        """Every stored entry, sorted."""
+
     @abstractmethod
     def close(self) -> None: ...
 
@@ -211,6 +237,7 @@ def open_store(kind: str, location: str) -> MetadataStore:
 
 
 __all__ = [
+    "AclRecord",
     "DatabaseRecord",
     "KvSnapshotRecord",
     "LakeSnapshotRecord",

@@ -11,6 +11,7 @@ import socket
 from typing import TypeVar
 
 from strom.errors import (
+    AuthenticationError,
     ConnectionFailedError,
     CorruptMessageError,
     NetworkError,
@@ -21,12 +22,14 @@ from strom.errors import (
 from strom.rpc import framing
 from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey, ApiVersionRange
 from strom.rpc.messages import DecodeError, Message, pb, response_class
+from strom.security.credentials import SaslCredentials
 
 M = TypeVar("M", bound=Message)
 
 CLIENT_SOFTWARE_NAME = STROM_CLIENT_NAME
 CLIENT_SOFTWARE_VERSION = "0.1.0"
 SWEEP_INTERVAL_S = 0.1
+AUTHENTICATE_ROUNDS_MAX = 8
 
 
 class _ResponseProtocol(asyncio.Protocol):
@@ -100,7 +103,15 @@ class RpcConnection:
         self._closed_error: Exception | None = None
 
     @classmethod
-    async def connect(cls, host: str, port: int, *, timeout_ms: int = 10_000) -> RpcConnection:
+    async def connect(
+        cls, host: str, port: int, *, timeout_ms: int = 10_000, credentials: SaslCredentials | None = None
+    ) -> RpcConnection:
+        """Connect, exchange ApiVersions and, given ``credentials``, authenticate (SASL).
+
+        Raises:
+            ConnectionFailedError: nothing answers at ``host:port``.
+            AuthenticationError: the server refused the credentials.
+        """
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
         try:
@@ -117,12 +128,26 @@ class RpcConnection:
                 pb.ApiVersionsResponse,
                 timeout_ms,
             )
+            if credentials is not None:
+                await connection._authenticate(credentials, timeout_ms)
         except BaseException:
             await connection.close()
             raise
         for version in response.api_versions:
             connection._server_versions[version.api_key] = ApiVersionRange(version.min_version, version.max_version)
         return connection
+
+    async def _authenticate(self, credentials: SaslCredentials, timeout_ms: int) -> None:
+        token = credentials.token()
+        for _ in range(AUTHENTICATE_ROUNDS_MAX):
+            response = await self._send(
+                ApiKey.AUTHENTICATE, 0, pb.AuthenticateRequest(protocol=credentials.mechanism, token=token),
+                pb.AuthenticateResponse, timeout_ms,
+            )
+            if not response.HasField("challenge"):
+                return
+            token = response.challenge  # PLAIN never challenges; other mechanisms answer the challenge
+        raise AuthenticationError(f"{self.address} kept challenging after {AUTHENTICATE_ROUNDS_MAX} rounds")
 
     @property
     def is_closed(self) -> bool:

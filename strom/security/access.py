@@ -1,0 +1,260 @@
+"""Which operation on which resource each request needs: the one place requests are authorized.
+
+:meth:`AccessControl.guard` wraps a handler with its api key's rule; the server wraps every handler when
+``authorizer.enabled`` is set (and none otherwise, so an unsecured server runs exactly as before). The
+rules follow Fluss's services:
+
+- cluster: CREATE to create a database; DESCRIBE to list leases or lake tiering state (strom extensions);
+- database: DROP to drop it, DESCRIBE to read its info, CREATE to create a table in it;
+- table: DESCRIBE for its info, schema, partitions, offsets, snapshots and lake snapshot; READ to fetch,
+  look up, prefix-look-up, limit-scan, ScanKv, and to acquire, release or drop KV snapshot leases on it;
+  WRITE to produce, put, initialise a writer, create or drop partitions; ALTER to alter; DROP to drop;
+- listings (databases, tables) and GetMetadata leave out what the principal may not DESCRIBE;
+- FetchLog, Lookup and PrefixLookup answer a denied table per bucket with the authorization error code, as
+  Fluss does (the official client reports it per bucket); the others fail as a whole (code 48).
+
+Requests Fluss leaves unchecked are unchecked here too: ApiVersions, DatabaseExists, TableExists,
+GetFileSystemSecurityToken and the tiering service's coordinator calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from strom.errors import AuthorizationError
+from strom.ids import TablePath
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import Message, pb
+from strom.rpc.server import Handler, RequestContext
+from strom.security.acl import ANONYMOUS, OperationType, Principal, Resource
+from strom.security.authorizer import Authorizer
+
+READ, WRITE, DESCRIBE = OperationType.READ, OperationType.WRITE, OperationType.DESCRIBE
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    principal: Principal
+    host: str
+
+
+def caller_of(context: RequestContext) -> Caller:
+    """The principal and the client's IP address (the peer without its port)."""
+    host = context.peer.rpartition(":")[0].strip("[]") or context.peer
+    return Caller(context.principal or ANONYMOUS, host)
+
+
+Finish = Callable[[Any], Any]
+Rule = Callable[[Any, Caller], "Message | Finish | None"]
+"""Checks a request: raises AuthorizationError, returns a response to send instead of calling the handler,
+a function that adjusts the handler's response, or None to let the handler answer as it would."""
+
+
+class AccessControl:
+    """The rules, bound to an authorizer and to the catalog (table id → path, lease → tables)."""
+
+    def __init__(
+        self,
+        authorizer: Authorizer,
+        table_path_by_id: Callable[[int], TablePath | None],
+        lease_table_ids: Callable[[str], Iterable[int]],
+    ) -> None:
+        self._authorizer = authorizer
+        self._table_path_by_id = table_path_by_id
+        self._lease_table_ids = lease_table_ids
+        self._rules: dict[ApiKey, Rule] = {
+            ApiKey.CREATE_DATABASE: lambda r, c: self._check(c, OperationType.CREATE, Resource.cluster()),
+            ApiKey.DROP_DATABASE: lambda r, c: self._check(c, OperationType.DROP, Resource.database(r.database_name)),
+            ApiKey.GET_DATABASE_INFO: lambda r, c: self._check(c, DESCRIBE, Resource.database(r.database_name)),
+            ApiKey.LIST_DATABASES: self._list_databases,
+            ApiKey.CREATE_TABLE: lambda r, c: self._check(
+                c, OperationType.CREATE, Resource.database(r.table_path.database_name)
+            ),
+            ApiKey.DROP_TABLE: lambda r, c: self._check_path(c, OperationType.DROP, r.table_path),
+            ApiKey.ALTER_TABLE: lambda r, c: self._check_path(c, OperationType.ALTER, r.table_path),
+            ApiKey.GET_TABLE_INFO: lambda r, c: self._check_path(c, DESCRIBE, r.table_path),
+            ApiKey.GET_TABLE_SCHEMA: lambda r, c: self._check_path(c, DESCRIBE, r.table_path),
+            ApiKey.LIST_TABLES: self._list_tables,
+            ApiKey.LIST_PARTITION_INFOS: lambda r, c: self._check_path(c, DESCRIBE, r.table_path),
+            ApiKey.CREATE_PARTITION: lambda r, c: self._check_path(c, WRITE, r.table_path),
+            ApiKey.DROP_PARTITION: lambda r, c: self._check_path(c, WRITE, r.table_path),
+            ApiKey.GET_METADATA: self._metadata,
+            ApiKey.INIT_WRITER: self._init_writer,
+            ApiKey.GET_LATEST_KV_SNAPSHOTS: lambda r, c: self._check_path(c, DESCRIBE, r.table_path),
+            ApiKey.GET_KV_SNAPSHOT_METADATA: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
+            ApiKey.LIST_KV_SNAPSHOTS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
+            ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(
+                c, READ, (t.table_id for t in r.snapshots_to_lease)
+            ),
+            ApiKey.RELEASE_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(
+                c, READ, (b.table_id for b in r.buckets_to_release)
+            ),
+            ApiKey.DROP_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(c, READ, self._lease_table_ids(r.lease_id)),
+            ApiKey.LIST_KV_SNAPSHOT_LEASES: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
+            ApiKey.DESCRIBE_LAKE_TIERING: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
+            ApiKey.GET_LAKE_SNAPSHOT: lambda r, c: self._check_path(c, DESCRIBE, r.table_path),
+            ApiKey.PRODUCE_LOG: lambda r, c: self._check_id(c, WRITE, r.table_id),
+            ApiKey.PUT_KV: lambda r, c: self._check_id(c, WRITE, r.table_id),
+            ApiKey.LIST_OFFSETS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
+            ApiKey.LIMIT_SCAN: lambda r, c: self._check_id(c, READ, r.table_id),
+            ApiKey.SCAN_KV: self._scan_kv,
+            ApiKey.LOOKUP: lambda r, c: self._per_bucket(c, r, pb.LookupResponse),
+            ApiKey.PREFIX_LOOKUP: lambda r, c: self._per_bucket(c, r, pb.PrefixLookupResponse),
+            ApiKey.FETCH_LOG: self._fetch_log,
+        }
+
+    def guard(self, key: ApiKey, handler: Handler) -> Handler:
+        """``handler`` behind ``key``'s rule (``handler`` itself when the key has none); a plain handler
+        stays plain, so it still runs inline."""
+        rule = self._rules.get(key)
+        if rule is None:
+            return handler
+        if inspect.iscoroutinefunction(handler):
+            async def guarded_async(request: Message, context: RequestContext) -> Message:
+                outcome = rule(request, caller_of(context))
+                if isinstance(outcome, Message):
+                    return outcome
+                response = await handler(request, context)  # type: ignore[misc]
+                return outcome(response) if outcome is not None else response
+
+            return guarded_async
+
+        def guarded(request: Message, context: RequestContext) -> Message:
+            outcome = rule(request, caller_of(context))
+            if isinstance(outcome, Message):
+                return outcome
+            response = handler(request, context)
+            return outcome(response) if outcome is not None else response  # type: ignore[return-value]
+
+        return guarded
+
+    # ---- checks ----
+    def _allowed(self, caller: Caller, operation: OperationType, resource: Resource) -> bool:
+        return self._authorizer.is_authorized(caller.principal, caller.host, operation, resource)
+
+    def _check(self, caller: Caller, operation: OperationType, resource: Resource) -> None:
+        self._authorizer.authorize(caller.principal, caller.host, operation, resource)
+
+    def _check_path(self, caller: Caller, operation: OperationType, path: Any) -> None:
+        self._check(caller, operation, Resource.table(path.database_name, path.table_name))
+
+    def _table_resource(self, table_id: int) -> Resource | None:
+        """None for an unknown table: the handler answers that with its own error."""
+        path = self._table_path_by_id(table_id)
+        return None if path is None else Resource.table(path.database_name, path.table_name)
+
+    def _check_id(self, caller: Caller, operation: OperationType, table_id: int) -> None:
+        resource = self._table_resource(table_id)
+        if resource is not None:
+            self._check(caller, operation, resource)
+
+    def _check_ids(self, caller: Caller, operation: OperationType, table_ids: Iterable[int]) -> None:
+        for table_id in sorted(set(table_ids)):
+            self._check_id(caller, operation, table_id)
+
+    def _denied_id(self, caller: Caller, operation: OperationType, table_id: int) -> bool:
+        resource = self._table_resource(table_id)
+        return resource is not None and not self._allowed(caller, operation, resource)
+
+    # ---- rules that shape requests or responses ----
+    def _list_databases(self, request: Any, caller: Caller) -> Finish:
+        def finish(response: Any) -> Any:
+            names = [n for n in response.database_name if self._allowed(caller, DESCRIBE, Resource.database(n))]
+            summaries = [
+                s for s in response.database_summary
+                if self._allowed(caller, DESCRIBE, Resource.database(s.database_name))
+            ]
+            del response.database_name[:]
+            response.database_name.extend(names)
+            del response.database_summary[:]
+            response.database_summary.extend(summaries)
+            return response
+
+        return finish
+
+    def _list_tables(self, request: Any, caller: Caller) -> Finish:
+        database = request.database_name
+
+        def finish(response: Any) -> Any:
+            names = [n for n in response.table_name if self._allowed(caller, DESCRIBE, Resource.table(database, n))]
+            del response.table_name[:]
+            response.table_name.extend(names)
+            return response
+
+        return finish
+
+    def _metadata(self, request: Any, caller: Caller) -> None:
+        """Leave out the tables and partitions the principal may not DESCRIBE (Fluss answers without them)."""
+        def visible(path: Any) -> bool:
+            return self._allowed(caller, DESCRIBE, Resource.table(path.database_name, path.table_name))
+
+        for field in (request.table_path, request.partitions_path):
+            _keep_only(field, visible)
+
+    def _init_writer(self, request: Any, caller: Caller) -> None:
+        """WRITE on at least one of the tables the writer will write (Fluss's rule)."""
+        paths = list(request.table_path)
+        if not paths:
+            raise AuthorizationError("InitWriter names no table to authorize")
+        if not any(self._allowed(caller, WRITE, Resource.table(p.database_name, p.table_name)) for p in paths):
+            tables = ", ".join(f"{p.database_name}.{p.table_name}" for p in paths)
+            raise AuthorizationError(f"principal {caller.principal} may not WRITE any of: {tables}")
+
+    def _scan_kv(self, request: Any, caller: Caller) -> None:
+        """A new scan needs READ; continuations carry the id of a scan that was authorized when opened."""
+        if request.HasField("bucket_scan_req"):
+            self._check_id(caller, READ, request.bucket_scan_req.table_id)
+
+    def _denial_message(self, caller: Caller, table_id: int) -> str:
+        return f"principal {caller.principal} may not READ {self._table_resource(table_id)}"
+
+    def _per_bucket(self, caller: Caller, request: Any, response_class: Any) -> Message | None:
+        """Lookup and PrefixLookup: one table per request; when it is denied every bucket says so."""
+        if not self._denied_id(caller, READ, request.table_id):
+            return None
+        response = response_class()
+        message = self._denial_message(caller, request.table_id)
+        for bucket in request.buckets_req:
+            entry = response.buckets_resp.add(
+                bucket_id=bucket.bucket_id, error_code=AuthorizationError.code, error_message=message
+            )
+            if bucket.HasField("partition_id"):
+                entry.partition_id = bucket.partition_id
+        return response  # type: ignore[no-any-return]
+
+    def _fetch_log(self, request: Any, caller: Caller) -> Message | Finish | None:
+        """Denied tables are taken out of the request and answered per bucket; the rest is fetched."""
+        denied = [table for table in request.tables_req if self._denied_id(caller, READ, table.table_id)]
+        if not denied:
+            return None
+        errors = pb.FetchLogResponse()
+        for table in denied:
+            entry = errors.tables_resp.add(table_id=table.table_id)
+            message = self._denial_message(caller, table.table_id)
+            for bucket in table.buckets_req:
+                item = entry.buckets_resp.add(
+                    bucket_id=bucket.bucket_id, error_code=AuthorizationError.code, error_message=message
+                )
+                if bucket.HasField("partition_id"):
+                    item.partition_id = bucket.partition_id
+        denied_ids = {table.table_id for table in denied}
+        if len(denied_ids) == len({table.table_id for table in request.tables_req}):
+            return errors  # type: ignore[no-any-return]
+        _keep_only(request.tables_req, lambda table: table.table_id not in denied_ids)
+
+        def finish(response: Any) -> Any:
+            response.tables_resp.extend(errors.tables_resp)
+            return response
+
+        return finish
+
+
+def _keep_only(field: Any, keep: Callable[[Any], bool]) -> None:
+    """Remove the entries of a repeated message field that ``keep`` rejects (copies survive the clear)."""
+    kept = [entry.SerializeToString() for entry in field if keep(entry)]
+    del field[:]
+    for data in kept:
+        field.add().MergeFromString(data)

@@ -1,0 +1,154 @@
+"""The authorizer: whether a principal may do an operation on a resource, decided from the ACLs and the
+super users, as Fluss's default authorizer decides.
+
+An entry on a resource also covers what lies below it (an entry on a database covers its tables; one on
+the cluster covers everything); ``ALL`` covers every operation; any of READ, WRITE, CREATE, DROP, ALTER
+also grants DESCRIBE; a ``*`` resource name, principal name or host matches any. Nothing else is allowed.
+Managing ACLs needs ``ALL`` on the resource (on a table's database, for a table), as in Fluss.
+
+The ACLs live in the metadata store; this class keeps them in memory too, and writes through the store
+before changing memory, so a failed write changes nothing. Not thread-safe: the server's event loop
+alone calls it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Iterable
+
+from strom.errors import AuthorizationError
+from strom.metadata.store import AclRecord, MetadataStore
+from strom.security.acl import (
+    DESCRIBE_IMPLIED_BY,
+    WILDCARD,
+    AclBinding,
+    AclFilter,
+    OperationType,
+    PermissionType,
+    Principal,
+    Resource,
+    ResourceType,
+)
+
+
+def parse_super_users(text: str | None) -> list[Principal]:
+    """``User:admin;User:ops`` → principals (Fluss separates them with semicolons).
+
+    Raises:
+        ValueError: an entry is not ``TYPE:NAME``.
+    """
+    return [Principal.parse(entry) for entry in (text or "").split(";") if entry.strip()]
+
+
+def _to_record(binding: AclBinding) -> AclRecord:
+    return AclRecord(
+        int(binding.resource.type), binding.resource.name, binding.principal.type, binding.principal.name,
+        binding.host, int(binding.operation), int(binding.permission),
+    )
+
+
+def _from_record(record: AclRecord) -> AclBinding:
+    return AclBinding(
+        Resource(ResourceType(record.resource_type), record.resource_name),
+        Principal(record.principal_type, record.principal_name),
+        record.host,
+        OperationType(record.operation),
+        PermissionType(record.permission),
+    )
+
+
+class Authorizer:
+    """Decides requests and keeps the ACLs (``store`` is their durable copy)."""
+
+    def __init__(self, store: MetadataStore, super_users: Collection[Principal]) -> None:
+        self._store = store
+        self._super_users = tuple(super_users)
+        self._acls: dict[Resource, set[AclBinding]] = defaultdict(set)  # guarded by: the event loop
+        for record in store.list_acls():
+            binding = _from_record(record)
+            self._acls[binding.resource].add(binding)
+
+    # ---- decisions ----
+    def is_super_user(self, principal: Principal) -> bool:
+        return any(super_user.matches(principal) for super_user in self._super_users)
+
+    def is_authorized(self, principal: Principal, host: str, operation: OperationType, resource: Resource) -> bool:
+        assert operation not in (OperationType.ANY,)
+        if self.is_super_user(principal):
+            return True
+        for covering in resource.with_parents():
+            for candidates in (self._acls.get(covering), self._acls.get(Resource(covering.type, WILDCARD))):
+                for acl in candidates or ():
+                    if self._grants(acl, principal, host, operation):
+                        return True
+        return False
+
+    @staticmethod
+    def _grants(acl: AclBinding, principal: Principal, host: str, operation: OperationType) -> bool:
+        if acl.permission is not PermissionType.ALLOW:
+            return False
+        if not acl.principal.matches(principal):
+            return False
+        if acl.host != WILDCARD and acl.host != host:
+            return False
+        if acl.operation in (OperationType.ALL, operation):
+            return True
+        return operation is OperationType.DESCRIBE and acl.operation in DESCRIBE_IMPLIED_BY
+
+    def authorize(self, principal: Principal, host: str, operation: OperationType, resource: Resource) -> None:
+        """Raises AuthorizationError unless :meth:`is_authorized`."""
+        if not self.is_authorized(principal, host, operation, resource):
+            raise AuthorizationError(f"principal {principal} may not {operation.name} {resource}")
+
+    # ---- ACL management ----
+    def _authorize_acl_management(self, principal: Principal, host: str, resources: Iterable[Resource]) -> None:
+        for resource in resources:
+            target = resource
+            if resource.type is ResourceType.TABLE:
+                target = Resource.database(resource.name.split(".", 1)[0])
+            self.authorize(principal, host, OperationType.ALL, target)
+
+    def add_acls(self, principal: Principal, host: str, bindings: Collection[AclBinding]) -> None:
+        """Store ``bindings`` (valid ones: see :meth:`AclBinding.validate`).
+
+        Raises:
+            AuthorizationError: ``principal`` lacks ALL on one of the resources; nothing is added.
+        """
+        self._authorize_acl_management(principal, host, {binding.resource for binding in bindings})
+        new = [binding for binding in bindings if binding not in self._acls.get(binding.resource, ())]
+        if not new:
+            return
+        self._store.add_acls([_to_record(binding) for binding in new])
+        for binding in new:
+            self._acls[binding.resource].add(binding)
+
+    def drop_acls(self, principal: Principal, host: str, filters: Collection[AclFilter]) -> list[list[AclBinding]]:
+        """Remove every entry a filter matches; per filter, the entries it matched (sorted).
+
+        Raises:
+            AuthorizationError: ``principal`` lacks ALL on a resource with matching entries; nothing is removed.
+        """
+        matched = [sorted(binding for binding in self.bindings() if acl_filter.matches(binding)) for acl_filter in filters]
+        doomed = {binding for bindings in matched for binding in bindings}
+        self._authorize_acl_management(principal, host, {binding.resource for binding in doomed})
+        if doomed:
+            self._store.delete_acls([_to_record(binding) for binding in sorted(doomed)])
+            for binding in doomed:
+                entries = self._acls.get(binding.resource)
+                if entries is not None:
+                    entries.discard(binding)
+                    if not entries:
+                        del self._acls[binding.resource]
+        return matched
+
+    def list_acls(self, principal: Principal, host: str, acl_filter: AclFilter) -> list[AclBinding]:
+        """The entries ``acl_filter`` matches on resources ``principal`` may DESCRIBE."""
+        visible: list[AclBinding] = []
+        for resource in sorted(self._acls):
+            if not self.is_authorized(principal, host, OperationType.DESCRIBE, resource):
+                continue
+            visible.extend(binding for binding in sorted(self._acls[resource]) if acl_filter.matches(binding))
+        return visible
+
+    def bindings(self) -> list[AclBinding]:
+        return sorted(binding for entries in self._acls.values() for binding in entries)

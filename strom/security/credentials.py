@@ -1,0 +1,68 @@
+"""The credentials a client sends, read from its options under Fluss's client option names.
+
+``client.security.protocol`` (``PLAINTEXT`` or ``SASL``), ``client.security.sasl.mechanism`` (``PLAIN``),
+``client.security.sasl.username`` and ``client.security.sasl.password`` — or, instead of the last two,
+``client.security.sasl.jaas.config`` (``org.apache.fluss.security.auth.sasl.plain.PlainLoginModule required
+username="alice" password="alice-secret";``). pyfluss's spellings without the ``client.`` prefix
+(``security.protocol``, ``security.sasl.username``…) are accepted too, so one options map serves both clients.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from strom.security.authenticator import PLAIN_MECHANISM, SUPPORTED_MECHANISMS
+
+PROTOCOL = "client.security.protocol"
+MECHANISM = "client.security.sasl.mechanism"
+USERNAME = "client.security.sasl.username"
+PASSWORD = "client.security.sasl.password"
+JAAS_CONFIG = "client.security.sasl.jaas.config"
+_PYFLUSS_PREFIX = "client."
+
+_JAAS_OPTION = re.compile(r"""\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)\"""")
+
+
+@dataclass(frozen=True, slots=True)
+class SaslCredentials:
+    username: str
+    password: str = field(repr=False)
+    mechanism: str = PLAIN_MECHANISM
+
+    def token(self) -> bytes:
+        """The SASL/PLAIN initial response: no authorization id, NUL, user name, NUL, password."""
+        return b"\x00" + self.username.encode() + b"\x00" + self.password.encode()
+
+
+def _option(config: Mapping[str, str], key: str) -> str | None:
+    value = config.get(key)
+    if value is None:
+        value = config.get(key[len(_PYFLUSS_PREFIX):])
+    return None if value is None else str(value)
+
+
+def credentials_from_config(config: Mapping[str, str]) -> SaslCredentials | None:
+    """The SASL credentials the options ask for, or None for PLAINTEXT.
+
+    Raises:
+        ValueError: an unknown protocol or mechanism, or SASL without a user name and password.
+    """
+    protocol = (_option(config, PROTOCOL) or "PLAINTEXT").strip().upper()
+    if protocol == "PLAINTEXT":
+        return None
+    if protocol != "SASL":
+        raise ValueError(f"{PROTOCOL} must be PLAINTEXT or SASL, got {protocol!r}")
+    mechanism = (_option(config, MECHANISM) or PLAIN_MECHANISM).strip().upper()
+    if mechanism not in SUPPORTED_MECHANISMS:
+        raise ValueError(f"{MECHANISM}: strom's client implements {sorted(SUPPORTED_MECHANISMS)}, got {mechanism!r}")
+    username, password = _option(config, USERNAME), _option(config, PASSWORD)
+    jaas = _option(config, JAAS_CONFIG)
+    if jaas and (username is None or password is None):
+        found = {key: re.sub(r"\\(.)", r"\1", value) for key, value in _JAAS_OPTION.findall(jaas)}
+        username = username if username is not None else found.get("username")
+        password = password if password is not None else found.get("password")
+    if not username or password is None:
+        raise ValueError(f"{PROTOCOL}=SASL needs {USERNAME} and {PASSWORD} (or {JAAS_CONFIG})")
+    return SaslCredentials(username, password, mechanism)
