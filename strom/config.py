@@ -209,6 +209,13 @@ SERVER_MAX_IN_FLIGHT_PER_CONNECTION = int_option(
     "Requests of one connection handled at once; further frames wait (strom extension, bounds memory).",
     minimum=1,
 )
+SERVER_MAX_BUFFERED_REQUEST_BYTES = memory_option(
+    "server.max-buffered-request-bytes", "256mb",
+    "Bytes that large request frames (over 64 KiB) still being received may hold across all connections; a "
+    "connection whose frame does not fit stops reading until others complete theirs (strom extension, bounds "
+    "memory). Raised to netty.server.max-request-size if smaller.",
+    minimum=1 << 20,
+)
 METRICS_PORT = int_option(
     "metrics.reporter.prometheus.port", 0,
     "Port of the Prometheus metrics endpoint on the bind host; 0 disables it.",

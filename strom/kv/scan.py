@@ -8,6 +8,11 @@ and their ids are remembered for 2 × ttl so a late continuation learns SCANNER_
 rather than UNKNOWN_SCANNER_ID. ``close_scanners_for_bucket`` must be called when a bucket loses
 leadership or its table is dropped: it releases the RocksDB iterators promptly.
 
+Sessions know the connection that last used them. When that connection closes, its sessions are
+*orphaned*: still resumable (a client that reconnects continues where it was, and adopts the session),
+but the first to go when a bucket or the server is at its session limit — so a client that opens many
+sessions and disappears cannot keep everyone else out of a bucket for ``kv.scanner.ttl``.
+
 strom extension — replay: each session keeps its last response. A continuation that repeats the last
 ``call_seq_id`` (the client lost the response) gets that same response again instead of an error, so a
 dropped connection does not kill a long scan. Clients that never repeat a sequence number never notice.
@@ -63,6 +68,10 @@ class ScanSession:
     log_offset: int
     remaining_limit: int  # -1: unlimited
     last_access_ms: int
+    owner: int | None = None
+    """The connection that last used the session."""
+    orphaned: bool = False
+    """That connection closed: the session is the first to go when a limit is reached."""
     last_call_seq_id: int = -1
     last_response: object | None = None
     in_use: bool = False
@@ -106,7 +115,12 @@ class ScannerManager:
 
     # ---- opening ----
     def check_capacity(self, bucket: TableBucket) -> None:
-        """Raises TooManyScannersError when a new session of ``bucket`` would exceed a limit."""
+        """Raises TooManyScannersError when a new session of ``bucket`` would exceed a limit that evicting
+        orphaned sessions (oldest first) cannot bring it under."""
+        if self._per_bucket.get(bucket, 0) >= self.config.scanners_per_bucket_max:
+            self._evict_orphan(bucket)
+        if len(self._sessions) >= self.config.scanners_per_server_max:
+            self._evict_orphan(None)
         if len(self._sessions) >= self.config.scanners_per_server_max:
             raise TooManyScannersError(
                 f"Cannot create scanner for {bucket}: server-wide limit of {self.config.scanners_per_server_max} reached."
@@ -116,7 +130,20 @@ class ScannerManager:
                 f"Cannot create scanner for {bucket}: per-bucket limit of {self.config.scanners_per_bucket_max} reached."
             )
 
-    def register(self, bucket: TableBucket, values: Iterator[bytes], log_offset: int, limit: int | None) -> ScanSession:
+    def _evict_orphan(self, bucket: TableBucket | None) -> None:
+        orphans = [
+            s for s in self._sessions.values()
+            if s.orphaned and not s.in_use and (bucket is None or s.bucket == bucket)
+        ]
+        if orphans:
+            victim = min(orphans, key=lambda s: s.last_access_ms)
+            log.info("scanner %s of %s evicted: its client disconnected and the limit is reached",
+                     victim.scanner_id.decode(), victim.bucket)
+            self.close(victim, expired=True)
+
+    def register(
+        self, bucket: TableBucket, values: Iterator[bytes], log_offset: int, limit: int | None, owner: int | None = None
+    ) -> ScanSession:
         """Register an opened view as a session (limits checked again here, where it counts)."""
         self.check_capacity(bucket)
         session = ScanSession(
@@ -126,6 +153,7 @@ class ScannerManager:
             log_offset=log_offset,
             remaining_limit=limit if limit is not None and limit > 0 else -1,
             last_access_ms=self._clock.now_ms(),
+            owner=owner,
         )
         self._sessions[session.scanner_id] = session
         self._per_bucket[bucket] = self._per_bucket.get(bucket, 0) + 1
@@ -145,9 +173,19 @@ class ScannerManager:
             )
         raise UnknownScannerIdError(f"Unknown scanner ID {scanner_id.decode(errors='replace')}.")
 
-    def mark_accessed(self, session: ScanSession) -> None:
-        """Refresh the idle timer; called only once a request passed validation."""
+    def mark_accessed(self, session: ScanSession, owner: int | None = None) -> None:
+        """Refresh the idle timer and adopt the session for ``owner``; called only once a request passed
+        validation."""
         session.last_access_ms = self._clock.now_ms()
+        if owner is not None:
+            session.owner = owner
+            session.orphaned = False
+
+    def on_connection_closed(self, owner: int) -> None:
+        """The connection went away: its sessions stay resumable but are evicted first under pressure."""
+        for session in self._sessions.values():
+            if session.owner == owner:
+                session.orphaned = True
 
     # ---- closing ----
     def close(self, session: ScanSession, *, expired: bool = False) -> None:

@@ -97,3 +97,11 @@ class FrameBuffer:
     @property
     def buffered_size_bytes(self) -> int:
         return len(self._buffer) - self._start
+
+    @property
+    def pending_frame_size_bytes(self) -> int:
+        """The declared size of the frame being received (once its length is in), else 0."""
+        if len(self._buffer) - self._start < LENGTH_SIZE_BYTES:
+            return 0
+        (length,) = LENGTH.unpack_from(self._buffer, self._start)
+        return int(length) + LENGTH_SIZE_BYTES

@@ -3,8 +3,11 @@
 Each connection's requests run concurrently and their responses go out in completion order: the official
 client multiplexes everything (admin calls, writes, 500 ms FetchLog long-polls) over one connection per
 server and matches responses by request id. Limits keep a misbehaving client from hurting the others:
-frames longer than ``frame_size_bytes_max`` close the connection before their body is read, and at most
-``in_flight_count_max`` requests per connection run at once (reading pauses beyond that).
+frames longer than ``frame_size_bytes_max`` close the connection before their body is read; at most
+``in_flight_count_max`` requests per connection run at once (reading pauses beyond that); requests
+answered inline (lookups, limit scans) run at most ``INLINE_BATCH_COUNT`` per turn of the event loop and
+not at all while the client is not reading its answers; and a server-wide budget bounds the bytes of
+large frames still being received (:mod:`strom.rpc.budget`).
 
 Shared across tasks: ``RpcServer._connections`` (mutated only on the event loop thread).
 """
@@ -23,9 +26,13 @@ from dataclasses import dataclass, field
 from strom.errors import CorruptMessageError, StromError, UnsupportedVersionError, code_for_exception
 from strom.rpc import framing
 from strom.rpc.api_keys import EXTENSION_KEYS, STROM_CLIENT_NAME, ApiKey, version_range
+from strom.rpc.budget import SMALL_FRAME_SIZE_BYTES, BufferedRequestBudget
 from strom.rpc.messages import DecodeError, Message, pb, request_class
 
 log = logging.getLogger(__name__)
+
+INLINE_BATCH_COUNT = 16
+"""Inline requests one connection may run before other connections get a turn."""
 
 
 @dataclass(slots=True)
@@ -91,6 +98,8 @@ class RpcServer:
         frame_size_bytes_max: int,
         in_flight_count_max: int,
         idle_timeout_ms: int,
+        buffered_request_bytes_max: int | None = None,
+        on_connection_closed: Callable[[int], None] | None = None,
     ) -> None:
         assert frame_size_bytes_max > framing.REQUEST_HEADER_SIZE_BYTES
         assert in_flight_count_max >= 1
@@ -107,6 +116,8 @@ class RpcServer:
         self._frame_size_bytes_max = frame_size_bytes_max
         self._in_flight_count_max = in_flight_count_max
         self._idle_timeout_ms = idle_timeout_ms
+        self.budget = BufferedRequestBudget(max(buffered_request_bytes_max or 0, frame_size_bytes_max + 4))
+        self._on_connection_closed = on_connection_closed
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[int, _Connection] = {}
         self._next_connection_id = 0
@@ -226,6 +237,9 @@ class _Connection(asyncio.Protocol):
         # them run at once. Reading stays paused while any wait, so this holds at most one read's worth.
         self._waiting: collections.deque[bytes] = collections.deque()
         self._reading_paused = False
+        self._reserved_bytes = 0  # of the server's buffered-request budget, for the frame being received
+        self._waiting_for_budget = False
+        self._start_scheduled = False
         self._writing_paused = False
         self.peer = "?"
         self.in_flight_count = 0
@@ -244,6 +258,12 @@ class _Connection(asyncio.Protocol):
         self._server._connections.pop(self.connection_id, None)
         self._transport = None
         self._waiting.clear()  # nobody can receive their answers; the client retries what it needs
+        self._server.budget.forget(self.connection_id)
+        if self._reserved_bytes:
+            reserved, self._reserved_bytes = self._reserved_bytes, 0
+            self._server.budget.release(reserved)
+        if self._server._on_connection_closed is not None:
+            self._server._on_connection_closed(self.connection_id)
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
@@ -256,12 +276,34 @@ class _Connection(asyncio.Protocol):
             return
         self._waiting.extend(frames)
         self._start_waiting()
+        self.retry_reservation()
+
+    def retry_reservation(self) -> None:
+        """Reserve budget for the large frame being received, or stop reading until it fits."""
+        if self._transport is None:
+            return
+        budget = self._server.budget
+        pending = self._frames.pending_frame_size_bytes
+        needed = pending if pending > SMALL_FRAME_SIZE_BYTES else 0
+        if needed != self._reserved_bytes:
+            if self._reserved_bytes:
+                reserved, self._reserved_bytes = self._reserved_bytes, 0
+                budget.release(reserved)
+            if needed and budget.try_reserve(needed):
+                self._reserved_bytes = needed
+        self._waiting_for_budget = needed != self._reserved_bytes
+        if self._waiting_for_budget:
+            budget.wait(self.connection_id, self)
         self._update_reading()
 
     def _start_waiting(self) -> None:
         in_flight_count_max = self._server._in_flight_count_max
         server = self._server
-        while self._waiting and self.in_flight_count < in_flight_count_max:
+        inline_count = 0
+        while self._waiting and self.in_flight_count < in_flight_count_max and not self._writing_paused:
+            if inline_count >= INLINE_BATCH_COUNT:  # let other connections run; continue on the next turn
+                self._schedule_start()
+                break
             frame = self._waiting.popleft()
             routed = server.route(frame, self)
             if isinstance(routed, bytes):
@@ -269,6 +311,7 @@ class _Connection(asyncio.Protocol):
                 continue
             route, request, context = routed
             if route.inline:  # never waits: answer now, without the cost of a task
+                inline_count += 1
                 try:
                     response = route.handler(request, context)
                 except Exception as exc:
@@ -280,6 +323,17 @@ class _Connection(asyncio.Protocol):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         assert self.in_flight_count <= in_flight_count_max
+
+    def _schedule_start(self) -> None:
+        if not self._start_scheduled:
+            self._start_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_start)
+
+    def _scheduled_start(self) -> None:
+        self._start_scheduled = False
+        if self._transport is not None:
+            self._start_waiting()
+            self._update_reading()
 
     def _write(self, response: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -308,6 +362,7 @@ class _Connection(asyncio.Protocol):
             self._writing_paused
             or bool(self._waiting)
             or self.in_flight_count >= self._server._in_flight_count_max
+            or self._waiting_for_budget
         )
         if should_pause and not self._reading_paused:
             self._transport.pause_reading()
@@ -322,6 +377,7 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self._start_waiting()  # frames held back while the client was not reading its answers
         self._update_reading()
 
     def close(self) -> None:

@@ -34,6 +34,7 @@ from strom.config import (
     MAX_REQUEST_SIZE,
     METRICS_PORT,
     REMOTE_DATA_DIR,
+    SERVER_MAX_BUFFERED_REQUEST_BYTES,
     SERVER_MAX_IN_FLIGHT_PER_CONNECTION,
     TABLE_LOG_TTL,
     TABLET_SERVER_ID,
@@ -193,6 +194,8 @@ class StromServer:
             frame_size_bytes_max=config.get(MAX_REQUEST_SIZE),
             in_flight_count_max=config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
             idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
+            buffered_request_bytes_max=config.get(SERVER_MAX_BUFFERED_REQUEST_BYTES),
+            on_connection_closed=self.scans.on_connection_closed,
         )
         await self.rpc.start(sock)
         metrics_port = config.get(METRICS_PORT)

@@ -72,16 +72,16 @@ class ScanKvService:
         self._finished_bytes += size
         self._prune_finished()
 
-    def scan_kv(self, request: Any, _context: object) -> Any:
+    def scan_kv(self, request: Any, context: Any) -> Any:
         try:
-            return self._scan(request)
+            return self._scan(request, getattr(context, "connection_id", None))
         except StromError as exc:
             return _error_response(exc, request)
         except Exception as exc:  # a storage failure (RocksDB raises plain exceptions): still a scan error
             log.error("ScanKv failed", exc_info=exc)
             return _error_response(exc, request)
 
-    def _scan(self, request: Any) -> Any:
+    def _scan(self, request: Any, owner: int | None) -> Any:
         opening = request.HasField("bucket_scan_req")
         continuing = request.HasField("scanner_id")
         closing = request.HasField("close_scanner") and request.close_scanner
@@ -101,10 +101,10 @@ class ScanKvService:
                 self._close_quietly(request.scanner_id)
             raise InvalidScanRequestError("call_seq_id is required (0 to open, then 1, 2, ...).")
         if opening:
-            return self._open(request.bucket_scan_req, request.call_seq_id, batch_size)
-        return self._continue(request.scanner_id, request.call_seq_id, batch_size)
+            return self._open(request.bucket_scan_req, request.call_seq_id, batch_size, owner)
+        return self._continue(request.scanner_id, request.call_seq_id, batch_size, owner)
 
-    def _open(self, scan_request: Any, call_seq_id: int, batch_size: int) -> Any:
+    def _open(self, scan_request: Any, call_seq_id: int, batch_size: int, owner: int | None) -> Any:
         if call_seq_id != 0:
             raise InvalidScanRequestError(f"Out-of-order scan request: expected callSeqId=0 but got {call_seq_id}.")
         partition_id = scan_request.partition_id if scan_request.HasField("partition_id") else None
@@ -115,12 +115,12 @@ class ScanKvService:
         values, log_offset, empty = kv.open_scan()
         if empty:
             return pb.ScanKvResponse(has_more_results=False, log_offset=log_offset)
-        session = self.scanners.register(bucket, values, log_offset, limit)
-        response = self._serve(session, call_seq_id, batch_size)
+        session = self.scanners.register(bucket, values, log_offset, limit, owner)
+        response = self._serve(session, call_seq_id, batch_size, owner)
         response.log_offset = log_offset
         return response
 
-    def _continue(self, scanner_id: bytes, call_seq_id: int, batch_size: int) -> Any:
+    def _continue(self, scanner_id: bytes, call_seq_id: int, batch_size: int, owner: int | None) -> Any:
         try:
             session = self.scanners.get(scanner_id)
         except StromError:
@@ -129,19 +129,19 @@ class ScanKvService:
                 return finished[1]  # replay of a lost final batch
             raise
         if call_seq_id == session.last_call_seq_id and session.last_response is not None:
-            self.scanners.mark_accessed(session)
+            self.scanners.mark_accessed(session, owner)
             return session.last_response  # replay: the client lost this response
         if call_seq_id != session.last_call_seq_id + 1:
             self.scanners.close(session)
             raise InvalidScanRequestError(
                 f"Out-of-order scan request: expected callSeqId={session.last_call_seq_id + 1} but got {call_seq_id}."
             )
-        return self._serve(session, call_seq_id, batch_size)
+        return self._serve(session, call_seq_id, batch_size, owner)
 
-    def _serve(self, session: ScanSession, call_seq_id: int, batch_size: int) -> Any:
+    def _serve(self, session: ScanSession, call_seq_id: int, batch_size: int, owner: int | None) -> Any:
         session.in_use = True
         try:
-            self.scanners.mark_accessed(session)
+            self.scanners.mark_accessed(session, owner)
             batch = session.next_batch(batch_size)
         except Exception:
             self.scanners.close(session)
@@ -166,6 +166,9 @@ class ScanKvService:
     def _close_quietly(self, scanner_id: bytes) -> None:
         with contextlib.suppress(StromError):  # closing an unknown, expired or finished scanner is a success
             self.scanners.close(self.scanners.get(scanner_id))
+
+    def on_connection_closed(self, connection_id: int) -> None:
+        self.scanners.on_connection_closed(connection_id)
 
     def on_buckets_stopped(self, table_id: int, partition_id: int | None) -> None:
         """Leadership lost or table dropped: close the sessions (continuations then get 66)."""

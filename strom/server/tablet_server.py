@@ -15,6 +15,7 @@ from strom.clock import Clock
 from strom.config import LOG_FETCH_WAIT_MAX, Configuration
 from strom.errors import (
     CorruptRecordError,
+    InvalidScanRequestError,
     InvalidTableError,
     InvalidTimestampError,
     StromError,
@@ -33,6 +34,9 @@ OFFSET_EARLIEST = 0
 OFFSET_LATEST = 1
 OFFSET_TIMESTAMP = 2
 PREFIX_LOOKUP_ROWS_MAX = 100_000
+LIMIT_SCAN_ROWS_MAX = 10_000
+"""LimitScan is answered in one response, inline: a bound keeps a 22-byte request from costing megabytes."""
+LIMIT_SCAN_LOG_BYTES_MAX = 8 << 20
 
 
 def _bucket(table_id: int, request: Any) -> TableBucket:
@@ -259,8 +263,11 @@ class TabletService:
         )
         response = pb.LimitScanResponse()
         try:
-            if request.limit <= 0:
-                raise CorruptRecordError(f"LimitScan needs a positive limit, got {request.limit}")
+            if not 0 < request.limit <= LIMIT_SCAN_ROWS_MAX:
+                raise InvalidScanRequestError(
+                    f"LimitScan needs a limit in [1, {LIMIT_SCAN_ROWS_MAX}], got {request.limit}; "
+                    "read more rows with a KV scan or a log scanner."
+                )
             replica = self._replicas.get(bucket)
             response.is_log_table = not replica.is_kv
             if replica.is_kv:
@@ -268,7 +275,7 @@ class TabletService:
             else:
                 log_tablet = replica.log
                 start = max(log_tablet.log_start_offset, log_tablet.high_watermark - request.limit)
-                response.records = log_tablet.read_range(start, log_tablet.high_watermark, 64 << 20)
+                response.records = log_tablet.read_range(start, log_tablet.high_watermark, LIMIT_SCAN_LOG_BYTES_MAX)
         except Exception as exc:
             _set_error(response, exc)
         return response
