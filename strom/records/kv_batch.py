@@ -172,6 +172,8 @@ def parse_value_batch(buffer: bytes | memoryview) -> list[bytes]:
         except ValueError as exc:
             raise CorruptRecordError(str(exc)) from exc
         return values
+    if end < VALUE_HEADER_SIZE_BYTES or count < 0:  # a negative length or count: as the native parser says
+        raise CorruptRecordError("value batch bounds are outside the buffer")
     values = []
     position = VALUE_HEADER_SIZE_BYTES
     for _ in range(count):

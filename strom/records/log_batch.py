@@ -205,7 +205,10 @@ def read_arrow(
         view = view[header.record_count :]
     try:
         batch = pa.ipc.read_record_batch(pa.py_buffer(view), schema)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        # Reading only checks the message's framing; offsets pointing outside their buffers would pass and
+        # crash whoever reads the values later (a projection, the lake tiering, a client), so check them all.
+        batch.validate(full=True)
+    except (pa.ArrowException, OSError) as exc:
         raise CorruptRecordError(f"log batch at offset {header.base_offset} holds no valid Arrow data: {exc}") from exc
     if batch.num_rows != header.record_count:
         raise CorruptRecordError(

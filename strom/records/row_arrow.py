@@ -103,7 +103,10 @@ def column_to_array(column: Sequence[Any], fluss_type: DataType, arrow_type: pa.
     """One column of internal values as an Arrow array (BINARY(n) values fitted to n bytes)."""
     padder = _binary_padder(fluss_type)
     values = [padder(v) for v in column] if padder is not None else column
-    return pa.array(values, type=arrow_type)
+    try:
+        return pa.array(values, type=arrow_type)
+    except OverflowError as exc:  # a corrupt row decoded to a value beyond the Arrow type's 64 bits
+        raise ValueError(f"a {fluss_type} value does not fit Arrow {arrow_type}: {exc}") from exc
 
 
 def values_to_record_batch(

@@ -1507,7 +1507,12 @@ parse_value_records(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "value batch bounds are outside the buffer");
         goto done;
     }
-    values = PyList_New(count);
+    /*
+     * Every record takes at least its 4-byte size, so a count beyond that fails before the list fills;
+     * cap the preallocation so a hostile count cannot make us allocate gigabytes.
+     */
+    Py_ssize_t capacity = count < (end - position) / 4 ? count : (end - position) / 4;
+    values = PyList_New(capacity);
     if (values == NULL) goto done;
     const unsigned char *data = (const unsigned char *)view.buf;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -1526,6 +1531,12 @@ parse_value_records(PyObject *self, PyObject *args)
         }
         PyObject *value = PyBytes_FromStringAndSize((const char *)data + position, size);
         if (value == NULL) {
+            Py_CLEAR(values);
+            goto done;
+        }
+        if (i >= capacity) { /* unreachable by the size argument above; never write past the list */
+            Py_DECREF(value);
+            PyErr_SetString(PyExc_SystemError, "value record count exceeds its bound");
             Py_CLEAR(values);
             goto done;
         }
