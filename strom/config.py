@@ -178,7 +178,10 @@ def choice_option(key: str, default: str, choices: tuple[str, ...], description:
 
 # ---- server ----
 BIND_LISTENERS = string_option(
-    "bind.listeners", "127.0.0.1:9123", "Address (host:port) the server listens on. `strom server --bind` sets it."
+    "bind.listeners", "127.0.0.1:9123",
+    "Address the server listens on: `HOST:PORT`, or Fluss's `NAME://HOST:PORT` to name the listener "
+    "(an unnamed one is `FLUSS`); `security.protocol.map` says whether it requires authentication. "
+    "strom serves one listener. `strom server --bind` sets it.",
 )
 ADVERTISED_HOST = string_option(
     "advertised.host", None,
@@ -221,6 +224,37 @@ METRICS_PORT = int_option(
     "Port of the Prometheus metrics endpoint on the bind host; 0 disables it.",
     minimum=0,
     maximum=65_535,
+)
+
+# ---- security ----
+SECURITY_PROTOCOL_MAP = string_option(
+    "security.protocol.map", "",
+    "Authentication protocol per listener, `NAME:PROTOCOL[,NAME:PROTOCOL]`, e.g. `CLIENT:SASL`; a listener "
+    "not listed uses PLAINTEXT (no authentication). With SASL, a connection must authenticate before any "
+    "request but ApiVersions.",
+)
+SECURITY_SASL_ENABLED_MECHANISMS = string_option(
+    "security.sasl.enabled.mechanisms", "PLAIN",
+    "SASL mechanisms a SASL listener accepts (comma-separated); strom implements PLAIN.",
+)
+SECURITY_SASL_PLAIN_JAAS_CONFIG = string_option(
+    "security.sasl.plain.jaas.config", None,
+    "Users of SASL/PLAIN in Fluss's JAAS form: `org.apache.fluss.security.auth.sasl.plain.PlainLoginModule "
+    "required user_admin=\"admin-secret\" user_alice=\"alice-secret\";`.",
+)
+SECURITY_SASL_PLAIN_CREDENTIALS = string_option(
+    "security.sasl.plain.credentials", None,
+    "Users of SASL/PLAIN as `user:password[,user:password]`, instead of (or in addition to) the JAAS form.",
+)
+AUTHORIZER_ENABLED = bool_option(
+    "authorizer.enabled", False,
+    "Enforce ACLs: every request needs an ACL granting its operation on its resource to the connection's "
+    "principal (or a super user). Off: everyone may do everything, and the ACL requests fail with "
+    "SecurityDisabledException.",
+)
+SUPER_USERS = string_option(
+    "super.users", None,
+    "Principals allowed everything, separated by semicolons, e.g. `User:admin;User:ops`.",
 )
 
 # ---- log ----

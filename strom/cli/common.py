@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import click
@@ -20,8 +20,10 @@ bootstrap_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
 
 
-def run_on_server(bootstrap: str, action: Callable[[Any], Awaitable[T]]) -> T:
-    """Connect, run ``action(connection)``, close; errors become one clear line (exit code 1)."""
+def run_on_server(bootstrap: str | Mapping[str, str], action: Callable[[Any], Awaitable[T]]) -> T:
+    """Connect, run ``action(connection)``, close; errors become one clear line (exit code 1).
+
+    ``bootstrap``: ``HOST:PORT``, or the whole client config (with credentials, for example)."""
     from strom.client import Connection
 
     async def main() -> T:

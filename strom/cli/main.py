@@ -12,13 +12,16 @@ from typing import Any
 import click
 import yaml
 
+from strom.cli.acl import acl
 from strom.cli.common import key_value_pairs
 from strom.cli.snapshots import lease, snapshot
 from strom.cli.tiering import tiering
 from strom.config import ALL_OPTIONS, BIND_LISTENERS, DATA_DIR, Configuration, options_markdown
+from strom.errors import InvalidConfigError
 
 
 def _parse_address(text: str) -> tuple[str, int]:
+    text = text.partition("://")[2] or text  # Fluss's NAME://HOST:PORT names the listener (security.protocol.map)
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise click.BadParameter(f"expected HOST:PORT, got {text!r}")
@@ -46,7 +49,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--bind", "bind", default=None, help="HOST:PORT to listen on (default 127.0.0.1:9123).")
+@click.option("--bind", "bind", default=None,
+              help="HOST:PORT (or NAME://HOST:PORT) to listen on (default 127.0.0.1:9123).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Directory for all server data.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="YAML file of config keys (Fluss names).")
@@ -61,6 +65,9 @@ def server(bind: str | None, data_dir: Path | None, config_file: Path | None, de
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     values = _load_config(config_file, defines)
     if bind is not None:
+        configured = str(values.get(BIND_LISTENERS.key) or "")
+        if "://" not in bind and "://" in configured:  # a bare --bind address keeps the configured listener name
+            bind = f"{configured.partition('://')[0]}://{bind}"
         values[BIND_LISTENERS.key] = bind
     if data_dir is not None:
         values[DATA_DIR.key] = str(data_dir)
@@ -84,6 +91,9 @@ def server(bind: str | None, data_dir: Path | None, config_file: Path | None, de
         except OSError as exc:
             await node.stop()
             raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        except InvalidConfigError as exc:
+            await node.stop()
+            raise click.ClickException(f"invalid configuration: {exc}") from exc
         click.echo(f"strom listening on {host}:{node.port}, data in {directory}", err=True)
         try:
             await node.serve_forever()
@@ -116,6 +126,7 @@ def config_docs() -> None:
     sys.stdout.write(options_markdown())
 
 
+main.add_command(acl)
 main.add_command(lease)
 main.add_command(snapshot)
 main.add_command(tiering)

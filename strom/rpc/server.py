@@ -23,11 +23,19 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from strom.errors import CorruptMessageError, StromError, UnsupportedVersionError, code_for_exception
+from strom.errors import (
+    AuthenticationError,
+    CorruptMessageError,
+    StromError,
+    UnsupportedVersionError,
+    code_for_exception,
+)
 from strom.rpc import framing
 from strom.rpc.api_keys import EXTENSION_KEYS, STROM_CLIENT_NAME, ApiKey, version_range
 from strom.rpc.budget import SMALL_FRAME_SIZE_BYTES, BufferedRequestBudget
 from strom.rpc.messages import DecodeError, Message, pb, request_class
+from strom.security.acl import ANONYMOUS, Principal
+from strom.security.authenticator import PlainAuthenticator, unauthenticated_error
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,8 @@ class RequestContext:
     request_id: int
     peer: str
     connection_id: int
+    principal: Principal | None = None
+    """Who the connection authenticated as (``User:ANONYMOUS`` on a listener without authentication)."""
 
 
 Handler = Callable[[Message, RequestContext], Awaitable[Message]] | Callable[[Message, RequestContext], Message]
@@ -100,7 +110,10 @@ class RpcServer:
         idle_timeout_ms: int,
         buffered_request_bytes_max: int | None = None,
         on_connection_closed: Callable[[int], None] | None = None,
+        authenticator: PlainAuthenticator | None = None,
     ) -> None:
+        """``authenticator``: the listener requires SASL; a connection may send only ApiVersions and
+        Authenticate until it has authenticated."""
         assert frame_size_bytes_max > framing.REQUEST_HEADER_SIZE_BYTES
         assert in_flight_count_max >= 1
         routes = dict(handlers)
@@ -118,6 +131,7 @@ class RpcServer:
         self._idle_timeout_ms = idle_timeout_ms
         self.budget = BufferedRequestBudget(max(buffered_request_bytes_max or 0, frame_size_bytes_max + 4))
         self._on_connection_closed = on_connection_closed
+        self._authenticator = authenticator
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[int, _Connection] = {}
         self._next_connection_id = 0
@@ -175,6 +189,10 @@ class RpcServer:
         """Parse and validate one request frame: its route, request and context, or an error frame."""
         self.stats.requests += 1
         header = framing.decode_request_header(frame)
+        if header.api_key == ApiKey.AUTHENTICATE or (
+            connection.principal is None and header.api_key != ApiKey.API_VERSIONS
+        ):
+            return self._authenticate(header, frame, connection)
         route = self._routes.get(header.api_key)
         if route is None:
             try:
@@ -198,8 +216,31 @@ class RpcServer:
             return self._error_frame(
                 header.request_id, CorruptMessageError(f"{route.key.name} body lacks required fields: {missing}")
             )
-        context = RequestContext(route.key, header.api_version, header.request_id, connection.peer, connection.connection_id)
+        context = RequestContext(
+            route.key, header.api_version, header.request_id, connection.peer, connection.connection_id,
+            connection.principal,
+        )
         return route, request, context
+
+    def _authenticate(self, header: framing.RequestHeader, frame: bytes, connection: _Connection) -> bytes:
+        """Answer Authenticate, or refuse a request sent before authentication completed (Fluss's rules)."""
+        if header.api_key != ApiKey.AUTHENTICATE:
+            return self._error_frame(header.request_id, unauthenticated_error())
+        try:
+            request = pb.AuthenticateRequest.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return self._error_frame(header.request_id, CorruptMessageError(f"cannot parse Authenticate body: {exc}"))
+        if connection.principal is None:
+            assert self._authenticator is not None
+            try:
+                connection.principal = self._authenticator.authenticate(request.protocol, request.token)
+            except StromError as exc:
+                log.warning("authentication from %s failed: %s", connection.peer, exc)
+                return self._error_frame(header.request_id, exc)
+        elif self._authenticator is None:
+            return self._error_frame(header.request_id, AuthenticationError("this listener does not use SASL"))
+        body = pb.AuthenticateResponse().SerializeToString()  # PLAIN completes in one round: no challenge
+        return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)
 
     def respond(self, context: RequestContext, response: Message | BaseException) -> bytes:
         """The response frame for a handler's result or failure."""
@@ -242,6 +283,8 @@ class _Connection(asyncio.Protocol):
         self._start_scheduled = False
         self._writing_paused = False
         self.peer = "?"
+        # None until a connection on a SASL listener authenticates
+        self.principal: Principal | None = None if server._authenticator is not None else ANONYMOUS
         self.in_flight_count = 0
         self.last_active = time.monotonic()
 

@@ -1,0 +1,149 @@
+"""What a server's security configuration amounts to: its listener, whether that listener requires SASL
+(and with which users), and whether requests are authorized (and by whom).
+
+Built once at start from the configuration; a bad setting stops the server with a clear message rather
+than leaving it open by accident (a SASL listener without users, an unknown mechanism or protocol).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from strom.config import (
+    AUTHORIZER_ENABLED,
+    BIND_LISTENERS,
+    SECURITY_PROTOCOL_MAP,
+    SECURITY_SASL_ENABLED_MECHANISMS,
+    SECURITY_SASL_PLAIN_CREDENTIALS,
+    SECURITY_SASL_PLAIN_JAAS_CONFIG,
+    SUPER_USERS,
+    Configuration,
+)
+from strom.errors import InvalidConfigError
+from strom.ids import TablePath
+from strom.metadata.store import MetadataStore
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.server import Handler
+from strom.security.access import AccessControl
+from strom.security.authenticator import (
+    SUPPORTED_MECHANISMS,
+    PlainAuthenticator,
+    parse_plain_credentials,
+    parse_plain_jaas_users,
+)
+from strom.security.authorizer import Authorizer, parse_super_users
+
+DEFAULT_LISTENER_NAME = "FLUSS"
+"""The name of a listener given as plain ``HOST:PORT`` (Fluss's default listener name)."""
+PLAINTEXT, SASL = "PLAINTEXT", "SASL"
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    name: str
+    host: str
+    port: int
+
+
+def parse_listener(text: str) -> Listener:
+    """``HOST:PORT`` or ``NAME://HOST:PORT`` (one listener: strom serves one port).
+
+    Raises:
+        InvalidConfigError: several listeners, or not that form.
+    """
+    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+    if len(entries) != 1:
+        raise InvalidConfigError(f"bind.listeners must name exactly one listener (strom serves one port), got {text!r}")
+    name, sep, address = entries[0].partition("://")
+    if not sep:
+        name, address = DEFAULT_LISTENER_NAME, entries[0]
+    host, sep, port = address.rpartition(":")
+    if not name or not sep or not host or not port.isdigit():
+        raise InvalidConfigError(f"bind.listeners expects HOST:PORT or NAME://HOST:PORT, got {text!r}")
+    return Listener(name.upper(), host.strip("[]"), int(port))
+
+
+def parse_protocol_map(text: str) -> dict[str, str]:
+    """``CLIENT:SASL,INTERNAL:PLAINTEXT`` → {"CLIENT": "SASL", "INTERNAL": "PLAINTEXT"}.
+
+    Raises:
+        InvalidConfigError: an entry is not ``NAME:PROTOCOL`` or names a protocol strom lacks.
+    """
+    protocols: dict[str, str] = {}
+    for entry in text.split(","):
+        if not entry.strip():
+            continue
+        name, sep, protocol = entry.strip().partition(":")
+        protocol = protocol.strip().upper()
+        if not sep or not name.strip():
+            raise InvalidConfigError(f"security.protocol.map entries are NAME:PROTOCOL, got {entry.strip()!r}")
+        if protocol not in (PLAINTEXT, SASL):
+            raise InvalidConfigError(f"security.protocol.map: protocol {protocol!r} is not PLAINTEXT or SASL")
+        protocols[name.strip().upper()] = protocol
+    return protocols
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSecurity:
+    listener: Listener
+    authenticator: PlainAuthenticator | None
+    authorizer: Authorizer | None
+
+    @property
+    def protocol(self) -> str:
+        return SASL if self.authenticator is not None else PLAINTEXT
+
+    @classmethod
+    def from_config(cls, config: Configuration, store: MetadataStore, listener_text: str | None = None) -> ServerSecurity:
+        """Raises InvalidConfigError on a setting that cannot be honoured."""
+        listener = parse_listener(listener_text or config.get(BIND_LISTENERS) or "127.0.0.1:9123")
+        protocol = parse_protocol_map(config.get(SECURITY_PROTOCOL_MAP) or "").get(listener.name, PLAINTEXT)
+        authenticator = None
+        if protocol == SASL:
+            authenticator = _plain_authenticator(config)
+        authorizer = None
+        if config.get(AUTHORIZER_ENABLED):
+            try:
+                super_users = parse_super_users(config.get(SUPER_USERS))
+            except ValueError as exc:
+                raise InvalidConfigError(f"super.users: {exc}") from None
+            authorizer = Authorizer(store, super_users)
+        return cls(listener, authenticator, authorizer)
+
+    def guard(
+        self,
+        handlers: Mapping[ApiKey, Handler],
+        table_path_by_id: Callable[[int], TablePath | None],
+        lease_table_ids: Callable[[str], Iterable[int]],
+    ) -> dict[ApiKey, Handler]:
+        """``handlers`` behind their authorization rules, or unchanged when authorization is off."""
+        if self.authorizer is None:
+            return dict(handlers)
+        access = AccessControl(self.authorizer, table_path_by_id, lease_table_ids)
+        return {key: access.guard(key, handler) for key, handler in handlers.items()}
+
+
+def _plain_authenticator(config: Configuration) -> PlainAuthenticator:
+    mechanisms = frozenset(
+        m.strip().upper() for m in (config.get(SECURITY_SASL_ENABLED_MECHANISMS) or "").split(",") if m.strip()
+    )
+    unsupported = mechanisms - SUPPORTED_MECHANISMS
+    if not mechanisms or unsupported:
+        raise InvalidConfigError(
+            f"security.sasl.enabled.mechanisms: strom implements {sorted(SUPPORTED_MECHANISMS)}, "
+            f"got {sorted(mechanisms)}"
+        )
+    users: dict[str, str] = {}
+    jaas = config.get(SECURITY_SASL_PLAIN_JAAS_CONFIG)
+    if jaas:
+        users.update(parse_plain_jaas_users(jaas))
+    credentials = config.get(SECURITY_SASL_PLAIN_CREDENTIALS)
+    if credentials:
+        users.update(parse_plain_credentials(credentials))
+    if not users:
+        raise InvalidConfigError(
+            "the listener requires SASL but no users are configured: set security.sasl.plain.jaas.config "
+            "or security.sasl.plain.credentials"
+        )
+    return PlainAuthenticator(users, mechanisms)
