@@ -84,6 +84,13 @@ class _Writer:
             self._writer_id = int(response.writer_id)
         return self._writer_id
 
+    def _forget_writer_id(self) -> None:
+        """A batch failed for good, so the server's sequence for this writer stops before it: later batches
+        go out under a new writer id from sequence 0 (Fluss's client resets its writer id likewise), or
+        every write after one failure would be refused as out of order."""
+        self._writer_id = None
+        self._sequences.clear()
+
     def _next_sequence(self, bucket: TableBucket) -> int:
         sequence = self._sequences.get(bucket, 0)
         self._sequences[bucket] = sequence + 1
@@ -157,6 +164,7 @@ class _Writer:
                     pending.append(batch)
                 else:
                     _resolve_batch(batch, error)
+                    self._forget_writer_id()
             if not pending:
                 return
             if previous_done is not None:

@@ -13,6 +13,7 @@ anyway; the only blocking I/O, the log fsync, runs in a worker thread inside Log
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import shutil
@@ -95,6 +96,9 @@ class KvTablet:
         self._row_count = self._read_meta_int(ROW_COUNT_KEY)
         self.instance_id = self._instance_id()
         self._closed = False
+        self.failed: Exception | None = None
+        """A RocksDB write failed (RocksDB then refuses writes): writes are refused until the replica
+        reopens the tablet; reads go on from what RocksDB holds, which is every acknowledged write."""
         try:
             self._recover()
         except BaseException:
@@ -196,8 +200,14 @@ class KvTablet:
 
         Raises DuplicateSequenceError / OutOfOrderSequenceError (nothing written) for a replayed or
         skipped writer sequence, RequestTimeoutError (retriable) for a replay whose original is not applied
-        yet, DeletionDisabledError if the table forbids deletes.
+        yet, DeletionDisabledError if the table forbids deletes; KvStorageError while RocksDB is failed
+        (nothing is appended, so the changelog does not grow with writes that cannot be applied).
         """
+        if self.failed is not None:
+            raise KvStorageError(
+                f"RocksDB of {self.directory} failed ({self.failed}); writes resume once storage works again "
+                "(for a full disk: once space is freed)"
+            )
         self._check_open()
         # a retry is acknowledged (DUPLICATE_SEQUENCE) only once the original is visible in RocksDB
         self.log.check_writers([(writer_id, batch_sequence)], self._applied_offset)
@@ -331,6 +341,10 @@ class KvTablet:
         try:
             self._db.write(write, self._write_options)
         except Exception as exc:
+            if self.failed is None:
+                log.error("%s: RocksDB write failed, the bucket refuses writes until it is reopened: %s",
+                          self.directory, exc)
+            self.failed = exc
             raise KvStorageError(f"RocksDB write failed in {self.directory}: {exc}") from exc
         # no await since the write: nothing else touched the buffers
         del self._pending[:durable_count]
@@ -339,16 +353,24 @@ class KvTablet:
         self._row_count = row_count
 
     # ---- reads ----
+    def _apply_before_read(self) -> None:
+        """Apply durable pending batches so a read sees them; if RocksDB refuses, read what it holds (every
+        acknowledged write: a write is acknowledged only after it reached RocksDB)."""
+        if self.failed is None:
+            # a failure is logged once by apply_durable; the replica reopens the tablet when storage works again
+            with contextlib.suppress(KvStorageError):
+                self.apply_durable()
+
     def lookup(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Stored values (schema id + row) of durable writes; None for missing keys."""
         self._check_open()
-        self.apply_durable()  # a put whose handler never applied (it failed on a later batch) still shows
+        self._apply_before_read()  # a put whose handler never applied (it failed on a later batch) still shows
         get = self._db.get  # rocksdict's single get is ~3x faster per key than its multi-get
         return [get(key) for key in keys]
 
     def prefix_lookup(self, prefixes: Sequence[bytes], limit_per_prefix: int) -> list[list[bytes]]:
         self._check_open()
-        self.apply_durable()
+        self._apply_before_read()
         results: list[list[bytes]] = []
         for prefix in prefixes:
             matches: list[bytes] = []
@@ -366,19 +388,25 @@ class KvTablet:
             results.append(matches)
         return results
 
-    def limit_scan(self, limit: int) -> list[bytes]:
+    def limit_scan(self, limit: int, bytes_max: int | None = None) -> tuple[list[bytes], bool]:
+        """The first ``limit`` values in key order, and whether ``bytes_max`` cut them short."""
         self._check_open()
-        self.apply_durable()
+        self._apply_before_read()
         values: list[bytes] = []
+        size = 0
         iterator = self._db.iter()
         try:
             iterator.seek_to_first()
             while iterator.valid() and len(values) < limit:
-                values.append(iterator.value())
+                value = iterator.value()
+                size += len(value)
+                if bytes_max is not None and size > bytes_max:
+                    return values, True
+                values.append(value)
                 iterator.next()
         finally:
             del iterator
-        return values
+        return values, False
 
     def open_scan(self) -> tuple[Iterator[bytes], int, bool]:
         """A point-in-time view for a scan session: ``(values in key order, log offset, is empty)``.
@@ -420,7 +448,10 @@ class KvTablet:
         # A live column-family handle keeps RocksDB open (and its LOCK held) after close(): drop it first,
         # or the same process can never open this directory again (rebuild, reopen after a failed open).
         self._meta = None  # type: ignore[assignment]
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as exc:  # a RocksDB in an error state (disk full) may fail to close cleanly
+            log.warning("%s: RocksDB close failed: %s", self.directory, exc)
 
     def close(self) -> None:
         """Flush and close; after a clean close the next open needs no changelog replay."""

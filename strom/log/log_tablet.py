@@ -322,6 +322,15 @@ class LogTablet:
         return freed
 
     # ---- lifecycle ----
+    @property
+    def failed(self) -> Exception | None:
+        """The storage error that took this log offline (appends refuse until the replica reopens it)."""
+        return self._failed
+
+    @property
+    def flush_in_flight(self) -> bool:
+        return self._flush_task is not None
+
     def _check_usable(self) -> None:
         if self._failed is not None:
             raise LogStorageError(f"log {self.directory} failed earlier and is offline: {self._failed}")

@@ -145,10 +145,17 @@ class KvSnapshotScheduler:
         if state.in_flight:
             return None
         kv = replica.kv
+        if kv.failed is not None:
+            return None  # RocksDB refuses writes (a flush is one); the replica reopens it first
         if kv.applied_offset <= state.last_log_offset or (kv.applied_offset == 0 and state.last_log_offset < 0):
             return None
+        try:
+            snapshot_id = self._committer.next_snapshot_id(replica.bucket)
+        except Exception as exc:  # the metadata store cannot hand out an id (a full disk): try next time
+            state.errors += 1
+            log.warning("snapshot of %s cannot start (attempt %d): %s", replica.bucket, state.errors, exc)
+            return None
         state.in_flight = True
-        snapshot_id = self._committer.next_snapshot_id(replica.bucket)
         local = self._local_dir / f"{replica.bucket.table_id}-{replica.bucket.partition_id}-{replica.bucket.bucket}-{snapshot_id}"
         remote_dir = bucket_remote_dir(replica.table.path, replica.bucket)
         try:

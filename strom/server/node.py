@@ -158,6 +158,7 @@ class StromServer:
             batch_size_bytes_max=min(config.get(KV_SCANNER_MAX_BATCH_SIZE), 0x7FFFFFFF),
         )
         self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config, self.clock), self.clock)
+        self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
         self.scans.start()
         self.tablet_server = LocalTabletServer(self.replicas, self.scans)
         sock = bind_listener(self.host, self.port)

@@ -2,6 +2,10 @@
 
 Opening a bucket means recovering its log (and, for primary-key tables, its RocksDB from the changelog),
 which can take a while after a crash, so buckets are opened lazily rather than all at start-up.
+
+A bucket whose storage failed (a full disk: the log refuses appends, RocksDB refuses writes) keeps serving
+reads from what it has and is reopened — the same recovery as after a crash — on its next use once the
+disk has room again, so writes resume without a restart.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -38,6 +43,11 @@ from strom.remote.storage import RemoteStorage
 
 log = logging.getLogger(__name__)
 
+RECOVERY_INTERVAL_S = 1.0
+RECOVERY_FREE_BYTES_MIN = 16 << 20
+"""A failed bucket is reopened only when its disk has this much room: reopening needs some, and closing
+it while the disk is still full would stop its reads too."""
+
 
 class Replica:
     """One bucket this server leads. Owned by the event loop."""
@@ -51,6 +61,7 @@ class Replica:
         self._log: LogTablet | None = None
         self._kv: KvTablet | None = None
         self.stopped = False
+        self._next_recovery = 0.0
 
     @property
     def is_open(self) -> bool:
@@ -73,6 +84,42 @@ class Replica:
                 log_tablet.close()
                 raise
         self._log = log_tablet
+
+    @property
+    def storage_failure(self) -> Exception | None:
+        """Why the open log or RocksDB refuses writes, if it does."""
+        if self._log is None:
+            return None
+        if self._log.failed is not None:
+            return self._log.failed
+        return self._kv.failed if self._kv is not None else None
+
+    def recover_if_failed(self, before_close: Callable[[TableBucket], None] | None = None) -> bool:
+        """Reopen a bucket whose storage failed, at most once a second and only once its disk has room;
+        True if it was reopened. ``before_close`` releases what holds the old RocksDB (scan sessions)."""
+        failure = self.storage_failure
+        if failure is None or self.stopped or time.monotonic() < self._next_recovery:
+            return False
+        self._next_recovery = time.monotonic() + RECOVERY_INTERVAL_S
+        assert self._log is not None
+        if self._log.flush_in_flight:
+            return False
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            return False
+        if free < RECOVERY_FREE_BYTES_MIN:
+            return False
+        log.warning("%s: reopening after a storage failure (%s); %d MB free", self.bucket, failure, free >> 20)
+        if before_close is not None:
+            before_close(self.bucket)
+        if self._kv is not None:
+            self._kv.close()
+        self._log.close()
+        self._log = self._kv = None
+        self.open()  # a failure here is the request's error; the next use tries again
+        log.warning("%s: reopened; writes accepted again", self.bucket)
+        return True
 
     def _open_kv(self, log_tablet: LogTablet) -> KvTablet:
         """Open the bucket's RocksDB, restoring it from the latest KV snapshot when the local copy is gone
@@ -167,6 +214,8 @@ class ReplicaManager:
         self._block_cache_size_bytes = config.get(KV_ROCKSDB_BLOCK_CACHE_SIZE)
         self._replicas: dict[TableBucket, Replica] = {}
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
+        self.before_reopen: Callable[[TableBucket], None] | None = None
+        """Called before a failed bucket is reopened (the node closes its scan sessions there)."""
 
     def replica_directory(self, table: TableInfo, bucket: TableBucket) -> Path:
         table_dir = self._data_dir / table.path.database_name / f"{table.path.table_name}-{table.table_id}"
@@ -218,6 +267,7 @@ class ReplicaManager:
         if replica is None or replica.stopped:
             raise UnknownTableOrBucketError(f"{bucket} is not hosted by this server")
         replica.open()
+        replica.recover_if_failed(self.before_reopen)
         return replica
 
     def hosted(self, table_id: int | None = None) -> list[Replica]:

@@ -34,9 +34,10 @@ OFFSET_EARLIEST = 0
 OFFSET_LATEST = 1
 OFFSET_TIMESTAMP = 2
 PREFIX_LOOKUP_ROWS_MAX = 100_000
-LIMIT_SCAN_ROWS_MAX = 10_000
-"""LimitScan is answered in one response, inline: a bound keeps a 22-byte request from costing megabytes."""
-LIMIT_SCAN_LOG_BYTES_MAX = 8 << 20
+LIMIT_SCAN_BYTES_MAX = 64 << 20
+"""LimitScan is answered in one response, inline: its size is bounded (clients read whole small tables
+with a large limit, so the row count is not), and a client that does not read its answers is paced by the
+connection's write buffer."""
 
 
 def _bucket(table_id: int, request: Any) -> TableBucket:
@@ -263,19 +264,22 @@ class TabletService:
         )
         response = pb.LimitScanResponse()
         try:
-            if not 0 < request.limit <= LIMIT_SCAN_ROWS_MAX:
-                raise InvalidScanRequestError(
-                    f"LimitScan needs a limit in [1, {LIMIT_SCAN_ROWS_MAX}], got {request.limit}; "
-                    "read more rows with a KV scan or a log scanner."
-                )
+            if request.limit <= 0:
+                raise InvalidScanRequestError(f"LimitScan needs a positive limit, got {request.limit}.")
             replica = self._replicas.get(bucket)
             response.is_log_table = not replica.is_kv
             if replica.is_kv:
-                response.records = build_value_batch(replica.kv.limit_scan(request.limit))
+                values, cut_short = replica.kv.limit_scan(request.limit, LIMIT_SCAN_BYTES_MAX)
+                if cut_short:
+                    raise InvalidScanRequestError(
+                        f"LimitScan of {request.limit} rows would answer more than {LIMIT_SCAN_BYTES_MAX >> 20} MB; "
+                        "read this many rows with a KV scan (ScanKv) instead."
+                    )
+                response.records = build_value_batch(values)
             else:
                 log_tablet = replica.log
                 start = max(log_tablet.log_start_offset, log_tablet.high_watermark - request.limit)
-                response.records = log_tablet.read_range(start, log_tablet.high_watermark, LIMIT_SCAN_LOG_BYTES_MAX)
+                response.records = log_tablet.read_range(start, log_tablet.high_watermark, LIMIT_SCAN_BYTES_MAX)
         except Exception as exc:
             _set_error(response, exc)
         return response

@@ -15,11 +15,13 @@ import pytest
 from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.config import Configuration
 from strom.errors import InvalidScanRequestError, TooManyScannersError
+from strom.records.kv_batch import parse_value_batch
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.budget import SMALL_FRAME_SIZE_BYTES
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
+from strom.server import tablet_server
 from strom.server.node import StromServer
 
 pytestmark = pytest.mark.asyncio
@@ -73,18 +75,25 @@ async def test_pipelined_limit_scans_from_a_client_that_never_reads_are_paced_by
         await server.stop()
 
 
-async def test_limit_scan_refuses_a_limit_beyond_its_bound(tmp_path: Path) -> None:
+async def test_limit_scan_bounds_its_answer_by_size_not_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     server = await _started(tmp_path)
     try:
         connection, table = await _pk_table(server, "limited", 10)
         rpc = await RpcConnection.connect("127.0.0.1", server.port)
         try:
-            for limit in (0, 10_001, 2**31 - 1):
+            def limit_scan(limit: int) -> Any:
                 request = pb.LimitScanRequest(table_id=table.table_info.table_id, bucket_id=0, limit=limit)
-                response = await rpc.request(ApiKey.LIMIT_SCAN, request)
-                assert response.error_code == InvalidScanRequestError.code and "limit" in response.error_message
-            ok = await rpc.request(ApiKey.LIMIT_SCAN, pb.LimitScanRequest(table_id=table.table_info.table_id, bucket_id=0, limit=10))
-            assert not ok.HasField("error_code") and len(ok.records) > 0
+                return rpc.request(ApiKey.LIMIT_SCAN, request)
+
+            for limit in (0, -1):
+                refused = await limit_scan(limit)
+                assert refused.error_code == InvalidScanRequestError.code and "positive limit" in refused.error_message
+            whole = await limit_scan(2**31 - 1)  # clients read a whole small table with a huge limit
+            assert not whole.HasField("error_code") and len(parse_value_batch(whole.records)) == 10
+            monkeypatch.setattr(tablet_server, "LIMIT_SCAN_BYTES_MAX", 500)  # ~4 of these rows
+            too_big = await limit_scan(10)
+            assert too_big.error_code == InvalidScanRequestError.code and "KV scan" in too_big.error_message
+            assert len(parse_value_batch((await limit_scan(3)).records)) == 3
         finally:
             await rpc.close()
             await connection.close()
@@ -169,7 +178,7 @@ async def test_partly_sent_large_frames_share_one_server_wide_budget(tmp_path: P
             writer.close()
         await asyncio.sleep(0.2)
         assert server.rpc.budget.reserved_bytes == 0 and server.rpc.budget.waiter_count == 0
-        assert SMALL_FRAME_SIZE_BYTES < body_size
+        assert body_size > SMALL_FRAME_SIZE_BYTES
         await connection.close()
     finally:
         await server.stop()
