@@ -208,7 +208,7 @@ def read_arrow(
         # Reading only checks the message's framing; offsets pointing outside their buffers would pass and
         # crash whoever reads the values later (a projection, the lake tiering, a client), so check them all.
         batch.validate(full=True)
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, EOFError) as exc:  # EOFError: the body is an end-of-stream marker
         raise CorruptRecordError(f"log batch at offset {header.base_offset} holds no valid Arrow data: {exc}") from exc
     if batch.num_rows != header.record_count:
         raise CorruptRecordError(

@@ -15,6 +15,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from fuzz.common import batches_identical
 from strom.errors import StromError
 
 EXAMPLES = int(os.environ.get("STROM_FUZZ_EXAMPLES", "150"))
@@ -99,20 +100,6 @@ def assert_clean_error(result: tuple[str, Any], allowed: tuple[type[BaseExceptio
 
 STROM_ERRORS = (StromError,)
 ROW_ERRORS = (ValueError,)  # row decoders document ValueError (MalformedRowError at the server)
-
-
-def batches_identical(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
-    """Equal schemas and values; floats by bit pattern (NaN != NaN under ``equals``)."""
-    if a.schema != b.schema or a.num_rows != b.num_rows:
-        return False
-    for x, y in zip(a.columns, b.columns, strict=True):
-        if pa.types.is_float32(x.type):
-            x, y = x.view(pa.int32()), y.view(pa.int32())
-        elif pa.types.is_float64(x.type):
-            x, y = x.view(pa.int64()), y.view(pa.int64())
-        if not x.equals(y):
-            return False
-    return True
 
 
 def assert_same_outcome(fast: tuple[str, Any], reference: tuple[str, Any], context: str) -> None:

@@ -146,6 +146,17 @@ def test_arrow_offsets_outside_their_buffer_are_corrupt_record_not_a_segfault() 
         log_batch.read_arrow(data, position, header, LOG_SCHEMA)
 
 
+def test_an_arrow_end_of_stream_marker_as_the_body_is_corrupt_record_not_eof_error() -> None:
+    """Found by the atheris log-batch target: pyarrow raises EOFError for a body that is an IPC
+    end-of-stream marker, which reached ProduceLog's caller as an unknown server error."""
+    data = log_batch.build_batch(
+        schema_id=1, record_count=1, records=b"\xff\xff\xff\xff\x00\x00\x00\x00", append_only=True
+    )
+    ((position, header),) = list(log_batch.iter_batches(data))
+    with pytest.raises(CorruptRecordError, match="End of Arrow stream"):
+        log_batch.read_arrow(data, position, header, LOG_SCHEMA)
+
+
 def test_compressed_arrow_claiming_a_huge_uncompressed_size_is_corrupt_record() -> None:
     """The fuzzer's ArrowMemoryError: an lz4/zstd body whose declared size cannot be allocated."""
     batch = _record_batch([(1, "x" * 40, [1], None, b"y" * 40)])

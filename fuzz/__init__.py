@@ -1,0 +1,1 @@
+"""Coverage-guided fuzz targets (atheris), one per parser; see README.md."""
