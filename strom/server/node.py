@@ -47,6 +47,8 @@ from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.server import Handler, RpcServer, bind_listener
+from strom.security.server_security import ServerSecurity
+from strom.server.acl_service import AclService
 from strom.server.coordinator import CoordinatorService, ServerNode
 from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
@@ -124,6 +126,7 @@ class StromServer:
         self.tablet_server: LocalTabletServer | None = None
         self.snapshot_scheduler: KvSnapshotScheduler | None = None
         self.rpc: RpcServer | None = None
+        self.security: ServerSecurity | None = None
         self.metrics_port: int | None = None
         self._metrics_server: WSGIServer | None = None
         self._stopped = asyncio.Event()
@@ -134,6 +137,7 @@ class StromServer:
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
         self.store = store = open_store("sqlite", str(self.paths.metadata_db))
+        self.security = ServerSecurity.from_config(config, store)  # a bad security setting stops the start here
         remote = RemoteStorage(self.remote_root)
         leases = KvSnapshotLeaseManager(store, self.clock)
         snapshot_store = KvSnapshotStore(store, remote, config.get(KV_SNAPSHOT_NUM_RETAINED), leases.is_leased)
@@ -190,8 +194,14 @@ class StromServer:
         )
         await snapshot_store.sweep_unreferenced()  # before the first upload can be in flight
         self.snapshot_scheduler.start()
+        lease_of = leases.get
         self.rpc = RpcServer(
-            self._handlers(),
+            self.security.guard(
+                self._handlers(),
+                lambda table_id: table.path if (table := self.coordinator.table_info_by_id(table_id)) else None,  # type: ignore[union-attr]
+                lambda lease_id: {bucket.table_id for bucket in lease.pins} if (lease := lease_of(lease_id)) else (),
+            ),
+            authenticator=self.security.authenticator,
             frame_size_bytes_max=config.get(MAX_REQUEST_SIZE),
             in_flight_count_max=config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
             idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
@@ -227,7 +237,8 @@ class StromServer:
     def _handlers(self) -> dict[ApiKey, Handler]:
         coordinator, tablet, snapshots, scans, lake = self.coordinator, self.tablet, self.snapshots, self.scans, self.lake
         assert coordinator is not None and tablet is not None and snapshots is not None and scans is not None
-        assert lake is not None
+        assert lake is not None and self.security is not None
+        acls = AclService(self.security.authorizer)
         return {
             ApiKey.ALTER_TABLE: coordinator.alter_table,
             ApiKey.LAKE_TIERING_HEARTBEAT: lake.lake_tiering_heartbeat,
@@ -267,6 +278,9 @@ class StromServer:
             ApiKey.LIMIT_SCAN: tablet.limit_scan,
             ApiKey.GET_FILESYSTEM_SECURITY_TOKEN: tablet.get_file_system_security_token,
             ApiKey.SCAN_KV: scans.scan_kv,
+            ApiKey.CREATE_ACLS: acls.create_acls,
+            ApiKey.LIST_ACLS: acls.list_acls,
+            ApiKey.DROP_ACLS: acls.drop_acls,
         }
 
     async def serve_forever(self) -> None:

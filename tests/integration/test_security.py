@@ -1,0 +1,315 @@
+"""Security against a real server: SASL/PLAIN authentication of the official client and strom's own, and
+ACL authorization of reads, writes and catalog calls, managed through the admin API and ``strom acl``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import fluss as pyfluss
+import pyarrow as pa
+import pytest
+import pytest_asyncio
+
+from strom.client import Connection, TablePath
+from strom.errors import AuthenticationError, AuthorizationError, SecurityDisabledError
+from strom.security.acl import AclBinding, AclFilter, OperationType, Principal, Resource
+from tests.conftest import unique_name
+from tests.integration.pyfluss_support import poll_records
+from tests.integration.security_support import SECURE_CONFIG, USERS, strom_config
+from tests.integration.snapshot_support import create_pk_table, write_round
+from tests.server_process import ServerProcess
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("security")]
+
+AUTHENTICATION_FAILED = 46
+SECURITY_DISABLED = 47
+AUTHORIZATION_FAILED = 48
+DATABASE = "fluss"
+
+@pytest.fixture(scope="module")
+def secure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    process = ServerProcess(tmp_path_factory.mktemp("secure") / "data", SECURE_CONFIG)
+    process.start()
+    yield process
+    assert process.stop() == 0, process.log_text()[-3000:]
+    assert not process.internal_errors()
+
+
+def pyfluss_config(server: ServerProcess, user: str | None = None, password: str | None = None) -> Any:
+    config = {"bootstrap.servers": server.address}
+    if user is not None:
+        config.update({
+            "security.protocol": "sasl", "security.sasl.mechanism": "PLAIN",
+            "security.sasl.username": user, "security.sasl.password": password or USERS[user],
+        })
+    return pyfluss.Config(config)
+
+
+@pytest_asyncio.fixture
+async def admin(secure_server: ServerProcess) -> AsyncIterator[Connection]:
+    async with await Connection.create(strom_config(secure_server, "admin")) as connection:
+        yield connection
+
+
+async def grant(admin: Connection, user: str, operation: OperationType, resource: Resource) -> None:
+    await admin.get_admin().create_acls([AclBinding(resource, Principal("User", user), "*", operation)])
+
+
+async def revoke_all(admin: Connection, user: str) -> None:
+    await admin.get_admin().drop_acls([AclFilter(principal=Principal("User", user))])
+
+
+FIELDS = [pa.field("id", pa.int64()), pa.field("v", pa.string())]
+
+
+def assert_authorization_failed(error: Any) -> None:
+    """pyfluss reports a per-bucket or writer-id failure wrapped (code -2) with the server's code inside."""
+    assert error.error_code == AUTHORIZATION_FAILED or re.search(r"code[=:] ?48\b", str(error)), str(error)
+
+
+# ---- authentication ----
+@pytest.mark.asyncio
+async def test_pyfluss_with_sasl_credentials_reads_and_writes(secure_server: ServerProcess) -> None:
+    connection = await pyfluss.FlussConnection.create(pyfluss_config(secure_server, "admin"))
+    try:
+        path = pyfluss.TablePath(DATABASE, unique_name("sasl"))
+        schema = pyfluss.Schema(pa.schema(FIELDS), primary_keys=["id"])
+        await connection.get_admin().create_table(path, pyfluss.TableDescriptor(schema))
+        table = await connection.get_table(path)
+        writer = table.new_upsert().create_writer()
+        writer.upsert({"id": 1, "v": "one"})
+        await writer.flush()
+        assert await table.new_lookup().create_lookuper().lookup({"id": 1}) == {"id": 1, "v": "one"}
+    finally:
+        await connection.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("user", "password"), [(None, None), ("admin", "wrong"), ("mallory", "x")])
+async def test_pyfluss_without_or_with_wrong_credentials_gets_an_authentication_error(
+    secure_server: ServerProcess, user: str | None, password: str | None
+) -> None:
+    with pytest.raises(pyfluss.FlussError) as failure:
+        connection = await pyfluss.FlussConnection.create(pyfluss_config(secure_server, user, password))
+        try:
+            await connection.get_admin().list_databases()
+        finally:
+            await connection.close()
+    assert failure.value.error_code == AUTHENTICATION_FAILED, str(failure.value)
+
+
+@pytest.mark.asyncio
+async def test_strom_client_authenticates_with_fluss_client_options(secure_server: ServerProcess) -> None:
+    with pytest.raises(AuthenticationError):
+        await Connection.create(secure_server.address)
+    wrong = {**strom_config(secure_server, "alice"), "client.security.sasl.password": "nope"}
+    with pytest.raises(AuthenticationError):
+        await Connection.create(wrong)
+    async with await Connection.create(strom_config(secure_server, "alice")) as connection:
+        assert await connection.get_admin().list_databases() == []  # alice may describe nothing yet
+
+
+# ---- authorization ----
+@pytest.mark.asyncio
+async def test_read_is_needed_to_look_up_fetch_scan_or_lease(secure_server: ServerProcess, admin: Connection) -> None:
+    path = TablePath(DATABASE, unique_name("reads"))
+    table = await create_pk_table(admin, path, buckets=1)
+    await write_round(table, range(10), "a")
+    resource = Resource.table(path.database_name, path.table_name)
+    await grant(admin, "bob", OperationType.WRITE, resource)  # WRITE implies DESCRIBE, not READ
+    py_path = pyfluss.TablePath(path.database_name, path.table_name)
+    bucket = table.bucket(0)
+    try:
+        # pyfluss: lookups and log fetches are refused per bucket with the authorization code
+        bob = await pyfluss.FlussConnection.create(pyfluss_config(secure_server, "bob"))
+        try:
+            py_table = await bob.get_table(py_path)
+            with pytest.raises(pyfluss.FlussError) as failure:
+                await py_table.new_lookup().create_lookuper().lookup({"id": 1})
+            assert_authorization_failed(failure.value)
+            scanner = await py_table.new_scan().create_log_scanner()
+            scanner.subscribe(0, 0)
+            with pytest.raises(pyfluss.FlussError) as failure:
+                await poll_records(scanner, 1)
+            assert_authorization_failed(failure.value)
+        finally:
+            await bob.close()
+        async with await Connection.create(strom_config(secure_server, "bob")) as connection:
+            denied = await connection.get_table(path)
+            with pytest.raises(AuthorizationError):
+                await denied.new_scan().create_bucket_batch_scanner(bucket).next_batch()
+            with pytest.raises(AuthorizationError):
+                await denied.new_lookup().create_lookuper().lookup({"id": 1})
+            scanner = denied.new_scan().create_log_scanner()
+            scanner.subscribe(0, 0)
+            with pytest.raises(AuthorizationError):
+                await scanner.poll(2000)
+            lease = connection.get_admin().create_kv_snapshot_lease(unique_name("lease"), 60_000)
+            with pytest.raises(AuthorizationError):
+                await lease.acquire_snapshots({bucket: 0})
+
+        await grant(admin, "bob", OperationType.READ, resource)
+        async with await Connection.create(strom_config(secure_server, "bob")) as connection:
+            allowed = await connection.get_table(path)
+            assert (await allowed.new_lookup().create_lookuper().lookup({"id": 1})) is not None
+            rows = await allowed.new_scan().create_bucket_batch_scanner(bucket).next_batch()
+            assert rows is not None and rows.num_rows == 10
+            lease = connection.get_admin().create_kv_snapshot_lease(unique_name("lease"), 60_000)
+            await lease.acquire_snapshots({bucket: 0})
+            await lease.drop()
+    finally:
+        await revoke_all(admin, "bob")
+
+
+@pytest.mark.asyncio
+async def test_write_is_needed_to_put_rows(secure_server: ServerProcess, admin: Connection) -> None:
+    path = TablePath(DATABASE, unique_name("writes"))
+    await create_pk_table(admin, path, buckets=1)
+    resource = Resource.table(path.database_name, path.table_name)
+    await grant(admin, "alice", OperationType.READ, resource)
+    py_path = pyfluss.TablePath(path.database_name, path.table_name)
+    try:
+        alice = await pyfluss.FlussConnection.create(pyfluss_config(secure_server, "alice"))
+        try:
+            table = await alice.get_table(py_path)
+            writer = table.new_upsert().create_writer()
+            with pytest.raises(pyfluss.FlussError) as failure:
+                await writer.upsert({"id": 7, "v": "x"}).wait()
+            assert_authorization_failed(failure.value)
+        finally:
+            await alice.close()
+        async with await Connection.create(strom_config(secure_server, "alice")) as connection:
+            denied = await connection.get_table(path)
+            with pytest.raises(AuthorizationError):
+                await write_round(denied, range(3), "denied")
+        await grant(admin, "alice", OperationType.WRITE, resource)
+        alice = await pyfluss.FlussConnection.create(pyfluss_config(secure_server, "alice"))
+        try:
+            table = await alice.get_table(py_path)
+            writer = table.new_upsert().create_writer()
+            writer.upsert({"id": 7, "v": "x"})
+            await writer.flush()
+            assert await table.new_lookup().create_lookuper().lookup({"id": 7}) == {"id": 7, "v": "x"}
+        finally:
+            await alice.close()
+    finally:
+        await revoke_all(admin, "alice")
+
+
+@pytest.mark.asyncio
+async def test_catalog_calls_need_their_operation_and_listings_hide_the_rest(
+    secure_server: ServerProcess, admin: Connection
+) -> None:
+    database = unique_name("db")
+    await admin.get_admin().create_database(database)
+    path = TablePath(database, "visible")
+    await create_pk_table(admin, path, buckets=1)
+    await create_pk_table(admin, TablePath(database, "hidden"), buckets=1)
+    try:
+        async with await Connection.create(strom_config(secure_server, "alice")) as connection:
+            alice = connection.get_admin()
+            with pytest.raises(AuthorizationError):
+                await alice.create_database(unique_name("db"))
+            with pytest.raises(AuthorizationError):
+                await alice.drop_table(path)
+            await grant(admin, "alice", OperationType.DESCRIBE, Resource.table(database, "visible"))
+            assert await alice.list_tables(database) == ["visible"]
+            assert (await alice.get_table_info(path)).path == path
+            with pytest.raises(AuthorizationError):
+                await alice.create_table(TablePath(database, "new"), (await alice.get_table_info(path)).descriptor)
+            await grant(admin, "alice", OperationType.CREATE, Resource.database(database))
+            await alice.create_table(TablePath(database, "new"), (await alice.get_table_info(path)).descriptor)
+            with pytest.raises(AuthorizationError):
+                await alice.create_acls([AclBinding(Resource.database(database), Principal("User", "bob"), "*",
+                                                    OperationType.READ)])
+    finally:
+        await revoke_all(admin, "alice")
+
+
+@pytest.mark.asyncio
+async def test_super_user_may_do_everything_without_acls(secure_server: ServerProcess, admin: Connection) -> None:
+    database = unique_name("db")
+    handle = admin.get_admin()
+    await handle.create_database(database)
+    table = await create_pk_table(admin, TablePath(database, "t"), buckets=2)
+    await write_round(table, range(5), "s")
+    assert (await table.new_lookup().create_lookuper().lookup({"id": 3})) is not None
+    assert database in await handle.list_databases()
+    await handle.drop_table(TablePath(database, "t"))
+    await handle.drop_database(database)
+
+
+# ---- the ACL CLI ----
+def strom_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "strom.cli.main", *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_acl_cli_adds_lists_and_removes_entries(secure_server: ServerProcess) -> None:
+    table = f"{DATABASE}.{unique_name('cli')}"
+    login = ["-b", secure_server.address, "--username", "admin", "--password", USERS["admin"]]
+    added = strom_cli("acl", "add", "-p", "User:carol", "-o", "READ", "-o", "WRITE", "-t", "TABLE",
+                      "-r", table, *login)
+    assert added.returncode == 0, added.stderr
+    assert "added" in added.stdout
+
+    listed = strom_cli("acl", "list", "-p", "User:carol", "--json", *login)
+    assert listed.returncode == 0, listed.stderr
+    entries = json.loads(listed.stdout)
+    assert sorted(e["operation"] for e in entries) == ["READ", "WRITE"]
+    assert {e["resource_name"] for e in entries} == {table}
+
+    removed = strom_cli("acl", "remove", "-p", "User:carol", "-o", "WRITE", "--json", *login)
+    assert removed.returncode == 0, removed.stderr
+    assert [e["operation"] for e in json.loads(removed.stdout)] == ["WRITE"]
+    remaining = json.loads(strom_cli("acl", "list", "-p", "User:carol", "--json", *login).stdout)
+    assert [e["operation"] for e in remaining] == ["READ"]
+    strom_cli("acl", "remove", "-p", "User:carol", *login)
+
+    refused = strom_cli("acl", "list", "-b", secure_server.address)
+    assert refused.returncode == 1
+    assert "code 46" in refused.stderr
+
+
+# ---- without security configured ----
+@pytest.mark.asyncio
+async def test_acl_requests_on_an_unsecured_server_report_security_disabled(server: ServerProcess) -> None:
+    async with await Connection.create(server.address) as connection:
+        with pytest.raises(SecurityDisabledError):
+            await connection.get_admin().list_acls()
+    connection = await pyfluss.FlussConnection.create(pyfluss.Config({"bootstrap.servers": server.address}))
+    try:
+        assert DATABASE in await connection.get_admin().list_databases()
+    finally:
+        await connection.close()
+    assert SecurityDisabledError.code == SECURITY_DISABLED
+
+
+def test_a_sasl_listener_without_users_refuses_to_start(tmp_path: Path) -> None:
+    process = ServerProcess(tmp_path / "data", {"bind.listeners": "CLIENT://127.0.0.1:0",
+                                                "security.protocol.map": "CLIENT:SASL"})
+    with pytest.raises(RuntimeError, match="no users"):
+        process.start()
+
+
+# ---- the documentation's example ----
+def test_the_security_docs_example_runs(secure_server: ServerProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    match = re.search(r"```python\n(.*?)```", docs, re.S)
+    assert match, "docs/security.md lost its python example"
+    code = match.group(1).replace("127.0.0.1:9123", secure_server.address)
+    try:
+        exec(compile(code, "docs/security.md example", "exec"), {"__name__": "docs"})
+    finally:
+        subprocess.run([sys.executable, "-m", "strom.cli.main", "acl", "remove", "-p", "User:alice", "-r", "shop",
+                        "-b", secure_server.address, "-u", "admin", "--password", USERS["admin"]],
+                       capture_output=True, timeout=60)
+    printed = capsys.readouterr().out.splitlines()
+    assert "User:alice ALLOW READ on DATABASE:shop from *" in printed[0]
+    assert printed[1] == "['shop']"
