@@ -18,6 +18,8 @@ PARTITION_NAME_SEPARATOR = "$"
 
 
 def _name_problem(name: str) -> str | None:
+    if not isinstance(name, str):  # protobuf hands a string field that is not valid UTF-8 over as bytes
+        return "it is not valid UTF-8"
     if not name:
         return "the empty string is not allowed"
     if len(name) > NAME_LENGTH_MAX:
