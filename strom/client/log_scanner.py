@@ -13,6 +13,7 @@ import pyarrow as pa
 from strom.errors import error_for_code
 from strom.ids import TableBucket
 from strom.records import log_batch
+from strom.records.indexed_log import LogBatchDecoder
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 
@@ -48,9 +49,14 @@ class LogScanner:
         self._table = table
         layout = table.layout
         self._projection = projection
+        self._decoder = layout.log_decoder
+        # An INDEXED log cannot be projected on the server (as in Fluss): fetch whole rows and select here.
+        self._pushdown = projection if self._decoder.supports_projection else None
         self.schema = (
             layout.arrow_schema if projection is None else pa.schema([layout.arrow_schema.field(i) for i in projection])
         )
+        if self._pushdown is not None:
+            self._decoder = LogBatchDecoder(layout.log_format, layout.row_type, self.schema)
         self._positions: dict[TableBucket, int] = {}
         self.high_watermarks: dict[TableBucket, int] = {}
 
@@ -92,10 +98,10 @@ class LogScanner:
             follower_server_id=-1, max_bytes=FETCH_BYTES_MAX, max_wait_ms=max(0, timeout_ms), min_bytes=1
         )
         table_request = request.tables_req.add(
-            table_id=self._table.layout.info.table_id, projection_pushdown_enabled=self._projection is not None
+            table_id=self._table.layout.info.table_id, projection_pushdown_enabled=self._pushdown is not None
         )
-        if self._projection is not None:
-            table_request.projected_fields.extend(self._projection)
+        if self._pushdown is not None:
+            table_request.projected_fields.extend(self._pushdown)
         for bucket in buckets:
             entry = table_request.buckets_req.add(
                 bucket_id=bucket.bucket, fetch_offset=self._positions[bucket], max_fetch_bytes=FETCH_BUCKET_BYTES_MAX
@@ -128,7 +134,9 @@ class LogScanner:
                 position = header.base_offset
             if header.next_offset <= position:
                 continue
-            change_types, batch = log_batch.read_arrow(records, offset_in_buffer, header, self.schema)
+            change_types, batch = self._decoder.read(records, offset_in_buffer, header)
+            if self._projection is not None and self._pushdown is None:
+                batch = batch.select(self._projection)
             skip = max(0, position - header.base_offset)
             if skip:
                 batch = batch.slice(skip)

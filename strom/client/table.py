@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
+from strom.records import indexed_log
 from strom.records.compacted import CompactedKeyEncoder, CompactedRowDecoder, CompactedRowEncoder
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.types import RowType
@@ -43,6 +44,17 @@ class TableLayout:
         self.kv_format = info.properties.get("table.kv.format", "COMPACTED").upper()
         compression = info.properties.get("table.log.arrow.compression.type", "ZSTD").upper()
         self.log_compression = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}[compression]
+        self.log_format = indexed_log.log_format(info.properties)
+
+    @cached_property
+    def log_decoder(self) -> indexed_log.LogBatchDecoder:
+        """Decodes the table's log batches (ARROW or INDEXED records) into batches of ``arrow_schema``."""
+        return indexed_log.LogBatchDecoder(self.log_format, self.row_type, self.arrow_schema)
+
+    @cached_property
+    def log_row_encoder(self) -> IndexedRowEncoder:
+        """Encodes appended rows for a table in log format INDEXED (Java's nested-decimal layout)."""
+        return IndexedRowEncoder(self.row_type, java_decimal_layout=True)
 
     @cached_property
     def row_decoder(self) -> CompactedRowDecoder | IndexedRowDecoder:

@@ -26,7 +26,7 @@ from strom.errors import (
     error_for_code,
 )
 from strom.ids import TableBucket
-from strom.records import log_batch
+from strom.records import indexed_log, log_batch
 from strom.records.kv_batch import build_kv_batch
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -496,13 +496,22 @@ class AppendWriter(_Writer):
         result = []
         for bucket, indexes in groups.items():
             part = batch if len(indexes) == batch.num_rows else batch.take(pa.array(indexes, pa.int32()))
-            records = log_batch.build_arrow_batch(
-                part,
-                schema_id=layout.info.schema_id,
-                compression=layout.log_compression,
-                writer_id=writer_id,
-                batch_sequence=self._next_sequence(bucket),
-            )
+            if layout.log_format == indexed_log.INDEXED:
+                records = indexed_log.encode_indexed_batch(
+                    part,
+                    layout.log_row_encoder,
+                    schema_id=layout.info.schema_id,
+                    writer_id=writer_id,
+                    batch_sequence=self._next_sequence(bucket),
+                )
+            else:
+                records = log_batch.build_arrow_batch(
+                    part,
+                    schema_id=layout.info.schema_id,
+                    compression=layout.log_compression,
+                    writer_id=writer_id,
+                    batch_sequence=self._next_sequence(bucket),
+                )
             result.append(_BucketBatch(bucket, records, [f for i in indexes if (f := futures[i]) is not None]))
         return result
 

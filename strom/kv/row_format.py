@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from strom.metadata.table_info import TableInfo
-from strom.records import compacted, fastpath, indexed, row_arrow
+from strom.records import compacted, fastpath, indexed, indexed_log, row_arrow
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.log_batch import ChangeType
 
@@ -34,6 +34,9 @@ class TableRowFormat:
         self.key_indexes = [names.index(name) for name in physical]
         self.kv_format = table.properties.get("table.kv.format", "COMPACTED").upper()
         self.log_compression = _COMPRESSION[table.properties.get("table.log.arrow.compression.type", "ZSTD").upper()]
+        self.log_decoder = indexed_log.LogBatchDecoder(
+            indexed_log.log_format(table.properties), self.row_type, self.arrow_schema
+        )
         if self.kv_format == "INDEXED":
             self._decoder: indexed.IndexedRowDecoder | compacted.CompactedRowDecoder = indexed.IndexedRowDecoder(
                 self.row_type

@@ -304,9 +304,13 @@ class CoordinatorService:
         for key, reason in UNSUPPORTED_TABLE_OPTIONS.items():
             if key in properties:
                 raise InvalidConfigError(f"Table option '{key}' is not supported: {reason}.")
-        log_format = properties.get("table.log.format", "ARROW").upper()
-        if log_format != "ARROW":
-            raise InvalidConfigError(f"table.log.format={log_format} is not supported; strom stores ARROW logs.")
+        log_format = properties.get("table.log.format", "ARROW").strip().upper()
+        if log_format not in ("ARROW", "INDEXED"):
+            raise InvalidConfigError(f"table.log.format={log_format} is not supported; use ARROW or INDEXED.")
+        if log_format != "ARROW" and primary_key:
+            raise InvalidConfigError(
+                f"table.log.format={log_format} is for log tables; strom writes a primary-key table's changelog as ARROW."
+            )
         kv_format = properties.get("table.kv.format", "COMPACTED").upper()
         if kv_format not in ("COMPACTED", "INDEXED"):
             raise InvalidConfigError(f"table.kv.format={kv_format} is unknown; use COMPACTED or INDEXED.")

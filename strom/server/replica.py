@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import pyarrow as pa
-
 from strom.config import (
     KV_ROCKSDB_BLOCK_CACHE_SIZE,
     LOG_FLUSH_INTERVAL_MESSAGES,
@@ -39,6 +37,7 @@ from strom.kv.snapshot import CompletedKvSnapshot, download_snapshot
 from strom.log.log_tablet import LogConfig, LogTablet
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
+from strom.records.indexed_log import LogBatchDecoder
 from strom.remote.storage import RemoteStorage
 
 log = logging.getLogger(__name__)
@@ -153,11 +152,12 @@ class Replica:
             raise NonPrimaryKeyTableError(f"Table '{self.table.path}' is not a primary key table.")
         return self._kv
 
-    def log_arrow_schema(self) -> pa.Schema:
-        return self._manager.row_format(self.table).arrow_schema
+    def log_decoder(self) -> LogBatchDecoder:
+        """Decodes this table's log batches (ARROW or INDEXED) into Arrow."""
+        return self._manager.row_format(self.table).log_decoder
 
     def project_records(self, records: bytes, columns: list[int]) -> bytes:
-        """Re-encode fetched batches with only ``columns`` (FetchLog projection pushdown)."""
+        """Re-encode fetched batches with only ``columns`` (FetchLog projection pushdown, ARROW logs only)."""
         row_format = self._manager.row_format(self.table)
         field_count = len(row_format.arrow_schema)
         if not columns or any(c < 0 or c >= field_count for c in columns) or len(set(columns)) != len(columns):

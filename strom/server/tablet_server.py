@@ -87,9 +87,9 @@ class TabletService:
             batches = list(log_batch.iter_batches(data))
             if not batches:
                 raise CorruptRecordError("ProduceLog carried no record batch")
-            schema = replica.log_arrow_schema()
+            decoder = replica.log_decoder()
             for position, header in batches:
-                log_batch.read_arrow(data, position, header, schema)  # reject undecodable Arrow up front
+                decoder.read(data, position, header)  # reject batches that do not decode in the table's format
             result = replica.log.append(data, batches, self._clock.now_ms())
             await replica.log.wait_durable(result.next_offset)
             response.base_offset = result.base_offset
@@ -127,6 +127,8 @@ class TabletService:
                 _echo_partition(bucket_response, bucket)
                 try:
                     replica = self._replicas.get(bucket)
+                    if projection is not None:
+                        replica.log_decoder().check_projection(str(replica.table.path))
                     log_tablet = replica.log
                     max_bytes = max(1, min(bucket_request.max_fetch_bytes, budget)) if total_bytes else max(
                         1, bucket_request.max_fetch_bytes
