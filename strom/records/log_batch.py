@@ -13,6 +13,7 @@ and commit timestamp sit before the CRC'd range, so the server stamps them witho
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -207,7 +208,7 @@ def read_arrow(
         batch = pa.ipc.read_record_batch(pa.py_buffer(view), schema)
         # Reading only checks the message's framing; offsets pointing outside their buffers would pass and
         # crash whoever reads the values later (a projection, the lake tiering, a client), so check them all.
-        batch.validate(full=True)
+        _validate_full(batch)
     except (pa.ArrowException, OSError, EOFError) as exc:  # EOFError: the body is an end-of-stream marker
         raise CorruptRecordError(f"log batch at offset {header.base_offset} holds no valid Arrow data: {exc}") from exc
     if batch.num_rows != header.record_count:
@@ -215,6 +216,42 @@ def read_arrow(
             f"log batch at offset {header.base_offset}: {batch.num_rows} Arrow rows, header says {header.record_count}"
         )
     return change_types, batch
+
+
+def _validate_full(batch: pa.RecordBatch) -> None:
+    """Arrow's full validation (offsets and indexes in bounds, UTF-8, decimal precision) of ``batch``,
+    except the range of TIME values: Fluss does not bound them (a CompactedRow TIME is any int32 of
+    millis), so strom's own changelog may hold TIMEs beyond one day, which are harmless to read."""
+    types = _time_as_integers(batch.schema)
+    if types is not None:
+        batch = pa.RecordBatch.from_arrays(
+            [column.view(t) for column, t in zip(batch.columns, types, strict=True)], names=batch.schema.names
+        )
+    batch.validate(full=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _time_as_integers(schema: pa.Schema) -> tuple[pa.DataType, ...] | None:
+    """The schema's column types with every TIME (at any depth) as the integer of its width, or None
+    when it has no TIME."""
+    types = tuple(_integer_time(f.type) for f in schema)
+    return None if types == tuple(schema.types) else types
+
+
+def _integer_time(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_time32(t):
+        return pa.int32()
+    if pa.types.is_time64(t):
+        return pa.int64()
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_integer_time(t.key_type)), t.item_field.with_type(_integer_time(t.item_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_integer_time(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_integer_time(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_integer_time(f.type)) for f in t])
+    return t
 
 
 def _empty(schema: pa.Schema) -> pa.RecordBatch:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 from decimal import Decimal
 
@@ -19,8 +20,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from fuzz.common import batches_identical
 from strom.errors import CorruptRecordError
 from strom.records import fastpath, kv_batch, log_batch
+from strom.records.compacted import CompactedRowEncoder
+from strom.records.types import to_arrow_schema
 from tests.fuzz.mutations import (
     FUZZ_SETTINGS,
     STROM_ERRORS,
@@ -29,6 +33,7 @@ from tests.fuzz.mutations import (
     mutated,
     outcome,
 )
+from tests.records.row_values import random_row, random_row_type
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -155,6 +160,46 @@ def test_an_arrow_end_of_stream_marker_as_the_body_is_corrupt_record_not_eof_err
     ((position, header),) = list(log_batch.iter_batches(data))
     with pytest.raises(CorruptRecordError, match="End of Arrow stream"):
         log_batch.read_arrow(data, position, header, LOG_SCHEMA)
+
+
+def test_time_values_beyond_one_day_still_read_back() -> None:
+    """Full Arrow validation rejects TIMEs outside [0, 1 day); strom's own changelog may hold them (a
+    CompactedRow TIME is any int32 of millis), so the KV replay and clients must still read them."""
+    schema = pa.schema(
+        [
+            ("t", pa.time32("ms")),
+            ("l", pa.list_(pa.time64("us"))),
+            ("m", pa.map_(pa.int32(), pa.time64("ns"))),
+            ("s", pa.struct([("a", pa.time32("s")), ("b", pa.string())])),
+        ]
+    )
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([86_400_000 * 5, -1], pa.time32("ms")),
+            pa.array([[10**12], None], pa.list_(pa.time64("us"))),
+            pa.array([[(1, 10**15)], []], pa.map_(pa.int32(), pa.time64("ns"))),
+            pa.array([{"a": 10**6, "b": "x"}, None], schema.field("s").type),
+        ],
+        schema=schema,
+    )
+    data = log_batch.build_arrow_batch(batch, schema_id=1, change_types=b"\x01\x03")
+    ((position, header),) = list(log_batch.iter_batches(data))
+    change_types, decoded = log_batch.read_arrow(data, position, header, schema)
+    assert (change_types, decoded.equals(batch)) == (b"\x01\x03", True)
+
+
+@FUZZ_SETTINGS
+@given(st.randoms(use_true_random=False))
+def test_changelog_batches_of_every_fluss_type_round_trip(rng: random.Random) -> None:
+    """What the KV tablet writes (rows decoded to Arrow) reads back through the validating reader."""
+    row_type = random_row_type(rng, depth_max=2)
+    encoder = CompactedRowEncoder(row_type)
+    rows = [encoder.encode(random_row(rng, row_type)) for _ in range(rng.randint(1, 4))]
+    batch = fastpath.decode_rows(rows, row_type)
+    data = log_batch.build_arrow_batch(batch, schema_id=1, change_types=b"\x01" * batch.num_rows)
+    ((position, header),) = list(log_batch.iter_batches(data))
+    _change_types, decoded = log_batch.read_arrow(data, position, header, to_arrow_schema(row_type))
+    assert batches_identical(decoded, batch), f"type={row_type}"
 
 
 def test_compressed_arrow_claiming_a_huge_uncompressed_size_is_corrupt_record() -> None:
