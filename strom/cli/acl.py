@@ -8,14 +8,12 @@ change anything).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from strom.cli.common import bootstrap_option, json_option, run_on_server
+from strom.cli.common import bootstrap_option, client_config, credential_options, json_option, run_on_server
 from strom.security.acl import (
     CLUSTER_RESOURCE_NAME,
     AclBinding,
@@ -31,32 +29,6 @@ from strom.security.acl import (
 
 _RESOURCE_TYPES = [t.name for t in ResourceType if t is not ResourceType.ANY]
 _OPERATIONS = [o.name for o in OperationType if o is not OperationType.ANY]
-
-
-def credential_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``--username``/``--password``: authenticate with SASL/PLAIN (the server's listener requires it)."""
-    function = click.option(
-        "--password", envvar="STROM_SASL_PASSWORD", default=None, help="SASL/PLAIN password (env STROM_SASL_PASSWORD)."
-    )(function)
-    return click.option(
-        "--username", "-u", envvar="STROM_SASL_USERNAME", default=None,
-        help="SASL/PLAIN user name (env STROM_SASL_USERNAME); omit for a listener without authentication.",
-    )(function)
-
-
-def client_config(bootstrap_servers: str, username: str | None, password: str | None) -> dict[str, str]:
-    """The client options for the connection (Fluss's client option names)."""
-    config = {"bootstrap.servers": bootstrap_servers}
-    if username is not None:
-        if password is None:
-            raise click.BadParameter("--password (or STROM_SASL_PASSWORD) is needed with --username")
-        config.update({
-            "client.security.protocol": "SASL",
-            "client.security.sasl.mechanism": "PLAIN",
-            "client.security.sasl.username": username,
-            "client.security.sasl.password": password,
-        })
-    return config
 
 
 def _resource(resource_type: str, name: str | None) -> Resource:

@@ -20,6 +20,32 @@ bootstrap_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
 
 
+def credential_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``--username``/``--password``: authenticate with SASL/PLAIN (the server's listener requires it)."""
+    function = click.option(
+        "--password", envvar="STROM_SASL_PASSWORD", default=None, help="SASL/PLAIN password (env STROM_SASL_PASSWORD)."
+    )(function)
+    return click.option(
+        "--username", "-u", envvar="STROM_SASL_USERNAME", default=None,
+        help="SASL/PLAIN user name (env STROM_SASL_USERNAME); omit for a listener without authentication.",
+    )(function)
+
+
+def client_config(bootstrap_servers: str, username: str | None, password: str | None) -> dict[str, str]:
+    """The client options for the connection (Fluss's client option names)."""
+    config = {"bootstrap.servers": bootstrap_servers}
+    if username is not None:
+        if password is None:
+            raise click.BadParameter("--password (or STROM_SASL_PASSWORD) is needed with --username")
+        config.update({
+            "client.security.protocol": "SASL",
+            "client.security.sasl.mechanism": "PLAIN",
+            "client.security.sasl.username": username,
+            "client.security.sasl.password": password,
+        })
+    return config
+
+
 def run_on_server(bootstrap: str | Mapping[str, str], action: Callable[[Any], Awaitable[T]]) -> T:
     """Connect, run ``action(connection)``, close; errors become one clear line (exit code 1).
 

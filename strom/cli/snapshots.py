@@ -9,7 +9,15 @@ import click
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from strom.cli.common import bootstrap_option, format_time, json_option, lease_json, run_on_server
+from strom.cli.common import (
+    bootstrap_option,
+    client_config,
+    credential_options,
+    format_time,
+    json_option,
+    lease_json,
+    run_on_server,
+)
 from strom.ids import TablePath
 
 
@@ -20,10 +28,11 @@ def lease() -> None:
 
 @lease.command("list")
 @bootstrap_option
+@credential_options
 @json_option
-def lease_list(bootstrap_servers: str, as_json: bool) -> None:
+def lease_list(bootstrap_servers: str, username: str | None, password: str | None, as_json: bool) -> None:
     """Every lease with its expiry and number of pinned snapshots."""
-    leases = run_on_server(bootstrap_servers, lambda c: c.get_admin().list_kv_snapshot_leases())
+    leases = run_on_server(client_config(bootstrap_servers, username, password), lambda c: c.get_admin().list_kv_snapshot_leases())
     if as_json:
         click.echo(json.dumps([lease_json(lease) for lease in leases], indent=2))
         return
@@ -38,10 +47,12 @@ def lease_list(bootstrap_servers: str, as_json: bool) -> None:
 @lease.command("show")
 @click.argument("lease_id")
 @bootstrap_option
+@credential_options
 @json_option
-def lease_show(lease_id: str, bootstrap_servers: str, as_json: bool) -> None:
+def lease_show(lease_id: str, bootstrap_servers: str, username: str | None, password: str | None,
+               as_json: bool) -> None:
     """One lease and every snapshot it pins."""
-    leases = run_on_server(bootstrap_servers, lambda c: c.get_admin().list_kv_snapshot_leases(lease_id))
+    leases = run_on_server(client_config(bootstrap_servers, username, password), lambda c: c.get_admin().list_kv_snapshot_leases(lease_id))
     if not leases:
         raise click.ClickException(f"no lease {lease_id!r}")
     item = leases[0]
@@ -60,9 +71,10 @@ def lease_show(lease_id: str, bootstrap_servers: str, as_json: bool) -> None:
 @lease.command("drop")
 @click.argument("lease_id")
 @bootstrap_option
-def lease_drop(lease_id: str, bootstrap_servers: str) -> None:
+@credential_options
+def lease_drop(lease_id: str, bootstrap_servers: str, username: str | None, password: str | None) -> None:
     """Drop a lease (its snapshots become eligible for cleanup). Dropping an unknown lease succeeds."""
-    run_on_server(bootstrap_servers, lambda c: c.get_admin().create_kv_snapshot_lease(lease_id, 1).drop())
+    run_on_server(client_config(bootstrap_servers, username, password), lambda c: c.get_admin().create_kv_snapshot_lease(lease_id, 1).drop())
     click.echo(f"dropped lease {lease_id}")
 
 
@@ -75,8 +87,10 @@ def snapshot() -> None:
 @click.argument("table")
 @click.option("--partition", default=None, help="Partition name, for partitioned tables.")
 @bootstrap_option
+@credential_options
 @json_option
-def snapshot_list(table: str, partition: str | None, bootstrap_servers: str, as_json: bool) -> None:
+def snapshot_list(table: str, partition: str | None, bootstrap_servers: str, username: str | None,
+                  password: str | None, as_json: bool) -> None:
     """Retained and leased snapshots of DB.TABLE, and each bucket's latest."""
     path = TablePath.parse(table)
 
@@ -86,7 +100,7 @@ def snapshot_list(table: str, partition: str | None, bootstrap_servers: str, as_
         active = await admin.list_kv_snapshots(latest.table_id, latest.partition_id)
         return latest, active
 
-    latest, active = run_on_server(bootstrap_servers, gather)
+    latest, active = run_on_server(client_config(bootstrap_servers, username, password), gather)
     rows = [
         {
             "bucket": bucket,

@@ -15,6 +15,8 @@ from rich.table import Table as RichTable
 
 from strom.cli.common import (
     bootstrap_option,
+    client_config,
+    credential_options,
     format_time,
     json_option,
     key_value_pairs,
@@ -33,7 +35,8 @@ from strom.ids import TablePath
 @click.option("--once", is_flag=True, help="Stop once every lake-enabled table has been tiered once.")
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE",
               help="Tiering option, e.g. -D tiering.poll.table.interval=10s, "
-                   "-D lake.tiering.kv-snapshot-lease.duration=6h.")
+                   "-D lake.tiering.kv-snapshot-lease.duration=6h; client.* keys (such as "
+                   "-D client.security.protocol=SASL) configure the client.")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Spark setting, e.g. --conf spark.ui.enabled=false.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
@@ -57,10 +60,12 @@ def tiering(ctx: click.Context, bootstrap_servers: str, master: str, job_id: str
 
 @tiering.command()
 @bootstrap_option
+@credential_options
 @click.option("--table", "table", default=None, help="Only this table (DATABASE.TABLE).")
 @click.option("--job-id", default="strom-tiering", show_default=True, help="Whose lease to show.")
 @json_option
-def status(bootstrap_servers: str, table: str | None, job_id: str, as_json: bool) -> None:
+def status(bootstrap_servers: str, username: str | None, password: str | None, table: str | None, job_id: str,
+           as_json: bool) -> None:
     """Each lake-enabled table's tiering state, last tiered offsets, lag and the job's lease."""
     from strom.tiering.driver import lease_id_for
 
@@ -70,7 +75,7 @@ def status(bootstrap_servers: str, table: str | None, job_id: str, as_json: bool
         admin = connection.get_admin()
         return await admin.describe_lake_tiering(path), await admin.list_kv_snapshot_leases(lease_id_for(job_id))
 
-    statuses, leases = run_on_server(bootstrap_servers, fetch)
+    statuses, leases = run_on_server(client_config(bootstrap_servers, username, password), fetch)
     now = int(time.time() * 1000)
     if as_json:
         document = {

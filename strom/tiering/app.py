@@ -40,10 +40,12 @@ def build_spark(master: str | None, job_id: str, conf: Mapping[str, str]) -> Any
 
 
 def options_from(defines: Mapping[str, str], bootstrap_servers: str, job_id: str, once: bool) -> TieringOptions:
-    """Tiering options from ``-D key=value`` pairs with Fluss-style names."""
+    """Tiering options from ``-D key=value`` pairs with Fluss-style names; ``client.*`` keys (such as
+    ``client.security.protocol=SASL`` and its credentials) configure strom's client."""
     known = {"tiering.poll.table.interval", "lake.tiering.kv-snapshot-lease.duration", "tiering.round.min-duration",
              "testing.tiering.gate-dir"}
-    unknown = sorted(set(defines) - known)
+    client_options = tuple(sorted((k, v) for k, v in defines.items() if k.startswith("client.")))
+    unknown = sorted(set(defines) - known - {k for k, _ in client_options})
     if unknown:
         raise ValueError(f"unknown tiering options: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
 
@@ -57,7 +59,9 @@ def options_from(defines: Mapping[str, str], bootstrap_servers: str, job_id: str
     if poll <= 0 or lease <= 0 or min_round < 0:
         raise ValueError("tiering.poll.table.interval and lake.tiering.kv-snapshot-lease.duration must be positive, "
                          "tiering.round.min-duration not negative")
-    return TieringOptions(bootstrap_servers, job_id, poll, lease, min_round, once, defines.get("testing.tiering.gate-dir"))
+    return TieringOptions(
+        bootstrap_servers, job_id, poll, lease, min_round, once, defines.get("testing.tiering.gate-dir"), client_options
+    )
 
 
 def run_service(options: TieringOptions, master: str | None, spark_conf: Mapping[str, str]) -> None:

@@ -83,6 +83,13 @@ class TieringOptions:
     """Stop once every lake-enabled table that existed at start has finished one round."""
     gate_dir: str | None = None
     """``testing.tiering.gate-dir``: see :mod:`strom.tiering.gates`."""
+    client_options: tuple[tuple[str, str], ...] = ()
+    """``client.*`` options for strom's client on the driver and in tasks, e.g. Fluss's
+    ``client.security.*`` credentials for a SASL listener."""
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        return {**dict(self.client_options), "bootstrap.servers": self.bootstrap_servers}
 
     @property
     def lease_id(self) -> str:
@@ -143,7 +150,7 @@ class TieringDriver:
 
     # ---- lifecycle ----
     def run(self) -> None:
-        self._connection = self._loop.call(Connection.create(self._options.bootstrap_servers))
+        self._connection = self._loop.call(Connection.create(self._options.client_config))
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="strom-tiering-heartbeat", daemon=True)
         try:
             self._loop.call(self._admin.lake_tiering_heartbeat())  # registration: fails fast if unreachable
@@ -294,6 +301,7 @@ class TieringDriver:
         context = RoundContext(
             self._options.bootstrap_servers, table, base_snapshot_id,
             int(time.time() * 1000) + max(freshness_ms, self._options.min_round_duration_ms), self._options.gate_dir,
+            self._options.client_options,
         )
         pass_gate(self._options.gate_dir, "planned")
         results = decode_results(self._run_spark_job(current, context, splits))

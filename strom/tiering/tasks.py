@@ -53,6 +53,12 @@ class RoundContext:
     """The lake snapshot the round was planned on: primary-key writers rewrite files of this snapshot."""
     deadline_ms: int
     gate_dir: str | None = None
+    client_options: tuple[tuple[str, str], ...] = ()
+    """``client.*`` options (credentials) for the task's connection."""
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        return {**dict(self.client_options), "bootstrap.servers": self.bootstrap_servers}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +111,7 @@ def _now_ms() -> int:
 
 async def run_split(context: RoundContext, index: int, split: TieringSplit) -> SplitResult:
     pass_gate(context.gate_dir, "task")
-    async with await Connection.create(context.bootstrap_servers) as connection:
+    async with await Connection.create(context.client_config) as connection:
         table = await connection.get_table(context.table.path)
         if table.table_info.table_id != context.table.table_id:
             raise TableNotExistError(

@@ -272,6 +272,10 @@ def test_acl_cli_adds_lists_and_removes_entries(secure_server: ServerProcess) ->
     assert [e["operation"] for e in remaining] == ["READ"]
     strom_cli("acl", "remove", "-p", "User:carol", *login)
 
+    leases = strom_cli("lease", "list", "--json", *login)  # the other commands take the same credentials
+    assert leases.returncode == 0, leases.stderr
+    assert isinstance(json.loads(leases.stdout), list)
+
     refused = strom_cli("acl", "list", "-b", secure_server.address)
     assert refused.returncode == 1
     assert "code 46" in refused.stderr

@@ -95,3 +95,20 @@ def test_sasl_listener_without_users_stops_the_server(tmp_path) -> None:  # type
         assert ServerSecurity.from_config(other_listener, store).authenticator is None
     finally:
         store.close()
+
+
+def test_tiering_service_takes_client_credentials_from_its_defines() -> None:
+    from strom.tiering.app import options_from
+    from strom.tiering.tasks import RoundContext
+
+    options = options_from(
+        {"client.security.protocol": "SASL", "client.security.sasl.username": "tiering",
+         "client.security.sasl.password": "pw", "tiering.poll.table.interval": "5s"},
+        "127.0.0.1:9123", "job", once=True,
+    )
+    assert credentials_from_config(options.client_config) == SaslCredentials("tiering", "pw")
+    assert options.client_config["bootstrap.servers"] == "127.0.0.1:9123"
+    context = RoundContext("127.0.0.1:9123", None, None, 0, None, options.client_options)  # type: ignore[arg-type]
+    assert credentials_from_config(context.client_config) == SaslCredentials("tiering", "pw")
+    with pytest.raises(ValueError, match="unknown tiering options"):
+        options_from({"security.sasl.username": "x"}, "127.0.0.1:9123", "job", once=True)
