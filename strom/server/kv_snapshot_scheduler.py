@@ -51,6 +51,23 @@ class SnapshotCommitter(Protocol):
     def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
 
 
+async def commit_uploaded(
+    committer: SnapshotCommitter,
+    remote: RemoteStorage,
+    completed: CompletedKvSnapshot,
+    reused_shared: tuple[SnapshotFile, ...],
+) -> None:
+    """Commit an uploaded snapshot. A commit that failed after the record was stored (the snapshot is then
+    its bucket's latest) keeps its files; one that was rejected (its table or partition dropped meanwhile,
+    a metadata error) leaves nothing behind, the shared SSTs it sent included. Re-raises the failure."""
+    try:
+        committer.commit_snapshot(completed)
+    except BaseException:
+        if not committer.snapshot_exists(completed.bucket, completed.snapshot_id):
+            await asyncio.to_thread(discard_upload, remote, completed, reused_shared)
+        raise
+
+
 @dataclass(slots=True)
 class _BucketState:
     last_log_offset: int = -1
@@ -171,15 +188,7 @@ class KvSnapshotScheduler:
                 reusable_shared=state.shared_files,
                 created_ms=self._clock.now_ms(),
             )
-            try:
-                self._committer.commit_snapshot(completed)
-            except BaseException:
-                # A commit that failed after the record was stored (it is then the bucket's latest) must
-                # keep its files; one that was rejected (table or partition dropped meanwhile, metadata
-                # error) leaves nothing behind, shared SSTs it sent included.
-                if not self._committer.snapshot_exists(replica.bucket, snapshot_id):
-                    await asyncio.to_thread(discard_upload, self._remote, completed, state.shared_files)
-                raise
+            await commit_uploaded(self._committer, self._remote, completed, state.shared_files)
             state.last_log_offset = completed.log_offset
             state.shared_files = tuple(f for f in completed.files if f.shared)
             state.errors = 0
