@@ -242,3 +242,39 @@ async def test_a_hand_built_indexed_batch_is_stored_and_fetched_byte_for_byte(
             {"id": 2, "name": ""},
             {"id": 3, "name": "drei ✓"},
         ]
+
+
+async def test_an_indexed_log_survives_a_crash_and_reads_back_after_recovery(
+    server_factory: Any, tmp_path: Any
+) -> None:
+    data_dir = tmp_path / "indexed-data"
+    first = server_factory(data_dir=data_dir)
+    schema = Schema.from_arrow(pa.schema([("seq", pa.int64()), ("note", pa.string())]))
+    path = StromTablePath("fluss", unique_name("indexedcrash"))
+    async with await Connection.create(first.address) as connection:
+        await connection.get_admin().create_table(
+            path, TableDescriptor(schema, bucket_count=2, properties={"table.log.format": "INDEXED"})
+        )
+        writer = (await connection.get_table(path)).new_append().create_writer()
+        for start in range(0, 400, 100):
+            await writer.write_arrow_batch(
+                pa.table(
+                    {
+                        "seq": list(range(start, start + 100)),
+                        "note": [f"n{i}" for i in range(start, start + 100)],
+                    }
+                )
+            )
+    first.kill()
+
+    second = server_factory(data_dir=data_dir, port=first.port)
+    async with await Connection.create(second.address) as connection:
+        table = await connection.get_table(path)
+        rows = await read_all(table, 2)
+        writer = table.new_append().create_writer()
+        await writer.write_arrow_batch(pa.table({"seq": [400], "note": ["after"]}))
+        rows_after = await read_all(table, 2)
+
+    assert sorted(row["seq"] for row in rows) == list(range(400))
+    assert all(row["note"] == f"n{row['seq']}" for row in rows)
+    assert sorted(row["seq"] for row in rows_after) == list(range(401))
