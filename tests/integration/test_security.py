@@ -18,7 +18,11 @@ import pytest_asyncio
 
 from strom.client import Connection, TablePath
 from strom.errors import AuthenticationError, AuthorizationError, SecurityDisabledError
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.client import RpcConnection
+from strom.rpc.messages import pb
 from strom.security.acl import AclBinding, AclFilter, OperationType, Principal, Resource
+from strom.security.credentials import SaslCredentials
 from tests.conftest import unique_name
 from tests.integration.pyfluss_support import poll_records
 from tests.integration.security_support import SECURE_CONFIG, USERS, strom_config
@@ -168,6 +172,37 @@ async def test_read_is_needed_to_look_up_fetch_scan_or_lease(secure_server: Serv
 
 
 @pytest.mark.asyncio
+async def test_one_fetch_of_two_tables_answers_the_denied_one_per_bucket_and_reads_the_other(
+    secure_server: ServerProcess, admin: Connection
+) -> None:
+    readable = await create_pk_table(admin, TablePath(DATABASE, unique_name("fetch_ok")), buckets=1)
+    hidden = await create_pk_table(admin, TablePath(DATABASE, unique_name("fetch_no")), buckets=1)
+    await write_round(readable, range(3), "r")
+    await write_round(hidden, range(3), "h")
+    await grant(admin, "bob", OperationType.READ, Resource.table(DATABASE, readable.table_path.table_name))
+    host, port = secure_server.address.split(":")
+    connection = await RpcConnection.connect(host, int(port), credentials=SaslCredentials("bob", USERS["bob"]))
+    try:
+        request = pb.FetchLogRequest(follower_server_id=-1, max_bytes=1 << 20, max_wait_ms=0, min_bytes=1)
+        for table in (hidden, readable):
+            entry = request.tables_req.add(table_id=table.table_info.table_id, projection_pushdown_enabled=False)
+            entry.buckets_req.add(bucket_id=0, fetch_offset=0, max_fetch_bytes=1 << 20)
+        response = await connection.request(ApiKey.FETCH_LOG, request)
+        by_table = {t.table_id: t.buckets_resp[0] for t in response.tables_resp}
+        denied, allowed = by_table[hidden.table_info.table_id], by_table[readable.table_info.table_id]
+        assert denied.error_code == AUTHORIZATION_FAILED and not denied.records
+        assert not allowed.error_code and allowed.high_watermark == 3 and allowed.records
+
+        metadata = await connection.request(ApiKey.GET_METADATA, pb.MetadataRequest(table_path=[
+            pb.PbTablePath(database_name=DATABASE, table_name=t.table_path.table_name) for t in (hidden, readable)
+        ]))
+        assert [m.table_path.table_name for m in metadata.table_metadata] == [readable.table_path.table_name]
+    finally:
+        await connection.close()
+        await revoke_all(admin, "bob")
+
+
+@pytest.mark.asyncio
 async def test_write_is_needed_to_put_rows(secure_server: ServerProcess, admin: Connection) -> None:
     path = TablePath(DATABASE, unique_name("writes"))
     await create_pk_table(admin, path, buckets=1)
@@ -293,6 +328,19 @@ async def test_acl_requests_on_an_unsecured_server_report_security_disabled(serv
     finally:
         await connection.close()
     assert SecurityDisabledError.code == SECURITY_DISABLED
+
+
+@pytest.mark.asyncio
+async def test_a_sasl_client_of_a_plaintext_server_is_refused(server: ServerProcess) -> None:
+    config = pyfluss.Config({"bootstrap.servers": server.address, "security.protocol": "sasl",
+                             "security.sasl.username": "admin", "security.sasl.password": "admin-secret"})
+    with pytest.raises(pyfluss.FlussError) as failure:
+        connection = await pyfluss.FlussConnection.create(config)
+        try:
+            await connection.get_admin().list_databases()
+        finally:
+            await connection.close()
+    assert failure.value.error_code == AUTHENTICATION_FAILED, str(failure.value)
 
 
 def test_a_sasl_listener_without_users_refuses_to_start(tmp_path: Path) -> None:
