@@ -305,7 +305,7 @@ class SnapshotModel(RuleBasedStateMachine):
     def _forget(self, gone: Any) -> None:
         for lease, (expiry, pins) in list(self.leases.items()):
             kept = {b: s for b, s in pins.items() if not gone(b)}
-            if kept:
+            if kept or len(kept) == len(pins):
                 self.leases[lease] = (expiry, kept)
             else:
                 del self.leases[lease]  # the manager deletes a lease whose last pin went
