@@ -150,7 +150,7 @@ class KvSnapshotStore:
 
     def _delete_files(self, bucket: TableBucket, locations: list[str], directories: Sequence[str] = ()) -> None:
         """Delete files (then the emptied snapshot directories) off the event loop; failures are retried
-        at the bucket's next cleanup."""
+        at the bucket's next cleanup, or by the start-up sweep."""
 
         async def delete() -> None:
             failed = []
@@ -165,8 +165,9 @@ class KvSnapshotStore:
                     await asyncio.to_thread(self._remote.delete_tree, directory)
                 except OSError as exc:
                     log.warning("cannot delete %s of %s: %s", directory, bucket, exc)
-            if failed:
-                self._bucket(bucket).orphaned_files.update(failed)
+            entry = self._buckets.get(bucket)
+            if failed and entry is not None:  # a dropped bucket's leftovers wait for the start-up sweep
+                entry.orphaned_files.update(failed)
 
         task = asyncio.ensure_future(delete())
         self._cleanups.add(task)
