@@ -2,7 +2,8 @@
 
 The frames are mutations of real requests, captured from strom's own client talking to decoy tables: bit
 flips, truncations, length fields that lie (short, long, negative, beyond the limit), random api keys and
-versions, spliced and random bodies, many frames per connection cut into random reads, connections closed
+versions, spliced and random bodies, requests re-serialised with edge values in their fields and
+mutated (CRC-correct) records for the record parsers, many frames per connection cut into random reads, connections closed
 gracefully or reset. Meanwhile a valid client keeps looking up and writing rows of its own tables, and idle
 connections and half-sent frames stay open throughout. At the end:
 
@@ -12,7 +13,8 @@ connections and half-sent frames stay open throughout. At the end:
 * every valid lookup succeeded, and their latency stayed within a generous factor of a baseline measured
   in the same test before the fuzzing started;
 * the server's RSS stayed bounded;
-* every response the abusers read was a well-formed response frame.
+* every response the abusers read was a well-formed response frame, and no request made a handler fail
+  with an unexpected exception (a traceback in the server's log).
 
 ``STROM_FUZZ_FRAMES`` sets the number of malformed frames (default 20 000, about 30 s).
 
@@ -35,10 +37,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pyarrow as pa
 import pytest
+from google.protobuf.descriptor import FieldDescriptor
 
 from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
+from strom.records import kv_batch, log_batch
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import DecodeError, pb, request_class
@@ -159,10 +164,82 @@ def _set_length(frame: bytearray, length: int) -> None:
     struct.pack_into(">i", frame, 0, length)
 
 
+_INTERESTING_INTS = (0, 1, -1, 2, 7, 2**31 - 1, -(2**31), 2**15, 1 << 20)
+_INTERESTING_LONGS = (2**63 - 1, -(2**63), 2**40, -(2**40))
+_INTERESTING_STRINGS = ("", "x" * 300, "__internal", "a$b", "fluss", "dé漢😀", "-", "../..")
+
+
+def _mutated_records(rng: random.Random, key: ApiKey, records: bytes) -> bytes:
+    """Record bytes with a mutation the server's record parsers see: the CRC is recomputed."""
+    data = bytearray(records)
+    for _ in range(rng.randint(1, 4)):
+        if not data:
+            break
+        choice = rng.randrange(4)
+        if choice == 0:
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        elif choice == 1:
+            del data[rng.randrange(len(data)) :]
+        elif choice == 2 and len(data) >= 4:
+            index = rng.randrange(len(data) - 3)
+            struct.pack_into("<i", data, index, rng.choice(_INTERESTING_INTS))
+        else:
+            index = rng.randrange(len(data) + 1)
+            data[index:index] = rng.randbytes(rng.randint(1, 16))
+    if key is ApiKey.PUT_KV and len(data) >= kv_batch.KV_HEADER_SIZE_BYTES:
+        struct.pack_into("<I", data, 5, crc32c.crc32c(bytes(data[kv_batch.KV_CRC_START :])))
+    elif key is ApiKey.PRODUCE_LOG and len(data) >= log_batch.HEADER_SIZE_BYTES:
+        struct.pack_into("<I", data, log_batch.CRC_OFFSET, crc32c.crc32c(bytes(data[log_batch.SCHEMA_ID_OFFSET :])))
+    return bytes(data)
+
+
+def _perturb(rng: random.Random, key: ApiKey, message: Any, depth: int = 0) -> None:
+    """Set some fields of a parsed request to edge values, recursively; records get parser-deep mutations."""
+    for field, value in message.ListFields():
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            for child in value if field.is_repeated else [value]:
+                if depth < 4:
+                    _perturb(rng, key, child, depth + 1)
+            continue
+        if field.is_repeated or rng.random() < 0.6:
+            continue
+        if field.name == "records":
+            setattr(message, field.name, _mutated_records(rng, key, value))
+        elif field.type == FieldDescriptor.TYPE_BOOL:
+            setattr(message, field.name, not value)
+        elif field.type == FieldDescriptor.TYPE_STRING:
+            setattr(message, field.name, rng.choice(_INTERESTING_STRINGS))
+        elif field.type == FieldDescriptor.TYPE_BYTES:
+            setattr(message, field.name, rng.randbytes(rng.randrange(64)) if rng.random() < 0.5 else value[: len(value) // 2])
+        elif field.type in (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_SFIXED64):
+            setattr(message, field.name, rng.choice(_INTERESTING_INTS + _INTERESTING_LONGS))
+        elif field.type in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SFIXED32):
+            setattr(message, field.name, rng.choice(_INTERESTING_INTS))
+
+
+def _semantic_mutation(rng: random.Random, frame: bytes) -> bytes | None:
+    """The request parsed, some fields set to edge values, serialised again: it passes the frame and
+    protobuf checks and reaches the handlers and record parsers. None if the frame is not a request."""
+    header = framing.decode_request_header(frame[framing.LENGTH_SIZE_BYTES :])
+    try:
+        key = ApiKey(header.api_key)
+    except ValueError:
+        return None
+    cls = request_class(key)
+    if cls is None:
+        return None
+    message = cls.FromString(frame[framing.LENGTH_SIZE_BYTES + framing.REQUEST_HEADER_SIZE_BYTES :])
+    _perturb(rng, key, message)
+    return framing.encode_request(header.api_key, header.api_version, header.request_id, message.SerializePartialToString())
+
+
 def _mutate(rng: random.Random, captured: list[bytes]) -> tuple[bytes, bool]:
     """One malformed frame; the flag says whether it ends the usable stream (the server waits or closes)."""
     frame = bytearray(rng.choice(captured))
-    kind = rng.randrange(11)
+    kind = rng.randrange(14)
+    if kind >= 11:  # well-framed, parsing requests with edge values in their fields and records
+        mutated = _semantic_mutation(rng, bytes(frame))
+        return (mutated if mutated is not None else bytes(frame)), False
     if kind == 0:  # bit flips in header and body, the length kept right
         for _ in range(rng.randint(1, 6)):
             index = rng.randrange(framing.LENGTH_SIZE_BYTES, len(frame))
@@ -410,6 +487,9 @@ async def test_malformed_frames_from_many_connections_leave_the_server_serving_a
             f"RSS {rss_baseline >> 20} -> max {max(rss_samples, default=0) >> 20} MiB"
         )
         assert abuse.frames_sent >= FRAME_COUNT, f"seed={seed}: only {abuse.frames_sent} frames in {elapsed_s:.0f} s"
+        # bad input gets a clear error: no handler failed with an unexpected exception (logged with a traceback)
+        log_text = fuzz_server.log_text()
+        assert "Traceback" not in log_text, f"seed={seed}: " + log_text[log_text.index("Traceback") - 300 :][:3000]
         assert abuse.responses > 0, "no abuser ever read a response"
 
         # the server survived, and the valid client was served throughout
