@@ -179,9 +179,10 @@ def choice_option(key: str, default: str, choices: tuple[str, ...], description:
 # ---- server ----
 BIND_LISTENERS = string_option(
     "bind.listeners", "127.0.0.1:9123",
-    "Address the server listens on: `HOST:PORT`, or Fluss's `NAME://HOST:PORT` to name the listener "
-    "(an unnamed one is `FLUSS`); `security.protocol.map` says whether it requires authentication. "
-    "strom serves one listener. `strom server --bind` sets it.",
+    "Addresses the server listens on: `HOST:PORT`, or Fluss's `NAME://HOST:PORT[,NAME://HOST:PORT…]` "
+    "(an unnamed listener is `FLUSS`); `security.protocol.map` says which require authentication. Each "
+    "listener is a port of its own; GetMetadata on it answers with its address. `strom server --bind HOST:PORT` "
+    "sets the first listener's address.",
 )
 ADVERTISED_HOST = string_option(
     "advertised.host", None,

@@ -21,7 +21,9 @@ from strom.errors import InvalidConfigError
 
 
 def _parse_address(text: str) -> tuple[str, int]:
-    text = text.partition("://")[2] or text  # Fluss's NAME://HOST:PORT names the listener (security.protocol.map)
+    """The main (first) listener's address; Fluss's ``NAME://HOST:PORT`` names it (security.protocol.map)."""
+    text = text.split(",")[0].strip()
+    text = text.partition("://")[2] or text
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise click.BadParameter(f"expected HOST:PORT, got {text!r}")
@@ -66,8 +68,10 @@ def server(bind: str | None, data_dir: Path | None, config_file: Path | None, de
     values = _load_config(config_file, defines)
     if bind is not None:
         configured = str(values.get(BIND_LISTENERS.key) or "")
-        if "://" not in bind and "://" in configured:  # a bare --bind address keeps the configured listener name
-            bind = f"{configured.partition('://')[0]}://{bind}"
+        if "://" not in bind and "://" in configured:
+            # a bare --bind address replaces the main (first) listener's, keeping its name and the others
+            first, sep, others = configured.partition(",")
+            bind = f"{first.partition('://')[0]}://{bind}{sep}{others}"
         values[BIND_LISTENERS.key] = bind
     if data_dir is not None:
         values[DATA_DIR.key] = str(data_dir)

@@ -1,5 +1,5 @@
-"""What a server's security configuration amounts to: its listener, whether that listener requires SASL
-(and with which users), and whether requests are authorized (and by whom).
+"""What a server's security configuration amounts to: its listeners, whether each requires SASL (and
+with which users), and whether requests are authorized (and by whom).
 
 Built once at start from the configuration; a bad setting stops the server with a clear message rather
 than leaving it open by accident (a SASL listener without users, an unknown mechanism or protocol).
@@ -46,22 +46,35 @@ class Listener:
     port: int
 
 
-def parse_listener(text: str) -> Listener:
-    """``HOST:PORT`` or ``NAME://HOST:PORT`` (one listener: strom serves one port).
+def parse_listeners(text: str) -> list[Listener]:
+    """``HOST:PORT`` or ``NAME://HOST:PORT[,NAME://HOST:PORT…]``, the first being the main listener.
 
     Raises:
-        InvalidConfigError: several listeners, or not that form.
+        InvalidConfigError: none, a repeated name, or not that form.
     """
+    listeners: list[Listener] = []
     entries = [entry.strip() for entry in text.split(",") if entry.strip()]
-    if len(entries) != 1:
-        raise InvalidConfigError(f"bind.listeners must name exactly one listener (strom serves one port), got {text!r}")
-    name, sep, address = entries[0].partition("://")
-    if not sep:
-        name, address = DEFAULT_LISTENER_NAME, entries[0]
-    host, sep, port = address.rpartition(":")
-    if not name or not sep or not host or not port.isdigit():
-        raise InvalidConfigError(f"bind.listeners expects HOST:PORT or NAME://HOST:PORT, got {text!r}")
-    return Listener(name.upper(), host.strip("[]"), int(port))
+    for entry in entries:
+        name, sep, address = entry.partition("://")
+        if not sep:
+            if len(entries) > 1:
+                raise InvalidConfigError(f"bind.listeners: name every listener (NAME://HOST:PORT), got {text!r}")
+            name, address = DEFAULT_LISTENER_NAME, entry
+        host, sep, port = address.rpartition(":")
+        if not name or not sep or not host or not port.isdigit():
+            raise InvalidConfigError(f"bind.listeners expects HOST:PORT or NAME://HOST:PORT[,…], got {text!r}")
+        listeners.append(Listener(name.upper(), host.strip("[]"), int(port)))
+    if not listeners:
+        raise InvalidConfigError("bind.listeners names no listener")
+    names = [listener.name for listener in listeners]
+    if len(set(names)) != len(names):
+        raise InvalidConfigError(f"bind.listeners repeats a listener name: {text!r}")
+    return listeners
+
+
+def parse_listener(text: str) -> Listener:
+    """The main (first) listener of ``bind.listeners``."""
+    return parse_listeners(text)[0]
 
 
 def parse_protocol_map(text: str) -> dict[str, str]:
@@ -85,10 +98,19 @@ def parse_protocol_map(text: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class ListenerSecurity:
+    listener: Listener
+    authenticator: PlainAuthenticator | None
+    """Set when the listener requires SASL."""
+
+
+@dataclass(frozen=True, slots=True)
 class ServerSecurity:
     listener: Listener
     authenticator: PlainAuthenticator | None
     authorizer: Authorizer | None
+    extra_listeners: tuple[ListenerSecurity, ...] = ()
+    """The listeners after the first of ``bind.listeners``, each with its own port and protocol."""
 
     @property
     def protocol(self) -> str:
@@ -97,11 +119,14 @@ class ServerSecurity:
     @classmethod
     def from_config(cls, config: Configuration, store: MetadataStore, listener_text: str | None = None) -> ServerSecurity:
         """Raises InvalidConfigError on a setting that cannot be honoured."""
-        listener = parse_listener(listener_text or config.get(BIND_LISTENERS) or "127.0.0.1:9123")
-        protocol = parse_protocol_map(config.get(SECURITY_PROTOCOL_MAP) or "").get(listener.name, PLAINTEXT)
-        authenticator = None
-        if protocol == SASL:
-            authenticator = _plain_authenticator(config)
+        listener, *extra = parse_listeners(listener_text or config.get(BIND_LISTENERS) or "127.0.0.1:9123")
+        protocols = parse_protocol_map(config.get(SECURITY_PROTOCOL_MAP) or "")
+
+        def authenticator_of(listener: Listener) -> PlainAuthenticator | None:
+            return _plain_authenticator(config) if protocols.get(listener.name, PLAINTEXT) == SASL else None
+
+        authenticator = authenticator_of(listener)
+        extra_listeners = tuple(ListenerSecurity(other, authenticator_of(other)) for other in extra)
         authorizer = None
         if config.get(AUTHORIZER_ENABLED):
             try:
@@ -109,7 +134,7 @@ class ServerSecurity:
             except ValueError as exc:
                 raise InvalidConfigError(f"super.users: {exc}") from None
             authorizer = Authorizer(store, super_users)
-        return cls(listener, authenticator, authorizer)
+        return cls(listener, authenticator, authorizer, extra_listeners)
 
     def guard(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
@@ -47,6 +47,7 @@ from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.server import Handler, RpcServer, bind_listener
+from strom.security.authenticator import PlainAuthenticator
 from strom.security.server_security import ServerSecurity
 from strom.server.acl_service import AclService
 from strom.server.coordinator import CoordinatorService, ServerNode
@@ -56,6 +57,7 @@ from strom.server.kv_snapshot_service import KvSnapshotService
 from strom.server.kv_snapshot_store import KvSnapshotStore
 from strom.server.lake_service import LakeTieringService
 from strom.server.lake_tiering import LakeTableTieringManager
+from strom.server.listeners import ExtraListeners
 from strom.server.metrics import StromCollector, serve_metrics
 from strom.server.replica import ReplicaManager
 from strom.server.scan_service import ScanKvService
@@ -127,6 +129,7 @@ class StromServer:
         self.snapshot_scheduler: KvSnapshotScheduler | None = None
         self.rpc: RpcServer | None = None
         self.security: ServerSecurity | None = None
+        self.listeners: ExtraListeners | None = None
         self.metrics_port: int | None = None
         self._metrics_server: WSGIServer | None = None
         self._stopped = asyncio.Event()
@@ -171,6 +174,8 @@ class StromServer:
         if advertised in ("0.0.0.0", "::", ""):
             advertised = "127.0.0.1"
         node = ServerNode(config.get(TABLET_SERVER_ID), advertised, self.port)
+        self.listeners = ExtraListeners(self.security.extra_listeners, config.get(ADVERTISED_HOST))
+        self.listeners.bind()
         self.coordinator = CoordinatorService(
             store, self.tablet_server, config, self.clock, node, lake_tiering, on_table_dropped
         )
@@ -195,20 +200,27 @@ class StromServer:
         await snapshot_store.sweep_unreferenced()  # before the first upload can be in flight
         self.snapshot_scheduler.start()
         lease_of = leases.get
-        self.rpc = RpcServer(
-            self.security.guard(
-                self._handlers(),
-                lambda table_id: table.path if (table := self.coordinator.table_info_by_id(table_id)) else None,  # type: ignore[union-attr]
-                lambda lease_id: {bucket.table_id for bucket in lease.pins} if (lease := lease_of(lease_id)) else (),
-            ),
-            authenticator=self.security.authenticator,
-            frame_size_bytes_max=config.get(MAX_REQUEST_SIZE),
-            in_flight_count_max=config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
-            idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
-            buffered_request_bytes_max=config.get(SERVER_MAX_BUFFERED_REQUEST_BYTES),
-            on_connection_closed=self.scans.on_connection_closed,
+        handlers = self.security.guard(
+            self._handlers(),
+            lambda table_id: table.path if (table := self.coordinator.table_info_by_id(table_id)) else None,  # type: ignore[union-attr]
+            lambda lease_id: {bucket.table_id for bucket in lease.pins} if (lease := lease_of(lease_id)) else (),
         )
+
+        def rpc_server(served: Mapping[ApiKey, Handler], authenticator: PlainAuthenticator | None) -> RpcServer:
+            assert self.scans is not None
+            return RpcServer(
+                served,
+                authenticator=authenticator,
+                frame_size_bytes_max=config.get(MAX_REQUEST_SIZE),
+                in_flight_count_max=config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
+                idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
+                buffered_request_bytes_max=config.get(SERVER_MAX_BUFFERED_REQUEST_BYTES),
+                on_connection_closed=self.scans.on_connection_closed,
+            )
+
+        self.rpc = rpc_server(handlers, self.security.authenticator)
         await self.rpc.start(sock)
+        await self.listeners.start(handlers, rpc_server)
         metrics_port = config.get(METRICS_PORT)
         if metrics_port:
             collector = StromCollector(
@@ -293,6 +305,8 @@ class StromServer:
         self._stopped.set()
         if self.rpc is not None:
             await self.rpc.stop()
+        if self.listeners is not None:
+            await self.listeners.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         if self.snapshot_scheduler is not None:

@@ -27,7 +27,7 @@ from tests.conftest import unique_name
 from tests.integration.pyfluss_support import poll_records
 from tests.integration.security_support import SECURE_CONFIG, USERS, strom_config
 from tests.integration.snapshot_support import create_pk_table, write_round
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("security")]
 
@@ -365,3 +365,44 @@ def test_the_security_docs_example_runs(secure_server: ServerProcess, capsys: py
     printed = capsys.readouterr().out.splitlines()
     assert "User:alice ALLOW READ on DATABASE:shop from *" in printed[0]
     assert printed[1] == "['shop']"
+
+
+# ---- two listeners ----
+@pytest.mark.asyncio
+async def test_a_sasl_listener_and_a_plaintext_listener_serve_the_same_tables(server_factory: Any) -> None:
+    plain_port = free_port()
+    process = server_factory({
+        "bind.listeners": f"CLIENT://127.0.0.1:0,LOCAL://127.0.0.1:{plain_port}",
+        "security.protocol.map": "CLIENT:SASL,LOCAL:PLAINTEXT",
+        "security.sasl.plain.credentials": "admin:admin-secret",
+    })
+    plain_address = f"127.0.0.1:{plain_port}"
+    local = await pyfluss.FlussConnection.create(pyfluss.Config({"bootstrap.servers": plain_address}))
+    try:
+        nodes = await local.get_admin().get_server_nodes()
+        assert {f"{node.host}:{node.port}" for node in nodes} == {plain_address}  # this listener's address
+        path = pyfluss.TablePath(DATABASE, unique_name("two"))
+        schema = pyfluss.Schema(pa.schema(FIELDS), primary_keys=["id"])
+        await local.get_admin().create_table(path, pyfluss.TableDescriptor(schema))
+        table = await local.get_table(path)
+        writer = table.new_upsert().create_writer()
+        writer.upsert({"id": 1, "v": "local"})
+        await writer.flush()
+    finally:
+        await local.close()
+
+    remote = await pyfluss.FlussConnection.create(pyfluss_config(process, "admin"))
+    try:
+        table = await remote.get_table(path)
+        assert await table.new_lookup().create_lookuper().lookup({"id": 1}) == {"id": 1, "v": "local"}
+        nodes = await remote.get_admin().get_server_nodes()
+        assert {f"{node.host}:{node.port}" for node in nodes} == {process.address}
+    finally:
+        await remote.close()
+    with pytest.raises(pyfluss.FlussError) as failure:
+        anonymous = await pyfluss.FlussConnection.create(pyfluss.Config({"bootstrap.servers": process.address}))
+        try:
+            await anonymous.get_admin().list_databases()
+        finally:
+            await anonymous.close()
+    assert failure.value.error_code == AUTHENTICATION_FAILED
