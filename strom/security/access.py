@@ -54,17 +54,20 @@ a function that adjusts the handler's response, or None to let the handler answe
 
 
 class AccessControl:
-    """The rules, bound to an authorizer and to the catalog (table id → path, lease → tables)."""
+    """The rules, bound to an authorizer and to the catalog (table id → path, partition id → table id,
+    lease → tables)."""
 
     def __init__(
         self,
         authorizer: Authorizer,
         table_path_by_id: Callable[[int], TablePath | None],
         lease_table_ids: Callable[[str], Iterable[int]],
+        partition_table_id: Callable[[int], int | None] = lambda _partition_id: None,
     ) -> None:
         self._authorizer = authorizer
         self._table_path_by_id = table_path_by_id
         self._lease_table_ids = lease_table_ids
+        self._partition_table_id = partition_table_id
         self._rules: dict[ApiKey, Rule] = {
             ApiKey.CREATE_DATABASE: lambda r, c: self._check(c, OperationType.CREATE, Resource.cluster()),
             ApiKey.DROP_DATABASE: lambda r, c: self._check(c, OperationType.DROP, Resource.database(r.database_name)),
@@ -155,7 +158,10 @@ class AccessControl:
         for table_id in sorted(set(table_ids)):
             self._check_id(caller, operation, table_id)
 
-    def _denied_id(self, caller: Caller, operation: OperationType, table_id: int) -> bool:
+    def _denied_id(self, caller: Caller, operation: OperationType, table_id: int | None) -> bool:
+        """Whether a known table is denied (an unknown one is left to the handler's own error)."""
+        if table_id is None:
+            return False
         resource = self._table_resource(table_id)
         return resource is not None and not self._allowed(caller, operation, resource)
 
@@ -193,10 +199,19 @@ class AccessControl:
 
         for field in (request.table_path, request.partitions_path):
             _keep_only(field, visible)
+        if request.partitions_id:
+            kept_ids = [
+                partition_id for partition_id in request.partitions_id
+                if not self._denied_id(caller, DESCRIBE, self._partition_table_id(partition_id))
+            ]
+            del request.partitions_id[:]
+            request.partitions_id.extend(kept_ids)
 
     def _init_writer(self, request: Any, caller: Caller) -> None:
         """WRITE on at least one of the tables the writer will write (Fluss's rule)."""
         paths = list(request.table_path)
+        if self._authorizer.is_super_user(caller.principal):
+            return
         if not paths:
             raise AuthorizationError("InitWriter names no table to authorize")
         if not any(self._allowed(caller, WRITE, Resource.table(p.database_name, p.table_name)) for p in paths):

@@ -141,11 +141,12 @@ class ServerSecurity:
         handlers: Mapping[ApiKey, Handler],
         table_path_by_id: Callable[[int], TablePath | None],
         lease_table_ids: Callable[[str], Iterable[int]],
+        partition_table_id: Callable[[int], int | None],
     ) -> dict[ApiKey, Handler]:
         """``handlers`` behind their authorization rules, or unchanged when authorization is off."""
         if self.authorizer is None:
             return dict(handlers)
-        access = AccessControl(self.authorizer, table_path_by_id, lease_table_ids)
+        access = AccessControl(self.authorizer, table_path_by_id, lease_table_ids, partition_table_id)
         return {key: access.guard(key, handler) for key, handler in handlers.items()}
 
 

@@ -204,6 +204,7 @@ class StromServer:
             self._handlers(),
             lambda table_id: table.path if (table := self.coordinator.table_info_by_id(table_id)) else None,  # type: ignore[union-attr]
             lambda lease_id: {bucket.table_id for bucket in lease.pins} if (lease := lease_of(lease_id)) else (),
+            lambda partition_id: p.table_id if (p := self.coordinator.partition_by_id(partition_id)) else None,  # type: ignore[union-attr]
         )
 
         def rpc_server(served: Mapping[ApiKey, Handler], authenticator: PlainAuthenticator | None) -> RpcServer:

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 import pytest_asyncio
 
-from strom.client import Connection, TablePath
+from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.errors import AuthenticationError, AuthorizationError, SecurityDisabledError
+from strom.records.types import IntType, StringType
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
@@ -197,6 +198,16 @@ async def test_one_fetch_of_two_tables_answers_the_denied_one_per_bucket_and_rea
             pb.PbTablePath(database_name=DATABASE, table_name=t.table_path.table_name) for t in (hidden, readable)
         ]))
         assert [m.table_path.table_name for m in metadata.table_metadata] == [readable.table_path.table_name]
+
+        partitioned = TablePath(DATABASE, unique_name("parts"))
+        descriptor = TableDescriptor(Schema.of([("id", IntType()), ("day", StringType())]), partition_keys=("day",))
+        await admin.get_admin().create_table(partitioned, descriptor)
+        await admin.get_admin().create_partition(partitioned, {"day": "d1"})
+        (partition,) = await admin.get_admin().list_partition_infos(partitioned)
+        by_id = pb.MetadataRequest(partitions_id=[partition.partition_id])
+        assert not (await connection.request(ApiKey.GET_METADATA, by_id)).partition_metadata
+        await grant(admin, "bob", OperationType.DESCRIBE, Resource.table(DATABASE, partitioned.table_name))
+        assert len((await connection.request(ApiKey.GET_METADATA, by_id)).partition_metadata) == 1
     finally:
         await connection.close()
         await revoke_all(admin, "bob")
