@@ -47,6 +47,8 @@ def _canonical(value: Any) -> Any:
 def batches_identical(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
     """Equal schemas and values: top-level floats by bit pattern, NaN equal to NaN at any depth (Arrow's
     ``equals`` says NaN != NaN)."""
+    from strom.records.row_arrow import _physical_type  # late: targets import strom under instrumentation
+
     if a.schema != b.schema or a.num_rows != b.num_rows:
         return False
     for x, y in zip(a.columns, b.columns, strict=True):
@@ -56,10 +58,10 @@ def batches_identical(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
             x, y = x.view(pa.int64()), y.view(pa.int64())
         if x.equals(y):
             continue
-        try:  # a nested NaN: compare the values
-            if _canonical(x.to_pylist()) != _canonical(y.to_pylist()):
-                return False
-        except (ValueError, OverflowError):
+        # a nested NaN: compare the values, temporal ones as integers (dates beyond year 9999 have no
+        # Python equivalent)
+        physical = _physical_type(x.type)
+        if _canonical(x.view(physical).to_pylist()) != _canonical(y.view(physical).to_pylist()):
             return False
     return True
 
