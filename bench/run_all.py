@@ -16,6 +16,7 @@ BENCHES = [
     ("bench.lease_bench", [], []),
     ("bench.spark_bench", [], ["--rows", "200000"]),
     ("bench.tiering_bench", [], ["--rows", "200000", "--lag-seconds", "30", "--freshness", "5s"]),
+    ("bench.memory_soak", [], ["--seconds", "30", "--sample-seconds", "5"]),
 ]
 
 
