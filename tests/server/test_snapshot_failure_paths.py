@@ -57,6 +57,17 @@ async def _snapshot(server: StromServer, bucket: TableBucket) -> CompletedKvSnap
     return await server.snapshot_scheduler.snapshot(server.replicas.get(bucket))
 
 
+async def _table_with_a_snapshot(server: StromServer, name: str) -> tuple[Connection, Any, TableBucket, CompletedKvSnapshot]:
+    """A one-bucket table with ten rows and one committed snapshot of them."""
+    connection = await Connection.create(f"127.0.0.1:{server.port}")
+    table = await _table(connection, name)
+    bucket = _bucket(table)
+    await _write(table, range(10), "a")
+    snapshot = await _snapshot(server, bucket)
+    assert snapshot is not None
+    return connection, table, bucket, snapshot
+
+
 def _files_exist(server: StromServer, snapshot: CompletedKvSnapshot) -> bool:
     remote = server.snapshots._snapshots._remote  # type: ignore[union-attr]
     return all(remote.exists(location) for location in (snapshot.metadata_path, *(f.remote_path for f in snapshot.files)))
@@ -74,12 +85,7 @@ def _remote_files(data_dir: Path) -> set[str]:
 async def test_a_retention_failure_after_the_commit_keeps_the_committed_snapshot(tmp_path: Path) -> None:
     server = await _started(tmp_path / "data")
     try:
-        connection = await Connection.create(f"127.0.0.1:{server.port}")
-        table = await _table(connection, "retention_fails")
-        bucket = _bucket(table)
-        await _write(table, range(10), "a")
-        first = await _snapshot(server, bucket)
-        assert first is not None
+        connection, table, bucket, first = await _table_with_a_snapshot(server, "retention_fails")
 
         assert server.store is not None
         original = server.store.delete_kv_snapshot
@@ -197,12 +203,7 @@ async def test_files_a_crash_or_failed_delete_left_behind_are_removed_at_the_nex
     data_dir = tmp_path / "data"
     server = await _started(data_dir)
     try:
-        connection = await Connection.create(f"127.0.0.1:{server.port}")
-        table = await _table(connection, "swept")
-        bucket = _bucket(table)
-        await _write(table, range(10), "a")
-        kept = await _snapshot(server, bucket)
-        assert kept is not None
+        connection, _, _, kept = await _table_with_a_snapshot(server, "swept")
         await connection.close()
     finally:
         await server.stop()
@@ -233,11 +234,7 @@ async def test_a_file_whose_deletion_failed_is_not_leaked_by_a_restart(tmp_path:
     data_dir = tmp_path / "data"
     server = await _started(data_dir)
     try:
-        connection = await Connection.create(f"127.0.0.1:{server.port}")
-        table = await _table(connection, "undeletable")
-        bucket = _bucket(table)
-        await _write(table, range(10), "a")
-        first = await _snapshot(server, bucket)
+        connection, table, bucket, first = await _table_with_a_snapshot(server, "undeletable")
         remote = server.snapshots._snapshots._remote  # type: ignore[union-attr]
 
         def failing_delete(location: str) -> None:
@@ -247,7 +244,7 @@ async def test_a_file_whose_deletion_failed_is_not_leaked_by_a_restart(tmp_path:
         await _write(table, range(10), "b")
         second = await _snapshot(server, bucket)
         await server.snapshots._snapshots.wait_for_cleanups()  # type: ignore[union-attr]
-        assert first is not None and second is not None
+        assert second is not None
         assert _exists(first.metadata_path)  # the deletion failed: only memory knew it was owed
         await connection.close()
     finally:
