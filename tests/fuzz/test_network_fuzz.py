@@ -106,6 +106,18 @@ async def _capture_real_requests(server: ServerProcess, monkeypatch: pytest.Monk
             kv_path, log_path = TablePath("fluss", "decoy_kv"), TablePath("fluss", "decoy_log")
             await admin.create_table(kv_path, TableDescriptor(Schema.from_arrow(SCHEMA, primary_key=["id"]), bucket_count=2))
             await admin.create_table(log_path, TableDescriptor(Schema.from_arrow(SCHEMA), bucket_count=1))
+            # the other row formats: INDEXED log records, INDEXED kv rows
+            indexed_log_path, indexed_kv_path = TablePath("fluss", "decoy_indexed_log"), TablePath("fluss", "decoy_indexed_kv")
+            await admin.create_table(
+                indexed_log_path,
+                TableDescriptor(Schema.from_arrow(SCHEMA), bucket_count=1, properties={"table.log.format": "INDEXED"}),
+            )
+            await admin.create_table(
+                indexed_kv_path,
+                TableDescriptor(
+                    Schema.from_arrow(SCHEMA, primary_key=["id"]), bucket_count=1, properties={"table.kv.format": "INDEXED"}
+                ),
+            )
             await admin.list_databases()
             await admin.database_exists("fluss")
             await admin.list_tables("fluss")
@@ -122,6 +134,21 @@ async def _capture_real_requests(server: ServerProcess, monkeypatch: pytest.Monk
             await appends.flush()
             upserts.delete({"id": 3})
             await upserts.flush()
+            for path in (indexed_log_path, indexed_kv_path):
+                table = await connection.get_table(path)
+                writer = table.new_upsert().create_writer() if table.has_primary_key() else table.new_append().create_writer()
+                for id_ in range(5):
+                    if table.has_primary_key():
+                        writer.upsert(_row(id_, 0))
+                    else:
+                        writer.append(_row(id_, 0))
+                await writer.flush()
+                if table.has_primary_key():
+                    await table.new_lookup().create_lookuper().lookup({"id": 1})
+                else:
+                    end = (await admin.list_offsets(path, [0], OffsetSpec.latest()))[0]
+                    async for _change in table.new_scan().create_log_scanner().read_range(table.bucket(0), 0, end):
+                        pass
             lookuper = kv_table.new_lookup().create_lookuper()
             for id_ in (1, 2, 3):
                 await lookuper.lookup({"id": id_})
