@@ -315,11 +315,13 @@ KV_ROCKSDB_BLOCK_CACHE_SIZE = memory_option(
 
 
 # ---- lake ----
-SUPPORTED_LAKE_FORMATS = ("delta",)
+SUPPORTED_LAKE_FORMATS = ("delta", "iceberg")
 DATALAKE_FORMAT = choice_option(
     "datalake.format", "delta", SUPPORTED_LAKE_FORMATS,
-    "Lake format of lake-enabled tables (`table.datalake.enabled`); only `delta` for now (another value "
-    "stops the server at start). Its options are `datalake.<format>.<key>`: the coordinator copies them "
+    "Lake format of lake-enabled tables (`table.datalake.enabled`): `delta` or `iceberg` (another value "
+    "stops the server at start). With `iceberg` every table is created with `table.datalake.format=iceberg`, "
+    "which makes its keys encode and bucket as Iceberg's `bucket[N]` transform (a single key column, as in "
+    "Fluss). Its options are `datalake.<format>.<key>`: the coordinator copies them "
     "into each lake-enabled table's properties as `table.datalake.<format>.<key>`, except keys naming a "
     "password, secret or key, which the tiering service must be given itself.",
 )
@@ -328,6 +330,13 @@ DATALAKE_DELTA_WAREHOUSE = string_option(
     "Root of the Delta lake tables (`<warehouse>/<database>/<table>`): a local path or a URL delta-rs reads "
     "(e.g. s3://bucket/lake). Defaults to `<data.dir>/lake`; a relative local path is made absolute at "
     "start. Other `datalake.delta.*` keys are passed to delta-rs as storage options.",
+)
+DATALAKE_ICEBERG_WAREHOUSE = string_option(
+    "datalake.iceberg.warehouse", None,
+    "Warehouse of the Iceberg lake tables: a local path or a URL pyiceberg writes (e.g. s3://bucket/lake), "
+    "with an embedded SQL catalog on SQLite inside it unless `datalake.iceberg.type` names another (e.g. "
+    "`rest` with `datalake.iceberg.uri`). Defaults to `<data.dir>/lake`; a relative local path is made "
+    "absolute at start. Other `datalake.iceberg.*` keys are passed to the catalog as its properties.",
 )
 TABLE_DATALAKE_FRESHNESS = duration_option(
     "table.datalake.freshness", "3 min",

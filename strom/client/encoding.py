@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from strom.records import fastpath, row_arrow
-from strom.records.bucketing import bucket_for_key
 
 if TYPE_CHECKING:
     from strom.client.table import TableLayout
@@ -59,7 +58,7 @@ def _table_to_batch(table: pa.Table) -> pa.RecordBatch:
 
 def encode(layout: TableLayout, batch: pa.RecordBatch, *, with_rows: bool, with_keys: bool) -> EncodedRows:
     """Encode a conformed batch; buckets come from the bucket key (or are left to the caller when none)."""
-    if layout.kv_format == "COMPACTED":
+    if layout.kv_format == "COMPACTED" and layout.key_lake_format is None:  # the C path knows Fluss's keys only
         fast_rows, fast_keys, fast_buckets = fastpath.encode_batch(
             batch,
             layout.row_type,
@@ -75,10 +74,10 @@ def encode(layout: TableLayout, batch: pa.RecordBatch, *, with_rows: bool, with_
     if layout.bucket_key_indexes:
         if with_keys and layout.bucket_key_indexes == layout.key_indexes:
             assert keys is not None
-            buckets = [bucket_for_key(key, layout.bucket_count) for key in keys]
+            buckets = [layout.bucket_of(key, layout.bucket_count) for key in keys]
         else:
             encoder = layout.bucket_key_encoder
-            buckets = [bucket_for_key(encoder.encode(v), layout.bucket_count) for v in values]
+            buckets = [layout.bucket_of(encoder.encode(v), layout.bucket_count) for v in values]
     return EncodedRows(rows, keys, buckets)
 
 

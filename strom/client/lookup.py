@@ -13,7 +13,6 @@ from strom.client import encoding
 from strom.errors import PartitionNotExistError, error_for_code
 from strom.ids import TableBucket
 from strom.records import fastpath, row_arrow, types
-from strom.records.bucketing import bucket_for_key
 from strom.records.compacted import CompactedKeyEncoder
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -86,6 +85,8 @@ class _KeyedReader:
         except (TypeError, ValueError, OverflowError, struct.error):
             return None
         partition = "$".join(str(row[i]) for i in layout.partition_key_indexes) if layout.partition_keys else None
+        if layout.key_lake_format is not None:
+            return key_bytes, layout.bucket_of(bucket_key, layout.bucket_count), partition
         return key_bytes, fastpath.bucket_ids([bucket_key], layout.bucket_count)[0], partition
 
     async def _partition_id(self, name: str | None) -> int | None:
@@ -228,7 +229,8 @@ class PrefixLookuper(_KeyedReader):
             partition_id = await self._partition_id(partitions[0] if partitions else None)
         except PartitionNotExistError:
             return []
-        bucket = TableBucket(layout.info.table_id, bucket_for_key(key, layout.bucket_count), partition_id)
+        bucket_key = key if layout.key_lake_format is None else layout.bucket_key_encoder.encode(values)
+        bucket = TableBucket(layout.info.table_id, layout.bucket_of(bucket_key, layout.bucket_count), partition_id)
         request = pb.PrefixLookupRequest(table_id=bucket.table_id)
         entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=[key])
         if partition_id is not None:

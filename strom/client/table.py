@@ -10,8 +10,8 @@ import pyarrow as pa
 
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
-from strom.records import indexed_log
-from strom.records.compacted import CompactedKeyEncoder, CompactedRowDecoder, CompactedRowEncoder
+from strom.records import indexed_log, keys
+from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.types import RowType
 
@@ -45,6 +45,9 @@ class TableLayout:
         compression = info.properties.get("table.log.arrow.compression.type", "ZSTD").upper()
         self.log_compression = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}[compression]
         self.log_format = indexed_log.log_format(info.properties)
+        self.key_lake_format = keys.key_lake_format(info.properties)
+        """Iceberg changes how keys are encoded and bucketed (:mod:`strom.records.keys`); None: Fluss's way."""
+        self.bucket_of: keys.BucketFunction = keys.bucket_function(self.key_lake_format)
 
     @cached_property
     def log_decoder(self) -> indexed_log.LogBatchDecoder:
@@ -69,12 +72,12 @@ class TableLayout:
         return CompactedRowEncoder(self.row_type)
 
     @cached_property
-    def key_encoder(self) -> CompactedKeyEncoder:
-        return CompactedKeyEncoder(self.row_type, self.key_indexes)
+    def key_encoder(self) -> keys.KeyEncoder:
+        return keys.key_encoder(self.row_type, self.key_indexes, self.key_lake_format)
 
     @cached_property
-    def bucket_key_encoder(self) -> CompactedKeyEncoder:
-        return CompactedKeyEncoder(self.row_type, self.bucket_key_indexes)
+    def bucket_key_encoder(self) -> keys.KeyEncoder:
+        return keys.key_encoder(self.row_type, self.bucket_key_indexes, self.key_lake_format)
 
     def column_indexes(self, columns: Sequence[int | str]) -> list[int]:
         indexes = []

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from strom.metadata.table_info import TableInfo
-from strom.records import compacted, fastpath, indexed, indexed_log, row_arrow
+from strom.records import compacted, fastpath, indexed, indexed_log, keys, row_arrow
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.log_batch import ChangeType
 
@@ -47,7 +47,8 @@ class TableRowFormat:
         else:
             self._decoder = compacted.CompactedRowDecoder(self.row_type)
             self._encoder = compacted.CompactedRowEncoder(self.row_type)
-        self._key_encoder = compacted.CompactedKeyEncoder(self.row_type, self.key_indexes)
+        self.key_lake_format = keys.key_lake_format(table.properties)
+        self._key_encoder = keys.key_encoder(self.row_type, self.key_indexes, self.key_lake_format)
 
     def stored_values_to_batch(self, stored_values: Sequence[bytes]) -> pa.RecordBatch:
         """Decode stored values (schema id + row) into one Arrow batch of the table's schema."""
@@ -61,7 +62,7 @@ class TableRowFormat:
         """For each changelog row: its key (None for -U, which changes nothing on its own) and the value
         to store (None for -D)."""
         prefix = SCHEMA_ID.pack(schema_id)
-        if self.kv_format == "COMPACTED":
+        if self.kv_format == "COMPACTED" and self.key_lake_format is None:
             rows, all_keys, _buckets = fastpath.encode_batch(
                 batch, self.row_type, key_indexes=self.key_indexes, value_prefix=prefix
             )

@@ -43,6 +43,7 @@ from strom.errors import (
 from strom.ids import TablePath
 from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
+from strom.records import keys
 from strom.records import types as fluss_types
 from strom.records.schema import TableDescriptor
 from strom.rpc.messages import pb
@@ -254,7 +255,7 @@ class CoordinatorService:
         log.info("created table %s (id %d, %d buckets)", path, table.table_id, table.bucket_count)
         return pb.CreateTableResponse()
 
-    def _validated_table_json(self, raw: bytes) -> bytes:
+    def _validated_table_json(self, raw: bytes, *, creating: bool = True) -> bytes:
         """Parse and check a client's table descriptor; returns the JSON to store (bucket count filled in)."""
         document = _parse_json_object(raw, "table_json")
         try:
@@ -325,10 +326,18 @@ class CoordinatorService:
             raise InvalidConfigError(
                 f"table.log.arrow.compression.type={compression} is unknown; use NONE, LZ4_FRAME or ZSTD."
             )
-        document["properties"] = self._with_lake_properties(properties)
+        document["properties"] = completed = self._with_lake_properties(properties, creating)
+        lake_keys = keys.key_lake_format(completed)
+        if lake_keys is not None:  # the keys must encode as the lake format hashes them (InvalidTableError)
+            row_type = schema.row_type
+            if physical_pk:
+                keys.key_encoder(row_type, [columns.index(k) for k in physical_pk], lake_keys)
+            effective_bucket_keys = bucket_keys or physical_pk
+            if effective_bucket_keys:
+                keys.key_encoder(row_type, [columns.index(k) for k in effective_bucket_keys], lake_keys)
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
-    def _with_lake_properties(self, properties: dict[str, str]) -> dict[str, str]:
+    def _with_lake_properties(self, properties: dict[str, str], creating: bool) -> dict[str, str]:
         """Check the ``table.datalake.*`` options. A lake-enabled table gets the cluster's format and its
         options (copied once: a table keeps its lake location when the server's options change later)."""
         raw = properties.get(DATALAKE_ENABLED, "false").strip().lower()
@@ -346,10 +355,19 @@ class CoordinatorService:
         completed = dict(properties)
         if DATALAKE_ENABLED in completed:
             completed[DATALAKE_ENABLED] = raw
-        if lake_format is not None:
+        if lake_format is not None or (creating and self._lake_format == keys.ICEBERG):
+            # Iceberg decides how keys are encoded and bucketed, so every table of an Iceberg cluster
+            # carries it from its creation (as Fluss does): its buckets then match the lake's partitions
+            # whenever its lake is enabled.
             completed[DATALAKE_FORMAT_PROPERTY] = self._lake_format
         if raw != "true":
             return completed
+        if self._lake_format == keys.ICEBERG and lake_format is None and not creating:
+            raise InvalidConfigError(
+                "This table was created before the cluster's lake format was iceberg: its keys are bucketed "
+                "by Fluss's hash, not Iceberg's, so its buckets cannot be the lake's partitions. Re-create it "
+                "to tier it into Iceberg."
+            )
         completed[DATALAKE_FORMAT_PROPERTY] = self._lake_format
         for key, value in self._lake_options.items():
             completed.setdefault(key, value)
@@ -408,13 +426,15 @@ class CoordinatorService:
                     f"Alter operation {change.op_type} on '{key}' is not supported; use SET (0) or DELETE (1)."
                 )
         if _lake_enabled(table.properties) and not _lake_enabled(properties):
-            # Disabling forgets what enabling copied (the format and its options); enabling copies them again.
+            # Disabling forgets what enabling copied (the format and its options); enabling copies them
+            # again. An Iceberg table keeps its format: its keys are encoded for it.
             lake_prefix = f"table.datalake.{self._lake_format}."
-            for key in [k for k in properties if k == DATALAKE_FORMAT_PROPERTY or k.startswith(lake_prefix)]:
+            keep_format = keys.key_lake_format(properties) is not None
+            for key in [k for k in properties if (k == DATALAKE_FORMAT_PROPERTY and not keep_format) or k.startswith(lake_prefix)]:
                 del properties[key]
         document["properties"] = properties
         document["custom_properties"] = custom
-        table_json = self._validated_table_json(json.dumps(document).encode())
+        table_json = self._validated_table_json(json.dumps(document).encode(), creating=False)
         if table_json == table.table_json:
             return pb.AlterTableResponse()
         record = self._store.update_table(table.table_id, table_json, self._clock.now_ms())

@@ -20,6 +20,8 @@ from strom.config import (
     ADVERTISED_HOST,
     CONNECTION_MAX_IDLE_TIME,
     DATALAKE_DELTA_WAREHOUSE,
+    DATALAKE_FORMAT,
+    DATALAKE_ICEBERG_WAREHOUSE,
     KV_SCANNER_EXPIRATION_INTERVAL,
     KV_SCANNER_MAX_BATCH_SIZE,
     KV_SCANNER_MAX_PER_BUCKET,
@@ -64,6 +66,9 @@ from strom.server.scan_service import ScanKvService
 from strom.server.tablet_server import TabletService
 
 log = logging.getLogger(__name__)
+
+WAREHOUSE_OPTIONS = {"delta": DATALAKE_DELTA_WAREHOUSE, "iceberg": DATALAKE_ICEBERG_WAREHOUSE}
+"""The warehouse option of each lake format: defaulted to ``<data.dir>/lake`` at start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +140,8 @@ class StromServer:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
-        self.config = self.config.with_values({DATALAKE_DELTA_WAREHOUSE.key: self._lake_warehouse()})
+        warehouse = WAREHOUSE_OPTIONS[self.config.get(DATALAKE_FORMAT)]
+        self.config = self.config.with_values({warehouse.key: self._lake_warehouse(self.config.get(warehouse))})
         config = self.config
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
@@ -232,10 +238,9 @@ class StromServer:
         log.info("strom serving on %s:%d (data in %s, remote storage %s)", self.host, self.port,
                  self.paths.data_dir, self.remote_root)
 
-    def _lake_warehouse(self) -> str:
+    def _lake_warehouse(self, configured: str | None) -> str:
         """Tables record where their lake lives, and the tiering service may run elsewhere: a local
         warehouse is given as an absolute path."""
-        configured = self.config.get(DATALAKE_DELTA_WAREHOUSE)
         if configured is None:
             return str(self.paths.default_lake.resolve())
         if "://" in configured:

@@ -93,7 +93,7 @@ class Replica:
             return self._log.failed
         return self._kv.failed if self._kv is not None else None
 
-    def recover_if_failed(self, before_close: Callable[[TableBucket], None] | None = None) -> bool:
+    def recover_if_failed(self, before_close: Callable[[TableBucket], object] | None = None) -> bool:
         """Reopen a bucket whose storage failed, at most once a second and only once its disk has room;
         True if it was reopened. ``before_close`` releases what holds the old RocksDB (scan sessions)."""
         failure = self.storage_failure
@@ -214,7 +214,7 @@ class ReplicaManager:
         self._block_cache_size_bytes = config.get(KV_ROCKSDB_BLOCK_CACHE_SIZE)
         self._replicas: dict[TableBucket, Replica] = {}
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
-        self.before_reopen: Callable[[TableBucket], None] | None = None
+        self.before_reopen: Callable[[TableBucket], object] | None = None
         """Called before a failed bucket is reopened (the node closes its scan sessions there)."""
 
     def replica_directory(self, table: TableInfo, bucket: TableBucket) -> Path:

@@ -1,0 +1,45 @@
+"""Which key bytes and which bucket function a table uses: Fluss picks both by the table's lake format.
+
+Tables of a cluster whose lake format is Iceberg carry ``table.datalake.format=iceberg`` from their
+creation: their primary key (a single column) is encoded as Iceberg hashes it and bucketed with Iceberg's
+murmur3, so a strom bucket is exactly an Iceberg ``bucket[N]`` partition of the lake copy. Every other
+table (no lake format, or Delta, which has no bucket transform) uses the CompactedRow key encoding and
+Fluss's own bucket hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from strom.records.bucketing import bucket_for_key, iceberg_bucket_for_key
+from strom.records.compacted import CompactedKeyEncoder
+from strom.records.iceberg_key import IcebergKeyEncoder
+from strom.records.types import RowType
+
+DATALAKE_FORMAT_PROPERTY = "table.datalake.format"
+ICEBERG = "iceberg"
+
+KeyEncoder = CompactedKeyEncoder | IcebergKeyEncoder
+BucketFunction = Callable[[bytes, int], int]
+
+
+def key_lake_format(properties: Mapping[str, str]) -> str | None:
+    """The lake format that decides the table's key encoding and bucketing (None: Fluss's defaults)."""
+    name = properties.get(DATALAKE_FORMAT_PROPERTY, "").strip().lower()
+    return ICEBERG if name == ICEBERG else None
+
+
+def key_encoder(row_type: RowType, key_indexes: Sequence[int], lake_format: str | None) -> KeyEncoder:
+    """The encoder of primary-key and bucket-key bytes (Fluss's ``KeyEncoder.of``).
+
+    Raises:
+        InvalidTableError: Iceberg with several key columns, or a column type Iceberg cannot key by.
+    """
+    if lake_format == ICEBERG and key_indexes:  # a table without keys (a log table) never encodes one
+        return IcebergKeyEncoder(row_type, key_indexes)
+    return CompactedKeyEncoder(row_type, key_indexes)
+
+
+def bucket_function(lake_format: str | None) -> BucketFunction:
+    """``(key bytes, bucket count) -> bucket`` (Fluss's ``BucketingFunction.of``)."""
+    return iceberg_bucket_for_key if lake_format == ICEBERG else bucket_for_key
