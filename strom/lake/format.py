@@ -1,6 +1,6 @@
 """The lake format plug-in: what the tiering service and the Spark reader need from a lakehouse table.
 
-A format (Delta first) creates or opens the lake copy of a strom table, gives Spark tasks writers that
+A format (Delta, Iceberg) creates or opens the lake copy of a strom table, gives Spark tasks writers that
 write files without committing, commits a round's files in one atomic lake commit that carries the
 coordinator's offsets file (Fluss's ``fluss-offsets`` property, under Fluss's commit user), finds the
 last such commit, and reads one bucket of a lake snapshot back as Arrow.
@@ -183,7 +183,13 @@ def _load_delta(options: Mapping[str, str]) -> LakeFormat:
     return DeltaLakeFormat(options)
 
 
-FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {"delta": _load_delta}
+def _load_iceberg(options: Mapping[str, str]) -> LakeFormat:
+    from strom.lake.iceberg import IcebergLakeFormat  # pyiceberg loads only when a table asks for Iceberg
+
+    return IcebergLakeFormat(options)
+
+
+FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {"delta": _load_delta, "iceberg": _load_iceberg}
 """Lake format identifier -> factory taking the format's options (``table.datalake.<format>.*``)."""
 
 

@@ -6,8 +6,8 @@ commit time of that change, epoch -1 ms when unknown, as Fluss writes it). It is
 table's partition keys, then ``__bucket``, so a bucket's files are found from partition values alone
 (Fluss lays Iceberg tables out the same way).
 
-Lake formats know fewer types than Fluss: TIME becomes int64 microseconds of the day (also inside
-ARRAY, MAP and ROW), every timestamp keeps microseconds (nanoseconds are truncated), CHAR becomes
+Lake formats know fewer types than Fluss: TIME becomes int64 microseconds of the day in Delta, which
+has no time type (also inside ARRAY, MAP and ROW; Iceberg keeps a time in microseconds), every timestamp keeps microseconds (nanoseconds are truncated), CHAR becomes
 string and fixed-size BINARY(n) variable binary. Reading back converts to the strom table's Arrow types.
 """
 
@@ -38,10 +38,11 @@ _PARTITION_KEY_TYPES = (
 """Types whose partition-name form (Python ``str`` of the value) is also a valid lake partition value."""
 
 
-def lake_type(t: fluss.DataType) -> pa.DataType:
-    """The lake's Arrow type for a Fluss type (see the module docstring for what changes)."""
+def lake_type(t: fluss.DataType, native_time: bool = False) -> pa.DataType:
+    """The lake's Arrow type for a Fluss type (see the module docstring for what changes); with
+    ``native_time`` (formats with a TIME type, such as Iceberg) TIME stays time64 microseconds."""
     if isinstance(t, fluss.TimeType):
-        return pa.int64()
+        return pa.time64("us") if native_time else pa.int64()
     if isinstance(t, fluss.TimestampType):
         return pa.timestamp("us")
     if isinstance(t, fluss.TimestampLtzType):
@@ -51,14 +52,14 @@ def lake_type(t: fluss.DataType) -> pa.DataType:
     if isinstance(t, (fluss.CharType, fluss.StringType)):
         return pa.string()
     if isinstance(t, fluss.ArrayType):
-        return pa.list_(pa.field("element", lake_type(t.element), nullable=t.element.nullable))
+        return pa.list_(pa.field("element", lake_type(t.element, native_time), nullable=t.element.nullable))
     if isinstance(t, fluss.MapType):
         return pa.map_(
-            pa.field("key", lake_type(t.key), nullable=False),
-            pa.field("value", lake_type(t.value), nullable=t.value.nullable),
+            pa.field("key", lake_type(t.key, native_time), nullable=False),
+            pa.field("value", lake_type(t.value, native_time), nullable=t.value.nullable),
         )
     if isinstance(t, fluss.RowType):
-        return pa.struct([pa.field(f.name, lake_type(f.type), nullable=f.type.nullable) for f in t.fields])
+        return pa.struct([pa.field(f.name, lake_type(f.type, native_time), nullable=f.type.nullable) for f in t.fields])
     return fluss.to_arrow_type(t)
 
 
@@ -95,6 +96,8 @@ class LakeLayout:
     """The lake schema of one strom table and the conversions between its rows and lake rows."""
 
     info: TableInfo
+    native_time: bool = False
+    """TIME stays a time type in the lake (Iceberg has one; Delta has not: there it is int64)."""
 
     @cached_property
     def row_type(self) -> fluss.RowType:
@@ -112,7 +115,9 @@ class LakeLayout:
     @cached_property
     def schema(self) -> pa.Schema:
         """The lake table's Arrow schema: the table's columns in lake types, then the system columns."""
-        fields = [pa.field(f.name, lake_type(f.type), nullable=f.type.nullable) for f in self.row_type.fields]
+        fields = [
+            pa.field(f.name, lake_type(f.type, self.native_time), nullable=f.type.nullable) for f in self.row_type.fields
+        ]
         fields += [
             pa.field(BUCKET_COLUMN, pa.int32(), nullable=False),
             pa.field(OFFSET_COLUMN, pa.int64(), nullable=False),
@@ -181,7 +186,7 @@ class LakeLayout:
 
     def _column_to_lake(self, name: str, array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
         t = self._types[name]
-        return _cast(array, _micros_type(t), lake_type(t))
+        return _cast(array, _micros_type(t), lake_type(t, self.native_time))
 
     def to_lake(self, rows: pa.RecordBatch, bucket: int, offsets: pa.Array, timestamps: pa.Array) -> pa.Table:
         """Strom rows (the table's Arrow schema) as lake rows with the system columns added."""

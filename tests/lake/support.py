@@ -28,16 +28,20 @@ def table_info(
     name: str = "orders",
     bucket_count: int = 2,
     properties: Mapping[str, str] | None = None,
+    lake: str = "delta",
+    bucket_keys: Sequence[str] = (),
 ) -> TableInfo:
-    """A lake-enabled table as the coordinator stores it (Delta, warehouse in the table properties)."""
+    """A lake-enabled table as the coordinator stores it (format ``lake``, warehouse in the table
+    properties)."""
     descriptor = TableDescriptor(
         Schema.of(list(columns), list(primary_key) if primary_key else None),
         partition_keys=tuple(partition_keys),
         bucket_count=bucket_count,
+        bucket_keys=tuple(bucket_keys),
         properties={
             "table.datalake.enabled": "true",
-            "table.datalake.format": "delta",
-            "table.datalake.delta.warehouse": str(warehouse),
+            "table.datalake.format": lake,
+            f"table.datalake.{lake}.warehouse": str(warehouse),
             **(properties or {}),
         },
     )

@@ -1,0 +1,325 @@
+"""The Iceberg layout of a strom table and the data files a Spark task writes into it.
+
+Schema (as Fluss's Iceberg lake catalog builds it): the table's columns, required where the column is
+NOT NULL, then the required system columns ``__bucket`` (int), ``__offset`` (long) and ``__timestamp``
+(timestamptz); the identifier fields are the primary key (partition keys included). Types as Fluss maps
+them: TINYINT and SMALLINT widen to int, CHAR is string, BINARY(n) and BYTES are binary, TIME is time,
+TIMESTAMP timestamp, TIMESTAMP_LTZ timestamptz (both microseconds; nanoseconds are truncated).
+
+Partition spec: identity on each partition key, then the bucket: ``bucket[N]`` of the bucket key when the
+table has one (every primary-key table; Fluss allows one bucket-key column), else identity on ``__bucket``.
+With the bucket transform, one Iceberg partition is one strom bucket only because strom's clients assign
+buckets with Iceberg's bucket hash for Iceberg tables; the writer puts the strom bucket id in the
+partition value as it is, so a file's partition always names the bucket its rows came from.
+
+A writer streams rows into rolling Parquet files whose schema carries the Iceberg field ids
+(``PARQUET:field_id``), under ``<table location>/data/<partition path>/``. Nothing is committed here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import BucketTransform, IdentityTransform
+from pyiceberg.typedef import Record
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+)
+
+from strom.errors import InvalidConfigError, InvalidTableError
+from strom.ids import TableBucket
+from strom.lake.delta_files import DeltaFileSink
+from strom.lake.format import LakeWriter, LakeWriteResult
+from strom.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN, LakeLayout
+from strom.records import types as fluss
+
+if TYPE_CHECKING:
+    from strom.lake.iceberg import IcebergLakeTable
+
+PARTITION_FIELD_ID_START = 1000
+"""Iceberg's first partition field id."""
+_EPOCH_DAY = dt.date(1970, 1, 1)
+
+
+class _Ids:
+    """Field ids in Fluss's order: the top-level columns first (1..n), nested fields after them."""
+
+    def __init__(self, top_level: int) -> None:
+        self._next = top_level + 1
+
+    def next(self) -> int:
+        value = self._next
+        self._next += 1
+        return value
+
+
+def iceberg_type(t: fluss.DataType, ids: _Ids) -> IcebergType:
+    """The Iceberg type Fluss maps a Fluss type to."""
+    if isinstance(t, fluss.BooleanType):
+        return BooleanType()
+    if isinstance(t, (fluss.TinyIntType, fluss.SmallIntType, fluss.IntType)):
+        return IntegerType()
+    if isinstance(t, fluss.BigIntType):
+        return LongType()
+    if isinstance(t, fluss.FloatType):
+        return FloatType()
+    if isinstance(t, fluss.DoubleType):
+        return DoubleType()
+    if isinstance(t, fluss.DecimalType):
+        return DecimalType(t.precision, t.scale)
+    if isinstance(t, (fluss.CharType, fluss.StringType)):
+        return StringType()
+    if isinstance(t, (fluss.BinaryType, fluss.BytesType)):
+        return BinaryType()
+    if isinstance(t, fluss.DateType):
+        return DateType()
+    if isinstance(t, fluss.TimeType):
+        return TimeType()
+    if isinstance(t, fluss.TimestampType):
+        return TimestampType()
+    if isinstance(t, fluss.TimestampLtzType):
+        return TimestamptzType()
+    if isinstance(t, fluss.ArrayType):
+        element_id = ids.next()
+        return ListType(element_id, iceberg_type(t.element, ids), element_required=not t.element.nullable)
+    if isinstance(t, fluss.MapType):
+        key_id, value_id = ids.next(), ids.next()  # consecutive, as the Iceberg spec asks
+        return MapType(key_id, iceberg_type(t.key, ids), value_id, iceberg_type(t.value, ids),
+                       value_required=not t.value.nullable)
+    if isinstance(t, fluss.RowType):
+        fields = []
+        for f in t.fields:
+            kind = iceberg_type(f.type, ids)
+            fields.append(NestedField(ids.next(), f.name, kind, required=not f.type.nullable))
+        return StructType(*fields)
+    raise InvalidTableError(f"type {t} has no Iceberg type")
+
+
+def iceberg_schema(layout: LakeLayout) -> Schema:
+    """The Iceberg schema of a strom table (see the module docstring)."""
+    columns = layout.row_type.fields
+    ids = _Ids(len(columns) + 3)
+    fields = [
+        NestedField(index + 1, f.name, iceberg_type(f.type, ids), required=not f.type.nullable)
+        for index, f in enumerate(columns)
+    ]
+    system = [(BUCKET_COLUMN, IntegerType()), (OFFSET_COLUMN, LongType()), (TIMESTAMP_COLUMN, TimestamptzType())]
+    fields += [NestedField(len(columns) + 1 + i, name, kind, required=True) for i, (name, kind) in enumerate(system)]
+    primary_key = layout.info.schema.primary_key or ()
+    identifiers = [index + 1 for index, f in enumerate(columns) if f.name in primary_key]
+    try:
+        return Schema(*fields, identifier_field_ids=identifiers)
+    except ValueError as exc:  # e.g. a FLOAT or DOUBLE key column: Iceberg refuses it as an identifier field
+        raise InvalidTableError(f"table '{layout.info.path}' cannot be an Iceberg table: {exc}") from exc
+
+
+def bucket_key(layout: LakeLayout) -> str | None:
+    """The column Fluss's partition spec buckets by; None: partitioned by ``__bucket`` itself.
+
+    Raises:
+        InvalidTableError: more than one bucket-key column (Fluss's Iceberg tables allow one).
+    """
+    keys = list(layout.info.descriptor.bucket_keys)
+    if len(keys) > 1:
+        raise InvalidTableError(
+            f"table '{layout.info.path}' has bucket keys {keys}: an Iceberg lake table buckets by one column "
+            f"(as in Fluss); set 'bucket.key' to one column"
+        )
+    return keys[0] if keys else None
+
+
+def partition_spec(layout: LakeLayout, schema: Schema) -> PartitionSpec:
+    """Identity on each partition key, then ``bucket[N]`` of the bucket key or identity on ``__bucket``."""
+    fields = []
+    for key in layout.info.partition_keys:
+        fields.append(PartitionField(schema.find_field(key).field_id, 0, IdentityTransform(), key))
+    by = bucket_key(layout)
+    if by is None:
+        fields.append(PartitionField(schema.find_field(BUCKET_COLUMN).field_id, 0, IdentityTransform(), BUCKET_COLUMN))
+    else:
+        transform: BucketTransform[Any] = BucketTransform(layout.info.bucket_count)
+        source = schema.find_field(by)
+        if not transform.can_transform(source.field_type):
+            raise InvalidTableError(
+                f"table '{layout.info.path}': bucket key '{by}' of type {source.field_type} cannot be an Iceberg "
+                f"bucket partition"
+            )
+        fields.append(PartitionField(source.field_id, 0, transform, f"{by}_bucket"))
+    return PartitionSpec(*[
+        PartitionField(f.source_id, PARTITION_FIELD_ID_START + i, f.transform, f.name) for i, f in enumerate(fields)
+    ])
+
+
+def partition_record(layout: LakeLayout, bucket: int, partition_name: str | None) -> Record:
+    """The partition tuple of one strom (partition, bucket): typed partition values, then the bucket id."""
+    values: list[Any] = []
+    types = {f.name: f.type for f in layout.row_type.fields}
+    for key, text in layout.partition_values(bucket, partition_name).items():
+        if key == BUCKET_COLUMN:
+            continue
+        kind = types[key]
+        if isinstance(kind, fluss.BooleanType):
+            values.append(text == "true")
+        elif isinstance(kind, (fluss.TinyIntType, fluss.SmallIntType, fluss.IntType, fluss.BigIntType)):
+            values.append(int(text))
+        elif isinstance(kind, fluss.DateType):
+            values.append((dt.date.fromisoformat(text) - _EPOCH_DAY).days)
+        else:
+            values.append(text)
+    values.append(bucket)
+    return Record(*values)
+
+
+def record_partition(layout: LakeLayout, record: Record) -> tuple[str | None, int]:
+    """(strom partition name, bucket) of a file's partition tuple (the inverse of :func:`partition_record`)."""
+    keys = layout.info.partition_keys
+    types = {f.name: f.type for f in layout.row_type.fields}
+    values: dict[str, str | None] = {}
+    for index, key in enumerate(keys):
+        value = record[index]
+        if isinstance(types[key], fluss.BooleanType):
+            values[key] = "true" if value else "false"
+        elif isinstance(types[key], fluss.DateType):
+            values[key] = (_EPOCH_DAY + dt.timedelta(days=value)).isoformat()
+        else:
+            values[key] = str(value)
+    return layout.partition_name(values), int(record[len(keys)])
+
+
+def file_system(io: FileIO, location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system and path of a location, through the table's FileIO (its credentials)."""
+    if not isinstance(io, PyArrowFileIO):
+        raise InvalidConfigError(f"strom writes Iceberg tables through pyarrow's file systems, not {type(io).__name__}")
+    scheme, netloc, path = io.parse_location(location)
+    return io.fs_by_scheme(scheme, netloc), path
+
+
+def file_location(root: str, relative: str) -> str:
+    return f"{root.rstrip('/')}/{relative}"
+
+
+class IcebergLakeWriter(LakeWriter):
+    """One bucket's new files. Primary-key tables: copy-on-write of the files of this bucket that hold a
+    deleted key, as the Delta writer does. Runs in one Spark task; not thread-safe."""
+
+    def __init__(
+        self, table: IcebergLakeTable, bucket: TableBucket, partition_name: str | None, base: int | None
+    ) -> None:
+        self._table = table
+        self._layout = table.layout
+        self._bucket = bucket
+        self._partition_name = partition_name
+        self._base = base
+        self._partition = partition_record(self._layout, bucket.bucket, partition_name)
+        iceberg = table.iceberg()
+        self._io = iceberg.io
+        self._data_root = f"{iceberg.location().rstrip('/')}/data"
+        self._fs, root = file_system(self._io, self._data_root)
+        schema = iceberg.schema()
+        self._file_schema = schema_to_pyarrow(schema, include_field_ids=True)
+        directory = iceberg.spec().partition_to_path(self._partition, schema)
+        self._sink = DeltaFileSink(self._fs, root, directory, self._file_schema, table.limits)
+        self._touched: list[pa.Table] = []
+        self._removed: list[str] = []
+        self._completed = False
+
+    def append(self, rows: pa.RecordBatch, offsets: pa.Array, timestamps: pa.Array) -> None:
+        assert not self._completed, "append after complete()"
+        if rows.num_rows == 0:
+            return
+        self._sink.write(self._layout.to_lake(rows, self._bucket.bucket, offsets, timestamps).cast(self._file_schema))
+
+    def delete_keys(self, keys: pa.Table) -> None:
+        assert not self._completed, "delete_keys after complete()"
+        if not self._layout.primary_key:
+            raise InvalidTableError(f"'{self._layout.info.path}' is a log table: its lake rows are never deleted")
+        if keys.num_rows:
+            self._touched.append(self._layout.keys_to_lake(keys))
+
+    def complete(self) -> LakeWriteResult:
+        assert not self._completed, "complete() twice"
+        self._rewrite_touched_files()
+        files = self._sink.finish()
+        self._completed = True
+        adds = [{"path": file_location(self._data_root, f.path), "size": f.size, "records": f.record_count} for f in files]
+        payload = json.dumps({"base": self._base, "add": adds, "remove": self._removed}, separators=(",", ":"))
+        return LakeWriteResult(
+            self._bucket, self._partition_name, payload.encode(),
+            sum(f.record_count for f in files), sum(f.size for f in files), len(files),
+        )
+
+    def close(self) -> None:
+        if not self._completed:  # a failed split: its files will never be committed
+            self._sink.discard()
+        self._touched = []
+
+    def _rewrite_touched_files(self) -> None:
+        if not self._touched or self._base is None:
+            return
+        key = self._layout.primary_key
+        touched = pa.concat_tables(self._touched).group_by(key).aggregate([])
+        self._touched = []
+        for data_file in self._table.bucket_files(self._base, self._partition):
+            _, path = file_system(self._io, data_file.file_path)
+            file_keys = pq.read_table(path, columns=key, filesystem=self._fs).cast(touched.schema)
+            hit = _in_keys(file_keys, touched)
+            if not hit.any():
+                continue
+            self._removed.append(data_file.file_path)
+            if not hit.all():
+                self._copy_rows(path, ~hit)
+
+    def _copy_rows(self, path: str, keep: np.ndarray) -> None:
+        """The kept rows of a file into this writer's new files, streamed batch by batch."""
+        names = self._file_schema.names
+        start = 0
+        with self._fs.open_input_file(path) as source:
+            for batch in pq.ParquetFile(source).iter_batches(columns=names):
+                mask = pa.array(keep[start:start + batch.num_rows])
+                start += batch.num_rows
+                self._sink.write(pa.Table.from_batches([batch]).filter(mask).cast(self._file_schema))
+        assert start == len(keep), (path, start, len(keep))
+
+
+def _in_keys(rows: pa.Table, keys: pa.Table) -> np.ndarray:
+    """A mask: which rows' key (the columns of ``keys``, same types) is one of ``keys``."""
+    if keys.num_columns == 1:
+        return pc.is_in(rows.column(0), value_set=keys.column(0).combine_chunks()).to_numpy(zero_copy_only=False)
+    numbered = rows.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    matches = numbered.join(keys, keys=keys.column_names, join_type="left semi").column("__row")
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[matches.to_numpy()] = True
+    return mask
+
+
+def file_paths(results: Sequence[LakeWriteResult], kind: str) -> list[Any]:
+    """The ``add`` entries or ``remove`` paths of results' payloads."""
+    return [entry for result in results for entry in json.loads(result.payload)[kind]]
