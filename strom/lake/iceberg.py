@@ -40,7 +40,6 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
-    NamespaceAlreadyExistsError,
     NoSuchTableError,
     TableAlreadyExistsError,
     ValidationException,
@@ -201,8 +200,7 @@ class IcebergLakeTable(LakeTable):
         try:
             table = self.iceberg()
         except NoSuchTableError:
-            with contextlib.suppress(NamespaceAlreadyExistsError):
-                self.catalog.create_namespace_if_not_exists(self.identifier[0])
+            self._ensure_namespace()
             offset_id = schema.find_field(OFFSET_COLUMN).field_id
             try:
                 table = self.catalog.create_table(
@@ -213,6 +211,15 @@ class IcebergLakeTable(LakeTable):
             except TableAlreadyExistsError:
                 table = self.iceberg()  # another process created it first; checked below like any table
         self._check_is_ours(table, schema)
+
+    def _ensure_namespace(self) -> None:
+        namespace = self.identifier[0]
+        try:
+            self.catalog.create_namespace_if_not_exists(namespace)
+        except Exception:
+            # A racing creator: the SQL catalog reports the lost race as a database integrity error.
+            if not self.catalog.namespace_exists(namespace):
+                raise
 
     def _check_is_ours(self, table: Table, expected_schema: Any) -> None:
         info = self.layout.info

@@ -1,0 +1,285 @@
+"""Tiering rounds into Iceberg tables, checked against an expected state with pyiceberg's scan and with
+DuckDB's iceberg_scan: log tables append; primary-key tables hold exactly the current rows (upserts
+replace, deletes remove) with the offset of each row's last change, across buckets and partitions.
+Keys are bucketed with Iceberg's bucket hash, as strom's clients bucket Iceberg tables, so DuckDB's
+partition pruning on ``bucket[N]`` finds every row."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from strom.errors import InvalidTableError
+from strom.ids import TableBucket
+from strom.lake.delta_files import FileLimits
+from strom.lake.format import OFFSETS_PROPERTY, LakeWriteResult, lake_format
+from strom.lake.iceberg import IcebergLakeFormat, IcebergLakeTable
+from strom.metadata.table_info import TableInfo
+from strom.records import types as t
+from strom.records.bucketing import iceberg_bucket_for_key
+from strom.records.iceberg_key import IcebergKeyEncoder
+from tests.lake.duckdb_reader import iceberg_rows
+from tests.lake.support import TABLE_ID, int64s, row_tuples, table_info, write_split
+
+LOG = [("id", t.IntType()), ("event", t.StringType())]
+PK = [("id", t.IntType(nullable=False)), ("name", t.StringType()), ("score", t.BigIntType())]
+SEEDS = [1, 2, 3]
+
+
+def iceberg_table(info: TableInfo) -> IcebergLakeTable:
+    table = lake_format(info).table(info)
+    assert isinstance(table, IcebergLakeTable)
+    return table
+
+
+def duck(table: IcebergLakeTable, query: str, parameters: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    return iceberg_rows(table.iceberg().metadata_location, query, parameters)
+
+
+def iceberg_bucket(info: TableInfo, column: str, value: Any) -> int:
+    """The bucket strom's client gives a key of an Iceberg table: Iceberg's bucket hash of the key."""
+    row_type = info.schema.row_type
+    encoder = IcebergKeyEncoder(row_type, [row_type.field_names.index(column)])
+    return iceberg_bucket_for_key(encoder.encode_key([value]), info.bucket_count)
+
+
+def test_log_tables_append_across_commits(tmp_path: Path) -> None:
+    info = table_info(tmp_path, LOG, lake="iceberg")
+    table = iceberg_table(info)
+    expected = []
+    next_offset = {0: 0, 1: 0}
+    for round_index in range(3):
+        results = []
+        for bucket in (0, 1):
+            ids = [round_index * 10 + bucket * 100 + i for i in range(3)]
+            rows = pa.record_batch({"id": pa.array(ids, pa.int32()), "event": [f"e{i}" for i in ids]})
+            offsets = list(range(next_offset[bucket], next_offset[bucket] + 3))
+            next_offset[bucket] += 3
+            results.append(write_split(table, bucket, rows, offsets))
+            expected += [(i, f"e{i}", bucket, o) for i, o in zip(ids, offsets, strict=True)]
+        table.commit(results, {OFFSETS_PROPERTY: f"round-{round_index}"})
+        assert duck(table, "SELECT id, event, __bucket, __offset FROM lake ORDER BY id") == sorted(expected)
+        assert row_tuples(table.read(), ["id", "event", "__bucket", "__offset"]) == sorted(expected)
+    assert table.stats().record_count == 18
+    assert len(table.iceberg().snapshots()) == 3
+
+
+def test_log_tables_refuse_deletes(tmp_path: Path) -> None:
+    info = table_info(tmp_path, LOG, lake="iceberg")
+    table = iceberg_table(info)
+    writer = table.writer(TableBucket(TABLE_ID, 0), None, table.latest_snapshot_id())
+    with pytest.raises(InvalidTableError, match="log table"):
+        writer.delete_keys(pa.table({"id": pa.array([1], pa.int32())}))
+    writer.close()
+
+
+@dataclass
+class Model:
+    """The expected lake state of a primary-key table: key -> row, with the bucket and last offset."""
+
+    key_names: list[str]
+    rows: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    next_offset: dict[tuple[str | None, int], int] = field(default_factory=dict)
+
+    def offset(self, partition: str | None, bucket: int) -> int:
+        value = self.next_offset.get((partition, bucket), 0)
+        self.next_offset[(partition, bucket)] = value + 1
+        return value
+
+
+def pk_round(
+    table: IcebergLakeTable, model: Model, rng: random.Random, partitions: list[str | None], bucket_of: Any,
+    make_row: Any, key_space: int,
+) -> list[LakeWriteResult]:
+    """One round: per (partition, bucket) some inserts, updates and deletes (some of keys never stored),
+    folded as the tiering task folds a changelog: every touched key deleted, the last rows appended."""
+    results = []
+    base = table.latest_snapshot_id()
+    buckets = range(table.layout.info.bucket_count)
+    for partition in partitions:
+        for bucket in buckets:
+            touched: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+            for _ in range(rng.randint(0, 8)):
+                row = make_row(partition, rng.randrange(key_space), rng)
+                key = tuple(row[k] for k in model.key_names)
+                if bucket_of(row) != bucket:
+                    continue
+                deleted = rng.random() < 0.3
+                offset = model.offset(partition, bucket)
+                touched[key] = None if deleted else {**row, "__bucket": bucket, "__offset": offset}
+            if not touched:
+                continue
+            schema = table.layout.table_schema
+            keys = pa.Table.from_pylist([dict(zip(model.key_names, k, strict=True)) for k in touched],
+                                        schema=pa.schema([schema.field(n) for n in model.key_names]))
+            upserts = [r for r in touched.values() if r is not None]
+            batch = pa.RecordBatch.from_pylist([{n: r[n] for n in schema.names} for r in upserts], schema=schema)
+            writer = table.writer(TableBucket(TABLE_ID, bucket, None if partition is None else 1), partition, base)
+            try:
+                writer.delete_keys(keys)
+                writer.append(batch, int64s([r["__offset"] for r in upserts]), int64s([7_000] * len(upserts)))
+                results.append(writer.complete())
+            finally:
+                writer.close()
+            for key, row in touched.items():
+                if row is None:
+                    model.rows.pop(key, None)
+                else:
+                    model.rows[key] = row
+    return results
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_primary_key_rounds_keep_exactly_the_current_state(tmp_path: Path, seed: int) -> None:
+    info = table_info(tmp_path, PK, ["id"], lake="iceberg", bucket_count=3)
+    table = iceberg_table(info)
+    rng = random.Random(seed)
+    model = Model(["id"])
+
+    def make_row(_: str | None, key: int, rng: random.Random) -> dict[str, Any]:
+        return {"id": key, "name": f"n{key}-{rng.randrange(1000)}", "score": rng.randrange(-5, 5)}
+
+    for round_index in range(6):
+        results = pk_round(table, model, rng, [None], lambda row: iceberg_bucket(info, "id", row["id"]), make_row, 24)
+        version = table.commit(results, {OFFSETS_PROPERTY: f"r{round_index}"})
+        expected = sorted((r["id"], r["name"], r["score"], r["__bucket"], r["__offset"]) for r in model.rows.values())
+        columns = ["id", "name", "score", "__bucket", "__offset"]
+        assert duck(table, f"SELECT {', '.join(columns)} FROM lake ORDER BY id") == expected, f"seed {seed}, {round_index}"
+        assert row_tuples(table.read(), columns) == expected, f"seed {seed}, round {round_index}"
+        assert table.stats().record_count == len(expected), f"seed {seed}, round {round_index}"
+        for bucket in range(3):
+            bucket_rows = pa.Table.from_batches(list(table.read_bucket(version, bucket, None)), schema=info.schema.arrow_schema)
+            assert row_tuples(bucket_rows, ["id", "name", "score"]) == [e[:3] for e in expected if e[3] == bucket]
+    assert table.buckets(table.latest_snapshot_id() or 0) == sorted({(None, e[3]) for e in expected})
+    # DuckDB prunes bucket[3] partitions by the key's hash: a wrong partition value would hide the row
+    for key, name, *_ in expected:
+        assert duck(table, "SELECT name FROM lake WHERE id = ?", [key]) == [(name,)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_partitioned_table_keeps_the_current_state(tmp_path: Path, seed: int) -> None:
+    columns = [("region", t.StringType(nullable=False)), ("id", t.BigIntType(nullable=False)), ("v", t.DoubleType())]
+    info = table_info(tmp_path, columns, ["region", "id"], partition_keys=["region"], lake="iceberg")
+    table = iceberg_table(info)
+    assert table.layout.primary_key == ["id"], "partition keys are not part of the key within a bucket"
+    rng = random.Random(seed)
+    model = Model(["region", "id"])
+
+    def make_row(region: str | None, key: int, rng: random.Random) -> dict[str, Any]:
+        return {"region": region, "id": key, "v": rng.random()}
+
+    for round_index in range(4):
+        results = pk_round(table, model, rng, ["eu", "us"], lambda row: iceberg_bucket(info, "id", row["id"]), make_row, 12)
+        table.commit(results, {OFFSETS_PROPERTY: f"r{round_index}"})
+        expected = sorted((r["region"], r["id"], r["v"], r["__bucket"], r["__offset"]) for r in model.rows.values())
+        actual = duck(table, "SELECT region, id, v, __bucket, __offset FROM lake ORDER BY ALL")
+        assert actual == expected, f"seed {seed}, round {round_index}"
+        assert row_tuples(table.read(), ["region", "id", "v", "__bucket", "__offset"]) == expected
+    version = table.latest_snapshot_id()
+    assert version is not None
+    for partition in ("eu", "us"):
+        for bucket in (0, 1):
+            bucket_rows = pa.Table.from_batches(list(table.read_bucket(version, bucket, partition)),
+                                                schema=info.schema.arrow_schema)
+            assert row_tuples(bucket_rows, ["region", "id", "v"]) == [
+                e[:3] for e in expected if e[0] == partition and e[3] == bucket
+            ], f"seed {seed}: {partition}/{bucket}"
+    assert table.buckets(version) == sorted({(e[0], e[3]) for e in expected})
+    for path in Path(table.uri, "data").glob("**/*.parquet"):
+        assert path.parent.parent.name.startswith("region=") and path.parent.name.startswith("id_bucket=")
+    for region, key, v, *_ in expected:
+        assert duck(table, "SELECT v FROM lake WHERE region = ? AND id = ?", [region, key]) == [(v,)]
+
+
+def test_only_files_holding_a_touched_key_are_rewritten(tmp_path: Path) -> None:
+    info = table_info(tmp_path, PK, ["id"], lake="iceberg")
+    table = iceberg_table(info)
+
+    def rows(ids: list[int], name: str) -> pa.RecordBatch:
+        return pa.record_batch({"id": pa.array(ids, pa.int32()), "name": [name] * len(ids),
+                                "score": pa.array(ids, pa.int64())})
+
+    first = [write_split(table, 0, rows(list(range(lo, lo + 10)), "a"), range(lo, lo + 10)) for lo in (0, 10, 20)]
+    table.commit([*first, write_split(table, 1, rows([1001], "a"), [0])], {})
+    keys = pa.table({"id": pa.array([12, 15, 40], pa.int32())})
+    result = write_split(table, 0, rows([12], "b"), [30], deleted_keys=keys)
+    payload = json.loads(result.payload)
+    assert payload["remove"] == [json.loads(first[1].payload)["add"][0]["path"]]
+    assert result.record_count == 9 and result.file_count == 1, "8 rows carried over and 1 new row, in one file"
+    table.commit([result], {})
+    assert duck(table, "SELECT count(*), count(DISTINCT id) FROM lake WHERE __bucket = 0") == [(29, 29)]
+    assert duck(table, "SELECT id, name, __offset FROM lake WHERE id IN (12, 15, 13) ORDER BY id") == [
+        (12, "b", 30), (13, "a", 13),
+    ]
+
+
+def test_a_file_whose_keys_are_all_deleted_is_removed_without_a_rewrite(tmp_path: Path) -> None:
+    info = table_info(tmp_path, PK, ["id"], lake="iceberg")
+    table = iceberg_table(info)
+    rows = pa.record_batch({"id": pa.array([1, 2], pa.int32()), "name": ["a", "b"], "score": pa.array([1, 2], pa.int64())})
+    table.commit([write_split(table, 0, rows, [0, 1])], {})
+    result = write_split(table, 0, deleted_keys=pa.table({"id": pa.array([2, 1], pa.int32())}))
+    assert len(json.loads(result.payload)["remove"]) == 1 and result.file_count == 0
+    table.commit([result], {})
+    assert duck(table, "SELECT count(*) FROM lake") == [(0,)]
+    assert table.stats().record_count == 0 and table.buckets(table.latest_snapshot_id() or 0) == []
+
+
+def test_writers_roll_files_at_the_row_limit(tmp_path: Path) -> None:
+    info = table_info(tmp_path, LOG, lake="iceberg")
+    table = IcebergLakeFormat({"warehouse": str(tmp_path)}, FileLimits(file_rows_max=4, row_group_rows_max=2)).table(info)
+    ids = list(range(10))
+    rows = pa.record_batch({"id": pa.array(ids, pa.int32()), "event": [str(i) for i in ids]})
+    writer = table.writer(TableBucket(TABLE_ID, 0), None, table.latest_snapshot_id())
+    for start in range(0, 10, 3):
+        part = rows.slice(start, 3)
+        writer.append(part, int64s(ids[start:start + 3]), int64s([0] * part.num_rows))
+    result = writer.complete()
+    writer.close()
+    assert [a["records"] for a in json.loads(result.payload)["add"]] == [4, 4, 2] and result.file_count == 3
+    table.commit([result], {})
+    files = sorted(table.iceberg().scan().plan_files(), key=lambda task: task.file.record_count)
+    assert [task.file.record_count for task in files] == [2, 4, 4]
+    assert duck(table, "SELECT id, __offset FROM lake ORDER BY id") == [(i, i) for i in ids]
+
+
+def test_read_bucket_at_an_older_snapshot_returns_that_snapshot(tmp_path: Path) -> None:
+    info = table_info(tmp_path, PK, ["id"], lake="iceberg")
+    table = iceberg_table(info)
+
+    def rows(ids: list[int], name: str) -> pa.RecordBatch:
+        return pa.record_batch({"id": pa.array(ids, pa.int32()), "name": [name] * len(ids),
+                                "score": pa.array(ids, pa.int64())})
+
+    v1 = table.commit([write_split(table, 0, rows([2, 4], "old"), [0, 1])], {})
+    v2 = table.commit([write_split(table, 0, rows([4, 6], "new"), [2, 3],
+                                   deleted_keys=pa.table({"id": pa.array([2, 4, 6], pa.int32())}))], {})
+    at_v1 = pa.Table.from_batches(list(table.read_bucket(v1, 0, None)))
+    assert at_v1.schema == info.schema.arrow_schema
+    assert row_tuples(at_v1, ["id", "name"]) == [(2, "old"), (4, "old")]
+    at_v2 = pa.Table.from_batches(list(table.read_bucket(v2, 0, None, columns=["name", "id"], with_system_columns=True)))
+    assert at_v2.schema.names == ["name", "id", "__bucket", "__offset", "__timestamp"]
+    assert row_tuples(at_v2, ["id", "name", "__offset"]) == [(4, "new", 2), (6, "new", 3)]
+    assert list(table.read_bucket(v2, 1, None)) == []
+    assert table.buckets(v2) == [(None, 0)]
+    assert table.read(v1).num_rows == 2 and "__offset" in table.read(v1).column_names
+    assert table.stats(v1).record_count == 2 and table.stats(v2).record_count == 2
+
+
+def test_a_row_in_another_bucket_than_its_keys_hash_is_pruned_by_duckdb(tmp_path: Path) -> None:
+    """Why strom's clients must bucket Iceberg tables with Iceberg's hash: readers prune ``bucket[N]``
+    partitions by it."""
+    info = table_info(tmp_path, [("id", t.IntType(nullable=False)), ("name", t.StringType())], ["id"], lake="iceberg",
+                      bucket_count=4)
+    table = iceberg_table(info)
+    right = iceberg_bucket(info, "id", 5)
+    rows = pa.record_batch({"id": pa.array([5], pa.int32()), "name": ["x"]})
+    table.commit([write_split(table, (right + 1) % 4, rows, [0]), write_split(table, right, rows, [0])], {})
+    assert duck(table, "SELECT count(*) FROM lake") == [(2,)]
+    assert duck(table, "SELECT __bucket FROM lake WHERE id = 5") == [(right,)]
