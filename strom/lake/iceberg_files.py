@@ -6,7 +6,11 @@ NOT NULL, then the required system columns ``__bucket`` (int), ``__offset`` (lon
 them: TINYINT and SMALLINT widen to int, CHAR is string, BINARY(n) and BYTES are binary, TIME is time,
 TIMESTAMP timestamp, TIMESTAMP_LTZ timestamptz (both microseconds; nanoseconds are truncated).
 
-Partition spec: identity on each partition key, then the bucket: ``bucket[N]`` of the bucket key when the
+Newer Fluss (FIP-27) creates "clean" Iceberg tables without the system columns and keeps reading this
+layout as its legacy one; strom writes this layout, which its union read and tiering need.
+
+Partition spec: identity on each partition key (newer Fluss accepts only STRING partition keys; strom also
+takes the other types its partition names can express), then the bucket: ``bucket[N]`` of the bucket key when the
 table has one (every primary-key table; Fluss allows one bucket-key column), else identity on ``__bucket``.
 With the bucket transform, one Iceberg partition is one strom bucket only because strom's clients assign
 buckets with Iceberg's bucket hash for Iceberg tables; the writer puts the strom bucket id in the
