@@ -14,6 +14,7 @@ from strom.tiering.driver import lease_id_for
 from tests.spark.support import Fluss, wait_until
 from tests.spark.tiering_support import (
     FAST_TIERING,
+    LAKE_FORMATS,
     DriverThread,
     Gates,
     create_lake_table,
@@ -21,6 +22,7 @@ from tests.spark.tiering_support import (
     lake_snapshot,
     strom_rows,
     tier_once,
+    tiering_config,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
@@ -30,8 +32,9 @@ LOG_COLUMNS = [("id", IntType()), ("day", StringType()), ("event", StringType())
 PK_NAMES = ["id", "name", "score"]
 
 
-def test_primary_key_table_lake_copy_is_its_state_across_rounds(spark: Any, server_factory: Any) -> None:
-    cluster = Fluss(server_factory(FAST_TIERING).address)
+@pytest.mark.parametrize("lake_format", LAKE_FORMATS)
+def test_primary_key_table_lake_copy_is_its_state_across_rounds(spark: Any, server_factory: Any, lake_format: str) -> None:
+    cluster = Fluss(server_factory(tiering_config(lake_format)).address)
     table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
     cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(100)])
     first = tier_once(spark, cluster)
@@ -59,8 +62,9 @@ def test_primary_key_table_lake_copy_is_its_state_across_rounds(spark: Any, serv
     assert set(buckets.values()) == {0, 1}
 
 
-def test_partitioned_log_table_holds_every_record_once(spark: Any, server_factory: Any) -> None:
-    cluster = Fluss(server_factory(FAST_TIERING).address)
+@pytest.mark.parametrize("lake_format", LAKE_FORMATS)
+def test_partitioned_log_table_holds_every_record_once(spark: Any, server_factory: Any, lake_format: str) -> None:
+    cluster = Fluss(server_factory(tiering_config(lake_format)).address)
     days = [{"day": "d1"}, {"day": "d2"}]
     table = create_lake_table(cluster, LOG_COLUMNS, partition_keys=["day"], partitions=days, bucket_count=2)
     cluster.append(table, [{"id": i, "day": f"d{1 + i % 2}", "event": f"e{i}"} for i in range(50)])
@@ -139,11 +143,12 @@ def _planned(cluster: Fluss, table: str, **options: str) -> list[Any]:
     return list(source.reader(source.schema()).partitions())
 
 
-def test_union_read_merges_the_lake_with_the_changes_after_it(spark: Any, server_factory: Any) -> None:
+@pytest.mark.parametrize("lake_format", LAKE_FORMATS)
+def test_union_read_merges_the_lake_with_the_changes_after_it(spark: Any, server_factory: Any, lake_format: str) -> None:
     from strom.spark.partitions import KvStatePartition, LakeBucketPartition
     from tests.spark.test_spark_batch_read import load
 
-    cluster = Fluss(server_factory(FAST_TIERING).address)
+    cluster = Fluss(server_factory(tiering_config(lake_format)).address)
     table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
     cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(1, 41)])
     assert {type(p) for p in _planned(cluster, table)} == {KvStatePartition}, "not tiered yet: strom alone"

@@ -16,6 +16,7 @@ from strom.tiering.driver import lease_id_for
 from tests.spark.support import Fluss, run, wait_until
 from tests.spark.tiering_support import (
     FAST_TIERING,
+    LAKE_FORMATS,
     DriverThread,
     Gates,
     TieringProcess,
@@ -24,6 +25,7 @@ from tests.spark.tiering_support import (
     lake_snapshot,
     strom_rows,
     tier_once,
+    tiering_config,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(600), pytest.mark.slow]
@@ -37,8 +39,11 @@ def _append(cluster: Fluss, table: str, ids: range) -> None:
     cluster.append(table, [{"id": i, "event": f"e{i}"} for i in ids])
 
 
-def test_driver_killed_at_every_step_of_the_commit_loses_and_repeats_nothing(server_factory: Any, tmp_path: Path) -> None:
-    server = server_factory({**FAST_TIERING, "kv.snapshot.interval": "1s"})
+@pytest.mark.parametrize("lake_format", LAKE_FORMATS)
+def test_driver_killed_at_every_step_of_the_commit_loses_and_repeats_nothing(
+    server_factory: Any, tmp_path: Path, lake_format: str
+) -> None:
+    server = server_factory(tiering_config(lake_format, **{"kv.snapshot.interval": "1s"}))
     cluster = Fluss(server.address)
     log_table = create_lake_table(cluster, LOG_COLUMNS, bucket_count=2)
     pk_table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)

@@ -17,6 +17,7 @@ import pyarrow as pa
 from strom.client.lake import LakeSnapshot
 from strom.errors import LakeSnapshotNotExistError
 from strom.ids import TablePath
+from strom.lake.format import lake_format
 from strom.records.types import DataType
 from strom.tiering.driver import TieringDriver, TieringOptions
 from tests.lake.duckdb_reader import read_delta
@@ -26,6 +27,12 @@ LAKE_TABLE = {"table.datalake.enabled": "true", "table.datalake.freshness": "1s"
 FAST_TIERING = {"kv.snapshot.interval": "0s", "lake.tiering.heartbeat-timeout": "3s",
                 "lake.tiering.heartbeat-check-interval": "200ms"}
 STOP_S = 60.0
+LAKE_FORMATS = ("delta", "iceberg")
+
+
+def tiering_config(lake_format: str, **overrides: str) -> dict[str, str]:
+    """A server that tiers quickly into ``lake_format``."""
+    return {**FAST_TIERING, "datalake.format": lake_format, **overrides}
 
 
 def create_lake_table(cluster: Fluss, columns: Sequence[tuple[str, DataType]], **kwargs: Any) -> str:
@@ -143,19 +150,27 @@ def lake_snapshot(cluster: Fluss, table: str) -> LakeSnapshot | None:
     return run(cluster.address, get)
 
 
-def lake_uri(cluster: Fluss, table: str) -> str:
+def _table_info(cluster: Fluss, table: str) -> Any:
     async def info(connection: Any) -> Any:
         return await connection.get_admin().get_table_info(TablePath.parse(table))
 
-    table_info = run(cluster.address, info)
-    warehouse = table_info.properties["table.datalake.delta.warehouse"]
+    return run(cluster.address, info)
+
+
+def lake_uri(cluster: Fluss, table: str) -> str:
+    warehouse = _table_info(cluster, table).properties["table.datalake.delta.warehouse"]
     path = TablePath.parse(table)
     return f"{warehouse.rstrip('/')}/{path.database_name}/{path.table_name}"
 
 
 def lake_rows(cluster: Fluss, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-    """The lake table as DuckDB reads it (its latest version), sorted."""
-    result: pa.Table = read_delta(lake_uri(cluster, table))
+    """The lake table at its latest version, sorted: Delta as DuckDB reads it; another format as its own
+    plug-in reads it (tests/lake checks those with an independent reader)."""
+    info = _table_info(cluster, table)
+    if info.properties.get("table.datalake.format") == "delta":
+        result: pa.Table = read_delta(lake_uri(cluster, table))
+    else:
+        result = lake_format(info).table(info).read()
     return sorted(zip(*(result.column(c).to_pylist() for c in columns), strict=True))
 
 
