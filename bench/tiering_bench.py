@@ -1,14 +1,16 @@
 """Lake tiering throughput and freshness, against Spark and delta-rs doing the same work in the same run.
 
-1. **First round** of a primary-key table (``--rows``, 2 buckets, read from its KV snapshots) into Delta,
-   against Spark copying the same rows from Parquet to Parquet (``local[2]``, same session).
+1. **First round** of a primary-key table (``--rows``, 2 buckets, read from its KV snapshots) into each lake
+   format of ``--formats`` (Delta and Iceberg), against Spark copying the same rows from Parquet to Parquet
+   (``local[2]``, same session).
 2. **An update round**: ``--rows/10`` updates and ``--rows/100`` deletes tiered into the lake copy, against
-   a bare delta-rs ``MERGE`` of the same changes into a copy of the same lake table.
+   a bare delta-rs ``MERGE`` of the same changes into a copy of the same Delta table (one ceiling for both
+   formats, measured in the same run).
 3. **Lake lag** under continuous upserts for ``--lag-seconds`` into a second table with
    ``table.datalake.freshness`` = ``--freshness``: once a second, ``now - write time of the newest row the
    lake holds``; p50 and p99 against the freshness.
 
-    .venv/bin/python -m bench.tiering_bench [--rows 10000000] [--lag-seconds 300] [--freshness 30s]
+    .venv/bin/python -m bench.tiering_bench [--rows 10000000] [--lag-seconds 300] [--freshness 30s] [--formats delta,iceberg]
 """
 
 from __future__ import annotations
@@ -142,61 +144,86 @@ def lag_run(spark: Any, server: BenchServer, seconds: float, freshness: str) -> 
     return samples
 
 
+def _wait_for_snapshots(address: str, name: str) -> None:
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S_MAX
+    while not asyncio.run(snapshots_cover_everything(address, name)):
+        if time.monotonic() > deadline:
+            raise SystemExit("the KV snapshots did not catch up with the writes")
+        time.sleep(0.5)
+
+
+def _changes(rows: pa.Table, count: int) -> tuple[pa.Table, pa.Table]:
+    """``count / 10`` updates (v2 negated) and ``count / 100`` deletes of other keys, the same every run."""
+    rng = np.random.default_rng(7)
+    updated_ids = np.sort(rng.choice(count, size=count // 10, replace=False))
+    updates = rows.take(pa.array(updated_ids))
+    updates = updates.set_column(3, "v2", pc.negate(updates["v2"]))
+    remaining = np.setdiff1d(np.arange(count), updated_ids)
+    deleted = pa.table({"id": pa.array(np.sort(rng.choice(remaining, size=count // 100, replace=False)))})
+    return updates, deleted
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--lag-seconds", type=float, default=300.0)
     parser.add_argument("--freshness", default="30s")
+    parser.add_argument("--formats", default="delta,iceberg", help="lake formats to tier into, in this run")
     args = parser.parse_args()
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     work = Path(tempfile.mkdtemp(prefix="strom-tiering-bench-"))
     rows = make_rows(args.rows)
+    updates, deleted = _changes(rows, args.rows)
     write_dataset(rows, work / "source", files=BUCKETS)
     spark = local_spark("strom-tiering-bench")
     name = "tiering_bench"
+    rounds: dict[str, tuple[float, float]] = {}
+    merge_s = 0.0
+    lag: list[float] = []
     try:
-        with BenchServer({"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1"}) as server:
-            asyncio.run(create_lake_table(server.address, name, rows.schema, "1s"))
-            asyncio.run(upsert(server.address, name, rows))
-            deadline = time.monotonic() + SNAPSHOT_WAIT_S_MAX
-            while not asyncio.run(snapshots_cover_everything(server.address, name)):
-                if time.monotonic() > deadline:
-                    raise SystemExit("the KV snapshots did not catch up with the writes")
-                time.sleep(0.5)
-            source = spark.read.parquet(str(work / "source"))
-            source.write.format("noop").mode("overwrite").save()  # warm-up: Python workers, JIT
-            parquet_s = timed(lambda: source.write.mode("overwrite").parquet(str(work / "copy")))
-            first_s = tier_once(spark, server.address)
-
-            shutil.copytree(lake_path(server, name), work / "merge-copy")
-            rng = np.random.default_rng(7)
-            updated_ids = np.sort(rng.choice(args.rows, size=args.rows // 10, replace=False))
-            updates = rows.take(pa.array(updated_ids))
-            updates = updates.set_column(3, "v2", pc.negate(updates["v2"]))
-            remaining = np.setdiff1d(np.arange(args.rows), updated_ids)
-            deleted = pa.table({"id": pa.array(np.sort(rng.choice(remaining, size=args.rows // 100, replace=False)))})
-            asyncio.run(upsert(server.address, name, updates))
-            asyncio.run(delete(server.address, name, deleted))
-            update_s = tier_once(spark, server.address)
-            merge_s = merge_ceiling(work / "merge-copy", updates, deleted)
-
-            lag = lag_run(spark, server, args.lag_seconds, args.freshness) if args.lag_seconds > 0 else []
+        source = spark.read.parquet(str(work / "source"))
+        source.write.format("noop").mode("overwrite").save()  # warm-up: Python workers, JIT
+        parquet_s = timed(lambda: source.write.mode("overwrite").parquet(str(work / "copy")))
+        for lake in formats:
+            config = {"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1", "datalake.format": lake}
+            with BenchServer(config) as server:
+                asyncio.run(create_lake_table(server.address, name, rows.schema, "1s"))
+                asyncio.run(upsert(server.address, name, rows))
+                _wait_for_snapshots(server.address, name)
+                first_s = tier_once(spark, server.address)
+                if lake == "delta":
+                    shutil.copytree(lake_path(server, name), work / "merge-copy")
+                asyncio.run(upsert(server.address, name, updates))
+                asyncio.run(delete(server.address, name, deleted))
+                rounds[lake] = (first_s, tier_once(spark, server.address))
+                if lake == "delta":
+                    merge_s = merge_ceiling(work / "merge-copy", updates, deleted)
+                    if args.lag_seconds > 0:
+                        lag = lag_run(spark, server, args.lag_seconds, args.freshness)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     n = args.rows
-    lines = [
-        ("first round: Spark parquet -> parquet (ceiling)", f"{parquet_s:7.2f} s  {n / parquet_s:>12,.0f} rows/s"),
-        ("first round: strom tiering (KV snapshots -> Delta)",
-         f"{first_s:7.2f} s  {n / first_s:>12,.0f} rows/s  ratio {parquet_s / first_s:.2f}"),
-        (f"update round: delta-rs MERGE of {n // 10:,} upserts + {n // 100:,} deletes (ceiling)", f"{merge_s:7.2f} s"),
-        ("update round: strom tiering (changelog -> Delta)", f"{update_s:7.2f} s  ratio {merge_s / update_s:.2f}"),
-    ]
+    lines = [("first round: Spark parquet -> parquet (ceiling)", f"{parquet_s:7.2f} s  {n / parquet_s:>12,.0f} rows/s")]
+    for lake, (first_s, _update_s) in rounds.items():
+        lines.append((f"first round: strom tiering (KV snapshots -> {lake})",
+                      f"{first_s:7.2f} s  {n / first_s:>12,.0f} rows/s  ratio {parquet_s / first_s:.2f}"))
+    if merge_s:
+        lines.append((f"update round: delta-rs MERGE of {n // 10:,} upserts + {n // 100:,} deletes (ceiling)",
+                      f"{merge_s:7.2f} s"))
+    for lake, (_first_s, update_s) in rounds.items():
+        ratio = f"  ratio {merge_s / update_s:.2f}" if merge_s else ""
+        lines.append((f"update round: strom tiering (changelog -> {lake})", f"{update_s:7.2f} s{ratio}"))
+    if "delta" in rounds and "iceberg" in rounds:
+        (delta_first, delta_update), (ice_first, ice_update) = rounds["delta"], rounds["iceberg"]
+        lines.append(("iceberg / delta time, first round and update round",
+                      f"{ice_first / delta_first:.2f}x  {ice_update / delta_update:.2f}x"))
     if lag:
         freshness_s = parse_duration(args.freshness).total_seconds()
         p50 = statistics.median(lag)
         p99 = statistics.quantiles(lag, n=100)[98] if len(lag) >= 2 else lag[0]
-        lines.append((f"lake lag over {args.lag_seconds:.0f} s of upserts, freshness {args.freshness}",
+        lines.append((f"lake lag (delta) over {args.lag_seconds:.0f} s of upserts, freshness {args.freshness}",
                       f"p50 {p50:6.1f} s ({p50 / freshness_s:.2f}x)  p99 {p99:6.1f} s ({p99 / freshness_s:.2f}x)"))
     report(f"Lake tiering, {n:,} rows, {BUCKETS} buckets, Spark local[2]", lines)
     print("  ratio = ceiling time / tiering time (1.00 = as fast as the ceiling); lag ratio = lag / freshness")
