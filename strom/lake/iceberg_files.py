@@ -32,8 +32,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from pyiceberg.conversions import from_bytes
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
+from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import BucketTransform, IdentityTransform
@@ -51,6 +53,7 @@ from pyiceberg.types import (
     LongType,
     MapType,
     NestedField,
+    PrimitiveType,
     StringType,
     StructType,
     TimestampType,
@@ -232,7 +235,8 @@ def file_location(root: str, relative: str) -> str:
 
 class IcebergLakeWriter(LakeWriter):
     """One bucket's new files. Primary-key tables: copy-on-write of the files of this bucket that hold a
-    deleted key, as the Delta writer does. Runs in one Spark task; not thread-safe."""
+    deleted key, as the Delta writer does (files whose key bounds rule out every touched key are not
+    read). Runs in one Spark task; not thread-safe."""
 
     def __init__(
         self, table: IcebergLakeTable, bucket: TableBucket, partition_name: str | None, base: int | None
@@ -248,6 +252,7 @@ class IcebergLakeWriter(LakeWriter):
         self._data_root = f"{iceberg.location().rstrip('/')}/data"
         self._fs, root = file_system(self._io, self._data_root)
         schema = iceberg.schema()
+        self._schema = schema
         self._file_schema = schema_to_pyarrow(schema, include_field_ids=True)
         directory = iceberg.spec().partition_to_path(self._partition, schema)
         self._sink = DeltaFileSink(self._fs, root, directory, self._file_schema, table.limits)
@@ -292,6 +297,8 @@ class IcebergLakeWriter(LakeWriter):
         touched = pa.concat_tables(self._touched).group_by(key).aggregate([])
         self._touched = []
         for data_file in self._table.bucket_files(self._base, self._partition):
+            if not self._may_hold(data_file, touched):
+                continue
             _, path = file_system(self._io, data_file.file_path)
             file_keys = pq.read_table(path, columns=key, filesystem=self._fs).cast(touched.schema)
             hit = _in_keys(file_keys, touched)
@@ -300,6 +307,28 @@ class IcebergLakeWriter(LakeWriter):
             self._removed.append(data_file.file_path)
             if not hit.all():
                 self._copy_rows(path, ~hit)
+
+    def _may_hold(self, data_file: DataFile, touched: pa.Table) -> bool:
+        """False if the file's lower and upper bounds rule out every touched key (each key column on its
+        own). Iceberg's bounds are true bounds (a truncated string's upper bound is rounded up)."""
+        lower, upper = data_file.lower_bounds or {}, data_file.upper_bounds or {}
+        for name in touched.column_names:
+            field = self._schema.find_field(name)
+            kind = field.field_type
+            if field.field_id not in lower or field.field_id not in upper or not isinstance(kind, PrimitiveType):
+                continue
+            column = touched.column(name)
+            try:
+                if pa.types.is_temporal(column.type):
+                    column = column.cast(pa.int32() if pa.types.is_date32(column.type) else pa.int64())
+                low = pa.scalar(from_bytes(kind, lower[field.field_id]), column.type)
+                high = pa.scalar(from_bytes(kind, upper[field.field_id]), column.type)
+                inside = pc.and_(pc.greater_equal(column, low), pc.less_equal(column, high))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError, ValueError):
+                continue  # bounds of a type we cannot compare: read the file
+            if not pc.any(inside).as_py():
+                return False
+        return True
 
     def _copy_rows(self, path: str, keep: np.ndarray) -> None:
         """The kept rows of a file into this writer's new files, streamed batch by batch."""

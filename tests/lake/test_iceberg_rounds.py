@@ -6,6 +6,7 @@ partition pruning on ``bucket[N]`` finds every row."""
 
 from __future__ import annotations
 
+import decimal
 import json
 import random
 from dataclasses import dataclass, field
@@ -283,3 +284,67 @@ def test_a_row_in_another_bucket_than_its_keys_hash_is_pruned_by_duckdb(tmp_path
     table.commit([write_split(table, (right + 1) % 4, rows, [0]), write_split(table, right, rows, [0])], {})
     assert duck(table, "SELECT count(*) FROM lake") == [(2,)]
     assert duck(table, "SELECT __bucket FROM lake WHERE id = 5") == [(right,)]
+
+
+def test_files_whose_key_bounds_rule_out_every_touched_key_are_not_read(tmp_path: Path) -> None:
+    info = table_info(tmp_path, PK, ["id"], lake="iceberg")
+    table = iceberg_table(info)
+
+    def rows(ids: list[int]) -> pa.RecordBatch:
+        return pa.record_batch({"id": pa.array(ids, pa.int32()), "name": ["a"] * len(ids),
+                                "score": pa.array(ids, pa.int64())})
+
+    low, high = write_split(table, 0, rows(list(range(10))), range(10)), write_split(table, 0, rows([20, 30]), [10, 11])
+    table.commit([low, high], {})
+    # the file of keys 0..9 is gone from disk: reading it would fail, so a touched key 25 must not read it
+    Path(json.loads(low.payload)["add"][0]["path"]).unlink()
+    result = write_split(table, 0, rows([25]), [12], deleted_keys=pa.table({"id": pa.array([25, 40], pa.int32())}))
+    assert json.loads(result.payload)["remove"] == [], "keys 25 and 40 are in no file"
+    result = write_split(table, 0, rows([30]), [12], deleted_keys=pa.table({"id": pa.array([30], pa.int32())}))
+    assert json.loads(result.payload)["remove"] == [json.loads(high.payload)["add"][0]["path"]]
+
+
+@pytest.mark.parametrize(
+    "key_columns",
+    [
+        [("k", t.TimeType(3, nullable=False))],
+        [("k", t.TimestampType(9, nullable=False))],
+        [("k", t.DecimalType(20, 4, nullable=False))],
+        [("k", t.CharType(2, nullable=False))],
+        [("k", t.BinaryType(2, nullable=False))],
+        [("k", t.DateType(nullable=False)), ("b", t.TimestampLtzType(3, nullable=False)),
+         ("c", t.BooleanType(nullable=False)), ("d", t.DecimalType(10, 2, nullable=False)),
+         ("e", t.BytesType(nullable=False)), ("f", t.TinyIntType(nullable=False))],
+    ],
+    ids=["time", "timestamp_ns", "decimal", "char", "binary", "composite"],
+)
+def test_keys_of_every_bucketable_type_compare_by_value(tmp_path: Path, key_columns: list[tuple[str, t.DataType]]) -> None:
+    info = table_info(tmp_path, [*key_columns, ("v", t.IntType())], [name for name, _ in key_columns], lake="iceberg",
+                      bucket_keys=["k"])
+    table = iceberg_table(info)
+    schema = info.schema.arrow_schema
+    key_schema = pa.schema([schema.field(name) for name, _ in key_columns])
+    samples: dict[str, list[Any]] = {
+        "time": [1_000, 2_000, 3_000], "timestamp_ns": [1_000_000_001, 2_000_000_002, 3_000_000_003],
+        "decimal": [decimal.Decimal(v) for v in ("1.0001", "2.5", "-3")], "char": ["ab", "cd", "ef"],
+        "binary": [b"ab", b"cd", b"ef"], "date": [0, 1, 2], "b": [5, 6, 7], "c": [True, False, True],
+        "d": [decimal.Decimal(v) for v in ("0.01", "0.02", "0.03")], "e": [b"x", b"", b"y"], "f": [1, -1, 0],
+    }
+    kinds = {t.TimeType: "time", t.TimestampType: "timestamp_ns", t.DecimalType: "decimal", t.CharType: "char",
+             t.BinaryType: "binary", t.DateType: "date"}
+
+    def key_values(name: str, kind: t.DataType) -> list[Any]:
+        return samples[kinds[type(kind)]] if name == "k" else samples[name]
+
+    columns = {name: pa.array(key_values(name, kind), schema.field(name).type) for name, kind in key_columns}
+    batch = pa.record_batch({**columns, "v": pa.array([1, 2, 3], pa.int32())}, schema=schema)
+    table.commit([write_split(table, 0, batch, [0, 1, 2])], {})
+    touched = pa.Table.from_batches([batch.select(key_schema.names)]).slice(1, 1)  # the second row's key
+    replaced = pa.record_batch({**{n: touched.column(n).combine_chunks() for n in key_schema.names},
+                                "v": pa.array([20], pa.int32())}, schema=schema)
+    result = write_split(table, 0, replaced, [3], deleted_keys=touched)
+    assert len(json.loads(result.payload)["remove"]) == 1, "the key's bounds let the file be read"
+    version = table.commit([result], {})
+    back = pa.Table.from_batches(list(table.read_bucket(version, 0, None)), schema=schema)
+    assert sorted(back.column("v").to_pylist()) == [1, 3, 20]
+    assert duck(table, "SELECT count(*) FROM lake") == [(3,)]

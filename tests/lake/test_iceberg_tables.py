@@ -176,6 +176,11 @@ def test_tables_iceberg_cannot_hold_are_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(InvalidTableError, match="must not be float or double"):
         lake_format(by_double).table(by_double)
+    by_flag = table_info(
+        tmp_path, [("f", t.BooleanType(nullable=False)), ("v", t.IntType())], ["f"], name="by_flag", lake="iceberg",
+    )
+    with pytest.raises(InvalidTableError, match="bucket key 'f' of type boolean cannot be an Iceberg bucket partition"):
+        lake_format(by_flag).table(by_flag)
 
 
 def test_a_lake_table_pickles_as_its_catalog_and_reads_after_unpickling(tmp_path: Path) -> None:
