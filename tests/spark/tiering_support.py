@@ -20,7 +20,7 @@ from strom.ids import TablePath
 from strom.lake.format import lake_format
 from strom.records.types import DataType
 from strom.tiering.driver import TieringDriver, TieringOptions
-from tests.lake.duckdb_reader import read_delta
+from tests.lake.duckdb_reader import read_delta, read_iceberg
 from tests.spark.support import Fluss, run, wait_until
 
 LAKE_TABLE = {"table.datalake.enabled": "true", "table.datalake.freshness": "1s"}
@@ -164,13 +164,14 @@ def lake_uri(cluster: Fluss, table: str) -> str:
 
 
 def lake_rows(cluster: Fluss, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-    """The lake table at its latest version, sorted: Delta as DuckDB reads it; another format as its own
-    plug-in reads it (tests/lake checks those with an independent reader)."""
+    """The lake table at its latest version as DuckDB reads it (its delta or iceberg extension, not the
+    library strom writes with), sorted."""
     info = _table_info(cluster, table)
-    if info.properties.get("table.datalake.format") == "delta":
-        result: pa.Table = read_delta(lake_uri(cluster, table))
+    if info.properties.get("table.datalake.format") == "iceberg":
+        lake_table: Any = lake_format(info).table(info)
+        result: pa.Table = read_iceberg(lake_table.iceberg().metadata_location)
     else:
-        result = lake_format(info).table(info).read()
+        result = read_delta(lake_uri(cluster, table))
     return sorted(zip(*(result.column(c).to_pylist() for c in columns), strict=True))
 
 
