@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -257,8 +259,6 @@ class IcebergLakeTable(LakeTable):
             LakeCommitConflictError: the table's current snapshot is not the results' base snapshot, or
                 another commit landed first; nothing of this commit is visible.
         """
-        import json
-
         table_id = self.layout.info.table_id
         bases = set()
         for result in results:
@@ -308,8 +308,6 @@ class IcebergLakeTable(LakeTable):
 
     def _data_file(self, table: Table, entry: Mapping[str, Any], partition: Record) -> DataFile:
         """The DataFile of a written file, with statistics from its Parquet footer."""
-        import pyarrow.parquet as pq
-
         fs, path = file_system(table.io, entry["path"])
         with fs.open_input_file(path) as source:
             metadata = pq.ParquetFile(source).metadata
