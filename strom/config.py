@@ -333,8 +333,8 @@ DATALAKE_DELTA_WAREHOUSE = string_option(
 )
 DATALAKE_ICEBERG_WAREHOUSE = string_option(
     "datalake.iceberg.warehouse", None,
-    "Warehouse of the Iceberg lake tables: a local path or a URL pyiceberg writes (e.g. s3://bucket/lake), "
-    "with an embedded SQL catalog on SQLite inside it unless `datalake.iceberg.type` names another (e.g. "
+    "Warehouse of the Iceberg lake tables. A local path gets an embedded SQL catalog on SQLite inside it; a "
+    "URL pyiceberg writes (e.g. s3://bucket/lake) needs a catalog named by `datalake.iceberg.type` (e.g. "
     "`rest` with `datalake.iceberg.uri`). Defaults to `<data.dir>/lake`; a relative local path is made "
     "absolute at start. Other `datalake.iceberg.*` keys are passed to the catalog as its properties.",
 )
