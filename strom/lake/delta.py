@@ -19,6 +19,7 @@ writers (compaction, say) that do not touch this round's files are not conflicts
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import posixpath
@@ -27,11 +28,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
@@ -39,7 +38,8 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.ids import TableBucket
-from strom.lake.delta_files import DeltaFileSink, FileLimits
+from strom.lake.copy_on_write import BucketFile, CopyOnWriteWriter, any_in_bounds
+from strom.lake.delta_files import DeltaFileSink, FileLimits, WrittenFile
 from strom.lake.format import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
@@ -49,7 +49,6 @@ from strom.lake.format import (
     LakeStats,
     LakeTable,
     LakeTableMismatchError,
-    LakeWriter,
     LakeWriteResult,
 )
 from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout
@@ -83,17 +82,6 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 def _comparable_fields(schema: DeltaSchema) -> list[tuple[str, Any]]:
     """Name and type of each top-level field; nullability and field metadata may differ."""
     return [(field.name, json.loads(field.to_json())["type"]) for field in schema.fields]
-
-
-def _in_keys(rows: pa.Table, keys: pa.Table) -> np.ndarray:
-    """A mask: which rows' key (the columns of ``keys``, same types) is one of ``keys``."""
-    if keys.num_columns == 1:
-        return pc.is_in(rows.column(0), value_set=keys.column(0).combine_chunks()).to_numpy(zero_copy_only=False)
-    numbered = rows.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    matches = numbered.join(keys, keys=keys.column_names, join_type="left semi").column("__row")
-    mask = np.zeros(rows.num_rows, dtype=bool)
-    mask[matches.to_numpy()] = True
-    return mask
 
 
 class DeltaLakeFormat(LakeFormat):
@@ -354,108 +342,51 @@ class DeltaLakeTable(LakeTable):
         return actions
 
 
-class DeltaLakeWriter(LakeWriter):
+class DeltaLakeWriter(CopyOnWriteWriter):
     """One bucket's new files; see the module docstring for the copy-on-write of primary-key tables.
     Runs in one Spark task; not thread-safe."""
 
     def __init__(self, table: DeltaLakeTable, bucket: TableBucket, partition_name: str | None, base: int | None) -> None:
+        layout = table.layout
         self._table = table
-        self._layout = table.layout
-        self._bucket = bucket
-        self._partition_name = partition_name
-        self._base = base
-        self._values = self._layout.partition_values(bucket.bucket, partition_name)
-        fs, root = table.filesystem
-        file_schema = pa.schema([f for f in self._layout.schema if f.name not in self._values])
+        self._values = layout.partition_values(bucket.bucket, partition_name)
+        fs, self._root = table.filesystem
+        file_schema = pa.schema([f for f in layout.schema if f.name not in self._values])
         directory = "/".join(f"{key}={value}" for key, value in self._values.items())
-        self._sink = DeltaFileSink(fs, root, directory, file_schema, table.limits)
-        self._touched: list[pa.Table] = []
-        self._removed: list[dict[str, Any]] = []
-        self._completed = False
+        sink = DeltaFileSink(fs, self._root, directory, file_schema, table.limits)
+        super().__init__(layout, bucket, partition_name, base, fs, sink)
 
-    def append(self, rows: pa.RecordBatch, offsets: pa.Array, timestamps: pa.Array) -> None:
-        assert not self._completed, "append after complete()"
-        if rows.num_rows == 0:
-            return
-        lake_rows = self._layout.to_lake(rows, self._bucket.bucket, offsets, timestamps)
-        self._sink.write(lake_rows.select(self._sink.schema.names))
+    def _file_rows(self, rows: pa.Table) -> pa.Table:
+        return rows.select(self._sink.schema.names)  # partition columns live in the path
 
-    def delete_keys(self, keys: pa.Table) -> None:
-        assert not self._completed, "delete_keys after complete()"
-        if not self._layout.primary_key:
-            raise InvalidTableError(f"'{self._layout.info.path}' is a log table: its lake rows are never deleted")
-        if keys.num_rows:
-            self._touched.append(self._layout.keys_to_lake(keys))
-
-    def complete(self) -> LakeWriteResult:
-        assert not self._completed, "complete() twice"
-        self._rewrite_touched_files()
-        files = self._sink.finish()
-        self._completed = True
+    def _added(self, files: Sequence[WrittenFile]) -> list[Any]:
         now_ms = int(time.time() * 1000)
-        adds = [
+        return [
             {"path": f.path, "size": f.size, "partition_values": self._values, "modification_time": now_ms,
              "data_change": True, "stats": f.stats}
             for f in files
         ]
-        payload = json.dumps({"base": self._base, "add": adds, "remove": self._removed}, separators=(",", ":"))
-        return LakeWriteResult(
-            self._bucket, self._partition_name, payload.encode(),
-            sum(f.record_count for f in files), sum(f.size for f in files), len(files),
-        )
 
-    def close(self) -> None:
-        if not self._completed:  # a failed split: its files will never be committed
-            self._sink.discard()
-        self._touched = []
-
-    def _rewrite_touched_files(self) -> None:
-        if not self._touched or self._base is None:
-            return
-        key = self._layout.primary_key
-        touched = pa.concat_tables(self._touched).group_by(key).aggregate([])
-        self._touched = []
-        files = self._table.bucket_files(self._base, self._values)
-        fs, root = self._table.filesystem
+    def _bucket_files(self, base: int) -> Iterator[BucketFile]:
+        files = self._table.bucket_files(base, self._values)
         for index in range(files.num_rows):
-            if not self._may_hold(files, index, touched):
-                continue
             path = files.column("path")[index].as_py()
-            file_keys = pq.read_table(posixpath.join(root, path), columns=key, filesystem=fs).cast(touched.schema)
-            hit = _in_keys(file_keys, touched)
-            if not hit.any():
-                continue
-            self._removed.append(
-                {"path": path, "size": files.column("size_bytes")[index].as_py(), "partition_values": self._values}
-            )
-            if not hit.all():
-                self._copy_rows(posixpath.join(root, path), ~hit)
+            removal = {"path": path, "size": files.column("size_bytes")[index].as_py(), "partition_values": self._values}
+            yield BucketFile(posixpath.join(self._root, path), removal, functools.partial(_may_hold, files, index))
 
-    def _may_hold(self, files: pa.Table, index: int, touched: pa.Table) -> bool:
-        """False if the file's key statistics rule out every touched key (each key column on its own)."""
-        for name in touched.column_names:
-            if f"min.{name}" not in files.column_names or f"max.{name}" not in files.column_names:
-                continue
-            low, high = files.column(f"min.{name}")[index], files.column(f"max.{name}")[index]
-            if not (low.is_valid and high.is_valid):
-                continue
-            column = touched.column(name)
-            try:
-                inside = pc.and_(pc.greater_equal(column, low.cast(column.type)), pc.less_equal(column, high.cast(column.type)))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                continue  # statistics of a type we cannot compare: read the file
-            if not pc.any(inside).as_py():
+
+def _may_hold(files: pa.Table, index: int, touched: pa.Table) -> bool:
+    """False if a file's key statistics rule out every touched key (each key column on its own)."""
+    for name in touched.column_names:
+        if f"min.{name}" not in files.column_names or f"max.{name}" not in files.column_names:
+            continue
+        low, high = files.column(f"min.{name}")[index], files.column(f"max.{name}")[index]
+        if not (low.is_valid and high.is_valid):
+            continue
+        column = touched.column(name)
+        try:
+            if not any_in_bounds(column, low.cast(column.type), high.cast(column.type)):
                 return False
-        return True
-
-    def _copy_rows(self, path: str, keep: np.ndarray) -> None:
-        """The kept rows of a file into this writer's new files, streamed batch by batch."""
-        fs, _ = self._table.filesystem
-        names = self._sink.schema.names
-        start = 0
-        with fs.open_input_file(path) as source:
-            for batch in pq.ParquetFile(source).iter_batches(columns=names):
-                mask = pa.array(keep[start:start + batch.num_rows])
-                start += batch.num_rows
-                self._sink.write(pa.Table.from_batches([batch]).select(names).filter(mask))
-        assert start == len(keep), (path, start, len(keep))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue  # statistics of a type we cannot compare: read the file
+    return True

@@ -23,15 +23,13 @@ A writer streams rows into rolling Parquet files whose schema carries the Iceber
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
@@ -63,8 +61,9 @@ from pyiceberg.types import (
 
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.ids import TableBucket
-from strom.lake.delta_files import DeltaFileSink
-from strom.lake.format import LakeWriter, LakeWriteResult
+from strom.lake.copy_on_write import BucketFile, CopyOnWriteWriter, any_in_bounds
+from strom.lake.delta_files import DeltaFileSink, WrittenFile
+from strom.lake.format import LakeWriteResult
 from strom.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN, LakeLayout
 from strom.records import types as fluss
 
@@ -233,7 +232,7 @@ def file_location(root: str, relative: str) -> str:
     return f"{root.rstrip('/')}/{relative}"
 
 
-class IcebergLakeWriter(LakeWriter):
+class IcebergLakeWriter(CopyOnWriteWriter):
     """One bucket's new files. Primary-key tables: copy-on-write of the files of this bucket that hold a
     deleted key, as the Delta writer does (files whose key bounds rule out every touched key are not
     read). Runs in one Spark task; not thread-safe."""
@@ -241,72 +240,29 @@ class IcebergLakeWriter(LakeWriter):
     def __init__(
         self, table: IcebergLakeTable, bucket: TableBucket, partition_name: str | None, base: int | None
     ) -> None:
+        layout = table.layout
         self._table = table
-        self._layout = table.layout
-        self._bucket = bucket
-        self._partition_name = partition_name
-        self._base = base
-        self._partition = partition_record(self._layout, bucket.bucket, partition_name)
+        self._partition = partition_record(layout, bucket.bucket, partition_name)
         iceberg = table.iceberg()
         self._io = iceberg.io
         self._data_root = f"{iceberg.location().rstrip('/')}/data"
-        self._fs, root = file_system(self._io, self._data_root)
-        schema = iceberg.schema()
-        self._schema = schema
-        self._file_schema = schema_to_pyarrow(schema, include_field_ids=True)
-        directory = iceberg.spec().partition_to_path(self._partition, schema)
-        self._sink = DeltaFileSink(self._fs, root, directory, self._file_schema, table.limits)
-        self._touched: list[pa.Table] = []
-        self._removed: list[str] = []
-        self._completed = False
+        fs, root = file_system(self._io, self._data_root)
+        self._schema = iceberg.schema()
+        self._file_schema = schema_to_pyarrow(self._schema, include_field_ids=True)
+        directory = iceberg.spec().partition_to_path(self._partition, self._schema)
+        sink = DeltaFileSink(fs, root, directory, self._file_schema, table.limits)
+        super().__init__(layout, bucket, partition_name, base, fs, sink)
 
-    def append(self, rows: pa.RecordBatch, offsets: pa.Array, timestamps: pa.Array) -> None:
-        assert not self._completed, "append after complete()"
-        if rows.num_rows == 0:
-            return
-        self._sink.write(self._layout.to_lake(rows, self._bucket.bucket, offsets, timestamps).cast(self._file_schema))
+    def _file_rows(self, rows: pa.Table) -> pa.Table:
+        return rows.cast(self._file_schema)  # Iceberg's field ids travel in the Parquet schema
 
-    def delete_keys(self, keys: pa.Table) -> None:
-        assert not self._completed, "delete_keys after complete()"
-        if not self._layout.primary_key:
-            raise InvalidTableError(f"'{self._layout.info.path}' is a log table: its lake rows are never deleted")
-        if keys.num_rows:
-            self._touched.append(self._layout.keys_to_lake(keys))
+    def _added(self, files: Sequence[WrittenFile]) -> list[Any]:
+        return [{"path": file_location(self._data_root, f.path), "size": f.size, "records": f.record_count} for f in files]
 
-    def complete(self) -> LakeWriteResult:
-        assert not self._completed, "complete() twice"
-        self._rewrite_touched_files()
-        files = self._sink.finish()
-        self._completed = True
-        adds = [{"path": file_location(self._data_root, f.path), "size": f.size, "records": f.record_count} for f in files]
-        payload = json.dumps({"base": self._base, "add": adds, "remove": self._removed}, separators=(",", ":"))
-        return LakeWriteResult(
-            self._bucket, self._partition_name, payload.encode(),
-            sum(f.record_count for f in files), sum(f.size for f in files), len(files),
-        )
-
-    def close(self) -> None:
-        if not self._completed:  # a failed split: its files will never be committed
-            self._sink.discard()
-        self._touched = []
-
-    def _rewrite_touched_files(self) -> None:
-        if not self._touched or self._base is None:
-            return
-        key = self._layout.primary_key
-        touched = pa.concat_tables(self._touched).group_by(key).aggregate([])
-        self._touched = []
-        for data_file in self._table.bucket_files(self._base, self._partition):
-            if not self._may_hold(data_file, touched):
-                continue
+    def _bucket_files(self, base: int) -> Iterator[BucketFile]:
+        for data_file in self._table.bucket_files(base, self._partition):
             _, path = file_system(self._io, data_file.file_path)
-            file_keys = pq.read_table(path, columns=key, filesystem=self._fs).cast(touched.schema)
-            hit = _in_keys(file_keys, touched)
-            if not hit.any():
-                continue
-            self._removed.append(data_file.file_path)
-            if not hit.all():
-                self._copy_rows(path, ~hit)
+            yield BucketFile(path, data_file.file_path, functools.partial(self._may_hold, data_file))
 
     def _may_hold(self, data_file: DataFile, touched: pa.Table) -> bool:
         """False if the file's lower and upper bounds rule out every touched key (each key column on its
@@ -323,34 +279,11 @@ class IcebergLakeWriter(LakeWriter):
                     column = column.cast(pa.int32() if pa.types.is_date32(column.type) else pa.int64())
                 low = pa.scalar(from_bytes(kind, lower[field.field_id]), column.type)
                 high = pa.scalar(from_bytes(kind, upper[field.field_id]), column.type)
-                inside = pc.and_(pc.greater_equal(column, low), pc.less_equal(column, high))
+                if not any_in_bounds(column, low, high):
+                    return False
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError, ValueError):
                 continue  # bounds of a type we cannot compare: read the file
-            if not pc.any(inside).as_py():
-                return False
         return True
-
-    def _copy_rows(self, path: str, keep: np.ndarray) -> None:
-        """The kept rows of a file into this writer's new files, streamed batch by batch."""
-        names = self._file_schema.names
-        start = 0
-        with self._fs.open_input_file(path) as source:
-            for batch in pq.ParquetFile(source).iter_batches(columns=names):
-                mask = pa.array(keep[start:start + batch.num_rows])
-                start += batch.num_rows
-                self._sink.write(pa.Table.from_batches([batch]).filter(mask).cast(self._file_schema))
-        assert start == len(keep), (path, start, len(keep))
-
-
-def _in_keys(rows: pa.Table, keys: pa.Table) -> np.ndarray:
-    """A mask: which rows' key (the columns of ``keys``, same types) is one of ``keys``."""
-    if keys.num_columns == 1:
-        return pc.is_in(rows.column(0), value_set=keys.column(0).combine_chunks()).to_numpy(zero_copy_only=False)
-    numbered = rows.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    matches = numbered.join(keys, keys=keys.column_names, join_type="left semi").column("__row")
-    mask = np.zeros(rows.num_rows, dtype=bool)
-    mask[matches.to_numpy()] = True
-    return mask
 
 
 def file_paths(results: Sequence[LakeWriteResult], kind: str) -> list[Any]:
