@@ -42,6 +42,7 @@ INSTANCE_ID_KEY = b"instance_id"
 _OFFSET = struct.Struct("<q")
 _INSERT = bytes([ChangeType.INSERT])
 _UPDATE_PAIR = bytes([ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER])
+_UPDATE_AFTER = bytes([ChangeType.UPDATE_AFTER])
 _DELETE = bytes([ChangeType.DELETE])
 
 
@@ -54,6 +55,9 @@ class KvRestoreNeededError(KvStorageError):
 class KvConfig:
     block_cache_size_bytes: int
     delete_behavior: str = "ALLOW"  # table.delete.behavior: ALLOW | IGNORE | DISABLE
+    changelog_image: str = "FULL"
+    """``table.changelog.image``: FULL (-U/+U pairs) or WAL (no -U; a full-row upsert becomes +U without
+    reading the key's old value, as Fluss does with its default merge engine)."""
 
 
 @dataclass(slots=True)
@@ -121,8 +125,13 @@ class KvTablet:
 
     @property
     def row_count(self) -> int:
-        """Rows in RocksDB (acknowledged writes only), maintained from the changelog."""
-        return self._row_count
+        """Rows in RocksDB (acknowledged writes only), maintained from the changelog; -1 with a WAL
+        changelog image, whose +U does not say whether the key existed (Fluss disables it too)."""
+        return -1 if self._wal else self._row_count
+
+    @property
+    def _wal(self) -> bool:
+        return self._config.changelog_image == "WAL"
 
     @property
     def applied_offset(self) -> int:
@@ -214,13 +223,16 @@ class KvTablet:
         if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
             raise DeletionDisabledError("deletes are disabled on this table (table.delete.behavior=DISABLE)")
         ignore_deletes = self._config.delete_behavior == "IGNORE"
-        old_values = self._current_values(keys)
         prefix = SCHEMA_ID.pack(schema_id)
-        if target_columns:
+        if self._wal and not target_columns:
+            change_types, rows, new_keys, new_values = self._plan_wal_upserts(keys, values, prefix, ignore_deletes)
+        elif target_columns:
+            old_values = self._current_values(keys)
             change_types, rows, new_keys, new_values = self._plan_partial(
                 keys, values, old_values, prefix, target_columns, ignore_deletes
             )
         else:
+            old_values = self._current_values(keys)
             change_types, rows, new_keys, new_values = fastpath.plan_upserts(
                 keys, values, old_values, prefix, ignore_deletes
             )
@@ -244,6 +256,35 @@ class KvTablet:
         self._pending.append(_PendingBatch(result.next_offset, new_keys, new_values, delta))
         self._pending_index = None
         return result
+
+    def _plan_wal_upserts(
+        self, keys: Sequence[bytes], values: Sequence[bytes | None], prefix: bytes, ignore_deletes: bool
+    ) -> fastpath.PlannedPut:
+        """The changelog of full-row upserts with a WAL image: each upsert is +U of the new row, whether or
+        not the key existed, so no old value is read; only a delete reads one (-D carries the old row)."""
+        latest: dict[bytes, bytes | None] = {}
+        change_types = bytearray()
+        rows: list[bytes] = []
+        new_keys: list[bytes] = []
+        new_values: list[bytes | None] = []
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                if ignore_deletes:
+                    continue
+                old = latest[key] if key in latest else self._current_values([key])[0]
+                if old is None:
+                    continue  # deleting a missing key changes nothing
+                change_types += _DELETE
+                rows.append(old)
+                stored: bytes | None = None
+            else:
+                stored = prefix + value
+                change_types += _UPDATE_AFTER
+                rows.append(stored)
+            latest[key] = stored
+            new_keys.append(key)
+            new_values.append(stored)
+        return bytes(change_types), rows, new_keys, new_values
 
     def _plan_partial(
         self,
@@ -274,6 +315,9 @@ class KvTablet:
                 if remaining is None:
                     change_types += _DELETE
                     rows.append(old)
+                elif self._wal:
+                    change_types += _UPDATE_AFTER
+                    rows.append(remaining)
                 else:
                     change_types += _UPDATE_PAIR
                     rows += (old, remaining)
@@ -284,6 +328,9 @@ class KvTablet:
             new = prefix + value if old is None else self._format.merge_partial(old, prefix + value, target_columns)
             if old is None:
                 change_types += _INSERT
+                rows.append(new)
+            elif self._wal:
+                change_types += _UPDATE_AFTER
                 rows.append(new)
             else:
                 change_types += _UPDATE_PAIR

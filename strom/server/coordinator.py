@@ -315,9 +315,9 @@ class CoordinatorService:
         kv_format = properties.get("table.kv.format", "COMPACTED").upper()
         if kv_format not in ("COMPACTED", "INDEXED"):
             raise InvalidConfigError(f"table.kv.format={kv_format} is unknown; use COMPACTED or INDEXED.")
-        image = properties.get("table.changelog.image", "FULL").upper()
-        if image != "FULL":
-            raise InvalidConfigError(f"table.changelog.image={image} is not supported; strom writes FULL changelogs.")
+        image = properties.get("table.changelog.image", "FULL").strip().upper()
+        if image not in ("FULL", "WAL"):
+            raise InvalidConfigError(f"table.changelog.image={image} is unknown; use FULL or WAL.")
         delete_behavior = properties.get("table.delete.behavior", "ALLOW").upper()
         if delete_behavior not in ("ALLOW", "IGNORE", "DISABLE"):
             raise InvalidConfigError(f"table.delete.behavior={delete_behavior} is unknown; use ALLOW, IGNORE or DISABLE.")

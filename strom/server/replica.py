@@ -232,7 +232,10 @@ class ReplicaManager:
 
     def kv_config(self, table: TableInfo) -> KvConfig:
         behavior = table.properties.get("table.delete.behavior", "ALLOW").upper()
-        return KvConfig(block_cache_size_bytes=self._block_cache_size_bytes, delete_behavior=behavior)
+        image = table.properties.get("table.changelog.image", "FULL").strip().upper()
+        return KvConfig(
+            block_cache_size_bytes=self._block_cache_size_bytes, delete_behavior=behavior, changelog_image=image
+        )
 
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool:
         """Put the latest usable snapshot's files in ``kv_dir/rocksdb``; False if there is none.

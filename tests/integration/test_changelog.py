@@ -138,3 +138,29 @@ async def test_each_bucket_has_its_own_changelog_starting_at_offset_zero(fluss: 
     assert sum(latest.values()) == 30
     assert sum(1 for count in latest.values() if count) > 1, latest
     assert offsets == {bucket: list(range(latest[bucket])) for bucket in range(3)}
+
+
+@pytest.mark.asyncio
+async def test_a_wal_changelog_image_has_no_update_before_and_upserts_as_plus_u(fluss: Any) -> None:
+    path, table = await create_table(
+        fluss, FIELDS, primary_keys=["id"], bucket_count=1, properties={"table.changelog.image": "WAL"}
+    )
+    await write_insert_insert_update_delete(table)
+    records = await changelog(table, 4)
+    assert [(r.change_type, r.row["id"], r.row["name"]) for r in records] == [
+        (pyfluss.ChangeType.UpdateAfter, 1, "alice"),
+        (pyfluss.ChangeType.UpdateAfter, 2, "bob"),
+        (pyfluss.ChangeType.UpdateAfter, 1, "alice2"),
+        (pyfluss.ChangeType.Delete, 2, "bob"),
+    ]
+    lookuper = table.new_lookup().create_lookuper()
+    assert (await lookuper.lookup({"id": 1}))["name"] == "alice2"
+    assert await lookuper.lookup({"id": 2}) is None
+    info = await fluss.get_admin().get_table_info(path)
+    assert info.get_properties()["table.changelog.image"] == "WAL"
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_changelog_image_is_refused(fluss: Any) -> None:
+    with pytest.raises(Exception, match=r"table\.changelog\.image"):
+        await create_table(fluss, FIELDS, primary_keys=["id"], properties={"table.changelog.image": "HALF"})

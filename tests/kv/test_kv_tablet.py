@@ -45,8 +45,12 @@ class Bucket:
         self.table = table_info(properties, name_nullable=name_nullable)
         self.format = TableRowFormat(self.table)
         self.encoder = CompactedRowEncoder(self.format.row_type)
-        self.config = KvConfig(block_cache_size_bytes=1 << 20, delete_behavior=self.table.properties.get(
-            "table.delete.behavior", "ALLOW"))
+        properties = self.table.properties
+        self.config = KvConfig(
+            block_cache_size_bytes=1 << 20,
+            delete_behavior=properties.get("table.delete.behavior", "ALLOW"),
+            changelog_image=properties.get("table.changelog.image", "FULL"),
+        )
         self.kv = self._open()
 
     def _open(self) -> KvTablet:
@@ -185,6 +189,61 @@ async def test_a_partial_delete_nulls_the_targets_and_deletes_the_row_when_nothi
     await bucket.put((1, None), target_columns=[0, 2])
     assert bucket.lookup(1) is None
     assert bucket.changelog(3) == [(3, "DELETE", (1, None, 10))]
+
+
+@pytest.fixture
+def wal_bucket(tmp_path: Path) -> Any:
+    opened = Bucket(tmp_path / "wal", {"table.changelog.image": "WAL"})
+    yield opened
+    opened.close()
+
+
+@pytest.mark.asyncio
+async def test_wal_image_writes_upserts_as_plus_u_without_reading_old_values(
+    wal_bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[int] = []
+    current_values = wal_bucket.kv._current_values
+
+    def counting(keys: Any) -> Any:
+        reads.append(len(keys))
+        return current_values(keys)
+
+    monkeypatch.setattr(wal_bucket.kv, "_current_values", counting)
+    await wal_bucket.put((1, ("a", 10)), (2, ("b", 20)))
+    await wal_bucket.put((1, ("a2", 11)))
+    assert reads == [], "a full-row upsert with a WAL image reads no old value"
+    await wal_bucket.put((2, None), (3, None))  # -D carries the old row: deletes read it
+    assert reads == [1, 1]
+    assert wal_bucket.changelog() == [
+        (0, "UPDATE_AFTER", (1, "a", 10)),
+        (1, "UPDATE_AFTER", (2, "b", 20)),
+        (2, "UPDATE_AFTER", (1, "a2", 11)),
+        (3, "DELETE", (2, "b", 20)),
+    ]
+    assert wal_bucket.lookup(1) == (1, "a2", 11) and wal_bucket.lookup(2) is None
+    assert wal_bucket.kv.row_count == -1  # +U does not say whether the key existed
+    reopened = wal_bucket.reopen()
+    assert wal_bucket.lookup(1) == (1, "a2", 11) and wal_bucket.lookup(2) is None
+    assert reopened.applied_offset == 4
+
+
+@pytest.mark.asyncio
+async def test_wal_image_in_one_batch_and_with_partial_updates(wal_bucket: Bucket) -> None:
+    await wal_bucket.put((1, ("a", 1)), (1, ("b", 2)), (1, None), (1, ("c", 3)))
+    assert [(change, row) for _o, change, row in wal_bucket.changelog()] == [
+        ("UPDATE_AFTER", (1, "a", 1)),
+        ("UPDATE_AFTER", (1, "b", 2)),
+        ("DELETE", (1, "b", 2)),
+        ("UPDATE_AFTER", (1, "c", 3)),
+    ]
+    await wal_bucket.put((1, (None, 99)), target_columns=[0, 2])  # a partial update merges: no -U either
+    await wal_bucket.put((2, (None, 5)), target_columns=[0, 2])  # a partial insert is +I, as in Fluss
+    assert [(change, row) for _o, change, row in wal_bucket.changelog(4)] == [
+        ("UPDATE_AFTER", (1, "c", 99)),
+        ("INSERT", (2, None, 5)),
+    ]
+    assert wal_bucket.lookup(1) == (1, "c", 99)
 
 
 @pytest.mark.asyncio
