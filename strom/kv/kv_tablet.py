@@ -262,6 +262,9 @@ class KvTablet:
     ) -> fastpath.PlannedPut:
         """The changelog of full-row upserts with a WAL image: each upsert is +U of the new row, whether or
         not the key existed, so no old value is read; only a delete reads one (-D carries the old row)."""
+        if None not in values:  # upserts only (the common case): one pass, no per-row branching
+            stored_rows = [prefix + value for value in values]  # type: ignore[operator]
+            return _UPDATE_AFTER * len(stored_rows), stored_rows, list(keys), list(stored_rows)
         latest: dict[bytes, bytes | None] = {}
         change_types = bytearray()
         rows: list[bytes] = []
