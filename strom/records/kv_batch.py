@@ -14,6 +14,7 @@ value (``schema_id i16`` + row bytes).
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,6 +119,14 @@ def _parse_records_python(
     return keys, values
 
 
+@functools.lru_cache(maxsize=1024)
+def _key_length_prefix(length: int) -> bytes:
+    """The varint of a key length (keys of a table mostly share a few lengths)."""
+    prefix = bytearray()
+    write_varint32(prefix, length)
+    return bytes(prefix)
+
+
 def build_kv_batch(
     schema_id: int,
     keys: Sequence[bytes],
@@ -128,16 +137,22 @@ def build_kv_batch(
 ) -> bytes:
     """Encode a KvRecordBatch (what a client sends in PutKv); ``None`` values are deletes."""
     assert len(keys) == len(values)
-    body = bytearray()
+    parts: list[bytes] = []
+    append = parts.append
+    pack = _INT32.pack
     for key, value in zip(keys, values, strict=True):
-        record = bytearray()
-        write_varint32(record, len(key))
-        record += key
+        key_length = _key_length_prefix(len(key))
+        size = len(key_length) + len(key)
         if value:
-            record += value
-        body += _INT32.pack(len(record))
-        body += record
-    buffer = bytearray(KV_HEADER_SIZE_BYTES) + body
+            append(pack(size + len(value)))
+            append(key_length)
+            append(key)
+            append(value)
+        else:
+            append(pack(size))
+            append(key_length)
+            append(key)
+    buffer = bytearray(KV_HEADER_SIZE_BYTES) + b"".join(parts)
     KV_HEADER.pack_into(buffer, 0, len(buffer) - 4, KV_MAGIC, 0, schema_id, 0, writer_id, batch_sequence, len(keys))
     struct.pack_into("<I", buffer, 5, crc32c.crc32c(memoryview(buffer)[KV_CRC_START:]))
     return bytes(buffer)
