@@ -7,6 +7,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from strom.client import encoding
@@ -186,25 +187,27 @@ class Lookuper(_KeyedReader):
                 partition_ids[name] = await self._partition_id(name)
             except PartitionNotExistError:
                 partition_ids[name] = None  # a missing partition holds no rows
-        found: dict[int, bytes] = {}
+        found: dict[int, bytes | None] = {}
         table_id = layout.info.table_id
         keys = encoded.keys
         by_bucket: dict[tuple[int | None, int], list[int]] = {}
-        for index, bucket_id in enumerate(encoded.buckets):
-            partition_id = None
-            if partitions is not None:
+        if partitions is None:  # one vectorised grouping instead of a dict step per key
+            buckets = np.asarray(encoded.buckets, dtype=np.int64)
+            for bucket_id in np.unique(buckets).tolist():
+                by_bucket[(None, bucket_id)] = np.flatnonzero(buckets == bucket_id).tolist()
+        else:
+            for index, bucket_id in enumerate(encoded.buckets):
                 partition_id = partition_ids[partitions[index]]
-                if partition_id is None:
-                    continue
-            by_bucket.setdefault((partition_id, bucket_id), []).append(index)
+                if partition_id is not None:
+                    by_bucket.setdefault((partition_id, bucket_id), []).append(index)
         groups = {TableBucket(table_id, bucket_id, partition_id): indexes
                   for (partition_id, bucket_id), indexes in by_bucket.items()}
         answers = await asyncio.gather(
             *(self._lookup_bucket(bucket, [keys[i] for i in indexes]) for bucket, indexes in groups.items())
         )
         for indexes, values in zip(groups.values(), answers, strict=True):
-            found.update((i, v) for i, v in zip(indexes, values, strict=True) if v is not None)
-        return found
+            found.update(zip(indexes, values, strict=True))
+        return {i: v for i, v in found.items() if v is not None}
 
 
 class PrefixLookuper(_KeyedReader):
