@@ -239,7 +239,7 @@ class TabletService:
                     if value is None:
                         add()
                     else:
-                        add(values=value)
+                        add().values = value  # twice as fast as add(values=value) in upb
             except Exception as exc:
                 del bucket_response.values[:]
                 _set_error(bucket_response, exc)
