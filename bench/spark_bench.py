@@ -101,13 +101,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    from strom.spark import FlussDataSource
+    from strom.spark import register
 
     work = Path(tempfile.mkdtemp(prefix="strom-spark-bench-"))
     rows = make_rows(args.rows)
     write_dataset(rows, work / "source", files=BUCKETS)
     spark = local_spark("strom-spark-bench")
-    spark.dataSource.register(FlussDataSource)
+    register(spark)  # the fluss source, with Python filter pushdown enabled
     try:
         with BenchServer({"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1"}) as server:
             options = {"bootstrap.servers": server.address}

@@ -7,7 +7,13 @@
 See docs/spark.md for the options, the type mapping and the guarantees.
 """
 
+from typing import Any
+
 from strom.spark.errors import FlussConnectorError
+
+PUSHDOWN_SETTING = "spark.sql.python.filterPushdown.enabled"
+"""Spark's SQL setting (default false) that lets a Python data source's reader take filters; with it false,
+Spark refuses a reader that implements ``pushFilters`` (see option ``read.filter-pushdown``)."""
 
 try:
     from strom.spark.source import FlussDataSource
@@ -16,4 +22,12 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
         raise
     raise ModuleNotFoundError("Spark support not installed: pip install 'strom[spark]'", name=exc.name) from exc
 
-__all__ = ["FlussConnectorError", "FlussDataSource"]
+
+
+def register(spark: Any) -> None:
+    """Register the ``fluss`` source with a session and enable filter pushdown for Python data sources."""
+    spark.conf.set(PUSHDOWN_SETTING, "true")
+    spark.dataSource.register(FlussDataSource)
+
+
+__all__ = ["PUSHDOWN_SETTING", "FlussConnectorError", "FlussDataSource", "register"]

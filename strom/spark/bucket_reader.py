@@ -27,6 +27,7 @@ from strom.spark import runtime
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import TEST_WAIT_FOR_FILE, ConnectionOptions
 from strom.spark.partitions import (
+    KeyLookupPartition,
     KvStatePartition,
     LakeBucketPartition,
     LogRangePartition,
@@ -211,5 +212,24 @@ def read_server_scan(context: ReadContext, partition: ServerScanPartition) -> It
         output = _Output(table.layout, context)
         scanner = table.new_scan().create_bucket_batch_scanner(partition.bucket)
         for batch in runtime.iterate(aiter(scanner)):
+            yield from output.add(batch, ChangeType.INSERT)
+        yield from output.drain()
+
+
+def read_key_lookup(context: ReadContext, partition: KeyLookupPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of the partition's primary keys that exist (point lookups, one request per bucket leader),
+    every row typed ``+I``."""
+    with runtime.connected(context.connection) as connection:
+        table = _open_table(connection, context)
+        layout = table.layout
+        columns = list(zip(*partition.keys, strict=True)) if partition.keys else [() for _ in layout.primary_key]
+        keys = pa.table(
+            [pa.array(list(values), layout.arrow_schema.field(name).type) for name, values in zip(layout.primary_key, columns, strict=True)],
+            names=list(layout.primary_key),
+        )
+        lookuper = table.new_lookup().create_lookuper()
+        found = runtime.run(lookuper.lookup_arrow(keys))  # type: ignore[union-attr]
+        output = _Output(layout, context)
+        for batch in found.to_batches(max_chunksize=READ_BATCH_ROWS_MAX):
             yield from output.add(batch, ChangeType.INSERT)
         yield from output.drain()

@@ -62,6 +62,11 @@ WRITE_CHANGE_TYPE_COLUMN = ConnectorOption(
     "write.change-type-column", "_change_type",
     "Input column with +I/+U (upsert), -D (delete) or -U (ignored); used when the DataFrame has it.",
 )
+READ_FILTER_PUSHDOWN = ConnectorOption(
+    "read.filter-pushdown", "true",
+    "Batch reads: true lets Spark push filters (primary-key lookups, partition pruning), which needs "
+    "spark.sql.python.filterPushdown.enabled=true in the session; false for sessions that cannot set it.",
+)
 TEST_WAIT_FOR_FILE = ConnectorOption(
     "testing.read.wait-for-file", None,
     "Test aid: read tasks wait (up to 120 s) until this file exists before reading, to act between planning and reading.",
@@ -69,7 +74,7 @@ TEST_WAIT_FOR_FILE = ConnectorOption(
 
 ALL_OPTIONS = (
     BOOTSTRAP_SERVERS, TABLE, SCAN_STARTUP_MODE, READ_STRATEGY, READ_SOURCE, LEASE_ID, LEASE_DURATION, READ_CHANGE_TYPE_COLUMN,
-    MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, TEST_WAIT_FOR_FILE,
+    MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE,
 )
 
 
@@ -149,6 +154,7 @@ class ReadOptions:
     change_type_column: str
     max_rows_per_trigger: int
     wait_for_file: str | None
+    filter_pushdown: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -171,6 +177,9 @@ class ReadOptions:
         source = _choice(raw, READ_SOURCE, ReadSource)
         assert isinstance(startup, StartupMode) and isinstance(strategy, ReadStrategy)
         assert isinstance(source, ReadSource)
+        pushdown = _get(raw, READ_FILTER_PUSHDOWN).strip().lower()
+        if pushdown not in ("true", "false"):
+            raise FlussConnectorError(f"option '{READ_FILTER_PUSHDOWN.key}' must be true or false, not '{pushdown}'")
         return cls(
             startup_mode=startup,
             strategy=strategy,
@@ -180,6 +189,7 @@ class ReadOptions:
             change_type_column=_get(raw, READ_CHANGE_TYPE_COLUMN).strip(),
             max_rows_per_trigger=max_rows,
             wait_for_file=raw.get(TEST_WAIT_FOR_FILE.key) or None,
+            filter_pushdown=pushdown == "true",
         )
 
 

@@ -7,6 +7,7 @@ needs beyond them (the table's schema, the leaders) it fetches from the cluster 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
@@ -68,6 +69,14 @@ class ServerScanPartition(InputPartition):
     """A primary-key bucket's rows as its leader holds them when the task runs (ScanKv)."""
 
     bucket: TableBucket
+
+
+@dataclass(frozen=True)
+class KeyLookupPartition(InputPartition):
+    """Rows of the given primary keys (values in the table's primary-key order) as the leaders hold them
+    when the task runs: point lookups planned from ``=`` / ``IN`` filters instead of a scan."""
+
+    keys: tuple[tuple[Any, ...], ...]
 
 
 def bucket_key(bucket: TableBucket) -> str:

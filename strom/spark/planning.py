@@ -35,11 +35,13 @@ from strom.lake.format import lake_format
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import READ_SOURCE, ReadOptions, ReadSource, ReadStrategy
 from strom.spark.partitions import (
+    KeyLookupPartition,
     KvStatePartition,
     LakeBucketPartition,
     LogRangePartition,
     ServerScanPartition,
 )
+from strom.spark.pushdown import PushedFilters, key_chunks
 
 DATALAKE_ENABLED = "table.datalake.enabled"
 LEASE_ATTEMPTS_MAX = 3
@@ -57,10 +59,13 @@ class PartitionRef:
     partition_name: str | None
 
 
-async def table_partitions(admin: Admin, layout: TableLayout) -> list[PartitionRef]:
+async def table_partitions(admin: Admin, layout: TableLayout, pushed: PushedFilters | None = None) -> list[PartitionRef]:
+    """The table's partitions (those ``pushed``'s partition filters keep, when given)."""
     if not layout.partition_keys:
         return [PartitionRef(None, None)]
     infos = await admin.list_partition_infos(layout.info.path)
+    if pushed is not None:
+        infos = [info for info in infos if pushed.keeps_partition(info.spec)]
     return [PartitionRef(info.partition_id, info.partition_name) for info in sorted(infos, key=lambda i: i.partition_id)]
 
 
@@ -171,10 +176,15 @@ async def state_partitions(
     return partitions
 
 
-async def plan_batch(connection: Connection, layout: TableLayout, options: ReadOptions) -> list[InputPartition]:
-    """The partitions of a batch read (see the module docstring)."""
+async def plan_batch(
+    connection: Connection, layout: TableLayout, options: ReadOptions, pushed: PushedFilters | None = None
+) -> list[InputPartition]:
+    """The partitions of a batch read (see the module docstring): key lookups when ``pushed`` has keys,
+    else the buckets of the partitions ``pushed``'s partition filters keep."""
+    if pushed is not None and pushed.lookup_keys is not None:
+        return [KeyLookupPartition(chunk) for chunk in key_chunks(pushed.lookup_keys)]
     admin = connection.get_admin()
-    partitions = await table_partitions(admin, layout)
+    partitions = await table_partitions(admin, layout, pushed)
     buckets = [bucket for partition in partitions for bucket in layout.info.buckets(partition.partition_id)]
     lake = await lake_snapshot_to_read(admin, layout, options)
     planned: list[InputPartition] = []
@@ -185,8 +195,10 @@ async def plan_batch(connection: Connection, layout: TableLayout, options: ReadO
         current = {partition.partition_id for partition in partitions}
         planned = lake_partitions(lake, layout, ends, current)
         if layout.partition_keys:
-            names = {partition.partition_name for partition in partitions}
-            planned += await asyncio.to_thread(dropped_partitions, lake, layout, names)
+            existing = partitions if pushed is None else await table_partitions(admin, layout)
+            names = {partition.partition_name for partition in existing}
+            dropped = await asyncio.to_thread(dropped_partitions, lake, layout, names)
+            planned += [p for p in dropped if pushed is None or pushed.keeps_partition(partition_spec(layout, p), unknown=True)]
         if layout.primary_key:  # tiered buckets are read from the lake merged with their changelog
             buckets = [bucket for bucket in buckets if bucket not in lake.bucket_offsets]
     if not layout.primary_key:
@@ -245,6 +257,15 @@ def lake_partitions(
         end = ends.get(bucket, offset) if layout.primary_key else offset
         planned.append(LakeBucketPartition(bucket, name, lake.snapshot_id, offset, max(offset, end)))
     return planned
+
+
+def partition_spec(layout: TableLayout, partition: InputPartition) -> dict[str, str]:
+    """A lake partition's partition-key values, from its name (values joined by ``$`` in key order)."""
+    name = getattr(partition, "partition_name", None) or ""
+    values = name.split("$")
+    if len(values) != len(layout.partition_keys):
+        return {}
+    return dict(zip(layout.partition_keys, values, strict=True))
 
 
 def dropped_partitions(lake: LakeSnapshot, layout: TableLayout, current_names: set[str | None]) -> list[InputPartition]:

@@ -1,29 +1,33 @@
 """The batch reader: ``spark.read.format("fluss")``.
 
 ``partitions()`` runs once per query on the driver and fixes the read (see :mod:`strom.spark.planning`);
-``read()`` runs in the executors, one call per partition. Python data sources get no column pruning, so
-every read returns full rows and Spark applies ``select``/``where`` afterwards.
+``read()`` runs in the executors, one call per partition. Python data sources get no column pruning (nor a
+limit), so every read returns full rows and Spark applies ``select`` afterwards; ``where`` conjuncts Spark
+pushes become key lookups or partition pruning (:mod:`strom.spark.pushdown`), the rest Spark applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
 from strom.client import Connection
-from strom.spark import planning, runtime
+from strom.client.table import TableLayout
+from strom.spark import planning, pushdown, runtime
 from strom.spark.bucket_reader import (
     ReadContext,
+    read_key_lookup,
     read_kv_state,
     read_lake_bucket,
     read_log_range,
     read_server_scan,
 )
 from strom.spark.errors import FlussConnectorError
-from strom.spark.options import SCAN_STARTUP_MODE, ConnectionOptions, ReadOptions, StartupMode
+from strom.spark.options import SCAN_STARTUP_MODE, ConnectionOptions, ReadOptions, ReadSource, StartupMode
 from strom.spark.partitions import (
+    KeyLookupPartition,
     KvStatePartition,
     LakeBucketPartition,
     LogRangePartition,
@@ -41,6 +45,8 @@ def read_partition(context: ReadContext, partition: InputPartition) -> Iterator[
         return read_server_scan(context, partition)
     if isinstance(partition, LakeBucketPartition):
         return read_lake_bucket(context, partition)
+    if isinstance(partition, KeyLookupPartition):
+        return read_key_lookup(context, partition)
     assert type(partition) is InputPartition, f"unknown partition {partition!r}"
     return iter(())  # Spark's stand-in when planning found nothing to read
 
@@ -57,6 +63,7 @@ class FlussBatchReader(DataSourceReader):
         self._connection = connection
         self._options = options
         self._context = context
+        self._pushed: pushdown.PushedFilters | None = None
 
     def partitions(self) -> Sequence[InputPartition]:
         async def plan(connection: Connection) -> list[InputPartition]:
@@ -66,9 +73,24 @@ class FlussBatchReader(DataSourceReader):
                     f"table '{self._connection.table}' was dropped and re-created since the DataFrame was defined; "
                     "load it again"
                 )
-            return await planning.plan_batch(connection, table.layout, self._options)
+            return await planning.plan_batch(connection, table.layout, self._options, self._pushed)
 
         return runtime.call(self._connection, plan)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self._context, partition)
+
+
+class FlussFilteringReader(FlussBatchReader):
+    """The batch reader with filter pushdown (see :mod:`strom.spark.pushdown`); Spark calls ``pushFilters``
+    only with ``spark.sql.python.filterPushdown.enabled=true`` and refuses a reader that defines it
+    otherwise, so the source uses this class unless option ``read.filter-pushdown`` is false."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        async def layout(connection: Connection) -> TableLayout:
+            return (await connection.get_table(self._connection.table_path)).layout
+
+        table_layout = runtime.call(self._connection, layout)
+        allow_lookup = self._options.source is not ReadSource.LAKE and self._options.startup_mode is StartupMode.FULL
+        self._pushed, kept = pushdown.push(table_layout, filters, allow_lookup)
+        return kept

@@ -36,7 +36,7 @@ from strom.spark.options import (
     ReadOptions,
     WriteOptions,
 )
-from strom.spark.reader import FlussBatchReader
+from strom.spark.reader import FlussBatchReader, FlussFilteringReader
 from strom.spark.stream_reader import FlussStreamReader
 from strom.spark.type_mapping import spark_arrow_schema, to_spark_schema
 from strom.spark.writer import FlussArrowWriter, FlussStreamArrowWriter
@@ -100,7 +100,8 @@ class FlussDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = ReadOptions.parse(self.options)
-        return FlussBatchReader(self._connection, options, self._read_context(schema, options))
+        reader = FlussFilteringReader if options.filter_pushdown else FlussBatchReader
+        return reader(self._connection, options, self._read_context(schema, options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = ReadOptions.parse(self.options)

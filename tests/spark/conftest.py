@@ -21,7 +21,7 @@ def spark() -> Iterator[object]:
 
     from pyspark.sql import SparkSession
 
-    from strom.spark import FlussDataSource
+    from strom.spark import PUSHDOWN_SETTING, FlussDataSource
 
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     session = (
@@ -31,6 +31,7 @@ def spark() -> Iterator[object]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        .config(PUSHDOWN_SETTING, "true")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .getOrCreate()
