@@ -10,6 +10,7 @@ import sys
 
 BENCHES = [
     ("bench.ingest_bench", ["--rows", "1000000"], ["--rows", "100000", "--rounds", "1"]),
+    ("bench.peers_bench", [], ["--rows", "100000", "--lookups", "20000", "--singles", "2000"]),
     ("bench.lookup_bench", [], ["--rows", "50000", "--lookups", "20000", "--singles", "2000"]),
     ("bench.log_bench", [], ["--rows", "100000", "--rounds", "1"]),
     ("bench.scan_bench", [], ["--rows", "200000"]),

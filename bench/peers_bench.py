@@ -1,0 +1,364 @@
+"""strom against PostgreSQL: the same rows, the same batches, measured side by side in one run.
+
+Workload: ``id BIGINT`` primary key and a 100-character incompressible string (base64 of random bytes),
+written in 10 000-row batches, every write acknowledged only once durable; then read back by key.
+
+strom (a ``strom server`` child process on loopback, 2 buckets):
+* strom's client, Arrow batches (``upsert_arrow_batch``, pipelined): load (new keys), then update every
+  row (new payloads), into a table with ``table.changelog.image=FULL`` (the default) and one with ``WAL``;
+* pyfluss, the official client, row by row (``writer.upsert(dict)``, it has no batch upsert), load only;
+* batched lookups, ``Lookuper.lookup_arrow`` of 1 000 keys; single lookups through strom's asyncio
+  lookuper and its blocking lookuper, p50/p99.
+
+PostgreSQL (a throw-away cluster started by this bench with the installed server binaries; fsync,
+synchronous_commit and full_page_writes at their defaults, i.e. on):
+* per 10 000 rows one transaction: COPY into a temporary table, ``INSERT … SELECT … ON CONFLICT (id) DO
+  UPDATE``, COMMIT (the WAL flushed before the commit returns); load, then update;
+* batched lookups ``SELECT … WHERE id = ANY($1)`` of 1 000 keys; single lookups with a prepared
+  ``SELECT … WHERE id = $1``, p50/p99.
+
+Both clients start from the same Arrow batches and connect over TCP loopback. Throughput ratios are
+strom rows/s ÷ PostgreSQL rows/s; latencies are printed side by side. Without PostgreSQL's server
+binaries (Debian's ``postgresql`` package) or psycopg (``pip install -e '.[bench]'``) the PostgreSQL half
+is skipped with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import glob
+import io
+import os
+import pwd
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from bench.harness import BenchServer, free_port, median, percentile, report
+from strom.client import Connection, Lookuper, Schema, TableDescriptor, TablePath
+
+BATCH_ROWS = 10_000
+LOOKUP_KEYS = 1_000
+PAYLOAD_CHARS = 100
+BUCKETS = 2
+
+
+def make_rows(count: int, seed: int) -> pa.Table:
+    """``count`` rows: ids 0..count-1 and 100-character base64 strings of random bytes (75 bytes each)."""
+    raw = random.Random(seed).randbytes(count * PAYLOAD_CHARS * 3 // 4)
+    data = base64.b64encode(raw)  # 75 bytes -> exactly 100 characters, so row i is data[100 i : 100 (i + 1)]
+    offsets = np.arange(0, (count + 1) * PAYLOAD_CHARS, PAYLOAD_CHARS, dtype=np.int32)
+    payload = pa.StringArray.from_buffers(count, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data))
+    return pa.table({"id": pa.array(np.arange(count, dtype=np.int64)), "payload": payload})
+
+
+# ---------------------------------------------------------------------------------------------- strom
+
+
+async def strom_writes(address: str, load: pa.Table, update: pa.Table, name: str, image: str) -> tuple[float, float]:
+    """Rows/s of the load (new keys) and of the update (every key again) through strom's client."""
+    schema = Schema.from_arrow(load.schema, primary_key=["id"])
+    async with await Connection.create(address) as connection:
+        path = TablePath("fluss", name)
+        descriptor = TableDescriptor(schema, bucket_count=BUCKETS, properties={"table.changelog.image": image})
+        await connection.get_admin().create_table(path, descriptor)
+        table = await connection.get_table(path)
+        writer = table.new_upsert().create_writer()
+        rates = []
+        for rows in (load, update):
+            batches = rows.to_batches(max_chunksize=BATCH_ROWS)
+            start = time.perf_counter()
+            for batch in batches:
+                writer.upsert_arrow_batch(batch)  # pipelined; flush() returns once every batch is durable
+            await writer.flush()
+            rates.append(rows.num_rows / (time.perf_counter() - start))
+        return rates[0], rates[1]
+
+
+async def pyfluss_load(address: str, rows: pa.Table, name: str) -> float:
+    import fluss
+
+    schema = Schema.from_arrow(rows.schema, primary_key=["id"])
+    async with await Connection.create(address) as connection:
+        await connection.get_admin().create_table(TablePath("fluss", name), TableDescriptor(schema, bucket_count=BUCKETS))
+    official = await fluss.FlussConnection.create(fluss.Config({"bootstrap.servers": address}))
+    try:
+        table = await official.get_table(fluss.TablePath("fluss", name))
+        writer = table.new_upsert().create_writer()
+        records = rows.to_pylist()
+        start = time.perf_counter()
+        for record in records:
+            writer.upsert(record)
+        await writer.flush()
+        return len(records) / (time.perf_counter() - start)
+    finally:
+        await official.close()
+
+
+async def strom_lookups(address: str, name: str, lookups: list[int], singles: int) -> tuple[float, list[float], list[float]]:
+    async with await Connection.create(address) as connection:
+        table = await connection.get_table(TablePath("fluss", name))
+        lookuper = table.new_lookup().create_lookuper()
+        assert isinstance(lookuper, Lookuper)
+        keys = pa.table({"id": pa.array(lookups, pa.int64())})
+        start = time.perf_counter()
+        for offset in range(0, len(lookups), LOOKUP_KEYS):
+            found = await lookuper.lookup_arrow(keys.slice(offset, LOOKUP_KEYS))
+            assert found.num_rows == min(LOOKUP_KEYS, len(lookups) - offset)
+        batched = len(lookups) / (time.perf_counter() - start)
+        latencies = []
+        for key in lookups[:singles]:
+            begin = time.perf_counter_ns()
+            await lookuper.lookup({"id": key})
+            latencies.append((time.perf_counter_ns() - begin) / 1000)
+
+        def blocking() -> list[float]:
+            measured = []
+            with table.new_lookup().create_blocking_lookuper() as blocking_lookuper:
+                for key in lookups[:singles]:
+                    begin = time.perf_counter_ns()
+                    blocking_lookuper.lookup({"id": key})
+                    measured.append((time.perf_counter_ns() - begin) / 1000)
+            return measured
+
+        return batched, latencies, await asyncio.to_thread(blocking)
+
+
+def run_strom(load: pa.Table, update: pa.Table, lookups: list[int], singles: int, round_: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with BenchServer({"kv.snapshot.interval": "0s"}) as server:
+        for image in ("FULL", "WAL"):
+            name = f"peers_{image.lower()}_{round_}"
+            results[image] = asyncio.run(strom_writes(server.address, load, update, name, image))
+        results["pyfluss"] = asyncio.run(pyfluss_load(server.address, load, f"peers_pyfluss_{round_}"))
+        results["lookups"] = asyncio.run(strom_lookups(server.address, f"peers_full_{round_}", lookups, singles))
+    return results
+
+
+# ------------------------------------------------------------------------------------------ PostgreSQL
+
+
+def postgres_binaries() -> Path | None:
+    """The bin directory of the newest installed PostgreSQL server (Debian's layout, then PATH)."""
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name)
+                        if Path(p).parent.parent.name.isdigit() else 0)
+    for initdb in reversed(candidates):
+        directory = Path(initdb).parent
+        if (directory / "pg_ctl").exists() and (directory / "postgres").exists():
+            return directory
+    initdb_on_path = shutil.which("initdb")
+    if initdb_on_path:
+        directory = Path(os.path.realpath(initdb_on_path)).parent
+        if (directory / "pg_ctl").exists():
+            return directory
+    return None
+
+
+class BenchPostgres:
+    """A throw-away PostgreSQL cluster in a temporary directory on a free loopback port (a context manager).
+
+    initdb refuses to run as root, so as root the cluster belongs to the ``postgres`` system user that
+    Debian's package creates, and the server binaries run through ``runuser``.
+    """
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="strom-bench-pg-"))
+        self.data = self.root / "data"
+        self.sockets = self.root / "sockets"
+        self.sockets.mkdir()
+        self.prefix: list[str] = []
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam("postgres")  # KeyError when there is no such user: handled by the caller
+            for path in (self.root, self.sockets):
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self.started = False
+
+    def _run(self, *command: str) -> None:
+        subprocess.run([*self.prefix, *command], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def start(self) -> BenchPostgres:
+        self._run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "bench", "--auth=trust",
+                  "--encoding=UTF8", "--no-locale", "--no-sync")
+        options = " ".join([
+            f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-k {self.sockets}",
+            # the update pass rewrites every row: room for it without a forced checkpoint mid-pass
+            "-c shared_buffers=512MB", "-c max_wal_size=8GB", "-c checkpoint_timeout=30min",
+        ])
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
+                  str(self.root / "server.log"), "-w", "-t", "60", "start")
+        self.started = True
+        return self
+
+    def connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(host="127.0.0.1", port=self.port, user="bench", dbname="postgres")
+
+    def stop(self) -> None:
+        if self.started:
+            self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+            self.started = False
+
+    def __enter__(self) -> BenchPostgres:
+        try:
+            return self.start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+COPY_OPTIONS = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+
+
+def copy_text(batch: pa.RecordBatch) -> bytes:
+    """The batch in COPY's text format (base64 has no tab, newline or backslash to escape)."""
+    sink = io.BytesIO()
+    pacsv.write_csv(batch, sink, COPY_OPTIONS)
+    return sink.getvalue()
+
+
+def postgres_upserts(connection: Any, rows: pa.Table) -> float:
+    """Rows/s: per batch COPY into the temporary table, INSERT … ON CONFLICT DO UPDATE, COMMIT."""
+    start = time.perf_counter()
+    with connection.cursor() as cursor:
+        for batch in rows.to_batches(max_chunksize=BATCH_ROWS):
+            with cursor.copy("COPY stage (id, payload) FROM STDIN") as copy:
+                copy.write(copy_text(batch))
+            cursor.execute("INSERT INTO kv (id, payload) SELECT id, payload FROM stage "
+                           "ON CONFLICT (id) DO UPDATE SET payload = EXCLUDED.payload")
+            connection.commit()  # stage is emptied at commit (ON COMMIT DELETE ROWS)
+    return rows.num_rows / (time.perf_counter() - start)
+
+
+def run_postgres(pg: BenchPostgres, load: pa.Table, update: pa.Table, lookups: list[int], singles: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with pg.connect() as connection:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE IF EXISTS kv")
+            cursor.execute("CREATE TABLE kv (id BIGINT PRIMARY KEY, payload TEXT NOT NULL)")
+            cursor.execute("CREATE TEMPORARY TABLE IF NOT EXISTS stage (id BIGINT, payload TEXT) ON COMMIT DELETE ROWS")
+        connection.commit()
+        results["write"] = (postgres_upserts(connection, load), postgres_upserts(connection, update))
+        connection.autocommit = True
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE kv")
+            start = time.perf_counter()
+            for offset in range(0, len(lookups), LOOKUP_KEYS):
+                cursor.execute("SELECT id, payload FROM kv WHERE id = ANY(%s::bigint[])",
+                               (lookups[offset : offset + LOOKUP_KEYS],), prepare=True)
+                found = cursor.fetchall()
+                assert len(found) == len(set(lookups[offset : offset + LOOKUP_KEYS]))
+            batched = len(lookups) / (time.perf_counter() - start)
+            latencies = []
+            for key in lookups[:singles]:
+                begin = time.perf_counter_ns()
+                cursor.execute("SELECT id, payload FROM kv WHERE id = %s", (key,), prepare=True)
+                cursor.fetchone()
+                latencies.append((time.perf_counter_ns() - begin) / 1000)
+        results["lookups"] = (batched, latencies)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def postgres_unavailable() -> str | None:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg is not installed (pip install -e '.[bench]')"
+    if postgres_binaries() is None:
+        return "no PostgreSQL server binaries (initdb, pg_ctl; Debian: apt-get install postgresql)"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root and there is no 'postgres' user to run initdb as"
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--lookups", type=int, default=100_000)
+    parser.add_argument("--singles", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    missing = postgres_unavailable()
+    if missing:
+        print(f"peers_bench: skipped, {missing}.")
+        return
+    load, update = make_rows(args.rows, seed=11), make_rows(args.rows, seed=12)
+    rng = random.Random(13)
+    lookups = [rng.randrange(args.rows) for _ in range(args.lookups)]
+    singles = min(args.singles, args.lookups)
+    stroms, postgreses = [], []
+    bin_dir = postgres_binaries()
+    assert bin_dir is not None
+    for round_ in range(args.rounds):
+        stroms.append(run_strom(load, update, lookups, singles, round_))
+        with BenchPostgres(bin_dir) as pg:
+            postgreses.append(run_postgres(pg, load, update, lookups, singles))
+
+    def med(values: list[float]) -> float:
+        return median(values)
+
+    def spread(values: list[float]) -> str:
+        return f" (rounds {min(values):,.0f}–{max(values):,.0f})" if len(values) > 1 else ""
+
+    pg_load = med([r["write"][0] for r in postgreses])
+    pg_update = med([r["write"][1] for r in postgreses])
+    pg_batched = med([r["lookups"][0] for r in postgreses])
+    pg_lat = [x for r in postgreses for x in r["lookups"][1]]
+    lines = [
+        ("PostgreSQL COPY + INSERT ON CONFLICT, load",
+         f"{pg_load:,.0f} rows/s{spread([r['write'][0] for r in postgreses])}"),
+        ("PostgreSQL COPY + INSERT ON CONFLICT, update",
+         f"{pg_update:,.0f} rows/s{spread([r['write'][1] for r in postgreses])}"),
+    ]
+    for image in ("FULL", "WAL"):
+        for index, (what, pg_rate) in enumerate((("load", pg_load), ("update", pg_update))):
+            rates = [r[image][index] for r in stroms]
+            rate = med(rates)
+            lines.append((f"strom client, Arrow batches, {image} image, {what}",
+                          f"{rate:,.0f} rows/s  strom/PostgreSQL {rate / pg_rate:.2f}{spread(rates)}"))
+    official = med([r["pyfluss"] for r in stroms])
+    lines.append(("pyfluss row by row (FULL image), load",
+                  f"{official:,.0f} rows/s  strom/PostgreSQL {official / pg_load:.2f}{spread([r['pyfluss'] for r in stroms])}"))
+    batched = med([r["lookups"][0] for r in stroms])
+    lines += [
+        ("PostgreSQL = ANY of 1 000 keys", f"{pg_batched:,.0f} keys/s{spread([r['lookups'][0] for r in postgreses])}"),
+        ("strom lookup_arrow of 1 000 keys",
+         f"{batched:,.0f} keys/s  strom/PostgreSQL {batched / pg_batched:.2f}{spread([r['lookups'][0] for r in stroms])}"),
+        ("single lookups p50 / p99: PostgreSQL prepared SELECT",
+         f"{median(pg_lat):.0f} / {percentile(pg_lat, 0.99):.0f} µs"),
+    ]
+    for label, index in (("strom asyncio lookuper", 1), ("strom blocking lookuper", 2)):
+        latencies = [x for r in stroms for x in r["lookups"][index]]
+        lines.append((f"single lookups p50 / p99: {label}",
+                      f"{median(latencies):.0f} / {percentile(latencies, 0.99):.0f} µs"))
+    report(f"strom against PostgreSQL, {args.rows:,} rows (id BIGINT PK + 100-char string), {BATCH_ROWS:,}-row "
+           f"batches, durable; {args.lookups:,} lookups, {singles:,} singles; {args.rounds} round(s)", lines)
+
+
+if __name__ == "__main__":
+    main()
