@@ -31,6 +31,12 @@ def plan_text(frame: Any) -> str:
     return str(frame._jdf.queryExecution().executedPlan().toString())
 
 
+def rows_read(frame: Any) -> int:
+    """After ``frame`` ran: the rows the source handed Spark (the scan node's numOutputRows metric)."""
+    scan = frame._jdf.queryExecution().executedPlan().collectLeaves().head()
+    return int(scan.metrics().apply("numOutputRows").value())
+
+
 def test_primary_key_equality_becomes_a_lookup(spark: Any, cluster: Fluss) -> None:
     from pyspark.sql.datasource import EqualTo, GreaterThan
 
@@ -45,8 +51,14 @@ def test_primary_key_equality_becomes_a_lookup(spark: Any, cluster: Fluss) -> No
     partitions, kept = planned(cluster, table, [equal, greater])
     assert partitions == [KeyLookupPartition(((42,),))]  # one key read, not three buckets scanned
     assert kept == [greater]
-    rows = frame.where("id = 42").collect()
+    query = frame.where("id = 42")
+    rows = query.collect()
     assert [(r.id, r.name, r.score, r._change_type) for r in rows] == [(42, "n42", 42, "+I")]
+    assert rows_read(query) == 1  # O(keys), where a scan hands Spark all 499 rows:
+    scan = frame.where("name = 'n42'")
+    assert len(scan.collect()) == 1 and rows_read(scan) == 499
+    keys = frame.where("id in (1, 2, 3, 7, 9999)")
+    assert sorted(r.id for r in keys.collect()) == [1, 2, 3] and rows_read(keys) == 3
     assert frame.where("id = 7").collect() == []  # deleted
     assert frame.where("id = 100000").collect() == []  # never written
     assert [r.name for r in frame.where("id = 42 and score > 100").collect()] == []
