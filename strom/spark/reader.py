@@ -87,6 +87,8 @@ class FlussFilteringReader(FlussBatchReader):
     otherwise, so the source uses this class unless option ``read.filter-pushdown`` is false."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        if not filters:
+            return []
         async def layout(connection: Connection) -> TableLayout:
             return (await connection.get_table(self._connection.table_path)).layout
 

@@ -172,8 +172,10 @@ def test_nulls_and_values_needing_conversion_are_left_to_spark(spark: Any, clust
     day = base + datetime.timedelta(days=3)
     partitions, kept = planned(cluster, table, [EqualTo(("day",), day), EqualTo(("code",), "c1")])
     assert partitions == [KeyLookupPartition(((day, "c1"),))] and kept == []
-    rows = frame.where("day = date'2024-01-04' and code = 'c1'").collect()
+    lookup = frame.where("day = date'2024-01-04' and code = 'c1'")
+    rows = lookup.collect()
     assert [(r.day, r.code, r.n, r.note) for r in rows] == [(day, "c1", 3, None)]
+    assert rows_read(lookup) == 1  # Spark passed the DATE literal as a datetime.date: a lookup
     # a NULL in the list, a value of another type, a null test: not lookups, still right
     with_null = In(("code",), ("c1", None))
     _, kept = planned(cluster, table, [EqualTo(("day",), day), with_null])
