@@ -63,9 +63,10 @@ WRITE_CHANGE_TYPE_COLUMN = ConnectorOption(
     "Input column with +I/+U (upsert), -D (delete) or -U (ignored); used when the DataFrame has it.",
 )
 READ_FILTER_PUSHDOWN = ConnectorOption(
-    "read.filter-pushdown", "true",
+    "read.filter-pushdown", None,
     "Batch reads: true lets Spark push filters (primary-key lookups, partition pruning), which needs "
-    "spark.sql.python.filterPushdown.enabled=true in the session; false for sessions that cannot set it.",
+    "spark.sql.python.filterPushdown.enabled=true in the session. Default: on for the source registered "
+    "by strom.spark.register(spark) (which sets that), off for FlussDataSource registered by hand.",
 )
 TEST_WAIT_FOR_FILE = ConnectorOption(
     "testing.read.wait-for-file", None,
@@ -154,7 +155,8 @@ class ReadOptions:
     change_type_column: str
     max_rows_per_trigger: int
     wait_for_file: str | None
-    filter_pushdown: bool = True
+    filter_pushdown: bool | None = None
+    """None: the registered source's default (see ``read.filter-pushdown``)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -177,8 +179,8 @@ class ReadOptions:
         source = _choice(raw, READ_SOURCE, ReadSource)
         assert isinstance(startup, StartupMode) and isinstance(strategy, ReadStrategy)
         assert isinstance(source, ReadSource)
-        pushdown = _get(raw, READ_FILTER_PUSHDOWN).strip().lower()
-        if pushdown not in ("true", "false"):
+        pushdown = str(raw.get(READ_FILTER_PUSHDOWN.key) or "").strip().lower()  # unset: the source decides
+        if pushdown not in ("true", "false", ""):
             raise FlussConnectorError(f"option '{READ_FILTER_PUSHDOWN.key}' must be true or false, not '{pushdown}'")
         return cls(
             startup_mode=startup,
@@ -189,7 +191,7 @@ class ReadOptions:
             change_type_column=_get(raw, READ_CHANGE_TYPE_COLUMN).strip(),
             max_rows_per_trigger=max_rows,
             wait_for_file=raw.get(TEST_WAIT_FOR_FILE.key) or None,
-            filter_pushdown=pushdown == "true",
+            filter_pushdown=None if not pushdown else pushdown == "true",
         )
 
 

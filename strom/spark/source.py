@@ -43,7 +43,15 @@ from strom.spark.writer import FlussArrowWriter, FlussStreamArrowWriter
 
 
 class FlussDataSource(DataSource):
-    """Batch and streaming reads and writes of one Fluss table (options in docs/spark.md)."""
+    """Batch and streaming reads and writes of one Fluss table (options in docs/spark.md).
+
+    Batch reads take no pushed filters unless option ``read.filter-pushdown`` is true: PySpark refuses a
+    reader that takes them while ``spark.sql.python.filterPushdown.enabled`` is off (its default), so
+    registering this class by hand works in any session. ``strom.spark.register`` registers
+    :class:`FlussPushdownDataSource` and turns that setting on.
+    """
+
+    filter_pushdown_default: bool = False
 
     def __init__(self, options: Mapping[str, str]) -> None:
         super().__init__(dict(options))
@@ -100,7 +108,8 @@ class FlussDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = ReadOptions.parse(self.options)
-        reader = FlussFilteringReader if options.filter_pushdown else FlussBatchReader
+        pushdown = self.filter_pushdown_default if options.filter_pushdown is None else options.filter_pushdown
+        reader = FlussFilteringReader if pushdown else FlussBatchReader
         return reader(self._connection, options, self._read_context(schema, options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -142,3 +151,10 @@ class FlussDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         options = WriteOptions.parse(self.options)
         return FlussStreamArrowWriter(self._connection, options, self._check_write(schema, options, overwrite))
+
+
+class FlussPushdownDataSource(FlussDataSource):
+    """The ``fluss`` source with filter pushdown on by default, for sessions where
+    ``spark.sql.python.filterPushdown.enabled`` is true (what ``strom.spark.register`` sets up)."""
+
+    filter_pushdown_default = True

@@ -9,18 +9,23 @@ import pytest
 
 from strom.records.types import BigIntType, DateType, IntType, StringType
 from tests.spark.support import Fluss
-from tests.spark.test_spark_batch_read import load
+from tests.spark.test_spark_batch_read import load as load_plain
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(180)]
 
 PK_COLUMNS = [("id", IntType()), ("name", StringType()), ("score", BigIntType())]
 
 
+def load(spark: Any, cluster: Fluss, table: str, **options: str) -> Any:
+    """A read with filter pushdown on (the test session enables Spark's setting)."""
+    return load_plain(spark, cluster, table, **{"read.filter-pushdown": "true", **options})
+
+
 def planned(cluster: Fluss, table: str, filters: list[Any], **options: str) -> tuple[list[Any], list[Any]]:
     """What the reader plans for ``filters`` as Spark would push them: (partitions, filters kept for Spark)."""
-    from strom.spark import FlussDataSource
+    from strom.spark import FlussPushdownDataSource
 
-    source = FlussDataSource(cluster.options(table, **options))
+    source = FlussPushdownDataSource(cluster.options(table, **options))
     reader = source.reader(source.schema())
     kept = list(reader.pushFilters(filters))
     return list(reader.partitions()), kept
@@ -206,14 +211,30 @@ def test_spark_pushes_the_filters_and_projections_read_the_right_columns(spark: 
 
 
 def test_pushdown_can_be_switched_off_per_read(spark: Any, cluster: Fluss) -> None:
-    from strom.spark import FlussDataSource
+    from strom.spark import FlussDataSource, FlussPushdownDataSource
     from strom.spark.reader import FlussBatchReader, FlussFilteringReader
 
     table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
     cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(10)])
-    source = FlussDataSource(cluster.options(table, **{"read.filter-pushdown": "false"}))
+    source = FlussPushdownDataSource(cluster.options(table, **{"read.filter-pushdown": "false"}))
     assert type(source.reader(source.schema())) is FlussBatchReader
-    source = FlussDataSource(cluster.options(table))
+    source = FlussPushdownDataSource(cluster.options(table))
     assert type(source.reader(source.schema())) is FlussFilteringReader
+    source = FlussDataSource(cluster.options(table))  # registered by hand: no pushdown unless asked
+    assert type(source.reader(source.schema())) is FlussBatchReader
     frame = load(spark, cluster, table, **{"read.filter-pushdown": "false"})
     assert [r.name for r in frame.where("id = 4").collect()] == ["n4"]
+
+
+def test_a_session_without_the_pushdown_setting_reads_through_the_plain_source(spark: Any, cluster: Fluss) -> None:
+    """What a newcomer gets with ``spark.dataSource.register(FlussDataSource)`` in a fresh session (Spark's
+    setting off): reads work, filters are applied by Spark."""
+    from strom.spark import PUSHDOWN_SETTING
+
+    table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(10)])
+    spark.conf.set(PUSHDOWN_SETTING, "false")
+    try:
+        assert [r.name for r in load_plain(spark, cluster, table).where("id = 4").collect()] == ["n4"]
+    finally:
+        spark.conf.set(PUSHDOWN_SETTING, "true")
