@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from bench.harness import BenchServer, free_port, median, percentile, report
+from bench.ingest_bench import pyfluss_client
 from strom.client import Connection, Lookuper, Schema, TableDescriptor, TablePath
 
 BATCH_ROWS = 10_000
@@ -86,23 +87,9 @@ async def strom_writes(address: str, load: pa.Table, update: pa.Table, name: str
 
 
 async def pyfluss_load(address: str, rows: pa.Table, name: str) -> float:
-    import fluss
-
+    """pyfluss row by row into a new table, as the ingest bench measures it."""
     schema = Schema.from_arrow(rows.schema, primary_key=["id"])
-    async with await Connection.create(address) as connection:
-        await connection.get_admin().create_table(TablePath("fluss", name), TableDescriptor(schema, bucket_count=BUCKETS))
-    official = await fluss.FlussConnection.create(fluss.Config({"bootstrap.servers": address}))
-    try:
-        table = await official.get_table(fluss.TablePath("fluss", name))
-        writer = table.new_upsert().create_writer()
-        records = rows.to_pylist()
-        start = time.perf_counter()
-        for record in records:
-            writer.upsert(record)
-        await writer.flush()
-        return len(records) / (time.perf_counter() - start)
-    finally:
-        await official.close()
+    return await pyfluss_client(address, rows, schema, BUCKETS, name)
 
 
 async def strom_lookups(address: str, name: str, lookups: list[int], singles: int) -> tuple[float, list[float], list[float]]:
