@@ -367,13 +367,14 @@ class UpsertWriter(_Writer):
         else:
             upsert_iter, delete_iter = iter(upsert_entries), iter(delete_entries)
             entries = [next(upsert_iter) if is_upsert else next(delete_iter) for is_upsert in order]
-        grouped: dict[TableBucket, list[tuple[bytes, bytes | None, asyncio.Future[None] | None]]] = {}
+        # grouped by (partition id, bucket id): one TableBucket per bucket, not one per row
+        grouped: dict[tuple[int | None, int], list[tuple[bytes, bytes | None, asyncio.Future[None] | None]]] = {}
         for partition_id, bucket_id, key, value, future in entries:
-            bucket = TableBucket(layout.info.table_id, bucket_id, partition_id)
-            grouped.setdefault(bucket, []).append((key, value, future))
+            grouped.setdefault((partition_id, bucket_id), []).append((key, value, future))
         batches = []
         schema_id = layout.info.schema_id
-        for bucket, items in grouped.items():
+        for (partition_id, bucket_id), items in grouped.items():
+            bucket = TableBucket(layout.info.table_id, bucket_id, partition_id)
             records = build_kv_batch(
                 schema_id,
                 [key for key, _v, _f in items],
