@@ -14,13 +14,15 @@ import random
 import struct
 from decimal import Decimal
 
-import crc32c
 import pyarrow as pa
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fuzz.common import batches_identical
+from fuzz.fuzz_kv_batch import fix_crc as fix_kv_crc
+from fuzz.fuzz_log_batch import SCHEMA as LOG_SCHEMA
+from fuzz.fuzz_log_batch import fix_crc as fix_log_crc
 from strom.errors import CorruptRecordError
 from strom.records import fastpath, kv_batch, log_batch
 from strom.records.compacted import CompactedRowEncoder
@@ -37,15 +39,6 @@ from tests.records.row_values import random_row, random_row_type
 
 pytestmark = pytest.mark.timeout(120)
 
-LOG_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.int32(), nullable=False),
-        pa.field("name", pa.string()),
-        pa.field("tags", pa.list_(pa.int64())),
-        pa.field("price", pa.decimal128(10, 2)),
-        pa.field("raw", pa.binary()),
-    ]
-)
 _NAMES = st.one_of(st.none(), st.text(max_size=12))
 _ROWS = st.lists(
     st.tuples(
@@ -76,16 +69,6 @@ def log_batches(draw: st.DrawFn) -> tuple[pa.RecordBatch, bytes | None, bytes]:
     return batch, change_types, log_batch.build_arrow_batch(
         batch, schema_id=1, change_types=change_types, compression=compression
     )
-
-
-def fix_log_crc(data: bytes) -> bytes:
-    """Recompute the CRC of the first batch so a mutation behind it reaches the Arrow reader."""
-    out = bytearray(data)
-    if len(out) >= log_batch.HEADER_SIZE_BYTES:
-        (length,) = struct.unpack_from("<i", out, log_batch.LENGTH_OFFSET)
-        end = min(len(out), max(log_batch.SCHEMA_ID_OFFSET, length + log_batch.LOG_OVERHEAD_BYTES))
-        struct.pack_into("<I", out, log_batch.CRC_OFFSET, crc32c.crc32c(bytes(out[log_batch.SCHEMA_ID_OFFSET : end])))
-    return bytes(out)
 
 
 def parse_log(data: bytes) -> list[tuple[bytes | None, list[dict]]]:
@@ -231,15 +214,6 @@ def kv_batches(draw: st.DrawFn) -> tuple[list[bytes], list[bytes | None], bytes]
     return keys, values, kv_batch.build_kv_batch(
         draw(st.integers(0, 2**15 - 1)), keys, values, writer_id=draw(st.integers(-1, 2**40)), batch_sequence=7
     )
-
-
-def fix_kv_crc(data: bytes) -> bytes:
-    out = bytearray(data)
-    if len(out) >= kv_batch.KV_HEADER_SIZE_BYTES:
-        (length,) = struct.unpack_from("<i", out, 0)
-        end = min(len(out), max(kv_batch.KV_CRC_START, length + 4))
-        struct.pack_into("<I", out, 5, crc32c.crc32c(bytes(out[kv_batch.KV_CRC_START : end])))
-    return bytes(out)
 
 
 def _parse_records_both(data: bytes, context: str) -> None:
