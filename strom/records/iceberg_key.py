@@ -16,11 +16,11 @@ Other types (BOOLEAN, TINYINT, SMALLINT, TIMESTAMP_LTZ, ARRAY, MAP, ROW) cannot 
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from strom.errors import InvalidTableError
+from strom.records.binary_array import FLOAT32, FLOAT64, INT64
 from strom.records.types import (
     BigIntType,
     BinaryType,
@@ -42,9 +42,6 @@ from strom.records.types import (
     unscaled_to_bytes,
 )
 
-_LONG = struct.Struct("<q")
-_FLOAT = struct.Struct("<f")
-_DOUBLE = struct.Struct("<d")
 _MICROS_PER_MILLI = 1000
 _INT64_MASK = (1 << 64) - 1
 
@@ -57,22 +54,22 @@ def _wrap_long(value: int) -> int:
 
 def _writer(t: DataType) -> Callable[[Any], bytes]:
     if isinstance(t, (IntType, DateType, BigIntType)):
-        return _LONG.pack
+        return INT64.pack
     if isinstance(t, TimeType):
         precision = t.precision
-        return lambda value: _LONG.pack(_wrap_long(time_to_millis(value, precision) * _MICROS_PER_MILLI))
+        return lambda value: INT64.pack(_wrap_long(time_to_millis(value, precision) * _MICROS_PER_MILLI))
     if isinstance(t, TimestampType):
         precision = t.precision
 
         def timestamp(value: int) -> bytes:
             millis, nano_of_milli = timestamp_to_parts(value, precision)
-            return _LONG.pack(_wrap_long(millis * _MICROS_PER_MILLI + nano_of_milli // _MICROS_PER_MILLI))
+            return INT64.pack(_wrap_long(millis * _MICROS_PER_MILLI + nano_of_milli // _MICROS_PER_MILLI))
 
         return timestamp
     if isinstance(t, FloatType):
-        return _FLOAT.pack
+        return FLOAT32.pack
     if isinstance(t, DoubleType):
-        return _DOUBLE.pack
+        return FLOAT64.pack
     if isinstance(t, (StringType, CharType)):
         return lambda value: value.encode()
     if isinstance(t, (BytesType, BinaryType)):
