@@ -329,12 +329,9 @@ class CoordinatorService:
         document["properties"] = completed = self._with_lake_properties(properties, creating)
         lake_keys = keys.key_lake_format(completed)
         if lake_keys is not None:  # the keys must encode as the lake format hashes them (InvalidTableError)
-            row_type = schema.row_type
-            if physical_pk:
-                keys.key_encoder(row_type, [columns.index(k) for k in physical_pk], lake_keys)
-            effective_bucket_keys = bucket_keys or physical_pk
-            if effective_bucket_keys:
-                keys.key_encoder(row_type, [columns.index(k) for k in effective_bucket_keys], lake_keys)
+            for key_columns in dict.fromkeys((tuple(physical_pk), tuple(bucket_keys or physical_pk))):
+                if key_columns:
+                    keys.key_encoder(schema.row_type, [columns.index(k) for k in key_columns], lake_keys)
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
     def _with_lake_properties(self, properties: dict[str, str], creating: bool) -> dict[str, str]:
