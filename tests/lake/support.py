@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +81,65 @@ def write_split(
 
 def row_tuples(table: pa.Table, columns: Sequence[str]) -> list[tuple[Any, ...]]:
     return sorted(zip(*(table.column(name).to_pylist() for name in columns), strict=True))
+
+
+@dataclass
+class Model:
+    """The expected lake state of a primary-key table: key -> row, with the bucket and last offset."""
+
+    key_names: list[str]
+    rows: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    next_offset: dict[tuple[str | None, int], int] = field(default_factory=dict)
+
+    def offset(self, partition: str | None, bucket: int) -> int:
+        value = self.next_offset.get((partition, bucket), 0)
+        self.next_offset[(partition, bucket)] = value + 1
+        return value
+
+
+def pk_round(
+    table: LakeTable,
+    model: Model,
+    rng: random.Random,
+    partitions: list[str | None],
+    bucket_of: Callable[[dict[str, Any]], int],
+    make_row: Callable[[str | None, int, random.Random], dict[str, Any]],
+    key_space: int,
+    changes_max: int = 6,
+) -> list[LakeWriteResult]:
+    """One round: per (partition, bucket) up to ``changes_max`` inserts, updates and deletes (some of keys
+    never stored), folded as the tiering task folds a changelog: every touched key deleted, the last rows
+    appended. ``bucket_of`` gives a row's bucket, as strom's clients assign it."""
+    results = []
+    base = table.latest_snapshot_id()
+    for partition in partitions:
+        for bucket in range(table.layout.info.bucket_count):
+            touched: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+            for _ in range(rng.randint(0, changes_max)):
+                row = make_row(partition, rng.randrange(key_space), rng)
+                key = tuple(row[k] for k in model.key_names)
+                if bucket_of(row) != bucket:
+                    continue
+                deleted = rng.random() < 0.3
+                offset = model.offset(partition, bucket)
+                touched[key] = None if deleted else {**row, "__bucket": bucket, "__offset": offset}
+            if not touched:
+                continue
+            schema = table.layout.table_schema
+            keys = pa.Table.from_pylist([dict(zip(model.key_names, k, strict=True)) for k in touched],
+                                        schema=pa.schema([schema.field(n) for n in model.key_names]))
+            upserts = [r for r in touched.values() if r is not None]
+            batch = pa.RecordBatch.from_pylist([{n: r[n] for n in schema.names} for r in upserts], schema=schema)
+            writer = table.writer(TableBucket(TABLE_ID, bucket, None if partition is None else 1), partition, base)
+            try:
+                writer.delete_keys(keys)
+                writer.append(batch, int64s([r["__offset"] for r in upserts]), int64s([7_000] * len(upserts)))
+                results.append(writer.complete())
+            finally:
+                writer.close()
+            for key, row in touched.items():
+                if row is None:
+                    model.rows.pop(key, None)
+                else:
+                    model.rows[key] = row
+    return results

@@ -7,7 +7,6 @@ from __future__ import annotations
 import decimal
 import json
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,11 @@ from strom.errors import InvalidTableError
 from strom.ids import TableBucket
 from strom.lake.delta import DeltaLakeFormat, DeltaLakeTable
 from strom.lake.delta_files import FileLimits
-from strom.lake.format import OFFSETS_PROPERTY, LakeWriteResult, lake_format
+from strom.lake.format import OFFSETS_PROPERTY, lake_format
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t
 from tests.lake.duckdb_reader import rows_of
-from tests.lake.support import TABLE_ID, int64s, row_tuples, table_info, write_split
+from tests.lake.support import TABLE_ID, Model, int64s, pk_round, row_tuples, table_info, write_split
 
 LOG = [("id", t.IntType()), ("event", t.StringType())]
 PK = [("id", t.IntType(nullable=False)), ("name", t.StringType()), ("score", t.BigIntType())]
@@ -64,61 +63,6 @@ def test_log_tables_refuse_deletes(tmp_path: Path) -> None:
     writer.close()
 
 
-@dataclass
-class Model:
-    """The expected lake state of a primary-key table: key -> row, with the bucket and last offset."""
-
-    key_names: list[str]
-    rows: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
-    next_offset: dict[tuple[str | None, int], int] = field(default_factory=dict)
-
-    def offset(self, partition: str | None, bucket: int) -> int:
-        value = self.next_offset.get((partition, bucket), 0)
-        self.next_offset[(partition, bucket)] = value + 1
-        return value
-
-
-def pk_round(
-    table: DeltaLakeTable, model: Model, rng: random.Random, partitions: list[str | None], bucket_of: Any, make_row: Any,
-    key_space: int,
-) -> list[LakeWriteResult]:
-    """One round: per (partition, bucket) some inserts, updates and deletes (some of keys never stored),
-    folded as the tiering task folds a changelog: every touched key deleted, the last rows appended."""
-    results = []
-    base = table.latest_snapshot_id()
-    for partition in partitions:
-        for bucket in (0, 1):
-            touched: dict[tuple[Any, ...], dict[str, Any] | None] = {}
-            for _ in range(rng.randint(0, 6)):
-                row = make_row(partition, rng.randrange(key_space), rng)
-                key = tuple(row[k] for k in model.key_names)
-                if bucket_of(key) != bucket:
-                    continue
-                deleted = rng.random() < 0.3
-                offset = model.offset(partition, bucket)
-                touched[key] = None if deleted else {**row, "__bucket": bucket, "__offset": offset}
-            if not touched:
-                continue
-            schema = table.layout.table_schema
-            keys = pa.Table.from_pylist([dict(zip(model.key_names, k, strict=True)) for k in touched],
-                                        schema=pa.schema([schema.field(n) for n in model.key_names]))
-            upserts = [r for r in touched.values() if r is not None]
-            batch = pa.RecordBatch.from_pylist([{n: r[n] for n in schema.names} for r in upserts], schema=schema)
-            writer = table.writer(TableBucket(TABLE_ID, bucket, None if partition is None else 1), partition, base)
-            try:
-                writer.delete_keys(keys)
-                writer.append(batch, int64s([r["__offset"] for r in upserts]), int64s([7_000] * len(upserts)))
-                results.append(writer.complete())
-            finally:
-                writer.close()
-            for key, row in touched.items():
-                if row is None:
-                    model.rows.pop(key, None)
-                else:
-                    model.rows[key] = row
-    return results
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_primary_key_rounds_keep_exactly_the_current_state(tmp_path: Path, seed: int) -> None:
     info = table_info(tmp_path, PK, ["id"])
@@ -130,7 +74,7 @@ def test_primary_key_rounds_keep_exactly_the_current_state(tmp_path: Path, seed:
         return {"id": key, "name": f"n{key}-{rng.randrange(1000)}", "score": rng.randrange(-5, 5)}
 
     for round_index in range(6):
-        results = pk_round(table, model, rng, [None], lambda key: key[0] % 2, make_row, key_space=20)
+        results = pk_round(table, model, rng, [None], lambda row: row["id"] % 2, make_row, key_space=20)
         table.commit(results, {OFFSETS_PROPERTY: f"r{round_index}"})
         expected = sorted((r["id"], r["name"], r["score"], r["__bucket"], r["__offset"]) for r in model.rows.values())
         actual = rows_of(table.uri, "SELECT id, name, score, __bucket, __offset FROM lake ORDER BY id")
@@ -159,7 +103,7 @@ def test_a_partitioned_table_with_a_composite_key_keeps_the_current_state(tmp_pa
         return {"region": region, "id": key // 3, "sub": "abc"[key % 3], "v": rng.random()}
 
     for round_index in range(4):
-        results = pk_round(table, model, rng, ["eu", "us"], lambda key: key[1] % 2, make_row, key_space=12)
+        results = pk_round(table, model, rng, ["eu", "us"], lambda row: row["id"] % 2, make_row, key_space=12)
         table.commit(results, {OFFSETS_PROPERTY: f"r{round_index}"})
         expected = sorted((r["region"], r["id"], r["sub"], r["v"], r["__bucket"], r["__offset"]) for r in model.rows.values())
         actual = rows_of(table.uri, "SELECT region, id, sub, v, __bucket, __offset FROM lake ORDER BY ALL")
