@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from strom.ids import TableBucket
-from strom.lake.format import LakeTable, LakeWriteResult
+from strom.lake.format import LakeTable, LakeWriteResult, lake_format
 from strom.metadata.store import TableRecord
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t
@@ -143,3 +144,23 @@ def pk_round(
                 else:
                     model.rows[key] = row
     return results
+
+
+def create_concurrently(info: TableInfo, creators: int) -> list[BaseException]:
+    """Open (creating) the lake copy of ``info`` from ``creators`` threads at once; the errors they hit."""
+    start = threading.Barrier(creators)
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        start.wait()
+        try:
+            lake_format(info).table(info)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(creators)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors

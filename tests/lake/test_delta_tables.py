@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from strom.metadata.store import TableRecord
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t
 from tests.lake.duckdb_reader import rows_of
-from tests.lake.support import TABLE_ID, table_info, write_split
+from tests.lake.support import TABLE_ID, create_concurrently, table_info, write_split
 
 PK = [("id", t.IntType(nullable=False)), ("name", t.StringType())]
 
@@ -38,22 +37,7 @@ def test_create_is_idempotent_and_records_the_strom_table_id(tmp_path: Path) -> 
 
 def test_creators_racing_on_a_new_location_make_one_table(tmp_path: Path) -> None:
     info = table_info(tmp_path, PK, ["id"])
-    start = threading.Barrier(8)
-    errors: list[BaseException] = []
-
-    def create() -> None:
-        start.wait()
-        try:
-            lake_format(info).table(info)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=create) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    assert create_concurrently(info, 8) == []
     log = sorted(p.name for p in (tmp_path / "fluss" / "orders" / "_delta_log").glob("*.json"))
     assert log == [f"{0:020d}.json"], "one CREATE TABLE, no second one retried at version 1"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,7 +25,7 @@ from strom.metadata.store import TableRecord
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t
 from tests.lake.duckdb_reader import iceberg_rows
-from tests.lake.support import TABLE_ID, table_info, write_split
+from tests.lake.support import TABLE_ID, create_concurrently, table_info, write_split
 
 PK = [("id", t.IntType(nullable=False)), ("name", t.StringType())]
 
@@ -94,22 +93,7 @@ def test_create_is_idempotent_and_duckdb_reads_the_empty_table(tmp_path: Path) -
 
 def test_creators_racing_on_a_new_table_make_one_table(tmp_path: Path) -> None:
     info = table_info(tmp_path, PK, ["id"], lake="iceberg")
-    start = threading.Barrier(6)
-    errors: list[BaseException] = []
-
-    def create() -> None:
-        start.wait()
-        try:
-            lake_format(info).table(info)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=create) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    assert create_concurrently(info, 6) == []
     catalog = iceberg_table(info).catalog
     assert catalog.list_tables("fluss") == [("fluss", "orders")]
     # losers leave an unreferenced metadata file (pyiceberg writes it before the catalog refuses them)
