@@ -155,6 +155,23 @@ def int_option(
     return _option(key, parse(default), description, parse, "Integer")
 
 
+def float_option(key: str, default: float, description: str, *, minimum: float | None = None) -> ConfigOption[float]:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(f"not a number: {value!r}")
+        try:
+            parsed = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"not a number: {value!r}") from None
+        if parsed != parsed:
+            raise ValueError(f"not a number: {value!r}")
+        if minimum is not None and parsed < minimum:
+            raise ValueError(f"{parsed} is below the minimum of {minimum}")
+        return parsed
+
+    return _option(key, parse(default), description, parse, "Double")
+
+
 def bool_option(key: str, default: bool, description: str) -> ConfigOption[bool]:
     return _option(key, default, description, _parse_bool, "Boolean")
 
@@ -310,7 +327,26 @@ KV_SCANNER_MAX_BATCH_SIZE = memory_option(
     "kv.scanner.max-batch-size", "10mb", "Server cap on a ScanKv response's `batch_size_bytes`.", minimum=1
 )
 KV_ROCKSDB_BLOCK_CACHE_SIZE = memory_option(
-    "kv.rocksdb.block.cache-size", "8mb", "RocksDB block cache of each bucket."
+    "kv.rocksdb.block.cache-size", "8mb", "RocksDB block cache of each bucket.", minimum=1
+)
+KV_ROCKSDB_BLOCK_SIZE = memory_option(
+    "kv.rocksdb.block.blocksize", "4kb", "Uncompressed size of a RocksDB data block.", minimum=1
+)
+KV_ROCKSDB_WRITE_BUFFER_SIZE = memory_option(
+    "kv.rocksdb.writebuffer.size", "64mb", "Size of one RocksDB memtable of a bucket before it is flushed to disk.",
+    minimum=64 << 10,
+)
+KV_ROCKSDB_WRITE_BUFFER_COUNT = int_option(
+    "kv.rocksdb.writebuffer.count", 2, "Memtables a bucket's RocksDB holds at most (active and being flushed).",
+    minimum=2,
+)
+KV_ROCKSDB_USE_BLOOM_FILTER = bool_option(
+    "kv.rocksdb.use-bloom-filter", True,
+    "Bloom filters over RocksDB's SST files and (strom) a whole-key bloom filter over each memtable, so reading "
+    "a key that does not exist — the old value of every new row — is cheap.",
+)
+KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY = float_option(
+    "kv.rocksdb.bloom-filter.bits-per-key", 10.0, "Bits per key of the SST bloom filters.", minimum=1.0
 )
 
 

@@ -9,6 +9,7 @@ import pytest
 from strom.config import (
     ALL_OPTIONS,
     CONNECTION_MAX_IDLE_TIME,
+    KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY,
     KV_SNAPSHOT_INTERVAL,
     LOG_FLUSH_INTERVAL_MESSAGES,
     LOG_SEGMENT_FILE_SIZE,
@@ -115,11 +116,21 @@ def test_integers_from_yaml_or_strings_are_accepted() -> None:
         ("netty.server.max-request-size", "8 bytes", "below the minimum"),
         ("metrics.reporter.prometheus.port", "70000", "above the maximum of 65535"),
         ("default.bucket.number", "0", "below the minimum of 1"),
+        ("kv.rocksdb.bloom-filter.bits-per-key", "many", "not a number"),
+        ("kv.rocksdb.bloom-filter.bits-per-key", True, "not a number"),
+        ("kv.rocksdb.bloom-filter.bits-per-key", "0.5", "below the minimum of 1.0"),
+        ("kv.rocksdb.writebuffer.count", "1", "below the minimum of 2"),
     ],
 )
 def test_a_bad_value_is_a_value_error_naming_the_key(key: str, value: object, problem: str) -> None:
     with pytest.raises(ValueError, match=f"invalid value for {key}: .*{problem}"):
         Configuration({key: value})
+
+
+def test_floats_from_yaml_or_strings_are_accepted() -> None:
+    config = Configuration({"kv.rocksdb.bloom-filter.bits-per-key": " 12.5 "})
+    assert config.get(KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY) == 12.5
+    assert Configuration({"kv.rocksdb.bloom-filter.bits-per-key": 16}).get(KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY) == 16.0
 
 
 def test_unknown_keys_pass_through_unvalidated() -> None:

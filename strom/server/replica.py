@@ -19,6 +19,11 @@ from pathlib import Path
 
 from strom.config import (
     KV_ROCKSDB_BLOCK_CACHE_SIZE,
+    KV_ROCKSDB_BLOCK_SIZE,
+    KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY,
+    KV_ROCKSDB_USE_BLOOM_FILTER,
+    KV_ROCKSDB_WRITE_BUFFER_COUNT,
+    KV_ROCKSDB_WRITE_BUFFER_SIZE,
     LOG_FLUSH_INTERVAL_MESSAGES,
     LOG_SEGMENT_FILE_SIZE,
     WRITER_ID_EXPIRATION_TIME,
@@ -32,6 +37,7 @@ from strom.errors import (
 )
 from strom.ids import TableBucket
 from strom.kv.kv_tablet import KvConfig, KvRestoreNeededError, KvTablet, reset_instance_id
+from strom.kv.rocksdb import RocksDbOptions
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import CompletedKvSnapshot, download_snapshot
 from strom.log.log_tablet import LogConfig, LogTablet
@@ -211,7 +217,14 @@ class ReplicaManager:
             flush_interval_messages=config.get(LOG_FLUSH_INTERVAL_MESSAGES),
             writer_expiration_ms=config.get_ms(WRITER_ID_EXPIRATION_TIME),
         )
-        self._block_cache_size_bytes = config.get(KV_ROCKSDB_BLOCK_CACHE_SIZE)
+        self._rocksdb = RocksDbOptions(
+            block_cache_size_bytes=config.get(KV_ROCKSDB_BLOCK_CACHE_SIZE),
+            write_buffer_size_bytes=config.get(KV_ROCKSDB_WRITE_BUFFER_SIZE),
+            write_buffer_count=config.get(KV_ROCKSDB_WRITE_BUFFER_COUNT),
+            block_size_bytes=config.get(KV_ROCKSDB_BLOCK_SIZE),
+            use_bloom_filter=config.get(KV_ROCKSDB_USE_BLOOM_FILTER),
+            bloom_filter_bits_per_key=config.get(KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY),
+        )
         self._replicas: dict[TableBucket, Replica] = {}
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
         self.before_reopen: Callable[[TableBucket], object] | None = None
@@ -233,9 +246,7 @@ class ReplicaManager:
     def kv_config(self, table: TableInfo) -> KvConfig:
         behavior = table.properties.get("table.delete.behavior", "ALLOW").upper()
         image = table.properties.get("table.changelog.image", "FULL").strip().upper()
-        return KvConfig(
-            block_cache_size_bytes=self._block_cache_size_bytes, delete_behavior=behavior, changelog_image=image
-        )
+        return KvConfig(rocksdb=self._rocksdb, delete_behavior=behavior, changelog_image=image)
 
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool:
         """Put the latest usable snapshot's files in ``kv_dir/rocksdb``; False if there is none.

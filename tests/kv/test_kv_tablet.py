@@ -16,6 +16,7 @@ from strom.errors import (
 )
 from strom.ids import TablePath
 from strom.kv.kv_tablet import KvConfig, KvTablet
+from strom.kv.rocksdb import RocksDbOptions, open_rocksdb
 from strom.kv.row_format import TableRowFormat
 from strom.log.log_tablet import LogConfig, LogTablet
 from strom.metadata.table_info import TableInfo
@@ -47,7 +48,7 @@ class Bucket:
         self.encoder = CompactedRowEncoder(self.format.row_type)
         properties = self.table.properties
         self.config = KvConfig(
-            block_cache_size_bytes=1 << 20,
+            rocksdb=RocksDbOptions(block_cache_size_bytes=1 << 20),
             delete_behavior=properties.get("table.delete.behavior", "ALLOW"),
             changelog_image=properties.get("table.changelog.image", "FULL"),
         )
@@ -446,3 +447,68 @@ async def test_replay_of_updates_and_deletes_reaches_the_same_state_as_the_live_
         assert {i: live.lookup(i) for i in range(10)} == live_values, f"seed={seed}"
     finally:
         live.close()
+
+
+# ---- large batches (old values read in key order) ----
+
+
+@pytest.mark.asyncio
+async def test_a_large_batch_pairs_each_update_with_its_own_old_row(bucket: Bucket) -> None:
+    """Batches of many keys read old values with one multi-get in key order: every -U must still carry its
+    own key's old row, in the batch's order, with missing keys and repeated keys in the same batch."""
+    ids = list(range(0, 400, 2))
+    await bucket.put(*[(id_, (f"v{id_}", id_)) for id_ in ids])
+    # descending ids (another key order than RocksDB's), new odd keys between existing ones, a key twice
+    records = [(id_, (f"w{id_}", -id_)) for id_ in range(399, 99, -1)] + [(150, ("again", 0))]
+    start = bucket.kv.log.high_watermark
+    await bucket.put(*records)
+    expected = []
+    current = {id_: (id_, f"v{id_}", id_) for id_ in ids}
+    for id_, (name, score) in records:
+        new = (id_, name, score)
+        if id_ in current:
+            expected += [("UPDATE_BEFORE", current[id_]), ("UPDATE_AFTER", new)]
+        else:
+            expected.append(("INSERT", new))
+        current[id_] = new
+    assert [(change, row) for _o, change, row in bucket.changelog(start)] == expected
+    lookups = bucket.kv.lookup([bucket.key(id_) for id_ in (*range(500, 380, -1), 150, 2)])
+    found = [None if value is None else bucket.format.decode_stored(value) for value in lookups]
+    assert found == [current.get(id_) for id_ in (*range(500, 380, -1), 150, 2)]
+
+
+def test_rocksdb_options_reach_the_bucket_database(tmp_path: Path) -> None:
+    """The kv.rocksdb.* options are RocksDB's own settings of each bucket (as its OPTIONS file records them),
+    with a whole-key bloom filter over the memtable while bloom filters are on."""
+    options = RocksDbOptions(
+        block_cache_size_bytes=2 << 20, write_buffer_size_bytes=3 << 20, write_buffer_count=3, block_size_bytes=16 << 10
+    )
+    db = open_rocksdb(tmp_path / "on", options)
+    db.close()
+    settings = rocksdb_settings(tmp_path / "on")
+    assert settings["write_buffer_size"] == str(3 << 20)
+    assert settings["max_write_buffer_number"] == "3"
+    assert settings["block_size"] == str(16 << 10)
+    assert settings["memtable_whole_key_filtering"] == "true"
+    assert settings["memtable_prefix_bloom_size_ratio"] == "0.100000"
+    assert "bloomfilter" in settings["filter_policy"]
+    db = open_rocksdb(tmp_path / "off", RocksDbOptions(use_bloom_filter=False))
+    db.close()
+    settings = rocksdb_settings(tmp_path / "off")
+    assert settings["memtable_whole_key_filtering"] == "false"
+    assert settings["filter_policy"] == "nullptr"
+
+
+def rocksdb_settings(path: Path) -> dict[str, str]:
+    """The default column family's options from the newest OPTIONS file RocksDB wrote."""
+    newest = max(path.glob("OPTIONS-*"), key=lambda file: int(file.name.split("-")[1]))
+    settings: dict[str, str] = {}
+    section = ""
+    for line in newest.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif "=" in line and section in ('[CFOptions "default"]', '[TableOptions/BlockBasedTable "default"]'):
+            key, _, value = line.partition("=")
+            settings[key] = value
+    return settings
