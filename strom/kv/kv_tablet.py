@@ -20,7 +20,7 @@ import shutil
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +55,7 @@ class KvRestoreNeededError(KvStorageError):
 
 @dataclass(frozen=True, slots=True)
 class KvConfig:
-    rocksdb: RocksDbOptions = RocksDbOptions()
+    rocksdb: RocksDbOptions = field(default_factory=RocksDbOptions)
     delete_behavior: str = "ALLOW"  # table.delete.behavior: ALLOW | IGNORE | DISABLE
     changelog_image: str = "FULL"
     """``table.changelog.image``: FULL (-U/+U pairs) or WAL (no -U; a full-row upsert becomes +U without

@@ -49,7 +49,8 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
     table_options.set_block_cache(rocksdict.Cache(options.block_cache_size_bytes))
     table_options.set_block_size(options.block_size_bytes)
     if options.use_bloom_filter:
-        table_options.set_bloom_filter(options.bloom_filter_bits_per_key, False)
+        # RocksDB takes fractional bits per key (a double), although rocksdict's stub says int
+        table_options.set_bloom_filter(options.bloom_filter_bits_per_key, False)  # type: ignore[arg-type]
         db_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
         db_options.set_memtable_whole_key_filtering(True)
     db_options.set_block_based_table_factory(table_options)
