@@ -38,6 +38,9 @@ LIMIT_SCAN_BYTES_MAX = 64 << 20
 """LimitScan is answered in one response, inline: its size is bounded (clients read whole small tables
 with a large limit, so the row count is not), and a client that does not read its answers is paced by the
 connection's write buffer."""
+BACKGROUND_LOOKUP_MIN_KEYS = 128
+"""Lookups of at least this many keys read RocksDB in worker threads (~0.3 ms of reads, against the tens of
+microseconds a thread hand-off adds); smaller ones, single lookups above all, are answered inline."""
 
 
 def _bucket(table_id: int, request: Any) -> TableBucket:
@@ -51,6 +54,15 @@ def _set_error(response: Any, exc: BaseException) -> None:
     response.error_message = message[:4096]
     if not isinstance(exc, StromError):
         log.error("unexpected failure: %s", message, exc_info=exc)
+
+
+def _add_values(bucket_response: Any, values: list[bytes | None]) -> None:
+    add = bucket_response.values.add
+    for value in values:
+        if value is None:
+            add()  # no value: no row
+        else:
+            add().values = value  # twice as fast as add(values=value) in upb
 
 
 def _echo_partition(response: Any, bucket: TableBucket) -> None:
@@ -227,23 +239,44 @@ class TabletService:
         return response
 
     def lookup(self, request: Any, _context: object) -> Any:
+        """Answered inline; a request of many keys instead reads RocksDB in worker threads (a coroutine)."""
+        if sum(len(bucket_request.keys) for bucket_request in request.buckets_req) >= BACKGROUND_LOOKUP_MIN_KEYS:
+            return self._lookup_in_background(request)
         response = pb.LookupResponse()
         for bucket_request in request.buckets_req:
-            bucket = _bucket(request.table_id, bucket_request)
-            bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
-            _echo_partition(bucket_response, bucket)
+            bucket_response = self._lookup_response(response, request.table_id, bucket_request)
             try:
-                values = self._replicas.get(bucket).kv.lookup(bucket_request.keys)
-                add = bucket_response.values.add
-                for value in values:
-                    if value is None:
-                        add()
-                    else:
-                        add().values = value  # twice as fast as add(values=value) in upb
+                values = self._replicas.get(_bucket(request.table_id, bucket_request)).kv.lookup(bucket_request.keys)
             except Exception as exc:
-                del bucket_response.values[:]
                 _set_error(bucket_response, exc)
+            else:
+                _add_values(bucket_response, values)
         return response
+
+    async def _lookup_in_background(self, request: Any) -> Any:
+        response = pb.LookupResponse()
+
+        async def read(bucket_request: Any) -> list[bytes | None]:
+            replica = self._replicas.get(_bucket(request.table_id, bucket_request))
+            return await replica.kv.lookup_in_background(bucket_request.keys)
+
+        results = await asyncio.gather(*(read(b) for b in request.buckets_req), return_exceptions=True)
+        for bucket_request, result in zip(request.buckets_req, results, strict=True):
+            bucket_response = self._lookup_response(response, request.table_id, bucket_request)
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                _set_error(bucket_response, result)
+            else:
+                _add_values(bucket_response, result)
+        return response
+
+    @staticmethod
+    def _lookup_response(response: Any, table_id: int, bucket_request: Any) -> Any:
+        bucket = _bucket(table_id, bucket_request)
+        bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
+        _echo_partition(bucket_response, bucket)
+        return bucket_response
 
     def prefix_lookup(self, request: Any, _context: object) -> Any:
         response = pb.PrefixLookupResponse()

@@ -106,6 +106,26 @@ async def test_lookup_arrow_returns_the_existing_rows_in_key_order(server) -> No
         assert rows == [{"id": 7, "v": "v7"}, None, {"id": 42, "v": "v42"}]
 
 
+async def test_a_lookup_of_many_keys_answers_like_single_lookups(server) -> None:  # type: ignore[no-untyped-def]
+    """Lookups of many keys are read in the server's worker threads, bucket by bucket in parallel; the
+    answer is the same as key by key: present rows in request order, missing keys absent."""
+    path = TablePath("fluss", unique_name("lookup_many_keys"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("v", pa.string())]), primary_key=["id"])
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=3))
+        table = await connection.get_table(path)
+        ids = list(range(0, 6000, 2))
+        await table.new_upsert().create_writer().upsert_batch(pa.table({"id": ids, "v": [f"v{i}" for i in ids]}))
+        wanted = [(i * 7919) % 7000 for i in range(2500)]  # ~3/7 exist, in no key order, some twice
+        lookuper = table.new_lookup().create_lookuper()
+        found = await lookuper.lookup_arrow(pa.table({"id": wanted}))
+        expected = [i for i in wanted if i < 6000 and i % 2 == 0]
+        assert found.column("id").to_pylist() == expected
+        assert found.column("v").to_pylist() == [f"v{i}" for i in expected]
+        one_by_one = [await lookuper.lookup({"id": i}) for i in wanted[:300]]
+        assert await lookuper.lookup_many([{"id": i} for i in wanted[:300]]) == one_by_one
+
+
 async def test_the_blocking_lookuper_finds_rows_without_an_event_loop_in_the_path(server) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 

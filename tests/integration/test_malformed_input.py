@@ -306,6 +306,24 @@ async def test_a_missing_bucket_of_an_existing_table_fails_only_that_bucket(flus
     assert await latest_offset(raw, table_id) == 1
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("key_count", [1, 500])  # answered inline, and read in worker threads
+async def test_a_lookup_into_a_missing_bucket_fails_only_that_bucket(fluss: Any, raw: RawConnection, key_count: int) -> None:
+    _path, table_id = await create_table(fluss, primary_key=True)
+    keys = [bytes([i % 128]) for i in range(key_count)]
+    request = pb.LookupRequest(table_id=table_id)
+    request.buckets_req.add(bucket_id=0, keys=keys)
+    request.buckets_req.add(bucket_id=7, keys=keys)
+    response = await raw.success(ApiKey.LOOKUP, request, pb.LookupResponse)
+    assert [(b.bucket_id, b.error_code, len(b.values)) for b in response.buckets_resp] == [
+        (0, 0, key_count), (7, UNKNOWN_TABLE_OR_BUCKET, 0)
+    ]
+    missing = pb.LookupRequest(table_id=MISSING_TABLE_ID)
+    missing.buckets_req.add(bucket_id=0, keys=keys)
+    response = await raw.success(ApiKey.LOOKUP, missing, pb.LookupResponse)
+    assert [(b.bucket_id, b.error_code) for b in response.buckets_resp] == [(0, UNKNOWN_TABLE_OR_BUCKET)]
+
+
 # ---- abuse under load ----
 
 
