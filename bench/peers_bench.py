@@ -17,6 +17,9 @@ synchronous_commit and full_page_writes at their defaults, i.e. on):
 * batched lookups ``SELECT … WHERE id = ANY($1)`` of 1 000 keys; single lookups with a prepared
   ``SELECT … WHERE id = $1``, p50/p99.
 
+Floor: a blocking Python socket's round trip to a uvloop echo server, p50/p99 — what any single lookup
+between a Python client and a Python server pays here before doing any work.
+
 Both clients start from the same Arrow batches and connect over TCP loopback. Throughput ratios are
 strom rows/s ÷ PostgreSQL rows/s; latencies are printed side by side. Without PostgreSQL's server
 binaries (Debian's ``postgresql`` package) or psycopg (``pip install -e '.[bench]'``) the PostgreSQL half
@@ -30,10 +33,12 @@ import asyncio
 import base64
 import glob
 import io
+import multiprocessing
 import os
 import pwd
 import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -130,6 +135,53 @@ def run_strom(load: pa.Table, update: pa.Table, lookups: list[int], singles: int
         results["pyfluss"] = asyncio.run(pyfluss_load(server.address, load, f"peers_pyfluss_{round_}"))
         results["lookups"] = asyncio.run(strom_lookups(server.address, f"peers_full_{round_}", lookups, singles))
     return results
+
+
+def _echo_server(port: int, ready: Any) -> None:
+    """A uvloop TCP echo server (the event loop strom's server runs on), for the round-trip floor."""
+    import uvloop
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.transport.write(data)
+
+    async def serve() -> None:
+        await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", port)
+        ready.set()
+        await asyncio.sleep(3600)
+
+    uvloop.run(serve())
+
+
+def python_round_trips(count: int) -> list[float]:
+    """Latencies (µs) of a blocking Python socket sending 64 bytes to a Python echo server and reading
+    them back over loopback: the floor under any single lookup between a Python client and server here."""
+    port = free_port()
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=_echo_server, args=(port, ready), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the echo server did not start")
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            message = b"x" * 64
+            latencies = []
+            for _ in range(count):
+                begin = time.perf_counter_ns()
+                sock.sendall(message)
+                received = 0
+                while received < len(message):
+                    received += len(sock.recv(4096))
+                latencies.append((time.perf_counter_ns() - begin) / 1000)
+            return latencies
+    finally:
+        server.kill()
+        server.join()
 
 
 # ------------------------------------------------------------------------------------------ PostgreSQL
@@ -303,6 +355,7 @@ def main() -> None:
     assert bin_dir is not None
     for round_ in range(args.rounds):
         stroms.append(run_strom(load, update, lookups, singles, round_))
+        stroms[-1]["round_trips"] = python_round_trips(singles)
         with BenchPostgres(bin_dir) as pg:
             postgreses.append(run_postgres(pg, load, update, lookups, singles))
 
@@ -343,6 +396,9 @@ def main() -> None:
         latencies = [x for r in stroms for x in r["lookups"][index]]
         lines.append((f"single lookups p50 / p99: {label}",
                       f"{median(latencies):.0f} / {percentile(latencies, 0.99):.0f} µs"))
+    floor = [x for r in stroms for x in r["round_trips"]]
+    lines.append(("floor: Python socket round trip to a uvloop echo server, p50 / p99",
+                  f"{median(floor):.0f} / {percentile(floor, 0.99):.0f} µs"))
     report(f"strom against PostgreSQL, {args.rows:,} rows (id BIGINT PK + 100-char string), {BATCH_ROWS:,}-row "
            f"batches, durable; {args.lookups:,} lookups, {singles:,} singles; {args.rounds} round(s)", lines)
 

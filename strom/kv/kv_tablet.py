@@ -13,18 +13,15 @@ anyway; the only blocking I/O, the log fsync, runs in a worker thread inside Log
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import logging
 import shutil
 import struct
-import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import rocksdict
@@ -39,7 +36,6 @@ from strom.records.kv_batch import SCHEMA_ID
 from strom.records.log_batch import ChangeType
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 APPLIED_OFFSET_KEY = b"applied_log_offset"
 ROW_COUNT_KEY = b"row_count"
@@ -74,39 +70,6 @@ class _PendingBatch:
     row_count_delta: int
 
 
-class _BackgroundReads:
-    """Counts RocksDB reads running in worker threads, so closing waits for them (a read of a closed
-    rocksdict would fail or worse). Entered on the event loop; left in the worker or on the loop."""
-
-    def __init__(self) -> None:
-        self._idle = threading.Condition()
-        self._count = 0
-
-    def run(self, read: Callable[[], T]) -> asyncio.Future[T]:
-        """Run ``read`` in the default executor, counted until it returns (even if its awaiter is cancelled)."""
-
-        def counted() -> T:
-            try:
-                return read()
-            finally:
-                with self._idle:
-                    self._count -= 1
-                    self._idle.notify_all()
-
-        with self._idle:
-            self._count += 1
-        try:
-            return asyncio.get_running_loop().run_in_executor(None, counted)
-        except BaseException:
-            with self._idle:
-                self._count -= 1
-            raise
-
-    def wait_idle(self) -> None:
-        with self._idle:
-            self._idle.wait_for(lambda: self._count == 0)
-
-
 def reset_instance_id(path: Path) -> None:
     """Give a RocksDB restored from a snapshot a new instance id: it will create SST files whose numbers
     the original instance may already have used, so their remote names must differ."""
@@ -139,7 +102,6 @@ class KvTablet:
         self._row_count = self._read_meta_int(ROW_COUNT_KEY)
         self.instance_id = self._instance_id()
         self._closed = False
-        self._background_reads = _BackgroundReads()
         self.failed: Exception | None = None
         """A RocksDB write failed (RocksDB then refuses writes): writes are refused until the replica
         reopens the tablet; reads go on from what RocksDB holds, which is every acknowledged write."""
@@ -475,14 +437,6 @@ class KvTablet:
         self._apply_before_read()  # a put whose handler never applied (it failed on a later batch) still shows
         return self._read_values(keys)
 
-    async def lookup_in_background(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """:meth:`lookup` with RocksDB read in a worker thread (its multi-get releases the GIL), so the event
-        loop serves other requests, and lookups of several buckets read in parallel, meanwhile. For large
-        batches only: handing work to a thread costs tens of microseconds."""
-        self._check_open()
-        self._apply_before_read()
-        return await self._background_reads.run(lambda: self._read_values(keys))
-
     def prefix_lookup(self, prefixes: Sequence[bytes], limit_per_prefix: int) -> list[list[bytes]]:
         self._check_open()
         self._apply_before_read()
@@ -573,7 +527,6 @@ class KvTablet:
         if self._closed:
             return
         self._closed = True
-        self._background_reads.wait_idle()  # a worker thread must not read a closed RocksDB
         try:
             self._flush_memtables()
         except Exception as exc:  # the changelog still covers whatever did not reach an SST

@@ -22,7 +22,6 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from types import CoroutineType
 
 from strom.errors import (
     AuthenticationError,
@@ -59,8 +58,7 @@ class RequestContext:
 
 Handler = Callable[[Message, RequestContext], Awaitable[Message]] | Callable[[Message, RequestContext], Message]
 """An RPC handler: a coroutine function, or a plain function for handlers that never wait (lookups,
-metadata reads). Plain ones run inline as their frame is read, without a task per request; one may return
-a coroutine instead of a response for a request too large to answer inline, which then runs as a task."""
+metadata reads). Plain ones run inline as their frame is read, without a task per request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,16 +359,10 @@ class _Connection(asyncio.Protocol):
                     response = route.handler(request, context)
                 except Exception as exc:
                     response = exc
-                if not isinstance(response, CoroutineType):
-                    self._write(server.respond(context, response))  # type: ignore[arg-type]
-                    continue
-                # a plain handler may hand back a coroutine for a large request (a lookup of many keys
-                # reads RocksDB in worker threads): it then runs as a task like an async handler's
-                pending: Awaitable[Message] = response  # type: ignore[assignment]
-            else:
-                pending = route.handler(request, context)  # type: ignore[assignment]
+                self._write(server.respond(context, response))  # type: ignore[arg-type]
+                continue
             self.in_flight_count += 1
-            task = asyncio.ensure_future(self._handle(pending, context))
+            task = asyncio.ensure_future(self._handle(route, request, context))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         assert self.in_flight_count <= in_flight_count_max
@@ -390,10 +382,10 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(response)
 
-    async def _handle(self, pending: Awaitable[Message], context: RequestContext) -> None:
+    async def _handle(self, route: _Route, request: Message, context: RequestContext) -> None:
         try:
             try:
-                response: Message | BaseException = await pending
+                response: Message | BaseException = await route.handler(request, context)  # type: ignore[misc]
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -38,9 +38,6 @@ LIMIT_SCAN_BYTES_MAX = 64 << 20
 """LimitScan is answered in one response, inline: its size is bounded (clients read whole small tables
 with a large limit, so the row count is not), and a client that does not read its answers is paced by the
 connection's write buffer."""
-BACKGROUND_LOOKUP_MIN_KEYS = 128
-"""Lookups of at least this many keys read RocksDB in worker threads (~0.3 ms of reads, against the tens of
-microseconds a thread hand-off adds); smaller ones, single lookups above all, are answered inline."""
 
 
 def _bucket(table_id: int, request: Any) -> TableBucket:
@@ -239,9 +236,6 @@ class TabletService:
         return response
 
     def lookup(self, request: Any, _context: object) -> Any:
-        """Answered inline; a request of many keys instead reads RocksDB in worker threads (a coroutine)."""
-        if sum(len(bucket_request.keys) for bucket_request in request.buckets_req) >= BACKGROUND_LOOKUP_MIN_KEYS:
-            return self._lookup_in_background(request)
         response = pb.LookupResponse()
         for bucket_request in request.buckets_req:
             bucket_response = self._lookup_response(response, request.table_id, bucket_request)
@@ -251,24 +245,6 @@ class TabletService:
                 _set_error(bucket_response, exc)
             else:
                 _add_values(bucket_response, values)
-        return response
-
-    async def _lookup_in_background(self, request: Any) -> Any:
-        response = pb.LookupResponse()
-
-        async def read(bucket_request: Any) -> list[bytes | None]:
-            replica = self._replicas.get(_bucket(request.table_id, bucket_request))
-            return await replica.kv.lookup_in_background(bucket_request.keys)
-
-        results = await asyncio.gather(*(read(b) for b in request.buckets_req), return_exceptions=True)
-        for bucket_request, result in zip(request.buckets_req, results, strict=True):
-            bucket_response = self._lookup_response(response, request.table_id, bucket_request)
-            if isinstance(result, BaseException):
-                if not isinstance(result, Exception):
-                    raise result
-                _set_error(bucket_response, result)
-            else:
-                _add_values(bucket_response, result)
         return response
 
     @staticmethod

@@ -107,8 +107,8 @@ async def test_lookup_arrow_returns_the_existing_rows_in_key_order(server) -> No
 
 
 async def test_a_lookup_of_many_keys_answers_like_single_lookups(server) -> None:  # type: ignore[no-untyped-def]
-    """Lookups of many keys are read in the server's worker threads, bucket by bucket in parallel; the
-    answer is the same as key by key: present rows in request order, missing keys absent."""
+    """The server reads a bucket's keys of a large lookup with one multi-get in key order; the answer is
+    the same as key by key: present rows in request order, missing keys absent."""
     path = TablePath("fluss", unique_name("lookup_many_keys"))
     schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("v", pa.string())]), primary_key=["id"])
     async with await Connection.create(server.address) as connection:

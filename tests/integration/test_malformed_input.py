@@ -307,7 +307,7 @@ async def test_a_missing_bucket_of_an_existing_table_fails_only_that_bucket(flus
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("key_count", [1, 500])  # answered inline, and read in worker threads
+@pytest.mark.parametrize("key_count", [1, 500])  # single gets, and one key-ordered multi-get
 async def test_a_lookup_into_a_missing_bucket_fails_only_that_bucket(fluss: Any, raw: RawConnection, key_count: int) -> None:
     _path, table_id = await create_table(fluss, primary_key=True)
     keys = [bytes([i % 128]) for i in range(key_count)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ from strom.errors import (
     DeletionDisabledError,
     DuplicateSequenceError,
     InvalidTargetColumnError,
-    KvStorageError,
     RequestTimeoutError,
 )
 from strom.ids import TablePath
@@ -515,22 +513,3 @@ def rocksdb_settings(path: Path) -> dict[str, str]:
             settings[key] = value
     return settings
 
-
-@pytest.mark.asyncio
-async def test_closing_waits_for_a_lookup_reading_in_a_worker_thread(bucket: Bucket) -> None:
-    """A lookup of many keys reads RocksDB in a worker thread; closing the tablet meanwhile (a replica
-    stopping, a drop) waits for that read instead of closing RocksDB under it."""
-    await bucket.put(*[(id_, (f"v{id_}", id_)) for id_ in range(0, 2000, 3)])
-    keys = [bucket.key(id_ % 2000) for id_ in range(200_000)]
-    lookup = asyncio.ensure_future(bucket.kv.lookup_in_background(keys))
-    await asyncio.sleep(0)  # the lookup task runs until it waits for the worker thread
-    assert bucket.kv._background_reads._count == 1
-    closed = bucket.kv
-    closed.close()
-    reopened = KvTablet(bucket.directory / "kv", closed.log, bucket.format, bucket.config)  # RocksDB's LOCK is free
-    values = await lookup
-    assert [values[i] is not None for i in range(0, 200_000, 997)] == [i % 2000 % 3 == 0 for i in range(0, 200_000, 997)]
-    with pytest.raises(KvStorageError, match="closed"):  # the closed tablet refuses later lookups
-        await closed.lookup_in_background(keys[:10])
-    bucket.kv = reopened
-    assert reopened.lookup([bucket.key(3)]) == [bucket.stored(3, "v3", 3)]
