@@ -12,6 +12,7 @@ stay open until the tablet closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import shutil
@@ -69,7 +70,12 @@ class LogTablet:
         self._unflushed_segments: list[LogSegment] = []
         self._appends_since_flush = 0
         self._high_watermark = self.log_end_offset
-        self._flush_task: asyncio.Future[None] | None = None
+        self._flush_target: int | None = None
+        """The end offset the running fsync covers; None while no fsync runs."""
+        self._flush_scheduled = False
+        self._flush_waiters: list[asyncio.Future[None]] = []
+        self._next_waiters: list[asyncio.Future[None]] = []
+        """Waiting for appends made after the running fsync started: the next fsync starts as it ends."""
         self._hw_advanced = asyncio.Event()
         self._last_commit_timestamp = max(s.last_timestamp for s in segments)
         self._failed: Exception | None = None
@@ -209,28 +215,84 @@ class LogTablet:
 
     async def wait_durable(self, offset: int) -> None:
         """Return once every offset below ``offset`` is durable and visible (the high watermark passed it)."""
-        assert offset <= self.log_end_offset, (offset, self.log_end_offset)  # else no flush could ever reach it
-        while self._high_watermark < offset:
-            self._check_usable()
-            if self._flush_task is None:
-                self._flush_task = asyncio.ensure_future(self._flush())
-            await asyncio.shield(self._flush_task)
+        await self.durable(offset)
 
-    async def _flush(self) -> None:
-        target = self.log_end_offset
+    def durable(self, offset: int) -> asyncio.Future[None]:
+        """A future done once every offset below ``offset`` is durable and visible; it fails with
+        LogStorageError if the fsync does. The flush is requested here, not when the future is awaited,
+        so a caller can request the flushes of several buckets before awaiting any of them.
+
+        Group commit: the fsync starts on the loop's next turn, so every append of this turn shares it;
+        appends made while it runs share the next one, which starts as soon as it ends. Each caller gets
+        its own future, resolved straight from the fsync's completion, so cancelling one caller never
+        disturbs the others.
+        """
+        assert offset <= self.log_end_offset, (offset, self.log_end_offset)  # else no flush could ever reach it
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        if self._high_watermark >= offset:
+            waiter.set_result(None)
+            return waiter
+        self._check_usable()
+        if self._flush_target is None:
+            self._flush_waiters.append(waiter)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._start_flush)
+        elif offset <= self._flush_target:
+            self._flush_waiters.append(waiter)
+        else:
+            self._next_waiters.append(waiter)
+        return waiter
+
+    def _start_flush(self) -> None:
+        """fsync what is appended so far in a worker thread; :meth:`_flush_done` runs on the loop after."""
+        self._flush_scheduled = False
+        if self._closed or self._failed is not None:
+            self._fail_waiters(LogStorageError(f"log {self.directory} is closed or failed"))
+            return
+        target = self._flush_target = self.log_end_offset
         segments = self._unflushed_segments
         self._unflushed_segments = []
         self._appends_since_flush = 0
-        try:
-            loop = asyncio.get_running_loop()
-            for segment in segments:
-                await loop.run_in_executor(None, segment.fsync)
-        except OSError as exc:
-            self._fail(exc)
-            raise LogStorageError(f"fsync of {self.directory} failed: {exc}") from exc
-        finally:
-            self._flush_task = None
+        loop = asyncio.get_running_loop()
+
+        def fsync() -> None:  # in the worker thread
+            error: OSError | None = None
+            try:
+                for segment in segments:
+                    segment.fsync()
+            except OSError as exc:
+                error = exc
+            # straight back onto the loop: no executor future (and its extra loop turns) in between
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits any more
+                loop.call_soon_threadsafe(self._flush_done, target, error)
+
+        loop.run_in_executor(None, fsync)
+
+    def _flush_done(self, target: int, error: OSError | None) -> None:
+        waiters, self._flush_waiters = self._flush_waiters, []
+        self._flush_target = None
+        if error is not None:
+            self._fail(error)
+            self._flush_waiters = waiters
+            self._fail_waiters(LogStorageError(f"fsync of {self.directory} failed: {error}"))
+            return
         self._advance_high_watermark(target)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._next_waiters:  # they waited a whole fsync already: start theirs now
+            self._flush_waiters, self._next_waiters = self._next_waiters, []
+            self._start_flush()
+
+    def _fail_waiters(self, failure: LogStorageError) -> None:
+        waiters = self._flush_waiters + self._next_waiters
+        self._flush_waiters, self._next_waiters = [], []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(failure)
+                waiter.exception()  # its caller may be gone; don't warn
 
     def _advance_high_watermark(self, offset: int) -> None:
         if offset > self._high_watermark:
@@ -329,7 +391,7 @@ class LogTablet:
 
     @property
     def flush_in_flight(self) -> bool:
-        return self._flush_task is not None
+        return self._flush_target is not None or self._flush_scheduled
 
     def _check_usable(self) -> None:
         if self._failed is not None:

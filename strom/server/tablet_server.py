@@ -22,7 +22,8 @@ from strom.errors import (
     code_for_exception,
 )
 from strom.ids import TableBucket
-from strom.log.log_tablet import LogTablet
+from strom.kv.kv_tablet import KvTablet
+from strom.log.log_tablet import AppendResult, LogTablet
 from strom.records import log_batch
 from strom.records.kv_batch import build_value_batch, parse_kv_batches
 from strom.rpc.messages import pb
@@ -195,16 +196,20 @@ class TabletService:
 
     # ---- primary-key tables ----
     async def put_kv(self, request: Any, _context: object) -> Any:
+        """Every bucket's records are appended and its fsync started before any is awaited, in this one
+        task: no task per bucket, and the answer goes out on the loop turn after the last fsync ends."""
         target_columns = list(request.target_columns)
-        results = await asyncio.gather(
-            *(self._put_bucket(request.table_id, b, target_columns) for b in request.buckets_req)
-        )
-        return pb.PutKvResponse(buckets_resp=results)
+        staged = [self._stage_put(request.table_id, b, target_columns) for b in request.buckets_req]
+        return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry) for entry in staged])
 
-    async def _put_bucket(self, table_id: int, bucket_request: Any, target_columns: list[int]) -> Any:
+    def _stage_put(
+        self, table_id: int, bucket_request: Any, target_columns: list[int]
+    ) -> tuple[Any, KvTablet | None, AppendResult | None, BaseException | None]:
+        """Append one bucket's batches; returns its response, tablet, last append and first error."""
         bucket = _bucket(table_id, bucket_request)
         response = pb.PbPutKvRespForBucket(bucket_id=bucket.bucket)
         _echo_partition(response, bucket)
+        kv = result = None
         try:
             replica = self._replicas.get(bucket)
             kv = replica.kv
@@ -213,26 +218,36 @@ class TabletService:
             batches = parse_kv_batches(bucket_request.records)
             if not batches:
                 raise CorruptRecordError("PutKv carried no kv record batch")
-            result = None
-            try:
-                for batch in batches:
-                    result = kv.prepare_put(
-                        batch.keys,
-                        batch.values,
-                        batch.schema_id,
-                        target_columns,
-                        batch.writer_id,
-                        batch.batch_sequence,
-                        self._clock.now_ms(),
-                    )
-            finally:
-                if result is not None:  # batches appended before a failing one still become durable
-                    await kv.log.wait_durable(result.next_offset)
-                    kv.apply_durable()
-            assert result is not None
-            response.log_end_offset = result.next_offset
+            for batch in batches:
+                result = kv.prepare_put(
+                    batch.keys,
+                    batch.values,
+                    batch.schema_id,
+                    target_columns,
+                    batch.writer_id,
+                    batch.batch_sequence,
+                    self._clock.now_ms(),
+                )
         except Exception as exc:
-            _set_error(response, exc)
+            return response, kv, result, exc
+        return response, kv, result, None
+
+    async def _finish_put(
+        self, response: Any, kv: KvTablet | None, result: AppendResult | None, error: BaseException | None
+    ) -> Any:
+        """Wait until the bucket's appends are durable, apply them to RocksDB, and answer. Batches appended
+        before a failing one still become durable and applied; the answer is then the failure."""
+        try:
+            if result is not None:
+                assert kv is not None
+                await kv.log.durable(result.next_offset)
+                kv.apply_durable()
+                if error is None:
+                    response.log_end_offset = result.next_offset
+        except Exception as exc:
+            error = error or exc
+        if error is not None:
+            _set_error(response, error)
         return response
 
     def lookup(self, request: Any, _context: object) -> Any:
