@@ -62,6 +62,11 @@ WRITE_CHANGE_TYPE_COLUMN = ConnectorOption(
     "write.change-type-column", "_change_type",
     "Input column with +I/+U (upsert), -D (delete) or -U (ignored); used when the DataFrame has it.",
 )
+WRITE_BATCH_ROWS = ConnectorOption(
+    "write.batch-rows", "65536",
+    "Rows a write task gathers (from Spark's Arrow batches) into one pipelined request: fewer, larger "
+    "requests cost the server fewer changelog syncs per row.",
+)
 READ_FILTER_PUSHDOWN = ConnectorOption(
     "read.filter-pushdown", None,
     "Batch reads: true lets Spark push filters (primary-key lookups, partition pruning), which needs "
@@ -75,7 +80,7 @@ TEST_WAIT_FOR_FILE = ConnectorOption(
 
 ALL_OPTIONS = (
     BOOTSTRAP_SERVERS, TABLE, SCAN_STARTUP_MODE, READ_STRATEGY, READ_SOURCE, LEASE_ID, LEASE_DURATION, READ_CHANGE_TYPE_COLUMN,
-    MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE,
+    MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, WRITE_BATCH_ROWS, READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE,
 )
 
 
@@ -198,6 +203,7 @@ class ReadOptions:
 @dataclass(frozen=True, slots=True)
 class WriteOptions:
     change_type_column: str
+    batch_rows: int = int(WRITE_BATCH_ROWS.default or 0)
 
     def change_type_column_for(self, table_columns: Collection[str]) -> str | None:
         """The change type column's name, unless unset or a column of the table itself (data, not a type)."""
@@ -207,4 +213,11 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
-        return cls(_get(_lower_keys(options), WRITE_CHANGE_TYPE_COLUMN).strip())
+        raw = _lower_keys(options)
+        try:
+            batch_rows = int(_get(raw, WRITE_BATCH_ROWS))
+        except ValueError:
+            raise FlussConnectorError(f"option '{WRITE_BATCH_ROWS.key}' must be an integer") from None
+        if batch_rows <= 0:
+            raise FlussConnectorError(f"option '{WRITE_BATCH_ROWS.key}' must be positive")
+        return cls(_get(raw, WRITE_CHANGE_TYPE_COLUMN).strip(), batch_rows)

@@ -44,28 +44,38 @@ class FlussCommitMessage(WriterCommitMessage):
 
 
 PENDING_BATCHES_MAX = 3
-"""Batches queued but not yet acknowledged per task. The client pipelines them (the server works on one
-while the task encodes the next); the bound keeps a task's memory at a few Spark batches."""
+"""Requests queued but not yet acknowledged per task. The client pipelines them (the server works on one
+while the task converts the next); the bound keeps a task's memory at a few requests' rows."""
 
 
 class TableSink:
-    """Sends a task's batches to one table, in order, with up to PENDING_BATCHES_MAX unacknowledged.
+    """Sends a task's rows to one table, in order, in requests of about ``batch_rows`` rows, with up to
+    PENDING_BATCHES_MAX unacknowledged.
 
-    The client's loop only runs while a call into it is in progress, so waiting for the oldest batch once
+    Spark hands a writer Arrow batches of ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (10 000 by
+    default); the server syncs its changelog once per request, so consecutive upserts (or appends) are
+    gathered into larger requests. A run of deletes first sends the upserts gathered before it.
+
+    The client's loop only runs while a call into it is in progress, so waiting for the oldest request once
     the bound is reached is also what keeps the newer ones moving.
     """
 
-    def __init__(self, table: Table, change_type_column: str | None) -> None:
+    def __init__(self, table: Table, change_type_column: str | None, batch_rows: int = 65_536) -> None:
         self._table = table
         self._layout = table.layout
         self._change_type_column = change_type_column
+        self._batch_rows = batch_rows
         self._writer: UpsertWriter | AppendWriter = (
             table.new_upsert().create_writer() if self._layout.primary_key else table.new_append().create_writer()
         )
         self._pending: deque[WriteResultHandle] = deque()
+        self._gathered: list[pa.RecordBatch] = []
+        self._gathered_rows = 0
         self.rows_written = 0
         self.rows_deleted = 0
         self.rows_skipped = 0
+        self.requests = 0
+        """Upsert/append requests sent (deletes not counted): what gathering saves."""
 
     async def write(self, batch: pa.RecordBatch) -> None:
         operations = self._operations(batch)
@@ -108,19 +118,33 @@ class TableSink:
         if operation == SKIP:
             self.rows_skipped += rows.num_rows
             return
+        if operation == UPSERT:  # also a log table's append
+            self._gathered.append(rows)
+            self._gathered_rows += rows.num_rows
+            if self._gathered_rows >= self._batch_rows:
+                await self._send_gathered()
+            return
+        await self._send_gathered()  # upserts before these deletes go first
+        writer = self._writer
+        assert isinstance(writer, UpsertWriter)
+        keys = rows.select(self._layout.primary_key).to_pylist()
+        self._pending.extend(writer.delete(key) for key in keys)
+        await writer.flush()  # buffered deletes go out now: after earlier batches, before later ones
+        await self._settle(0)
+        self.rows_deleted += rows.num_rows
+
+    async def _send_gathered(self) -> None:
+        if not self._gathered:
+            return
+        rows = self._gathered[0] if len(self._gathered) == 1 else pa.concat_batches(self._gathered)
+        self._gathered, self._gathered_rows = [], 0
         writer = self._writer
         if isinstance(writer, AppendWriter):
             self._pending.append(writer.append_arrow_batch(rows))
-            self.rows_written += rows.num_rows
-        elif operation == UPSERT:
-            self._pending.append(writer.upsert_arrow_batch(rows))
-            self.rows_written += rows.num_rows
         else:
-            keys = rows.select(self._layout.primary_key).to_pylist()
-            self._pending.extend(writer.delete(key) for key in keys)
-            await writer.flush()  # buffered deletes go out now: after earlier batches, before later ones
-            await self._settle(0)
-            self.rows_deleted += rows.num_rows
+            self._pending.append(writer.upsert_arrow_batch(rows))
+        self.rows_written += rows.num_rows
+        self.requests += 1
         await self._settle(PENDING_BATCHES_MAX)
 
     async def _settle(self, pending_max: int) -> None:
@@ -129,6 +153,7 @@ class TableSink:
             await self._pending.popleft().wait()
 
     async def finish(self) -> None:
+        await self._send_gathered()
         await self._writer.flush()
         await self._settle(0)
 
@@ -139,7 +164,7 @@ def write_task(connection: ConnectionOptions, options: WriteOptions, table_id: i
         table = runtime.run(client.get_table(connection.table_path))
         if table.layout.info.table_id != table_id:
             raise FlussConnectorError(f"table '{connection.table}' was dropped and re-created since the write was planned")
-        sink = TableSink(table, options.change_type_column_for(table.layout.column_names))
+        sink = TableSink(table, options.change_type_column_for(table.layout.column_names), options.batch_rows)
         for batch in batches:
             runtime.run(sink.write(batch))
         runtime.run(sink.finish())

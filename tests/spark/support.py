@@ -108,6 +108,20 @@ class Fluss:
 
         return sorted(run(self.address, scan).to_pylist(), key=lambda row: [(v is None, v) for v in row.values()])
 
+    def log_batch_sizes(self, table: str, bucket: int = 0) -> list[int]:
+        """Rows per record batch of a bucket's log (a log table's appends, a primary-key table's changelog):
+        one batch per write request that reached the bucket."""
+
+        async def sizes(connection: Connection) -> list[int]:
+            handle = await connection.get_table(TablePath.parse(table))
+            path = TablePath.parse(table)
+            end = (await connection.get_admin().list_offsets(path, [bucket], OffsetSpec.latest()))[bucket]
+            scanner = handle.new_scan().create_log_scanner()
+            table_bucket = handle.layout.info.buckets()[bucket]
+            return [scan.batch.num_rows async for scan in scanner.read_range(table_bucket, 0, end)]
+
+        return run(self.address, sizes)
+
     def latest_snapshots(self, table: str, partition_name: str | None = None) -> dict[int, KvSnapshotInfo | None]:
         async def latest(connection: Connection) -> dict[int, KvSnapshotInfo | None]:
             listed = await connection.get_admin().get_latest_kv_snapshots(TablePath.parse(table), partition_name)

@@ -31,6 +31,52 @@ def test_appends_to_a_log_table_round_trip(spark: Any, cluster: Fluss) -> None:
     assert sorted((r.id, r.event) for r in load(spark, cluster, table).collect()) == [(i, f"e{i}") for i in range(1000)]
 
 
+@pytest.fixture
+def small_arrow_batches(spark: Any) -> Any:
+    """Spark hands writers Arrow batches of 100 rows (instead of 10 000) during the test."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, "100")
+    yield 100
+    spark.conf.set(key, previous)
+
+
+def test_a_write_task_gathers_spark_batches_into_requests_of_write_batch_rows(
+    spark: Any, cluster: Fluss, small_arrow_batches: int
+) -> None:
+    table = cluster.create_table([("id", BigIntType()), ("event", StringType())], bucket_count=1)
+    frame = spark.createDataFrame([(i, f"e{i}") for i in range(1000)], "id long, event string").coalesce(1)
+
+    save(frame, cluster, table, **{"write.batch-rows": "400"})
+
+    assert cluster.log_batch_sizes(table) == [400, 400, 200]  # not ten requests of one Spark batch each
+    assert sorted((r.id, r.event) for r in load(spark, cluster, table).collect()) == [(i, f"e{i}") for i in range(1000)]
+
+
+def test_gathered_upserts_go_out_before_the_deletes_that_follow_them(
+    spark: Any, cluster: Fluss, small_arrow_batches: int
+) -> None:
+    table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=1)
+    # per key: upserted in one Spark batch, deleted in a later one, upserted again after that
+    changes = [(i, f"n{i}", i, "+I") for i in range(150)]
+    changes += [(i, "", 0, "-D") for i in range(0, 150, 2)]
+    changes += [(i, f"again{i}", -i, "+U") for i in range(0, 150, 4)]
+    frame = spark.createDataFrame(changes, "id int, name string, score long, _change_type string").coalesce(1)
+
+    save(frame, cluster, table, **{"write.batch-rows": "1000"})  # all 150 upserts gathered when the deletes come
+
+    expected = {i: (f"n{i}", i) for i in range(1, 150, 2)} | {i: (f"again{i}", -i) for i in range(0, 150, 4)}
+    assert {r["id"]: (r["name"], r["score"]) for r in cluster.rows(table)} == expected
+
+
+def test_write_batch_rows_must_be_a_positive_integer(spark: Any, cluster: Fluss) -> None:
+    table = cluster.create_table([("id", BigIntType())], bucket_count=1)
+    frame = spark.createDataFrame([(1,)], "id long")
+    for value in ("0", "many"):
+        message = failure_line(lambda value=value: save(frame, cluster, table, **{"write.batch-rows": value}))
+        assert message.startswith("option 'write.batch-rows' must be"), message
+
+
 def test_upserts_and_deletes_by_change_type_in_row_order(spark: Any, cluster: Fluss) -> None:
     table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
     save(spark.createDataFrame([(i, f"n{i}", i) for i in range(1, 11)], "id int, name string, score long"), cluster, table)
