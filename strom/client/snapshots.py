@@ -8,6 +8,7 @@ abandoned lease expires on its own.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -206,8 +207,15 @@ class KvSnapshotReader:
         return self
 
     def iter_batches(self, batch_rows: int = SNAPSHOT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-        for _keys, batch in self.iter_keyed_batches(batch_rows):
-            yield batch
+        """Rows in key order, at most ``batch_rows`` each. Iterating values alone (no key objects) and
+        taking them ``batch_rows`` at a time in C is about twice as fast as stepping ``items()``."""
+        assert self._db is not None, "open() first"
+        values = self._db.values()
+        try:
+            while chunk := list(itertools.islice(values, batch_rows)):
+                yield self._decode(chunk)
+        finally:
+            del values  # a live iterator would keep the DB open after close()
 
     def iter_keyed_batches(self, batch_rows: int = SNAPSHOT_BATCH_ROWS) -> Iterator[tuple[list[bytes], pa.RecordBatch]]:
         """``(keys, rows)`` in key order, at most ``batch_rows`` rows each."""

@@ -168,7 +168,12 @@ def _read_snapshot(
     completed = False
     try:
         with KvSnapshotReader(layout, metadata) as reader:
-            for batch in merge_snapshot(reader.iter_keyed_batches(READ_BATCH_ROWS_MAX), fold):
+            # keys are only needed to drop rows the changelog after the snapshot replaced or deleted
+            if len(fold):
+                batches = merge_snapshot(reader.iter_keyed_batches(READ_BATCH_ROWS_MAX), fold)
+            else:
+                batches = reader.iter_batches(READ_BATCH_ROWS_MAX)
+            for batch in batches:
                 yield from output.add(batch, ChangeType.INSERT)
         completed = True
     except GeneratorExit:
