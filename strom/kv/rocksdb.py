@@ -12,6 +12,8 @@ from pathlib import Path
 import rocksdict
 
 META_COLUMN_FAMILY = "strom_meta"
+META_WRITE_BUFFER_SIZE_BYTES = 64 << 20
+"""Memtable size of the metadata column family (the applied offset and row count, rewritten by every write)."""
 MEMTABLE_BLOOM_RATIO = 0.1
 """Share of a memtable's size given to its whole-key bloom filter (RocksDB's memtable_prefix_bloom_size_ratio)."""
 
@@ -42,6 +44,11 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
     db_options = rocksdict.Options(raw_mode=True)
     db_options.create_if_missing(True)
     db_options.create_missing_column_families(True)
+    # Writes skip RocksDB's WAL (the changelog is the write-ahead record), so after a crash each column
+    # family comes back at its last flush. The metadata family's applied offset must never be flushed
+    # ahead of the values it covers, or replay would start past writes RocksDB lost: flush all families
+    # together.
+    db_options.set_atomic_flush(True)
     db_options.set_compression_type(rocksdict.DBCompressionType.lz4())
     db_options.set_write_buffer_size(options.write_buffer_size_bytes)
     db_options.set_max_write_buffer_number(options.write_buffer_count)
@@ -54,6 +61,8 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
         db_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
         db_options.set_memtable_whole_key_filtering(True)
     db_options.set_block_based_table_factory(table_options)
-    column_families = {META_COLUMN_FAMILY: rocksdict.Options(raw_mode=True)}
+    meta_options = rocksdict.Options(raw_mode=True)
+    meta_options.set_write_buffer_size(META_WRITE_BUFFER_SIZE_BYTES)
+    column_families = {META_COLUMN_FAMILY: meta_options}
     access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
     return rocksdict.Rdict(str(path), db_options, column_families=column_families, access_type=access)
