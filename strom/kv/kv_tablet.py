@@ -256,7 +256,8 @@ class KvTablet:
         result = self.log.append(data, headers, now_ms)
         delta = change_types.count(ChangeType.INSERT) - change_types.count(ChangeType.DELETE)
         self._pending.append(_PendingBatch(result.next_offset, new_keys, new_values, delta))
-        self._pending_index = None
+        if self._pending_index is not None:  # kept up to date, not rebuilt by every request of a group commit
+            self._pending_index.update(zip(new_keys, new_values, strict=True))
         return result
 
     def _plan_wal_upserts(
