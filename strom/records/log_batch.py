@@ -157,11 +157,16 @@ def build_batch(
 
 
 _WRITE_OPTIONS: dict[str, pa.ipc.IpcWriteOptions] = {}
+COMPRESSION_MIN_BYTES = 4096
 
 
 def arrow_message(batch: pa.RecordBatch, compression: str | None = None) -> bytes:
-    """One Arrow IPC encapsulated RecordBatch message, body-compressed with ``compression`` if set."""
-    if compression is None:
+    """One Arrow IPC encapsulated RecordBatch message, body-compressed with ``compression`` if set.
+
+    A batch under ``COMPRESSION_MIN_BYTES`` goes uncompressed (a message without body compression, which
+    every Arrow reader accepts): compressing its few small buffers costs ~10 µs each in codec set-up
+    (a 10-row changelog batch: 32 µs against 2 µs) and saves a few hundred bytes."""
+    if compression is None or batch.nbytes < COMPRESSION_MIN_BYTES:
         return batch.serialize().to_pybytes()
     sink = pa.BufferOutputStream()
     options = _WRITE_OPTIONS.get(compression)
