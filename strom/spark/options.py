@@ -63,9 +63,10 @@ WRITE_CHANGE_TYPE_COLUMN = ConnectorOption(
     "Input column with +I/+U (upsert), -D (delete) or -U (ignored); used when the DataFrame has it.",
 )
 WRITE_BATCH_ROWS = ConnectorOption(
-    "write.batch-rows", "65536",
-    "Rows a write task gathers (from Spark's Arrow batches) into one pipelined request: fewer, larger "
-    "requests cost the server fewer changelog syncs per row.",
+    "write.batch-rows", "32768",
+    "Rows a write task gathers (from Spark's Arrow batches) into one pipelined request: larger requests "
+    "spread the server's per-request cost (changelog sync, request handling) over more rows; much larger "
+    "ones leave less overlap between the task preparing a request and the server applying the previous.",
 )
 READ_FILTER_PUSHDOWN = ConnectorOption(
     "read.filter-pushdown", None,

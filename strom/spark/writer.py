@@ -53,14 +53,14 @@ class TableSink:
     PENDING_BATCHES_MAX unacknowledged.
 
     Spark hands a writer Arrow batches of ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (10 000 by
-    default); the server syncs its changelog once per request, so consecutive upserts (or appends) are
-    gathered into larger requests. A run of deletes first sends the upserts gathered before it.
+    default); each request costs the server a changelog sync and its handling, so consecutive upserts (or
+    appends) are gathered into larger requests. A run of deletes first sends the upserts gathered before it.
 
     The client's loop only runs while a call into it is in progress, so waiting for the oldest request once
     the bound is reached is also what keeps the newer ones moving.
     """
 
-    def __init__(self, table: Table, change_type_column: str | None, batch_rows: int = 65_536) -> None:
+    def __init__(self, table: Table, change_type_column: str | None, batch_rows: int = 32_768) -> None:
         self._table = table
         self._layout = table.layout
         self._change_type_column = change_type_column
