@@ -74,8 +74,6 @@ class TableSink:
         self.rows_written = 0
         self.rows_deleted = 0
         self.rows_skipped = 0
-        self.requests = 0
-        """Upsert/append requests sent (deletes not counted): what gathering saves."""
 
     async def write(self, batch: pa.RecordBatch) -> None:
         operations = self._operations(batch)
@@ -144,7 +142,6 @@ class TableSink:
         else:
             self._pending.append(writer.upsert_arrow_batch(rows))
         self.rows_written += rows.num_rows
-        self.requests += 1
         await self._settle(PENDING_BATCHES_MAX)
 
     async def _settle(self, pending_max: int) -> None:
