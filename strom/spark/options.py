@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import Enum
 
 from strom.config import parse_duration
@@ -32,7 +33,36 @@ TABLE = ConnectorOption("table", None, "The table as DATABASE.TABLE (required)."
 SCAN_STARTUP_MODE = ConnectorOption(
     "scan.startup.mode", "full",
     "full: a primary-key table's current state, then its changes (a log table from its start); earliest: every "
-    "record from the start of the log; latest: only what is written after the query starts (streaming only).",
+    "record from the start of the log; latest: only what is written after the query starts (streaming only); "
+    "timestamp: the records committed at or after scan.startup.timestamp (a primary-key table's changelog).",
+)
+SCAN_STARTUP_TIMESTAMP = ConnectorOption(
+    "scan.startup.timestamp", None,
+    "With scan.startup.mode=timestamp: epoch milliseconds or an ISO-8601 time (UTC unless it names a zone).",
+)
+SCAN_INCREMENTAL_START = ConnectorOption(
+    "scan.incremental.start.timestamp", None,
+    "Batch reads: the inclusive start of a time range; the read returns the log records (a primary-key table's "
+    "changelog) committed in [start, end). Epoch milliseconds or an ISO-8601 time (UTC unless it names a zone).",
+)
+SCAN_INCREMENTAL_END = ConnectorOption(
+    "scan.incremental.end.timestamp", None,
+    "Batch reads: the exclusive end of the time range (default: what is committed when the read is planned).",
+)
+READ_METADATA_COLUMNS = ConnectorOption(
+    "read.metadata-columns", "",
+    "Comma-separated metadata columns to add after the table's columns: _log_offset (BIGINT), _commit_timestamp "
+    "(TIMESTAMP), _bucket (INT); offset and timestamp are null for rows read from a KV snapshot, a lake or a lookup.",
+)
+SCAN_MAX_RECORDS_PER_PARTITION = ConnectorOption(
+    "scan.maxRecordsPerPartition", None,
+    "Log ranges (log tables, time ranges, streaming micro-batches) longer than this many records are split into "
+    "several Spark partitions of at most this many records (default: one partition per bucket).",
+)
+READ_OPTIMIZED = ConnectorOption(
+    "read.optimized", "false",
+    "Batch reads of primary-key tables: true reads each bucket's latest KV snapshot alone (leased), without "
+    "merging the changelog after it: faster, but as stale as the snapshot (up to kv.snapshot.interval).",
 )
 READ_STRATEGY = ConnectorOption(
     "read.strategy", "snapshot",
@@ -74,21 +104,43 @@ READ_FILTER_PUSHDOWN = ConnectorOption(
     "spark.sql.python.filterPushdown.enabled=true in the session. Default: on for the source registered "
     "by strom.spark.register(spark) (which sets that), off for FlussDataSource registered by hand.",
 )
+PRIMARY_KEY = ConnectorOption(
+    "primary.key", None, "Writes that create the table: its primary key, comma-separated column names."
+)
+BUCKET_NUMBER = ConnectorOption("bucket.num", None, "Writes that create the table: its bucket count.")
+BUCKET_KEY = ConnectorOption(
+    "bucket.key", None, "Writes that create the table: its bucket key (default: the primary key less partition keys)."
+)
+PARTITION_KEY = ConnectorOption(
+    "partition.key", None, "Writes that create the table: its partition keys, comma-separated (STRING columns)."
+)
+COMMENT = ConnectorOption("comment", None, "Writes that create the table: its comment.")
+TABLE_PROPERTY_PREFIX = "table."
+"""Options ``table.<key>`` (other than ``table`` itself) of a write that creates the table become its table
+options, e.g. ``table.log.format``, ``table.datalake.enabled``."""
 TEST_WAIT_FOR_FILE = ConnectorOption(
     "testing.read.wait-for-file", None,
     "Test aid: read tasks wait (up to 120 s) until this file exists before reading, to act between planning and reading.",
 )
 
 ALL_OPTIONS = (
-    BOOTSTRAP_SERVERS, TABLE, SCAN_STARTUP_MODE, READ_STRATEGY, READ_SOURCE, LEASE_ID, LEASE_DURATION, READ_CHANGE_TYPE_COLUMN,
-    MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, WRITE_BATCH_ROWS, READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE,
+    BOOTSTRAP_SERVERS, TABLE, SCAN_STARTUP_MODE, SCAN_STARTUP_TIMESTAMP, SCAN_INCREMENTAL_START, SCAN_INCREMENTAL_END,
+    READ_STRATEGY, READ_SOURCE, READ_OPTIMIZED, LEASE_ID, LEASE_DURATION, READ_CHANGE_TYPE_COLUMN, READ_METADATA_COLUMNS,
+    SCAN_MAX_RECORDS_PER_PARTITION, MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, WRITE_BATCH_ROWS,
+    READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE,
 )
+
+METADATA_LOG_OFFSET = "_log_offset"
+METADATA_COMMIT_TIMESTAMP = "_commit_timestamp"
+METADATA_BUCKET = "_bucket"
+METADATA_COLUMNS = (METADATA_LOG_OFFSET, METADATA_COMMIT_TIMESTAMP, METADATA_BUCKET)
 
 
 class StartupMode(Enum):
     FULL = "full"
     EARLIEST = "earliest"
     LATEST = "latest"
+    TIMESTAMP = "timestamp"
 
 
 class ReadStrategy(Enum):
@@ -112,7 +164,7 @@ def _choice(raw: Mapping[str, str], option: ConnectorOption, enum: type[Enum]) -
 
 
 def _get(raw: Mapping[str, str], option: ConnectorOption) -> str:
-    value = raw.get(option.key)
+    value = raw.get(option.key.lower())
     if value is None:
         if option.default is None:
             raise FlussConnectorError(f"option '{option.key}' is required: {option.description}")
@@ -122,6 +174,69 @@ def _get(raw: Mapping[str, str], option: ConnectorOption) -> str:
 
 def _lower_keys(options: Mapping[str, str]) -> dict[str, str]:
     return {str(key).lower(): str(value) for key, value in options.items()}
+
+
+def _optional(raw: Mapping[str, str], option: ConnectorOption) -> str | None:
+    value = str(raw.get(option.key.lower()) or "").strip()
+    return value or None
+
+
+def _positive_int(raw: Mapping[str, str], option: ConnectorOption) -> int | None:
+    value = _optional(raw, option)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise FlussConnectorError(f"option '{option.key}' must be an integer, got '{value}'") from None
+    if number <= 0:
+        raise FlussConnectorError(f"option '{option.key}' must be positive, got {number}")
+    return number
+
+
+def _names(raw: Mapping[str, str], option: ConnectorOption) -> tuple[str, ...]:
+    return tuple(name.strip() for name in (_optional(raw, option) or "").split(",") if name.strip())
+
+
+def _boolean(raw: Mapping[str, str], option: ConnectorOption) -> bool:
+    value = _get(raw, option).strip().lower()
+    if value not in ("true", "false"):
+        raise FlussConnectorError(f"option '{option.key}' must be true or false, not '{value}'")
+    return value == "true"
+
+
+def parse_timestamp_ms(option: ConnectorOption, value: str) -> int:
+    """Epoch milliseconds from ``value``: an integer (epoch ms) or an ISO-8601 time such as
+    ``2026-01-02 10:00:00``, ``2026-01-02T10:00:00.250+02:00`` or ``…Z`` (UTC unless it names a zone).
+
+    Raises:
+        FlussConnectorError: neither form, naming ``option``.
+    """
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise FlussConnectorError(
+            f"option '{option.key}' must be epoch milliseconds or an ISO-8601 time like '2026-01-02 10:00:00', got '{value}'"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRange:
+    """Log records committed in ``[start_ms, end_ms)`` (``end_ms`` None: up to what planning finds)."""
+
+    start_ms: int
+    end_ms: int | None
+    start_option: ConnectorOption
+    end_option: ConnectorOption | None
+
+    def contains(self, timestamp_ms: int) -> bool:
+        return timestamp_ms >= self.start_ms and (self.end_ms is None or timestamp_ms < self.end_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +278,13 @@ class ReadOptions:
     wait_for_file: str | None
     filter_pushdown: bool | None = None
     """None: the registered source's default (see ``read.filter-pushdown``)."""
+    startup_timestamp_ms: int | None = None
+    """``scan.startup.timestamp`` when ``startup_mode`` is TIMESTAMP."""
+    time_range: TimeRange | None = None
+    """Batch reads of a time range: ``scan.incremental.*``, or ``scan.startup.mode=timestamp`` (no end)."""
+    metadata_columns: tuple[str, ...] = field(default=())
+    max_records_per_partition: int | None = None
+    read_optimized: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -188,6 +310,22 @@ class ReadOptions:
         pushdown = str(raw.get(READ_FILTER_PUSHDOWN.key) or "").strip().lower()  # unset: the source decides
         if pushdown not in ("true", "false", ""):
             raise FlussConnectorError(f"option '{READ_FILTER_PUSHDOWN.key}' must be true or false, not '{pushdown}'")
+        startup_ms = None
+        if startup is StartupMode.TIMESTAMP:
+            startup_value = _optional(raw, SCAN_STARTUP_TIMESTAMP)
+            if startup_value is None:
+                raise FlussConnectorError(
+                    f"option '{SCAN_STARTUP_MODE.key}'=timestamp needs option '{SCAN_STARTUP_TIMESTAMP.key}' "
+                    "(epoch milliseconds or an ISO-8601 time)"
+                )
+            startup_ms = parse_timestamp_ms(SCAN_STARTUP_TIMESTAMP, startup_value)
+        metadata = _names(raw, READ_METADATA_COLUMNS)
+        unknown = [name for name in metadata if name not in METADATA_COLUMNS]
+        if unknown or len(set(metadata)) != len(metadata):
+            raise FlussConnectorError(
+                f"option '{READ_METADATA_COLUMNS.key}' takes distinct names among {', '.join(METADATA_COLUMNS)}, got "
+                f"'{','.join(metadata)}'"
+            )
         return cls(
             startup_mode=startup,
             strategy=strategy,
@@ -198,6 +336,66 @@ class ReadOptions:
             max_rows_per_trigger=max_rows,
             wait_for_file=raw.get(TEST_WAIT_FOR_FILE.key) or None,
             filter_pushdown=None if not pushdown else pushdown == "true",
+            startup_timestamp_ms=startup_ms,
+            time_range=_time_range(raw, startup, startup_ms),
+            metadata_columns=metadata,
+            max_records_per_partition=_positive_int(raw, SCAN_MAX_RECORDS_PER_PARTITION),
+            read_optimized=_boolean(raw, READ_OPTIMIZED),
+        )
+
+
+def _time_range(raw: Mapping[str, str], startup: StartupMode, startup_ms: int | None) -> TimeRange | None:
+    start_value = _optional(raw, SCAN_INCREMENTAL_START)
+    end_value = _optional(raw, SCAN_INCREMENTAL_END)
+    if start_value is None:
+        if end_value is not None:
+            raise FlussConnectorError(
+                f"option '{SCAN_INCREMENTAL_END.key}' needs option '{SCAN_INCREMENTAL_START.key}' (a time range has a start)"
+            )
+        if startup_ms is not None:
+            return TimeRange(startup_ms, None, SCAN_STARTUP_TIMESTAMP, None)
+        return None
+    if startup_ms is not None:
+        raise FlussConnectorError(
+            f"options '{SCAN_INCREMENTAL_START.key}' and '{SCAN_STARTUP_MODE.key}'=timestamp exclude each other; use one"
+        )
+    start_ms = parse_timestamp_ms(SCAN_INCREMENTAL_START, start_value)
+    end_ms = None if end_value is None else parse_timestamp_ms(SCAN_INCREMENTAL_END, end_value)
+    if end_ms is not None and end_ms <= start_ms:
+        raise FlussConnectorError(
+            f"option '{SCAN_INCREMENTAL_END.key}' ({end_value}) must be after '{SCAN_INCREMENTAL_START.key}' ({start_value})"
+        )
+    return TimeRange(start_ms, end_ms, SCAN_INCREMENTAL_START, SCAN_INCREMENTAL_END if end_ms is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class TableCreation:
+    """How a write creates its table when it does not exist (options ``primary.key``, ``bucket.num``, …)."""
+
+    primary_key: tuple[str, ...] = ()
+    bucket_count: int | None = None
+    bucket_key: tuple[str, ...] = ()
+    partition_keys: tuple[str, ...] = ()
+    properties: tuple[tuple[str, str], ...] = ()
+    comment: str | None = None
+
+    @property
+    def declared(self) -> bool:
+        """Whether the write named any of the table's layout: then an existing table must match it."""
+        return bool(self.primary_key or self.bucket_count or self.bucket_key or self.partition_keys)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> TableCreation:
+        properties = tuple(
+            sorted((key, value) for key, value in raw.items() if key.startswith(TABLE_PROPERTY_PREFIX))
+        )
+        return cls(
+            primary_key=_names(raw, PRIMARY_KEY),
+            bucket_count=_positive_int(raw, BUCKET_NUMBER),
+            bucket_key=_names(raw, BUCKET_KEY),
+            partition_keys=_names(raw, PARTITION_KEY),
+            properties=properties,
+            comment=_optional(raw, COMMENT),
         )
 
 
@@ -205,6 +403,7 @@ class ReadOptions:
 class WriteOptions:
     change_type_column: str
     batch_rows: int = int(WRITE_BATCH_ROWS.default or 0)
+    creation: TableCreation = field(default_factory=TableCreation)
 
     def change_type_column_for(self, table_columns: Collection[str]) -> str | None:
         """The change type column's name, unless unset or a column of the table itself (data, not a type)."""
@@ -221,4 +420,4 @@ class WriteOptions:
             raise FlussConnectorError(f"option '{WRITE_BATCH_ROWS.key}' must be an integer") from None
         if batch_rows <= 0:
             raise FlussConnectorError(f"option '{WRITE_BATCH_ROWS.key}' must be positive")
-        return cls(_get(raw, WRITE_CHANGE_TYPE_COLUMN).strip(), batch_rows)
+        return cls(_get(raw, WRITE_CHANGE_TYPE_COLUMN).strip(), batch_rows, TableCreation.parse(raw))

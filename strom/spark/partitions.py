@@ -6,6 +6,7 @@ needs beyond them (the table's schema, the leaders) it fetches from the cluster 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,14 +19,41 @@ NO_SNAPSHOT: int | None = None
 
 @dataclass(frozen=True)
 class LogRangePartition(InputPartition):
-    """Records ``[start_offset, end_offset)`` of one bucket's log (a log table, or a changelog)."""
+    """Records ``[start_offset, end_offset)`` of one bucket's log (a log table, or a changelog); with a time
+    window, only those whose log batch was committed in ``[time_start_ms, time_end_ms)``."""
 
     bucket: TableBucket
     start_offset: int
     end_offset: int
+    time_start_ms: int | None = None
+    time_end_ms: int | None = None
 
     def __post_init__(self) -> None:
         assert 0 <= self.start_offset < self.end_offset, (self.start_offset, self.end_offset)
+
+    def in_window(self, commit_timestamp_ms: int) -> bool:
+        if self.time_start_ms is not None and commit_timestamp_ms < self.time_start_ms:
+            return False
+        return self.time_end_ms is None or commit_timestamp_ms < self.time_end_ms
+
+
+def split_log_range(partition: LogRangePartition, records_max: int | None) -> list[LogRangePartition]:
+    """``partition`` as consecutive offset ranges of at most ``records_max`` records, evenly sized
+    (one range when ``records_max`` is None or the range is short enough)."""
+    size = partition.end_offset - partition.start_offset
+    if records_max is None or size <= records_max:
+        return [partition]
+    count = -(-size // records_max)
+    step = -(-size // count)
+    bounds = [partition.start_offset + step * index for index in range(count)] + [partition.end_offset]
+    ranges = [
+        LogRangePartition(partition.bucket, start, end, partition.time_start_ms, partition.time_end_ms)
+        for start, end in itertools.pairwise(bounds)
+        if start < end
+    ]
+    assert ranges[0].start_offset == partition.start_offset and ranges[-1].end_offset == partition.end_offset
+    assert all(r.end_offset - r.start_offset <= records_max for r in ranges)
+    return ranges
 
 
 @dataclass(frozen=True)

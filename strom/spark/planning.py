@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pyspark.sql.datasource import InputPartition
 
@@ -29,17 +30,18 @@ from strom.client.admin import Admin
 from strom.client.lake import LakeSnapshot
 from strom.client.snapshots import KvSnapshotInfo
 from strom.client.table import TableLayout
-from strom.errors import LakeSnapshotNotExistError
+from strom.errors import InvalidTimestampError, LakeSnapshotNotExistError
 from strom.ids import TableBucket
 from strom.lake.format import lake_format
 from strom.spark.errors import FlussConnectorError
-from strom.spark.options import READ_SOURCE, ReadOptions, ReadSource, ReadStrategy
+from strom.spark.options import READ_SOURCE, ConnectorOption, ReadOptions, ReadSource, ReadStrategy
 from strom.spark.partitions import (
     KeyLookupPartition,
     KvStatePartition,
     LakeBucketPartition,
     LogRangePartition,
     ServerScanPartition,
+    split_log_range,
 )
 from strom.spark.pushdown import PushedFilters, key_chunks
 
@@ -86,6 +88,80 @@ async def bucket_offsets(admin: Admin, layout: TableLayout, buckets: Collection[
         listed = await admin.list_bucket_offsets(table_id, partition_id, sorted(bucket_ids), spec)
         offsets.update({TableBucket(table_id, b, partition_id): offset for b, offset in listed.items()})
     return offsets
+
+
+def format_ms(timestamp_ms: int) -> str:
+    return datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+async def offsets_at_time(
+    admin: Admin, layout: TableLayout, buckets: Collection[TableBucket], timestamp_ms: int, option: ConnectorOption
+) -> dict[TableBucket, int]:
+    """Per bucket the first offset committed at or after ``timestamp_ms`` (the high watermark if none).
+
+    Raises:
+        FlussConnectorError: ``timestamp_ms`` lies ahead of the server's clock (InvalidTimestamp), naming
+            ``option``.
+    """
+    try:
+        return await bucket_offsets(admin, layout, buckets, OffsetSpec.timestamp(timestamp_ms))
+    except InvalidTimestampError as exc:
+        raise FlussConnectorError(
+            f"option '{option.key}' is {timestamp_ms} ({format_ms(timestamp_ms)}), later than the server's current "
+            f"time: a read can only start at a time that has passed ({exc})"
+        ) from None
+
+
+async def time_range_partitions(
+    admin: Admin, layout: TableLayout, buckets: Collection[TableBucket], options: ReadOptions
+) -> list[InputPartition]:
+    """Log ranges holding the records committed in ``options.time_range`` (a primary-key table's changelog).
+
+    The server resolves each bound to the first offset committed at or after it; the tasks also check each
+    log batch's commit time, so the window is exact. An end still in the future reads up to the high
+    watermark at planning.
+    """
+    window = options.time_range
+    assert window is not None
+    starts = await offsets_at_time(admin, layout, buckets, window.start_ms, window.start_option)
+    ends: dict[TableBucket, int] | None = None
+    if window.end_ms is not None:
+        try:
+            ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.timestamp(window.end_ms))
+        except InvalidTimestampError:
+            ends = None  # the end has not come yet: everything committed so far
+    if ends is None:
+        ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
+    ranges = [
+        LogRangePartition(bucket, starts[bucket], ends[bucket], window.start_ms, window.end_ms)
+        for bucket in sorted(buckets) if starts[bucket] < ends[bucket]
+    ]
+    return split_ranges(ranges, options)
+
+
+def split_ranges(ranges: Collection[LogRangePartition], options: ReadOptions) -> list[InputPartition]:
+    """Every range split per ``scan.maxRecordsPerPartition`` (unchanged when it is unset)."""
+    return [piece for partition in ranges for piece in split_log_range(partition, options.max_records_per_partition)]
+
+
+async def snapshot_only_partitions(
+    admin: Admin, layout: TableLayout, options: ReadOptions, partitions: Collection[PartitionRef], buckets: Collection[TableBucket]
+) -> list[InputPartition]:
+    """``read.optimized``: each bucket's latest KV snapshot alone, leased; buckets without one read nothing."""
+    by_id = {partition.partition_id: partition for partition in partitions}
+    wanted = set(buckets)
+
+    async def rechoose(lost: Collection[TableBucket]) -> Choice:
+        fresh = await latest_snapshots(admin, layout, [by_id[pid] for pid in {b.partition_id for b in lost}])
+        return {bucket: fresh[bucket] for bucket in lost}
+
+    latest = await latest_snapshots(admin, layout, [by_id[pid] for pid in {b.partition_id for b in buckets}])
+    chosen = await lease_snapshots(admin, options, {b: s for b, s in latest.items() if b in wanted}, rechoose)
+    return [
+        KvStatePartition(bucket, snapshot.snapshot_id, snapshot.log_offset, snapshot.log_offset, options.lease_id,
+                         options.lease_duration_ms)
+        for bucket, snapshot in sorted(chosen.items(), key=lambda item: item[0]) if snapshot is not None
+    ]
 
 
 async def latest_snapshots(admin: Admin, layout: TableLayout, partitions: Collection[PartitionRef]) -> Choice:
@@ -186,6 +262,10 @@ async def plan_batch(
     admin = connection.get_admin()
     partitions = await table_partitions(admin, layout, pushed)
     buckets = [bucket for partition in partitions for bucket in layout.info.buckets(partition.partition_id)]
+    if options.time_range is not None:  # strom's log alone, as in Fluss: the lake keeps no commit times
+        return await time_range_partitions(admin, layout, buckets, options)
+    if options.read_optimized and layout.primary_key:
+        return await snapshot_only_partitions(admin, layout, options, partitions, buckets)
     lake = await lake_snapshot_to_read(admin, layout, options)
     planned: list[InputPartition] = []
     if lake is not None:
@@ -206,7 +286,8 @@ async def plan_batch(
         if lake is not None:  # the lake holds each tiered bucket up to its lake offset
             starts.update({b: offset for b, offset in lake.bucket_offsets.items() if b in starts})
         ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
-        return planned + [LogRangePartition(b, starts[b], ends[b]) for b in buckets if starts[b] < ends[b]]
+        ranges = [LogRangePartition(b, starts[b], ends[b]) for b in buckets if starts[b] < ends[b]]
+        return planned + split_ranges(ranges, options)
     if not buckets:
         return planned
     if options.strategy is ReadStrategy.SERVER_SCAN:

@@ -93,6 +93,10 @@ class FlussFilteringReader(FlussBatchReader):
             return (await connection.get_table(self._connection.table_path)).layout
 
         table_layout = runtime.call(self._connection, layout)
-        allow_lookup = self._options.source is not ReadSource.LAKE and self._options.startup_mode is StartupMode.FULL
+        options = self._options
+        allow_lookup = (
+            options.source is not ReadSource.LAKE and options.startup_mode is StartupMode.FULL
+            and options.time_range is None and not options.read_optimized
+        )
         self._pushed, kept = pushdown.push(table_layout, filters, allow_lookup)
         return kept

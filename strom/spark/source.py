@@ -31,6 +31,7 @@ from strom.spark.bucket_reader import ReadContext
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import (
     READ_CHANGE_TYPE_COLUMN,
+    READ_METADATA_COLUMNS,
     WRITE_CHANGE_TYPE_COLUMN,
     ConnectionOptions,
     ReadOptions,
@@ -38,7 +39,7 @@ from strom.spark.options import (
 )
 from strom.spark.reader import FlussBatchReader, FlussFilteringReader
 from strom.spark.stream_reader import FlussStreamReader
-from strom.spark.type_mapping import spark_arrow_schema, to_spark_schema
+from strom.spark.type_mapping import read_schema, spark_arrow_schema
 from strom.spark.writer import FlussArrowWriter, FlussStreamArrowWriter
 
 
@@ -87,23 +88,30 @@ class FlussDataSource(DataSource):
                 f"type with option '{READ_CHANGE_TYPE_COLUMN.key}'"
             )
         self._change_type_column = column or None
+        taken = [name for name in options.metadata_columns if name in layout.column_names or name == column]
+        if taken:
+            raise FlussConnectorError(
+                f"table '{self._connection.table}' already has columns named {taken}; leave them out of option "
+                f"'{READ_METADATA_COLUMNS.key}'"
+            )
         return layout
 
     def schema(self) -> StructType:
-        layout = self._load_for_read(ReadOptions.parse(self.options))
-        return to_spark_schema(layout.row_type, self._change_type_column)
+        options = ReadOptions.parse(self.options)
+        layout = self._load_for_read(options)
+        return read_schema(layout.row_type, self._change_type_column, options.metadata_columns)
 
     def _read_context(self, schema: StructType, options: ReadOptions) -> ReadContext:
         layout = self._load_for_read(options)
         assert self._table_id is not None
-        expected = to_spark_schema(layout.row_type, self._change_type_column).fieldNames()
+        expected = read_schema(layout.row_type, self._change_type_column, options.metadata_columns).fieldNames()
         if schema.fieldNames() != expected:
             raise FlussConnectorError(
                 f"a user-specified schema is not supported for table '{self._connection.table}'; its columns are {expected}"
             )
         return ReadContext(
             self._connection, self._table_id, spark_arrow_schema(schema), self._change_type_column is not None,
-            options.wait_for_file,
+            options.wait_for_file, options.metadata_columns,
         )
 
     def reader(self, schema: StructType) -> DataSourceReader:

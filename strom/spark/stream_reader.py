@@ -31,7 +31,14 @@ from strom.ids import TableBucket
 from strom.spark import planning, runtime
 from strom.spark.bucket_reader import ReadContext
 from strom.spark.errors import FlussConnectorError
-from strom.spark.options import ConnectionOptions, ReadOptions, StartupMode
+from strom.spark.options import (
+    READ_OPTIMIZED,
+    SCAN_INCREMENTAL_START,
+    SCAN_STARTUP_TIMESTAMP,
+    ConnectionOptions,
+    ReadOptions,
+    StartupMode,
+)
 from strom.spark.partitions import LogRangePartition, bucket_key, parse_bucket_key
 from strom.spark.reader import read_partition
 
@@ -58,6 +65,13 @@ class FlussStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Driver-side offsets and planning; ``read`` runs in the executors like the batch reader's."""
 
     def __init__(self, connection: ConnectionOptions, options: ReadOptions, context: ReadContext, has_primary_key: bool) -> None:
+        if options.time_range is not None and options.startup_mode is not StartupMode.TIMESTAMP:
+            raise FlussConnectorError(
+                f"option '{SCAN_INCREMENTAL_START.key}' applies to batch reads; a streaming read starts at a time with "
+                f"scan.startup.mode=timestamp and '{SCAN_STARTUP_TIMESTAMP.key}'"
+            )
+        if options.read_optimized:
+            raise FlussConnectorError(f"option '{READ_OPTIMIZED.key}' applies to batch reads only")
         self._connection = connection
         self._options = options
         self._context = context
@@ -90,6 +104,19 @@ class FlussStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         return runtime.call(self._connection, offsets)
 
+    def _offsets_at_startup_time(self) -> Offsets:
+        """Per bucket the first offset committed at or after ``scan.startup.timestamp``."""
+        timestamp_ms = self._options.startup_timestamp_ms
+        assert timestamp_ms is not None
+
+        async def offsets(connection: Connection) -> Offsets:
+            layout = await self._layout(connection)
+            admin = connection.get_admin()
+            buckets = await planning.table_buckets(admin, layout)
+            return await planning.offsets_at_time(admin, layout, buckets, timestamp_ms, SCAN_STARTUP_TIMESTAMP)
+
+        return runtime.call(self._connection, offsets)
+
     async def _layout(self, connection: Connection) -> TableLayout:
         table = await connection.get_table(self._connection.table_path)
         if table.layout.info.table_id != self._context.table_id:
@@ -104,6 +131,8 @@ class FlussStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         mode = self._options.startup_mode
         if mode is StartupMode.LATEST:
             return self._encode(self._list(OffsetSpec.latest()))
+        if mode is StartupMode.TIMESTAMP:
+            return self._encode(self._offsets_at_startup_time())
         if mode is StartupMode.EARLIEST or not self._has_primary_key:
             return self._encode(self._list(OffsetSpec.earliest()))
         assert mode is StartupMode.FULL
@@ -147,9 +176,9 @@ class FlussStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if missing:
             begin.update(self._list(OffsetSpec.earliest(), missing))
         states = {b: e for b, e in finish.items() if begin[b] == STATE_PENDING and e > 0}
-        partitions: list[InputPartition] = [
-            LogRangePartition(b, begin[b], e) for b, e in sorted(finish.items()) if 0 <= begin[b] < e
-        ]
+        partitions: list[InputPartition] = planning.split_ranges(
+            [LogRangePartition(b, begin[b], e) for b, e in sorted(finish.items()) if 0 <= begin[b] < e], self._options
+        )
         if states:
 
             async def plan(connection: Connection) -> list[InputPartition]:

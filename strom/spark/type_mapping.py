@@ -121,6 +121,29 @@ def to_spark_schema(row_type: RowType, change_type_column: str | None = None) ->
     return st.StructType(fields)
 
 
+def metadata_type(name: str) -> st.DataType:
+    """Spark types of the metadata columns of option ``read.metadata-columns`` (all nullable: rows read from
+a KV snapshot, a lake or a lookup have no log position)."""
+    from pyspark.sql import types as st
+
+    types: dict[str, st.DataType] = {
+        "_log_offset": st.LongType(), "_commit_timestamp": st.TimestampType(), "_bucket": st.IntegerType()
+    }
+    return types[name]
+
+
+def read_schema(
+    row_type: RowType, change_type_column: str | None = None, metadata_columns: tuple[str, ...] = ()
+) -> st.StructType:
+    """What a read returns: the table's columns, the change type column, then the metadata columns."""
+    from pyspark.sql import types as st
+
+    schema = to_spark_schema(row_type, change_type_column)
+    for name in metadata_columns:
+        schema = schema.add(st.StructField(name, metadata_type(name), True))
+    return schema
+
+
 def spark_arrow_schema(schema: st.StructType) -> pa.Schema:
     """The exact Arrow schema Spark expects from a reader of ``schema``."""
     from pyspark.sql.pandas.types import to_arrow_schema

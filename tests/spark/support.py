@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from strom.client import Connection, OffsetSpec
+from strom.client.changelog import CHANGE_TYPE_NAMES
 from strom.client.snapshots import KvSnapshotInfo, KvSnapshotLeaseInfo
 from strom.ids import TablePath
 from strom.records.schema import Schema, TableDescriptor
@@ -18,6 +20,16 @@ from strom.records.types import DataType
 from tests.conftest import unique_name
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    bucket: int
+    offset: int
+    commit_timestamp: int
+    change_type: str
+    row: dict[str, Any]
+
 WAIT_S_MAX = 30.0
 DATABASE = "fluss"
 
@@ -51,11 +63,12 @@ class Fluss:
         bucket_count: int = 2,
         prefix: str = "spark",
         properties: Mapping[str, str] | None = None,
+        bucket_keys: Sequence[str] = (),
     ) -> str:
         path = TablePath(DATABASE, unique_name(prefix))
         descriptor = TableDescriptor(
             Schema.of(columns, primary_key), partition_keys=tuple(partition_keys), bucket_count=bucket_count,
-            properties=dict(properties or {}),
+            properties=dict(properties or {}), bucket_keys=tuple(bucket_keys),
         )
 
         async def create(connection: Connection) -> None:
@@ -121,6 +134,25 @@ class Fluss:
             return [scan.batch.num_rows async for scan in scanner.read_range(table_bucket, 0, end)]
 
         return run(self.address, sizes)
+
+    def log_records(self, table: str, bucket: int = 0) -> list[LogRecord]:
+        """Every record of a bucket's log as strom's LogScanner reports it: offset, commit time, change type, row."""
+
+        async def records(connection: Connection) -> list[LogRecord]:
+            handle = await connection.get_table(TablePath.parse(table))
+            path = TablePath.parse(table)
+            end = (await connection.get_admin().list_offsets(path, [bucket], OffsetSpec.latest()))[bucket]
+            scanner = handle.new_scan().create_log_scanner()
+            table_bucket = handle.layout.info.buckets()[bucket]
+            found = []
+            async for scan in scanner.read_range(table_bucket, 0, end):
+                types = scan.change_types or bytes(scan.batch.num_rows)
+                for index, row in enumerate(scan.batch.to_pylist()):
+                    change = CHANGE_TYPE_NAMES[types[index]]
+                    found.append(LogRecord(bucket, scan.base_offset + index, scan.commit_timestamp, change, row))
+            return found
+
+        return run(self.address, records)
 
     def latest_snapshots(self, table: str, partition_name: str | None = None) -> dict[int, KvSnapshotInfo | None]:
         async def latest(connection: Connection) -> dict[int, KvSnapshotInfo | None]:

@@ -51,7 +51,7 @@ def test_a_bad_option_value_is_named(spark: Any, cluster: Fluss) -> None:
     message = failure_line(
         lambda: spark.read.format("fluss").options(**cluster.options(table, **{"scan.startup.mode": "sometimes"})).load().collect()
     )
-    assert message == "option 'scan.startup.mode' must be one of full, earliest, latest, got 'sometimes'"
+    assert message == "option 'scan.startup.mode' must be one of full, earliest, latest, timestamp, got 'sometimes'"
     message = failure_line(
         lambda: spark.read.format("fluss").options(**cluster.options(table, **{"scan.startup.mode": "latest"})).load().collect()
     )

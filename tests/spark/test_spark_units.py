@@ -122,3 +122,28 @@ def test_docs_list_every_connector_option() -> None:
 
     text = (Path(__file__).parents[2] / "docs" / "spark.md").read_text()
     assert [o.key for o in ALL_OPTIONS if f"| `{o.key}` |" not in text] == []
+
+
+def test_timestamps_parse_as_epoch_milliseconds_or_iso_times_in_utc_unless_zoned() -> None:
+    from strom.spark.options import SCAN_STARTUP_TIMESTAMP, parse_timestamp_ms
+
+    assert parse_timestamp_ms(SCAN_STARTUP_TIMESTAMP, "1700000000123") == 1_700_000_000_123
+    assert parse_timestamp_ms(SCAN_STARTUP_TIMESTAMP, "2023-11-14 22:13:20.123") == 1_700_000_000_123
+    assert parse_timestamp_ms(SCAN_STARTUP_TIMESTAMP, "2023-11-14T22:13:20.123Z") == 1_700_000_000_123
+    assert parse_timestamp_ms(SCAN_STARTUP_TIMESTAMP, "2023-11-15T00:13:20.123+02:00") == 1_700_000_000_123
+
+
+def test_a_long_log_range_splits_into_even_ranges_that_cover_it_exactly() -> None:
+    from strom.spark.partitions import LogRangePartition, split_log_range
+
+    bucket = TableBucket(1, 0)
+    whole = LogRangePartition(bucket, 5, 105, 7, 9)
+    assert split_log_range(whole, None) == [whole]
+    assert split_log_range(whole, 100) == [whole]
+    pieces = split_log_range(whole, 30)
+    assert [(p.start_offset, p.end_offset) for p in pieces] == [(5, 30), (30, 55), (55, 80), (80, 105)]
+    assert {(p.time_start_ms, p.time_end_ms) for p in pieces} == {(7, 9)}
+    for size in range(1, 40):
+        covered = split_log_range(LogRangePartition(bucket, 0, 97), size)
+        assert all(p.end_offset - p.start_offset <= size for p in covered)
+        assert [o for p in covered for o in range(p.start_offset, p.end_offset)] == list(range(97))
