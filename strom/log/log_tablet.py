@@ -258,11 +258,11 @@ class LogTablet:
         loop = asyncio.get_running_loop()
 
         def fsync() -> None:  # in the worker thread
-            error: OSError | None = None
+            error: Exception | None = None
             try:
                 for segment in segments:
                     segment.fsync()
-            except OSError as exc:
+            except Exception as exc:  # any failure must reach the waiters, or they would wait forever
                 error = exc
             # straight back onto the loop: no executor future (and its extra loop turns) in between
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits any more
@@ -270,7 +270,7 @@ class LogTablet:
 
         loop.run_in_executor(None, fsync)
 
-    def _flush_done(self, target: int, error: OSError | None) -> None:
+    def _flush_done(self, target: int, error: Exception | None) -> None:
         waiters, self._flush_waiters = self._flush_waiters, []
         self._flush_target = None
         if error is not None:
