@@ -39,6 +39,7 @@ from strom.spark.options import (
 )
 from strom.spark.reader import FlussBatchReader, FlussFilteringReader
 from strom.spark.stream_reader import FlussStreamReader
+from strom.spark.tables import load_or_create
 from strom.spark.type_mapping import read_schema, spark_arrow_schema
 from strom.spark.writer import FlussArrowWriter, FlussStreamArrowWriter
 
@@ -138,7 +139,19 @@ class FlussDataSource(DataSource):
                 f"mode 'overwrite' is not supported for table '{table}': use mode 'append' "
                 "(rows are appended to log tables and upserted into primary-key tables)"
             )
-        layout = self._load()
+        async def ensure(connection: Connection) -> TableLayout:
+            columns = [name for name in schema.fieldNames() if name != options.change_type_column]
+            change_type = options.change_type_column_for(columns)
+            layout, _created = await load_or_create(
+                connection, self._connection.table_path, schema, options.creation, change_type
+            )
+            return layout
+
+        layout = runtime.call(self._connection, ensure)
+        if self._table_id is not None and self._table_id != layout.info.table_id:
+            raise FlussConnectorError(
+                f"table '{table}' was dropped and re-created since the DataFrame was defined; load it again"
+            )
         names = schema.fieldNames()
         change_type_column = options.change_type_column_for(layout.column_names)
         unknown = [n for n in names if n not in layout.column_names and n != change_type_column]

@@ -14,6 +14,7 @@ import pyarrow as pa
 from strom.client import Connection, OffsetSpec
 from strom.client.changelog import CHANGE_TYPE_NAMES
 from strom.client.snapshots import KvSnapshotInfo, KvSnapshotLeaseInfo
+from strom.client.table import TableLayout
 from strom.ids import TablePath
 from strom.records.schema import Schema, TableDescriptor
 from strom.records.types import DataType
@@ -134,6 +135,12 @@ class Fluss:
             return [scan.batch.num_rows async for scan in scanner.read_range(table_bucket, 0, end)]
 
         return run(self.address, sizes)
+
+    def describe(self, table: str) -> TableLayout:
+        async def layout(connection: Connection) -> TableLayout:
+            return (await connection.get_table(TablePath.parse(table))).layout
+
+        return run(self.address, layout)
 
     def log_records(self, table: str, bucket: int = 0) -> list[LogRecord]:
         """Every record of a bucket's log as strom's LogScanner reports it: offset, commit time, change type, row."""

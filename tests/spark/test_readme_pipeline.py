@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from strom.spark import FlussDataSource
 from tests.spark.support import Fluss
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
@@ -43,8 +44,17 @@ def test_readme_spark_and_lake_tiering_examples(spark: Any, server_factory: Any,
     assert capsys.readouterr().out.split()[0] == "2"
 
     [spark_example] = blocks_after("## Spark", "python")
-    run_python(spark_example.replace(ADDRESS, server.address), {"__name__": "readme", "spark": spark})
+    spark_namespace: dict[str, Any] = {"__name__": "readme", "spark": spark}
+    try:
+        run_python(spark_example.replace(ADDRESS, server.address), spark_namespace)
+    finally:
+        spark.dataSource.register(FlussDataSource)  # register() swapped in the pushdown source
+    assert "|  2|" in capsys.readouterr().out
     assert sorted(row["id"] for row in cluster.rows("fluss.orders_copy")) == [1, 2]
+    copy = cluster.describe("fluss.orders_copy")
+    assert (copy.primary_key, copy.bucket_count, copy.column_names) == (["id"], 4, ["id", "amount"])
+    changes = spark_namespace["changes"].collect()
+    assert sorted(r.id for r in changes) == [1, 2] and None not in {r._log_offset for r in changes}
 
     enable, query = blocks_after("## Lake tiering", "python")
     [shell] = blocks_after("## Lake tiering", "sh")

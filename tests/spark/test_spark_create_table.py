@@ -1,0 +1,106 @@
+"""Tables created from Spark: ``df.write.format("fluss")`` creates a missing table from the DataFrame and
+refuses an existing table that differs; ``strom.spark.register`` makes a database's tables SQL views."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from typing import Any
+
+import pytest
+
+from strom.records.types import BigIntType, IntType, StringType
+from strom.spark import FlussDataSource, register
+from tests.conftest import unique_name
+from tests.spark.support import Fluss, run
+from tests.spark.test_spark_errors import failure_line
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(180)]
+
+
+def write(frame: Any, cluster: Fluss, table: str, **options: str) -> None:
+    frame.write.format("fluss").options(**cluster.options(table, **options)).mode("append").save()
+
+
+def test_a_write_creates_a_missing_primary_key_table_with_the_dataframes_schema_and_the_options_layout(
+    spark: Any, cluster: Fluss
+) -> None:
+    table = f"fluss.{unique_name('created')}"
+    frame = spark.createDataFrame(
+        [(1, "a", 2.5, decimal.Decimal("1.25"), datetime.date(2026, 1, 2), datetime.datetime(2026, 1, 2, 3, 4, 5), [1, 2], "+I"),
+         (2, "b", None, None, None, None, None, "+I")],
+        "id INT NOT NULL, name STRING NOT NULL, score DOUBLE, price DECIMAL(10,2), day DATE, at TIMESTAMP_NTZ, "
+        "tags ARRAY<INT>, _change_type STRING",
+    )
+
+    write(frame, cluster, table, **{"primary.key": "id,name", "bucket.num": "3", "bucket.key": "id",
+                                    "table.log.ttl": "2d", "comment": "from spark"})
+
+    layout = cluster.describe(table)
+    assert layout.column_names == ["id", "name", "score", "price", "day", "at", "tags"]
+    assert [str(f.type) for f in layout.row_type.fields] == [
+        "INT NOT NULL", "STRING NOT NULL", "DOUBLE", "DECIMAL(10, 2)", "DATE", "TIMESTAMP(6)", "ARRAY<INT>",
+    ]
+    assert (layout.primary_key, layout.bucket_count) == (["id", "name"], 3)
+    assert [layout.column_names[i] for i in layout.bucket_key_indexes] == ["id"]
+    assert layout.info.properties["table.log.ttl"] == "2d" and layout.info.descriptor.comment == "from spark"
+    assert sorted((r["id"], r["name"], r["score"]) for r in cluster.rows(table)) == [(1, "a", 2.5), (2, "b", None)]
+
+    write(frame.where("id = 1"), cluster, table, **{"primary.key": "id,name", "bucket.num": "3"})  # matches: fine
+    read_back = spark.read.format("fluss").options(**cluster.options(table)).load()
+    assert read_back.drop("_change_type").schema.simpleString() == frame.drop("_change_type").schema.simpleString()
+
+
+def test_a_write_creates_a_log_table_without_a_primary_key_and_with_partition_keys(spark: Any, cluster: Fluss) -> None:
+    table = f"fluss.{unique_name('created_log')}"
+    frame = spark.createDataFrame([], "id BIGINT, day STRING")
+
+    write(frame, cluster, table, **{"partition.key": "day", "bucket.num": "2"})
+
+    layout = cluster.describe(table)
+    assert (layout.primary_key, layout.partition_keys, layout.bucket_count) == ([], ["day"], 2)
+    plain = f"fluss.{unique_name('created_plain')}"
+    write(spark.createDataFrame([(1, "x")], "id BIGINT, event STRING"), cluster, plain)
+    assert cluster.describe(plain).primary_key == []
+    assert [tuple(r) for r in spark.read.format("fluss").options(**cluster.options(plain)).load().collect()] == [(1, "x")]
+
+
+def test_a_write_declaring_a_layout_refuses_an_existing_table_that_differs(spark: Any, cluster: Fluss) -> None:
+    table = cluster.create_table([("id", IntType()), ("name", StringType()), ("score", BigIntType())],
+                                 primary_key=["id"], bucket_count=2)
+    frame = spark.createDataFrame([(1, "a", 1)], "id INT NOT NULL, name STRING, score INT")
+
+    message = failure_line(lambda: write(frame, cluster, table, **{"primary.key": "id", "bucket.num": "4"}))
+
+    assert message.startswith(f"table '{table}' exists and differs from the DataFrame and the write's options: ")
+    assert "column 'score' is BIGINT (read as bigint), the DataFrame's is int" in message
+    assert "2 buckets, option 'bucket.num' says 4" in message
+    other_key = failure_line(lambda: write(frame, cluster, table, **{"primary.key": "name"}))
+    assert "primary key ['id'], option 'primary.key' says ['name']" in other_key
+    write(frame, cluster, table)  # no layout declared: the write casts as before
+    assert [(r["id"], r["score"]) for r in cluster.rows(table)] == [(1, 1)]
+
+
+def test_register_makes_a_databases_tables_usable_from_spark_sql_by_name(spark: Any, cluster: Fluss) -> None:
+    database = unique_name("views")
+
+    async def create_database(connection: Any) -> None:
+        await connection.get_admin().create_database(database)
+
+    run(cluster.address, create_database)
+    events = f"{database}.events"
+    write(spark.createDataFrame([(i, f"e{i}") for i in range(5)], "id INT, event STRING"), cluster, events)
+    write(spark.createDataFrame([(1, "x")], "id INT NOT NULL, v STRING"), cluster, f"{database}.users",
+          **{"primary.key": "id"})
+    try:
+        assert register(spark, bootstrap_servers=cluster.address, database=database) == ["events", "users"]
+        assert spark.sql("SELECT count(*) FROM events").first()[0] == 5
+        assert [tuple(r) for r in spark.sql("SELECT id, v FROM users").collect()] == [(1, "x")]
+        write(spark.createDataFrame([(6, "e6")], "id INT, event STRING"), cluster, events)
+        assert spark.sql("SELECT count(*) FROM events").first()[0] == 5, "Spark reuses a view's first plan"
+        assert register(spark, bootstrap_servers=cluster.address, database=database, tables=["events"]) == ["events"]
+        assert spark.sql("SELECT count(*) FROM events").first()[0] == 6, "registering again re-plans"
+    finally:
+        spark.dataSource.register(FlussDataSource)
+        spark.catalog.dropTempView("events")
+        spark.catalog.dropTempView("users")
