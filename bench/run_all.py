@@ -11,11 +11,13 @@ import sys
 BENCHES = [
     ("bench.ingest_bench", ["--rows", "1000000"], ["--rows", "100000", "--rounds", "1"]),
     ("bench.peers_bench", [], ["--rows", "100000", "--lookups", "20000", "--singles", "2000"]),
+    ("bench.small_writers_bench", ["--wal"], ["--connections", "20", "--seconds", "3", "--warmup", "1"]),
     ("bench.lookup_bench", [], ["--rows", "50000", "--lookups", "20000", "--singles", "2000"]),
     ("bench.log_bench", [], ["--rows", "100000", "--rounds", "1"]),
     ("bench.scan_bench", [], ["--rows", "200000"]),
     ("bench.lease_bench", [], []),
     ("bench.spark_bench", [], ["--rows", "200000"]),
+    ("bench.spark_pushdown_bench", [], ["--rows", "200000", "--repeat", "1"]),
     ("bench.tiering_bench", [], ["--rows", "200000", "--lag-seconds", "30", "--freshness", "5s"]),
     ("bench.memory_soak", [], ["--seconds", "30", "--sample-seconds", "5"]),
 ]
