@@ -41,6 +41,20 @@ class MalformedRowError(UnknownServerError):
     default_message = "A row does not decode with the table's schema."
 
 
+class UnsupportedMergeOperationError(UnknownServerError):
+    """The table's merge engine does not support this kind of write (a partial update of a first_row or
+    versioned table). Fluss fails such a write with an unknown server error too; nothing was written."""
+
+    default_message = "The merge engine of this table does not support this operation."
+
+
+class BitmapFormatError(UnknownServerError):
+    """A value of an rbm32/rbm64 aggregation column is not a serialized roaring bitmap of that width
+    (Fluss fails the write with an unknown server error as well). Nothing of the request was written."""
+
+    default_message = "A value is not a serialized roaring bitmap."
+
+
 class NetworkError(RetriableError):
     code = 1
     default_message = "The server disconnected before a response was received."
@@ -323,6 +337,8 @@ for _cls in list(globals().values()):
         RetriableError,
         ConnectionFailedError,
         MalformedRowError,
+        UnsupportedMergeOperationError,
+        BitmapFormatError,
     ):
         assert _cls.code not in _BY_CODE, f"duplicate error code {_cls.code}"
         _BY_CODE[_cls.code] = _cls

@@ -27,10 +27,14 @@ import numpy as np
 import rocksdict
 
 from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError, MalformedRowError
+from strom.kv.merge import options as merge_options
+from strom.kv.merge.options import DeleteBehavior, MergeOptions
+from strom.kv.merge.row_merger import create_row_merger
 from strom.kv.rocksdb import META_COLUMN_FAMILY, RocksDbOptions, open_rocksdb
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
+from strom.metadata.table_info import TableInfo
 from strom.records import fastpath, log_batch
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.log_batch import ChangeType
@@ -60,6 +64,19 @@ class KvConfig:
     changelog_image: str = "FULL"
     """``table.changelog.image``: FULL (-U/+U pairs) or WAL (no -U; a full-row upsert becomes +U without
     reading the key's old value, as Fluss does with its default merge engine)."""
+    merge: MergeOptions = field(default_factory=lambda: MergeOptions(None, DeleteBehavior.ALLOW))
+    """``table.merge-engine`` and its options; the default engine (last write wins) without them."""
+
+    @classmethod
+    def for_table(cls, table: TableInfo, rocksdb: RocksDbOptions) -> KvConfig:
+        """A table's KV options, with the delete behaviour its merge engine implies when none is set."""
+        merge = merge_options.validate(table.schema, table.properties)
+        return cls(
+            rocksdb=rocksdb,
+            delete_behavior=merge.delete_behavior.name,
+            changelog_image=table.properties.get("table.changelog.image", "FULL").strip().upper(),
+            merge=merge,
+        )
 
 
 @dataclass(slots=True)
@@ -88,6 +105,7 @@ class KvTablet:
         self.log = log_tablet
         self._format = row_format
         self._config = config
+        self._merger = create_row_merger(config.merge, row_format)
         self._db = open_rocksdb(directory / "rocksdb", config.rocksdb)
         self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
         self._write_options = rocksdict.WriteOptions()
@@ -226,7 +244,12 @@ class KvTablet:
             raise DeletionDisabledError("deletes are disabled on this table (table.delete.behavior=DISABLE)")
         ignore_deletes = self._config.delete_behavior == "IGNORE"
         prefix = SCHEMA_ID.pack(schema_id)
-        if self._wal and not target_columns:
+        if self._merger is not None:  # a merge engine: rows are decoded and merged in Python
+            change_types, rows, new_keys, new_values = self._merger.plan(
+                keys, values, self._current_values(keys), prefix, target_columns,
+                ignore_deletes=ignore_deletes, wal_image=self._wal,
+            )
+        elif self._wal and not target_columns:
             change_types, rows, new_keys, new_values = self._plan_wal_upserts(keys, values, prefix, ignore_deletes)
         elif target_columns:
             old_values = self._current_values(keys)

@@ -107,5 +107,9 @@ class TableRowFormat:
     def decode_stored(self, stored: bytes) -> tuple:
         return self._decoder.decode(memoryview(stored)[SCHEMA_ID_SIZE_BYTES:])
 
+    def encode_row(self, row_values: Sequence[object]) -> bytes:
+        """A row of the table's kv format (without the schema id), e.g. a merge engine's result."""
+        return self._encoder.encode(row_values)
+
     def encode_key(self, row_values: Sequence[object]) -> bytes:
         return self._key_encoder.encode(row_values)

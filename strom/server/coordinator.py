@@ -41,6 +41,7 @@ from strom.errors import (
     TableNotPartitionedError,
 )
 from strom.ids import TablePath
+from strom.kv.merge import options as merge_options
 from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
 from strom.records import keys
@@ -69,9 +70,6 @@ ALTER_SET, ALTER_DELETE = 0, 1
 """PbAlterConfig op types strom applies (Fluss's AlterConfigOpType SET and DELETE; APPEND and SUBTRACT are
 for list-valued options, which strom's tables do not have)."""
 TableDroppedHook = Callable[[TableInfo, int | None], Awaitable[None]]
-UNSUPPORTED_TABLE_OPTIONS = {
-    "table.merge-engine": "merge engines are not supported yet; leave the option unset",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,10 +299,13 @@ class CoordinatorService:
             raise BucketMaxNumError(
                 f"Bucket count {bucket_count} exceeds the maximum of {self._bucket_count_max} (max.bucket.num)."
             )
+        merge_options.fold_field_options(document)  # SQL-style fields.<column>.agg into the schema
+        try:
+            descriptor = TableDescriptor.from_json(document)
+        except ValueError as exc:
+            raise InvalidTableError(f"Invalid table descriptor: {exc}") from exc
         properties = dict(descriptor.properties)
-        for key, reason in UNSUPPORTED_TABLE_OPTIONS.items():
-            if key in properties:
-                raise InvalidConfigError(f"Table option '{key}' is not supported: {reason}.")
+        merge_options.validate(descriptor.schema, properties)
         log_format = properties.get("table.log.format", "ARROW").strip().upper()
         if log_format not in ("ARROW", "INDEXED"):
             raise InvalidConfigError(f"table.log.format={log_format} is not supported; use ARROW or INDEXED.")
@@ -318,9 +319,6 @@ class CoordinatorService:
         image = properties.get("table.changelog.image", "FULL").strip().upper()
         if image not in ("FULL", "WAL"):
             raise InvalidConfigError(f"table.changelog.image={image} is unknown; use FULL or WAL.")
-        delete_behavior = properties.get("table.delete.behavior", "ALLOW").upper()
-        if delete_behavior not in ("ALLOW", "IGNORE", "DISABLE"):
-            raise InvalidConfigError(f"table.delete.behavior={delete_behavior} is unknown; use ALLOW, IGNORE or DISABLE.")
         compression = properties.get("table.log.arrow.compression.type", "ZSTD").upper()
         if compression not in ("NONE", "LZ4_FRAME", "ZSTD"):
             raise InvalidConfigError(

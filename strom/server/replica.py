@@ -244,9 +244,7 @@ class ReplicaManager:
         return row_format
 
     def kv_config(self, table: TableInfo) -> KvConfig:
-        behavior = table.properties.get("table.delete.behavior", "ALLOW").upper()
-        image = table.properties.get("table.changelog.image", "FULL").strip().upper()
-        return KvConfig(rocksdb=self._rocksdb, delete_behavior=behavior, changelog_image=image)
+        return KvConfig.for_table(table, self._rocksdb)
 
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool:
         """Put the latest usable snapshot's files in ``kv_dir/rocksdb``; False if there is none.
