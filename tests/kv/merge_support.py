@@ -49,9 +49,9 @@ class MergeBucket:
         self.key_names = list(primary_key)
         self.format = TableRowFormat(self.table)
         self.config = KvConfig.for_table(self.table, RocksDbOptions(block_cache_size_bytes=1 << 20))
-        self.kv = self._open()
+        self.kv = self.open()
 
-    def _open(self) -> KvTablet:
+    def open(self) -> KvTablet:
         return KvTablet(self.directory / "kv", LogTablet.open(self.directory / "log", LOG_CONFIG), self.format, self.config)
 
     def close(self) -> None:
@@ -60,7 +60,7 @@ class MergeBucket:
 
     def reopen(self) -> None:
         self.close()
-        self.kv = self._open()
+        self.kv = self.open()
 
     def _values(self, row: Row) -> list[Any]:
         return [row.get(name) for name in self.names]

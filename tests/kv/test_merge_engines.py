@@ -4,6 +4,7 @@ aggregate function, deletes and partial updates, the replay after a reopen, and 
 from __future__ import annotations
 
 import decimal
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -305,6 +306,23 @@ async def test_merged_state_survives_a_reopen_by_changelog_replay(make: Any) -> 
     assert bucket.lookup({"id": 1}) == {"id": 1, "total": 3, "tags": "a,b", "note": None}
     await bucket.put([{"id": 1, "total": 3, "tags": "c"}])  # merging goes on from the replayed state
     assert bucket.lookup({"id": 1}) == {"id": 1, "total": 6, "tags": "a,b,c", "note": None}
+
+
+@pytest.mark.asyncio
+async def test_merged_state_is_restored_from_a_kv_snapshot_plus_the_changelog_after_it(
+    make: Any, tmp_path: Path
+) -> None:
+    bucket = make(AGG_COLUMNS, AGG)
+    await bucket.put([{"id": 1, "total": 1, "tags": "a"}])
+    checkpoint = bucket.kv.create_checkpoint(tmp_path / "checkpoint")
+    await bucket.put([{"id": 1, "total": 2, "tags": "b"}, {"id": 2, "total": 7}])
+    bucket.close()
+    rocksdb_dir = bucket.directory / "kv" / "rocksdb"
+    shutil.rmtree(rocksdb_dir)
+    shutil.copytree(checkpoint.directory, rocksdb_dir)  # what a replica does with a downloaded snapshot
+    bucket.kv = bucket.open()  # replays the changelog from the snapshot's offset
+    assert bucket.lookup({"id": 1}) == {"id": 1, "total": 3, "tags": "a,b", "note": None}
+    assert bucket.lookup({"id": 2}) == {"id": 2, "total": 7, "tags": None, "note": None}
 
 
 # ---- option checks at table creation (Fluss's messages) ----
