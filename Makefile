@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-BUILD_INPUTS := pyproject.toml setup.py $(wildcard strom/rpc/proto/*.proto) $(wildcard strom/records/native/*.c)
+BUILD_INPUTS := pyproject.toml setup.py scripts/install-zookeeper.sh $(wildcard strom/rpc/proto/*.proto) $(wildcard strom/records/native/*.c)
 
 .PHONY: install run test lint bench clean
 
@@ -14,7 +14,9 @@ install: $(STAMP)
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[dev,spark]'
+	$(BIN)/python -m pip install -e '.[dev,spark,zookeeper]'
+	# ZooKeeper (Debian's package) for the metadata tests and the local cluster; skipped where apt is not usable
+	scripts/install-zookeeper.sh
 	touch $(STAMP)
 
 run: install

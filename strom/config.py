@@ -211,6 +211,12 @@ REMOTE_DATA_DIR = string_option(
     "Remote storage for KV snapshots: a local path or an fsspec URL (e.g. s3://bucket/strom). "
     "Defaults to `<data.dir>/remote`.",
 )
+ZOOKEEPER_ADDRESS = string_option(
+    "zookeeper.address", None,
+    "Keep the cluster metadata (databases, tables, partitions, KV snapshot records, leases, lake snapshots, "
+    "ACLs) in ZooKeeper at `HOST:PORT[,HOST:PORT…][/ROOT]` (the root is `/fluss` when none is given) "
+    "instead of the SQLite file in `data.dir`; needs the `zookeeper` extra (kazoo). Unset: SQLite.",
+)
 TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.", minimum=0)
 DEFAULT_BUCKET_NUMBER = int_option(
     "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count.", minimum=1

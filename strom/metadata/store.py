@@ -224,11 +224,20 @@ def _open_sqlite(location: str) -> MetadataStore:
     return SqliteMetadataStore(location)
 
 
-STORES: dict[str, Callable[[str], MetadataStore]] = {"sqlite": _open_sqlite}
+def _open_zookeeper(location: str) -> MetadataStore:
+    try:
+        from strom.metadata.zookeeper_store import ZooKeeperMetadataStore
+    except ImportError as exc:
+        raise NotInstalledError("ZooKeeper support not installed: pip install 'strom[zookeeper]'") from exc
+    return ZooKeeperMetadataStore(location)
+
+
+STORES: dict[str, Callable[[str], MetadataStore]] = {"sqlite": _open_sqlite, "zookeeper": _open_zookeeper}
 
 
 def open_store(kind: str, location: str) -> MetadataStore:
-    """Open the backend ``kind`` at ``location`` ("sqlite": a file path)."""
+    """Open the backend ``kind`` at ``location`` ("sqlite": a file path; "zookeeper": ``host:port[/root]``,
+    the root ``/fluss`` when none is given)."""
     try:
         opener = STORES[kind]
     except KeyError:

@@ -40,6 +40,7 @@ from strom.config import (
     SERVER_MAX_IN_FLIGHT_PER_CONNECTION,
     TABLE_LOG_TTL,
     TABLET_SERVER_ID,
+    ZOOKEEPER_ADDRESS,
     Configuration,
 )
 from strom.ids import TableBucket
@@ -145,7 +146,11 @@ class StromServer:
         config = self.config
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
-        self.store = store = open_store("sqlite", str(self.paths.metadata_db))
+        zookeeper_address = config.get(ZOOKEEPER_ADDRESS)
+        if zookeeper_address:
+            self.store = store = open_store("zookeeper", zookeeper_address)
+        else:
+            self.store = store = open_store("sqlite", str(self.paths.metadata_db))
         self.security = ServerSecurity.from_config(config, store)  # a bad security setting stops the start here
         remote = RemoteStorage(self.remote_root)
         leases = KvSnapshotLeaseManager(store, self.clock)

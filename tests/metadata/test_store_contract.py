@@ -1,4 +1,5 @@
-"""The SQLite metadata store on a real file: every method, its uniqueness errors, and ids across reopen."""
+"""The metadata store contract, checked on every backend (SQLite on a real file, ZooKeeper on a real
+server): every method, its uniqueness errors, and ids and records across reopen."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from strom.errors import (
     TableAlreadyExistError,
     TableNotExistError,
 )
-from strom.metadata.sqlite_store import SqliteMetadataStore
 from strom.metadata.store import (
+    AclRecord,
     DatabaseRecord,
     KvSnapshotRecord,
     LakeSnapshotRecord,
@@ -28,14 +29,17 @@ T0_MS = 1_700_000_000_000
 TABLE_JSON = b'{"version":1}'
 
 
-@pytest.fixture
-def store_path(tmp_path: Path) -> Path:
-    return tmp_path / "metadata.sqlite"
+@pytest.fixture(params=["sqlite", "zookeeper"])
+def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """(kind, location) of an empty store of each backend."""
+    if request.param == "zookeeper":
+        return "zookeeper", request.getfixturevalue("zookeeper_location")
+    return "sqlite", str(tmp_path / "metadata.sqlite")
 
 
 @pytest.fixture
-def store(store_path: Path) -> Iterator[MetadataStore]:
-    opened = open_store("sqlite", str(store_path))
+def store(store_location: tuple[str, str]) -> Iterator[MetadataStore]:
+    opened = open_store(*store_location)
     yield opened
     opened.close()
 
@@ -203,8 +207,8 @@ def test_sequences_count_from_zero_independently(store: MetadataStore) -> None:
     assert store.next_id("writer") == 3
 
 
-def test_ids_are_never_reused_across_drops_and_reopen(store_path: Path) -> None:
-    store = SqliteMetadataStore(str(store_path))
+def test_ids_are_never_reused_across_drops_and_reopen(store_location: tuple[str, str]) -> None:
+    store = open_store(*store_location)
     with_database(store)
     tables = [store.create_table("db", f"t{i}", TABLE_JSON, 1, T0_MS).table_id for i in range(3)]
     partition = store.create_partition(tables[0], "x", (("p", "x"),), T0_MS).partition_id
@@ -213,7 +217,7 @@ def test_ids_are_never_reused_across_drops_and_reopen(store_path: Path) -> None:
         store.drop_table(table_id)
     store.close()
 
-    reopened = SqliteMetadataStore(str(store_path))
+    reopened = open_store(*store_location)
     try:
         assert reopened.get_database("db") is not None
         assert reopened.create_table("db", "t0", TABLE_JSON, 1, T0_MS).table_id == max(tables) + 1
@@ -332,8 +336,8 @@ def test_dropping_a_table_drops_its_lake_state_and_snapshots_only(store: Metadat
     assert store.list_lake_snapshot_ids(other.table_id) == [1]
 
 
-def test_everything_written_survives_reopen(store_path: Path) -> None:
-    store = SqliteMetadataStore(str(store_path))
+def test_everything_written_survives_reopen(store_location: tuple[str, str]) -> None:
+    store = open_store(*store_location)
     with_database(store)
     table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
     partition = store.create_partition(table.table_id, "x", (("p", "x"),), T0_MS)
@@ -343,7 +347,7 @@ def test_everything_written_survives_reopen(store_path: Path) -> None:
     store.commit_lake_snapshot(lake_snapshot(table.table_id, 8))
     store.close()
 
-    reopened = open_store("sqlite", str(store_path))
+    reopened = open_store(*store_location)
     try:
         assert reopened.list_databases() == ["db"]
         assert reopened.get_table("db", "t") == table
@@ -358,6 +362,70 @@ def test_everything_written_survives_reopen(store_path: Path) -> None:
         reopened.close()
 
 
-def test_an_unknown_store_kind_names_the_known_ones(store_path: Path) -> None:
-    with pytest.raises(ValueError, match="sqlite"):
-        open_store("etcd", str(store_path))
+def test_an_unknown_store_kind_names_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"sqlite.*zookeeper"):
+        open_store("etcd", str(tmp_path / "metadata"))
+
+
+# ---- ACLs ----
+
+
+def acl(resource_type: int, resource_name: str, principal: str, operation: int = 3) -> AclRecord:
+    return AclRecord(resource_type, resource_name, "User", principal, "*", operation, 3)
+
+
+def test_acls_are_stored_once_deleted_and_listed_sorted(store: MetadataStore) -> None:
+    table_acl = acl(4, "db.t", "bob")
+    cluster_acls = [acl(2, "fluss-cluster", "alice"), acl(2, "fluss-cluster", "alice", operation=4)]
+    store.add_acls([table_acl, *cluster_acls])
+    store.add_acls([table_acl])
+    assert store.list_acls() == sorted([table_acl, *cluster_acls])
+
+    store.delete_acls([cluster_acls[0], acl(3, "db", "nobody")])
+    assert store.list_acls() == sorted([table_acl, cluster_acls[1]])
+    store.delete_acls([table_acl, cluster_acls[1]])
+    assert store.list_acls() == []
+    store.add_acls([])
+    store.delete_acls([])
+
+
+def test_acls_survive_reopen(store_location: tuple[str, str]) -> None:
+    store = open_store(*store_location)
+    store.add_acls([acl(4, "db.t", "bob")])
+    store.close()
+    reopened = open_store(*store_location)
+    try:
+        assert reopened.list_acls() == [acl(4, "db.t", "bob")]
+    finally:
+        reopened.close()
+
+
+# ---- names ----
+
+
+@pytest.mark.parametrize("name", ["with/slash", ".", "..", "per%cent", "ünï code", "a.b"])
+def test_any_name_reads_back_as_written(store: MetadataStore, name: str) -> None:
+    with_database(store, name)
+    table = store.create_table(name, name, TABLE_JSON, 1, T0_MS)
+    partition = store.create_partition(table.table_id, name, (("p", name),), T0_MS)
+    store.put_lease(name, b"lease")
+    assert store.list_databases() == [name]
+    assert store.list_tables(name) == [name]
+    assert store.get_table_by_id(table.table_id) == table
+    assert store.get_partition_by_id(partition.partition_id) == partition
+    assert store.list_leases() == {name: b"lease"}
+
+
+def test_a_dropped_table_is_gone_by_id_and_dropping_it_again_is_a_no_op(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    partition = store.create_partition(table.table_id, "x", (("p", "x"),), T0_MS)
+    store.drop_table(table.table_id)
+    store.drop_table(table.table_id)
+    store.drop_table(12345)
+    assert store.get_table_by_id(table.table_id) is None
+    assert store.get_partition(table.table_id, "x") is None
+    assert store.get_partition_by_id(partition.partition_id) is None
+    with pytest.raises(TableNotExistError):
+        store.create_partition(table.table_id, "y", (("p", "y"),), T0_MS)
+    store.drop_database("db")

@@ -1,0 +1,172 @@
+"""A throw-away standalone ZooKeeper server for tests and local development.
+
+It runs Debian's ``zookeeper`` package (``scripts/install-zookeeper.sh`` installs it) as one ``java``
+process: its own data directory, a free loopback port, no admin HTTP server, and the ``ruok`` four-letter
+word enabled so readiness is checked without a client library. The caller owns the process: ``start()``
+returns once the server answers ``imok``; ``stop()`` ends exactly that process (by its pid).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+# Debian installs the server jar here; its manifest's Class-Path names every dependency jar.
+ZOOKEEPER_JARS = (Path("/usr/share/java/zookeeper.jar"),)
+ZOOKEEPER_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+START_TIMEOUT_MS = 30_000
+STOP_TIMEOUT_MS = 10_000
+# ZooKeeper's unit of time; sessions may last 2..20 ticks, so a test can expire one in a second.
+TICK_TIME_MS = 500
+JAVA_HEAP_MB = 128
+
+
+def zookeeper_jar() -> Path | None:
+    """The ZooKeeper server jar, or None when the package is not installed."""
+    configured = os.environ.get("STROM_ZOOKEEPER_JAR")
+    candidates = (Path(configured),) if configured else ZOOKEEPER_JARS
+    return next((jar for jar in candidates if jar.is_file()), None)
+
+
+def unavailable_reason() -> str | None:
+    """Why a ZooKeeper server cannot be started here, or None when it can."""
+    if zookeeper_jar() is None:
+        return (
+            "ZooKeeper is not installed (no /usr/share/java/zookeeper.jar); "
+            "run scripts/install-zookeeper.sh (make install does)"
+        )
+    if shutil.which("java") is None:
+        return "no java on PATH to run ZooKeeper"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def four_letter_word(host: str, port: int, word: str, timeout_ms: int = 1_000) -> str:
+    """Send a ZooKeeper four-letter command (``ruok``, ``srvr``) and return the reply."""
+    with socket.create_connection((host, port), timeout=timeout_ms / 1000) as connection:
+        connection.sendall(word.encode("ascii"))
+        chunks = []
+        while chunk := connection.recv(4096):
+            chunks.append(chunk)
+    return b"".join(chunks).decode("ascii", "replace")
+
+
+class ZooKeeperServer:
+    """One standalone ZooKeeper on ``127.0.0.1:port`` with its data under ``directory``."""
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        self.directory = directory
+        self.host = "127.0.0.1"
+        self.port = port or free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port``, as ``zookeeper.address`` takes it."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "zookeeper.log"
+
+    def start(self) -> ZooKeeperServer:
+        """Start the server and wait until it answers ``ruok``.
+
+        Raises:
+            RuntimeError: ZooKeeper is not installed, or it did not become ready within START_TIMEOUT_MS.
+        """
+        assert self._process is None, "a ZooKeeperServer is started once"
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(reason)
+        jar = zookeeper_jar()
+        assert jar is not None
+        data_dir = self.directory / "data"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        config_path = self.directory / "zoo.cfg"
+        config_path.write_text(
+            "\n".join(
+                [
+                    f"tickTime={TICK_TIME_MS}",
+                    f"dataDir={data_dir}",
+                    f"clientPort={self.port}",
+                    f"clientPortAddress={self.host}",
+                    "maxClientCnxns=0",
+                    "admin.enableServer=false",
+                    "4lw.commands.whitelist=ruok,srvr,stat",
+                    # a test run makes many small snapshots of nothing: keep the disk quiet
+                    "snapCount=100000",
+                    "autopurge.snapRetainCount=3",
+                    "",
+                ]
+            )
+        )
+        command = [
+            shutil.which("java") or "java",
+            f"-Xmx{JAVA_HEAP_MB}m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-cp",
+            str(jar),
+            ZOOKEEPER_MAIN_CLASS,
+            str(config_path),
+        ]
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.directory
+            )
+        deadline = time.monotonic() + START_TIMEOUT_MS / 1000
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(
+                    f"ZooKeeper exited with {self._process.returncode} at start:\n{self.log_text()[-2000:]}"
+                )
+            try:
+                if four_letter_word(self.host, self.port, "ruok") == "imok":
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"ZooKeeper did not answer ruok within {START_TIMEOUT_MS} ms:\n{self.log_text()[-2000:]}")
+
+    def stop(self) -> int | None:
+        """SIGTERM the server (SIGKILL after STOP_TIMEOUT_MS); returns its exit code."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_TIMEOUT_MS / 1000)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout=STOP_TIMEOUT_MS / 1000)
+        return process.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
