@@ -276,6 +276,7 @@ class ZooKeeperMetadataStore(MetadataStore):
             time.sleep(_RECONNECT_POLL_MS / 1000)
         if time.monotonic() >= deadline:
             raise StorageError(f"ZooKeeper at {self._hosts} kept failing: {cause!r}") from cause
+        time.sleep(_RECONNECT_POLL_MS / 1000)  # connected, yet the call failed: do not spin
 
     def _get(self, path: str) -> tuple[bytes, ZnodeStat] | None:
         try:
@@ -350,10 +351,13 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._run(delete)
 
     def _delete_tree_in_transactions(self, roots: list[str], last: list[str]) -> None:
-        """Delete the trees under ``roots`` and then ``last`` (children first), atomically when they fit
-        one transaction; a larger set goes in chunks of TRANSACTION_DELETES_MAX with ``last`` in the final one."""
-        nodes = self._subtrees_deepest_first(roots)
-        final = self._subtrees_deepest_first(last)
+        """Delete the trees under ``roots`` and ``last`` (children first), atomically when they fit one
+        transaction; a larger set goes in chunks of TRANSACTION_DELETES_MAX, the nodes below ``roots``
+        first, so the roots and ``last`` (the registrations) all go in the final transaction."""
+        below_roots = self._subtrees_deepest_first(roots)
+        root_set = set(roots)
+        nodes = [path for path in below_roots if path not in root_set]
+        final = [path for path in below_roots if path in root_set] + self._subtrees_deepest_first(last)
         while len(nodes) + len(final) > TRANSACTION_DELETES_MAX:
             chunk, nodes = nodes[:TRANSACTION_DELETES_MAX], nodes[TRANSACTION_DELETES_MAX:]
             transaction = _Transaction(self._client)
