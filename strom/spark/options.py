@@ -118,6 +118,9 @@ COMMENT = ConnectorOption("comment", None, "Writes that create the table: its co
 TABLE_PROPERTY_PREFIX = "table."
 """Options ``table.<key>`` (other than ``table`` itself) of a write that creates the table become its table
 options, e.g. ``table.log.format``, ``table.datalake.enabled``."""
+FIELD_PROPERTY_PREFIX = "fields."
+"""Options ``fields.<column>.<key>`` of a write that creates the table are passed with the table options too:
+the aggregate functions of an aggregation table (``fields.total.agg``), which the server folds into the schema."""
 TEST_WAIT_FOR_FILE = ConnectorOption(
     "testing.read.wait-for-file", None,
     "Test aid: read tasks wait (up to 120 s) until this file exists before reading, to act between planning and reading.",
@@ -387,7 +390,10 @@ class TableCreation:
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> TableCreation:
         properties = tuple(
-            sorted((key, value) for key, value in raw.items() if key.startswith(TABLE_PROPERTY_PREFIX))
+            sorted(
+                (key, value) for key, value in raw.items()
+                if key.startswith((TABLE_PROPERTY_PREFIX, FIELD_PROPERTY_PREFIX))
+            )
         )
         return cls(
             primary_key=_names(raw, PRIMARY_KEY),

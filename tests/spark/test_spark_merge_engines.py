@@ -17,6 +17,7 @@ import pytest
 from strom.client import Connection
 from strom.ids import TablePath
 from strom.records.types import BigIntType, DataType, IntType, StringType
+from tests.conftest import unique_name
 from tests.spark.support import Fluss, LogRecord, run
 from tests.spark.test_spark_batch_read import load
 from tests.spark.test_spark_errors import failure_line
@@ -169,3 +170,19 @@ def test_aggregation_folds_written_deltas_and_logs_update_pairs(spark: Any, clus
         ("-U", first), ("+U", first_merged), ("-U", second), ("+U", second_merged),
         ("-U", first_merged), ("+U", final),
     ])
+
+
+def test_a_write_that_creates_the_table_passes_the_merge_engine_and_the_aggregate_functions(
+    spark: Any, cluster: Fluss
+) -> None:
+    table = f"fluss.{unique_name('spark_agg')}"
+    options = {"primary.key": "id", "bucket.num": "1", "table.merge-engine": "aggregation",
+               "fields.total.agg": "sum", "fields.tags.agg": "listagg", "fields.tags.listagg.delimiter": ";"}
+    schema = "id int, total long, tags string"
+    for rows in ([(1, 10, "a"), (2, 1, "x")], [(1, 5, "b")]):
+        save(spark.createDataFrame(rows, schema).coalesce(1), cluster, table, **options)
+
+    assert state(spark, cluster, table) == {1: {"id": 1, "total": 15, "tags": "a;b"},
+                                            2: {"id": 2, "total": 1, "tags": "x"}}
+    properties = cluster.describe(table).info.properties
+    assert properties["table.merge-engine"] == "aggregation"
