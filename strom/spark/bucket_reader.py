@@ -27,6 +27,7 @@ from strom.ids import TableBucket
 from strom.lake.format import lake_format
 from strom.records.log_batch import ChangeType
 from strom.spark import runtime
+from strom.spark.binlog import BinlogAssembler
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import (
     METADATA_BUCKET,
@@ -70,6 +71,8 @@ class ReadContext:
     wait_for_file: str | None = None
     metadata_columns: tuple[str, ...] = ()
     """``read.metadata-columns``, in the order they follow the table's (and the change type) columns."""
+    binlog: bool = False
+    """Log ranges are read in the ``$binlog`` form (:mod:`strom.spark.binlog`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +226,9 @@ def _folded_rows(fold: ChangelogFold, output: _Output) -> Iterator[pa.RecordBatc
 def read_log_range(context: ReadContext, partition: LogRangePartition) -> Iterator[pa.RecordBatch]:
     """A log table's records, or a primary-key table's change rows, in ``[start, end)`` (those committed
     in the partition's time window, when it has one)."""
+    if context.binlog:
+        yield from _read_binlog_range(context, partition)
+        return
     with runtime.connected(context.connection) as connection:
         table = _open_table(connection, context)
         output = _Output(table.layout, context, partition.bucket)
@@ -237,6 +243,35 @@ def read_log_range(context: ReadContext, partition: LogRangePartition) -> Iterat
             )
         yield from output.drain()
         _log_metrics(context, f"{partition.bucket} offsets [{partition.start_offset}, {partition.end_offset})", output)
+
+
+def _read_binlog_range(context: ReadContext, partition: LogRangePartition) -> Iterator[pa.RecordBatch]:
+    """The range's changes in ``$binlog`` form: the pairs whose ``-U`` lies in it (one record past the end
+    when the range ends between a pair's ``-U`` and ``+U``)."""
+    with runtime.connected(context.connection) as connection:
+        table = _open_table(connection, context)
+        bucket = partition.bucket
+        assembler = BinlogAssembler(table.layout, context.target, bucket.bucket, partition.start_offset)
+        metrics = ReadMetrics()
+        ranges = ((partition.start_offset, partition.end_offset), (partition.end_offset, partition.end_offset + 1))
+        for start, end in ranges:
+            if start > partition.start_offset and not assembler.awaiting_update_after:
+                break
+            for scan_batch in runtime.iterate(_changes(table, bucket, start, end)):
+                if not partition.in_window(scan_batch.commit_timestamp):
+                    continue
+                batch = assembler.add(scan_batch)
+                if batch is not None:
+                    metrics.rows += batch.num_rows
+                    metrics.bytes += batch.nbytes
+                    yield batch
+        if assembler.awaiting_update_after:
+            raise FlussConnectorError(f"{bucket}: the -U at offset {partition.end_offset - 1} has no +U after it")
+        metrics.rows_by_source[LOG] = metrics.rows
+        _metrics_log.info(
+            "fluss read of %s, %s binlog [%d, %d): %s", context.connection.table, bucket, partition.start_offset,
+            partition.end_offset, metrics.describe(),
+        )
 
 
 def read_kv_state(context: ReadContext, partition: KvStatePartition) -> Iterator[pa.RecordBatch]:

@@ -29,7 +29,12 @@ class ConnectorOption:
 
 
 BOOTSTRAP_SERVERS = ConnectorOption("bootstrap.servers", None, "HOST:PORT[,HOST:PORT…] of the cluster (required).")
-TABLE = ConnectorOption("table", None, "The table as DATABASE.TABLE (required).")
+TABLE = ConnectorOption(
+    "table", None,
+    "The table as DATABASE.TABLE (required); DATABASE.TABLE$binlog reads a primary-key table's changes with the "
+    "row before and after each (reads only).",
+)
+BINLOG_SUFFIX = "$binlog"
 SCAN_STARTUP_MODE = ConnectorOption(
     "scan.startup.mode", "full",
     "full: a primary-key table's current state, then its changes (a log table from its start); earliest: every "
@@ -249,10 +254,13 @@ class ConnectionOptions:
     bootstrap_servers: str
     table_path: TablePath
     client_config: dict[str, str]
+    binlog: bool = False
+    """The table was named with the ``$binlog`` suffix: its changes in before/after form (``table_path`` is
+    the table itself)."""
 
     @property
     def table(self) -> str:
-        return str(self.table_path)
+        return str(self.table_path) + (BINLOG_SUFFIX if self.binlog else "")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ConnectionOptions:
@@ -261,12 +269,15 @@ class ConnectionOptions:
         if not servers:
             raise FlussConnectorError(f"option '{BOOTSTRAP_SERVERS.key}' is empty: {BOOTSTRAP_SERVERS.description}")
         table = _get(raw, TABLE).strip()
+        binlog = table.endswith(BINLOG_SUFFIX)
+        if binlog:
+            table = table.removesuffix(BINLOG_SUFFIX)
         try:
             path = TablePath.parse(table)
         except ValueError:
             raise FlussConnectorError(f"option '{TABLE.key}' must be DATABASE.TABLE, got '{table}'") from None
         client = {key: value for key, value in raw.items() if key.startswith(CLIENT_OPTION_PREFIX)}
-        return cls(servers, path, {**client, "bootstrap.servers": servers})
+        return cls(servers, path, {**client, "bootstrap.servers": servers}, binlog)
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,11 +252,22 @@ async def state_partitions(
     return partitions
 
 
+async def whole_log_partitions(
+    admin: Admin, layout: TableLayout, buckets: Collection[TableBucket], options: ReadOptions
+) -> list[InputPartition]:
+    """Every bucket's log ``[log start, high watermark)``, split per ``scan.maxRecordsPerPartition``."""
+    starts = await bucket_offsets(admin, layout, buckets, OffsetSpec.earliest())
+    ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
+    return split_ranges([LogRangePartition(b, starts[b], ends[b]) for b in buckets if starts[b] < ends[b]], options)
+
+
 async def plan_batch(
-    connection: Connection, layout: TableLayout, options: ReadOptions, pushed: PushedFilters | None = None
+    connection: Connection, layout: TableLayout, options: ReadOptions, pushed: PushedFilters | None = None,
+    changes_only: bool = False,
 ) -> list[InputPartition]:
     """The partitions of a batch read (see the module docstring): key lookups when ``pushed`` has keys,
-    else the buckets of the partitions ``pushed``'s partition filters keep."""
+    else the buckets of the partitions ``pushed``'s partition filters keep. ``changes_only`` (a ``$binlog``
+    read) reads the changelog, never a state: the time range if one is set, else the whole log."""
     if pushed is not None and pushed.lookup_keys is not None:
         return [KeyLookupPartition(chunk) for chunk in key_chunks(pushed.lookup_keys)]
     admin = connection.get_admin()
@@ -264,6 +275,8 @@ async def plan_batch(
     buckets = [bucket for partition in partitions for bucket in layout.info.buckets(partition.partition_id)]
     if options.time_range is not None:  # strom's log alone, as in Fluss: the lake keeps no commit times
         return await time_range_partitions(admin, layout, buckets, options)
+    if changes_only:
+        return await whole_log_partitions(admin, layout, buckets, options)
     if options.read_optimized and layout.primary_key:
         return await snapshot_only_partitions(admin, layout, options, partitions, buckets)
     lake = await lake_snapshot_to_read(admin, layout, options)
@@ -282,9 +295,10 @@ async def plan_batch(
         if layout.primary_key:  # tiered buckets are read from the lake merged with their changelog
             buckets = [bucket for bucket in buckets if bucket not in lake.bucket_offsets]
     if not layout.primary_key:
+        if lake is None:
+            return planned + await whole_log_partitions(admin, layout, buckets, options)
         starts = await bucket_offsets(admin, layout, buckets, OffsetSpec.earliest())
-        if lake is not None:  # the lake holds each tiered bucket up to its lake offset
-            starts.update({b: offset for b, offset in lake.bucket_offsets.items() if b in starts})
+        starts.update({b: offset for b, offset in lake.bucket_offsets.items() if b in starts})  # tiered up to there
         ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
         ranges = [LogRangePartition(b, starts[b], ends[b]) for b in buckets if starts[b] < ends[b]]
         return planned + split_ranges(ranges, options)

@@ -73,7 +73,9 @@ class FlussBatchReader(DataSourceReader):
                     f"table '{self._connection.table}' was dropped and re-created since the DataFrame was defined; "
                     "load it again"
                 )
-            return await planning.plan_batch(connection, table.layout, self._options, self._pushed)
+            return await planning.plan_batch(
+                connection, table.layout, self._options, self._pushed, changes_only=self._context.binlog
+            )
 
         return runtime.call(self._connection, plan)
 

@@ -27,11 +27,13 @@ from pyspark.sql.types import StructType
 from strom.client import Connection
 from strom.client.table import TableLayout
 from strom.spark import runtime
+from strom.spark.binlog import BINLOG_COLUMNS, binlog_schema, check_binlog_table
 from strom.spark.bucket_reader import ReadContext
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import (
     READ_CHANGE_TYPE_COLUMN,
     READ_METADATA_COLUMNS,
+    READ_OPTIMIZED,
     WRITE_CHANGE_TYPE_COLUMN,
     ConnectionOptions,
     ReadOptions,
@@ -82,6 +84,21 @@ class FlussDataSource(DataSource):
     def _load_for_read(self, options: ReadOptions) -> TableLayout:
         """The table, and the name of its change type column (primary-key tables only)."""
         layout = self._load()
+        if self._connection.binlog:
+            check_binlog_table(layout)
+            built_in = [name for name in options.metadata_columns if name in BINLOG_COLUMNS]
+            if built_in:
+                raise FlussConnectorError(
+                    f"'{self._connection.table}' has {built_in} among its columns already; leave them out of option "
+                    f"'{READ_METADATA_COLUMNS.key}'"
+                )
+            if options.read_optimized:
+                raise FlussConnectorError(
+                    f"option '{READ_OPTIMIZED.key}' reads KV snapshots, which hold no changes: it does not apply to "
+                    f"'{self._connection.table}'"
+                )
+            self._change_type_column = None
+            return layout
         column = options.change_type_column if layout.primary_key else ""
         if column in layout.column_names:
             raise FlussConnectorError(
@@ -97,34 +114,38 @@ class FlussDataSource(DataSource):
             )
         return layout
 
+    def _read_schema(self, layout: TableLayout, options: ReadOptions) -> StructType:
+        if self._connection.binlog:
+            return binlog_schema(layout, options.metadata_columns)
+        return read_schema(layout.row_type, self._change_type_column, options.metadata_columns)
+
     def schema(self) -> StructType:
         options = ReadOptions.parse(self.options)
-        layout = self._load_for_read(options)
-        return read_schema(layout.row_type, self._change_type_column, options.metadata_columns)
+        return self._read_schema(self._load_for_read(options), options)
 
     def _read_context(self, schema: StructType, options: ReadOptions) -> ReadContext:
         layout = self._load_for_read(options)
         assert self._table_id is not None
-        expected = read_schema(layout.row_type, self._change_type_column, options.metadata_columns).fieldNames()
+        expected = self._read_schema(layout, options).fieldNames()
         if schema.fieldNames() != expected:
             raise FlussConnectorError(
                 f"a user-specified schema is not supported for table '{self._connection.table}'; its columns are {expected}"
             )
         return ReadContext(
             self._connection, self._table_id, spark_arrow_schema(schema), self._change_type_column is not None,
-            options.wait_for_file, options.metadata_columns,
+            options.wait_for_file, options.metadata_columns, self._connection.binlog,
         )
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = ReadOptions.parse(self.options)
         pushdown = self.filter_pushdown_default if options.filter_pushdown is None else options.filter_pushdown
-        reader = FlussFilteringReader if pushdown else FlussBatchReader
+        reader = FlussFilteringReader if pushdown and not self._connection.binlog else FlussBatchReader
         return reader(self._connection, options, self._read_context(schema, options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = ReadOptions.parse(self.options)
         context = self._read_context(schema, options)
-        if self._has_primary_key and self._change_type_column is None:
+        if self._has_primary_key and self._change_type_column is None and not self._connection.binlog:
             raise FlussConnectorError(
                 f"a streaming read of primary-key table '{self._connection.table}' needs the change type column; "
                 f"option '{READ_CHANGE_TYPE_COLUMN.key}' must not be empty"
@@ -134,6 +155,10 @@ class FlussDataSource(DataSource):
     def _check_write(self, schema: StructType, options: WriteOptions, overwrite: bool) -> int:
         """Fail on the driver, before any task runs, for what would fail in every task; returns the table id."""
         table = self._connection.table
+        if self._connection.binlog:
+            raise FlussConnectorError(
+                f"'{table}' is a read-only form of table '{self._connection.table_path}': write to the table itself"
+            )
         if overwrite:
             raise FlussConnectorError(
                 f"mode 'overwrite' is not supported for table '{table}': use mode 'append' "

@@ -133,7 +133,8 @@ class FlussStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._encode(self._list(OffsetSpec.latest()))
         if mode is StartupMode.TIMESTAMP:
             return self._encode(self._offsets_at_startup_time())
-        if mode is StartupMode.EARLIEST or not self._has_primary_key:
+        if mode is StartupMode.EARLIEST or not self._has_primary_key or self._context.binlog:
+            # a $binlog read has no state to start from: full reads the changes from the log start, as in Fluss
             return self._encode(self._list(OffsetSpec.earliest()))
         assert mode is StartupMode.FULL
         latest = self._list(OffsetSpec.latest())

@@ -10,6 +10,7 @@ import pytest
 
 from strom.client import Connection
 from strom.client.changelog import ChangelogFold, KeyEncoder, change_type_column, merge_snapshot
+from strom.client.log_scanner import ScanBatch
 from strom.client.table import TableLayout
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
@@ -17,8 +18,11 @@ from strom.records.log_batch import ChangeType
 from strom.records.schema import Schema, TableDescriptor
 from strom.records.types import BigIntType, IntType, StringType
 from strom.spark import planning
+from strom.spark.binlog import BinlogAssembler, binlog_schema
+from strom.spark.errors import FlussConnectorError
 from strom.spark.options import ReadOptions
 from strom.spark.stream_reader import share_budget
+from strom.spark.type_mapping import spark_arrow_schema
 from tests.spark.support import Fluss, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(120)]
@@ -147,3 +151,37 @@ def test_a_long_log_range_splits_into_even_ranges_that_cover_it_exactly() -> Non
         covered = split_log_range(LogRangePartition(bucket, 0, 97), size)
         assert all(p.end_offset - p.start_offset <= size for p in covered)
         assert [o for p in covered for o in range(p.start_offset, p.end_offset)] == list(range(97))
+
+
+def binlog_assembler(first_offset: int) -> tuple[TableLayout, BinlogAssembler]:
+    layout = layout_of([("id", IntType()), ("name", StringType())], ["id"])
+    return layout, BinlogAssembler(layout, spark_arrow_schema(binlog_schema(layout)), 0, first_offset)
+
+
+def scan(layout: TableLayout, base: int, changes: list[tuple[ChangeType, int, str]]) -> ScanBatch:
+    rows = batch(layout, [{"id": key, "name": name} for _type, key, name in changes])
+    return ScanBatch(TableBucket(1, 0), base, bytes(change for change, *_ in changes), rows, 1_000)
+
+
+def test_binlog_pairs_an_update_across_scan_batches_and_skips_a_pair_owned_by_the_range_before() -> None:
+    layout, assembler = binlog_assembler(first_offset=4)
+    first = assembler.add(scan(layout, 4, [(ChangeType.UPDATE_AFTER, 1, "b"), (ChangeType.INSERT, 2, "x"),
+                                           (ChangeType.UPDATE_BEFORE, 2, "x")]))
+    assert assembler.awaiting_update_after
+    second = assembler.add(scan(layout, 7, [(ChangeType.UPDATE_AFTER, 2, "y"), (ChangeType.DELETE, 1, "b")]))
+
+    assert first is not None and second is not None
+    rows = first.to_pylist() + second.to_pylist()
+    assert [(r["_change_type"], r["_log_offset"], r["before"], r["after"]) for r in rows] == [
+        ("insert", 5, None, {"id": 2, "name": "x"}),
+        ("update", 6, {"id": 2, "name": "x"}, {"id": 2, "name": "y"}),
+        ("delete", 8, {"id": 1, "name": "b"}, None),
+    ]
+    assert not assembler.awaiting_update_after
+
+
+def test_binlog_refuses_a_changelog_whose_update_pairs_are_broken() -> None:
+    layout, assembler = binlog_assembler(first_offset=0)
+    broken = scan(layout, 0, [(ChangeType.INSERT, 1, "a"), (ChangeType.UPDATE_AFTER, 1, "b")])
+    with pytest.raises(FlussConnectorError, match="offset 1: an update's -U and \\+U records are not adjacent"):
+        assembler.add(broken)
