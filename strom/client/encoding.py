@@ -39,11 +39,15 @@ def conform(layout: TableLayout, data: pa.RecordBatch | pa.Table) -> pa.RecordBa
         data = _table_to_batch(data)
     if data.schema.equals(layout.arrow_schema):
         return data
-    missing = [name for name in layout.column_names if name not in data.schema.names]
+    assigned = layout.info.schema.auto_increment_columns  # server-assigned: null if the batch lacks it
+    missing = [name for name in layout.column_names if name not in data.schema.names and name not in assigned]
     if missing:
         raise ValueError(f"the batch lacks columns {missing} of table {layout.info.path}")
     columns = []
     for field in layout.arrow_schema:
+        if field.name not in data.schema.names:
+            columns.append(pa.nulls(data.num_rows, field.type))
+            continue
         column = data.column(data.schema.get_field_index(field.name))
         columns.append(column if column.type == field.type else column.cast(field.type))
     return pa.RecordBatch.from_arrays(columns, schema=layout.arrow_schema)

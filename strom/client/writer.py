@@ -273,6 +273,15 @@ class UpsertWriter(_Writer):
             missing = [i for i in layout.key_indexes if i not in target_columns]
             if missing:
                 raise ValueError("a partial update must include every primary key column")
+        for name in layout.info.schema.auto_increment_columns:  # the server assigns it: never written
+            index = layout.column_names.index(name)
+            if target_columns is None:
+                target_columns = [i for i in range(len(layout.column_names)) if i != index]
+            elif index in target_columns:
+                raise ValueError(
+                    f"column {name!r} of table {layout.info.path} is auto-increment: the server assigns its values, "
+                    "so a partial update must leave it out"
+                )
         self._targets = target_columns
         self._ops: list[tuple[bool, Mapping[str, Any] | Sequence[Any], asyncio.Future[None]]] = []
         self.batch_rows_max = BATCH_ROWS_MAX

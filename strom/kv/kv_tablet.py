@@ -27,6 +27,7 @@ import numpy as np
 import rocksdict
 
 from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError, MalformedRowError
+from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, IdAllocator, IdCounter
 from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
@@ -66,6 +67,8 @@ class KvConfig:
     reading the key's old value, as Fluss does with its default merge engine)."""
     merge: MergeOptions = field(default_factory=lambda: MergeOptions(None, DeleteBehavior.ALLOW))
     """``table.merge-engine`` and its options; the default engine (last write wins) without them."""
+    auto_increment: AutoIncrementSpec | None = None
+    """The table's auto-increment column, if it has one."""
 
     @classmethod
     def for_table(cls, table: TableInfo, rocksdb: RocksDbOptions) -> KvConfig:
@@ -76,6 +79,7 @@ class KvConfig:
             delete_behavior=merge.delete_behavior.name,
             changelog_image=table.properties.get("table.changelog.image", "FULL").strip().upper(),
             merge=merge,
+            auto_increment=AutoIncrementSpec.for_table(table),
         )
 
 
@@ -100,12 +104,26 @@ def reset_instance_id(path: Path) -> None:
 class KvTablet:
     """One primary-key bucket. Owned by the event loop."""
 
-    def __init__(self, directory: Path, log_tablet: LogTablet, row_format: TableRowFormat, config: KvConfig) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        log_tablet: LogTablet,
+        row_format: TableRowFormat,
+        config: KvConfig,
+        id_counter: IdCounter | None = None,
+    ) -> None:
+        """``id_counter`` reserves ids for an auto-increment column (required when the table has one)."""
         self.directory = directory
         self.log = log_tablet
         self._format = row_format
         self._config = config
         self._merger = create_row_merger(config.merge, row_format)
+        self._auto_increment: AutoIncrementAssigner | None = None
+        if config.auto_increment is not None:
+            if id_counter is None:
+                raise ValueError(f"{directory}: the table has an auto-increment column but no id counter was given")
+            ids = IdAllocator(config.auto_increment, id_counter)
+            self._auto_increment = AutoIncrementAssigner(config.auto_increment, ids, row_format)
         self._db = open_rocksdb(directory / "rocksdb", config.rocksdb)
         self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
         self._write_options = rocksdict.WriteOptions()
@@ -243,6 +261,11 @@ class KvTablet:
         if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
             raise DeletionDisabledError("deletes are disabled on this table (table.delete.behavior=DISABLE)")
         ignore_deletes = self._config.delete_behavior == "IGNORE"
+        if self._auto_increment is not None:
+            self._auto_increment.spec.check_target_columns(target_columns)
+            values = self._auto_increment.assign(
+                keys, values, self._current_values(keys), deletes_remove=not ignore_deletes
+            )
         prefix = SCHEMA_ID.pack(schema_id)
         if self._merger is not None:  # a merge engine: rows are decoded and merged in Python
             change_types, rows, new_keys, new_values = self._merger.plan(
@@ -341,6 +364,11 @@ class KvTablet:
                     remaining = self._format.null_out(old, target_columns)
                 except ValueError as exc:  # a NOT NULL target column cannot be nulled
                     raise InvalidTargetColumnError(f"Partial delete is not possible: {exc}.") from exc
+                if remaining is not None and self._auto_increment is not None:
+                    # the server-owned id goes with its key: a delete leaving only both removes the row
+                    owned = [*target_columns, self._auto_increment.spec.column_index]
+                    if self._format.null_out(old, owned) is None:
+                        remaining = None
                 if remaining is None:
                     change_types += _DELETE
                     rows.append(old)

@@ -201,15 +201,17 @@ class SqliteMetadataStore(MetadataStore):
 
     # ---- sequences ----
     @staticmethod
-    def _next_id(db: sqlite3.Connection, sequence: str) -> int:
+    def _next_id(db: sqlite3.Connection, sequence: str, count: int = 1) -> int:
         row = db.execute("SELECT next_value FROM sequences WHERE name = ?", (sequence,)).fetchone()
         value = 0 if row is None else int(row[0])
-        db.execute("INSERT OR REPLACE INTO sequences VALUES (?, ?)", (sequence, value + 1))
+        db.execute("INSERT OR REPLACE INTO sequences VALUES (?, ?)", (sequence, value + count))
         return value
 
-    def next_id(self, sequence: str) -> int:
+    def next_id(self, sequence: str, count: int = 1) -> int:
+        if count <= 0:
+            raise ValueError(f"a counter reserves a positive count of values, got {count}")
         with self._transaction() as db:
-            return self._next_id(db, sequence)
+            return self._next_id(db, sequence, count)
 
     # ---- KV snapshots ----
     def add_kv_snapshot(self, record: KvSnapshotRecord) -> None:

@@ -147,8 +147,9 @@ class MetadataStore(ABC):
 
     # ---- sequences ----
     @abstractmethod
-    def next_id(self, sequence: str) -> int:
-        """The next value of a named counter (0, 1, 2, ...), durable before it is returned."""
+    def next_id(self, sequence: str, count: int = 1) -> int:
+        """The next value of a named counter (0, 1, 2, ...), durable before it is returned; ``count``
+        reserves that many values at once (the next call returns the value after them)."""
 
     # ---- KV snapshots ----
     @abstractmethod

@@ -369,17 +369,17 @@ class ZooKeeperMetadataStore(MetadataStore):
             transaction.delete(path)
         transaction.commit()
 
-    def _next_value(self, transaction: _Transaction, sequence: str) -> int:
-        """Read counter ``sequence`` and add its version-checked bump to ``transaction``."""
+    def _next_value(self, transaction: _Transaction, sequence: str, count: int = 1) -> int:
+        """Read counter ``sequence`` and add its version-checked bump by ``count`` to ``transaction``."""
         path = self._sequence_path(sequence)
         found = self._get(path)
         if found is None:
-            transaction.create(path, b"1")
+            transaction.create(path, str(count).encode())
             return 0
         data, stat = found
         value = int(data)
         assert value >= 0, f"counter {path} holds {value}"
-        transaction.set_data(path, str(value + 1).encode(), stat.version)
+        transaction.set_data(path, str(value + count).encode(), stat.version)
         return value
 
     # ---- databases ----
@@ -671,10 +671,13 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._run(drop)
 
     # ---- sequences ----
-    def next_id(self, sequence: str) -> int:
+    def next_id(self, sequence: str, count: int = 1) -> int:
+        if count <= 0:
+            raise ValueError(f"a counter reserves a positive count of values, got {count}")
+
         def bump() -> int:
             transaction = _Transaction(self._client)
-            value = self._next_value(transaction, sequence)
+            value = self._next_value(transaction, sequence, count)
             transaction.commit()
             return value
 

@@ -194,6 +194,8 @@ class Schema:
                 for c in columns
             )
         auto_increment = tuple(self.auto_increment_columns)
+        if len(auto_increment) > 1:
+            raise ValueError(f"multiple auto-increment columns {list(auto_increment)} are not supported; a table has at most one")
         for name in auto_increment:
             if primary_key is None or name not in names or name in primary_key:
                 raise ValueError(f"auto-increment column {name!r} must be a non-key column of a PK table")
@@ -235,10 +237,14 @@ class Schema:
         cls,
         columns: Iterable[tuple[str, DataType]],
         primary_key: Sequence[str] | None = None,
+        auto_increment_column: str | None = None,
     ) -> Schema:
-        """Build from ``(name, type)`` pairs, assigning ids as a Fluss client does."""
+        """Build from ``(name, type)`` pairs, assigning ids as a Fluss client does; ``auto_increment_column``
+        names the column the server fills with unique ids (a non-key INT or BIGINT of a primary-key table)."""
         return cls(
-            tuple(Column(name, t) for name, t in columns), None if primary_key is None else tuple(primary_key)
+            tuple(Column(name, t) for name, t in columns),
+            None if primary_key is None else tuple(primary_key),
+            auto_increment_columns=() if auto_increment_column is None else (auto_increment_column,),
         )
 
     @classmethod

@@ -41,6 +41,7 @@ from strom.errors import (
     TableNotPartitionedError,
 )
 from strom.ids import TablePath
+from strom.kv import auto_increment
 from strom.kv.merge import options as merge_options
 from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
@@ -306,6 +307,7 @@ class CoordinatorService:
             raise InvalidTableError(f"Invalid table descriptor: {exc}") from exc
         properties = dict(descriptor.properties)
         merge_options.validate(descriptor.schema, properties)
+        auto_increment.cache_size(properties)  # a positive integer (InvalidConfigError)
         log_format = properties.get("table.log.format", "ARROW").strip().upper()
         if log_format not in ("ARROW", "INDEXED"):
             raise InvalidConfigError(f"table.log.format={log_format} is not supported; use ARROW or INDEXED.")

@@ -166,7 +166,7 @@ class StromServer:
             if partition_id is None and self.lake is not None:
                 await self.lake.drop_table(table)
 
-        self.replicas = ReplicaManager(self.paths.tablets, config, remote, snapshot_store.latest)
+        self.replicas = ReplicaManager(self.paths.tablets, config, remote, snapshot_store.latest, store.next_id)
         self.tablet = TabletService(self.replicas, config, self.clock)
         scanner_config = ScannerConfig(
             ttl_ms=config.get_ms(KV_SCANNER_TTL),

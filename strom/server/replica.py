@@ -36,6 +36,7 @@ from strom.errors import (
     UnknownTableOrBucketError,
 )
 from strom.ids import TableBucket
+from strom.kv.auto_increment import IdCounter
 from strom.kv.kv_tablet import KvConfig, KvRestoreNeededError, KvTablet, reset_instance_id
 from strom.kv.rocksdb import RocksDbOptions
 from strom.kv.row_format import TableRowFormat
@@ -133,7 +134,8 @@ class Replica:
 
         def open_tablet() -> KvTablet:
             return KvTablet(
-                kv_dir, log_tablet, self._manager.row_format(self.table), self._manager.kv_config(self.table)
+                kv_dir, log_tablet, self._manager.row_format(self.table), self._manager.kv_config(self.table),
+                self._manager.id_counter,
             )
 
         if not (kv_dir / "rocksdb").exists() and self._manager.restore_from_snapshot(self, log_tablet, kv_dir):
@@ -205,6 +207,7 @@ class ReplicaManager:
         config: Configuration,
         remote: RemoteStorage | None = None,
         latest_snapshot: Callable[[TableBucket], CompletedKvSnapshot | None] = lambda bucket: None,
+        id_counter: IdCounter | None = None,
     ) -> None:
         """``remote`` and ``latest_snapshot`` (the coordinator's view) let a bucket be restored from its
         latest KV snapshot; without them a bucket can only be recovered from its local changelog."""
@@ -212,6 +215,8 @@ class ReplicaManager:
         self._config = config
         self._remote = remote
         self._latest_snapshot = latest_snapshot
+        self.id_counter = id_counter
+        """Reserves auto-increment ids (the metadata store's durable counters)."""
         self.log_config = LogConfig(
             segment_size_bytes_max=config.get(LOG_SEGMENT_FILE_SIZE),
             flush_interval_messages=config.get(LOG_FLUSH_INTERVAL_MESSAGES),

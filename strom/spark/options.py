@@ -120,6 +120,11 @@ PARTITION_KEY = ConnectorOption(
     "partition.key", None, "Writes that create the table: its partition keys, comma-separated (STRING columns)."
 )
 COMMENT = ConnectorOption("comment", None, "Writes that create the table: its comment.")
+AUTO_INCREMENT_FIELDS = ConnectorOption(
+    "auto-increment.fields", None,
+    "Writes that create a primary-key table: its auto-increment column (one INT or BIGINT non-key column, "
+    "filled by the server for every new key; Fluss's Flink option name).",
+)
 TABLE_PROPERTY_PREFIX = "table."
 """Options ``table.<key>`` (other than ``table`` itself) of a write that creates the table become its table
 options, e.g. ``table.log.format``, ``table.datalake.enabled``."""
@@ -135,7 +140,7 @@ ALL_OPTIONS = (
     BOOTSTRAP_SERVERS, TABLE, SCAN_STARTUP_MODE, SCAN_STARTUP_TIMESTAMP, SCAN_INCREMENTAL_START, SCAN_INCREMENTAL_END,
     READ_STRATEGY, READ_SOURCE, READ_OPTIMIZED, LEASE_ID, LEASE_DURATION, READ_CHANGE_TYPE_COLUMN, READ_METADATA_COLUMNS,
     SCAN_MAX_RECORDS_PER_PARTITION, MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, WRITE_BATCH_ROWS, PRIMARY_KEY,
-    BUCKET_NUMBER, BUCKET_KEY, PARTITION_KEY, COMMENT, READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE,
+    BUCKET_NUMBER, BUCKET_KEY, PARTITION_KEY, COMMENT, AUTO_INCREMENT_FIELDS, READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE,
 )
 
 METADATA_LOG_OFFSET = "_log_offset"
@@ -392,6 +397,7 @@ class TableCreation:
     partition_keys: tuple[str, ...] = ()
     properties: tuple[tuple[str, str], ...] = ()
     comment: str | None = None
+    auto_increment: tuple[str, ...] = ()
 
     @property
     def declared(self) -> bool:
@@ -413,6 +419,7 @@ class TableCreation:
             partition_keys=_names(raw, PARTITION_KEY),
             properties=properties,
             comment=_optional(raw, COMMENT),
+            auto_increment=_names(raw, AUTO_INCREMENT_FIELDS),
         )
 
 

@@ -185,7 +185,8 @@ class FlussDataSource(DataSource):
                 f"table '{table}' has no columns {unknown} (it has {layout.column_names}; a change type column is "
                 f"named by option '{WRITE_CHANGE_TYPE_COLUMN.key}')"
             )
-        missing = [n for n in layout.column_names if n not in names]
+        assigned = layout.info.schema.auto_increment_columns  # filled by the server
+        missing = [n for n in layout.column_names if n not in names and n not in assigned]
         if missing:
             raise FlussConnectorError(f"the DataFrame lacks columns {missing} of table '{table}'")
         return layout.info.table_id

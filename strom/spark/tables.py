@@ -91,7 +91,7 @@ def table_descriptor(schema: st.StructType, creation: TableCreation, change_type
     fields = [f for f in schema.fields if f.name != change_type_column]
     names = [f.name for f in fields]
     for option, keys in (("primary.key", creation.primary_key), ("bucket.key", creation.bucket_key),
-                         ("partition.key", creation.partition_keys)):
+                         ("partition.key", creation.partition_keys), ("auto-increment.fields", creation.auto_increment)):
         unknown = [key for key in keys if key not in names]
         if unknown:
             raise FlussConnectorError(f"option '{option}' names {unknown}, which the DataFrame lacks (it has {names})")
@@ -102,7 +102,8 @@ def table_descriptor(schema: st.StructType, creation: TableCreation, change_type
     table_options = {k: v for k, v in creation.properties}
     try:
         return TableDescriptor(
-            Schema(columns, creation.primary_key or None), partition_keys=creation.partition_keys,
+            Schema(columns, creation.primary_key or None, auto_increment_columns=creation.auto_increment),
+            partition_keys=creation.partition_keys,
             bucket_keys=creation.bucket_key, bucket_count=creation.bucket_count, properties=table_options,
             comment=creation.comment,
         )

@@ -242,11 +242,20 @@ def to_fluss_batch(batch: pa.RecordBatch, layout: TableLayout, ignored: tuple[st
     unknown = [name for name in names if name not in layout.column_names and name not in ignored]
     if unknown:
         raise FlussConnectorError(f"table '{table}' has no columns {unknown} (it has {layout.column_names})")
-    missing = [name for name in layout.column_names if name not in names]
+    assigned = layout.info.schema.auto_increment_columns  # the server fills them; the DataFrame may lack them
+    missing = [name for name in layout.column_names if name not in names and name not in assigned]
     if missing:
         raise FlussConnectorError(f"the DataFrame lacks columns {missing} of table '{table}'")
     columns = []
     for f, arrow_field in zip(layout.row_type.fields, layout.arrow_schema, strict=True):
+        if f.name in assigned:
+            if f.name in names and batch.column(names.index(f.name)).null_count != batch.num_rows:
+                raise FlussConnectorError(
+                    f"column '{f.name}' of table '{table}' is auto-increment: the server assigns its values, so the "
+                    "DataFrame must leave it out (or hold only nulls in it)"
+                )
+            columns.append(pa.nulls(batch.num_rows, arrow_field.type))
+            continue
         array = batch.column(names.index(f.name))
         try:
             if _contains_time(f.type):

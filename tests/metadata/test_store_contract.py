@@ -207,6 +207,16 @@ def test_sequences_count_from_zero_independently(store: MetadataStore) -> None:
     assert store.next_id("writer") == 3
 
 
+def test_a_sequence_reserves_a_range_of_values_at_once(store: MetadataStore) -> None:
+    name = "auto_increment/7/col_1"  # the counter of an auto-increment column: "/" is part of the name
+    assert store.next_id(name, 100_000) == 0  # values 0..99 999 reserved, the caller hands out 1..100 000
+    assert store.next_id(name, 3) == 100_000
+    assert store.next_id(name) == 100_003
+    with pytest.raises(ValueError, match="positive count"):
+        store.next_id(name, 0)
+    assert store.next_id(name) == 100_004, "a refused reservation moves nothing"
+
+
 def test_ids_are_never_reused_across_drops_and_reopen(store_location: tuple[str, str]) -> None:
     store = open_store(*store_location)
     with_database(store)

@@ -104,3 +104,22 @@ def test_register_makes_a_databases_tables_usable_from_spark_sql_by_name(spark: 
         spark.dataSource.register(FlussDataSource)
         spark.catalog.dropTempView("events")
         spark.catalog.dropTempView("users")
+
+
+def test_a_dictionary_table_with_an_auto_increment_column_is_created_and_filled_from_spark(
+    spark: Any, cluster: Fluss
+) -> None:
+    table = f"fluss.{unique_name('dictionary')}"
+    first = spark.createDataFrame([("u1", None), ("u2", None)], "user_id STRING NOT NULL, uid BIGINT")
+    write(first, cluster, table, **{"primary.key": "user_id", "bucket.num": "2", "auto-increment.fields": "uid"})
+    assert cluster.describe(table).info.schema.auto_increment_columns == ("uid",)
+
+    write(spark.createDataFrame([("u3",), ("u1",)], "user_id STRING NOT NULL"), cluster, table)  # the column left out
+
+    ids = {row["user_id"]: row["uid"] for row in cluster.rows(table)}
+    assert sorted(ids) == ["u1", "u2", "u3"] and None not in ids.values()
+    assert len(set(ids.values())) == 3, f"ids must be unique: {ids}"
+    message = failure_line(lambda: write(spark.createDataFrame([("u4", 7)], "user_id STRING NOT NULL, uid BIGINT"),
+                                         cluster, table))
+    assert "column 'uid'" in message and "is auto-increment" in message
+    assert "u4" not in {row["user_id"] for row in cluster.rows(table)}

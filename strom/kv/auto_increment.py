@@ -1,0 +1,153 @@
+"""Auto-increment columns: the server fills the column of every newly inserted key with a table-wide unique id.
+
+As in Fluss, a primary-key table may declare one INT or BIGINT non-key column auto-increment (the schema's
+``auto_increment_column``). Each bucket takes ids in segments of ``table.auto-increment.cache-size`` from a
+durable per-table counter in the metadata store (``next_id``, the counter Fluss keeps in ZooKeeper), so ids
+are unique across buckets and restarts; they increase roughly with time, not strictly, and a restart skips
+what was left of its segment. Writers never set the column: every write must be a partial update whose
+target columns leave it out, and an existing key keeps its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from strom.errors import InvalidConfigError, InvalidTargetColumnError, UnknownServerError
+from strom.kv.row_format import TableRowFormat
+from strom.metadata.table_info import TableInfo
+from strom.records.kv_batch import SCHEMA_ID
+from strom.records.types import IntType
+
+CACHE_SIZE_OPTION = "table.auto-increment.cache-size"
+CACHE_SIZE_DEFAULT = 100_000
+INT_MAX = (1 << 31) - 1
+BIGINT_MAX = (1 << 63) - 1
+
+IdCounter = Callable[[str, int], int]
+"""``(counter name, count) -> previous value``: reserves ``count`` ids after the returned value, durably."""
+
+
+class SequenceOverflowError(UnknownServerError):
+    """The auto-increment column's type has no ids left (Fluss's SequenceOverflowException, which Fluss's
+    protocol has no own code for)."""
+
+
+def counter_name(table: TableInfo, column_id: int) -> str:
+    """The counter of one table's auto-increment column (a re-created table starts again from 1)."""
+    return f"auto_increment/{table.table_id}/col_{column_id}"
+
+
+def cache_size(properties: dict[str, str]) -> int:
+    """``table.auto-increment.cache-size``.
+
+    Raises:
+        InvalidConfigError: not a positive integer.
+    """
+    raw = properties.get(CACHE_SIZE_OPTION)
+    if raw is None:
+        return CACHE_SIZE_DEFAULT
+    try:
+        size = int(raw.strip())
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise InvalidConfigError(f"'{CACHE_SIZE_OPTION}' must be a positive integer, got '{raw}'.")
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class AutoIncrementSpec:
+    """Which column is auto-increment in a table, and how ids are reserved for it."""
+
+    column_index: int
+    column_name: str
+    counter: str
+    cache_size: int
+    max_value: int
+
+    @classmethod
+    def for_table(cls, table: TableInfo) -> AutoIncrementSpec | None:
+        schema = table.schema
+        if not schema.auto_increment_columns:
+            return None
+        [name] = schema.auto_increment_columns
+        index = schema.column_names.index(name)
+        column = schema.columns[index]
+        max_value = INT_MAX if isinstance(column.data_type, IntType) else BIGINT_MAX
+        return cls(index, name, counter_name(table, column.column_id), cache_size(table.properties), max_value)
+
+    def check_target_columns(self, target_columns: Sequence[int] | None) -> None:
+        """Writers must name their columns, and never this one (Fluss's rule).
+
+        Raises:
+            InvalidTargetColumnError: a full-row write, or target columns that include the column.
+        """
+        if not target_columns:
+            raise InvalidTargetColumnError(
+                f"The table contains an auto-increment column [{self.column_name}], but update target columns are "
+                "not explicitly specified. Specify the target columns of the write and leave the auto-increment "
+                "column out of them."
+            )
+        if self.column_index in target_columns:
+            raise InvalidTargetColumnError(
+                f"Auto-increment column [{self.column_name}] at index {self.column_index} must not be included in "
+                "target columns: its values are assigned by the server."
+            )
+
+
+class IdAllocator:
+    """Ids for one bucket, one reserved segment at a time. Owned by the bucket's event loop."""
+
+    def __init__(self, spec: AutoIncrementSpec, counter: IdCounter) -> None:
+        self._spec = spec
+        self._counter = counter
+        self._next = 1
+        self._end = 0  # inclusive; below _next: no segment yet
+
+    def next_id(self) -> int:
+        """Raises: SequenceOverflowError when the column's type has no ids left."""
+        if self._next > self._end:
+            start = self._counter(self._spec.counter, self._spec.cache_size)
+            self._next, self._end = start + 1, start + self._spec.cache_size
+        value = self._next
+        if value > self._spec.max_value:
+            raise SequenceOverflowError(
+                f"Reached the maximum value of auto-increment column [{self._spec.column_name}] ({self._spec.max_value})."
+            )
+        self._next += 1
+        return value
+
+
+class AutoIncrementAssigner:
+    """Fills the auto-increment column of the values of keys a write inserts."""
+
+    def __init__(self, spec: AutoIncrementSpec, ids: IdAllocator, row_format: TableRowFormat) -> None:
+        self.spec = spec
+        self._ids = ids
+        self._format = row_format
+        self._prefix = SCHEMA_ID.pack(row_format.schema_id)
+
+    def assign(
+        self,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        existing: Sequence[bytes | None],
+        deletes_remove: bool = True,
+    ) -> list[bytes | None]:
+        """``values`` (rows without schema id, None deletes) with a fresh id in every row that inserts its
+        key: the key has no value in ``existing`` and none from an earlier record of the same write
+        (``deletes_remove`` False: the table ignores deletes, so a delete leaves its key in place)."""
+        present: dict[bytes, bool] = {}
+        assigned: list[bytes | None] = []
+        index = self.spec.column_index
+        for key, value, old in zip(keys, values, existing, strict=True):
+            exists = present.get(key, old is not None)
+            present[key] = value is not None or (exists and not deletes_remove)
+            if value is None or exists:
+                assigned.append(value)
+                continue
+            row = list(self._format.decode_stored(self._prefix + value))
+            row[index] = self._ids.next_id()
+            assigned.append(self._format.encode_row(row))
+        return assigned
