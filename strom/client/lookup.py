@@ -31,6 +31,9 @@ _PLAIN_TYPES = (
 _PLAIN_PYTHON = (bool, int, float, str, bytes)
 
 
+INSERT_TIMEOUT_MS = 30_000
+"""How long a lookup that inserts missing keys lets the server take to make them durable."""
+
 class _KeyedReader:
     def __init__(self, table: Table, key_columns: Sequence[str]) -> None:
         layout = table.layout
@@ -116,8 +119,9 @@ class _KeyedReader:
 class Lookuper(_KeyedReader):
     """``await lookuper.lookup({"id": 1})`` → the row as a dict, or None."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, *, insert_if_not_exists: bool = False) -> None:
         super().__init__(table, table.layout.primary_key)
+        self._insert_if_not_exists = insert_if_not_exists
 
     async def lookup(self, key: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any] | None:
         simple = self._simple_key(key)
@@ -134,6 +138,10 @@ class Lookuper(_KeyedReader):
 
     async def _lookup_bucket(self, bucket: TableBucket, keys: list[bytes]) -> list[bytes | None]:
         request = pb.LookupRequest(table_id=bucket.table_id)
+        if self._insert_if_not_exists:
+            request.insert_if_not_exists = True
+            request.acks = -1
+            request.timeout_ms = INSERT_TIMEOUT_MS
         entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=keys)
         if bucket.partition_id is not None:
             entry.partition_id = bucket.partition_id

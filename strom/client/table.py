@@ -167,25 +167,34 @@ class TableLookup:
     def __init__(self, table: Table) -> None:
         self._table = table
         self._prefix: list[str] | None = None
+        self._insert_if_not_exists = False
 
     def lookup_by(self, columns: Sequence[str]) -> TableLookup:
         self._prefix = list(columns)
+        return self
+
+    def insert_if_not_exists(self) -> TableLookup:
+        """Lookups insert a row for each missing key (the key alone; an auto-increment column gets its id)
+        and return it: Fluss's dictionary-table lookup. Needs write access to the table."""
+        self._insert_if_not_exists = True
         return self
 
     def create_blocking_lookuper(self) -> BlockingLookuper:
         """A lookuper for synchronous code: no event loop, one blocking socket per leader (lowest latency)."""
         from strom.client.blocking import BlockingLookuper
 
-        if self._prefix is not None:
-            raise ValueError("prefix lookups have no blocking variant; use create_lookuper()")
+        if self._prefix is not None or self._insert_if_not_exists:
+            raise ValueError("prefix lookups and inserting lookups have no blocking variant; use create_lookuper()")
         return BlockingLookuper(self._table)
 
     def create_lookuper(self) -> Lookuper | PrefixLookuper:
         from strom.client.lookup import Lookuper, PrefixLookuper
 
         if self._prefix is not None:
+            if self._insert_if_not_exists:
+                raise ValueError("prefix lookups cannot insert missing keys; use a key lookup")
             return PrefixLookuper(self._table, self._prefix)
-        return Lookuper(self._table)
+        return Lookuper(self._table, insert_if_not_exists=self._insert_if_not_exists)
 
 
 class TableScan:

@@ -10,7 +10,7 @@ a DUPLICATE_SEQUENCE answer (the server already has that batch) counts as succes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,10 +46,14 @@ REQUEST_TIMEOUT_MS = 30_000
 class WriteResultHandle:
     """Await :meth:`wait` to know the row was acknowledged (or to get its error)."""
 
-    def __init__(self, future: asyncio.Future[None]) -> None:
+    def __init__(self, future: asyncio.Future[None], send: Callable[[], None] | None = None) -> None:
         self._future = future
+        self._send = send
 
     async def wait(self) -> None:
+        """Waiting on a row still buffered sends the buffer (rows wait for a full batch or ``flush`` otherwise)."""
+        if self._send is not None and not self._future.done():
+            self._send()
         await asyncio.shield(self._future)
 
 
@@ -298,7 +302,7 @@ class UpsertWriter(_Writer):
         self._ops.append((is_upsert, row, future))
         if len(self._ops) >= self.batch_rows_max:
             self._flush_buffer()
-        return WriteResultHandle(future)
+        return WriteResultHandle(future, self._flush_buffer)
 
     def upsert_arrow_batch(self, data: pa.RecordBatch | pa.Table) -> WriteResultHandle:
         """Queue every row of an Arrow batch (columns by name) for upsert; returns at once.
@@ -457,7 +461,7 @@ class AppendWriter(_Writer):
         self._rows.append((row, future))
         if len(self._rows) >= self.batch_rows_max:
             self._flush_buffer()
-        return WriteResultHandle(future)
+        return WriteResultHandle(future, self._flush_buffer)
 
     def append_arrow_batch(self, data: pa.RecordBatch | pa.Table) -> WriteResultHandle:
         """Queue an Arrow batch (columns by name) for appending; returns at once (pipelined).

@@ -31,10 +31,12 @@ from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, Id
 from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
+from strom.kv.missing_keys import MissingKeyRows
 from strom.kv.rocksdb import META_COLUMN_FAMILY, RocksDbOptions, open_rocksdb
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
+from strom.log.writer_state import NO_WRITER_ID
 from strom.metadata.table_info import TableInfo
 from strom.records import fastpath, log_batch
 from strom.records.kv_batch import SCHEMA_ID
@@ -119,6 +121,7 @@ class KvTablet:
         self._config = config
         self._merger = create_row_merger(config.merge, row_format)
         self._auto_increment: AutoIncrementAssigner | None = None
+        self._missing_rows: MissingKeyRows | None = None
         if config.auto_increment is not None:
             if id_counter is None:
                 raise ValueError(f"{directory}: the table has an auto-increment column but no id counter was given")
@@ -305,6 +308,21 @@ class KvTablet:
         if self._pending_index is not None:  # kept up to date, not rebuilt by every request of a group commit
             self._pending_index.update(zip(new_keys, new_values, strict=True))
         return result
+
+    def prepare_insert_missing(self, keys: Sequence[bytes], now_ms: int) -> AppendResult:
+        """Append rows for ``keys`` that hold only the key (lookups with insert_if_not_exists; an
+        auto-increment column gets its id). Written as a partial update of the primary key, so a key that
+        another request inserted meanwhile keeps its row. Durability and apply work as for :meth:`prepare_put`.
+
+        Raises: InvalidTableError when the table's rows cannot be built from keys alone.
+        """
+        if self._missing_rows is None:
+            assigned = [] if self._auto_increment is None else [self._auto_increment.spec.column_index]
+            self._missing_rows = MissingKeyRows(self._format, assigned)
+        rows: list[bytes | None] = [self._missing_rows.row(key) for key in keys]
+        return self.prepare_put(
+            keys, rows, self._format.schema_id, self._missing_rows.target_columns, NO_WRITER_ID, NO_WRITER_ID, now_ms
+        )
 
     def _plan_wal_upserts(
         self, keys: Sequence[bytes], values: Sequence[bytes | None], prefix: bytes, ignore_deletes: bool

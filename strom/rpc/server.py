@@ -56,9 +56,13 @@ class RequestContext:
     """Who the connection authenticated as (``User:ANONYMOUS`` on a listener without authentication)."""
 
 
-Handler = Callable[[Message, RequestContext], Awaitable[Message]] | Callable[[Message, RequestContext], Message]
-"""An RPC handler: a coroutine function, or a plain function for handlers that never wait (lookups,
-metadata reads). Plain ones run inline as their frame is read, without a task per request."""
+Handler = (
+    Callable[[Message, RequestContext], Awaitable[Message]]
+    | Callable[[Message, RequestContext], Message | Awaitable[Message]]
+)
+"""An RPC handler: a coroutine function, or a plain function for handlers that rarely wait (lookups,
+metadata reads). Plain ones run inline as their frame is read, without a task per request; one that must
+wait for a request (a lookup that inserts missing keys) returns an awaitable, which gets a task then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +363,13 @@ class _Connection(asyncio.Protocol):
                     response = route.handler(request, context)
                 except Exception as exc:
                     response = exc
-                self._write(server.respond(context, response))  # type: ignore[arg-type]
+                if not inspect.isawaitable(response):
+                    self._write(server.respond(context, response))  # type: ignore[arg-type]
+                    continue
+                self.in_flight_count += 1
+                task = asyncio.ensure_future(self._handle(route, request, context, response))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
                 continue
             self.in_flight_count += 1
             task = asyncio.ensure_future(self._handle(route, request, context))
@@ -382,10 +392,14 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(response)
 
-    async def _handle(self, route: _Route, request: Message, context: RequestContext) -> None:
+    async def _handle(
+        self, route: _Route, request: Message, context: RequestContext, started: Awaitable[Message] | None = None
+    ) -> None:
+        """Answer one request from its handler's coroutine (``started``: one an inline handler returned)."""
         try:
             try:
-                response: Message | BaseException = await route.handler(request, context)  # type: ignore[misc]
+                pending = route.handler(request, context) if started is None else started
+                response: Message | BaseException = await pending  # type: ignore[misc]
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

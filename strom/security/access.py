@@ -20,7 +20,7 @@ GetFileSystemSecurityToken and the tiering service's coordinator calls.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +104,7 @@ class AccessControl:
             ApiKey.LIST_OFFSETS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
             ApiKey.LIMIT_SCAN: lambda r, c: self._check_id(c, READ, r.table_id),
             ApiKey.SCAN_KV: self._scan_kv,
-            ApiKey.LOOKUP: lambda r, c: self._per_bucket(c, r, pb.LookupResponse),
+            ApiKey.LOOKUP: self._lookup,
             ApiKey.PREFIX_LOOKUP: lambda r, c: self._per_bucket(c, r, pb.PrefixLookupResponse),
             ApiKey.FETCH_LOG: self._fetch_log,
         }
@@ -125,12 +125,21 @@ class AccessControl:
 
             return guarded_async
 
-        def guarded(request: Message, context: RequestContext) -> Message:
+        def guarded(request: Message, context: RequestContext) -> Message | Awaitable[Message]:
             outcome = rule(request, caller_of(context))
             if isinstance(outcome, Message):
                 return outcome
             response = handler(request, context)
-            return outcome(response) if outcome is not None else response  # type: ignore[return-value]
+            if outcome is None:
+                return response
+            if inspect.isawaitable(response):  # a plain handler that had to wait this time
+                finish = outcome
+
+                async def finished() -> Message:
+                    return finish(await response)  # type: ignore[no-any-return]
+
+                return finished()
+            return outcome(response)  # type: ignore[no-any-return]
 
         return guarded
 
@@ -223,15 +232,25 @@ class AccessControl:
         if request.HasField("bucket_scan_req"):
             self._check_id(caller, READ, request.bucket_scan_req.table_id)
 
-    def _denial_message(self, caller: Caller, table_id: int) -> str:
-        return f"principal {caller.principal} may not READ {self._table_resource(table_id)}"
+    def _denial_message(self, caller: Caller, table_id: int, operation: OperationType = READ) -> str:
+        return f"principal {caller.principal} may not {operation.name} {self._table_resource(table_id)}"
 
-    def _per_bucket(self, caller: Caller, request: Any, response_class: Any) -> Message | None:
+    def _lookup(self, request: Any, caller: Caller) -> Message | None:
+        """READ; a lookup that inserts missing keys also writes, so it needs WRITE as well (as in Fluss)."""
+        if request.HasField("insert_if_not_exists") and request.insert_if_not_exists:
+            denied = self._per_bucket(caller, request, pb.LookupResponse, WRITE)
+            if denied is not None:
+                return denied
+        return self._per_bucket(caller, request, pb.LookupResponse)
+
+    def _per_bucket(
+        self, caller: Caller, request: Any, response_class: Any, operation: OperationType = READ
+    ) -> Message | None:
         """Lookup and PrefixLookup: one table per request; when it is denied every bucket says so."""
-        if not self._denied_id(caller, READ, request.table_id):
+        if not self._denied_id(caller, operation, request.table_id):
             return None
         response = response_class()
-        message = self._denial_message(caller, request.table_id)
+        message = self._denial_message(caller, request.table_id, operation)
         for bucket in request.buckets_req:
             entry = response.buckets_resp.add(
                 bucket_id=bucket.bucket_id, error_code=AuthorizationError.code, error_message=message

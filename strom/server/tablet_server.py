@@ -251,11 +251,37 @@ class TabletService:
         return response
 
     def lookup(self, request: Any, _context: object) -> Any:
+        """Answered inline; with ``insert_if_not_exists`` a coroutine that first inserts the missing keys."""
+        if request.HasField("insert_if_not_exists") and request.insert_if_not_exists:
+            return self._lookup_inserting(request)
         response = pb.LookupResponse()
         for bucket_request in request.buckets_req:
             bucket_response = self._lookup_response(response, request.table_id, bucket_request)
             try:
                 values = self._replicas.get(_bucket(request.table_id, bucket_request)).kv.lookup(bucket_request.keys)
+            except Exception as exc:
+                _set_error(bucket_response, exc)
+            else:
+                _add_values(bucket_response, values)
+        return response
+
+    async def _lookup_inserting(self, request: Any) -> Any:
+        """Look the keys up; insert a key-only row for each missing key (durably, as a PutKv with acks=-1)
+        and answer the rows as stored then (with an auto-increment column's new id)."""
+        response = pb.LookupResponse()
+        for bucket_request in request.buckets_req:
+            bucket_response = self._lookup_response(response, request.table_id, bucket_request)
+            try:
+                kv = self._replicas.get(_bucket(request.table_id, bucket_request)).kv
+                keys = list(bucket_request.keys)
+                values = kv.lookup(keys)
+                missing = list(dict.fromkeys(key for key, value in zip(keys, values, strict=True) if value is None))
+                if missing:
+                    result = kv.prepare_insert_missing(missing, self._clock.now_ms())
+                    await kv.log.durable(result.next_offset)
+                    kv.apply_durable()
+                    inserted = dict(zip(missing, kv.lookup(missing), strict=True))
+                    values = [inserted[key] if value is None else value for key, value in zip(keys, values, strict=True)]
             except Exception as exc:
                 _set_error(bucket_response, exc)
             else:

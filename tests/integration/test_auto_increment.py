@@ -4,6 +4,7 @@ one, refuses writes that would set it, and never hands out an id twice, across b
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -181,3 +182,42 @@ async def test_ids_stay_unique_across_a_crash_and_restart(
     every = list(assigned.values()) + list(fresh.values())
     assert len(set(every)) == len(every), f"an id was handed out twice: {assigned} then {fresh}"
     assert min(fresh.values()) > max(assigned.values()), "the restarted buckets reserved new segments"  # type: ignore[type-var]
+
+
+@pytest.mark.asyncio
+async def test_a_lookup_inserts_missing_keys_and_answers_their_new_ids(server: ServerProcess) -> None:
+    """Fluss's dictionary table: the first lookup of a key inserts it and returns its id; later and
+    concurrent lookups of the same key return the same row."""
+    async with await Connection.create(server.address) as connection:
+        path = TablePath(DATABASE, unique_name("dictionary"))
+        schema = Schema.from_arrow(pa.schema(FIELDS), ["user_id"])
+        schema = Schema(schema.columns, schema.primary_key, auto_increment_columns=("uid",))
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=2))
+        table = await connection.get_table(path)
+        writer = table.new_upsert().create_writer()
+        writer.upsert({"user_id": "known", "name": "k"})
+        await writer.flush()
+        inserting = table.new_lookup().insert_if_not_exists().create_lookuper()
+
+        first = await inserting.lookup_many([{"user_id": "known"}, {"user_id": "new1"}, {"user_id": "new2"}])
+        racing = await asyncio.gather(*(inserting.lookup({"user_id": "new3"}) for _ in range(4)))
+        again = await table.new_lookup().create_lookuper().lookup_many([{"user_id": u} for u in ("new1", "new3")])
+
+    assert [row["user_id"] for row in first] == ["known", "new1", "new2"]  # type: ignore[index]
+    assert first[0]["name"] == "k" and first[1]["name"] is None  # type: ignore[index]
+    assert len({row["uid"] for row in first}) == 3  # type: ignore[index]
+    assert len({row["uid"] for row in racing}) == 1, f"concurrent lookups of one key saw different ids: {racing}"  # type: ignore[index]
+    assert again == [first[1], racing[0]]
+
+
+@pytest.mark.asyncio
+async def test_a_lookup_cannot_insert_rows_that_keys_alone_cannot_make(server: ServerProcess) -> None:
+    fields = [pa.field("user_id", pa.string()), pa.field("label", pa.string(), nullable=False)]
+    async with await Connection.create(server.address) as connection:
+        path = TablePath(DATABASE, unique_name("dictionary"))
+        schema = Schema.from_arrow(pa.schema(fields), ["user_id"])
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=1))
+        table = await connection.get_table(path)
+        with pytest.raises(StromError, match="\\['label'\\] are NOT NULL"):
+            await table.new_lookup().insert_if_not_exists().create_lookuper().lookup({"user_id": "x"})
+        assert await table.new_lookup().create_lookuper().lookup({"user_id": "x"}) is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pyarrow as pa
 import pytest
 
@@ -158,3 +160,17 @@ async def test_the_blocking_lookuper_finds_rows_without_an_event_loop_in_the_pat
             {"region": "us", "id": 2, "day": day, "v": "b"},
             None,
         ]
+
+
+async def test_waiting_on_a_buffered_row_sends_it(server) -> None:  # type: ignore[no-untyped-def]
+    """A row waits in the writer's buffer for a full batch or a flush; waiting on its handle sends it, as
+    waiting on a row of Fluss's clients does, instead of hanging."""
+    path = TablePath("fluss", unique_name("wait"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("name", pa.string())]), primary_key=["id"])
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=1))
+        table = await connection.get_table(path)
+        await asyncio.wait_for(table.new_upsert().create_writer().upsert({"id": 1, "name": "a"}).wait(), 30)
+        appends = await connection.get_admin().list_offsets(path, [0], OffsetSpec.latest())
+        assert appends == {0: 1}
+        assert await table.new_lookup().create_lookuper().lookup({"id": 1}) == {"id": 1, "name": "a"}

@@ -249,6 +249,27 @@ async def test_write_is_needed_to_put_rows(secure_server: ServerProcess, admin: 
 
 
 @pytest.mark.asyncio
+async def test_a_lookup_that_inserts_missing_keys_needs_write_as_well(
+    secure_server: ServerProcess, admin: Connection
+) -> None:
+    path = TablePath(DATABASE, unique_name("inserting"))
+    await create_pk_table(admin, path, buckets=1)
+    resource = Resource.table(path.database_name, path.table_name)
+    await grant(admin, "alice", OperationType.READ, resource)
+    try:
+        async with await Connection.create(strom_config(secure_server, "alice")) as connection:
+            table = await connection.get_table(path)
+            inserting = table.new_lookup().insert_if_not_exists().create_lookuper()
+            with pytest.raises(AuthorizationError, match="may not WRITE"):
+                await inserting.lookup({"id": 1})
+            assert await table.new_lookup().create_lookuper().lookup({"id": 1}) is None, "nothing was inserted"
+            await grant(admin, "alice", OperationType.WRITE, resource)
+            assert await inserting.lookup({"id": 1}) == {"id": 1, "v": None}
+    finally:
+        await revoke_all(admin, "alice")
+
+
+@pytest.mark.asyncio
 async def test_catalog_calls_need_their_operation_and_listings_hide_the_rest(
     secure_server: ServerProcess, admin: Connection
 ) -> None:
