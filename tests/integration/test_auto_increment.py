@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import fluss as pyfluss
 import pyarrow as pa
 import pytest
 
-from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
 from strom.errors import InvalidTargetColumnError, StromError
 from strom.records import kv_batch
 from strom.records.compacted import CompactedKeyEncoder, CompactedRowEncoder
@@ -25,6 +26,7 @@ from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
 from tests.conftest import unique_name
 from tests.integration.pyfluss_support import DATABASE, change_types, changelog
+from tests.integration.snapshot_support import SNAPSHOT_CONFIG, wait_for_snapshot_ids, wait_until
 from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(90)
@@ -221,3 +223,44 @@ async def test_a_lookup_cannot_insert_rows_that_keys_alone_cannot_make(server: S
         with pytest.raises(StromError, match="\\['label'\\] are NOT NULL"):
             await table.new_lookup().insert_if_not_exists().create_lookuper().lookup({"user_id": "x"})
         assert await table.new_lookup().create_lookuper().lookup({"user_id": "x"}) is None
+
+
+@pytest.mark.asyncio
+async def test_a_bucket_restored_from_a_kv_snapshot_keeps_its_ids_and_hands_out_new_ones(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    server = server_factory({**SNAPSHOT_CONFIG, "log.segment.file-size": "4kb", "log.retention.check-interval": "200ms"})
+    path = TablePath(DATABASE, unique_name("autoinc_restore"))
+    schema = Schema.from_arrow(pa.schema(FIELDS), ["user_id"])
+    schema = Schema(schema.columns, schema.primary_key, auto_increment_columns=("uid",))
+    descriptor = TableDescriptor(schema, bucket_count=1, properties={"table.log.ttl": "1ms"})
+    users = [f"u{i}" for i in range(300)]
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        await admin.create_table(path, descriptor)
+        table = await connection.get_table(path)
+        writer = table.new_upsert().create_writer()
+        for round_ in range(4):  # inserts, then updates that keep the ids: enough log to roll segments
+            await writer.upsert_batch(pa.table({"user_id": users, "name": [f"r{round_}"] * len(users)}))
+        await wait_for_snapshot_ids(admin, path, 0)
+
+        async def log_trimmed() -> bool:
+            return (await admin.list_offsets(path, [0], OffsetSpec.earliest()))[0] > 0
+
+        await wait_until(log_trimmed, "retention to trim the changelog below the snapshot")
+        before = await (await table.new_scan().create_batch_scanner()).to_arrow()
+    assert server.stop() == 0
+    [kv_dir] = server.data_dir.glob(f"tablets/fluss/{path.table_name}-*/0/kv")
+    shutil.rmtree(kv_dir)
+    server.start()
+    async with await Connection.create(server.address) as connection:
+        table = await connection.get_table(path)
+        restored = await (await table.new_scan().create_batch_scanner()).to_arrow()
+        writer = table.new_upsert().create_writer()
+        await writer.upsert_batch(pa.table({"user_id": ["late1", "late2"], "name": ["x", "y"]}))
+        late = await table.new_lookup().create_lookuper().lookup_many([{"user_id": "late1"}, {"user_id": "late2"}])
+    ids = dict(zip(before.column("user_id").to_pylist(), before.column("uid").to_pylist(), strict=True))
+    assert dict(zip(restored.column("user_id").to_pylist(), restored.column("uid").to_pylist(), strict=True)) == ids
+    assert "restoring RocksDB from snapshot" in server.log_text()
+    new_ids = [row["uid"] for row in late]  # type: ignore[index]
+    assert len(set(new_ids)) == 2 and not set(new_ids) & set(ids.values()), (new_ids, sorted(ids.values())[-3:])
