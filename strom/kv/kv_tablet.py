@@ -264,21 +264,22 @@ class KvTablet:
         if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
             raise DeletionDisabledError("deletes are disabled on this table (table.delete.behavior=DISABLE)")
         ignore_deletes = self._config.delete_behavior == "IGNORE"
+        old_values: list[bytes | None] | None = None  # read once, by whichever step needs them first
         if self._auto_increment is not None:
             self._auto_increment.spec.check_target_columns(target_columns)
-            values = self._auto_increment.assign(
-                keys, values, self._current_values(keys), deletes_remove=not ignore_deletes
-            )
+            old_values = self._current_values(keys)
+            values = self._auto_increment.assign(keys, values, old_values, deletes_remove=not ignore_deletes)
         prefix = SCHEMA_ID.pack(schema_id)
         if self._merger is not None:  # a merge engine: rows are decoded and merged in Python
             change_types, rows, new_keys, new_values = self._merger.plan(
-                keys, values, self._current_values(keys), prefix, target_columns,
-                ignore_deletes=ignore_deletes, wal_image=self._wal,
+                keys, values, old_values if old_values is not None else self._current_values(keys), prefix,
+                target_columns, ignore_deletes=ignore_deletes, wal_image=self._wal,
             )
         elif self._wal and not target_columns:
             change_types, rows, new_keys, new_values = self._plan_wal_upserts(keys, values, prefix, ignore_deletes)
         elif target_columns:
-            old_values = self._current_values(keys)
+            if old_values is None:
+                old_values = self._current_values(keys)
             change_types, rows, new_keys, new_values = self._plan_partial(
                 keys, values, old_values, prefix, target_columns, ignore_deletes
             )
