@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +33,18 @@ def to_record_batch(layout: TableLayout, rows: Sequence[Mapping[str, Any] | Sequ
     return pa.RecordBatch.from_pylist(as_dicts, schema=layout.arrow_schema)
 
 
-def conform(layout: TableLayout, data: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
-    """The batch with the table's exact Arrow schema (columns by name, lossless casts)."""
+def conform(
+    layout: TableLayout, data: pa.RecordBatch | pa.Table, unwritten: Collection[str] = ()
+) -> pa.RecordBatch:
+    """The batch with the table's exact Arrow schema (columns by name, lossless casts). Columns in
+    ``unwritten`` (outside a partial update's targets) and an auto-increment column may be absent: they
+    are sent as nulls, which the server does not write."""
     if isinstance(data, pa.Table):
         data = _table_to_batch(data)
     if data.schema.equals(layout.arrow_schema):
         return data
-    assigned = layout.info.schema.auto_increment_columns  # server-assigned: null if the batch lacks it
-    missing = [name for name in layout.column_names if name not in data.schema.names and name not in assigned]
+    optional = set(unwritten) | set(layout.info.schema.auto_increment_columns)
+    missing = [name for name in layout.column_names if name not in data.schema.names and name not in optional]
     if missing:
         raise ValueError(f"the batch lacks columns {missing} of table {layout.info.path}")
     columns = []

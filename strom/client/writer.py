@@ -308,9 +308,13 @@ class UpsertWriter(_Writer):
         """Queue every row of an Arrow batch (columns by name) for upsert; returns at once.
 
         Consecutive batches are pipelined. ``await handle.wait()`` (or :meth:`flush`) for the
-        acknowledgement; it raises the first error of the batch.
+        acknowledgement; it raises the first error of the batch. A partial update's batch may leave out
+        the columns it does not write.
         """
-        batch = encoding.conform(self._table.layout, data)
+        layout = self._table.layout
+        targets = self._targets
+        unwritten = () if targets is None else [n for i, n in enumerate(layout.column_names) if i not in targets]
+        batch = encoding.conform(layout, data, unwritten)
         ops: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]] = [(batch, [None] * batch.num_rows)]
         return self._enqueue_batch(lambda: self._build(ops, []), batch.num_rows)
 

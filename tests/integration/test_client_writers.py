@@ -174,3 +174,17 @@ async def test_waiting_on_a_buffered_row_sends_it(server) -> None:  # type: igno
         appends = await connection.get_admin().list_offsets(path, [0], OffsetSpec.latest())
         assert appends == {0: 1}
         assert await table.new_lookup().create_lookuper().lookup({"id": 1}) == {"id": 1, "name": "a"}
+
+
+async def test_a_partial_update_batch_may_leave_out_the_columns_it_does_not_write(server) -> None:  # type: ignore[no-untyped-def]
+    path = TablePath("fluss", unique_name("partial"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("a", pa.string()), ("b", pa.string())]), ["id"])
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=1))
+        table = await connection.get_table(path)
+        await table.new_upsert().create_writer().upsert_batch(pa.table({"id": [1], "a": ["a1"], "b": ["b1"]}))
+        partial = table.new_upsert().partial_update(["id", "b"]).create_writer()
+        await partial.upsert_batch(pa.table({"id": [1], "b": ["b2"]}))
+        with pytest.raises(ValueError, match="lacks columns \\['b'\\]"):
+            partial.upsert_arrow_batch(pa.table({"id": [1]}))
+        assert await table.new_lookup().create_lookuper().lookup({"id": 1}) == {"id": 1, "a": "a1", "b": "b2"}
