@@ -143,6 +143,11 @@ class InvalidDatabaseError(StromError):
     default_message = "The database name is invalid."
 
 
+class InvalidReplicationFactorError(StromError):
+    code = 17
+    default_message = "The replication factor is larger than the number of available tablet servers."
+
+
 class InvalidRequiredAcksError(StromError):
     code = 18
     default_message = "The required acks are invalid."

@@ -130,6 +130,15 @@ def config_docs() -> None:
     sys.stdout.write(options_markdown())
 
 
+@config.command("table-docs")
+def config_table_docs() -> None:
+    """Print the table options reference (Markdown)."""
+    from strom.metadata import table_options
+    from strom.server.coordinator import ALTERABLE_TABLE_OPTIONS
+
+    sys.stdout.write(table_options.options_markdown(ALTERABLE_TABLE_OPTIONS))
+
+
 main.add_command(acl)
 main.add_command(lease)
 main.add_command(snapshot)

@@ -30,6 +30,7 @@ from strom.errors import (
     DatabaseNotExistError,
     InvalidAlterTableError,
     InvalidConfigError,
+    InvalidReplicationFactorError,
     InvalidTableError,
     PartitionAlreadyExistsError,
     PartitionMaxNumError,
@@ -43,6 +44,7 @@ from strom.errors import (
 from strom.ids import TablePath
 from strom.kv import auto_increment
 from strom.kv.merge import options as merge_options
+from strom.metadata import table_options
 from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
 from strom.records import keys
@@ -64,6 +66,8 @@ ALTERABLE_TABLE_OPTIONS = frozenset({DATALAKE_ENABLED, DATALAKE_FRESHNESS, DATAL
 """Table options AlterTable may change (Fluss's list, plus the format, which must stay the cluster's).
 Other ``table.*`` options shape how stored data is read, so they are fixed at creation; keys outside
 ``table.`` are custom properties, which AlterTable changes freely (as in Fluss)."""
+AVAILABLE_TABLET_SERVERS = 1
+"""Tablet servers a table's replicas can be placed on: the single-process server hosts every bucket itself."""
 SENSITIVE_OPTION_WORDS = ("password", "secret", "key")
 """Server lake options whose key contains one of these are not copied into table properties, which every
 client can read (Fluss's rule)."""
@@ -306,26 +310,15 @@ class CoordinatorService:
         except ValueError as exc:
             raise InvalidTableError(f"Invalid table descriptor: {exc}") from exc
         properties = dict(descriptor.properties)
+        if creating:  # what Fluss's coordinator fills in before it validates
+            properties = table_options.with_defaults(properties, has_primary_key=bool(primary_key))
+        table_options.check_system_columns(columns)
+        # every key a known table.* option (new tables), every value of its type, options that fit together
+        table_options.validate(properties, descriptor.schema, descriptor.partition_keys, creating=creating)
         merge_options.validate(descriptor.schema, properties)
         auto_increment.cache_size(properties)  # a positive integer (InvalidConfigError)
-        log_format = properties.get("table.log.format", "ARROW").strip().upper()
-        if log_format not in ("ARROW", "INDEXED"):
-            raise InvalidConfigError(f"table.log.format={log_format} is not supported; use ARROW or INDEXED.")
-        if log_format != "ARROW" and primary_key:
-            raise InvalidConfigError(
-                f"table.log.format={log_format} is for log tables; strom writes a primary-key table's changelog as ARROW."
-            )
-        kv_format = properties.get("table.kv.format", "COMPACTED").upper()
-        if kv_format not in ("COMPACTED", "INDEXED"):
-            raise InvalidConfigError(f"table.kv.format={kv_format} is unknown; use COMPACTED or INDEXED.")
-        image = properties.get("table.changelog.image", "FULL").strip().upper()
-        if image not in ("FULL", "WAL"):
-            raise InvalidConfigError(f"table.changelog.image={image} is unknown; use FULL or WAL.")
-        compression = properties.get("table.log.arrow.compression.type", "ZSTD").upper()
-        if compression not in ("NONE", "LZ4_FRAME", "ZSTD"):
-            raise InvalidConfigError(
-                f"table.log.arrow.compression.type={compression} is unknown; use NONE, LZ4_FRAME or ZSTD."
-            )
+        if creating and not descriptor.partition_keys:  # a partition's replicas are checked when it is created
+            self._check_replication_factor(properties)
         document["properties"] = completed = self._with_lake_properties(properties, creating)
         lake_keys = keys.key_lake_format(completed)
         if lake_keys is not None:  # the keys must encode as the lake format hashes them (InvalidTableError)
@@ -334,15 +327,20 @@ class CoordinatorService:
                     keys.key_encoder(schema.row_type, [columns.index(k) for k in key_columns], lake_keys)
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
+    @staticmethod
+    def _check_replication_factor(properties: dict[str, str]) -> None:
+        """InvalidReplicationFactorError (Fluss's message) when the table wants more replicas than there
+        are tablet servers to hold them."""
+        factor = int(properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
+        if factor > AVAILABLE_TABLET_SERVERS:
+            raise InvalidReplicationFactorError(
+                f"Replication factor: {factor} larger than available tablet servers: {AVAILABLE_TABLET_SERVERS}."
+            )
+
     def _with_lake_properties(self, properties: dict[str, str], creating: bool) -> dict[str, str]:
         """Check the ``table.datalake.*`` options. A lake-enabled table gets the cluster's format and its
         options (copied once: a table keeps its lake location when the server's options change later)."""
-        raw = properties.get(DATALAKE_ENABLED, "false").strip().lower()
-        if raw not in ("true", "false"):
-            raise InvalidConfigError(
-                f"{DATALAKE_ENABLED} must be true or false, got {properties[DATALAKE_ENABLED]!r}."
-            )
-        self._freshness_ms(properties)
+        raw = properties.get(DATALAKE_ENABLED, "false").strip().lower()  # a boolean: table_options checked it
         lake_format = properties.get(DATALAKE_FORMAT_PROPERTY)
         if lake_format is not None and lake_format.strip().lower() != self._lake_format:
             raise InvalidConfigError(
@@ -500,6 +498,7 @@ class CoordinatorService:
             raise PartitionMaxNumError(
                 f"Table '{table.path}' already has {len(existing)} partitions (max.partition.num)."
             )
+        self._check_replication_factor(table.properties)
         ordered = tuple((key, spec[key]) for key in table.partition_keys)
         record = self._store.create_partition(table.table_id, name, ordered, self._clock.now_ms())
         self._tablets.become_leader(table, table.buckets(record.partition_id))

@@ -270,11 +270,11 @@ async def test_alter_table_refuses_what_cannot_change(server_factory: Any) -> No
         with pytest.raises(InvalidConfigError, match="not the cluster's lake format"):
             await admin.alter_table(path, set_properties={"table.datalake.enabled": "true",
                                                           "table.datalake.format": "paimon"})
-        with pytest.raises(InvalidConfigError, match="not a duration"):
+        with pytest.raises(InvalidConfigError, match=r"Could not parse value 'soon' for key 'table\.datalake\.freshness'"):
             await admin.alter_table(path, set_properties={"table.datalake.freshness": "soon"})
-        with pytest.raises(InvalidConfigError, match="must not be negative"):
+        with pytest.raises(InvalidConfigError, match=r"Could not parse value '-1s' for key 'table\.datalake\.freshness'"):
             await admin.alter_table(path, set_properties={"table.datalake.freshness": "-1s"})
-        with pytest.raises(InvalidConfigError, match="must be true or false"):
+        with pytest.raises(InvalidConfigError, match=r"Could not parse value 'yes' for key 'table\.datalake\.enabled'"):
             await admin.alter_table(path, set_properties={"table.datalake.enabled": "yes"})
         with pytest.raises(InvalidAlterTableError, match=r"'table\.kv\.format' is not supported to alter"):
             await admin.alter_table(path, set_properties={"table.kv.format": "INDEXED"})
@@ -295,7 +295,7 @@ async def test_alter_table_refuses_what_cannot_change(server_factory: Any) -> No
         columns.drop_columns.add(column_name="name")
         with pytest.raises(InvalidAlterTableError, match=r"columns .* not supported yet"):
             await connection.coordinator_request(ApiKey.ALTER_TABLE, columns)
-        with pytest.raises(InvalidConfigError, match="must be true or false"):
+        with pytest.raises(InvalidConfigError, match=r"Could not parse value 'yes' for key 'table\.datalake\.enabled'"):
             await create(connection, {"table.datalake.enabled": "yes"})
         with pytest.raises(InvalidConfigError, match="not the cluster's lake format"):
             await create(connection, {"table.datalake.enabled": "true", "table.datalake.format": "iceberg"})
