@@ -13,7 +13,8 @@ from strom.client.snapshots import SnapshotAdmin
 from strom.errors import error_for_code
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
-from strom.records.schema import DatabaseDescriptor, TableDescriptor
+from strom.records.schema import Column, DatabaseDescriptor, TableDescriptor
+from strom.records.types import data_type_to_json
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 
@@ -67,6 +68,7 @@ class PartitionInfo:
 
 
 ALTER_SET, ALTER_DELETE = 0, 1
+COLUMN_POSITION_LAST = 0  # PbAddColumn: at the end, the only position Fluss accepts
 """PbAlterConfig op types (Fluss's AlterConfigOpType)."""
 
 
@@ -142,15 +144,20 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
         set_properties: Mapping[str, str] | None = None,
         reset_properties: Sequence[str] = (),
         ignore_if_not_exists: bool = False,
+        add_columns: Sequence[Column] = (),
     ) -> None:
-        """Set or reset table options and custom properties, e.g. ``{"table.datalake.enabled": "true"}``.
+        """Set or reset table options and custom properties (e.g. ``{"table.datalake.enabled": "true"}``)
+        and add nullable columns at the end, all in one change.
 
-        Of the ``table.*`` options only ``table.datalake.enabled``, ``table.datalake.freshness`` and
-        ``table.datalake.format`` may change; keys outside ``table.`` are custom properties.
+        The ``table.*`` options that may change are listed in docs/table-options.md; keys outside
+        ``table.`` are custom properties. Added columns read as null in rows written before; each column's
+        ``agg_function`` (``{"type": "sum"}``) sets its aggregate on an aggregation table. Tables opened
+        before the change keep their schema: open the table again to read and write the new columns.
 
         Raises:
             TableNotExistError: the table does not exist (unless ``ignore_if_not_exists``).
-            InvalidAlterTableError: an option that cannot change after creation.
+            InvalidAlterTableError: an option that cannot change after creation, a column that exists, is
+                NOT NULL, or a table tiered into the lake.
             InvalidConfigError: a value the table would not be created with either.
         """
         request = pb.AlterTableRequest(table_path=_path(table_path), ignore_if_not_exists=ignore_if_not_exists)
@@ -158,7 +165,20 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
             request.config_changes.add(config_key=key, config_value=str(value), op_type=ALTER_SET)
         for key in reset_properties:
             request.config_changes.add(config_key=key, op_type=ALTER_DELETE)
+        for column in add_columns:
+            added = request.add_columns.add(
+                column_name=column.name,
+                data_type_json=json.dumps(data_type_to_json(column.data_type)).encode(),
+                column_position_type=COLUMN_POSITION_LAST,
+            )
+            if column.comment is not None:
+                added.comment = column.comment
+            if column.agg_function is not None:
+                added.agg_function_type = str(column.agg_function["type"])
+                for key, value in (column.agg_function.get("parameters") or {}).items():
+                    added.agg_function_params.add(key=key, value=str(value))
         await self._coordinator(ApiKey.ALTER_TABLE, request)
+        await self._connection.metadata.refresh_table(table_path)
 
     async def get_table_info(self, table_path: TablePath) -> TableInfo:
         return await self._connection.metadata.refresh_table(table_path)

@@ -130,7 +130,7 @@ class AutoIncrementAssigner:
 
     def __init__(self, spec: AutoIncrementSpec, ids: IdAllocator, row_format: TableRowFormat) -> None:
         self.spec = spec
-        self._ids = ids
+        self.ids = ids
         self._format = row_format
         self._prefix = SCHEMA_ID.pack(row_format.schema_id)
 
@@ -153,7 +153,7 @@ class AutoIncrementAssigner:
                 inserting.append(position)
         if not inserting:
             return list(values)
-        ids = [self._ids.next_id() for _ in inserting]
+        ids = [self.ids.next_id() for _ in inserting]
         rows = [values[position] for position in inserting]
         assigned = list(values)
         for position, row in zip(inserting, self._with_ids(rows, ids), strict=True):  # type: ignore[arg-type]

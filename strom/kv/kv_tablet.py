@@ -204,7 +204,6 @@ class KvTablet:
         """Apply changelog records in ``[start_offset, end_offset)`` to RocksDB; returns records applied."""
         applied = 0
         offset = start_offset
-        schema = self._format.arrow_schema
         while offset < end_offset:
             data = self.log.read_range(offset, end_offset, 16 << 20)
             if not data:
@@ -213,11 +212,11 @@ class KvTablet:
             for position, header in log_batch.iter_batches(data, verify_crc=False):
                 if header.next_offset <= offset:
                     continue
-                change_types, batch = log_batch.read_arrow(data, position, header, schema)
+                change_types, batch = self._format.read_log_batch(data, position, header)  # in the current schema
                 if change_types:
                     self._row_count += change_types.count(ChangeType.INSERT) - change_types.count(ChangeType.DELETE)
                 if batch.num_rows:
-                    keys, values = self._format.changelog_to_kv(batch, change_types or b"", header.schema_id)
+                    keys, values = self._format.changelog_to_kv(batch, change_types or b"", self._format.schema_id)
                     first = max(0, offset - header.base_offset)
                     for key, value in zip(keys[first:], values[first:], strict=True):
                         if key is None:
@@ -264,6 +263,9 @@ class KvTablet:
         if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
             raise DeletionDisabledError("deletes are disabled on this table (table.delete.behavior=DISABLE)")
         ignore_deletes = self._config.delete_behavior == "IGNORE"
+        if schema_id != self._format.schema_id:  # a writer whose metadata predates a column change
+            values = self._format.current_rows(schema_id, values)
+            schema_id = self._format.schema_id
         old_values: list[bytes | None] | None = None  # read once, by whichever step needs them first
         if self._auto_increment is not None:
             self._auto_increment.spec.check_target_columns(target_columns)
@@ -429,7 +431,7 @@ class KvTablet:
             for position, key in enumerate(keys):
                 if key in index:
                     values[position] = index[key]
-        return values
+        return self._format.current_values(values)
 
     def _read_values(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """RocksDB's values of ``keys`` (None where missing), in the order given.
@@ -506,7 +508,7 @@ class KvTablet:
         """Stored values (schema id + row) of durable writes; None for missing keys."""
         self._check_open()
         self._apply_before_read()  # a put whose handler never applied (it failed on a later batch) still shows
-        return self._read_values(keys)
+        return self._format.current_values(self._read_values(keys))
 
     def prefix_lookup(self, prefixes: Sequence[bytes], limit_per_prefix: int) -> list[list[bytes]]:
         self._check_open()
@@ -525,7 +527,7 @@ class KvTablet:
                     iterator.next()
             finally:
                 del iterator
-            results.append(matches)
+            results.append(self._format.current_values(matches))  # type: ignore[arg-type]
         return results
 
     def limit_scan(self, limit: int, bytes_max: int | None = None) -> tuple[list[bytes], bool]:
@@ -546,7 +548,7 @@ class KvTablet:
                 iterator.next()
         finally:
             del iterator
-        return values, False
+        return self._format.current_values(values), False  # type: ignore[arg-type,return-value]
 
     def open_scan(self) -> tuple[Iterator[bytes], int, bool]:
         """A point-in-time view for a scan session: ``(values in key order, log offset, is empty)``.
@@ -555,11 +557,14 @@ class KvTablet:
         is the applied offset at this same instant: every change below it is in the view, none above.
         """
         self._check_open()
-        values = self._db.values()
+        values: Iterator[bytes] = self._db.values()
         first = next(values, None)
         if first is None:
             return iter(()), self._applied_offset, True
-        return itertools.chain((first,), values), self._applied_offset, False
+        values = itertools.chain((first,), values)
+        if self._format.upgrader is not None:  # rows of earlier schemas reach the client in the current one
+            values = map(self._format.upgrader.value, values)
+        return values, self._applied_offset, False
 
     def create_checkpoint(self, directory: Path) -> Checkpoint:
         """A consistent local checkpoint of the acknowledged state (for a KV snapshot)."""
@@ -578,6 +583,17 @@ class KvTablet:
     @property
     def row_format(self) -> TableRowFormat:
         return self._format
+
+    def change_table(self, row_format: TableRowFormat, config: KvConfig) -> None:
+        """Apply a change of the table (added columns, altered options) from the next request on. Stored
+        and pending values keep the schema they were written with and are upgraded wherever they are read."""
+        self._format = row_format
+        self._config = KvConfig(self._config.rocksdb, config.delete_behavior, config.changelog_image, config.merge,
+                                config.auto_increment)
+        self._merger = create_row_merger(config.merge, row_format)
+        if self._auto_increment is not None and config.auto_increment is not None:
+            self._auto_increment = AutoIncrementAssigner(config.auto_increment, self._auto_increment.ids, row_format)
+        self._missing_rows = None
 
     # ---- lifecycle ----
     def _check_open(self) -> None:

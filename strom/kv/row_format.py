@@ -11,10 +11,12 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from strom.errors import SchemaNotExistError
 from strom.metadata.table_info import TableInfo
-from strom.records import compacted, fastpath, indexed, indexed_log, keys, row_arrow
+from strom.records import compacted, fastpath, indexed, indexed_log, keys, log_batch, row_arrow
 from strom.records.kv_batch import SCHEMA_ID
-from strom.records.log_batch import ChangeType
+from strom.records.log_batch import ChangeType, LogBatchHeader
+from strom.records.schema_evolution import RowUpgrader
 
 _COMPRESSION = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}
 SCHEMA_ID_SIZE_BYTES = 2
@@ -24,7 +26,7 @@ class TableRowFormat:
     """Immutable, shared by every bucket of one table version."""
 
     def __init__(self, table: TableInfo) -> None:
-        schema = table.schema
+        schema = self._schema = table.schema
         self.schema_id = table.schema_id
         self.row_type = schema.row_type
         self.arrow_schema: pa.Schema = schema.arrow_schema
@@ -34,9 +36,15 @@ class TableRowFormat:
         self.key_indexes = [names.index(name) for name in physical]
         self.kv_format = table.properties.get("table.kv.format", "COMPACTED").upper()
         self.log_compression = _COMPRESSION[table.properties.get("table.log.arrow.compression.type", "ZSTD").upper()]
-        self.log_decoder = indexed_log.LogBatchDecoder(
-            indexed_log.log_format(table.properties), self.row_type, self.arrow_schema
-        )
+        log_format = indexed_log.log_format(table.properties)
+        self.log_decoder = indexed_log.LogBatchDecoder(log_format, self.row_type, self.arrow_schema)
+        self._log_decoders = {
+            schema_id: indexed_log.LogBatchDecoder(log_format, old.row_type, old.arrow_schema)
+            for schema_id, old in table.schemas.items()
+            if schema_id != self.schema_id
+        }
+        self.log_decoders = {self.schema_id: self.log_decoder, **self._log_decoders}
+        """The decoder of each schema id log batches of this table may carry."""
         if self.kv_format == "INDEXED":
             self._decoder: indexed.IndexedRowDecoder | compacted.CompactedRowDecoder = indexed.IndexedRowDecoder(
                 self.row_type
@@ -49,6 +57,73 @@ class TableRowFormat:
             self._encoder = compacted.CompactedRowEncoder(self.row_type)
         self.key_lake_format = keys.key_lake_format(table.properties)
         self._key_encoder = keys.key_encoder(self.row_type, self.key_indexes, self.key_lake_format)
+        upgrader = RowUpgrader(table.schemas, self.schema_id, self.kv_format)
+        self.upgrader: RowUpgrader | None = upgrader if upgrader.has_history else None
+        """Set when the table's columns changed: rows of earlier schemas are upgraded where they are read."""
+
+    def current_values(self, stored_values: list[bytes | None]) -> list[bytes | None]:
+        """Stored values as values of the current schema (the list itself when all already are)."""
+        return stored_values if self.upgrader is None else self.upgrader.values(stored_values)
+
+    def current_rows(self, schema_id: int, rows: Sequence[bytes | None]) -> Sequence[bytes | None]:
+        """Rows a writer encoded under ``schema_id`` (an older one while its metadata is stale), as rows of
+        the current schema. Raises SchemaNotExistError for an id the table never had."""
+        if schema_id == self.schema_id:
+            return rows
+        if self.upgrader is None:
+            self.upgrader = RowUpgrader({self.schema_id: self._schema}, self.schema_id, self.kv_format)
+        upgrader = self.upgrader
+        upgrader.schema(schema_id)  # an unknown id is refused before any row is touched
+        return [None if row is None else upgrader.row(schema_id, row) for row in rows]
+
+    def read_log_batch(
+        self, buffer: bytes | bytearray | memoryview, position: int, header: LogBatchHeader
+    ) -> tuple[bytes | None, pa.RecordBatch]:
+        """A log batch of any of the table's schemas, decoded with its own and returned in the current one."""
+        if header.schema_id == self.schema_id:
+            return self.log_decoder.read(buffer, position, header)
+        decoder = self._log_decoders.get(header.schema_id)
+        if decoder is None or self.upgrader is None:
+            raise SchemaNotExistError(f"A log batch carries schema id {header.schema_id}, unknown to the table.")
+        change_types, batch = decoder.read(buffer, position, header)
+        return change_types, self.upgrader.batch(batch, header.schema_id)
+
+    def upgrade_log(self, records: bytes) -> bytes:
+        """Fetched log batches with every batch of an earlier schema re-encoded in the current one (offsets,
+        timestamps and writer state kept), so every reader sees one schema; the bytes themselves when no
+        batch needs it."""
+        if self.upgrader is None:
+            return records
+        headers = list(log_batch.iter_batches(records, verify_crc=False))
+        if all(header.schema_id == self.schema_id for _, header in headers):
+            return records
+        parts: list[bytes | memoryview] = []
+        view = memoryview(records)
+        for position, header in headers:
+            if header.schema_id == self.schema_id:
+                parts.append(view[position : position + header.size_bytes])
+                continue
+            change_types, batch = self.read_log_batch(records, position, header)
+            parts.append(self._rebuilt_log_batch(header, batch, change_types))
+        return b"".join(parts)
+
+    def _rebuilt_log_batch(self, header: LogBatchHeader, batch: pa.RecordBatch, change_types: bytes | None) -> bytes:
+        if self.log_decoder.log_format == indexed_log.INDEXED:
+            data = bytearray(
+                indexed_log.encode_indexed_batch(
+                    batch, indexed.IndexedRowEncoder(self.row_type), schema_id=self.schema_id,
+                    change_types=change_types, writer_id=header.writer_id, batch_sequence=header.batch_sequence,
+                )
+            )
+        else:
+            data = bytearray(
+                log_batch.build_arrow_batch(
+                    batch, schema_id=self.schema_id, change_types=change_types, compression=self.log_compression,
+                    writer_id=header.writer_id, batch_sequence=header.batch_sequence,
+                )
+            )
+        log_batch.stamp(data, 0, header.base_offset, header.commit_timestamp)
+        return bytes(data)
 
     def stored_values_to_batch(self, stored_values: Sequence[bytes]) -> pa.RecordBatch:
         """Decode stored values (schema id + row) into one Arrow batch of the table's schema."""
@@ -61,6 +136,11 @@ class TableRowFormat:
     ) -> tuple[list[bytes | None], list[bytes | None]]:
         """For each changelog row: its key (None for -U, which changes nothing on its own) and the value
         to store (None for -D)."""
+        if schema_id != self.schema_id:
+            if self.upgrader is None:
+                raise SchemaNotExistError(f"A changelog batch carries schema id {schema_id}, unknown to the table.")
+            batch = self.upgrader.batch(batch, schema_id)
+            schema_id = self.schema_id
         prefix = SCHEMA_ID.pack(schema_id)
         if self.kv_format == "COMPACTED" and self.key_lake_format is None:
             rows, all_keys, _buckets = fastpath.encode_batch(

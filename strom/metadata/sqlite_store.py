@@ -17,6 +17,7 @@ from strom.errors import (
     DatabaseAlreadyExistError,
     DatabaseNotEmptyError,
     DatabaseNotExistError,
+    InvalidAlterTableError,
     PartitionAlreadyExistsError,
     TableAlreadyExistError,
     TableNotExistError,
@@ -41,6 +42,8 @@ CREATE TABLE IF NOT EXISTS tables (
 CREATE TABLE IF NOT EXISTS partitions (
     partition_id INTEGER PRIMARY KEY, table_id INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
     created_ms INTEGER NOT NULL, UNIQUE (table_id, name));
+CREATE TABLE IF NOT EXISTS table_versions (
+    table_id INTEGER NOT NULL, schema_id INTEGER NOT NULL, table_json BLOB NOT NULL, PRIMARY KEY (table_id, schema_id));
 CREATE TABLE IF NOT EXISTS sequences (name TEXT PRIMARY KEY, next_value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS kv_snapshots (
     table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, bucket INTEGER NOT NULL, snapshot_id INTEGER NOT NULL,
@@ -142,20 +145,39 @@ class SqliteMetadataStore(MetadataStore):
     def list_tables(self, database: str) -> list[str]:
         return [row[0] for row in self._query("SELECT name FROM tables WHERE database = ? ORDER BY name", database)]
 
-    def update_table(self, table_id: int, table_json: bytes, now_ms: int) -> TableRecord:
+    def update_table(self, table_id: int, table_json: bytes, now_ms: int, schema_id: int | None = None) -> TableRecord:
         with self._transaction() as db:
-            updated = db.execute(
-                "UPDATE tables SET table_json = ?, modified_ms = ? WHERE table_id = ?", (table_json, now_ms, table_id)
-            ).rowcount
-            if updated == 0:
-                raise TableNotExistError(f"Table id {table_id} does not exist.")
             row = db.execute(f"SELECT {self._TABLE_COLUMNS} FROM tables WHERE table_id = ?", (table_id,)).fetchone()
-        return TableRecord(*row)
+            if row is None:
+                raise TableNotExistError(f"Table id {table_id} does not exist.")
+            current = TableRecord(*row)
+            if schema_id is not None and schema_id != current.schema_id:
+                if schema_id != current.schema_id + 1:
+                    raise InvalidAlterTableError(
+                        f"Table id {table_id} is at schema {current.schema_id}, not {schema_id - 1}: its schema "
+                        "changed meanwhile; retry."
+                    )
+                db.execute(
+                    "INSERT INTO table_versions VALUES (?, ?, ?)", (table_id, current.schema_id, current.table_json)
+                )
+            new_schema_id = current.schema_id if schema_id is None else schema_id
+            db.execute(
+                "UPDATE tables SET table_json = ?, schema_id = ?, modified_ms = ? WHERE table_id = ?",
+                (table_json, new_schema_id, now_ms, table_id),
+            )
+        return TableRecord(
+            table_id, current.database, current.name, table_json, new_schema_id, current.created_ms, now_ms
+        )
+
+    def table_versions(self, table_id: int) -> dict[int, bytes]:
+        rows = self._query("SELECT schema_id, table_json FROM table_versions WHERE table_id = ?", table_id)
+        return {int(schema_id): bytes(table_json) for schema_id, table_json in rows}
 
     def drop_table(self, table_id: int) -> None:
         with self._transaction() as db:
             db.execute("DELETE FROM tables WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM partitions WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM table_versions WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM kv_snapshots WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM lake_tiering WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM lake_snapshots WHERE table_id = ?", (table_id,))

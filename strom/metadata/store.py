@@ -119,7 +119,15 @@ class MetadataStore(ABC):
     def list_tables(self, database: str) -> list[str]: ...
 
     @abstractmethod
-    def update_table(self, table_id: int, table_json: bytes, now_ms: int) -> TableRecord: ...
+    def update_table(self, table_id: int, table_json: bytes, now_ms: int, schema_id: int | None = None) -> TableRecord:
+        """Replace the table's document. A new ``schema_id`` (the current one plus one) records a schema
+        change: the document it replaces is kept as that of the old schema id (:meth:`table_versions`), so
+        rows written under it can still be read. Raises TableNotExistError; InvalidAlterTableError when
+        ``schema_id`` is not the next one (another change got there first)."""
+
+    @abstractmethod
+    def table_versions(self, table_id: int) -> dict[int, bytes]:
+        """The documents schema changes replaced, by their schema id (the current one is the table's own)."""
 
     @abstractmethod
     def drop_table(self, table_id: int) -> None:

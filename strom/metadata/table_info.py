@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 
-from strom.errors import InvalidDatabaseError, InvalidTableError, PartitionSpecInvalidError
+from strom.errors import (
+    InvalidDatabaseError,
+    InvalidTableError,
+    PartitionSpecInvalidError,
+    SchemaNotExistError,
+)
 from strom.ids import TableBucket, TablePath
 from strom.metadata.store import TableRecord
 from strom.records.schema import Schema, TableDescriptor
@@ -57,9 +63,11 @@ class TableInfo:
     table_json: bytes
     created_ms: int
     modified_ms: int
+    versions: Mapping[int, bytes] = field(default_factory=dict, compare=False, repr=False)
+    """The table's documents under its earlier schema ids (empty for a table whose columns never changed)."""
 
     @classmethod
-    def from_record(cls, record: TableRecord) -> TableInfo:
+    def from_record(cls, record: TableRecord, versions: Mapping[int, bytes] | None = None) -> TableInfo:
         return cls(
             record.table_id,
             TablePath(record.database, record.name),
@@ -67,7 +75,24 @@ class TableInfo:
             bytes(record.table_json),
             record.created_ms,
             record.modified_ms,
+            dict(versions or {}),
         )
+
+    @cached_property
+    def schemas(self) -> dict[int, Schema]:
+        """Every schema rows of this table may carry, by schema id (the current one included)."""
+        found = {schema_id: TableDescriptor.from_json(raw).schema for schema_id, raw in self.versions.items()}
+        found[self.schema_id] = self.schema
+        return found
+
+    def schema_of(self, schema_id: int) -> Schema:
+        """The schema with ``schema_id``. Raises SchemaNotExistError."""
+        if schema_id == self.schema_id:
+            return self.schema
+        try:
+            return self.schemas[schema_id]
+        except KeyError:
+            raise SchemaNotExistError(f"Schema {schema_id} of table '{self.path}' does not exist.") from None
 
     @cached_property
     def descriptor(self) -> TableDescriptor:

@@ -9,6 +9,7 @@ Location: ``host:port[,host:port...][/root]``; the root defaults to ``/fluss`` (
     /metadata/table_seqid, /metadata/partition_seqid, /metadata/writer_id   id counters (the next value)
     /metadata/sequences/<name>                          every other counter (per-bucket snapshot ids)
     /tabletservers/tables/<table_id>                    {"database","table"}: the table id's path
+    /tabletservers/tables/<table_id>/schemas/<schema_id>   the table document a schema change replaced
     /tabletservers/tables/<table_id>/buckets/<b>/snapshots/<snapshot_id>       a KV snapshot's document
     /tabletservers/tables/<table_id>/laketable/<snapshot_id>-<commit seq>      {"readable"} + lake snapshot
     /tabletservers/partitions/<partition_id>            {"table_id","database","table","partition"}
@@ -43,7 +44,6 @@ from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
-    BadVersionError,
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
@@ -56,6 +56,7 @@ from strom.errors import (
     DatabaseAlreadyExistError,
     DatabaseNotEmptyError,
     DatabaseNotExistError,
+    InvalidAlterTableError,
     PartitionAlreadyExistsError,
     StorageError,
     TableAlreadyExistError,
@@ -510,29 +511,49 @@ class ZooKeeperMetadataStore(MetadataStore):
         names = self._run(lambda: self._children(f"{self._database_path(database)}/tables"))
         return sorted(unquote(name) for name in names)
 
-    def update_table(self, table_id: int, table_json: bytes, now_ms: int) -> TableRecord:
+    def update_table(self, table_id: int, table_json: bytes, now_ms: int, schema_id: int | None = None) -> TableRecord:
         def update() -> TableRecord:
             found = self._get_table_by_id(table_id)
             if found is None:
                 raise TableNotExistError(f"Table id {table_id} does not exist.")
             record, stat = found
+            new_schema_id = record.schema_id if schema_id is None else schema_id
             header = {
                 "table_id": table_id,
-                "schema_id": record.schema_id,
+                "schema_id": new_schema_id,
                 "created_ms": record.created_ms,
                 "modified_ms": now_ms,
             }
+            table_path = self._table_path(record.database, record.name)
             value = _pack(header, table_json)
-            _check_value_size(self._table_path(record.database, record.name), value)
-            try:
-                self._client.set(self._table_path(record.database, record.name), value, version=stat.version)
-            except (BadVersionError, NoNodeError):
-                raise _Conflict(table_id) from None
+            _check_value_size(table_path, value)
+            transaction = _Transaction(self._client)
+            transaction.set_data(table_path, value, stat.version)
+            if new_schema_id != record.schema_id:
+                if new_schema_id != record.schema_id + 1:
+                    raise InvalidAlterTableError(
+                        f"Table id {table_id} is at schema {record.schema_id}, not {new_schema_id - 1}: its schema "
+                        "changed meanwhile; retry."
+                    )
+                schemas = f"{self._table_id_path(table_id)}/schemas"
+                if self._get(schemas) is None:
+                    transaction.create(schemas)
+                transaction.create(f"{schemas}/{record.schema_id}", record.table_json)
+            transaction.commit()
             return TableRecord(
-                table_id, record.database, record.name, table_json, record.schema_id, record.created_ms, now_ms
+                table_id, record.database, record.name, table_json, new_schema_id, record.created_ms, now_ms
             )
 
         return self._run(update)
+
+    def table_versions(self, table_id: int) -> dict[int, bytes]:
+        def read() -> dict[int, bytes]:
+            schemas = f"{self._table_id_path(table_id)}/schemas"
+            names = self._children(schemas)
+            values = self._get_many([f"{schemas}/{name}" for name in names])
+            return {int(name): value for name, value in zip(names, values, strict=True) if value is not None}
+
+        return self._run(read)
 
     def _partition_ids_of(self, table_id: int) -> list[int]:
         """Every partition id with a node of this table (registered, or holding snapshots only)."""

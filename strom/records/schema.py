@@ -280,6 +280,18 @@ class Schema:
         except KeyError as e:
             raise ValueError(f"column {e.args[0]!r} is not in the schema {self.column_names}") from None
 
+    def with_columns_appended(self, added: Iterable[Column]) -> Schema:
+        """This schema with ``added`` at the end under fresh ids (each column's, then its nested fields'
+        depth-first), continuing from ``highest_field_id`` so no id is ever reused (ALTER TABLE ADD COLUMN)."""
+        next_id = [self.highest_field_id]
+        columns = list(self.columns)
+        for column in added:
+            next_id[0] += 1
+            column_id = next_id[0]
+            data_type = _reassign_field_ids(column.data_type, next_id)
+            columns.append(Column(column.name, data_type, column.comment, column_id, column.agg_function))
+        return Schema(tuple(columns), self.primary_key, next_id[0], self.auto_increment_columns)
+
     def to_json(self) -> dict[str, Any]:
         obj: dict[str, Any] = {"version": JSON_VERSION, "columns": [c.to_json() for c in self.columns]}
         if self.primary_key is not None:

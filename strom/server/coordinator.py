@@ -36,7 +36,6 @@ from strom.errors import (
     PartitionMaxNumError,
     PartitionNotExistError,
     PartitionSpecInvalidError,
-    SchemaNotExistError,
     TableAlreadyExistError,
     TableNotExistError,
     TableNotPartitionedError,
@@ -45,11 +44,11 @@ from strom.ids import TablePath
 from strom.kv import auto_increment
 from strom.kv.merge import options as merge_options
 from strom.metadata import table_options
-from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord
+from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord, TableRecord
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
 from strom.records import keys
 from strom.records import types as fluss_types
-from strom.records.schema import TableDescriptor
+from strom.records.schema import Column, TableDescriptor
 from strom.rpc.messages import pb
 from strom.server.gateway import TabletServerGateway
 from strom.server.lake_tiering import LakeTableTieringManager
@@ -75,6 +74,10 @@ ALTER_SET, ALTER_DELETE = 0, 1
 """PbAlterConfig op types strom applies (Fluss's AlterConfigOpType SET and DELETE; APPEND and SUBTRACT are
 for list-valued options, which strom's tables do not have)."""
 TableDroppedHook = Callable[[TableInfo, int | None], Awaitable[None]]
+FIRST_SCHEMA_ID = 1
+COLUMN_POSITION_LAST = 0
+"""PbAddColumn.column_position_type of a column added at the end (FIRST is 1, AFTER 3), the only one
+Fluss accepts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +166,16 @@ class CoordinatorService:
         record = self._store.get_table(path.database_name, path.table_name)
         if record is None:
             raise TableNotExistError(f"Table '{path}' does not exist.")
-        return TableInfo.from_record(record)
+        return self._with_versions(record)
 
     def table_info_by_id(self, table_id: int) -> TableInfo | None:
         record = self._store.get_table_by_id(table_id)
-        return TableInfo.from_record(record) if record else None
+        return self._with_versions(record) if record else None
+
+    def _with_versions(self, record: TableRecord) -> TableInfo:
+        """The table with its earlier schemas (read only for a table whose columns changed)."""
+        versions = self._store.table_versions(record.table_id) if record.schema_id > FIRST_SCHEMA_ID else None
+        return TableInfo.from_record(record, versions)
 
     def partition(self, table: TableInfo, name: str) -> PartitionRecord:
         if not table.is_partitioned:
@@ -246,7 +254,9 @@ class CoordinatorService:
         self._require_database(path.database_name)
         table_json = self._validated_table_json(request.table_json)
         try:
-            record = self._store.create_table(path.database_name, path.table_name, table_json, 1, self._clock.now_ms())
+            record = self._store.create_table(
+                path.database_name, path.table_name, table_json, FIRST_SCHEMA_ID, self._clock.now_ms()
+            )
         except TableAlreadyExistError:
             if request.ignore_if_exists:
                 return pb.CreateTableResponse()
@@ -387,9 +397,10 @@ class CoordinatorService:
         log.info("dropped table %s (id %d)", table.path, table.table_id)
 
     async def alter_table(self, request: Any, _context: object) -> Any:
-        """Set or reset table options and custom properties, validated as at creation (no column changes
-        yet). Enabling the lake registers the table for tiering, disabling it stops its schedule, and a new
-        freshness re-arms its timer."""
+        """Set or reset table options and custom properties, validated as at creation, and add nullable
+        columns at the end (a new schema id; rows written before read with nulls there). Enabling the lake
+        registers the table for tiering, disabling it stops its schedule, and a new freshness re-arms its
+        timer. The hosted buckets serve the changed table from the next request on."""
         path = TablePath(request.table_path.database_name, request.table_path.table_name)
         try:
             table = self.table_info(path)
@@ -397,9 +408,21 @@ class CoordinatorService:
             if request.ignore_if_not_exists:
                 return pb.AlterTableResponse()
             raise
-        if request.add_columns or request.drop_columns or request.rename_columns or request.modify_columns:
-            raise InvalidAlterTableError(f"Altering the columns of '{path}' is not supported yet; only options.")
+        for refused, what in (
+            (request.drop_columns, "drop"), (request.rename_columns, "rename"), (request.modify_columns, "modify")
+        ):
+            if refused:
+                raise InvalidAlterTableError(f"Not support {what} column now: only ADD COLUMN changes the columns of '{path}'.")
         document = json.loads(table.table_json)
+        schema_id = table.schema_id
+        if request.add_columns:
+            if _lake_enabled(table.properties):
+                raise InvalidAlterTableError(
+                    f"Adding columns to '{path}' is not supported while it is tiered into the lake "
+                    f"({DATALAKE_ENABLED}=true): its lake table keeps the schema it was created with."
+                )
+            document["schema"] = _with_added_columns(table, request.add_columns)
+            schema_id += 1
         properties = dict(document.get("properties") or {})
         custom = dict(document.get("custom_properties") or {})
         for change in request.config_changes:
@@ -432,9 +455,12 @@ class CoordinatorService:
         table_json = self._validated_table_json(json.dumps(document).encode(), creating=False)
         if table_json == table.table_json:
             return pb.AlterTableResponse()
-        record = self._store.update_table(table.table_id, table_json, self._clock.now_ms())
-        self._sync_lake(TableInfo.from_record(record))
-        log.info("altered table %s: %d option changes", path, len(request.config_changes))
+        record = self._store.update_table(table.table_id, table_json, self._clock.now_ms(), schema_id=schema_id)
+        altered = self._with_versions(record)
+        self._tablets.change_table(altered)
+        self._sync_lake(altered)
+        log.info("altered table %s: %d option changes, %d added columns (schema %d)", path,
+                 len(request.config_changes), len(request.add_columns), altered.schema_id)
         return pb.AlterTableResponse()
 
     def get_table_info(self, request: Any, _context: object) -> Any:
@@ -457,11 +483,12 @@ class CoordinatorService:
 
     def get_table_schema(self, request: Any, _context: object) -> Any:
         table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
-        if request.HasField("schema_id") and request.schema_id != table.schema_id:
-            raise SchemaNotExistError(f"Schema {request.schema_id} of table '{table.path}' does not exist.")
-        document = json.loads(table.table_json)
+        schema_id = request.schema_id if request.HasField("schema_id") else table.schema_id
+        table.schema_of(schema_id)  # SchemaNotExistError
+        table_json = table.table_json if schema_id == table.schema_id else table.versions[schema_id]
+        document = json.loads(table_json)
         schema_json = json.dumps(document["schema"], sort_keys=True, separators=(",", ":")).encode()
-        return pb.GetTableSchemaResponse(schema_id=table.schema_id, schema_json=schema_json)
+        return pb.GetTableSchemaResponse(schema_id=schema_id, schema_json=schema_json)
 
     # ---- partitions ----
     def list_partition_infos(self, request: Any, _context: object) -> Any:
@@ -578,3 +605,30 @@ def _parse_json_object(raw: bytes, what: str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise InvalidTableError(f"{what} must be a JSON object")
     return document
+
+
+def _with_added_columns(table: TableInfo, added: Any) -> dict[str, Any]:
+    """The table's schema JSON with ``added`` (PbAddColumn) appended under new column ids, checked as Fluss
+    checks them: a new name, at the end, nullable; an aggregate function (aggregation tables) kept."""
+    names = set(table.schema.column_names)
+    columns: list[Column] = []
+    for column in added:
+        name = column.column_name
+        if name in names:
+            raise InvalidAlterTableError(f"Column {name} already exists.")
+        if column.column_position_type != COLUMN_POSITION_LAST:
+            raise InvalidAlterTableError(f"Only support addColumn column at last now; '{name}' asks for another position.")
+        try:
+            data_type = fluss_types.data_type_from_json(json.loads(column.data_type_json))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidAlterTableError(f"Column {name}: invalid data type: {exc}") from exc
+        if not data_type.nullable:
+            raise InvalidAlterTableError(f"Column {name} must be nullable.")
+        function = None
+        if column.HasField("agg_function_type"):
+            parameters = {p.key: p.value for p in column.agg_function_params}
+            function = merge_options.AggFunction(column.agg_function_type.strip().lower(), parameters).to_json()
+        comment = column.comment if column.HasField("comment") else None
+        columns.append(Column(name, data_type, comment, agg_function=function))
+        names.add(name)
+    return table.schema.with_columns_appended(columns).to_json()

@@ -109,6 +109,9 @@ class LocalTabletServer:
     def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
         self._replicas.become_leader(table, buckets)
 
+    def change_table(self, table: TableInfo) -> None:
+        self._replicas.change_table(table)
+
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
         self._scans.on_buckets_stopped(table_id, partition_id)  # before the RocksDB instances close
         await self._replicas.stop_replicas(table_id, partition_id, delete=delete)

@@ -45,6 +45,7 @@ from strom.log.log_tablet import LogConfig, LogTablet
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
 from strom.records.indexed_log import LogBatchDecoder
+from strom.records.log_batch import LogBatchHeader
 from strom.remote.storage import RemoteStorage
 
 log = logging.getLogger(__name__)
@@ -160,9 +161,24 @@ class Replica:
             raise NonPrimaryKeyTableError(f"Table '{self.table.path}' is not a primary key table.")
         return self._kv
 
+    @property
+    def kv_if_open(self) -> KvTablet | None:
+        return self._kv
+
     def log_decoder(self) -> LogBatchDecoder:
-        """Decodes this table's log batches (ARROW or INDEXED) into Arrow."""
+        """Decodes this table's log batches (ARROW or INDEXED) of its current schema into Arrow."""
         return self._manager.row_format(self.table).log_decoder
+
+    def check_produced(self, data: bytes | bytearray, batches: Sequence[tuple[int, LogBatchHeader]]) -> None:
+        """Refuse produced batches that do not decode in the table's format and one of its schemas (a
+        writer may still use the schema it knew before columns were added)."""
+        row_format = self._manager.row_format(self.table)
+        for position, header in batches:
+            row_format.read_log_batch(data, position, header)
+
+    def upgrade_log(self, records: bytes) -> bytes:
+        """Fetched batches with those of earlier schemas re-encoded in the current one."""
+        return self._manager.row_format(self.table).upgrade_log(records)
 
     def project_records(self, records: bytes, columns: list[int]) -> bytes:
         """Re-encode fetched batches with only ``columns`` (FetchLog projection pushdown, ARROW logs only)."""
@@ -277,6 +293,15 @@ class ReplicaManager:
             if existing is not None and not existing.stopped:
                 continue
             self._replicas[bucket] = Replica(table, bucket, self.replica_directory(table, bucket), self)
+
+    def change_table(self, table: TableInfo) -> None:
+        """The table changed (columns added, options altered): every hosted bucket serves it from now on."""
+        for key in [key for key in self._row_formats if key[0] == table.table_id]:
+            del self._row_formats[key]
+        for replica in self.hosted(table.table_id):
+            replica.table = table
+            if replica.kv_if_open is not None:
+                replica.kv_if_open.change_table(self.row_format(table), self.kv_config(table))
 
     def get(self, bucket: TableBucket) -> Replica:
         """The open replica of ``bucket``; raises UnknownTableOrBucketError if it is not hosted here."""

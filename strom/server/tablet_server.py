@@ -97,9 +97,7 @@ class TabletService:
             batches = list(log_batch.iter_batches(data))
             if not batches:
                 raise CorruptRecordError("ProduceLog carried no record batch")
-            decoder = replica.log_decoder()
-            for position, header in batches:
-                decoder.read(data, position, header)  # reject batches that do not decode in the table's format
+            replica.check_produced(data, batches)  # reject batches that do not decode in the table's format
             result = replica.log.append(data, batches, self._clock.now_ms())
             await replica.log.wait_durable(result.next_offset)
             response.base_offset = result.base_offset
@@ -144,7 +142,7 @@ class TabletService:
                         1, bucket_request.max_fetch_bytes
                     )
                     read = log_tablet.read(bucket_request.fetch_offset, max_bytes)
-                    records = read.records
+                    records = replica.upgrade_log(read.records) if read.records else read.records
                     if records and projection is not None:
                         records = replica.project_records(records, projection)
                     bucket_response.high_watermark = read.high_watermark

@@ -12,6 +12,7 @@ from strom.errors import (
     DatabaseAlreadyExistError,
     DatabaseNotEmptyError,
     DatabaseNotExistError,
+    InvalidAlterTableError,
     PartitionAlreadyExistsError,
     TableAlreadyExistError,
     TableNotExistError,
@@ -131,6 +132,30 @@ def test_updating_a_table_replaces_its_json_and_modified_time(store: MetadataSto
     updated = store.update_table(record.table_id, b'{"version":2}', T0_MS + 5)
     assert (updated.table_json, updated.created_ms, updated.modified_ms) == (b'{"version":2}', T0_MS, T0_MS + 5)
     assert store.get_table_by_id(record.table_id) == updated
+
+
+def test_a_schema_change_keeps_the_replaced_document_under_its_schema_id(store: MetadataStore) -> None:
+    with_database(store)
+    record = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    other = store.create_table("db", "u", TABLE_JSON, 1, T0_MS)
+    assert store.table_versions(record.table_id) == {}
+    store.update_table(record.table_id, b'{"version":2}', T0_MS + 1)  # options only: no new version
+    assert store.table_versions(record.table_id) == {}
+
+    second = store.update_table(record.table_id, b'{"schema":2}', T0_MS + 2, schema_id=2)
+    third = store.update_table(record.table_id, b'{"schema":3}', T0_MS + 3, schema_id=3)
+    assert (second.schema_id, third.schema_id) == (2, 3)
+    assert store.get_table("db", "t") == third
+    assert store.table_versions(record.table_id) == {1: b'{"version":2}', 2: b'{"schema":2}'}
+    assert store.table_versions(other.table_id) == {}
+
+    with pytest.raises(InvalidAlterTableError, match="changed meanwhile"):  # a stale change is refused whole
+        store.update_table(record.table_id, b'{"stale":1}', T0_MS + 4, schema_id=5)
+    assert store.get_table("db", "t") == third
+    assert store.update_table(record.table_id, b'{"schema":3}', T0_MS + 5, schema_id=3).schema_id == 3  # same id: a plain update
+
+    store.drop_table(record.table_id)
+    assert store.table_versions(record.table_id) == {}
 
 
 def test_updating_a_missing_table_raises_table_not_exist(store: MetadataStore) -> None:
