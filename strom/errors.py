@@ -55,6 +55,14 @@ class BitmapFormatError(UnknownServerError):
     default_message = "A value is not a serialized roaring bitmap."
 
 
+class InvalidAlterDatabaseError(UnknownServerError):
+    """An AlterDatabase change strom cannot apply: an op type other than SET and DELETE, a SET without a
+    value, a key, value or comment that is not valid UTF-8. Fluss fails such a request with an unknown
+    server error too (it has no dedicated code); nothing was changed."""
+
+    default_message = "The database change is not supported."
+
+
 class NetworkError(RetriableError):
     code = 1
     default_message = "The server disconnected before a response was received."
@@ -344,6 +352,7 @@ for _cls in list(globals().values()):
         MalformedRowError,
         UnsupportedMergeOperationError,
         BitmapFormatError,
+        InvalidAlterDatabaseError,
     ):
         assert _cls.code not in _BY_CODE, f"duplicate error code {_cls.code}"
         _BY_CODE[_cls.code] = _cls

@@ -102,6 +102,32 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
             ),
         )
 
+    async def alter_database(
+        self,
+        database_name: str,
+        set_properties: Mapping[str, str] | None = None,
+        reset_properties: Sequence[str] = (),
+        comment: str | None = None,
+        ignore_if_not_exists: bool = False,
+    ) -> None:
+        """Set or reset the database's custom properties and replace its comment (``""`` removes it;
+        None leaves it). A key both set and reset ends up reset, as in Fluss.
+
+        Raises:
+            DatabaseNotExistError: the database does not exist (unless ``ignore_if_not_exists``).
+            AuthorizationError: the principal may not ALTER the database.
+        """
+        request = pb.AlterDatabaseRequest(
+            database_name=database_name, ignore_if_not_exists=ignore_if_not_exists
+        )
+        for key, value in (set_properties or {}).items():
+            request.config_changes.add(config_key=key, config_value=str(value), op_type=ALTER_SET)
+        for key in reset_properties:
+            request.config_changes.add(config_key=key, op_type=ALTER_DELETE)
+        if comment is not None:
+            request.comment = comment
+        await self._coordinator(ApiKey.ALTER_DATABASE, request)
+
     async def list_databases(self) -> list[str]:
         response = await self._coordinator(ApiKey.LIST_DATABASES, pb.ListDatabasesRequest())
         return list(response.database_name)

@@ -110,6 +110,19 @@ class SqliteMetadataStore(MetadataStore):
     def list_databases(self) -> list[str]:
         return [row[0] for row in self._query("SELECT name FROM databases ORDER BY name")]
 
+    def update_database(self, name: str, database_json: bytes, now_ms: int) -> DatabaseRecord:
+        with self._transaction() as db:
+            updated = db.execute(
+                "UPDATE databases SET database_json = ?, modified_ms = ? WHERE name = ?",
+                (database_json, now_ms, name),
+            ).rowcount
+            if updated == 0:
+                raise DatabaseNotExistError(f"Database {name} does not exist.")
+            row = db.execute(
+                "SELECT name, database_json, created_ms, modified_ms FROM databases WHERE name = ?", (name,)
+            ).fetchone()
+        return DatabaseRecord(*row)
+
     def drop_database(self, name: str) -> None:
         try:
             with self._transaction() as db:

@@ -101,6 +101,11 @@ class MetadataStore(ABC):
     def list_databases(self) -> list[str]: ...
 
     @abstractmethod
+    def update_database(self, name: str, database_json: bytes, now_ms: int) -> DatabaseRecord:
+        """Replace the database's JSON and set its modified time to ``now_ms`` (its created time stays);
+        returns the new record. Raises DatabaseNotExistError."""
+
+    @abstractmethod
     def drop_database(self, name: str) -> None:
         """Drops the database row only; the caller dropped (or refused to drop) its tables first."""
 

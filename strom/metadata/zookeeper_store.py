@@ -44,6 +44,7 @@ from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
@@ -412,6 +413,25 @@ class ZooKeeperMetadataStore(MetadataStore):
     def list_databases(self) -> list[str]:
         names = self._run(lambda: self._children(self._path("/metadata/databases")))
         return sorted(unquote(name) for name in names)
+
+    def update_database(self, name: str, database_json: bytes, now_ms: int) -> DatabaseRecord:
+        path = self._database_path(name)
+
+        def update() -> DatabaseRecord:
+            found = self._get(path)
+            if found is None:
+                raise DatabaseNotExistError(f"Database {name} does not exist.")
+            header, _ = _unpack(found[0])
+            created_ms = int(header["created_ms"])
+            value = _pack({"created_ms": created_ms, "modified_ms": now_ms}, database_json)
+            _check_value_size(path, value)
+            try:
+                self._client.set(path, value, version=found[1].version)
+            except (BadVersionError, NoNodeError):
+                raise _Conflict(name) from None
+            return DatabaseRecord(name, database_json, created_ms, now_ms)
+
+        return self._run(update)
 
     def drop_database(self, name: str) -> None:
         path = self._database_path(name)

@@ -5,7 +5,7 @@
 rules follow Fluss's services:
 
 - cluster: CREATE to create a database; DESCRIBE to list leases or lake tiering state (strom extensions);
-- database: DROP to drop it, DESCRIBE to read its info, CREATE to create a table in it;
+- database: DROP to drop it, ALTER to alter it, DESCRIBE to read its info, CREATE to create a table in it;
 - table: DESCRIBE for its info, schema, partitions, offsets, snapshots and lake snapshot; READ to fetch,
   look up, prefix-look-up, limit-scan, ScanKv, and to acquire, release or drop KV snapshot leases on it;
   WRITE to produce, put, initialise a writer, create or drop partitions; ALTER to alter; DROP to drop;
@@ -71,6 +71,9 @@ class AccessControl:
         self._rules: dict[ApiKey, Rule] = {
             ApiKey.CREATE_DATABASE: lambda r, c: self._check(c, OperationType.CREATE, Resource.cluster()),
             ApiKey.DROP_DATABASE: lambda r, c: self._check(c, OperationType.DROP, Resource.database(r.database_name)),
+            ApiKey.ALTER_DATABASE: lambda r, c: self._check(
+                c, OperationType.ALTER, Resource.database(r.database_name)
+            ),
             ApiKey.GET_DATABASE_INFO: lambda r, c: self._check(c, DESCRIBE, Resource.database(r.database_name)),
             ApiKey.LIST_DATABASES: self._list_databases,
             ApiKey.CREATE_TABLE: lambda r, c: self._check(

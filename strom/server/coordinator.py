@@ -28,8 +28,10 @@ from strom.errors import (
     DatabaseAlreadyExistError,
     DatabaseNotEmptyError,
     DatabaseNotExistError,
+    InvalidAlterDatabaseError,
     InvalidAlterTableError,
     InvalidConfigError,
+    InvalidDatabaseError,
     InvalidReplicationFactorError,
     InvalidTableError,
     PartitionAlreadyExistsError,
@@ -48,7 +50,8 @@ from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord,
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
 from strom.records import keys
 from strom.records import types as fluss_types
-from strom.records.schema import Column, TableDescriptor
+from strom.records.schema import Column, DatabaseDescriptor, TableDescriptor
+from strom.records.types import MetadataJsonError
 from strom.rpc.messages import pb
 from strom.server.gateway import TabletServerGateway
 from strom.server.lake_tiering import LakeTableTieringManager
@@ -224,6 +227,37 @@ class CoordinatorService:
             await self._drop_table(self.table_info(TablePath(name, table_name)))
         self._store.drop_database(name)
         return pb.DropDatabaseResponse()
+
+    async def alter_database(self, request: Any, _context: object) -> Any:
+        """Set or delete custom properties and replace the comment (an empty comment removes it), as
+        Fluss does: every SET is applied, then every DELETE. A request that changes nothing leaves the
+        database and its modified time as they were."""
+        name = request.database_name
+        to_set, to_delete = _database_changes(request.config_changes)
+        comment = request.comment if request.HasField("comment") else None
+        if comment is not None and not isinstance(comment, str):
+            raise InvalidAlterDatabaseError("The comment is not valid UTF-8.")
+        record = self._store.get_database(name) if isinstance(name, str) else None
+        if record is None:
+            if request.ignore_if_not_exists:
+                return pb.AlterDatabaseResponse()
+            raise DatabaseNotExistError(f"Database '{name}' does not exist.")
+        try:
+            current = DatabaseDescriptor.from_json(record.database_json)
+        except MetadataJsonError as exc:
+            message = f"The stored descriptor of database '{name}' is invalid: {exc}"
+            raise InvalidDatabaseError(message) from None
+        properties = {**current.custom_properties, **to_set}
+        for key in to_delete:
+            properties.pop(key, None)
+        new_comment = current.comment if comment is None else (comment or None)
+        altered = DatabaseDescriptor(new_comment, properties)
+        if altered == current:
+            return pb.AlterDatabaseResponse()
+        self._store.update_database(name, altered.to_json(), self._clock.now_ms())
+        changed = "properties" if comment is None else "properties and comment"
+        log.info("altered database %s (%s)", name, changed)
+        return pb.AlterDatabaseResponse()
 
     def list_databases(self, request: Any, _context: object) -> Any:
         response = pb.ListDatabasesResponse()
@@ -595,6 +629,35 @@ class CoordinatorService:
 
 def _lake_enabled(properties: dict[str, str]) -> bool:
     return properties.get(DATALAKE_ENABLED, "false").strip().lower() == "true"
+
+
+def _database_changes(changes: Any) -> tuple[dict[str, str], set[str]]:
+    """The properties an AlterDatabase request sets and those it deletes.
+
+    Raises:
+        InvalidAlterDatabaseError: an op type other than SET (0) or DELETE (1), a SET without a value, or
+            a key or value that is not valid UTF-8 (protobuf hands such a string over as bytes).
+    """
+    to_set: dict[str, str] = {}
+    to_delete: set[str] = set()
+    for change in changes:
+        key = change.config_key
+        if not isinstance(key, str):
+            raise InvalidAlterDatabaseError(f"The property key {key!r} is not valid UTF-8.")
+        if change.op_type == ALTER_SET:
+            if not change.HasField("config_value"):
+                raise InvalidAlterDatabaseError(f"Setting the database property '{key}' needs a value.")
+            if not isinstance(change.config_value, str):
+                raise InvalidAlterDatabaseError(f"The value of the database property '{key}' is not UTF-8.")
+            to_set[key] = change.config_value
+        elif change.op_type == ALTER_DELETE:
+            to_delete.add(key)
+        else:
+            raise InvalidAlterDatabaseError(
+                f"Unsupported alter database configs op type {change.op_type} on '{key}'; "
+                "use SET (0) or DELETE (1)."
+            )
+    return to_set, to_delete
 
 
 def _parse_json_object(raw: bytes, what: str) -> dict[str, Any]:

@@ -274,6 +274,7 @@ class StromServer:
             ApiKey.DESCRIBE_LAKE_TIERING: lake.describe_lake_tiering,
             ApiKey.CREATE_DATABASE: coordinator.create_database,
             ApiKey.DROP_DATABASE: coordinator.drop_database,
+            ApiKey.ALTER_DATABASE: coordinator.alter_database,
             ApiKey.LIST_DATABASES: coordinator.list_databases,
             ApiKey.DATABASE_EXISTS: coordinator.database_exists,
             ApiKey.GET_DATABASE_INFO: coordinator.get_database_info,

@@ -66,9 +66,11 @@ SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("blob", pa.binar
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(int(FUZZ_TIME_S_MAX) + 180)]
 
 # Requests that legitimately destroy or rewrite data: never sent when they parse (see the docstring).
+# AlterDatabase is sent: it only rewrites a database's comment and custom properties, which the valid
+# client's tables do not depend on, so its mutations exercise the handler's input checks.
 _DESTRUCTIVE_KEYS = frozenset(
     {ApiKey.DROP_DATABASE, ApiKey.DROP_TABLE, ApiKey.ALTER_TABLE, ApiKey.DROP_PARTITION, ApiKey.CREATE_ACLS,
-     ApiKey.DROP_ACLS, ApiKey.ALTER_DATABASE, ApiKey.ALTER_CLUSTER_CONFIGS}
+     ApiKey.DROP_ACLS, ApiKey.ALTER_CLUSTER_CONFIGS}
 )
 _WRITE_KEYS = frozenset({ApiKey.PUT_KV, ApiKey.PRODUCE_LOG, ApiKey.LOOKUP})
 
@@ -124,6 +126,10 @@ async def _capture_real_requests(server: ServerProcess, monkeypatch: pytest.Monk
             await admin.table_exists(kv_path)
             await admin.get_table_info(kv_path)
             await admin.get_server_nodes()
+            await admin.create_database("decoy_db")
+            await admin.alter_database(
+                "decoy_db", set_properties={"owner": "fuzz"}, reset_properties=["tier"], comment="decoy"
+            )
             kv_table, log_table = await connection.get_table(kv_path), await connection.get_table(log_path)
             upserts = kv_table.new_upsert().create_writer()
             appends = log_table.new_append().create_writer()

@@ -88,6 +88,43 @@ def test_dropping_a_database_that_still_has_tables_raises_database_not_empty(sto
     assert store.get_database("db") is not None
 
 
+def test_updating_a_database_replaces_its_json_and_modified_time_only(store: MetadataStore) -> None:
+    with_database(store, "db")
+    with_database(store, "other")
+    updated = store.update_database("db", b'{"comment":"y","custom_properties":{"k":"v"}}', T0_MS + 9)
+    assert updated == DatabaseRecord("db", b'{"comment":"y","custom_properties":{"k":"v"}}', T0_MS, T0_MS + 9)
+    assert store.get_database("db") == updated
+    assert store.get_database("other") == DatabaseRecord("other", b'{"comment":"x"}', T0_MS, T0_MS + 1)
+    store.create_table("db", "t", TABLE_JSON, 1, T0_MS)  # the database keeps its tables
+    assert store.update_database("db", b"{}", T0_MS + 10).database_json == b"{}"
+    assert store.list_tables("db") == ["t"]
+
+
+def test_updating_a_missing_database_raises_database_not_exist(store: MetadataStore) -> None:
+    with pytest.raises(DatabaseNotExistError):
+        store.update_database("missing", b"{}", T0_MS)
+    with_database(store)
+    store.drop_database("db")
+    with pytest.raises(DatabaseNotExistError):
+        store.update_database("db", b"{}", T0_MS)
+    assert store.get_database("db") is None
+    assert store.list_databases() == []
+
+
+def test_an_updated_database_survives_reopen(store_location: tuple[str, str]) -> None:
+    first = open_store(*store_location)
+    try:
+        with_database(first)
+        updated = first.update_database("db", b'{"comment":"after"}', T0_MS + 3)
+    finally:
+        first.close()
+    reopened = open_store(*store_location)
+    try:
+        assert reopened.get_database("db") == updated
+    finally:
+        reopened.close()
+
+
 # ---- tables ----
 
 
