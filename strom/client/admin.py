@@ -13,7 +13,7 @@ from strom.client.snapshots import SnapshotAdmin
 from strom.errors import error_for_code
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
-from strom.records.schema import Column, DatabaseDescriptor, TableDescriptor
+from strom.records.schema import Column, DatabaseDescriptor, Schema, TableDescriptor
 from strom.records.types import data_type_to_json
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -295,6 +295,17 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
         nodes += [ServerNode(n.node_id, n.host, n.port, "TabletServer") for n in response.tablet_servers]
         return nodes
 
-    async def get_table_schema_json(self, table_path: TablePath) -> dict[str, Any]:
-        response = await self._coordinator(ApiKey.GET_TABLE_SCHEMA, pb.GetTableSchemaRequest(table_path=_path(table_path)))
+    async def get_table_schema_json(self, table_path: TablePath, schema_id: int | None = None) -> dict[str, Any]:
+        """The table's schema JSON, the current one or that of ``schema_id``. Raises SchemaNotExistError."""
+        request = pb.GetTableSchemaRequest(table_path=_path(table_path))
+        if schema_id is not None:
+            request.schema_id = schema_id
+        response = await self._coordinator(ApiKey.GET_TABLE_SCHEMA, request)
         return dict(json.loads(response.schema_json))
+
+    async def get_table_schemas(self, table: TableInfo) -> dict[int, Schema]:
+        """Every schema the table has had up to ``table``'s, by id (what rows in its KV snapshots may carry)."""
+        schemas = {table.schema_id: table.schema}
+        for schema_id in range(1, table.schema_id):
+            schemas[schema_id] = Schema.from_json(await self.get_table_schema_json(table.path, schema_id))
+        return schemas

@@ -112,8 +112,10 @@ class BucketBatchScanner:
 
     def _decode(self, records: bytes) -> pa.RecordBatch:
         layout = self._table.layout
+        values = parse_value_batch(records)
+        layout.check_values(values)
         batch = row_arrow.rows_to_record_batch(
-            parse_value_batch(records), layout.row_decoder, layout.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
+            values, layout.row_decoder, layout.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
         )
         return batch if self._projection is None else batch.select(self._projection)
 

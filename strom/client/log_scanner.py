@@ -134,6 +134,8 @@ class LogScanner:
                 position = header.base_offset
             if header.next_offset <= position:
                 continue
+            if self._pushdown is None:  # projected columns exist in every later schema at the same place
+                self._table.layout.check_schema_id(header.schema_id)
             change_types, batch = self._decoder.read(records, offset_in_buffer, header)
             if self._projection is not None and self._pushdown is None:
                 batch = batch.select(self._projection)

@@ -102,6 +102,7 @@ class _KeyedReader:
         """One stored value as a dict; rows of plain types skip Arrow (a single lookup's hot path)."""
         layout = self._table.layout
         if self._plain_rows and layout.kv_format == "COMPACTED":
+            layout.check_values((value,))
             row = layout.row_decoder.decode(memoryview(value)[SCHEMA_ID_SIZE_BYTES:])
             return dict(zip(layout.column_names, row, strict=True))
         return self._decode([value])[0]
@@ -110,6 +111,7 @@ class _KeyedReader:
         if not values:
             return []
         layout = self._table.layout
+        layout.check_values(values)
         rows = [memoryview(value)[SCHEMA_ID_SIZE_BYTES:] for value in values]
         batch = row_arrow.rows_to_record_batch(rows, layout.row_decoder, layout.arrow_schema)
         result: list[dict[str, Any]] = batch.to_pylist()
@@ -178,6 +180,7 @@ class Lookuper(_KeyedReader):
                 arrays.append(keys.column(index).cast(field.type))
         found = await self._lookup_values(pa.RecordBatch.from_arrays(arrays, schema=self._lookup_schema))
         values = [found[i] for i in sorted(found)]
+        layout.check_values(values)
         batch = row_arrow.rows_to_record_batch(
             values, layout.row_decoder, layout.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
         )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from strom.errors import SchemaNotExistError
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
 from strom.records import indexed_log, keys
@@ -48,6 +49,26 @@ class TableLayout:
         self.key_lake_format = keys.key_lake_format(info.properties)
         """Iceberg changes how keys are encoded and bucketed (:mod:`strom.records.keys`); None: Fluss's way."""
         self.bucket_of: keys.BucketFunction = keys.bucket_function(self.key_lake_format)
+
+    def check_schema_id(self, schema_id: int) -> None:
+        """Refuse rows of another schema than this layout's: the server sends rows in the table's current
+        schema, so another id means the table's columns changed after it was opened here."""
+        if schema_id != self.info.schema_id:
+            raise SchemaNotExistError(
+                f"Table '{self.info.path}' now has schema {schema_id}, this handle was opened with schema "
+                f"{self.info.schema_id}: its columns changed; open the table again (connection.get_table)."
+            )
+
+    def check_values(self, values: Sequence[bytes | memoryview]) -> None:
+        """:meth:`check_schema_id` of stored values (schema id + row)."""
+        prefix = self._schema_prefix
+        for value in values:
+            if value[:2] != prefix:
+                self.check_schema_id(int.from_bytes(bytes(value[:2]), "little", signed=True))
+
+    @cached_property
+    def _schema_prefix(self) -> bytes:
+        return self.info.schema_id.to_bytes(2, "little", signed=True)
 
     @cached_property
     def log_decoder(self) -> indexed_log.LogBatchDecoder:

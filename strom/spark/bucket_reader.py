@@ -308,10 +308,11 @@ def _read_snapshot(
             f"KV snapshot {partition.snapshot_id} of {partition.bucket} is gone although lease "
             f"'{partition.lease_id}' pinned it (expired, or released by an earlier attempt); run the query again"
         ) from None
+    schemas = runtime.run(admin.get_table_schemas(layout.info))  # rows keep the schema they were written in
     lease = admin.create_kv_snapshot_lease(partition.lease_id, partition.lease_duration_ms)
     completed = False
     try:
-        with KvSnapshotReader(layout, metadata) as reader:
+        with KvSnapshotReader(layout, metadata, schemas=schemas) as reader:
             # keys are only needed to drop rows the changelog after the snapshot replaced or deleted
             if len(fold):
                 batches = merge_snapshot(reader.iter_keyed_batches(READ_BATCH_ROWS_MAX), fold)

@@ -137,7 +137,8 @@ async def _write_snapshot(connection: Connection, table: Table, split: TieringSp
     """A never-tiered primary-key bucket's leased KV snapshot; the lake then stands at its log offset."""
     assert split.snapshot_id is not None
     metadata = await connection.get_admin().get_kv_snapshot_metadata(split.bucket, split.snapshot_id)
-    with KvSnapshotReader(table.layout, metadata) as reader:
+    schemas = await connection.get_admin().get_table_schemas(table.layout.info)
+    with KvSnapshotReader(table.layout, metadata, schemas=schemas) as reader:
         for batch in reader.iter_batches():
             unknown = pa.array(np.full(batch.num_rows, -1, np.int64))
             writer.append(batch, unknown, unknown)

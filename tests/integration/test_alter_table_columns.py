@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from strom.client import Column, Connection, OffsetSpec, Schema, TableDescriptor, TablePath
+from strom.client.snapshots import read_snapshot
 from strom.errors import InvalidAlterTableError, SchemaNotExistError
 from strom.records.log_batch import ChangeType
 from strom.records.types import IntType, StringType
@@ -20,6 +21,7 @@ from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
 from tests.conftest import unique_name
 from tests.integration.pyfluss_support import changelog as pyfluss_changelog
+from tests.integration.snapshot_support import SNAPSHOT_CONFIG, wait_for_snapshot_ids, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
 
@@ -200,3 +202,89 @@ async def test_column_changes_fluss_refuses_are_refused_with_its_messages(server
             await rpc.close()
         info = await admin.get_table_info(path)
         assert (info.schema_id, info.schema.column_names) == (1, ["id", "name"]), "a refused change changes nothing"
+
+
+async def test_rows_of_both_schemas_survive_a_kill_and_replay(server_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 before RocksDB flushed anything: the restart replays changelog batches of schema 1 and 2."""
+    first = server_factory(data_dir=tmp_path / "data")
+    async with await Connection.create(first.address) as connection:
+        path = await create(connection)
+        await upsert(connection, path, {"id": [1, 2], "name": ["a", "b"]})
+        await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])
+        await upsert(connection, path, {"id": [2, 3], "name": ["b2", "c"], "email": ["b@x", "c@x"]})
+        expected = await scan_sorted(connection, path)
+    first.kill()
+    second = server_factory(data_dir=tmp_path / "data", port=first.port)
+    async with await Connection.create(second.address) as connection:
+        assert await scan_sorted(connection, path) == expected == [
+            {"id": 1, "name": "a", "email": None},
+            {"id": 2, "name": "b2", "email": "b@x"},
+            {"id": 3, "name": "c", "email": "c@x"},
+        ]
+        info = await connection.get_admin().get_table_info(path)
+        assert (info.schema_id, info.schema.column_names) == (2, ["id", "name", "email"])
+
+
+async def test_kv_snapshots_with_rows_of_both_schemas_read_in_the_current_one(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(SNAPSHOT_CONFIG)
+    async with await Connection.create(server.address) as connection:
+        path = await create(connection)
+        admin = connection.get_admin()
+        await upsert(connection, path, {"id": [1, 2], "name": ["a", "b"]})
+        await admin.alter_table(path, add_columns=[Column("email", StringType())])
+        await upsert(connection, path, {"id": [3], "name": ["c"], "email": ["c@x"]})
+        table = await connection.get_table(path)
+        ids = await wait_for_snapshot_ids(admin, path, 0)
+        latest = {bucket: info for bucket, info in ids.snapshots.items() if info is not None}
+
+        async def covered() -> bool:
+            snapshots = await admin.get_latest_kv_snapshots(path)
+            return sum(s.log_offset for s in snapshots.snapshots.values() if s is not None) >= 3  # three inserts
+
+        await wait_until(covered, "a snapshot of every write")
+        snapshots = await admin.get_latest_kv_snapshots(path)
+        rows: list[dict[str, Any]] = []
+        for bucket, info in snapshots.snapshots.items():
+            if info is not None:
+                rows += (await read_snapshot(connection, table.layout, table.bucket(bucket), info.snapshot_id)).to_pylist()
+        assert latest
+        assert sorted(rows, key=lambda row: row["id"]) == [
+            {"id": 1, "name": "a", "email": None},
+            {"id": 2, "name": "b", "email": None},
+            {"id": 3, "name": "c", "email": "c@x"},
+        ]
+
+
+async def test_a_table_opened_before_the_change_refuses_rows_it_cannot_decode(server) -> None:  # type: ignore[no-untyped-def]
+    async with await Connection.create(server.address) as connection:
+        path = await create(connection)
+        stale = await connection.get_table(path)
+        await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])
+        await upsert(connection, path, {"id": [1], "name": ["a"], "email": ["a@x"]})
+        with pytest.raises(SchemaNotExistError, match="open the table again"):
+            await stale.new_lookup().create_lookuper().lookup({"id": 1})
+        with pytest.raises(SchemaNotExistError, match="open the table again"):
+            await (await stale.new_scan().create_batch_scanner()).to_arrow()
+        fresh = await connection.get_table(path)
+        assert await fresh.new_lookup().create_lookuper().lookup({"id": 1}) == {"id": 1, "name": "a", "email": "a@x"}
+
+
+async def test_an_aggregation_table_gets_a_column_with_its_aggregate(server) -> None:  # type: ignore[no-untyped-def]
+    async with await Connection.create(server.address) as connection:
+        path = await create(connection, **{"table.merge-engine": "aggregation"})
+        await upsert(connection, path, {"id": [1], "name": ["a"]})
+        await connection.get_admin().alter_table(
+            path, add_columns=[Column("total", IntType(), agg_function={"type": "sum"})]
+        )
+        info = await connection.get_admin().get_table_info(path)
+        assert info.schema.columns[2].agg_function == {"type": "sum"}
+        for amount in (5, 7):
+            await upsert(connection, path, {"id": [1], "name": ["a"], "total": pa.array([amount], pa.int32())})
+        assert await scan_sorted(connection, path) == [{"id": 1, "name": "a", "total": 12}]
+
+
+async def test_a_lake_enabled_table_refuses_new_columns(server) -> None:  # type: ignore[no-untyped-def]
+    async with await Connection.create(server.address) as connection:
+        path = await create(connection, **{"table.datalake.enabled": "true"})
+        with pytest.raises(InvalidAlterTableError, match="tiered into the lake"):
+            await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])

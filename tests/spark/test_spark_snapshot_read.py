@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from strom.client import Column, TablePath
 from strom.records.types import BigIntType, IntType, StringType
-from tests.spark.support import Fluss, wait_until
+from tests.spark.support import Fluss, run, wait_until
 from tests.spark.test_spark_batch_read import load
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(180)]
@@ -127,3 +128,27 @@ def test_a_snapshot_reads_the_same_rows_with_and_without_keys(snapshot_cluster: 
     assert plain == keyed
     assert [len(rows) for rows in plain] == [3, 3, 3, 1]
     assert sorted(row["id"] for rows in plain for row in rows) == list(range(10))
+
+
+def test_a_table_whose_columns_changed_reads_its_snapshot_and_changelog_in_the_new_schema(
+    spark: Any, snapshot_cluster: Fluss
+) -> None:
+    """Rows in the KV snapshot and the changelog keep the schema they were written in; Spark sees one."""
+    cluster = snapshot_cluster
+    table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(1, 11)])
+
+    async def add_column(connection: Any) -> None:
+        await connection.get_admin().alter_table(TablePath.parse(table), add_columns=[Column("email", StringType())])
+
+    run(cluster.address, add_column)
+    cluster.upsert(table, [{"id": 3, "name": "three", "score": 3, "email": "3@x"}, {"id": 11, "name": "n11", "score": 11}])
+    cluster.wait_for_snapshots_at_high_watermark(table, 2)  # both schemas' rows in the snapshots
+    cluster.upsert(table, [{"id": 4, "name": "four", "score": 4, "email": "4@x"}])  # and in the changelog after them
+
+    df = load(spark, cluster, table)
+    assert df.columns[:4] == ["id", "name", "score", "email"]
+    rows = {r.id: (r.name, r.email) for r in df.collect()}
+    expected: dict[int, tuple[str, str | None]] = {i: (f"n{i}", None) for i in range(1, 12)}
+    expected[3], expected[4] = ("three", "3@x"), ("four", "4@x")
+    assert rows == expected
