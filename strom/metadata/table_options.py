@@ -223,7 +223,8 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Whether followers of a primary-key table keep recent KV snapshots for a fast leader change; Fluss "
         "sets it for new primary-key tables.",
         Support.NO_EFFECT,
-        "Accepted, no effect: a strom server hosts every bucket itself, with no followers to keep standby.",
+        "Accepted, no effect (also by AlterTable): a strom server hosts every bucket itself, with no "
+        "followers to keep standby. strom does not fill it in for new primary-key tables.",
         _parse_bool,
     ),
     _option(
@@ -231,9 +232,9 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Whether the coordinator creates partitions ahead of time and drops expired ones for a partitioned "
         "table (by a time-valued partition key).",
         Support.PARTIAL,
-        "false is accepted; true is refused: strom neither creates nor expires partitions by itself, and "
-        "a table that silently never gets its partitions (or never loses old ones) would surprise. Create "
-        "partitions with CreatePartition.",
+        "false is accepted; true is refused, at creation and by AlterTable alike: strom neither creates "
+        "nor expires partitions by itself, and a table that silently never gets its partitions (or never "
+        "loses old ones) would surprise. Create partitions with CreatePartition.",
         _parse_bool,
     ),
     _option(
@@ -274,7 +275,8 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Log segments older than this are deleted; 0 ms keeps them.",
         Support.IMPLEMENTED,
         "Log retention (`strom.server.kv_snapshot_scheduler`): a primary-key table's changelog is kept "
-        "from its oldest KV snapshot on. Unset, the server's `table.log.ttl` applies (default 7 d).",
+        "from its oldest KV snapshot on. Unset, the server's `table.log.ttl` applies (default 7 d). Read "
+        "at every retention check, so a value set by AlterTable applies from the next check on.",
         _parse_duration,
     ),
     _option(
@@ -307,8 +309,8 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Lookups of expired partitions read the lake (auto-partitioned Paimon primary-key tables with one "
         "partition key only).",
         Support.PARTIAL,
-        "false is accepted; true is refused with Fluss's list of unmet requirements, which strom can "
-        "never meet (it has no Paimon lake and no auto-partitioning).",
+        "false is accepted; true is refused (at creation and by AlterTable) with Fluss's list of unmet "
+        "requirements, which strom can never meet (it has no Paimon lake and no auto-partitioning).",
         _parse_bool,
     ),
     _option(
@@ -381,8 +383,9 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Columns whose min/max statistics log batches carry (`*` or a comma-separated list); log tables "
         "only.",
         Support.NO_EFFECT,
-        "Checked as Fluss does (refused for primary-key tables; listed columns must exist and have a "
-        "supported type), no effect: strom's batches carry no statistics, so readers filter without them.",
+        "Checked as Fluss does, at creation and by AlterTable against the table's current columns "
+        "(refused for primary-key tables; listed columns must exist and have a supported type), no "
+        "effect: strom's batches carry no statistics, so readers filter without them.",
         _parse_string,
     ),
 )}
@@ -608,8 +611,8 @@ def options_markdown(alterable: Collection[str]) -> str:
         "",
         "strom's support: *implemented* options work as in Fluss; *accepted, no effect* options are about a "
         "Fluss subsystem strom does not have, are checked as Fluss checks them and change nothing; "
-        "*partly: some values refused* options refuse, at creation with InvalidConfigException (39), "
-        "the values strom cannot honour.",
+        "*partly: some values refused* options refuse the values strom cannot honour with "
+        "InvalidConfigException (39), at creation and, for the options it may change, by AlterTable.",
         "",
         "| key | type | default | strom | what it does in strom |",
         "|---|---|---|---|---|",
@@ -626,10 +629,23 @@ def options_markdown(alterable: Collection[str]) -> str:
         "## Changing options",
         "",
         "AlterTable (pyfluss `admin.alter_table`, strom's `Admin.alter_table`) may set or reset these options "
+        "(Fluss's alterable options, plus `table.datalake.format`, which may only name the cluster's format) "
         "and any custom property; other `table.*` options are fixed at creation (InvalidAlterTableException, "
         "56):",
         "",
-        *[f"- `{key}`" for key in sorted(alterable)],
+        *[
+            f"- `{key}` ({TABLE_OPTIONS[key].support.value})" if key in TABLE_OPTIONS else f"- `{key}`"
+            for key in sorted(alterable)
+        ],
+        "",
+        "The table's properties after the change are checked as a new table's are, so a bad value is "
+        "refused with the same error as at creation and the table stays as it was; a value strom refuses "
+        "at creation (`table.auto-partition.enabled` = true, `table.datalake.historical-partition.enabled` "
+        "= true) is refused by AlterTable too, and `table.statistics.columns` is checked against the "
+        "table's current columns. The hosted buckets serve the changed table at once: `table.log.ttl` "
+        "applies from the next log retention check, lake changes reschedule tiering (see "
+        "[lake-tiering-coordinator.md](lake-tiering-coordinator.md)); the *accepted, no effect* options "
+        "are stored and shown by GetTableInfo, and change nothing.",
         "",
     ]
     return "\n".join(lines)

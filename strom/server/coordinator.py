@@ -64,10 +64,28 @@ DATALAKE_ENABLED = "table.datalake.enabled"
 DATALAKE_FORMAT_PROPERTY = "table.datalake.format"
 DATALAKE_FRESHNESS = "table.datalake.freshness"
 TABLE_OPTION_PREFIX = "table."
-ALTERABLE_TABLE_OPTIONS = frozenset({DATALAKE_ENABLED, DATALAKE_FRESHNESS, DATALAKE_FORMAT_PROPERTY})
-"""Table options AlterTable may change (Fluss's list, plus the format, which must stay the cluster's).
-Other ``table.*`` options shape how stored data is read, so they are fixed at creation; keys outside
-``table.`` are custom properties, which AlterTable changes freely (as in Fluss)."""
+ALTERABLE_TABLE_OPTIONS = frozenset({
+    table_options.DATALAKE_ENABLED,
+    table_options.DATALAKE_HISTORICAL_PARTITION,
+    table_options.DATALAKE_FRESHNESS,
+    table_options.DATALAKE_AUTO_COMPACTION,
+    table_options.LOG_TTL,
+    table_options.TIERED_LOCAL_SEGMENTS,
+    table_options.LOG_LOCAL_TTL,
+    table_options.AUTO_PARTITION_ENABLED,
+    table_options.AUTO_PARTITION_RETENTION,
+    table_options.AUTO_PARTITION_PRECREATE,
+    table_options.STATISTICS_COLUMNS,
+    table_options.STANDBY_REPLICA,
+    DATALAKE_FORMAT_PROPERTY,
+})
+"""Table options AlterTable may change: Fluss's list (``FlussConfigUtils.ALTERABLE_TABLE_OPTIONS``), plus the
+lake format, which may only be set to the cluster's. The changed properties are checked as at creation
+(``table_options.validate``: each value's type, the rules between options, the values strom refuses), and
+the hosted buckets serve the changed table at once, so options read per use (``table.log.ttl``) take
+effect without a restart; what each option does in strom is in docs/table-options.md. Other ``table.*``
+options shape how stored data is read, so they are fixed at creation; keys outside ``table.`` are custom
+properties, which AlterTable changes freely (as in Fluss)."""
 AVAILABLE_TABLET_SERVERS = 1
 """Tablet servers a table's replicas can be placed on: the single-process server hosts every bucket itself."""
 SENSITIVE_OPTION_WORDS = ("password", "secret", "key")

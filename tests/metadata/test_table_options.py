@@ -173,3 +173,29 @@ def test_the_docs_page_lists_every_option_with_type_default_and_support() -> Non
     for row in rows:
         assert row in page, f"run `strom config table-docs > docs/table-options.md`: {row[:60]}"
     assert {option.support for option in TABLE_OPTIONS.values()} == set(Support)
+
+
+FLUSS_ALTERABLE_OPTIONS = {
+    "table.datalake.enabled",
+    "table.datalake.historical-partition.enabled",
+    "table.datalake.freshness",
+    "table.datalake.auto-compaction",
+    "table.log.ttl",
+    "table.log.tiered.local-segments",
+    "table.log.local-ttl",
+    "table.auto-partition.enabled",
+    "table.auto-partition.num-retention",
+    "table.auto-partition.num-precreate",
+    "table.statistics.columns",
+    "table.kv.standby-replica.enabled",
+}
+"""Fluss's ``FlussConfigUtils.ALTERABLE_TABLE_OPTIONS``."""
+
+
+def test_alter_table_may_change_the_options_fluss_lets_users_alter_and_the_lake_format() -> None:
+    assert FLUSS_ALTERABLE_OPTIONS | {table_options.DATALAKE_FORMAT} == ALTERABLE_TABLE_OPTIONS
+    assert TABLE_OPTIONS.keys() >= ALTERABLE_TABLE_OPTIONS
+    page = (REPO / "docs" / "table-options.md").read_text()
+    changing = page[page.index("## Changing options"):]
+    for key in ALTERABLE_TABLE_OPTIONS:
+        assert f"- `{key}` ({TABLE_OPTIONS[key].support.value})" in changing, key
