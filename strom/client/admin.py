@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from strom.client.acls import AclAdmin
 from strom.client.lake import LakeAdmin
 from strom.client.snapshots import SnapshotAdmin
-from strom.errors import error_for_code
+from strom.errors import TableNotExistError, error_for_code
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
 from strom.records.schema import Column, DatabaseDescriptor, Schema, TableDescriptor
@@ -204,7 +204,11 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
                 for key, value in (column.agg_function.get("parameters") or {}).items():
                     added.agg_function_params.add(key=key, value=str(value))
         await self._coordinator(ApiKey.ALTER_TABLE, request)
-        await self._connection.metadata.refresh_table(table_path)
+        try:
+            await self._connection.metadata.refresh_table(table_path)  # the next get_table sees the change
+        except TableNotExistError:
+            if not ignore_if_not_exists:
+                raise
 
     async def get_table_info(self, table_path: TablePath) -> TableInfo:
         return await self._connection.metadata.refresh_table(table_path)

@@ -477,14 +477,19 @@ class CoordinatorService:
             schema_id += 1
         properties = dict(document.get("properties") or {})
         custom = dict(document.get("custom_properties") or {})
+        changed = list(dict.fromkeys(change.config_key for change in request.config_changes))
+        unsupported = [k for k in changed if k.startswith(TABLE_OPTION_PREFIX) and k not in ALTERABLE_TABLE_OPTIONS]
+        if unsupported:  # Fluss's message, every such key at once
+            raise InvalidAlterTableError(
+                f"The following options are not supported to alter yet: {', '.join(repr(k) for k in unsupported)}."
+            )
+        if table_options.STANDBY_REPLICA in changed and not table.has_primary_key:
+            raise InvalidAlterTableError(
+                f"'{table_options.STANDBY_REPLICA}' can only be altered on primary key tables."
+            )
         for change in request.config_changes:
             key = change.config_key
             target = properties if key.startswith(TABLE_OPTION_PREFIX) else custom
-            if target is properties and key not in ALTERABLE_TABLE_OPTIONS:
-                raise InvalidAlterTableError(
-                    f"The option '{key}' is not supported to alter yet; alterable table options: "
-                    f"{', '.join(sorted(ALTERABLE_TABLE_OPTIONS))}."
-                )
             if change.op_type == ALTER_SET:
                 if not change.HasField("config_value"):
                     raise InvalidAlterTableError(f"Setting '{key}' needs a value.")

@@ -4,7 +4,11 @@ schema keep working, and all of it survives a restart; strom's client and pyflus
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import fluss as pyfluss
@@ -23,7 +27,7 @@ from tests.conftest import unique_name
 from tests.integration.pyfluss_support import changelog as pyfluss_changelog
 from tests.integration.snapshot_support import SNAPSHOT_CONFIG, wait_for_snapshot_ids, wait_until
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.timeout(90)]
 
 BASE = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
 
@@ -61,6 +65,7 @@ async def changelog(connection: Connection, path: TablePath) -> list[tuple[int, 
     return changes
 
 
+@pytest.mark.asyncio
 async def test_added_columns_read_as_null_in_earlier_rows_and_take_new_writes(server) -> None:  # type: ignore[no-untyped-def]
     async with await Connection.create(server.address) as connection:
         path = await create(connection)
@@ -96,6 +101,7 @@ async def test_added_columns_read_as_null_in_earlier_rows_and_take_new_writes(se
         ]
 
 
+@pytest.mark.asyncio
 async def test_a_writer_with_the_earlier_schema_keeps_writing_and_the_server_fills_the_new_columns(server) -> None:  # type: ignore[no-untyped-def]
     async with await Connection.create(server.address) as connection:
         path = await create(connection)
@@ -115,6 +121,7 @@ async def test_a_writer_with_the_earlier_schema_keeps_writing_and_the_server_fil
         ]
 
 
+@pytest.mark.asyncio
 async def test_log_tables_serve_earlier_batches_in_the_current_schema(server) -> None:  # type: ignore[no-untyped-def]
     async with await Connection.create(server.address) as connection:
         path = await create(connection, primary_key=False)
@@ -138,6 +145,7 @@ async def test_log_tables_serve_earlier_batches_in_the_current_schema(server) ->
         ]
 
 
+@pytest.mark.asyncio
 async def test_pyfluss_reads_and_writes_the_altered_table(server) -> None:  # type: ignore[no-untyped-def]
     async with await Connection.create(server.address) as connection:
         path = await create(connection)
@@ -162,6 +170,7 @@ async def test_pyfluss_reads_and_writes_the_altered_table(server) -> None:  # ty
         await client.close()
 
 
+@pytest.mark.asyncio
 async def test_column_changes_fluss_refuses_are_refused_with_its_messages(server) -> None:  # type: ignore[no-untyped-def]
     async with await Connection.create(server.address) as connection:
         path = await create(connection)
@@ -204,6 +213,7 @@ async def test_column_changes_fluss_refuses_are_refused_with_its_messages(server
         assert (info.schema_id, info.schema.column_names) == (1, ["id", "name"]), "a refused change changes nothing"
 
 
+@pytest.mark.asyncio
 async def test_rows_of_both_schemas_survive_a_kill_and_replay(server_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """kill -9 before RocksDB flushed anything: the restart replays changelog batches of schema 1 and 2."""
     first = server_factory(data_dir=tmp_path / "data")
@@ -225,6 +235,7 @@ async def test_rows_of_both_schemas_survive_a_kill_and_replay(server_factory, tm
         assert (info.schema_id, info.schema.column_names) == (2, ["id", "name", "email"])
 
 
+@pytest.mark.asyncio
 async def test_kv_snapshots_with_rows_of_both_schemas_read_in_the_current_one(server_factory) -> None:  # type: ignore[no-untyped-def]
     server = server_factory(SNAPSHOT_CONFIG)
     async with await Connection.create(server.address) as connection:
@@ -255,6 +266,7 @@ async def test_kv_snapshots_with_rows_of_both_schemas_read_in_the_current_one(se
         ]
 
 
+@pytest.mark.asyncio
 async def test_a_table_opened_before_the_change_refuses_rows_it_cannot_decode(server) -> None:  # type: ignore[no-untyped-def]
     async with await Connection.create(server.address) as connection:
         path = await create(connection)
@@ -269,6 +281,7 @@ async def test_a_table_opened_before_the_change_refuses_rows_it_cannot_decode(se
         assert await fresh.new_lookup().create_lookuper().lookup({"id": 1}) == {"id": 1, "name": "a", "email": "a@x"}
 
 
+@pytest.mark.asyncio
 async def test_an_aggregation_table_gets_a_column_with_its_aggregate(server) -> None:  # type: ignore[no-untyped-def]
     async with await Connection.create(server.address) as connection:
         path = await create(connection, **{"table.merge-engine": "aggregation"})
@@ -283,8 +296,39 @@ async def test_an_aggregation_table_gets_a_column_with_its_aggregate(server) -> 
         assert await scan_sorted(connection, path) == [{"id": 1, "name": "a", "total": 12}]
 
 
+@pytest.mark.asyncio
 async def test_a_lake_enabled_table_refuses_new_columns(server) -> None:  # type: ignore[no-untyped-def]
     async with await Connection.create(server.address) as connection:
         path = await create(connection, **{"table.datalake.enabled": "true"})
         with pytest.raises(InvalidAlterTableError, match="tiered into the lake"):
             await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])
+
+
+def test_the_alter_table_doc_example_runs(server) -> None:  # type: ignore[no-untyped-def]
+    """docs/alter-table.md's example, as written, against a fresh table and database of this test."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "alter-table.md").read_text()
+    match = re.search(r"```python\n(.*?)```", text, re.S)
+    assert match
+    table, database = unique_name("users"), unique_name("db")
+    code = match.group(1).replace("127.0.0.1:9123", server.address).replace('"users"', f'"{table}"')
+    code = code.replace('alter_database("fluss"', f'alter_database("{database}"')
+
+    async def example() -> dict[str, Any]:
+        async with await Connection.create(server.address) as connection:
+            admin = connection.get_admin()
+            await admin.create_database(database)
+            await admin.create_table(TablePath("fluss", table), TableDescriptor(Schema.from_arrow(BASE, ["id"])))
+            namespace: dict[str, Any] = {}
+            exec(compile("async def run():\n" + textwrap.indent(code, "    "), "docs/alter-table.md", "exec"), namespace)
+            await namespace["run"]()
+            info = await admin.get_table_info(TablePath("fluss", table))
+            return {
+                "columns": info.schema.column_names,
+                "ttl": info.properties.get("table.log.ttl"),
+                "database": await admin.get_database_info(database),
+            }
+
+    found = asyncio.run(example())
+    assert found["columns"] == ["id", "name", "email", "age"]
+    assert found["ttl"] == "3d"
+    assert "data-team" in str(found["database"]) and "shared tables" in str(found["database"])

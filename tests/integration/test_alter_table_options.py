@@ -5,6 +5,7 @@ segments from the next retention check on."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -195,7 +196,7 @@ async def test_other_table_options_are_refused(
         admin = connection.get_admin()
         path = await new_table(admin, log_schema())
         before = await admin.get_table_info(path)
-        with pytest.raises(InvalidAlterTableError, match=f"'{key}' is not supported to alter"):
+        with pytest.raises(InvalidAlterTableError, match=f"The following options are not supported to alter yet: '{re.escape(key)}'"):
             await admin.alter_table(path, set_properties=set_properties, reset_properties=reset_properties)
         after = await admin.get_table_info(path)
         assert (after.table_json, after.modified_ms) == (before.table_json, before.modified_ms)
@@ -230,3 +231,16 @@ async def test_a_log_ttl_set_by_alter_table_deletes_old_segments(server_factory:
         # the other table, as old and as large, keeps its log under the server's 7 d default
         assert await earliest(kept_path) == 0
         assert (await admin.list_offsets(altered_path, [0], OffsetSpec.latest()))[0] == 800, "the active segment stays"
+
+
+@pytest.mark.asyncio
+async def test_every_unsupported_key_is_named_and_standby_replicas_need_a_primary_key(server: Any) -> None:
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        path = await new_table(admin, log_schema())
+        with pytest.raises(InvalidAlterTableError, match=r"yet: 'table\.kv\.format', 'table\.log\.format'\.$"):
+            await admin.alter_table(path, set_properties={"table.kv.format": "INDEXED", "table.log.ttl": "1d"},
+                                    reset_properties=["table.log.format"])
+        with pytest.raises(InvalidAlterTableError, match="can only be altered on primary key tables"):
+            await admin.alter_table(path, set_properties={"table.kv.standby-replica.enabled": "true"})
+        assert "table.log.ttl" not in (await admin.get_table_info(path)).properties

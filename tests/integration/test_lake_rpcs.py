@@ -276,7 +276,7 @@ async def test_alter_table_refuses_what_cannot_change(server_factory: Any) -> No
             await admin.alter_table(path, set_properties={"table.datalake.freshness": "-1s"})
         with pytest.raises(InvalidConfigError, match=r"Could not parse value 'yes' for key 'table\.datalake\.enabled'"):
             await admin.alter_table(path, set_properties={"table.datalake.enabled": "yes"})
-        with pytest.raises(InvalidAlterTableError, match=r"'table\.kv\.format' is not supported to alter"):
+        with pytest.raises(InvalidAlterTableError, match=r"not supported to alter yet: 'table\.kv\.format'\."):
             await admin.alter_table(path, set_properties={"table.kv.format": "INDEXED"})
         with pytest.raises(TableNotExistError):
             await admin.alter_table(TablePath("fluss", "missing"), set_properties={"a": "b"})
@@ -293,7 +293,7 @@ async def test_alter_table_refuses_what_cannot_change(server_factory: Any) -> No
             await connection.coordinator_request(ApiKey.ALTER_TABLE, append)
         columns = pb.AlterTableRequest(table_path=table_path, ignore_if_not_exists=False)
         columns.drop_columns.add(column_name="name")
-        with pytest.raises(InvalidAlterTableError, match=r"columns .* not supported yet"):
+        with pytest.raises(InvalidAlterTableError, match="Not support drop column now"):
             await connection.coordinator_request(ApiKey.ALTER_TABLE, columns)
         with pytest.raises(InvalidConfigError, match=r"Could not parse value 'yes' for key 'table\.datalake\.enabled'"):
             await create(connection, {"table.datalake.enabled": "yes"})
