@@ -628,8 +628,8 @@ def options_markdown(alterable: Collection[str]) -> str:
         "",
         "## Changing options",
         "",
-        "AlterTable (pyfluss `admin.alter_table`, strom's `Admin.alter_table`) may set or reset these options "
-        "(Fluss's alterable options, plus `table.datalake.format`, which may only name the cluster's format) "
+        "AlterTable (strom's `Admin.alter_table`, Fluss's Java client and SQL; pyfluss has no call for it) "
+        "may set or reset these options (Fluss's alterable options, plus `table.datalake.format`, which may only name the cluster's format) "
         "and any custom property; other `table.*` options are fixed at creation (InvalidAlterTableException, "
         "56):",
         "",
