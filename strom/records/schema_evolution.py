@@ -35,14 +35,30 @@ def _appends_only(mapping: Sequence[int | None]) -> bool:
     return kept == list(range(len(kept))) and all(position is None for position in mapping[len(kept):])
 
 
+class _CompactedWidening:
+    """Appends null fields to COMPACTED rows of one earlier schema: the null bitset, read as a
+    little-endian integer, gains the new fields' bits (a few C-level calls per row)."""
+
+    __slots__ = ("_mask", "_new_size", "_old_size", "one_byte")
+
+    def __init__(self, old_count: int, new_count: int) -> None:
+        self._old_size = compacted.null_bitset_size(old_count)
+        self._new_size = compacted.null_bitset_size(new_count)
+        self._mask = sum(1 << index for index in range(old_count, new_count))
+        self.one_byte: list[bytes] | None = None
+        """Both bitsets one byte (tables of up to 8 columns): the new byte for each old one."""
+        if self._old_size == self._new_size == 1:
+            self.one_byte = [bytes([byte | self._mask]) for byte in range(256)]
+
+    def __call__(self, row: bytes | memoryview) -> bytes:
+        old_size = self._old_size
+        bits = int.from_bytes(row[:old_size], "little") | self._mask
+        return bits.to_bytes(self._new_size, "little") + row[old_size:]
+
+
 def widen_compacted_row(row: bytes | memoryview, old_count: int, new_count: int) -> bytes:
     """A COMPACTED row of ``old_count`` fields with ``new_count - old_count`` null fields appended."""
-    old_bitset = compacted.null_bitset_size(old_count)
-    bitset = bytearray(compacted.null_bitset_size(new_count))
-    bitset[:old_bitset] = row[:old_bitset]
-    for index in range(old_count, new_count):
-        bitset[index >> 3] |= 1 << (index & 7)
-    return bytes(bitset) + bytes(row[old_bitset:])
+    return _CompactedWidening(old_count, new_count)(bytes(row))
 
 
 class RowUpgrader:
@@ -58,7 +74,7 @@ class RowUpgrader:
         self._prefix = SCHEMA_ID.pack(current_schema_id)
         self._kv_format = kv_format.upper()
         self._mappings = {schema_id: column_mapping(schema, self.current) for schema_id, schema in schemas.items()}
-        self._value_upgrades: dict[bytes, tuple[int, int] | tuple[indexed.IndexedRowDecoder, list[int | None]]] = {}
+        self._value_upgrades: dict[bytes, _CompactedWidening | tuple[indexed.IndexedRowDecoder, list[int | None]]] = {}
         self._encoder = indexed.IndexedRowEncoder(self.current.row_type) if self._kv_format == "INDEXED" else None
         for schema_id, schema in schemas.items():
             if schema_id == current_schema_id:
@@ -69,7 +85,9 @@ class RowUpgrader:
                     raise ValueError(f"schema {schema_id} is not a prefix of schema {current_schema_id}")
                 self._value_upgrades[SCHEMA_ID.pack(schema_id)] = (indexed.IndexedRowDecoder(schema.row_type), mapping)
             else:
-                self._value_upgrades[SCHEMA_ID.pack(schema_id)] = (len(schema.columns), len(self.current.columns))
+                self._value_upgrades[SCHEMA_ID.pack(schema_id)] = _CompactedWidening(
+                    len(schema.columns), len(self.current.columns)
+                )
 
     @property
     def has_history(self) -> bool:
@@ -88,29 +106,27 @@ class RowUpgrader:
     # ---- stored values ----
     def value(self, stored: bytes) -> bytes:
         """``stored`` (schema id + row) as a value of the current schema."""
-        head = bytes(stored[:SCHEMA_ID_SIZE_BYTES])
+        head = stored[:SCHEMA_ID_SIZE_BYTES]
         if head == self._prefix:
             return stored
         upgrade = self._value_upgrades.get(head)
         if upgrade is None:
             raise SchemaNotExistError(f"A stored row carries schema id {SCHEMA_ID.unpack(head)[0]}, unknown to the table.")
-        row = memoryview(stored)[SCHEMA_ID_SIZE_BYTES:]
-        if isinstance(upgrade[0], int):
-            old_count, new_count = upgrade  # type: ignore[misc]
-            return self._prefix + widen_compacted_row(row, old_count, new_count)
-        decoder, mapping = upgrade  # type: ignore[misc]
-        old_values = decoder.decode(row)
+        if isinstance(upgrade, _CompactedWidening):
+            if upgrade.one_byte is not None:  # the common case, kept to a few C calls
+                return self._prefix + upgrade.one_byte[stored[SCHEMA_ID_SIZE_BYTES]] + stored[SCHEMA_ID_SIZE_BYTES + 1 :]
+            return self._prefix + upgrade(stored[SCHEMA_ID_SIZE_BYTES:])
+        decoder, mapping = upgrade
+        old_values = decoder.decode(memoryview(stored)[SCHEMA_ID_SIZE_BYTES:])
         assert self._encoder is not None
         return self._prefix + self._encoder.encode([None if p is None else old_values[p] for p in mapping])
 
     def values(self, stored: list[bytes | None]) -> list[bytes | None]:
-        """:meth:`value` of each (None stays None); the list itself when nothing needs upgrading."""
+        """:meth:`value` of each (None stays None); the list itself when the table has one schema."""
         if not self._value_upgrades:
             return stored
-        prefix = self._prefix
-        if all(v is None or v[:SCHEMA_ID_SIZE_BYTES] == prefix for v in stored):
-            return stored
-        return [None if v is None else self.value(v) for v in stored]
+        prefix, value = self._prefix, self.value
+        return [v if v is None or v[:SCHEMA_ID_SIZE_BYTES] == prefix else value(v) for v in stored]
 
     def row(self, schema_id: int, row: bytes) -> bytes:
         """A row (without schema id) written under ``schema_id``, as a row of the current schema."""
