@@ -26,6 +26,7 @@ from strom.errors import KvSnapshotNotExistError
 from strom.ids import TableBucket
 from strom.lake.format import lake_format
 from strom.records.log_batch import ChangeType
+from strom.records.types import RowType
 from strom.spark import runtime
 from strom.spark.binlog import BinlogAssembler
 from strom.spark.errors import FlussConnectorError
@@ -107,7 +108,11 @@ class _Output:
     coalescing small ones up to READ_BATCH_ROWS_MAX, and counts what it hands over."""
 
     def __init__(self, layout: TableLayout, context: ReadContext, bucket: TableBucket | None = None) -> None:
-        self._row_type = layout.row_type
+        # The table may have gained columns since the query was planned (ALTER TABLE ADD COLUMN appends
+        # them): Spark gets the columns it planned with, the first ones of every later schema.
+        planned = len(context.target) - int(context.with_change_type) - len(context.metadata_columns)
+        self._planned_columns = planned if planned < len(layout.row_type.fields) else None
+        self._row_type = layout.row_type if self._planned_columns is None else RowType(layout.row_type.fields[:planned])
         self._context = context
         self._bucket = bucket
         self._pending: list[pa.RecordBatch] = []
@@ -124,6 +129,8 @@ class _Output:
         self, batch: pa.RecordBatch, change_types: bytes | ChangeType, position: LogPosition | None = None
     ) -> pa.RecordBatch:
         target = self._context.target
+        if self._planned_columns is not None:
+            batch = batch.select(range(self._planned_columns))
         converted = to_spark_batch(batch, self._row_type, target)
         rows = batch.num_rows
         if self._context.with_change_type:

@@ -152,3 +152,37 @@ def test_a_table_whose_columns_changed_reads_its_snapshot_and_changelog_in_the_n
     expected: dict[int, tuple[str, str | None]] = {i: (f"n{i}", None) for i in range(1, 12)}
     expected[3], expected[4] = ("three", "3@x"), ("four", "4@x")
     assert rows == expected
+
+
+def test_a_read_planned_before_a_column_was_added_returns_the_planned_columns(
+    spark: Any, snapshot_cluster: Fluss, tmp_path: Path
+) -> None:
+    cluster = snapshot_cluster
+    table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    original = [{"id": i, "name": f"n{i}", "score": i} for i in range(1, 21)]
+    cluster.upsert(table, original)
+    cluster.wait_for_snapshots_at_high_watermark(table, 2)
+    lease_id, gate = f"test-lease-{tmp_path.name}", tmp_path / "go"
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            df = load(spark, cluster, table, **{"scan.kv.snapshot.lease.id": lease_id, "testing.read.wait-for-file": str(gate)})
+            result["rows"] = [r.asDict() for r in df.collect()]
+        except Exception as exc:  # surfaced by the assertions below
+            result["error"] = exc
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: [x for x in cluster.leases() if x.lease_id == lease_id], "the read's plan (its lease)")
+
+        async def add_column(connection: Any) -> None:
+            await connection.get_admin().alter_table(TablePath.parse(table), add_columns=[Column("email", StringType())])
+
+        run(cluster.address, add_column)  # the tasks open the table after this: its layout has four columns
+    finally:
+        gate.touch()
+        reader.join(120)
+    assert "error" not in result, result.get("error")
+    assert sorted(result["rows"], key=lambda r: r["id"]) == [{**row, "_change_type": "+I"} for row in original]
