@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 
 from strom.errors import (
@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS sequences (name TEXT PRIMARY KEY, next_value INTEGER 
 CREATE TABLE IF NOT EXISTS kv_snapshots (
     table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, bucket INTEGER NOT NULL, snapshot_id INTEGER NOT NULL,
     snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, partition_id, bucket, snapshot_id));
+CREATE TABLE IF NOT EXISTS bucket_assignments (
+    table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (table_id, partition_id));
 CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_tiering (table_id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_snapshots (
@@ -192,6 +194,7 @@ class SqliteMetadataStore(MetadataStore):
             db.execute("DELETE FROM partitions WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM table_versions WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM kv_snapshots WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM bucket_assignments WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM lake_tiering WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM lake_snapshots WHERE table_id = ?", (table_id,))
 
@@ -233,6 +236,24 @@ class SqliteMetadataStore(MetadataStore):
         with self._transaction() as db:
             db.execute("DELETE FROM partitions WHERE partition_id = ?", (partition_id,))
             db.execute("DELETE FROM kv_snapshots WHERE partition_id = ?", (partition_id,))
+            db.execute("DELETE FROM bucket_assignments WHERE partition_id = ?", (partition_id,))
+
+    # ---- bucket assignment ----
+    def put_bucket_assignment(self, table_id: int, partition_id: int | None, leaders: Mapping[int, int]) -> None:
+        payload = json.dumps({str(bucket): server for bucket, server in sorted(leaders.items())})
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO bucket_assignments VALUES (?, ?, ?)",
+                (table_id, _partition_key(partition_id), payload),
+            )
+
+    def get_bucket_assignment(self, table_id: int, partition_id: int | None) -> dict[int, int] | None:
+        rows = self._query(
+            "SELECT payload FROM bucket_assignments WHERE table_id = ? AND partition_id = ?",
+            table_id,
+            _partition_key(partition_id),
+        )
+        return _assignment(rows[0][0]) if rows else None
 
     # ---- sequences ----
     @staticmethod
@@ -378,6 +399,10 @@ class SqliteMetadataStore(MetadataStore):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _assignment(payload: str | bytes) -> dict[int, int]:
+    return {int(bucket): int(server) for bucket, server in json.loads(payload).items()}
 
 
 def _acl_row(record: AclRecord) -> tuple[int, str, str, str, str, int, int]:

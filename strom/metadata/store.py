@@ -9,7 +9,7 @@ Every method is atomic: it either applies completely or raises and changes nothi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from strom.errors import StromError
@@ -157,6 +157,16 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def drop_partition(self, partition_id: int) -> None: ...
+
+    # ---- bucket assignment ----
+    @abstractmethod
+    def put_bucket_assignment(self, table_id: int, partition_id: int | None, leaders: Mapping[int, int]) -> None:
+        """Record which tablet server leads each bucket (bucket id -> server id) of a table or one
+        partition; replaces an earlier assignment. Dropping the table (or the partition) drops it too."""
+
+    @abstractmethod
+    def get_bucket_assignment(self, table_id: int, partition_id: int | None) -> dict[int, int] | None:
+        """The recorded assignment (bucket id -> server id), None when there is none."""
 
     # ---- sequences ----
     @abstractmethod

@@ -10,10 +10,12 @@ Location: ``host:port[,host:port...][/root]``; the root defaults to ``/fluss`` (
     /metadata/sequences/<name>                          every other counter (per-bucket snapshot ids)
     /tabletservers/tables/<table_id>                    {"database","table"}: the table id's path
     /tabletservers/tables/<table_id>/schemas/<schema_id>   the table document a schema change replaced
+    /tabletservers/tables/<table_id>/assignment         {"<bucket>": <server id>, ...}: each bucket's leader
     /tabletservers/tables/<table_id>/buckets/<b>/snapshots/<snapshot_id>       a KV snapshot's document
     /tabletservers/tables/<table_id>/laketable/<snapshot_id>-<commit seq>      {"readable"} + lake snapshot
     /tabletservers/partitions/<partition_id>            {"table_id","database","table","partition"}
     /tabletservers/partitions/<partition_id>/buckets/<b>/snapshots/<snapshot_id>
+    /tabletservers/partitions/<partition_id>/assignment {"<bucket>": <server id>, ...}: each bucket's leader
     /leases/kv_snapshot/<lease_id>                      the lease's compact encoding
     /lake/tiering/<table_id>                            the table's lake tiering state
     /fluss-acls/<resource type code>/<resource name>    {"acls":[[principal type, name, host, op, permission]]}
@@ -38,7 +40,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
@@ -243,6 +245,10 @@ class ZooKeeperMetadataStore(MetadataStore):
     def _bucket_snapshots_path(self, table_id: int, partition_id: int | None, bucket: int) -> str:
         owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
         return f"{owner}/buckets/{bucket}/snapshots"
+
+    def _assignment_path(self, table_id: int, partition_id: int | None) -> str:
+        owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
+        return f"{owner}/assignment"
 
     def _sequence_path(self, sequence: str) -> str:
         return self._path(_SEQUENCE_PATHS.get(sequence) or f"/metadata/sequences/{_escape(sequence)}")
@@ -710,6 +716,36 @@ class ZooKeeperMetadataStore(MetadataStore):
             self._delete_tree_in_transactions([self._partition_id_path(partition_id)], last)
 
         self._run(drop)
+
+    # ---- bucket assignment ----
+    # The node lives under the table id's (or partition id's) node, so drop_table and drop_partition,
+    # which delete those subtrees, remove it with them.
+    def put_bucket_assignment(self, table_id: int, partition_id: int | None, leaders: Mapping[int, int]) -> None:
+        path = self._assignment_path(table_id, partition_id)
+        value = _pack({str(bucket): int(server) for bucket, server in leaders.items()})
+        _check_value_size(path, value)
+
+        def put() -> None:
+            if partition_id is not None:
+                # the partition's node names its table, so drop_table finds (and deletes) the assignment
+                with contextlib.suppress(NodeExistsError):
+                    self._client.create(self._partition_id_path(partition_id), _pack({"table_id": table_id}))
+            try:
+                self._client.set(path, value)
+            except NoNodeError:
+                try:
+                    self._client.create(path, value, makepath=True)
+                except NodeExistsError:
+                    raise _Conflict(path) from None
+
+        self._run(put)
+
+    def get_bucket_assignment(self, table_id: int, partition_id: int | None) -> dict[int, int] | None:
+        found = self._run(lambda: self._get(self._assignment_path(table_id, partition_id)))
+        if found is None:
+            return None
+        header, _ = _unpack(found[0])
+        return {int(bucket): int(server) for bucket, server in header.items()}
 
     # ---- sequences ----
     def next_id(self, sequence: str, count: int = 1) -> int:

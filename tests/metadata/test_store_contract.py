@@ -501,3 +501,76 @@ def test_a_dropped_table_is_gone_by_id_and_dropping_it_again_is_a_no_op(store: M
     with pytest.raises(TableNotExistError):
         store.create_partition(table.table_id, "y", (("p", "y"),), T0_MS)
     store.drop_database("db")
+
+
+# ---- bucket assignment ----
+
+
+def test_a_bucket_assignment_reads_back_and_a_new_one_replaces_it(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    assert store.get_bucket_assignment(table.table_id, None) is None
+    store.put_bucket_assignment(table.table_id, None, {0: 1, 1: 2, 2: 1})
+    assert store.get_bucket_assignment(table.table_id, None) == {0: 1, 1: 2, 2: 1}
+    store.put_bucket_assignment(table.table_id, None, {0: 3, 1: 3})
+    assert store.get_bucket_assignment(table.table_id, None) == {0: 3, 1: 3}
+    assert store.get_bucket_assignment(table.table_id + 1, None) is None
+    assert store.get_bucket_assignment(table.table_id, 0) is None
+
+
+def test_bucket_assignments_survive_reopen(store_location: tuple[str, str]) -> None:
+    store = open_store(*store_location)
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    partition = store.create_partition(table.table_id, "x", (("p", "x"),), T0_MS)
+    store.put_bucket_assignment(table.table_id, partition.partition_id, {0: 5})
+    store.close()
+    reopened = open_store(*store_location)
+    try:
+        assert reopened.get_bucket_assignment(table.table_id, partition.partition_id) == {0: 5}
+    finally:
+        reopened.close()
+
+
+def test_each_partition_and_the_table_have_their_own_bucket_assignment(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    x = store.create_partition(table.table_id, "x", (("p", "x"),), T0_MS)
+    y = store.create_partition(table.table_id, "y", (("p", "y"),), T0_MS)
+    store.put_bucket_assignment(table.table_id, x.partition_id, {0: 1, 1: 2})
+    assert store.get_bucket_assignment(table.table_id, y.partition_id) is None
+    assert store.get_bucket_assignment(table.table_id, None) is None
+    store.put_bucket_assignment(table.table_id, y.partition_id, {0: 2})
+    store.put_bucket_assignment(table.table_id, x.partition_id, {0: 3, 1: 3})
+    assert store.get_bucket_assignment(table.table_id, x.partition_id) == {0: 3, 1: 3}
+    assert store.get_bucket_assignment(table.table_id, y.partition_id) == {0: 2}
+    # the partitions' assignments leave their registration intact
+    assert store.get_partition_by_id(x.partition_id) == x
+    assert [p.name for p in store.list_partitions(table.table_id)] == ["x", "y"]
+
+
+def test_dropping_a_partition_drops_its_bucket_assignment_only(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    x = store.create_partition(table.table_id, "x", (("p", "x"),), T0_MS)
+    y = store.create_partition(table.table_id, "y", (("p", "y"),), T0_MS)
+    store.put_bucket_assignment(table.table_id, x.partition_id, {0: 1})
+    store.put_bucket_assignment(table.table_id, y.partition_id, {0: 2})
+    store.drop_partition(x.partition_id)
+    assert store.get_bucket_assignment(table.table_id, x.partition_id) is None
+    assert store.get_bucket_assignment(table.table_id, y.partition_id) == {0: 2}
+
+
+def test_dropping_a_table_drops_its_and_its_partitions_bucket_assignments(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    kept = store.create_table("db", "kept", TABLE_JSON, 1, T0_MS)
+    partition = store.create_partition(table.table_id, "x", (("p", "x"),), T0_MS)
+    store.put_bucket_assignment(table.table_id, None, {0: 1})
+    store.put_bucket_assignment(table.table_id, partition.partition_id, {0: 2})
+    store.put_bucket_assignment(kept.table_id, None, {0: 3})
+    store.drop_table(table.table_id)
+    assert store.get_bucket_assignment(table.table_id, None) is None
+    assert store.get_bucket_assignment(table.table_id, partition.partition_id) is None
+    assert store.get_bucket_assignment(kept.table_id, None) == {0: 3}
+    assert store.list_tables("db") == ["kept"]
