@@ -16,8 +16,15 @@ from strom.cli.acl import acl
 from strom.cli.common import key_value_pairs
 from strom.cli.snapshots import lease, snapshot
 from strom.cli.tiering import tiering
-from strom.config import ALL_OPTIONS, BIND_LISTENERS, DATA_DIR, Configuration, options_markdown
-from strom.errors import InvalidConfigError
+from strom.config import (
+    ALL_OPTIONS,
+    BIND_LISTENERS,
+    DATA_DIR,
+    TABLET_SERVER_ID,
+    Configuration,
+    options_markdown,
+)
+from strom.errors import InvalidConfigError, StromError
 
 
 def _parse_address(text: str) -> tuple[str, int]:
@@ -50,20 +57,58 @@ def main() -> None:
     """strom: primary-key table storage that speaks Apache Fluss's protocol."""
 
 
+def _node_options(function: Any) -> Any:
+    """The options every server process takes."""
+    for option in reversed([
+        click.option("--bind", "bind", default=None,
+                     help="HOST:PORT (or NAME://HOST:PORT) to listen on (default 127.0.0.1:9123; port 0: any free one)."),
+        click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Directory for all server data."),
+        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     default=None, help="YAML file of config keys (Fluss names)."),
+        click.option("-D", "defines", multiple=True, metavar="KEY=VALUE",
+                     help="Set a config key, e.g. -D kv.snapshot.interval=1s."),
+        click.option("--log-level", default="INFO", show_default=True,
+                     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)),
+    ]):
+        function = option(function)
+    return function
+
+
 @main.command()
-@click.option("--bind", "bind", default=None,
-              help="HOST:PORT (or NAME://HOST:PORT) to listen on (default 127.0.0.1:9123).")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Directory for all server data.")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="YAML file of config keys (Fluss names).")
-@click.option("-D", "defines", multiple=True, metavar="KEY=VALUE", help="Set a config key, e.g. -D kv.snapshot.interval=1s.")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@_node_options
 def server(bind: str | None, data_dir: Path | None, config_file: Path | None, defines: tuple[str, ...],
            log_level: str) -> None:
     """Run a single-node cluster (coordinator and tablet server) in the foreground until SIGTERM/SIGINT."""
     from strom.server.node import StromServer
 
+    _run_node(StromServer, "strom", bind, data_dir, config_file, defines, log_level)
+
+
+@main.command()
+@_node_options
+def coordinator(bind: str | None, data_dir: Path | None, config_file: Path | None, defines: tuple[str, ...],
+                log_level: str) -> None:
+    """Run a cluster's coordinator (needs -D zookeeper.address=HOST:PORT) until SIGTERM/SIGINT."""
+    from strom.server.cluster_node import CoordinatorNode
+
+    _run_node(CoordinatorNode, "strom coordinator", bind, data_dir, config_file, defines, log_level)
+
+
+@main.command("tablet-server")
+@click.option("--server-id", type=int, default=None, help="This tablet server's id (tablet-server.id).")
+@_node_options
+def tablet_server(server_id: int | None, bind: str | None, data_dir: Path | None, config_file: Path | None,
+                  defines: tuple[str, ...], log_level: str) -> None:
+    """Run one tablet server of a cluster (needs -D zookeeper.address and a running coordinator)."""
+    from strom.server.cluster_node import TabletServerNode
+
+    if server_id is not None:
+        defines = (*defines, f"{TABLET_SERVER_ID.key}={server_id}")
+    _run_node(TabletServerNode, "strom tablet server", bind, data_dir, config_file, defines, log_level)
+
+
+def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | None, config_file: Path | None,
+              defines: tuple[str, ...], log_level: str) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     values = _load_config(config_file, defines)
     if bind is not None:
@@ -86,7 +131,7 @@ def server(bind: str | None, data_dir: Path | None, config_file: Path | None, de
         logging.getLogger("strom").warning("ignoring unknown config keys: %s", ", ".join(unknown))
 
     async def run() -> None:
-        node = StromServer(directory, host, port, config)
+        node = node_class(directory, host, port, config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, node.request_stop)
@@ -98,7 +143,10 @@ def server(bind: str | None, data_dir: Path | None, config_file: Path | None, de
         except InvalidConfigError as exc:
             await node.stop()
             raise click.ClickException(f"invalid configuration: {exc}") from exc
-        click.echo(f"strom listening on {host}:{node.port}, data in {directory}", err=True)
+        except StromError as exc:
+            await node.stop()
+            raise click.ClickException(f"cannot start: {exc}") from exc
+        click.echo(f"{what} listening on {host}:{node.port}, data in {directory}", err=True)
         try:
             await node.serve_forever()
         finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from strom.clock import Clock
@@ -55,6 +54,7 @@ from strom.records.types import MetadataJsonError
 from strom.rpc.messages import pb
 from strom.server.gateway import TabletServerGateway
 from strom.server.lake_tiering import LakeTableTieringManager
+from strom.server.placement import BucketPlacement
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ the hosted buckets serve the changed table at once, so options read per use (``t
 effect without a restart; what each option does in strom is in docs/table-options.md. Other ``table.*``
 options shape how stored data is read, so they are fixed at creation; keys outside ``table.`` are custom
 properties, which AlterTable changes freely (as in Fluss)."""
-AVAILABLE_TABLET_SERVERS = 1
-"""Tablet servers a table's replicas can be placed on: the single-process server hosts every bucket itself."""
+REPLICAS_PER_BUCKET_MAX = 1
+"""Replicas strom keeps of a bucket: buckets are not replicated yet, so a table asks for one."""
 SENSITIVE_OPTION_WORDS = ("password", "secret", "key")
 """Server lake options whose key contains one of these are not copied into table properties, which every
 client can read (Fluss's rule)."""
@@ -101,16 +101,6 @@ COLUMN_POSITION_LAST = 0
 Fluss accepts."""
 
 
-@dataclass(frozen=True, slots=True)
-class ServerNode:
-    node_id: int
-    host: str
-    port: int
-
-    def to_pb(self) -> Any:
-        return pb.PbServerNode(node_id=self.node_id, host=self.host, port=self.port)
-
-
 class CoordinatorService:
     """Catalog and metadata RPCs. Runs on the event loop; the store calls are short SQLite transactions."""
 
@@ -120,7 +110,7 @@ class CoordinatorService:
         tablets: TabletServerGateway,
         config: Configuration,
         clock: Clock,
-        node: ServerNode,
+        placement: BucketPlacement,
         lake_tiering: LakeTableTieringManager,
         on_table_dropped: TableDroppedHook | None = None,
     ) -> None:
@@ -130,7 +120,7 @@ class CoordinatorService:
         self._tablets = tablets
         self._on_table_dropped = on_table_dropped
         self._clock = clock
-        self._node = node
+        self._placement = placement
         self._default_bucket_count = config.get(DEFAULT_BUCKET_NUMBER)
         self._bucket_count_max = config.get(MAX_BUCKET_NUM)
         self._partition_count_max = config.get(MAX_PARTITION_NUM)
@@ -315,6 +305,7 @@ class CoordinatorService:
             raise
         table = TableInfo.from_record(record)
         if not table.is_partitioned:
+            self._placement.assign(table)
             self._tablets.become_leader(table, table.buckets())
         self._sync_lake(table)
         log.info("created table %s (id %d, %d buckets)", path, table.table_id, table.bucket_count)
@@ -389,14 +380,18 @@ class CoordinatorService:
                     keys.key_encoder(schema.row_type, [columns.index(k) for k in key_columns], lake_keys)
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
-    @staticmethod
-    def _check_replication_factor(properties: dict[str, str]) -> None:
+    def _check_replication_factor(self, properties: dict[str, str]) -> None:
         """InvalidReplicationFactorError (Fluss's message) when the table wants more replicas than there
-        are tablet servers to hold them."""
+        are tablet servers to hold them, or more than strom keeps."""
         factor = int(properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
-        if factor > AVAILABLE_TABLET_SERVERS:
+        available = len(self._placement.tablet_servers())
+        if factor > available:
             raise InvalidReplicationFactorError(
-                f"Replication factor: {factor} larger than available tablet servers: {AVAILABLE_TABLET_SERVERS}."
+                f"Replication factor: {factor} larger than available tablet servers: {available}."
+            )
+        if factor > REPLICAS_PER_BUCKET_MAX:
+            raise InvalidReplicationFactorError(
+                f"Replication factor: {factor} is not supported yet: strom keeps one replica of each bucket."
             )
 
     def _with_lake_properties(self, properties: dict[str, str], creating: bool) -> dict[str, str]:
@@ -585,6 +580,7 @@ class CoordinatorService:
         self._check_replication_factor(table.properties)
         ordered = tuple((key, spec[key]) for key in table.partition_keys)
         record = self._store.create_partition(table.table_id, name, ordered, self._clock.now_ms())
+        self._placement.assign(table, record.partition_id)
         self._tablets.become_leader(table, table.buckets(record.partition_id))
         return pb.CreatePartitionResponse()
 
@@ -608,8 +604,8 @@ class CoordinatorService:
     # ---- cluster metadata ----
     def metadata(self, request: Any, _context: object) -> Any:
         response = pb.MetadataResponse()
-        response.coordinator_server.CopyFrom(self._node.to_pb())
-        response.tablet_servers.append(self._node.to_pb())
+        response.coordinator_server.CopyFrom(self._placement.coordinator().to_pb())
+        response.tablet_servers.extend(node.to_pb() for node in self._placement.tablet_servers())
         tables: dict[int, TableInfo] = {}
         for table_path in request.table_path:
             table = self.table_info(TablePath(table_path.database_name, table_path.table_name))
@@ -640,11 +636,16 @@ class CoordinatorService:
         metadata = response.partition_metadata.add(
             table_id=table.table_id, partition_name=record.name, partition_id=record.partition_id
         )
-        self._add_buckets(metadata.bucket_metadata, table)
+        self._add_buckets(metadata.bucket_metadata, table, record.partition_id)
 
-    def _add_buckets(self, target: Any, table: TableInfo) -> None:
+    def _add_buckets(self, target: Any, table: TableInfo, partition_id: int | None = None) -> None:
+        leaders = self._placement.leaders(table, partition_id)
         for bucket in range(table.bucket_count):
-            target.add(bucket_id=bucket, leader_id=self._node.node_id, replica_id=[self._node.node_id], leader_epoch=0)
+            leader = leaders.get(bucket)
+            if leader is None:  # its tablet server is down: no leader until it is back
+                target.add(bucket_id=bucket, leader_epoch=0)
+            else:
+                target.add(bucket_id=bucket, leader_id=leader, replica_id=[leader], leader_epoch=0)
 
     def init_writer(self, _request: Any, _context: object) -> Any:
         return pb.InitWriterResponse(writer_id=self._store.next_id("writer"))

@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from strom.clock import Clock
 from strom.config import parse_duration
@@ -42,7 +43,8 @@ class SnapshotCommitter(Protocol):
 
     def next_snapshot_id(self, bucket: TableBucket) -> int: ...
 
-    def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> None: ...
+    def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> Awaitable[Any] | None:
+        """Record the snapshot; a committer in another process returns the request to await."""
 
     def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool: ...
 
@@ -61,7 +63,9 @@ async def commit_uploaded(
     its bucket's latest) keeps its files; one that was rejected (its table or partition dropped meanwhile,
     a metadata error) leaves nothing behind, the shared SSTs it sent included. Re-raises the failure."""
     try:
-        committer.commit_snapshot(completed)
+        pending = committer.commit_snapshot(completed)
+        if pending is not None:
+            await pending
     except BaseException:
         if not committer.snapshot_exists(completed.bucket, completed.snapshot_id):
             await asyncio.to_thread(discard_upload, remote, completed, reused_shared)

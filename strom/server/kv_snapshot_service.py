@@ -14,6 +14,7 @@ from typing import Any
 
 from strom.clock import Clock
 from strom.errors import (
+    CorruptMessageError,
     KvSnapshotNotExistError,
     NonPrimaryKeyTableError,
     PartitionNotExistError,
@@ -90,6 +91,16 @@ class KvSnapshotService:
             if partition is None or partition.table_id != bucket.table_id:
                 raise UnknownTableOrBucketError(f"partition {bucket.partition_id} of table {bucket.table_id} no longer exists")
         self._snapshots.add(snapshot)
+
+    def commit_kv_snapshot(self, request: Any, _context: object) -> Any:
+        """CommitKvSnapshot (1022) from a cluster's tablet server: the snapshot it uploaded, as the
+        ``_METADATA`` document strom writes."""
+        try:
+            snapshot = CompletedKvSnapshot.from_json(request.completed_snapshot)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptMessageError(f"CommitKvSnapshot carries no valid snapshot document: {exc}") from exc
+        self.commit_snapshot(snapshot)
+        return pb.CommitKvSnapshotResponse()
 
     def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
         return self._snapshots.exists(bucket, snapshot_id)

@@ -97,7 +97,7 @@ class KvSnapshotStore:
 
     # ---- writes ----
     def next_snapshot_id(self, bucket: TableBucket) -> int:
-        return self._store.next_id(_sequence_name(bucket))
+        return self._store.next_id(snapshot_sequence_name(bucket))
 
     def add(self, snapshot: CompletedKvSnapshot) -> None:
         """Record a committed snapshot, then apply retention to its bucket."""
@@ -237,7 +237,8 @@ class KvSnapshotStore:
         return totals
 
 
-def _sequence_name(bucket: TableBucket) -> str:
+def snapshot_sequence_name(bucket: TableBucket) -> str:
+    """The metadata-store counter of a bucket's snapshot ids."""
     partition = "-" if bucket.partition_id is None else str(bucket.partition_id)
     return f"kv-snapshot/{bucket.table_id}/{partition}/{bucket.bucket}"
 

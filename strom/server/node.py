@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
@@ -53,7 +53,7 @@ from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.authenticator import PlainAuthenticator
 from strom.security.server_security import ServerSecurity
 from strom.server.acl_service import AclService
-from strom.server.coordinator import CoordinatorService, ServerNode
+from strom.server.coordinator import CoordinatorService
 from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
 from strom.server.kv_snapshot_service import KvSnapshotService
@@ -62,6 +62,7 @@ from strom.server.lake_service import LakeTieringService
 from strom.server.lake_tiering import LakeTableTieringManager
 from strom.server.listeners import ExtraListeners
 from strom.server.metrics import StromCollector, serve_metrics
+from strom.server.placement import ServerNode, SingleNodePlacement
 from strom.server.replica import ReplicaManager
 from strom.server.scan_service import ScanKvService
 from strom.server.tablet_server import TabletService
@@ -70,6 +71,56 @@ log = logging.getLogger(__name__)
 
 WAREHOUSE_OPTIONS = {"delta": DATALAKE_DELTA_WAREHOUSE, "iceberg": DATALAKE_ICEBERG_WAREHOUSE}
 """The warehouse option of each lake format: defaulted to ``<data.dir>/lake`` at start."""
+
+
+def scanner_config(config: Configuration) -> ScannerConfig:
+    """The ``kv.scanner.*`` limits of ScanKv sessions."""
+    return ScannerConfig(
+        ttl_ms=config.get_ms(KV_SCANNER_TTL),
+        expiration_interval_ms=config.get_ms(KV_SCANNER_EXPIRATION_INTERVAL),
+        scanners_per_bucket_max=config.get(KV_SCANNER_MAX_PER_BUCKET),
+        scanners_per_server_max=config.get(KV_SCANNER_MAX_PER_SERVER),
+        batch_size_bytes_max=min(config.get(KV_SCANNER_MAX_BATCH_SIZE), 0x7FFFFFFF),
+    )
+
+
+RpcServerFactory = Callable[[Mapping[ApiKey, Handler], PlainAuthenticator | None], RpcServer]
+
+
+def rpc_server_factory(
+    config: Configuration, on_connection_closed: Callable[[int], None] | None = None
+) -> RpcServerFactory:
+    """Builds the RPC servers of a process (its main listener and any extra ones) with the configured limits."""
+
+    def build(served: Mapping[ApiKey, Handler], authenticator: PlainAuthenticator | None) -> RpcServer:
+        return RpcServer(
+            served,
+            authenticator=authenticator,
+            frame_size_bytes_max=config.get(MAX_REQUEST_SIZE),
+            in_flight_count_max=config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
+            idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
+            buffered_request_bytes_max=config.get(SERVER_MAX_BUFFERED_REQUEST_BYTES),
+            on_connection_closed=on_connection_closed,
+        )
+
+    return build
+
+
+def lake_warehouse(configured: str | None, paths: ServerPaths) -> str:
+    """Tables record where their lake lives, and the tiering service may run elsewhere: a local warehouse is
+    given as an absolute path."""
+    if configured is None:
+        return str(paths.default_lake.resolve())
+    if "://" in configured:
+        return configured
+    return str(Path(configured).expanduser().resolve())
+
+
+def advertised_host(config: Configuration, host: str) -> str:
+    """The host clients are told to connect to (``advertised.host``, else the bound one; loopback for a
+    wildcard bind)."""
+    advertised = config.get(ADVERTISED_HOST) or host
+    return "127.0.0.1" if advertised in ("0.0.0.0", "::", "") else advertised
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,27 +222,17 @@ class StromServer:
 
         self.replicas = ReplicaManager(self.paths.tablets, config, remote, snapshot_store.latest, store.next_id)
         self.tablet = TabletService(self.replicas, config, self.clock)
-        scanner_config = ScannerConfig(
-            ttl_ms=config.get_ms(KV_SCANNER_TTL),
-            expiration_interval_ms=config.get_ms(KV_SCANNER_EXPIRATION_INTERVAL),
-            scanners_per_bucket_max=config.get(KV_SCANNER_MAX_PER_BUCKET),
-            scanners_per_server_max=config.get(KV_SCANNER_MAX_PER_SERVER),
-            batch_size_bytes_max=min(config.get(KV_SCANNER_MAX_BATCH_SIZE), 0x7FFFFFFF),
-        )
-        self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config, self.clock), self.clock)
+        self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config(config), self.clock), self.clock)
         self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
         self.scans.start()
         self.tablet_server = LocalTabletServer(self.replicas, self.scans)
         sock = bind_listener(self.host, self.port)
         self.port = sock.getsockname()[1]
-        advertised = config.get(ADVERTISED_HOST) or self.host
-        if advertised in ("0.0.0.0", "::", ""):
-            advertised = "127.0.0.1"
-        node = ServerNode(config.get(TABLET_SERVER_ID), advertised, self.port)
+        node = ServerNode(config.get(TABLET_SERVER_ID), advertised_host(config, self.host), self.port)
         self.listeners = ExtraListeners(self.security.extra_listeners, config.get(ADVERTISED_HOST))
         self.listeners.bind()
         self.coordinator = CoordinatorService(
-            store, self.tablet_server, config, self.clock, node, lake_tiering, on_table_dropped
+            store, self.tablet_server, config, self.clock, SingleNodePlacement(node), lake_tiering, on_table_dropped
         )
         self.coordinator.start()
         self.lake = LakeTieringService(self.coordinator, lake_tiering, store, remote)
@@ -221,18 +262,7 @@ class StromServer:
             lambda partition_id: p.table_id if (p := self.coordinator.partition_by_id(partition_id)) else None,  # type: ignore[union-attr]
         )
 
-        def rpc_server(served: Mapping[ApiKey, Handler], authenticator: PlainAuthenticator | None) -> RpcServer:
-            assert self.scans is not None
-            return RpcServer(
-                served,
-                authenticator=authenticator,
-                frame_size_bytes_max=config.get(MAX_REQUEST_SIZE),
-                in_flight_count_max=config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
-                idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
-                buffered_request_bytes_max=config.get(SERVER_MAX_BUFFERED_REQUEST_BYTES),
-                on_connection_closed=self.scans.on_connection_closed,
-            )
-
+        rpc_server = rpc_server_factory(config, self.scans.on_connection_closed)
         self.rpc = rpc_server(handlers, self.security.authenticator)
         await self.rpc.start(sock)
         await self.listeners.start(handlers, rpc_server)
@@ -247,13 +277,7 @@ class StromServer:
                  self.paths.data_dir, self.remote_root)
 
     def _lake_warehouse(self, configured: str | None) -> str:
-        """Tables record where their lake lives, and the tiering service may run elsewhere: a local
-        warehouse is given as an absolute path."""
-        if configured is None:
-            return str(self.paths.default_lake.resolve())
-        if "://" in configured:
-            return configured
-        return str(Path(configured).expanduser().resolve())
+        return lake_warehouse(configured, self.paths)
 
     def _table_name(self, table_id: int) -> str:
         assert self.coordinator is not None
@@ -265,50 +289,7 @@ class StromServer:
         assert coordinator is not None and tablet is not None and snapshots is not None and scans is not None
         assert lake is not None and self.security is not None
         acls = AclService(self.security.authorizer)
-        return {
-            ApiKey.ALTER_TABLE: coordinator.alter_table,
-            ApiKey.LAKE_TIERING_HEARTBEAT: lake.lake_tiering_heartbeat,
-            ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT: lake.prepare_lake_table_snapshot,
-            ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT: lake.commit_lake_table_snapshot,
-            ApiKey.GET_LAKE_SNAPSHOT: lake.get_lake_snapshot,
-            ApiKey.DESCRIBE_LAKE_TIERING: lake.describe_lake_tiering,
-            ApiKey.CREATE_DATABASE: coordinator.create_database,
-            ApiKey.DROP_DATABASE: coordinator.drop_database,
-            ApiKey.ALTER_DATABASE: coordinator.alter_database,
-            ApiKey.LIST_DATABASES: coordinator.list_databases,
-            ApiKey.DATABASE_EXISTS: coordinator.database_exists,
-            ApiKey.GET_DATABASE_INFO: coordinator.get_database_info,
-            ApiKey.CREATE_TABLE: coordinator.create_table,
-            ApiKey.DROP_TABLE: coordinator.drop_table,
-            ApiKey.GET_TABLE_INFO: coordinator.get_table_info,
-            ApiKey.LIST_TABLES: coordinator.list_tables,
-            ApiKey.TABLE_EXISTS: coordinator.table_exists,
-            ApiKey.GET_TABLE_SCHEMA: coordinator.get_table_schema,
-            ApiKey.LIST_PARTITION_INFOS: coordinator.list_partition_infos,
-            ApiKey.CREATE_PARTITION: coordinator.create_partition,
-            ApiKey.DROP_PARTITION: coordinator.drop_partition,
-            ApiKey.GET_METADATA: coordinator.metadata,
-            ApiKey.INIT_WRITER: coordinator.init_writer,
-            ApiKey.GET_LATEST_KV_SNAPSHOTS: snapshots.get_latest_kv_snapshots,
-            ApiKey.GET_KV_SNAPSHOT_METADATA: snapshots.get_kv_snapshot_metadata,
-            ApiKey.LIST_KV_SNAPSHOTS: snapshots.list_kv_snapshots,
-            ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE: snapshots.acquire_kv_snapshot_lease,
-            ApiKey.RELEASE_KV_SNAPSHOT_LEASE: snapshots.release_kv_snapshot_lease,
-            ApiKey.DROP_KV_SNAPSHOT_LEASE: snapshots.drop_kv_snapshot_lease,
-            ApiKey.LIST_KV_SNAPSHOT_LEASES: snapshots.list_kv_snapshot_leases,
-            ApiKey.PRODUCE_LOG: tablet.produce_log,
-            ApiKey.FETCH_LOG: tablet.fetch_log,
-            ApiKey.LIST_OFFSETS: tablet.list_offsets,
-            ApiKey.PUT_KV: tablet.put_kv,
-            ApiKey.LOOKUP: tablet.lookup,
-            ApiKey.PREFIX_LOOKUP: tablet.prefix_lookup,
-            ApiKey.LIMIT_SCAN: tablet.limit_scan,
-            ApiKey.GET_FILESYSTEM_SECURITY_TOKEN: tablet.get_file_system_security_token,
-            ApiKey.SCAN_KV: scans.scan_kv,
-            ApiKey.CREATE_ACLS: acls.create_acls,
-            ApiKey.LIST_ACLS: acls.list_acls,
-            ApiKey.DROP_ACLS: acls.drop_acls,
-        }
+        return {**coordinator_handlers(coordinator, snapshots, lake, acls), **tablet_handlers(tablet, scans)}
 
     async def serve_forever(self) -> None:
         await self._stopped.wait()
@@ -337,3 +318,66 @@ class StromServer:
         if self.store is not None:
             self.store.close()
         log.info("strom stopped")
+
+
+def coordinator_handlers(
+    coordinator: CoordinatorService, snapshots: KvSnapshotService, lake: LakeTieringService, acls: AclService
+) -> dict[ApiKey, Handler]:
+    """The coordinator role's requests: catalog, metadata, KV snapshot records and leases, lake, ACLs."""
+    return {
+        ApiKey.ALTER_TABLE: coordinator.alter_table,
+        ApiKey.LAKE_TIERING_HEARTBEAT: lake.lake_tiering_heartbeat,
+        ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT: lake.prepare_lake_table_snapshot,
+        ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT: lake.commit_lake_table_snapshot,
+        ApiKey.GET_LAKE_SNAPSHOT: lake.get_lake_snapshot,
+        ApiKey.DESCRIBE_LAKE_TIERING: lake.describe_lake_tiering,
+        ApiKey.CREATE_DATABASE: coordinator.create_database,
+        ApiKey.DROP_DATABASE: coordinator.drop_database,
+        ApiKey.ALTER_DATABASE: coordinator.alter_database,
+        ApiKey.LIST_DATABASES: coordinator.list_databases,
+        ApiKey.DATABASE_EXISTS: coordinator.database_exists,
+        ApiKey.GET_DATABASE_INFO: coordinator.get_database_info,
+        ApiKey.CREATE_TABLE: coordinator.create_table,
+        ApiKey.DROP_TABLE: coordinator.drop_table,
+        ApiKey.CREATE_PARTITION: coordinator.create_partition,
+        ApiKey.DROP_PARTITION: coordinator.drop_partition,
+        ApiKey.LIST_PARTITION_INFOS: coordinator.list_partition_infos,
+        ApiKey.LIST_TABLES: coordinator.list_tables,
+        ApiKey.TABLE_EXISTS: coordinator.table_exists,
+        ApiKey.GET_LATEST_KV_SNAPSHOTS: snapshots.get_latest_kv_snapshots,
+        ApiKey.GET_KV_SNAPSHOT_METADATA: snapshots.get_kv_snapshot_metadata,
+        ApiKey.LIST_KV_SNAPSHOTS: snapshots.list_kv_snapshots,
+        ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE: snapshots.acquire_kv_snapshot_lease,
+        ApiKey.RELEASE_KV_SNAPSHOT_LEASE: snapshots.release_kv_snapshot_lease,
+        ApiKey.DROP_KV_SNAPSHOT_LEASE: snapshots.drop_kv_snapshot_lease,
+        ApiKey.LIST_KV_SNAPSHOT_LEASES: snapshots.list_kv_snapshot_leases,
+        ApiKey.CREATE_ACLS: acls.create_acls,
+        ApiKey.LIST_ACLS: acls.list_acls,
+        ApiKey.DROP_ACLS: acls.drop_acls,
+        **metadata_handlers(coordinator),
+    }
+
+
+def metadata_handlers(coordinator: CoordinatorService) -> dict[ApiKey, Handler]:
+    """What every server of a cluster answers from the metadata store: clients ask whichever they know."""
+    return {
+        ApiKey.GET_METADATA: coordinator.metadata,
+        ApiKey.GET_TABLE_INFO: coordinator.get_table_info,
+        ApiKey.GET_TABLE_SCHEMA: coordinator.get_table_schema,
+        ApiKey.INIT_WRITER: coordinator.init_writer,
+    }
+
+
+def tablet_handlers(tablet: TabletService, scans: ScanKvService) -> dict[ApiKey, Handler]:
+    """The tablet-server role's requests: the buckets' logs and KV state."""
+    return {
+        ApiKey.PRODUCE_LOG: tablet.produce_log,
+        ApiKey.FETCH_LOG: tablet.fetch_log,
+        ApiKey.LIST_OFFSETS: tablet.list_offsets,
+        ApiKey.PUT_KV: tablet.put_kv,
+        ApiKey.LOOKUP: tablet.lookup,
+        ApiKey.PREFIX_LOOKUP: tablet.prefix_lookup,
+        ApiKey.LIMIT_SCAN: tablet.limit_scan,
+        ApiKey.GET_FILESYSTEM_SECURITY_TOKEN: tablet.get_file_system_security_token,
+        ApiKey.SCAN_KV: scans.scan_kv,
+    }

@@ -250,6 +250,8 @@ class ReplicaManager:
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
         self.before_reopen: Callable[[TableBucket], object] | None = None
         """Called before a failed bucket is reopened (the node closes its scan sessions there)."""
+        self.resolve_bucket: Callable[[TableBucket], TableInfo | None] | None = None
+        """In a cluster: the table of a bucket assigned to this server that it does not host yet (else None)."""
 
     def replica_directory(self, table: TableInfo, bucket: TableBucket) -> Path:
         table_dir = self._data_dir / table.path.database_name / f"{table.path.table_name}-{table.table_id}"
@@ -306,6 +308,11 @@ class ReplicaManager:
     def get(self, bucket: TableBucket) -> Replica:
         """The open replica of ``bucket``; raises UnknownTableOrBucketError if it is not hosted here."""
         replica = self._replicas.get(bucket)
+        if (replica is None or replica.stopped) and self.resolve_bucket is not None:
+            table = self.resolve_bucket(bucket)  # a cluster's tablet server takes a bucket assigned to it
+            if table is not None:
+                self.become_leader(table, [bucket])
+                replica = self._replicas.get(bucket)
         if replica is None or replica.stopped:
             raise UnknownTableOrBucketError(f"{bucket} is not hosted by this server")
         replica.open()

@@ -1,0 +1,340 @@
+"""The two processes of a strom cluster: :class:`CoordinatorNode` (``strom coordinator``) and
+:class:`TabletServerNode` (``strom tablet-server``), sharing their metadata through ZooKeeper.
+
+The coordinator owns the catalog, bucket placement, KV snapshot records, leases and retention, the lake
+tiering manager and ACLs; it publishes its address (``/coordinators/active``) and tells tablet servers
+what changed. A tablet server registers itself (``/tabletservers/ids/<id>``), hosts the buckets assigned
+to it, and serves their logs and KV state; it reads table definitions and assignments from ZooKeeper and
+commits KV snapshots through the coordinator. Both answer metadata requests, so a client may bootstrap
+from either. ``strom server`` (:class:`strom.server.node.StromServer`) stays the one-process default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from strom.clock import SYSTEM_CLOCK, Clock
+from strom.cluster.coordinator_address import CoordinatorAddress
+from strom.cluster.registry import RegisteredServer, TabletServerRegistry
+from strom.config import (
+    DATALAKE_FORMAT,
+    KV_SNAPSHOT_INTERVAL,
+    KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
+    KV_SNAPSHOT_NUM_RETAINED,
+    LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
+    LAKE_TIERING_HEARTBEAT_TIMEOUT,
+    LOG_RETENTION_CHECK_INTERVAL,
+    REMOTE_DATA_DIR,
+    TABLE_LOG_TTL,
+    TABLET_SERVER_ID,
+    ZOOKEEPER_ADDRESS,
+    Configuration,
+)
+from strom.errors import InvalidConfigError, StromError
+from strom.ids import TableBucket
+from strom.kv.scan import ScannerManager
+from strom.metadata.store import MetadataStore, open_store
+from strom.metadata.table_info import TableInfo
+from strom.remote.storage import RemoteStorage
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.server import Handler, RpcServer, bind_listener
+from strom.security.server_security import ServerSecurity
+from strom.server.acl_service import AclService
+from strom.server.cluster_tablet import (
+    ClusterTables,
+    RemoteSnapshotCommitter,
+    TabletControlService,
+    remove_dropped_table_data,
+)
+from strom.server.coordinator import CoordinatorService
+from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
+from strom.server.kv_snapshot_service import KvSnapshotService
+from strom.server.kv_snapshot_store import KvSnapshotStore
+from strom.server.lake_service import LakeTieringService
+from strom.server.lake_tiering import LakeTableTieringManager
+from strom.server.node import (
+    WAREHOUSE_OPTIONS,
+    ServerPaths,
+    advertised_host,
+    coordinator_handlers,
+    lake_warehouse,
+    metadata_handlers,
+    rpc_server_factory,
+    scanner_config,
+    tablet_handlers,
+)
+from strom.server.peers import PeerConnections
+from strom.server.placement import ClusterPlacement, ServerNode
+from strom.server.remote_tablets import RemoteTabletServers
+from strom.server.replica import ReplicaManager
+from strom.server.scan_service import ScanKvService
+from strom.server.tablet_server import TabletService
+
+log = logging.getLogger(__name__)
+
+COORDINATOR_NODE_ID = 0
+COORDINATOR_WAIT_S = 30.0
+"""How long a starting tablet server waits for a coordinator to publish its address."""
+
+
+def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
+    address = config.get(ZOOKEEPER_ADDRESS)
+    if not address:
+        raise InvalidConfigError("a cluster keeps its metadata in ZooKeeper: set zookeeper.address")
+    return open_store("zookeeper", address), address
+
+
+class _ClusterProcess:
+    """What both processes share: data directory, ZooKeeper, security, the RPC listener, shutdown."""
+
+    def __init__(self, data_dir: Path, host: str, port: int, config: Configuration, clock: Clock) -> None:
+        self.paths = ServerPaths(data_dir)
+        self.host = host
+        self.port = port
+        self.clock = clock
+        warehouse = WAREHOUSE_OPTIONS[config.get(DATALAKE_FORMAT)]
+        self.config = config.with_values({warehouse.key: lake_warehouse(config.get(warehouse), self.paths)})
+        self.remote_root = config.get(REMOTE_DATA_DIR) or str(self.paths.default_remote)
+        self.store: MetadataStore | None = None
+        self.security: ServerSecurity | None = None
+        self.rpc: RpcServer | None = None
+        self.peers = PeerConnections()
+        self._stopped = asyncio.Event()
+
+    def _open(self) -> tuple[MetadataStore, str]:
+        self.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        store, address = _cluster_store(self.config)
+        self.store = store
+        self.security = ServerSecurity.from_config(self.config, store)
+        return store, address
+
+    async def _serve(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService,
+                     on_connection_closed: Callable[[int], None] | None = None) -> None:
+        assert self.security is not None
+        sock = bind_listener(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        guarded = self.security.guard(
+            handlers,
+            lambda table_id: table.path if (table := catalog.table_info_by_id(table_id)) else None,
+            lambda _lease_id: (),
+            lambda partition_id: p.table_id if (p := catalog.partition_by_id(partition_id)) else None,
+        )
+        self.rpc = rpc_server_factory(self.config, on_connection_closed)(guarded, self.security.authenticator)
+        await self.rpc.start(sock)
+
+    @property
+    def node(self) -> ServerNode:
+        raise NotImplementedError
+
+    async def serve_forever(self) -> None:
+        await self._stopped.wait()
+
+    def request_stop(self) -> None:
+        self._stopped.set()
+
+    async def _close_common(self) -> None:
+        if self.rpc is not None:
+            await self.rpc.stop()
+        await self.peers.close()
+        if self.store is not None:
+            self.store.close()
+
+
+class CoordinatorNode(_ClusterProcess):
+    """``strom coordinator``: the catalog and the cluster's bookkeeping, no buckets."""
+
+    def __init__(self, data_dir: Path, host: str, port: int, config: Configuration, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(data_dir, host, port, config, clock)
+        self.registry: TabletServerRegistry | None = None
+        self.address: CoordinatorAddress | None = None
+        self.coordinator: CoordinatorService | None = None
+        self.tablets: RemoteTabletServers | None = None
+        self.snapshots: KvSnapshotService | None = None
+        self.lake: LakeTieringService | None = None
+
+    @property
+    def node(self) -> ServerNode:
+        return ServerNode(COORDINATOR_NODE_ID, advertised_host(self.config, self.host), self.port)
+
+    async def start(self) -> None:
+        config = self.config
+        store, zookeeper = self._open()
+        self.registry = TabletServerRegistry(zookeeper)
+        self.address = CoordinatorAddress(zookeeper)
+        remote = RemoteStorage(self.remote_root)
+        leases = KvSnapshotLeaseManager(store, self.clock)
+        snapshot_store = KvSnapshotStore(store, remote, config.get(KV_SNAPSHOT_NUM_RETAINED), leases.is_leased)
+        lake_tiering = LakeTableTieringManager(
+            store, self.clock, config.get_ms(LAKE_TIERING_HEARTBEAT_TIMEOUT),
+            config.get_ms(LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL),
+        )
+
+        async def on_table_dropped(table: TableInfo, partition_id: int | None) -> None:
+            assert self.snapshots is not None
+            self.snapshots.on_table_dropped(table, partition_id)
+            if partition_id is None and self.lake is not None:
+                await self.lake.drop_table(table)
+
+        sock_port_known = bind_listener(self.host, self.port)  # the port goes into the placement's node
+        self.port = sock_port_known.getsockname()[1]
+        sock_port_known.close()
+        placement = ClusterPlacement(store, self.registry, self.node)
+        self.tablets = RemoteTabletServers(placement, self.peers)
+        self.coordinator = CoordinatorService(
+            store, self.tablets, config, self.clock, placement, lake_tiering, on_table_dropped
+        )
+        self.coordinator.start()
+        self.lake = LakeTieringService(self.coordinator, lake_tiering, store, remote)
+        self.lake.start()
+        self.snapshots = KvSnapshotService(
+            self.coordinator, snapshot_store, leases, self.clock,
+            config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL),
+        )
+        self.snapshots.start()
+        await snapshot_store.sweep_unreferenced()
+        assert self.security is not None
+        handlers = coordinator_handlers(self.coordinator, self.snapshots, self.lake, AclService(self.security.authorizer))
+        handlers[ApiKey.COMMIT_KV_SNAPSHOT] = self.snapshots.commit_kv_snapshot
+        await self._serve(handlers, self.coordinator)
+        self.address.publish(RegisteredServer(COORDINATOR_NODE_ID, self.node.host, self.port))
+        log.info("strom coordinator serving on %s:%d (ZooKeeper %s)", self.host, self.port, zookeeper)
+
+    async def stop(self) -> None:
+        self._stopped.set()
+        if self.address is not None:
+            self.address.close()  # first: tablet servers stop sending it commits
+        if self.snapshots is not None:
+            await self.snapshots.stop()
+        if self.lake is not None:
+            await self.lake.stop()
+        if self.tablets is not None:
+            await self.tablets.close()
+        await self._close_common()
+        if self.registry is not None:
+            self.registry.close()
+        log.info("strom coordinator stopped")
+
+
+class TabletServerNode(_ClusterProcess):
+    """``strom tablet-server``: hosts the buckets the coordinator assigned to it."""
+
+    def __init__(self, data_dir: Path, host: str, port: int, config: Configuration, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(data_dir, host, port, config, clock)
+        self.server_id = config.get(TABLET_SERVER_ID)
+        self.registry: TabletServerRegistry | None = None
+        self.address: CoordinatorAddress | None = None
+        self.replicas: ReplicaManager | None = None
+        self.tablet: TabletService | None = None
+        self.scans: ScanKvService | None = None
+        self.snapshot_scheduler: KvSnapshotScheduler | None = None
+        self.catalog: CoordinatorService | None = None
+
+    @property
+    def node(self) -> ServerNode:
+        return ServerNode(self.server_id, advertised_host(self.config, self.host), self.port)
+
+    def _coordinator_node(self) -> ServerNode:
+        assert self.address is not None
+        current = self.address.current()
+        if current is None:
+            raise StromError("no coordinator is active")
+        return ServerNode(current.server_id, current.host, current.port)
+
+    async def start(self) -> None:
+        config = self.config
+        self.paths.tablets.mkdir(parents=True, exist_ok=True)
+        store, zookeeper = self._open()
+        self.registry = TabletServerRegistry(zookeeper)
+        self.address = CoordinatorAddress(zookeeper)
+        coordinator = await asyncio.to_thread(self.address.wait, COORDINATOR_WAIT_S)
+        if coordinator is None:
+            raise InvalidConfigError(f"no coordinator published its address in ZooKeeper {zookeeper} within "
+                                     f"{COORDINATOR_WAIT_S:.0f} s: start `strom coordinator` first")
+        remote = RemoteStorage(self.remote_root)
+        committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node)
+        self.replicas = ReplicaManager(self.paths.tablets, config, remote, committer.latest_snapshot, store.next_id)
+        self.tablet = TabletService(self.replicas, config, self.clock)
+        self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config(config), self.clock), self.clock)
+        self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
+        self.scans.start()
+        sock = bind_listener(self.host, self.port)  # the port goes into the registration and metadata
+        self.port = sock.getsockname()[1]
+        sock.close()
+        placement = ClusterPlacement(store, self.registry, self._coordinator_node())
+        # the catalog answers metadata from the store; it never changes anything here
+        self.catalog = CoordinatorService(
+            store, _NoTablets(), config, self.clock, placement,
+            LakeTableTieringManager(store, self.clock, 0, 0),
+        )
+        tables = ClusterTables(store, self.server_id, self.catalog.table_info_by_id)
+        self.replicas.resolve_bucket = tables.resolve
+        existing = tables.tables()
+        removed = remove_dropped_table_data(self.paths.tablets, {table.table_id for table in existing})
+        if removed:
+            log.info("removed the data of %d tables dropped while this server was down", len(removed))
+        for table, buckets in tables.assigned():
+            self.replicas.become_leader(table, buckets)
+
+        async def stop_replicas(table_id: int, partition_id: int | None, delete: bool) -> None:
+            assert self.scans is not None and self.replicas is not None
+            self.scans.on_buckets_stopped(table_id, partition_id)
+            await self.replicas.stop_replicas(table_id, partition_id, delete=delete)
+
+        control = TabletControlService(self.replicas, self.catalog.table_info_by_id, stop_replicas)
+        self.snapshot_scheduler = KvSnapshotScheduler(
+            self.replicas, committer, remote,
+            interval_ms=config.get_ms(KV_SNAPSHOT_INTERVAL),
+            retention_check_interval_ms=config.get_ms(LOG_RETENTION_CHECK_INTERVAL),
+            local_dir=self.paths.snapshot_staging,
+            clock=self.clock,
+            default_log_ttl=config.get(TABLE_LOG_TTL),
+        )
+        self.snapshot_scheduler.start()
+        handlers = {
+            **tablet_handlers(self.tablet, self.scans),
+            **metadata_handlers(self.catalog),
+            ApiKey.NOTIFY_LEADER_AND_ISR: control.notify_leader_and_isr,
+            ApiKey.STOP_REPLICA: control.stop_replica,
+            ApiKey.UPDATE_METADATA: control.update_metadata,
+        }
+        await self._serve(handlers, self.catalog, self.scans.on_connection_closed)
+        self.registry.register(RegisteredServer(self.server_id, self.node.host, self.port))
+        log.info("strom tablet server %d serving on %s:%d (ZooKeeper %s)", self.server_id, self.host, self.port,
+                 zookeeper)
+
+    async def stop(self) -> None:
+        self._stopped.set()
+        if self.registry is not None:
+            self.registry.close()  # first: the cluster stops routing to this server
+        if self.rpc is not None:
+            await self.rpc.stop()
+        if self.snapshot_scheduler is not None:
+            await self.snapshot_scheduler.stop()
+        if self.scans is not None:
+            await self.scans.stop()
+        if self.replicas is not None:
+            self.replicas.close()
+        await self._close_common()
+        if self.address is not None:
+            self.address.close()
+        log.info("strom tablet server %d stopped", self.server_id)
+
+
+class _NoTablets:
+    """A tablet server's read-only catalog changes nothing, so it never tells tablet servers anything."""
+
+    def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
+        raise AssertionError("a tablet server's catalog does not place buckets")
+
+    def change_table(self, table: TableInfo) -> None:
+        raise AssertionError("a tablet server's catalog does not change tables")
+
+    async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
+        raise AssertionError("a tablet server's catalog does not drop tables")
+
+
+__all__ = ["CoordinatorNode", "TabletServerNode"]

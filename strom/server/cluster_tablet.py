@@ -1,0 +1,181 @@
+"""A cluster's tablet server: what it needs from the coordinator and the metadata store, and the requests the
+coordinator sends it (NotifyLeaderAndIsr, StopReplica, UpdateMetadata).
+
+The tablet server reads table definitions, bucket assignments and KV snapshot records from the shared
+metadata store itself (ZooKeeper), and sends only what must go through the coordinator: committing a KV
+snapshot (CommitKvSnapshot), so that retention and leases stay with the one process that runs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from strom.errors import StromError
+from strom.ids import TableBucket
+from strom.kv.snapshot import CompletedKvSnapshot
+from strom.metadata.store import MetadataStore
+from strom.metadata.table_info import TableInfo
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+from strom.server.kv_snapshot_store import snapshot_sequence_name
+from strom.server.peers import PeerConnections
+from strom.server.placement import ServerNode
+from strom.server.remote_tablets import ALL_BUCKETS, COORDINATOR_EPOCH
+from strom.server.replica import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+TableOf = Callable[[int], TableInfo | None]
+"""A table by id, with its earlier schemas (the coordinator's ``table_info_by_id``)."""
+
+
+class ClusterTables:
+    """Which buckets this tablet server leads, from the assignments in the metadata store."""
+
+    def __init__(self, store: MetadataStore, server_id: int, table_of: TableOf) -> None:
+        self._store = store
+        self._server_id = server_id
+        self._table_of = table_of
+
+    def resolve(self, bucket: TableBucket) -> TableInfo | None:
+        """The table of ``bucket`` when it is assigned to this server (a request came before the notice)."""
+        assignment = self._store.get_bucket_assignment(bucket.table_id, bucket.partition_id)
+        if assignment is None or assignment.get(bucket.bucket) != self._server_id:
+            return None
+        return self._table_of(bucket.table_id)
+
+    def assigned(self) -> list[tuple[TableInfo, list[TableBucket]]]:
+        """Every bucket the store assigns to this server, by table (read at start)."""
+        found: list[tuple[TableInfo, list[TableBucket]]] = []
+        for table in self.tables():
+            partitions: list[int | None] = (
+                [p.partition_id for p in self._store.list_partitions(table.table_id)] if table.is_partitioned else [None]
+            )
+            for partition_id in partitions:
+                assignment = self._store.get_bucket_assignment(table.table_id, partition_id) or {}
+                mine = [TableBucket(table.table_id, b, partition_id) for b, s in sorted(assignment.items())
+                        if s == self._server_id]
+                if mine:
+                    found.append((table, mine))
+        return found
+
+    def tables(self) -> list[TableInfo]:
+        tables = []
+        for database in self._store.list_databases():
+            for name in self._store.list_tables(database):
+                record = self._store.get_table(database, name)
+                table = self._table_of(record.table_id) if record is not None else None
+                if table is not None:
+                    tables.append(table)
+        return tables
+
+
+def remove_dropped_table_data(tablets_dir: Path, existing_table_ids: set[int]) -> list[Path]:
+    """Delete the data of tables dropped while this server was down (``<db>/<table>-<id>`` directories whose
+    table id no longer exists); returns what was removed."""
+    removed = []
+    for database_dir in (d for d in tablets_dir.iterdir() if d.is_dir()) if tablets_dir.exists() else ():
+        for table_dir in (d for d in database_dir.iterdir() if d.is_dir()):
+            _, _, table_id = table_dir.name.rpartition("-")
+            if table_id.isdigit() and int(table_id) not in existing_table_ids:
+                shutil.rmtree(table_dir, ignore_errors=True)
+                removed.append(table_dir)
+    return removed
+
+
+class RemoteSnapshotCommitter:
+    """The tablet server's side of KV snapshots in a cluster (a ``SnapshotCommitter``): ids and records are
+    read from the shared store, commits go to the coordinator (CommitKvSnapshot)."""
+
+    def __init__(self, store: MetadataStore, peers: PeerConnections, coordinator: Callable[[], ServerNode]) -> None:
+        self._store = store
+        self._peers = peers
+        self._coordinator = coordinator
+
+    def next_snapshot_id(self, bucket: TableBucket) -> int:
+        return self._store.next_id(snapshot_sequence_name(bucket))
+
+    def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> Awaitable[Any]:
+        node = self._coordinator()
+        request = pb.CommitKvSnapshotRequest(
+            completed_snapshot=snapshot.to_json(), coordinator_epoch=COORDINATOR_EPOCH, bucket_leader_epoch=0
+        )
+        return self._peers.request(node.host, node.port, ApiKey.COMMIT_KV_SNAPSHOT, request)
+
+    def _snapshots(self, bucket: TableBucket) -> dict[int, CompletedKvSnapshot]:
+        return {
+            record.snapshot_id: CompletedKvSnapshot.from_json(record.snapshot_json)
+            for record in self._store.list_kv_snapshots(bucket.table_id)
+            if record.partition_id == bucket.partition_id and record.bucket == bucket.bucket
+        }
+
+    def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
+        return snapshot_id in self._snapshots(bucket)
+
+    def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+        snapshots = self._snapshots(bucket)
+        return snapshots[max(snapshots)] if snapshots else None
+
+    def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+        snapshots = self._snapshots(bucket)
+        return snapshots[min(snapshots)] if snapshots else None
+
+
+class TabletControlService:
+    """The coordinator's requests to this tablet server."""
+
+    def __init__(
+        self,
+        replicas: ReplicaManager,
+        table_of: TableOf,
+        stop_replicas: Callable[[int, int | None, bool], Awaitable[None]],
+    ) -> None:
+        """``stop_replicas(table_id, partition_id, delete)`` closes scan sessions and stops the buckets."""
+        self._replicas = replicas
+        self._table_of = table_of
+        self._stop_replicas = stop_replicas
+
+    def notify_leader_and_isr(self, request: Any, _context: object) -> Any:
+        response = pb.NotifyLeaderAndIsrResponse()
+        for entry in request.notify_buckets_leader_req:
+            result = response.notify_buckets_leader_resp.add()
+            result.table_bucket.CopyFrom(entry.table_bucket)
+            partition_id = entry.table_bucket.partition_id if entry.table_bucket.HasField("partition_id") else None
+            bucket = TableBucket(entry.table_bucket.table_id, entry.table_bucket.bucket_id, partition_id)
+            table = self._table_of(bucket.table_id)
+            if table is None:
+                result.error_code, result.error_message = 7, f"table {bucket.table_id} does not exist"
+                continue
+            self._replicas.become_leader(table, [bucket])
+        return response
+
+    async def stop_replica(self, request: Any, _context: object) -> Any:
+        response = pb.StopReplicaResponse()
+        for entry in request.stop_replicas_req:
+            result = response.stop_replicas_resp.add()
+            result.table_bucket.CopyFrom(entry.table_bucket)
+            partition_id = entry.table_bucket.partition_id if entry.table_bucket.HasField("partition_id") else None
+            if entry.table_bucket.bucket_id != ALL_BUCKETS:
+                result.error_code, result.error_message = -1, "only whole tables or partitions are stopped"
+                continue
+            try:
+                await self._stop_replicas(entry.table_bucket.table_id, partition_id, entry.delete)
+            except StromError as exc:
+                result.error_code, result.error_message = exc.code, str(exc)
+        return response
+
+    def update_metadata(self, request: Any, _context: object) -> Any:
+        for metadata in request.table_metadata:
+            table = self._table_of(metadata.table_id)
+            if table is not None:
+                self._replicas.change_table(table)
+        return pb.UpdateMetadataResponse()
+
+
+__all__ = [
+    "ClusterTables", "RemoteSnapshotCommitter", "TabletControlService", "remove_dropped_table_data",
+]

@@ -1,0 +1,119 @@
+"""The coordinator's :class:`TabletServerGateway` in a cluster: Fluss's NotifyLeaderAndIsr, StopReplica and
+UpdateMetadata requests to the tablet server processes.
+
+Leadership notices are sent in the background and are only a head start: a tablet server also takes a
+bucket assigned to it (``MetadataStore.get_bucket_assignment``) on the first request for it, so a notice
+lost while a server is down costs nothing. Stopping and deleting replicas is awaited; a server that is down
+then deletes the dropped tables' data when it starts again (it hosts only buckets of existing tables).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from strom.ids import TableBucket
+from strom.metadata.table_info import TableInfo
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+from strom.server.peers import PeerConnections
+from strom.server.placement import BucketPlacement, ServerNode
+
+log = logging.getLogger(__name__)
+
+COORDINATOR_EPOCH = 0
+"""Coordinators are not elected yet (one per cluster): every request carries epoch 0."""
+
+
+class RemoteTabletServers:
+    """Owned by the coordinator's event loop."""
+
+    def __init__(self, placement: BucketPlacement, peers: PeerConnections) -> None:
+        self._placement = placement
+        self._peers = peers
+        self._background: set[asyncio.Task[None]] = set()
+
+    def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
+        if not buckets:
+            return
+        leaders = self._placement.leaders(table, buckets[0].partition_id)
+        by_server: dict[int, list[TableBucket]] = {}
+        for bucket in buckets:
+            if bucket.bucket in leaders:
+                by_server.setdefault(leaders[bucket.bucket], []).append(bucket)
+        for node in self._placement.tablet_servers():
+            if node.node_id in by_server:
+                request = _leader_request(table, by_server[node.node_id], node.node_id)
+                self._spawn(self._send(node, ApiKey.NOTIFY_LEADER_AND_ISR, request))
+
+    def change_table(self, table: TableInfo) -> None:
+        request = pb.UpdateMetadataRequest(coordinator_epoch=COORDINATOR_EPOCH)
+        request.table_metadata.add(
+            table_path=pb.PbTablePath(database_name=table.path.database_name, table_name=table.path.table_name),
+            table_id=table.table_id, schema_id=table.schema_id, table_json=table.table_json,
+            created_time=table.created_ms, modified_time=table.modified_ms,
+        )
+        for node in self._placement.tablet_servers():
+            self._spawn(self._send(node, ApiKey.UPDATE_METADATA, request))
+
+    async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
+        """Every live tablet server stops (and with ``delete`` removes) the table's or partition's buckets
+        it hosts; StopReplica names the table and partition with bucket -1 (all of its buckets)."""
+        request = pb.StopReplicaRequest(coordinator_epoch=COORDINATOR_EPOCH)
+        target = request.stop_replicas_req.add(leader_epoch=0, delete=delete)
+        target.table_bucket.table_id = table_id
+        target.table_bucket.bucket_id = ALL_BUCKETS
+        if partition_id is not None:
+            target.table_bucket.partition_id = partition_id
+        results = await asyncio.gather(
+            *(self._send(node, ApiKey.STOP_REPLICA, request) for node in self._placement.tablet_servers()),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                log.warning("StopReplica of table %d failed on a tablet server: %s", table_id, result)
+
+    async def _send(self, node: ServerNode, key: ApiKey, request: object) -> None:
+        try:
+            await self._peers.request(node.host, node.port, key, request)  # type: ignore[arg-type]
+        except Exception as exc:
+            log.warning("%s to tablet server %d (%s:%d) failed: %s", key.name, node.node_id, node.host, node.port, exc)
+            raise
+
+    def _spawn(self, work: object) -> None:
+        async def quietly() -> None:
+            with contextlib.suppress(Exception):  # logged by _send; the tablet server catches up from the store
+                await work  # type: ignore[misc]
+
+        task = asyncio.ensure_future(quietly())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+
+ALL_BUCKETS = -1
+"""StopReplica's bucket id meaning every bucket of the table or partition (strom's convention)."""
+
+
+def _leader_request(table: TableInfo, buckets: Sequence[TableBucket], leader: int) -> object:
+    request = pb.NotifyLeaderAndIsrRequest(coordinator_epoch=COORDINATOR_EPOCH)
+    for bucket in buckets:
+        entry = request.notify_buckets_leader_req.add(leader=leader, leader_epoch=0, bucket_epoch=0)
+        entry.physical_table_path.database_name = table.path.database_name
+        entry.physical_table_path.table_name = table.path.table_name
+        entry.table_bucket.table_id = bucket.table_id
+        entry.table_bucket.bucket_id = bucket.bucket
+        if bucket.partition_id is not None:
+            entry.table_bucket.partition_id = bucket.partition_id
+        entry.replicas.append(leader)
+        entry.isr.append(leader)
+    return request
+
+
+__all__ = ["ALL_BUCKETS", "COORDINATOR_EPOCH", "RemoteTabletServers"]
