@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from strom.cluster.zookeeper_server import ZooKeeperServer, unavailable_reason
 from tests.server_process import ServerProcess
 
 _names = itertools.count()
@@ -59,3 +61,21 @@ async def fluss(server: ServerProcess) -> AsyncIterator[object]:
         yield connection
     finally:
         await connection.close()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """A standalone ZooKeeper on a free loopback port, one per test worker; skips only when ZooKeeper is not
+    installed (`make install` installs it)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zookeeper_location(zookeeper_server: ZooKeeperServer) -> str:
+    """``host:port/root`` with a root no other test uses."""
+    return f"{zookeeper_server.address}/strom-test-{uuid.uuid4().hex[:12]}"

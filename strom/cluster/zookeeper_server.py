@@ -65,10 +65,13 @@ def four_letter_word(host: str, port: int, word: str, timeout_ms: int = 1_000) -
 class ZooKeeperServer:
     """One standalone ZooKeeper on ``127.0.0.1:port`` with its data under ``directory``."""
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(self, directory: Path, port: int | None = None, *, detached: bool = False) -> None:
+        """``detached``: the server runs in its own session, so it outlives the starting process (``strom
+        cluster start``) and a Ctrl-C in that terminal does not reach it; stop it by its pid."""
         self.directory = directory
         self.host = "127.0.0.1"
         self.port = port or free_port()
+        self._detached = detached
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -128,7 +131,8 @@ class ZooKeeperServer:
         ]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.directory
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.directory,
+                start_new_session=self._detached,
             )
         deadline = time.monotonic() + START_TIMEOUT_MS / 1000
         while time.monotonic() < deadline:

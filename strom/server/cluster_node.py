@@ -77,6 +77,10 @@ from strom.server.tablet_server import TabletService
 log = logging.getLogger(__name__)
 
 COORDINATOR_NODE_ID = 0
+REGISTRATION_WAIT_S = 15.0
+"""How long a tablet server waits for its id's previous registration to expire (ZooKeeper's session
+timeout, 6 s, plus slack)."""
+REGISTRATION_RETRY_S = 0.25
 COORDINATOR_WAIT_S = 30.0
 """How long a starting tablet server waits for a coordinator to publish its address."""
 
@@ -302,9 +306,24 @@ class TabletServerNode(_ClusterProcess):
             ApiKey.UPDATE_METADATA: control.update_metadata,
         }
         await self._serve(handlers, self.catalog, self.scans.on_connection_closed)
-        self.registry.register(RegisteredServer(self.server_id, self.node.host, self.port))
+        await self._register()
         log.info("strom tablet server %d serving on %s:%d (ZooKeeper %s)", self.server_id, self.host, self.port,
                  zookeeper)
+
+    async def _register(self) -> None:
+        """Register in ZooKeeper. After a crash the previous process's node lives until its session times
+        out, so a restart waits that long for the id to free up; a live server holding it fails the start."""
+        assert self.registry is not None
+        deadline = asyncio.get_running_loop().time() + REGISTRATION_WAIT_S
+        while True:
+            try:
+                self.registry.register(RegisteredServer(self.server_id, self.node.host, self.port))
+                return
+            except InvalidConfigError as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.info("%s; waiting for it to expire (a restart after a crash)", exc)
+                await asyncio.sleep(REGISTRATION_RETRY_S)
 
     async def stop(self) -> None:
         self._stopped.set()

@@ -1,0 +1,232 @@
+"""A cluster on this machine for development and tests (``strom cluster start|stop|status``): a throw-away
+ZooKeeper, one coordinator and N tablet servers, each a process with its own data directory under one
+``--data-dir``, all on free loopback ports and sharing ``<data-dir>/remote`` as remote storage.
+
+What was started is written to ``<data-dir>/cluster.json`` (pids, addresses), so ``stop`` and ``status``
+work from another shell; ``stop`` signals only those pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from strom.cluster.zookeeper_server import ZooKeeperServer, free_port
+from strom.rpc import framing
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+
+STATE_FILE = "cluster.json"
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Member:
+    """One process of the local cluster."""
+
+    role: str  # "zookeeper", "coordinator" or "tablet-server"
+    pid: int
+    address: str
+    server_id: int | None = None
+    log: str = ""
+
+
+@dataclass
+class LocalClusterState:
+    data_dir: str
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def zookeeper(self) -> str:
+        return next(m.address for m in self.members if m.role == "zookeeper")
+
+    @property
+    def coordinator(self) -> str:
+        return next(m.address for m in self.members if m.role == "coordinator")
+
+    def save(self) -> None:
+        path = Path(self.data_dir) / STATE_FILE
+        path.write_text(json.dumps({"data_dir": self.data_dir, "members": [asdict(m) for m in self.members]}, indent=2))
+
+    @classmethod
+    def load(cls, data_dir: Path) -> LocalClusterState | None:
+        path = data_dir / STATE_FILE
+        if not path.exists():
+            return None
+        document = json.loads(path.read_text())
+        return cls(document["data_dir"], [Member(**member) for member in document["members"]])
+
+
+def answers_rpc(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether a strom process serves RPCs at ``address`` (it answers ApiVersions)."""
+    host, _, port = address.rpartition(":")
+    request = pb.ApiVersionsRequest(client_software_name="strom-cluster", client_software_version="0")
+    frame = framing.encode_request(int(ApiKey.API_VERSIONS), 0, 0, request.SerializeToString())
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+            sock.sendall(frame)
+            header = sock.recv(framing.LENGTH_SIZE_BYTES + framing.RESPONSE_HEADER_SIZE_BYTES)
+    except OSError:
+        return False
+    return len(header) > framing.LENGTH_SIZE_BYTES and header[framing.LENGTH_SIZE_BYTES] == framing.RESPONSE_SUCCESS
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LocalCluster:
+    """Start and stop a local cluster. ``detached``: the processes outlive this one (the CLI)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        tablet_servers: int = 3,
+        config: dict[str, str] | None = None,
+        *,
+        detached: bool = False,
+    ) -> None:
+        if tablet_servers < 1:
+            raise ValueError("a cluster needs at least one tablet server")
+        self.data_dir = data_dir.resolve()
+        self.tablet_server_count = tablet_servers
+        self.config = dict(config or {})
+        self.detached = detached
+        self.state = LocalClusterState(str(self.data_dir))
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._zookeeper: ZooKeeperServer | None = None
+
+    @property
+    def zookeeper_address(self) -> str:
+        return self.state.zookeeper
+
+    @property
+    def bootstrap(self) -> str:
+        """The coordinator's address: what clients are given as ``bootstrap.servers``."""
+        return self.state.coordinator
+
+    def common_config(self) -> dict[str, str]:
+        return {
+            "zookeeper.address": self.zookeeper_address,
+            "remote.data.dir": str(self.data_dir / "remote"),
+            **self.config,
+        }
+
+    def start(self) -> LocalCluster:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        existing = LocalClusterState.load(self.data_dir)
+        if existing is not None and any(alive(m.pid) for m in existing.members):
+            raise RuntimeError(f"a cluster already runs from {self.data_dir}: `strom cluster stop` it first")
+        try:
+            zookeeper = self._zookeeper = ZooKeeperServer(self.data_dir / "zookeeper", detached=self.detached).start()
+            assert zookeeper.pid is not None
+            self.state.members.append(Member("zookeeper", zookeeper.pid, zookeeper.address, log=str(zookeeper.log_path)))
+            self.state.save()
+            self.start_member("coordinator")
+            for server_id in range(1, self.tablet_server_count + 1):
+                self.start_member("tablet-server", server_id)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_member(self, role: str, server_id: int | None = None, port: int | None = None) -> Member:
+        """Start (or restart, on its old port and data) the coordinator or one tablet server."""
+        name = role if server_id is None else f"{role}-{server_id}"
+        previous = next((m for m in self.state.members if m.role == role and m.server_id == server_id), None)
+        if port is None and previous is not None:
+            port = int(previous.address.rpartition(":")[2])
+        address = f"127.0.0.1:{port or free_port()}"
+        command = [sys.executable, "-m", "strom.cli.main", role, "--bind", address,
+                   "--data-dir", str(self.data_dir / name)]
+        if server_id is not None:
+            command += ["--server-id", str(server_id)]
+        for key, value in self.common_config().items():
+            command += ["-D", f"{key}={value}"]
+        log_path = self.data_dir / f"{name}.log"
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=self.detached)
+        member = Member(role, process.pid, address, server_id, str(log_path))
+        if previous is not None:
+            self.state.members.remove(previous)
+        self.state.members.append(member)
+        self.processes[process.pid] = process
+        self.state.save()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not answers_rpc(address, 1.0):
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not serve within {READY_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.05)
+        return member
+
+    def member(self, role: str, server_id: int | None = None) -> Member:
+        return next(m for m in self.state.members if m.role == role and m.server_id == server_id)
+
+    def signal_member(self, member: Member, sig: int = signal.SIGTERM) -> int | None:
+        """Send ``sig`` and, for SIGTERM/SIGKILL, wait for the exit; returns the exit code if known."""
+        if not alive(member.pid):
+            return None
+        os.kill(member.pid, sig)
+        if sig not in (signal.SIGTERM, signal.SIGKILL):
+            return None
+        process = self.processes.get(member.pid)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if process is not None:
+                code = process.poll()
+                if code is not None:
+                    return code
+            elif not alive(member.pid):
+                return None
+            time.sleep(0.05)
+        os.kill(member.pid, signal.SIGKILL)
+        return process.wait(STOP_TIMEOUT_S) if process is not None else None
+
+    def stop(self) -> dict[str, int | None]:
+        """Stop every member, tablet servers first and ZooKeeper last; returns the exit codes by name."""
+        order = {"tablet-server": 0, "coordinator": 1, "zookeeper": 2}
+        codes: dict[str, int | None] = {}
+        for member in sorted(self.state.members, key=lambda m: order[m.role]):
+            name = member.role if member.server_id is None else f"{member.role}-{member.server_id}"
+            if member.role == "zookeeper" and self._zookeeper is not None:
+                codes[name] = self._zookeeper.stop()  # our child: stop() also reaps it
+            else:
+                codes[name] = self.signal_member(member)
+        return codes
+
+    @classmethod
+    def attach(cls, data_dir: Path) -> LocalCluster | None:
+        """The cluster a ``start`` (maybe another process's) left in ``data_dir``."""
+        state = LocalClusterState.load(data_dir.resolve())
+        if state is None:
+            return None
+        cluster = cls(Path(state.data_dir), max(1, sum(m.role == "tablet-server" for m in state.members)))
+        cluster.state = state
+        return cluster
+
+    def status(self) -> list[tuple[Member, bool]]:
+        """Each member and whether it is up (its process lives and, but for ZooKeeper, it serves RPCs)."""
+        return [
+            (m, alive(m.pid) and (m.role == "zookeeper" or answers_rpc(m.address, 1.0)))
+            for m in self.state.members
+        ]
+
+
+__all__ = ["LocalCluster", "LocalClusterState", "Member", "alive", "answers_rpc"]

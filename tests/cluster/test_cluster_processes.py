@@ -1,0 +1,271 @@
+"""A cluster of real processes on loopback: ZooKeeper, `strom coordinator` and `strom tablet-server`s, driven
+by strom's client and the official pyfluss. Buckets spread over the tablet servers; each server keeps only
+its own; restarts and kill -9 of a tablet server lose no acknowledged write; table changes and drops reach
+every server; KV snapshots are committed through the coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fluss as pyfluss
+import pyarrow as pa
+import pytest
+
+from strom.client import Column, Connection, OffsetSpec, Schema, TableBucket, TableDescriptor, TablePath
+from strom.cluster.local import LocalCluster
+from strom.cluster.zookeeper_server import unavailable_reason
+from strom.errors import InvalidReplicationFactorError
+from strom.records.types import StringType
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+from tests.conftest import unique_name
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]
+
+FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Two tablet servers shared by the tests that leave no server down."""
+    yield from _cluster(tmp_path_factory.mktemp("cluster"), 2, {"kv.snapshot.interval": "300ms"})
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster this test may break (restarts, kills)."""
+    yield from _cluster(tmp_path / "cluster", 2, {"kv.snapshot.interval": "0s"})
+
+
+def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str]) -> Iterator[LocalCluster]:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    local = LocalCluster(data_dir, tablet_servers, config).start()
+    try:
+        _wait_for_servers(local, tablet_servers)
+        yield local
+    finally:
+        codes = local.stop()
+        errors = [line for member in local.state.members if member.log
+                  for line in Path(member.log).read_text(errors="replace").splitlines() if "AssertionError" in line]
+        assert not errors, f"a server logged a broken invariant: {errors[:5]}"
+        assert all(code in (0, None, 143) for name, code in codes.items() if name != "zookeeper"), codes
+
+
+def _wait_for_servers(local: LocalCluster, count: int) -> None:
+    async def registered() -> int:
+        async with await Connection.create(local.bootstrap) as connection:
+            return sum(node.server_type == "TabletServer" for node in await connection.get_admin().get_server_nodes())
+
+    deadline = time.monotonic() + WAIT_S
+    while asyncio.run(registered()) < count:
+        assert time.monotonic() < deadline, f"{count} tablet servers did not register"
+        time.sleep(0.1)
+
+
+async def create_table(connection: Connection, buckets: int = 4, **properties: str) -> TablePath:
+    path = TablePath("fluss", unique_name("clustered"))
+    schema = Schema.from_arrow(FIELDS, ["id"])
+    await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=buckets, properties=properties))
+    return path
+
+
+async def upsert(connection: Connection, path: TablePath, ids: range, tag: str) -> None:
+    table = await connection.get_table(path)
+    writer = table.new_upsert().create_writer()
+    writer.upsert_arrow_batch(pa.table({"id": list(ids), "v": [f"{tag}{i}" for i in ids]}))
+    await writer.flush()
+
+
+async def rows(connection: Connection, path: TablePath) -> dict[int, str]:
+    table = await connection.get_table(path)
+    scanned = await (await table.new_scan().create_batch_scanner()).to_arrow()
+    return dict(zip(scanned.column("id").to_pylist(), scanned.column("v").to_pylist(), strict=True))
+
+
+async def bucket_leaders(connection: Connection, path: TablePath, partition_id: int | None = None) -> list[int]:
+    """Each bucket's leader as the cluster's metadata names it."""
+    request = pb.MetadataRequest()
+    request.table_path.add(database_name=path.database_name, table_name=path.table_name)
+    if partition_id is not None:
+        request.partitions_id.append(partition_id)
+    response = await connection.bootstrap_request(ApiKey.GET_METADATA, request)
+    if partition_id is None:
+        buckets = response.table_metadata[0].bucket_metadata
+    else:
+        buckets = next(p for p in response.partition_metadata if p.partition_id == partition_id).bucket_metadata
+    return [b.leader_id for b in sorted(buckets, key=lambda b: b.bucket_id)]
+
+
+def test_buckets_spread_over_the_tablet_servers_and_both_clients_read_and_write(cluster: LocalCluster) -> None:
+    async def scenario() -> tuple[dict[int, str], Any, list[int]]:
+        async with await Connection.create(cluster.bootstrap) as connection:
+            path = await create_table(connection)
+            await upsert(connection, path, range(1000), "s")
+            placed = await bucket_leaders(connection, path)
+        client = await pyfluss.FlussConnection.create(pyfluss.Config({"bootstrap.servers": cluster.bootstrap}))
+        try:
+            table = await client.get_table(pyfluss.TablePath(path.database_name, path.table_name))
+            writer = table.new_upsert().create_writer()
+            for i in range(1000, 1010):
+                writer.upsert({"id": i, "v": f"p{i}"})
+            await writer.flush()
+            lookuper = table.new_lookup().create_lookuper()
+            found = [await lookuper.lookup({"id": i}) for i in (5, 1005)]
+        finally:
+            await client.close()
+        async with await Connection.create(cluster.bootstrap) as connection:
+            return await rows(connection, path), found, placed
+
+    stored, found, placed = asyncio.run(scenario())
+    assert stored == {**{i: f"s{i}" for i in range(1000)}, **{i: f"p{i}" for i in range(1000, 1010)}}
+    assert found == [{"id": 5, "v": "s5"}, {"id": 1005, "v": "p1005"}]
+    assert sorted(set(placed)) == [1, 2], f"4 buckets on 2 servers should use both: {placed}"
+    for server_id in (1, 2):  # each server holds exactly its buckets
+        hosted = {int(p.name) for p in (cluster.data_dir / f"tablet-server-{server_id}" / "tablets").glob("fluss/*/*")
+                  if p.name.isdigit()}
+        assert hosted == {b for b, s in enumerate(placed) if s == server_id}
+
+
+def test_log_tables_and_partitions_spread_too(cluster: LocalCluster) -> None:
+    async def scenario() -> tuple[list[int], int]:
+        async with await Connection.create(cluster.bootstrap) as connection:
+            admin = connection.get_admin()
+            path = TablePath("fluss", unique_name("events"))
+            schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("day", pa.string())]))
+            await admin.create_table(path, TableDescriptor(schema, bucket_count=2, partition_keys=["day"]))
+            await admin.create_partition(path, {"day": "d1"})
+            table = await connection.get_table(path)
+            writer = table.new_append().create_writer()
+            writer.append_arrow_batch(pa.table({"id": list(range(50)), "day": ["d1"] * 50}))
+            await writer.flush()
+            partition = (await admin.list_partition_infos(path))[0]
+            placed = await bucket_leaders(connection, path, partition.partition_id)
+            seen = 0
+            for bucket in range(2):
+                scanner = table.new_scan().create_log_scanner()
+                bucket_id = TableBucket(table.layout.info.table_id, bucket, partition.partition_id)
+                end = (await admin.list_offsets(path, [bucket], OffsetSpec.latest(), partition_name="d1"))[bucket]
+                async for change in scanner.read_range(bucket_id, 0, end):
+                    seen += change.batch.num_rows
+            return placed, seen
+
+    placed, seen = asyncio.run(scenario())
+    assert sorted(set(placed)) == [1, 2] and seen == 50
+
+
+def test_a_tablet_server_killed_and_restarted_keeps_every_acknowledged_write(own_cluster: LocalCluster) -> None:
+    async def write_some() -> tuple[TablePath, list[int]]:
+        async with await Connection.create(own_cluster.bootstrap) as connection:
+            path = await create_table(connection)
+            await upsert(connection, path, range(500), "a")
+            return path, await bucket_leaders(connection, path)
+
+    path, placed = asyncio.run(write_some())
+    victim = own_cluster.member("tablet-server", 1)
+    own_cluster.signal_member(victim, signal.SIGKILL)
+    own_cluster.start_member("tablet-server", 1)  # same port, same data directory
+    _wait_for_servers(own_cluster, 2)
+
+    async def after() -> tuple[dict[int, str], dict[int, str]]:
+        async with await Connection.create(own_cluster.bootstrap) as connection:
+            before = await rows(connection, path)
+            await upsert(connection, path, range(250, 750), "b")
+            return before, await rows(connection, path)
+
+    before, now = asyncio.run(after())
+    assert 1 in placed
+    assert before == {i: f"a{i}" for i in range(500)}
+    assert now == {**{i: f"a{i}" for i in range(250)}, **{i: f"b{i}" for i in range(250, 750)}}
+
+
+def test_changes_and_drops_reach_every_tablet_server_even_one_that_was_down(own_cluster: LocalCluster) -> None:
+    async def scenario() -> tuple[dict[str, Any], list[Path]]:
+        async with await Connection.create(own_cluster.bootstrap) as connection:
+            admin = connection.get_admin()
+            altered = await create_table(connection)
+            await upsert(connection, altered, range(100), "a")
+            await admin.alter_table(altered, add_columns=[Column("note", StringType())])
+            table = await connection.get_table(altered)
+            writer = table.new_upsert().create_writer()
+            writer.upsert_arrow_batch(pa.table({"id": list(range(100, 140)), "v": ["n"] * 40, "note": ["x"] * 40}))
+            await writer.flush()
+            scanned = await (await table.new_scan().create_batch_scanner()).to_arrow()
+
+            dropped = await create_table(connection)
+            await upsert(connection, dropped, range(100), "d")
+            info = await admin.get_table_info(dropped)
+            directories = [d for d in own_cluster.data_dir.glob(f"tablet-server-*/tablets/fluss/*-{info.table_id}")]
+            own_cluster.signal_member(own_cluster.member("tablet-server", 2))  # down while the table is dropped
+            await admin.drop_table(dropped)
+            return {"notes": sorted(set(scanned.column("note").to_pylist()), key=str), "rows": scanned.num_rows}, directories
+
+    found, directories = asyncio.run(scenario())
+    assert found == {"notes": [None, "x"], "rows": 140}
+    assert len(directories) == 2, "both servers held buckets of the dropped table"
+    assert not directories[0].exists() or not directories[1].exists(), "the live server deleted its buckets at once"
+    own_cluster.start_member("tablet-server", 2)
+    _wait_for_servers(own_cluster, 2)
+    assert not any(d.exists() for d in directories), "the restarted server deleted the dropped table's data"
+
+
+def test_kv_snapshots_are_committed_through_the_coordinator(cluster: LocalCluster) -> None:
+    async def scenario() -> dict[int, Any]:
+        async with await Connection.create(cluster.bootstrap) as connection:
+            path = await create_table(connection)
+            await upsert(connection, path, range(200), "s")
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                snapshots = (await connection.get_admin().get_latest_kv_snapshots(path)).snapshots
+                if all(s is not None and s.log_offset > 0 for s in snapshots.values()):
+                    return snapshots
+                assert time.monotonic() < deadline, f"snapshots of every bucket: {snapshots}"
+                await asyncio.sleep(0.2)
+
+    snapshots = asyncio.run(scenario())
+    assert sorted(snapshots) == [0, 1, 2, 3]
+    assert sum(s.log_offset for s in snapshots.values()) == 200
+
+
+def test_tables_the_cluster_cannot_place_are_refused(cluster: LocalCluster) -> None:
+    async def scenario() -> None:
+        async with await Connection.create(cluster.bootstrap) as connection:
+            with pytest.raises(InvalidReplicationFactorError, match="larger than available tablet servers: 2"):
+                await create_table(connection, **{"table.replication.factor": "3"})
+            with pytest.raises(InvalidReplicationFactorError, match="one replica of each bucket"):
+                await create_table(connection, **{"table.replication.factor": "2"})
+
+    asyncio.run(scenario())
+
+
+def test_the_cluster_command_starts_reports_and_stops_a_cluster(tmp_path: Path) -> None:
+    data_dir = tmp_path / "cli-cluster"
+    command = [sys.executable, "-m", "strom.cli.main", "cluster"]
+    started = subprocess.run([*command, "start", "--tablet-servers", "1", "--data-dir", str(data_dir)],
+                             capture_output=True, text=True, timeout=120)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "bootstrap.servers=127.0.0.1:" in started.stdout
+        status = subprocess.run([*command, "status", "--data-dir", str(data_dir), "--json"],
+                                capture_output=True, text=True, timeout=60)
+        members = json.loads(status.stdout)
+        assert [(m["role"], m["up"]) for m in members] == [
+            ("zookeeper", True), ("coordinator", True), ("tablet-server", True)
+        ]
+    finally:
+        stopped = subprocess.run([*command, "stop", "--data-dir", str(data_dir)], capture_output=True, text=True,
+                                 timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    after = subprocess.run([*command, "status", "--data-dir", str(data_dir), "--json"], capture_output=True, text=True,
+                           timeout=60)
+    assert after.returncode == 0 and not any(m["up"] for m in json.loads(after.stdout))
