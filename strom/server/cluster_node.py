@@ -236,17 +236,21 @@ class TabletServerNode(_ClusterProcess):
         self.scans: ScanKvService | None = None
         self.snapshot_scheduler: KvSnapshotScheduler | None = None
         self.catalog: CoordinatorService | None = None
+        self._last_coordinator: ServerNode | None = None
 
     @property
     def node(self) -> ServerNode:
         return ServerNode(self.server_id, advertised_host(self.config, self.host), self.port)
 
     def _coordinator_node(self) -> ServerNode:
+        """The active coordinator; while there is none (it restarts), the last one known."""
         assert self.address is not None
         current = self.address.current()
-        if current is None:
+        if current is not None:
+            self._last_coordinator = ServerNode(current.server_id, current.host, current.port)
+        if self._last_coordinator is None:
             raise StromError("no coordinator is active")
-        return ServerNode(current.server_id, current.host, current.port)
+        return self._last_coordinator
 
     async def start(self) -> None:
         config = self.config
@@ -268,7 +272,7 @@ class TabletServerNode(_ClusterProcess):
         sock = bind_listener(self.host, self.port)  # the port goes into the registration and metadata
         self.port = sock.getsockname()[1]
         sock.close()
-        placement = ClusterPlacement(store, self.registry, self._coordinator_node())
+        placement = ClusterPlacement(store, self.registry, self._coordinator_node)
         # the catalog answers metadata from the store; it never changes anything here
         self.catalog = CoordinatorService(
             store, _NoTablets(), config, self.clock, placement,

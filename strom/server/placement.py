@@ -9,6 +9,7 @@ metadata store when it is created and knows the live tablet servers from their Z
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -75,13 +76,16 @@ class ClusterPlacement:
     NotLeaderOrFollower-style errors and retry) until it comes back.
     """
 
-    def __init__(self, store: MetadataStore, servers: LiveServers, coordinator: ServerNode) -> None:
+    def __init__(
+        self, store: MetadataStore, servers: LiveServers, coordinator: ServerNode | Callable[[], ServerNode]
+    ) -> None:
+        """``coordinator``: this process's node on the coordinator, a function (following ZooKeeper) elsewhere."""
         self._store = store
         self._servers = servers
         self._coordinator = coordinator
 
     def coordinator(self) -> ServerNode:
-        return self._coordinator
+        return self._coordinator if isinstance(self._coordinator, ServerNode) else self._coordinator()
 
     def tablet_servers(self) -> list[ServerNode]:
         return [ServerNode(i, s.host, s.port) for i, s in sorted(self._servers.live().items())]

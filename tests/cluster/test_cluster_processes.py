@@ -269,3 +269,13 @@ def test_the_cluster_command_starts_reports_and_stops_a_cluster(tmp_path: Path) 
     after = subprocess.run([*command, "status", "--data-dir", str(data_dir), "--json"], capture_output=True, text=True,
                            timeout=60)
     assert after.returncode == 0 and not any(m["up"] for m in json.loads(after.stdout))
+
+
+def test_a_second_coordinator_refuses_to_start(cluster: LocalCluster, tmp_path: Path) -> None:
+    second = subprocess.run(
+        [sys.executable, "-m", "strom.cli.main", "coordinator", "--bind", "127.0.0.1:0", "--data-dir",
+         str(tmp_path / "second"), "-D", f"zookeeper.address={cluster.zookeeper_address}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert second.returncode != 0
+    assert f"another coordinator is active at {cluster.bootstrap}" in second.stderr
