@@ -305,6 +305,13 @@ class DeletionDisabledError(StromError):
     default_message = "Deletion is disabled on this table."
 
 
+class NotCoordinatorLeaderError(RetriableError):
+    """A standby coordinator got a request only the active one serves; ask the active coordinator."""
+
+    code = 65
+    default_message = "The coordinator is not a leader and cannot process request."
+
+
 class ScannerExpiredError(StromError):
     """The scan session idled past ``kv.scanner.ttl`` or lost its bucket; restart the scan."""
 

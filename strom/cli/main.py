@@ -130,6 +130,8 @@ def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | Non
     if unknown:
         logging.getLogger("strom").warning("ignoring unknown config keys: %s", ", ".join(unknown))
 
+    exit_codes: list[int] = []
+
     async def run() -> None:
         node = node_class(directory, host, port, config)
         loop = asyncio.get_running_loop()
@@ -151,8 +153,11 @@ def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | Non
             await node.serve_forever()
         finally:
             await node.stop()
+            exit_codes.append(getattr(node, "exit_code", 0))
 
     _run_event_loop(run())
+    if exit_codes and exit_codes[0]:
+        sys.exit(exit_codes[0])  # e.g. a coordinator that was deposed: its supervisor should restart it
 
 
 @main.group()
@@ -162,13 +167,16 @@ def cluster() -> None:
 
 @cluster.command("start")
 @click.option("--tablet-servers", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--coordinators", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="One is active, the others are standbys that take over.")
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Where every process keeps its data.")
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE", help="A config key for every server process.")
-def cluster_start(tablet_servers: int, data_dir: Path, defines: tuple[str, ...]) -> None:
-    """Start the processes in the background; prints the address to bootstrap clients from."""
+def cluster_start(tablet_servers: int, coordinators: int, data_dir: Path, defines: tuple[str, ...]) -> None:
+    """Start the processes in the background; prints the addresses to bootstrap clients from."""
     from strom.cluster.local import LocalCluster
 
-    local = LocalCluster(data_dir, tablet_servers, key_value_pairs(defines, "-D"), detached=True)
+    local = LocalCluster(data_dir, tablet_servers, key_value_pairs(defines, "-D"), coordinators=coordinators,
+                         detached=True)
     try:
         local.start()
     except RuntimeError as exc:

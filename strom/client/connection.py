@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from strom.client.metadata import MetadataCache
 from strom.config import parse_duration
-from strom.errors import ConnectionFailedError, NetworkError
+from strom.errors import ConnectionFailedError, NetworkError, NotCoordinatorLeaderError
 from strom.ids import TableBucket, TablePath
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
@@ -130,7 +130,18 @@ class Connection:
         raise ConnectionFailedError(f"no bootstrap server answered: {last}")
 
     async def coordinator_request(self, key: ApiKey, message: Message) -> Message:
-        return await self.request(await self.metadata.coordinator_address(), key, message)
+        """Send to the active coordinator. When it cannot be reached or answers that it is a standby
+        (another coordinator took over), the metadata is refreshed and a request that surely was not
+        processed is sent once more to the coordinator the cluster names now."""
+        address = await self.metadata.coordinator_address()
+        try:
+            return await self.request(address, key, message)
+        except (ConnectionFailedError, NotCoordinatorLeaderError, NetworkError) as exc:
+            await self.metadata.refresh()
+            current = await self.metadata.coordinator_address()
+            if current == address or (isinstance(exc, NetworkError) and not isinstance(exc, ConnectionFailedError)):
+                raise  # the same coordinator, or the request may have been processed before the connection broke
+            return await self.request(current, key, message)
 
     async def leader_request(self, bucket: TableBucket, key: ApiKey, message: Message) -> Message:
         return await self.request(await self.metadata.leader_address(bucket), key, message)

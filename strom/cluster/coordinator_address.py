@@ -1,8 +1,12 @@
-"""Where the cluster's coordinator answers: an ephemeral ZooKeeper node ``/coordinators/active`` (under the
-root) holding ``{"id", "host", "port"}``, written by the coordinator and watched by tablet servers, which
-send it KV snapshot commits and name it in their metadata answers.
+"""Which coordinator is active: the ephemeral ZooKeeper node ``/coordinators/active`` (under the root) holding
+``{"id", "host", "port", "epoch"}``.
 
-One coordinator per cluster for now: a second one refuses to start while the node is held.
+Coordinators campaign for the node: the one that creates it is active, the others wait as standbys and try
+again when it vanishes (its process stopped, or its session expired). Each win takes a new **coordinator
+epoch** from a durable counter, so requests of a deposed coordinator carry an older epoch and are refused
+(tablet servers keep the highest epoch they have seen). An active coordinator whose node disappears or
+changes owner is deposed: it must stop acting at once (``on_deposed``). Tablet servers watch the node to
+know where to send KV snapshot commits.
 """
 
 from __future__ import annotations
@@ -10,38 +14,52 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from kazoo.client import KazooClient, KazooState
+from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.recipe.watchers import DataWatch
 
 from strom.cluster.registry import RegisteredServer
-from strom.errors import InvalidConfigError, StorageError
+from strom.errors import StorageError
 from strom.metadata.zookeeper_store import CONNECT_TIMEOUT_MS_DEFAULT, parse_location
 
 log = logging.getLogger(__name__)
 
 ACTIVE_PATH = "/coordinators/active"
+CAMPAIGN_POLL_S = 0.5
 
 
-def _encode(node: RegisteredServer) -> bytes:
-    return json.dumps({"id": node.server_id, "host": node.host, "port": node.port}, sort_keys=True).encode()
+@dataclass(frozen=True, slots=True)
+class ActiveCoordinator:
+    server: RegisteredServer
+    epoch: int
 
 
-def _decode(data: bytes) -> RegisteredServer:
+def _encode(active: ActiveCoordinator) -> bytes:
+    server = active.server
+    document = {"id": server.server_id, "host": server.host, "port": server.port, "epoch": active.epoch}
+    return json.dumps(document, sort_keys=True).encode()
+
+
+def _decode(data: bytes) -> ActiveCoordinator:
     value = json.loads(data)
-    return RegisteredServer(int(value["id"]), str(value["host"]), int(value["port"]))
+    server = RegisteredServer(int(value["id"]), str(value["host"]), int(value["port"]))
+    return ActiveCoordinator(server, int(value.get("epoch", 0)))
 
 
 class CoordinatorAddress:
-    """Publish (coordinator) or follow (tablet servers) the active coordinator's address. Thread-safe."""
+    """Campaign for (coordinators) or follow (tablet servers) the active coordinator. Thread-safe."""
 
     def __init__(self, location: str, session_timeout_ms: int = 6000) -> None:
         hosts, root = parse_location(location)
         self._path = root + ACTIVE_PATH
-        self._published: RegisteredServer | None = None
-        self._current: RegisteredServer | None = None
+        self._won: ActiveCoordinator | None = None
+        self._current: ActiveCoordinator | None = None
         self._changed = threading.Condition()
+        self.on_deposed: Callable[[], None] | None = None
+        """Called (on a ZooKeeper thread) when this process was active and no longer is."""
         self._client = KazooClient(
             hosts=hosts, timeout=session_timeout_ms / 1000,
             connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
@@ -49,68 +67,75 @@ class CoordinatorAddress:
         try:
             self._client.start(timeout=CONNECT_TIMEOUT_MS_DEFAULT / 1000)
             self._client.ensure_path(self._path.rsplit("/", 1)[0])
-            self._client.add_listener(self._on_state)
             DataWatch(self._client, self._path, self._on_data)
         except Exception as exc:
             self._client.close()
-            raise StorageError(f"cannot follow the coordinator's address in ZooKeeper at {hosts}: {exc}") from exc
+            raise StorageError(f"cannot follow the active coordinator in ZooKeeper at {hosts}: {exc}") from exc
 
-    def publish(self, node: RegisteredServer) -> None:
-        """Claim the active coordinator's node. Raises InvalidConfigError while another coordinator holds it."""
-        try:
-            self._client.create(self._path, _encode(node), ephemeral=True)
-        except NodeExistsError:
-            holder = self.current()
-            raise InvalidConfigError(
-                f"another coordinator is active at {holder.host}:{holder.port}" if holder else "another coordinator is active"
-            ) from None
-        except KazooException as exc:
-            raise StorageError(f"cannot publish the coordinator's address: {exc!r}") from exc
-        self._published = node
+    def campaign(self, server: RegisteredServer, next_epoch: Callable[[], int], stop: threading.Event) -> int | None:
+        """Block until this process is the active coordinator (returns its epoch) or ``stop`` is set (None)."""
+        while not stop.is_set():
+            with self._changed:
+                self._changed.wait_for(lambda: self._current is None or stop.is_set(), CAMPAIGN_POLL_S)
+                if stop.is_set():
+                    return None
+                if self._current is not None:
+                    continue
+            active = ActiveCoordinator(server, next_epoch())
+            try:
+                self._client.create(self._path, _encode(active), ephemeral=True)
+            except NodeExistsError:
+                continue  # another standby won this round
+            except KazooException as exc:
+                log.warning("campaign for the active coordinator failed, trying again: %r", exc)
+                stop.wait(CAMPAIGN_POLL_S)
+                continue
+            with self._changed:
+                self._won = active
+            return active.epoch
+        return None
 
     def current(self) -> RegisteredServer | None:
         """The active coordinator (from the watch's cache), None while there is none."""
-        return self._current
+        active = self._current
+        return None if active is None else active.server
+
+    def current_epoch(self) -> int | None:
+        active = self._current
+        return None if active is None else active.epoch
 
     def wait(self, timeout_s: float) -> RegisteredServer | None:
         """The active coordinator, waiting up to ``timeout_s`` for one to appear."""
         with self._changed:
             self._changed.wait_for(lambda: self._current is not None, timeout_s)
-            return self._current
+            return self.current()
 
     def _on_data(self, data: bytes | None, _stat: object) -> None:
-        node = None
+        active = None
         if data:
             try:
-                node = _decode(bytes(data))
+                active = _decode(bytes(data))
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring an unreadable coordinator address %r", data)
         with self._changed:
-            self._current = node
+            self._current = active
+            deposed = self._won is not None and active != self._won
+            if deposed:
+                self._won = None
             self._changed.notify_all()
-
-    def _on_state(self, state: str) -> None:
-        if state == KazooState.CONNECTED and self._published is not None:
-            self._client.handler.spawn(self._republish)
-
-    def _republish(self) -> None:
-        """After a session expiry the ephemeral node is gone: claim it again."""
-        node = self._published
-        if node is None:
-            return
-        try:
-            self._client.create(self._path, _encode(node), ephemeral=True)
-            log.info("coordinator address published again after a ZooKeeper session change")
-        except NodeExistsError:
-            pass  # still ours (the session survived) or another coordinator's
-        except KazooException as exc:
-            log.warning("could not publish the coordinator's address again: %r", exc)
+        if deposed:
+            log.error("this coordinator is no longer the active one (its ZooKeeper node is gone or taken over)")
+            if self.on_deposed is not None:
+                self.on_deposed()
 
     def close(self) -> None:
+        """Stop following; an active coordinator's node goes with the session."""
+        with self._changed:
+            self._won = None  # leaving is not being deposed
         try:
             self._client.stop()
         finally:
             self._client.close()
 
 
-__all__ = ["ACTIVE_PATH", "CoordinatorAddress"]
+__all__ = ["ACTIVE_PATH", "ActiveCoordinator", "CoordinatorAddress"]

@@ -49,8 +49,8 @@ class LocalClusterState:
         return next(m.address for m in self.members if m.role == "zookeeper")
 
     @property
-    def coordinator(self) -> str:
-        return next(m.address for m in self.members if m.role == "coordinator")
+    def coordinators(self) -> list[str]:
+        return [m.address for m in self.members if m.role == "coordinator"]
 
     def save(self) -> None:
         path = Path(self.data_dir) / STATE_FILE
@@ -98,10 +98,13 @@ class LocalCluster:
         tablet_servers: int = 3,
         config: dict[str, str] | None = None,
         *,
+        coordinators: int = 1,
         detached: bool = False,
     ) -> None:
-        if tablet_servers < 1:
-            raise ValueError("a cluster needs at least one tablet server")
+        """``coordinators``: one active, the others standbys that take over when it is gone."""
+        if tablet_servers < 1 or coordinators < 1:
+            raise ValueError("a cluster needs at least one coordinator and one tablet server")
+        self.coordinator_count = coordinators
         self.data_dir = data_dir.resolve()
         self.tablet_server_count = tablet_servers
         self.config = dict(config or {})
@@ -116,8 +119,8 @@ class LocalCluster:
 
     @property
     def bootstrap(self) -> str:
-        """The coordinator's address: what clients are given as ``bootstrap.servers``."""
-        return self.state.coordinator
+        """The coordinators' addresses: what clients are given as ``bootstrap.servers``."""
+        return ",".join(self.state.coordinators)
 
     def common_config(self) -> dict[str, str]:
         return {
@@ -136,7 +139,8 @@ class LocalCluster:
             assert zookeeper.pid is not None
             self.state.members.append(Member("zookeeper", zookeeper.pid, zookeeper.address, log=str(zookeeper.log_path)))
             self.state.save()
-            self.start_member("coordinator")
+            for index in range(1, self.coordinator_count + 1):
+                self.start_member("coordinator", index)
             for server_id in range(1, self.tablet_server_count + 1):
                 self.start_member("tablet-server", server_id)
         except BaseException:
@@ -144,16 +148,17 @@ class LocalCluster:
             raise
         return self
 
-    def start_member(self, role: str, server_id: int | None = None, port: int | None = None) -> Member:
-        """Start (or restart, on its old port and data) the coordinator or one tablet server."""
-        name = role if server_id is None else f"{role}-{server_id}"
+    def start_member(self, role: str, server_id: int, port: int | None = None) -> Member:
+        """Start (or restart, on its old port and data) coordinator ``server_id`` (1, 2, ...) or tablet server
+        ``server_id``."""
+        name = f"{role}-{server_id}"
         previous = next((m for m in self.state.members if m.role == role and m.server_id == server_id), None)
         if port is None and previous is not None:
             port = int(previous.address.rpartition(":")[2])
         address = f"127.0.0.1:{port or free_port()}"
         command = [sys.executable, "-m", "strom.cli.main", role, "--bind", address,
                    "--data-dir", str(self.data_dir / name)]
-        if server_id is not None:
+        if role == "tablet-server":
             command += ["--server-id", str(server_id)]
         for key, value in self.common_config().items():
             command += ["-D", f"{key}={value}"]
@@ -217,7 +222,8 @@ class LocalCluster:
         state = LocalClusterState.load(data_dir.resolve())
         if state is None:
             return None
-        cluster = cls(Path(state.data_dir), max(1, sum(m.role == "tablet-server" for m in state.members)))
+        cluster = cls(Path(state.data_dir), max(1, sum(m.role == "tablet-server" for m in state.members)),
+                      coordinators=max(1, sum(m.role == "coordinator" for m in state.members)))
         cluster.state = state
         return cluster
 

@@ -120,16 +120,8 @@ class RpcServer:
         Authenticate until it has authenticated."""
         assert frame_size_bytes_max > framing.REQUEST_HEADER_SIZE_BYTES
         assert in_flight_count_max >= 1
-        routes = dict(handlers)
-        routes.setdefault(ApiKey.API_VERSIONS, self._api_versions)
         self._routes: dict[int, _Route] = {}
-        for key, handler in routes.items():
-            message_class = request_class(key)
-            if message_class is None:
-                continue  # not in our protocol definitions: answered as unsupported
-            versions = version_range(key)
-            inline = not inspect.iscoroutinefunction(handler)
-            self._routes[int(key)] = _Route(key, handler, message_class, versions.min_version, versions.max_version, inline)
+        self.set_handlers(handlers)
         self._frame_size_bytes_max = frame_size_bytes_max
         self._in_flight_count_max = in_flight_count_max
         self._idle_timeout_ms = idle_timeout_ms
@@ -174,6 +166,20 @@ class RpcServer:
                 if connection.in_flight_count == 0 and connection.last_active < deadline:
                     log.info("closing idle connection %s", connection.peer)
                     connection.close()
+
+    def set_handlers(self, handlers: Mapping[ApiKey, Handler]) -> None:
+        """Serve ``handlers`` from the next request on (a standby coordinator that became the active one)."""
+        routes = dict(handlers)
+        routes.setdefault(ApiKey.API_VERSIONS, self._api_versions)
+        built: dict[int, _Route] = {}
+        for key, handler in routes.items():
+            message_class = request_class(key)
+            if message_class is None:
+                continue  # not in our protocol definitions: answered as unsupported
+            versions = version_range(key)
+            inline = not inspect.iscoroutinefunction(handler)
+            built[int(key)] = _Route(key, handler, message_class, versions.min_version, versions.max_version, inline)
+        self._routes = built
 
     def _api_versions(self, request: Message, context: RequestContext) -> Message:
         response = pb.ApiVersionsResponse()

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from strom.clock import SYSTEM_CLOCK, Clock
 from strom.cluster.coordinator_address import CoordinatorAddress
@@ -33,7 +35,7 @@ from strom.config import (
     ZOOKEEPER_ADDRESS,
     Configuration,
 )
-from strom.errors import InvalidConfigError, StromError
+from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
 from strom.ids import TableBucket
 from strom.kv.scan import ScannerManager
 from strom.metadata.store import MetadataStore, open_store
@@ -121,14 +123,19 @@ class _ClusterProcess:
         assert self.security is not None
         sock = bind_listener(self.host, self.port)
         self.port = sock.getsockname()[1]
-        guarded = self.security.guard(
+        guarded = self._guard(handlers, catalog)
+        self.rpc = rpc_server_factory(self.config, on_connection_closed)(guarded, self.security.authenticator)
+        await self.rpc.start(sock)
+
+    def _guard(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService) -> dict[ApiKey, Handler]:
+        """``handlers`` behind the ACL checks when authorization is on."""
+        assert self.security is not None
+        return self.security.guard(
             handlers,
             lambda table_id: table.path if (table := catalog.table_info_by_id(table_id)) else None,
             lambda _lease_id: (),
             lambda partition_id: p.table_id if (p := catalog.partition_by_id(partition_id)) else None,
         )
-        self.rpc = rpc_server_factory(self.config, on_connection_closed)(guarded, self.security.authenticator)
-        await self.rpc.start(sock)
 
     @property
     def node(self) -> ServerNode:
@@ -149,7 +156,14 @@ class _ClusterProcess:
 
 
 class CoordinatorNode(_ClusterProcess):
-    """``strom coordinator``: the catalog and the cluster's bookkeeping, no buckets."""
+    """``strom coordinator``: the catalog and the cluster's bookkeeping, no buckets.
+
+    Several may run: each starts as a standby that answers metadata requests (naming the active one) and
+    refuses the rest with NotCoordinatorLeader (65), and campaigns in ZooKeeper; the winner loads the
+    cluster's state from the store (snapshot records, leases, lake tiering states) and serves everything. A
+    coordinator deposed while active (its ZooKeeper session expired) stops: run it under a supervisor to
+    have it rejoin as a standby.
+    """
 
     def __init__(self, data_dir: Path, host: str, port: int, config: Configuration, clock: Clock = SYSTEM_CLOCK) -> None:
         super().__init__(data_dir, host, port, config, clock)
@@ -159,16 +173,69 @@ class CoordinatorNode(_ClusterProcess):
         self.tablets: RemoteTabletServers | None = None
         self.snapshots: KvSnapshotService | None = None
         self.lake: LakeTieringService | None = None
+        self.epoch: int | None = None
+        """The coordinator epoch while active; None as a standby."""
+        self.exit_code = 0
+        self._stop_campaign = threading.Event()
+        self._campaign_task: asyncio.Task[None] | None = None
 
     @property
     def node(self) -> ServerNode:
         return ServerNode(COORDINATOR_NODE_ID, advertised_host(self.config, self.host), self.port)
 
+    def _active_node(self) -> ServerNode:
+        """The active coordinator as metadata names it (this one when active)."""
+        assert self.address is not None
+        current = self.address.current()
+        return self.node if current is None else ServerNode(current.server_id, current.host, current.port)
+
     async def start(self) -> None:
-        config = self.config
+        """Serve as a standby and campaign in the background; :attr:`epoch` is set once active."""
         store, zookeeper = self._open()
         self.registry = TabletServerRegistry(zookeeper)
         self.address = CoordinatorAddress(zookeeper)
+        placement = ClusterPlacement(store, self.registry, self._active_node)
+        standby_catalog = CoordinatorService(
+            store, _NoTablets(), self.config, self.clock, placement, LakeTableTieringManager(store, self.clock, 0, 0)
+        )
+        handlers: dict[ApiKey, Handler] = dict.fromkeys(COORDINATOR_ONLY_KEYS, _not_the_active_coordinator)
+        handlers.update(metadata_handlers(standby_catalog))
+        await self._serve(handlers, standby_catalog)
+        loop = asyncio.get_running_loop()
+
+        def on_deposed() -> None:  # on a ZooKeeper thread
+            loop.call_soon_threadsafe(self._deposed)
+
+        self.address.on_deposed = on_deposed
+        self._campaign_task = asyncio.create_task(self._campaign(store, zookeeper, placement))
+        log.info("strom coordinator on %s:%d (ZooKeeper %s): standby until elected", self.host, self.port, zookeeper)
+
+    async def wait_active(self, timeout_s: float) -> bool:
+        """Whether this coordinator became the active one within ``timeout_s``."""
+        assert self._campaign_task is not None
+        done, _ = await asyncio.wait({self._campaign_task}, timeout=timeout_s)
+        return bool(done) and self.epoch is not None
+
+    async def _campaign(self, store: MetadataStore, zookeeper: str, placement: ClusterPlacement) -> None:
+        assert self.address is not None
+        me = RegisteredServer(COORDINATOR_NODE_ID, self.node.host, self.port)
+        epoch = await asyncio.to_thread(
+            self.address.campaign, me, lambda: store.next_id(COORDINATOR_EPOCH_SEQUENCE), self._stop_campaign
+        )
+        if epoch is None:
+            return
+        try:
+            await self._become_active(store, placement, epoch)
+        except Exception:
+            log.exception("this coordinator won the election but could not start its services; stopping")
+            self.exit_code = 1
+            self.request_stop()
+            return
+        log.info("strom coordinator on %s:%d is active (coordinator epoch %d)", self.host, self.port, epoch)
+
+    async def _become_active(self, store: MetadataStore, placement: ClusterPlacement, epoch: int) -> None:
+        """Load the cluster's state from the store and serve every coordinator request."""
+        config = self.config
         remote = RemoteStorage(self.remote_root)
         leases = KvSnapshotLeaseManager(store, self.clock)
         snapshot_store = KvSnapshotStore(store, remote, config.get(KV_SNAPSHOT_NUM_RETAINED), leases.is_leased)
@@ -183,11 +250,7 @@ class CoordinatorNode(_ClusterProcess):
             if partition_id is None and self.lake is not None:
                 await self.lake.drop_table(table)
 
-        sock_port_known = bind_listener(self.host, self.port)  # the port goes into the placement's node
-        self.port = sock_port_known.getsockname()[1]
-        sock_port_known.close()
-        placement = ClusterPlacement(store, self.registry, self.node)
-        self.tablets = RemoteTabletServers(placement, self.peers)
+        self.tablets = RemoteTabletServers(placement, self.peers, epoch)
         self.coordinator = CoordinatorService(
             store, self.tablets, config, self.clock, placement, lake_tiering, on_table_dropped
         )
@@ -200,17 +263,35 @@ class CoordinatorNode(_ClusterProcess):
         )
         self.snapshots.start()
         await snapshot_store.sweep_unreferenced()
-        assert self.security is not None
+        assert self.security is not None and self.rpc is not None
+        snapshots = self.snapshots
+
+        def commit_kv_snapshot(request: Any, context: object) -> Any:
+            if request.coordinator_epoch != epoch:  # sent to a coordinator that is no longer (or not yet) active
+                raise InvalidCoordinatorError(
+                    f"CommitKvSnapshot for coordinator epoch {request.coordinator_epoch}; the active one is {epoch}"
+                )
+            return snapshots.commit_kv_snapshot(request, context)
+
         handlers = coordinator_handlers(self.coordinator, self.snapshots, self.lake, AclService(self.security.authorizer))
-        handlers[ApiKey.COMMIT_KV_SNAPSHOT] = self.snapshots.commit_kv_snapshot
-        await self._serve(handlers, self.coordinator)
-        self.address.publish(RegisteredServer(COORDINATOR_NODE_ID, self.node.host, self.port))
-        log.info("strom coordinator serving on %s:%d (ZooKeeper %s)", self.host, self.port, zookeeper)
+        handlers[ApiKey.COMMIT_KV_SNAPSHOT] = commit_kv_snapshot
+        self.rpc.set_handlers(self._guard(handlers, self.coordinator))
+        self.epoch = epoch
+
+    def _deposed(self) -> None:
+        if self.epoch is None:
+            return
+        log.error("coordinator epoch %d was deposed: stopping", self.epoch)
+        self.exit_code = 1
+        self.request_stop()
 
     async def stop(self) -> None:
         self._stopped.set()
+        self._stop_campaign.set()
         if self.address is not None:
-            self.address.close()  # first: tablet servers stop sending it commits
+            self.address.close()  # first: tablet servers stop sending it commits, a standby may take over
+        if self._campaign_task is not None:
+            await asyncio.gather(self._campaign_task, return_exceptions=True)
         if self.snapshots is not None:
             await self.snapshots.stop()
         if self.lake is not None:
@@ -221,6 +302,24 @@ class CoordinatorNode(_ClusterProcess):
         if self.registry is not None:
             self.registry.close()
         log.info("strom coordinator stopped")
+
+
+def _not_the_active_coordinator(_request: Any, _context: object) -> Any:
+    raise NotCoordinatorLeaderError("This coordinator is a standby; send the request to the active coordinator.")
+
+
+COORDINATOR_EPOCH_SEQUENCE = "coordinator_epoch"
+COORDINATOR_ONLY_KEYS = (
+    ApiKey.CREATE_DATABASE, ApiKey.DROP_DATABASE, ApiKey.ALTER_DATABASE, ApiKey.LIST_DATABASES,
+    ApiKey.DATABASE_EXISTS, ApiKey.GET_DATABASE_INFO, ApiKey.CREATE_TABLE, ApiKey.DROP_TABLE, ApiKey.ALTER_TABLE,
+    ApiKey.LIST_TABLES, ApiKey.TABLE_EXISTS, ApiKey.CREATE_PARTITION, ApiKey.DROP_PARTITION,
+    ApiKey.LIST_PARTITION_INFOS, ApiKey.GET_LATEST_KV_SNAPSHOTS, ApiKey.GET_KV_SNAPSHOT_METADATA,
+    ApiKey.LIST_KV_SNAPSHOTS, ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE, ApiKey.RELEASE_KV_SNAPSHOT_LEASE,
+    ApiKey.DROP_KV_SNAPSHOT_LEASE, ApiKey.LIST_KV_SNAPSHOT_LEASES, ApiKey.COMMIT_KV_SNAPSHOT,
+    ApiKey.LAKE_TIERING_HEARTBEAT, ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT, ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT,
+    ApiKey.GET_LAKE_SNAPSHOT, ApiKey.DESCRIBE_LAKE_TIERING, ApiKey.CREATE_ACLS, ApiKey.LIST_ACLS, ApiKey.DROP_ACLS,
+)
+"""What a standby coordinator refuses (NotCoordinatorLeader); metadata requests it answers itself."""
 
 
 class TabletServerNode(_ClusterProcess):
@@ -252,6 +351,11 @@ class TabletServerNode(_ClusterProcess):
             raise StromError("no coordinator is active")
         return self._last_coordinator
 
+    def _coordinator_epoch(self) -> int:
+        assert self.address is not None
+        epoch = self.address.current_epoch()
+        return -1 if epoch is None else epoch
+
     async def start(self) -> None:
         config = self.config
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
@@ -263,7 +367,7 @@ class TabletServerNode(_ClusterProcess):
             raise InvalidConfigError(f"no coordinator published its address in ZooKeeper {zookeeper} within "
                                      f"{COORDINATOR_WAIT_S:.0f} s: start `strom coordinator` first")
         remote = RemoteStorage(self.remote_root)
-        committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node)
+        committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node, self._coordinator_epoch)
         self.replicas = ReplicaManager(self.paths.tablets, config, remote, committer.latest_snapshot, store.next_id)
         self.tablet = TabletService(self.replicas, config, self.clock)
         self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config(config), self.clock), self.clock)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from strom.errors import StromError
+from strom.errors import InvalidCoordinatorError, StromError
 from strom.ids import TableBucket
 from strom.kv.snapshot import CompletedKvSnapshot
 from strom.metadata.store import MetadataStore
@@ -24,7 +24,7 @@ from strom.rpc.messages import pb
 from strom.server.kv_snapshot_store import snapshot_sequence_name
 from strom.server.peers import PeerConnections
 from strom.server.placement import ServerNode
-from strom.server.remote_tablets import ALL_BUCKETS, COORDINATOR_EPOCH
+from strom.server.remote_tablets import ALL_BUCKETS
 from strom.server.replica import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,17 @@ class RemoteSnapshotCommitter:
     """The tablet server's side of KV snapshots in a cluster (a ``SnapshotCommitter``): ids and records are
     read from the shared store, commits go to the coordinator (CommitKvSnapshot)."""
 
-    def __init__(self, store: MetadataStore, peers: PeerConnections, coordinator: Callable[[], ServerNode]) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        peers: PeerConnections,
+        coordinator: Callable[[], ServerNode],
+        coordinator_epoch: Callable[[], int],
+    ) -> None:
         self._store = store
         self._peers = peers
         self._coordinator = coordinator
+        self._coordinator_epoch = coordinator_epoch
 
     def next_snapshot_id(self, bucket: TableBucket) -> int:
         return self._store.next_id(snapshot_sequence_name(bucket))
@@ -102,7 +109,7 @@ class RemoteSnapshotCommitter:
     def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> Awaitable[Any]:
         node = self._coordinator()
         request = pb.CommitKvSnapshotRequest(
-            completed_snapshot=snapshot.to_json(), coordinator_epoch=COORDINATOR_EPOCH, bucket_leader_epoch=0
+            completed_snapshot=snapshot.to_json(), coordinator_epoch=self._coordinator_epoch(), bucket_leader_epoch=0
         )
         return self._peers.request(node.host, node.port, ApiKey.COMMIT_KV_SNAPSHOT, request)
 
@@ -138,8 +145,18 @@ class TabletControlService:
         self._replicas = replicas
         self._table_of = table_of
         self._stop_replicas = stop_replicas
+        self._coordinator_epoch = -1
+        """The highest coordinator epoch seen: requests of an older (deposed) coordinator are refused."""
+
+    def _check_epoch(self, epoch: int) -> None:
+        if epoch < self._coordinator_epoch:
+            raise InvalidCoordinatorError(
+                f"The request comes from coordinator epoch {epoch}, but epoch {self._coordinator_epoch} is active."
+            )
+        self._coordinator_epoch = epoch
 
     def notify_leader_and_isr(self, request: Any, _context: object) -> Any:
+        self._check_epoch(request.coordinator_epoch)
         response = pb.NotifyLeaderAndIsrResponse()
         for entry in request.notify_buckets_leader_req:
             result = response.notify_buckets_leader_resp.add()
@@ -154,6 +171,7 @@ class TabletControlService:
         return response
 
     async def stop_replica(self, request: Any, _context: object) -> Any:
+        self._check_epoch(request.coordinator_epoch)
         response = pb.StopReplicaResponse()
         for entry in request.stop_replicas_req:
             result = response.stop_replicas_resp.add()
@@ -169,6 +187,8 @@ class TabletControlService:
         return response
 
     def update_metadata(self, request: Any, _context: object) -> Any:
+        if request.HasField("coordinator_epoch"):
+            self._check_epoch(request.coordinator_epoch)
         for metadata in request.table_metadata:
             table = self._table_of(metadata.table_id)
             if table is not None:

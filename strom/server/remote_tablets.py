@@ -23,16 +23,15 @@ from strom.server.placement import BucketPlacement, ServerNode
 
 log = logging.getLogger(__name__)
 
-COORDINATOR_EPOCH = 0
-"""Coordinators are not elected yet (one per cluster): every request carries epoch 0."""
-
-
 class RemoteTabletServers:
     """Owned by the coordinator's event loop."""
 
-    def __init__(self, placement: BucketPlacement, peers: PeerConnections) -> None:
+    def __init__(self, placement: BucketPlacement, peers: PeerConnections, coordinator_epoch: int) -> None:
+        """``coordinator_epoch``: this coordinator's election epoch, carried by every request so tablet
+        servers refuse a deposed coordinator's."""
         self._placement = placement
         self._peers = peers
+        self._epoch = coordinator_epoch
         self._background: set[asyncio.Task[None]] = set()
 
     def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
@@ -45,11 +44,11 @@ class RemoteTabletServers:
                 by_server.setdefault(leaders[bucket.bucket], []).append(bucket)
         for node in self._placement.tablet_servers():
             if node.node_id in by_server:
-                request = _leader_request(table, by_server[node.node_id], node.node_id)
+                request = _leader_request(table, by_server[node.node_id], node.node_id, self._epoch)
                 self._spawn(self._send(node, ApiKey.NOTIFY_LEADER_AND_ISR, request))
 
     def change_table(self, table: TableInfo) -> None:
-        request = pb.UpdateMetadataRequest(coordinator_epoch=COORDINATOR_EPOCH)
+        request = pb.UpdateMetadataRequest(coordinator_epoch=self._epoch)
         request.table_metadata.add(
             table_path=pb.PbTablePath(database_name=table.path.database_name, table_name=table.path.table_name),
             table_id=table.table_id, schema_id=table.schema_id, table_json=table.table_json,
@@ -61,7 +60,7 @@ class RemoteTabletServers:
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
         """Every live tablet server stops (and with ``delete`` removes) the table's or partition's buckets
         it hosts; StopReplica names the table and partition with bucket -1 (all of its buckets)."""
-        request = pb.StopReplicaRequest(coordinator_epoch=COORDINATOR_EPOCH)
+        request = pb.StopReplicaRequest(coordinator_epoch=self._epoch)
         target = request.stop_replicas_req.add(leader_epoch=0, delete=delete)
         target.table_bucket.table_id = table_id
         target.table_bucket.bucket_id = ALL_BUCKETS
@@ -101,8 +100,8 @@ ALL_BUCKETS = -1
 """StopReplica's bucket id meaning every bucket of the table or partition (strom's convention)."""
 
 
-def _leader_request(table: TableInfo, buckets: Sequence[TableBucket], leader: int) -> object:
-    request = pb.NotifyLeaderAndIsrRequest(coordinator_epoch=COORDINATOR_EPOCH)
+def _leader_request(table: TableInfo, buckets: Sequence[TableBucket], leader: int, epoch: int) -> object:
+    request = pb.NotifyLeaderAndIsrRequest(coordinator_epoch=epoch)
     for bucket in buckets:
         entry = request.notify_buckets_leader_req.add(leader=leader, leader_epoch=0, bucket_epoch=0)
         entry.physical_table_path.database_name = table.path.database_name
@@ -116,4 +115,4 @@ def _leader_request(table: TableInfo, buckets: Sequence[TableBucket], leader: in
     return request
 
 
-__all__ = ["ALL_BUCKETS", "COORDINATOR_EPOCH", "RemoteTabletServers"]
+__all__ = ["ALL_BUCKETS", "RemoteTabletServers"]

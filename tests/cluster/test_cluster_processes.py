@@ -22,7 +22,13 @@ import pytest
 from strom.client import Column, Connection, OffsetSpec, Schema, TableBucket, TableDescriptor, TablePath
 from strom.cluster.local import LocalCluster
 from strom.cluster.zookeeper_server import unavailable_reason
-from strom.errors import InvalidReplicationFactorError
+from strom.errors import (
+    ConnectionFailedError,
+    InvalidCoordinatorError,
+    InvalidReplicationFactorError,
+    NetworkError,
+    NotCoordinatorLeaderError,
+)
 from strom.records.types import StringType
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -46,11 +52,11 @@ def own_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     yield from _cluster(tmp_path / "cluster", 2, {"kv.snapshot.interval": "0s"})
 
 
-def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str]) -> Iterator[LocalCluster]:
+def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str], coordinators: int = 1) -> Iterator[LocalCluster]:
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    local = LocalCluster(data_dir, tablet_servers, config).start()
+    local = LocalCluster(data_dir, tablet_servers, config, coordinators=coordinators).start()
     try:
         _wait_for_servers(local, tablet_servers)
         yield local
@@ -59,7 +65,7 @@ def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str]) -> Ite
         errors = [line for member in local.state.members if member.log
                   for line in Path(member.log).read_text(errors="replace").splitlines() if "AssertionError" in line]
         assert not errors, f"a server logged a broken invariant: {errors[:5]}"
-        assert all(code in (0, None, 143) for name, code in codes.items() if name != "zookeeper"), codes
+        assert all(code in (0, None) for name, code in codes.items() if name != "zookeeper"), codes
 
 
 def _wait_for_servers(local: LocalCluster, count: int) -> None:
@@ -271,11 +277,114 @@ def test_the_cluster_command_starts_reports_and_stops_a_cluster(tmp_path: Path) 
     assert after.returncode == 0 and not any(m["up"] for m in json.loads(after.stdout))
 
 
-def test_a_second_coordinator_refuses_to_start(cluster: LocalCluster, tmp_path: Path) -> None:
-    second = subprocess.run(
-        [sys.executable, "-m", "strom.cli.main", "coordinator", "--bind", "127.0.0.1:0", "--data-dir",
-         str(tmp_path / "second"), "-D", f"zookeeper.address={cluster.zookeeper_address}"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert second.returncode != 0
-    assert f"another coordinator is active at {cluster.bootstrap}" in second.stderr
+def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(tmp_path: Path) -> None:
+    """SIGKILL the active coordinator: the standby is elected, loads snapshot records and leases from
+    ZooKeeper, keeps the leased snapshot through retention, expires the short lease, and serves catalog
+    changes and snapshot commits; the deposed coordinator's epoch is fenced by the tablet servers."""
+    config = {"kv.snapshot.interval": "300ms", "kv.snapshot.num-retained": "1",
+              "kv.snapshot.lease.expiration-check-interval": "200ms"}
+    local = _cluster(tmp_path / "cluster", 1, config, coordinators=2)
+    cluster = next(local)
+    try:
+        first, second = (cluster.member("coordinator", index) for index in (1, 2))
+
+        async def before() -> tuple[TablePath, int]:
+            async with await Connection.create(cluster.bootstrap) as connection:
+                admin = connection.get_admin()
+                with pytest.raises(NotCoordinatorLeaderError):  # the standby refuses catalog changes
+                    async with await Connection.create(second.address) as direct:
+                        await direct.request(second.address, ApiKey.CREATE_DATABASE,
+                                             pb.CreateDatabaseRequest(database_name="x", ignore_if_exists=True))
+                path = await create_table(connection, buckets=1)
+                await upsert(connection, path, range(100), "a")
+                pinned = await _snapshot_after(admin, path, -1)
+                table = await connection.get_table(path)
+                bucket = table.bucket(0)
+                await admin.create_kv_snapshot_lease("keep", 600_000).acquire_snapshots({bucket: pinned})
+                await admin.create_kv_snapshot_lease("short", 12_000).acquire_snapshots({bucket: pinned})
+                return path, pinned
+
+        path, pinned = asyncio.run(before())
+        cluster.signal_member(first, signal.SIGKILL)
+
+        async def after() -> tuple[str, list[str], int, bool]:
+            async with await Connection.create(cluster.bootstrap) as connection:
+                admin = connection.get_admin()
+                deadline = time.monotonic() + WAIT_S
+                while True:  # the killed coordinator's node lives until its ZooKeeper session times out
+                    try:
+                        await admin.create_database(unique_name("after_failover"))
+                        break
+                    except (NotCoordinatorLeaderError, ConnectionFailedError, NetworkError):
+                        assert time.monotonic() < deadline, "no coordinator took over"
+                        await asyncio.sleep(0.2)
+                active = (await admin.get_server_nodes())[0]
+                await upsert(connection, path, range(100, 200), "b")  # new snapshots, committed to the new one
+                newest = await _snapshot_after(admin, path, pinned)
+                deadline = time.monotonic() + WAIT_S
+                while "short" in [lease.lease_id for lease in await admin.list_kv_snapshot_leases()]:
+                    assert time.monotonic() < deadline, "the short lease never expired after the failover"
+                    await asyncio.sleep(0.2)
+                leases = [lease.lease_id for lease in await admin.list_kv_snapshot_leases()]
+                table = await connection.get_table(path)
+                kept = bool(await admin.get_kv_snapshot_metadata(table.bucket(0), pinned))
+                fenced = False
+                tablet = cluster.member("tablet-server", 1)
+                stale = pb.StopReplicaRequest(coordinator_epoch=0)
+                stale.stop_replicas_req.add(leader_epoch=0, delete=True).table_bucket.CopyFrom(
+                    pb.PbTableBucket(table_id=table.layout.info.table_id, bucket_id=-1))
+                try:
+                    await connection.request(tablet.address, ApiKey.STOP_REPLICA, stale)
+                except InvalidCoordinatorError:
+                    fenced = True
+                return f"{active.host}:{active.port}", leases, newest, kept and fenced
+
+        active, leases, newest, kept_and_fenced = asyncio.run(after())
+        assert active == second.address
+        assert leases == ["keep"]
+        assert newest > pinned
+        assert kept_and_fenced, "the leased snapshot survived retention and the old epoch was refused"
+    finally:
+        next(local, None)
+
+
+async def _snapshot_after(admin: Any, path: TablePath, snapshot_id: int) -> int:
+    """The id of bucket 0's first snapshot newer than ``snapshot_id`` that covers the whole log."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        latest = (await admin.get_latest_kv_snapshots(path)).snapshots.get(0)
+        ends = await admin.list_offsets(path, [0], OffsetSpec.latest())
+        if latest is not None and latest.snapshot_id > snapshot_id and latest.log_offset == ends[0]:
+            return int(latest.snapshot_id)
+        assert time.monotonic() < deadline, f"no snapshot after {snapshot_id}: {latest}"
+        await asyncio.sleep(0.2)
+
+
+def test_a_coordinator_paused_beyond_its_session_is_deposed_and_stops(tmp_path: Path) -> None:
+    """SIGSTOP the active coordinator longer than the ZooKeeper session timeout (6 s): the standby takes
+    over; on SIGCONT the paused one learns it was deposed and exits non-zero instead of acting."""
+    local = _cluster(tmp_path / "cluster", 1, {"kv.snapshot.interval": "0s"}, coordinators=2)
+    cluster = next(local)
+    try:
+        first, second = (cluster.member("coordinator", index) for index in (1, 2))
+        cluster.signal_member(first, signal.SIGSTOP)
+
+        async def new_active() -> str:
+            async with await Connection.create(second.address) as connection:
+                deadline = time.monotonic() + WAIT_S
+                while True:
+                    coordinator = (await connection.get_admin().get_server_nodes())[0]
+                    if f"{coordinator.host}:{coordinator.port}" == second.address:
+                        await connection.get_admin().create_database(unique_name("after_pause"))
+                        return second.address
+                    assert time.monotonic() < deadline, "the standby was never elected"
+                    await asyncio.sleep(0.2)
+                    await connection.metadata.refresh()
+
+        assert asyncio.run(new_active()) == second.address
+        cluster.signal_member(first, signal.SIGCONT)
+        process = cluster.processes[first.pid]
+        assert process.wait(WAIT_S) == 1, "the deposed coordinator stops with a failure code"
+        assert "was deposed" in Path(first.log).read_text()
+    finally:
+        next(local, None)
