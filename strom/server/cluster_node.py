@@ -22,6 +22,8 @@ from strom.clock import SYSTEM_CLOCK, Clock
 from strom.cluster.coordinator_address import CoordinatorAddress
 from strom.cluster.registry import RegisteredServer, TabletServerRegistry
 from strom.config import (
+    AUTHORIZER_ENABLED,
+    BIND_LISTENERS,
     DATALAKE_FORMAT,
     KV_SNAPSHOT_INTERVAL,
     KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
@@ -30,6 +32,7 @@ from strom.config import (
     LAKE_TIERING_HEARTBEAT_TIMEOUT,
     LOG_RETENTION_CHECK_INTERVAL,
     REMOTE_DATA_DIR,
+    SECURITY_PROTOCOL_MAP,
     TABLE_LOG_TTL,
     TABLET_SERVER_ID,
     ZOOKEEPER_ADDRESS,
@@ -43,7 +46,7 @@ from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.server import Handler, RpcServer, bind_listener
-from strom.security.server_security import ServerSecurity
+from strom.security.server_security import SASL, ServerSecurity, parse_listeners, parse_protocol_map
 from strom.server.acl_service import AclService
 from strom.server.cluster_tablet import (
     ClusterTables,
@@ -94,6 +97,18 @@ def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
     return open_store("zookeeper", address), address
 
 
+def _refuse_security(config: Configuration) -> None:
+    """The servers' own requests to each other carry no credentials yet and would be refused, so a cluster
+    refuses security settings instead of starting half-working."""
+    listeners = parse_listeners(config.get(BIND_LISTENERS) or "127.0.0.1:9123")
+    protocols = parse_protocol_map(config.get(SECURITY_PROTOCOL_MAP) or "")
+    if config.get(AUTHORIZER_ENABLED) or len(listeners) > 1 or SASL in protocols.values():
+        raise InvalidConfigError(
+            "a cluster does not support SASL listeners, extra listeners or ACLs yet (its servers' requests to "
+            "each other are not authenticated): run it without security settings, or use `strom server`"
+        )
+
+
 class _ClusterProcess:
     """What both processes share: data directory, ZooKeeper, security, the RPC listener, shutdown."""
 
@@ -112,6 +127,7 @@ class _ClusterProcess:
         self._stopped = asyncio.Event()
 
     def _open(self) -> tuple[MetadataStore, str]:
+        _refuse_security(self.config)
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         store, address = _cluster_store(self.config)
         self.store = store
