@@ -26,10 +26,6 @@ from strom.config import (
     BIND_LISTENERS,
     DATALAKE_FORMAT,
     KV_SNAPSHOT_INTERVAL,
-    KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
-    KV_SNAPSHOT_NUM_RETAINED,
-    LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
-    LAKE_TIERING_HEARTBEAT_TIMEOUT,
     LOG_RETENTION_CHECK_INTERVAL,
     REMOTE_DATA_DIR,
     SECURITY_PROTOCOL_MAP,
@@ -55,19 +51,14 @@ from strom.server.cluster_tablet import (
     remove_dropped_table_data,
 )
 from strom.server.coordinator import CoordinatorService
-from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.server.coordinator_role import CoordinatorRole, metadata_handlers
 from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
-from strom.server.kv_snapshot_service import KvSnapshotService
-from strom.server.kv_snapshot_store import KvSnapshotStore
-from strom.server.lake_service import LakeTieringService
 from strom.server.lake_tiering import LakeTableTieringManager
 from strom.server.node import (
     WAREHOUSE_OPTIONS,
     ServerPaths,
     advertised_host,
-    coordinator_handlers,
     lake_warehouse,
-    metadata_handlers,
     rpc_server_factory,
     scanner_config,
     tablet_handlers,
@@ -185,10 +176,9 @@ class CoordinatorNode(_ClusterProcess):
         super().__init__(data_dir, host, port, config, clock)
         self.registry: TabletServerRegistry | None = None
         self.address: CoordinatorAddress | None = None
+        self.role: CoordinatorRole | None = None
         self.coordinator: CoordinatorService | None = None
         self.tablets: RemoteTabletServers | None = None
-        self.snapshots: KvSnapshotService | None = None
-        self.lake: LakeTieringService | None = None
         self.epoch: int | None = None
         """The coordinator epoch while active; None as a standby."""
         self.exit_code = 0
@@ -251,36 +241,11 @@ class CoordinatorNode(_ClusterProcess):
 
     async def _become_active(self, store: MetadataStore, placement: ClusterPlacement, epoch: int) -> None:
         """Load the cluster's state from the store and serve every coordinator request."""
-        config = self.config
-        remote = RemoteStorage(self.remote_root)
-        leases = KvSnapshotLeaseManager(store, self.clock)
-        snapshot_store = KvSnapshotStore(store, remote, config.get(KV_SNAPSHOT_NUM_RETAINED), leases.is_leased)
-        lake_tiering = LakeTableTieringManager(
-            store, self.clock, config.get_ms(LAKE_TIERING_HEARTBEAT_TIMEOUT),
-            config.get_ms(LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL),
-        )
-
-        async def on_table_dropped(table: TableInfo, partition_id: int | None) -> None:
-            assert self.snapshots is not None
-            self.snapshots.on_table_dropped(table, partition_id)
-            if partition_id is None and self.lake is not None:
-                await self.lake.drop_table(table)
-
+        self.role = role = CoordinatorRole(store, self.config, self.clock, RemoteStorage(self.remote_root))
         self.tablets = RemoteTabletServers(placement, self.peers, epoch)
-        self.coordinator = CoordinatorService(
-            store, self.tablets, config, self.clock, placement, lake_tiering, on_table_dropped
-        )
-        self.coordinator.start()
-        self.lake = LakeTieringService(self.coordinator, lake_tiering, store, remote)
-        self.lake.start()
-        self.snapshots = KvSnapshotService(
-            self.coordinator, snapshot_store, leases, self.clock,
-            config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL),
-        )
-        self.snapshots.start()
-        await snapshot_store.sweep_unreferenced()
-        assert self.security is not None and self.rpc is not None
-        snapshots = self.snapshots
+        self.coordinator = await role.start(self.tablets, placement)
+        assert self.security is not None and self.rpc is not None and role.snapshots is not None
+        snapshots = role.snapshots
 
         def commit_kv_snapshot(request: Any, context: object) -> Any:
             if request.coordinator_epoch != epoch:  # sent to a coordinator that is no longer (or not yet) active
@@ -289,7 +254,7 @@ class CoordinatorNode(_ClusterProcess):
                 )
             return snapshots.commit_kv_snapshot(request, context)
 
-        handlers = coordinator_handlers(self.coordinator, self.snapshots, self.lake, AclService(self.security.authorizer))
+        handlers = role.handlers(AclService(self.security.authorizer))
         handlers[ApiKey.COMMIT_KV_SNAPSHOT] = commit_kv_snapshot
         self.rpc.set_handlers(self._guard(handlers, self.coordinator))
         self.epoch = epoch
@@ -308,10 +273,8 @@ class CoordinatorNode(_ClusterProcess):
             self.address.close()  # first: tablet servers stop sending it commits, a standby may take over
         if self._campaign_task is not None:
             await asyncio.gather(self._campaign_task, return_exceptions=True)
-        if self.snapshots is not None:
-            await self.snapshots.stop()
-        if self.lake is not None:
-            await self.lake.stop()
+        if self.role is not None:
+            await self.role.stop()
         if self.tablets is not None:
             await self.tablets.close()
         await self._close_common()

@@ -28,10 +28,6 @@ from strom.config import (
     KV_SCANNER_MAX_PER_SERVER,
     KV_SCANNER_TTL,
     KV_SNAPSHOT_INTERVAL,
-    KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
-    KV_SNAPSHOT_NUM_RETAINED,
-    LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
-    LAKE_TIERING_HEARTBEAT_TIMEOUT,
     LOG_RETENTION_CHECK_INTERVAL,
     MAX_REQUEST_SIZE,
     METRICS_PORT,
@@ -54,12 +50,10 @@ from strom.security.authenticator import PlainAuthenticator
 from strom.security.server_security import ServerSecurity
 from strom.server.acl_service import AclService
 from strom.server.coordinator import CoordinatorService
-from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.server.coordinator_role import CoordinatorRole
 from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
 from strom.server.kv_snapshot_service import KvSnapshotService
-from strom.server.kv_snapshot_store import KvSnapshotStore
 from strom.server.lake_service import LakeTieringService
-from strom.server.lake_tiering import LakeTableTieringManager
 from strom.server.listeners import ExtraListeners
 from strom.server.metrics import StromCollector, serve_metrics
 from strom.server.placement import ServerNode, SingleNodePlacement
@@ -180,6 +174,7 @@ class StromServer:
         self.remote_root = config.get(REMOTE_DATA_DIR) or str(self.paths.default_remote)
         self.store: MetadataStore | None = None
         self.replicas: ReplicaManager | None = None
+        self.role: CoordinatorRole | None = None
         self.coordinator: CoordinatorService | None = None
         self.lake: LakeTieringService | None = None
         self.tablet: TabletService | None = None
@@ -207,20 +202,8 @@ class StromServer:
             self.store = store = open_store("sqlite", str(self.paths.metadata_db))
         self.security = ServerSecurity.from_config(config, store)  # a bad security setting stops the start here
         remote = RemoteStorage(self.remote_root)
-        leases = KvSnapshotLeaseManager(store, self.clock)
-        snapshot_store = KvSnapshotStore(store, remote, config.get(KV_SNAPSHOT_NUM_RETAINED), leases.is_leased)
-        lake_tiering = LakeTableTieringManager(
-            store, self.clock, config.get_ms(LAKE_TIERING_HEARTBEAT_TIMEOUT),
-            config.get_ms(LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL),
-        )
-
-        async def on_table_dropped(table: TableInfo, partition_id: int | None) -> None:
-            assert self.snapshots is not None
-            self.snapshots.on_table_dropped(table, partition_id)
-            if partition_id is None and self.lake is not None:
-                await self.lake.drop_table(table)
-
-        self.replicas = ReplicaManager(self.paths.tablets, config, remote, snapshot_store.latest, store.next_id)
+        self.role = role = CoordinatorRole(store, config, self.clock, remote)
+        self.replicas = ReplicaManager(self.paths.tablets, config, remote, role.snapshot_store.latest, store.next_id)
         self.tablet = TabletService(self.replicas, config, self.clock)
         self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config(config), self.clock), self.clock)
         self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
@@ -231,17 +214,9 @@ class StromServer:
         node = ServerNode(config.get(TABLET_SERVER_ID), advertised_host(config, self.host), self.port)
         self.listeners = ExtraListeners(self.security.extra_listeners, config.get(ADVERTISED_HOST))
         self.listeners.bind()
-        self.coordinator = CoordinatorService(
-            store, self.tablet_server, config, self.clock, SingleNodePlacement(node), lake_tiering, on_table_dropped
-        )
-        self.coordinator.start()
-        self.lake = LakeTieringService(self.coordinator, lake_tiering, store, remote)
-        self.lake.start()
-        self.snapshots = KvSnapshotService(
-            self.coordinator, snapshot_store, leases, self.clock,
-            config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL),
-        )
-        self.snapshots.start()
+        self.coordinator = coordinator = await role.start(self.tablet_server, SingleNodePlacement(node))
+        self.lake, self.snapshots = role.lake, role.snapshots
+        assert self.snapshots is not None
         self.snapshot_scheduler = KvSnapshotScheduler(
             self.replicas,
             self.snapshots,
@@ -252,14 +227,13 @@ class StromServer:
             clock=self.clock,
             default_log_ttl=config.get(TABLE_LOG_TTL),
         )
-        await snapshot_store.sweep_unreferenced()  # before the first upload can be in flight
         self.snapshot_scheduler.start()
-        lease_of = leases.get
+        lease_of = role.leases.get
         handlers = self.security.guard(
             self._handlers(),
-            lambda table_id: table.path if (table := self.coordinator.table_info_by_id(table_id)) else None,  # type: ignore[union-attr]
+            lambda table_id: table.path if (table := coordinator.table_info_by_id(table_id)) else None,
             lambda lease_id: {bucket.table_id for bucket in lease.pins} if (lease := lease_of(lease_id)) else (),
-            lambda partition_id: p.table_id if (p := self.coordinator.partition_by_id(partition_id)) else None,  # type: ignore[union-attr]
+            lambda partition_id: p.table_id if (p := coordinator.partition_by_id(partition_id)) else None,
         )
 
         rpc_server = rpc_server_factory(config, self.scans.on_connection_closed)
@@ -269,8 +243,8 @@ class StromServer:
         metrics_port = config.get(METRICS_PORT)
         if metrics_port:
             collector = StromCollector(
-                asyncio.get_running_loop(), leases, snapshot_store, self.replicas, lambda: self.rpc, self._table_name,
-                lake_tiering, self.clock,
+                asyncio.get_running_loop(), role.leases, role.snapshot_store, self.replicas, lambda: self.rpc,
+                self._table_name, role.lake_tiering, self.clock,
             )
             self._metrics_server, self.metrics_port = serve_metrics(self.host, metrics_port, collector)
         log.info("strom serving on %s:%d (data in %s, remote storage %s)", self.host, self.port,
@@ -285,11 +259,9 @@ class StromServer:
         return str(table.path) if table else str(table_id)
 
     def _handlers(self) -> dict[ApiKey, Handler]:
-        coordinator, tablet, snapshots, scans, lake = self.coordinator, self.tablet, self.snapshots, self.scans, self.lake
-        assert coordinator is not None and tablet is not None and snapshots is not None and scans is not None
-        assert lake is not None and self.security is not None
+        assert self.role is not None and self.tablet is not None and self.scans is not None and self.security is not None
         acls = AclService(self.security.authorizer)
-        return {**coordinator_handlers(coordinator, snapshots, lake, acls), **tablet_handlers(tablet, scans)}
+        return {**self.role.handlers(acls), **tablet_handlers(self.tablet, self.scans)}
 
     async def serve_forever(self) -> None:
         await self._stopped.wait()
@@ -307,10 +279,8 @@ class StromServer:
             self._metrics_server.shutdown()
         if self.snapshot_scheduler is not None:
             await self.snapshot_scheduler.stop()
-        if self.snapshots is not None:
-            await self.snapshots.stop()
-        if self.lake is not None:
-            await self.lake.stop()
+        if self.role is not None:
+            await self.role.stop()
         if self.scans is not None:
             await self.scans.stop()
         if self.replicas is not None:
@@ -318,54 +288,6 @@ class StromServer:
         if self.store is not None:
             self.store.close()
         log.info("strom stopped")
-
-
-def coordinator_handlers(
-    coordinator: CoordinatorService, snapshots: KvSnapshotService, lake: LakeTieringService, acls: AclService
-) -> dict[ApiKey, Handler]:
-    """The coordinator role's requests: catalog, metadata, KV snapshot records and leases, lake, ACLs."""
-    return {
-        ApiKey.ALTER_TABLE: coordinator.alter_table,
-        ApiKey.LAKE_TIERING_HEARTBEAT: lake.lake_tiering_heartbeat,
-        ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT: lake.prepare_lake_table_snapshot,
-        ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT: lake.commit_lake_table_snapshot,
-        ApiKey.GET_LAKE_SNAPSHOT: lake.get_lake_snapshot,
-        ApiKey.DESCRIBE_LAKE_TIERING: lake.describe_lake_tiering,
-        ApiKey.CREATE_DATABASE: coordinator.create_database,
-        ApiKey.DROP_DATABASE: coordinator.drop_database,
-        ApiKey.ALTER_DATABASE: coordinator.alter_database,
-        ApiKey.LIST_DATABASES: coordinator.list_databases,
-        ApiKey.DATABASE_EXISTS: coordinator.database_exists,
-        ApiKey.GET_DATABASE_INFO: coordinator.get_database_info,
-        ApiKey.CREATE_TABLE: coordinator.create_table,
-        ApiKey.DROP_TABLE: coordinator.drop_table,
-        ApiKey.CREATE_PARTITION: coordinator.create_partition,
-        ApiKey.DROP_PARTITION: coordinator.drop_partition,
-        ApiKey.LIST_PARTITION_INFOS: coordinator.list_partition_infos,
-        ApiKey.LIST_TABLES: coordinator.list_tables,
-        ApiKey.TABLE_EXISTS: coordinator.table_exists,
-        ApiKey.GET_LATEST_KV_SNAPSHOTS: snapshots.get_latest_kv_snapshots,
-        ApiKey.GET_KV_SNAPSHOT_METADATA: snapshots.get_kv_snapshot_metadata,
-        ApiKey.LIST_KV_SNAPSHOTS: snapshots.list_kv_snapshots,
-        ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE: snapshots.acquire_kv_snapshot_lease,
-        ApiKey.RELEASE_KV_SNAPSHOT_LEASE: snapshots.release_kv_snapshot_lease,
-        ApiKey.DROP_KV_SNAPSHOT_LEASE: snapshots.drop_kv_snapshot_lease,
-        ApiKey.LIST_KV_SNAPSHOT_LEASES: snapshots.list_kv_snapshot_leases,
-        ApiKey.CREATE_ACLS: acls.create_acls,
-        ApiKey.LIST_ACLS: acls.list_acls,
-        ApiKey.DROP_ACLS: acls.drop_acls,
-        **metadata_handlers(coordinator),
-    }
-
-
-def metadata_handlers(coordinator: CoordinatorService) -> dict[ApiKey, Handler]:
-    """What every server of a cluster answers from the metadata store: clients ask whichever they know."""
-    return {
-        ApiKey.GET_METADATA: coordinator.metadata,
-        ApiKey.GET_TABLE_INFO: coordinator.get_table_info,
-        ApiKey.GET_TABLE_SCHEMA: coordinator.get_table_schema,
-        ApiKey.INIT_WRITER: coordinator.init_writer,
-    }
 
 
 def tablet_handlers(tablet: TabletService, scans: ScanKvService) -> dict[ApiKey, Handler]:

@@ -1,0 +1,132 @@
+"""The coordinator's services over one metadata store, wired once for ``strom server`` and for a cluster's
+active coordinator: the catalog (:class:`CoordinatorService`), KV snapshot records, retention and leases
+(:class:`KvSnapshotService`), and the lake tiering manager (:class:`LakeTieringService`).
+
+Built in two steps because the one-process server's tablet role needs the snapshot store (to restore a
+bucket from its latest snapshot) before the catalog hands it its buckets.
+"""
+
+from __future__ import annotations
+
+from strom.clock import Clock
+from strom.config import (
+    KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
+    KV_SNAPSHOT_NUM_RETAINED,
+    LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
+    LAKE_TIERING_HEARTBEAT_TIMEOUT,
+    Configuration,
+)
+from strom.metadata.store import MetadataStore
+from strom.metadata.table_info import TableInfo
+from strom.remote.storage import RemoteStorage
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.server import Handler
+from strom.server.acl_service import AclService
+from strom.server.coordinator import CoordinatorService
+from strom.server.gateway import TabletServerGateway
+from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.server.kv_snapshot_service import KvSnapshotService
+from strom.server.kv_snapshot_store import KvSnapshotStore
+from strom.server.lake_service import LakeTieringService
+from strom.server.lake_tiering import LakeTableTieringManager
+from strom.server.placement import BucketPlacement
+
+
+class CoordinatorRole:
+    """Owned by the event loop: :meth:`start` once, :meth:`stop` once."""
+
+    def __init__(self, store: MetadataStore, config: Configuration, clock: Clock, remote: RemoteStorage) -> None:
+        """Loads the persisted state (leases, snapshot records, lake tiering states) from ``store``."""
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.remote = remote
+        self.leases = KvSnapshotLeaseManager(store, clock)
+        self.snapshot_store = KvSnapshotStore(store, remote, config.get(KV_SNAPSHOT_NUM_RETAINED), self.leases.is_leased)
+        self.lake_tiering = LakeTableTieringManager(
+            store, clock, config.get_ms(LAKE_TIERING_HEARTBEAT_TIMEOUT),
+            config.get_ms(LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL),
+        )
+        self.coordinator: CoordinatorService | None = None
+        self.lake: LakeTieringService | None = None
+        self.snapshots: KvSnapshotService | None = None
+
+    async def start(self, tablets: TabletServerGateway, placement: BucketPlacement) -> CoordinatorService:
+        """Hand the tablet servers their buckets, start the lease expiry and tiering loops, and sweep remote
+        files no snapshot references (before any upload of this run can be in flight)."""
+        self.coordinator = coordinator = CoordinatorService(
+            self.store, tablets, self.config, self.clock, placement, self.lake_tiering, self._on_table_dropped
+        )
+        coordinator.start()
+        self.lake = LakeTieringService(coordinator, self.lake_tiering, self.store, self.remote)
+        self.lake.start()
+        self.snapshots = KvSnapshotService(
+            coordinator, self.snapshot_store, self.leases, self.clock,
+            self.config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL),
+        )
+        self.snapshots.start()
+        await self.snapshot_store.sweep_unreferenced()
+        return coordinator
+
+    async def _on_table_dropped(self, table: TableInfo, partition_id: int | None) -> None:
+        """Release a dropped table's (or partition's) KV snapshots, leases and lake offsets files."""
+        assert self.snapshots is not None
+        self.snapshots.on_table_dropped(table, partition_id)
+        if partition_id is None and self.lake is not None:
+            await self.lake.drop_table(table)
+
+    def handlers(self, acls: AclService) -> dict[ApiKey, Handler]:
+        """The coordinator role's requests: catalog, metadata, KV snapshot records and leases, lake, ACLs."""
+        coordinator, snapshots, lake = self.coordinator, self.snapshots, self.lake
+        assert coordinator is not None and snapshots is not None and lake is not None, "start() first"
+        return {
+            ApiKey.ALTER_TABLE: coordinator.alter_table,
+            ApiKey.LAKE_TIERING_HEARTBEAT: lake.lake_tiering_heartbeat,
+            ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT: lake.prepare_lake_table_snapshot,
+            ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT: lake.commit_lake_table_snapshot,
+            ApiKey.GET_LAKE_SNAPSHOT: lake.get_lake_snapshot,
+            ApiKey.DESCRIBE_LAKE_TIERING: lake.describe_lake_tiering,
+            ApiKey.CREATE_DATABASE: coordinator.create_database,
+            ApiKey.DROP_DATABASE: coordinator.drop_database,
+            ApiKey.ALTER_DATABASE: coordinator.alter_database,
+            ApiKey.LIST_DATABASES: coordinator.list_databases,
+            ApiKey.DATABASE_EXISTS: coordinator.database_exists,
+            ApiKey.GET_DATABASE_INFO: coordinator.get_database_info,
+            ApiKey.CREATE_TABLE: coordinator.create_table,
+            ApiKey.DROP_TABLE: coordinator.drop_table,
+            ApiKey.CREATE_PARTITION: coordinator.create_partition,
+            ApiKey.DROP_PARTITION: coordinator.drop_partition,
+            ApiKey.LIST_PARTITION_INFOS: coordinator.list_partition_infos,
+            ApiKey.LIST_TABLES: coordinator.list_tables,
+            ApiKey.TABLE_EXISTS: coordinator.table_exists,
+            ApiKey.GET_LATEST_KV_SNAPSHOTS: snapshots.get_latest_kv_snapshots,
+            ApiKey.GET_KV_SNAPSHOT_METADATA: snapshots.get_kv_snapshot_metadata,
+            ApiKey.LIST_KV_SNAPSHOTS: snapshots.list_kv_snapshots,
+            ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE: snapshots.acquire_kv_snapshot_lease,
+            ApiKey.RELEASE_KV_SNAPSHOT_LEASE: snapshots.release_kv_snapshot_lease,
+            ApiKey.DROP_KV_SNAPSHOT_LEASE: snapshots.drop_kv_snapshot_lease,
+            ApiKey.LIST_KV_SNAPSHOT_LEASES: snapshots.list_kv_snapshot_leases,
+            ApiKey.CREATE_ACLS: acls.create_acls,
+            ApiKey.LIST_ACLS: acls.list_acls,
+            ApiKey.DROP_ACLS: acls.drop_acls,
+            **metadata_handlers(coordinator),
+        }
+
+    async def stop(self) -> None:
+        if self.snapshots is not None:
+            await self.snapshots.stop()
+        if self.lake is not None:
+            await self.lake.stop()
+
+
+def metadata_handlers(coordinator: CoordinatorService) -> dict[ApiKey, Handler]:
+    """What every server of a cluster answers from the metadata store: clients ask whichever they know."""
+    return {
+        ApiKey.GET_METADATA: coordinator.metadata,
+        ApiKey.GET_TABLE_INFO: coordinator.get_table_info,
+        ApiKey.GET_TABLE_SCHEMA: coordinator.get_table_schema,
+        ApiKey.INIT_WRITER: coordinator.init_writer,
+    }
+
+
+__all__ = ["CoordinatorRole", "metadata_handlers"]
