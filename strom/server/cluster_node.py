@@ -25,18 +25,14 @@ from strom.config import (
     AUTHORIZER_ENABLED,
     BIND_LISTENERS,
     DATALAKE_FORMAT,
-    KV_SNAPSHOT_INTERVAL,
-    LOG_RETENTION_CHECK_INTERVAL,
     REMOTE_DATA_DIR,
     SECURITY_PROTOCOL_MAP,
-    TABLE_LOG_TTL,
     TABLET_SERVER_ID,
     ZOOKEEPER_ADDRESS,
     Configuration,
 )
 from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
 from strom.ids import TableBucket
-from strom.kv.scan import ScannerManager
 from strom.metadata.store import MetadataStore, open_store
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
@@ -52,7 +48,6 @@ from strom.server.cluster_tablet import (
 )
 from strom.server.coordinator import CoordinatorService
 from strom.server.coordinator_role import CoordinatorRole, metadata_handlers
-from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
 from strom.server.lake_tiering import LakeTableTieringManager
 from strom.server.node import (
     WAREHOUSE_OPTIONS,
@@ -61,14 +56,12 @@ from strom.server.node import (
     lake_warehouse,
     rpc_server_factory,
     scanner_config,
-    tablet_handlers,
 )
 from strom.server.peers import PeerConnections
 from strom.server.placement import ClusterPlacement, ServerNode
 from strom.server.remote_tablets import RemoteTabletServers
 from strom.server.replica import ReplicaManager
-from strom.server.scan_service import ScanKvService
-from strom.server.tablet_server import TabletService
+from strom.server.tablet_role import TabletRole
 
 log = logging.getLogger(__name__)
 
@@ -309,10 +302,8 @@ class TabletServerNode(_ClusterProcess):
         self.server_id = config.get(TABLET_SERVER_ID)
         self.registry: TabletServerRegistry | None = None
         self.address: CoordinatorAddress | None = None
+        self.tablets: TabletRole | None = None
         self.replicas: ReplicaManager | None = None
-        self.tablet: TabletService | None = None
-        self.scans: ScanKvService | None = None
-        self.snapshot_scheduler: KvSnapshotScheduler | None = None
         self.catalog: CoordinatorService | None = None
         self._last_coordinator: ServerNode | None = None
 
@@ -347,11 +338,11 @@ class TabletServerNode(_ClusterProcess):
                                      f"{COORDINATOR_WAIT_S:.0f} s: start `strom coordinator` first")
         remote = RemoteStorage(self.remote_root)
         committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node, self._coordinator_epoch)
-        self.replicas = ReplicaManager(self.paths.tablets, config, remote, committer.latest_snapshot, store.next_id)
-        self.tablet = TabletService(self.replicas, config, self.clock)
-        self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config(config), self.clock), self.clock)
-        self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
-        self.scans.start()
+        self.tablets = tablets = TabletRole(
+            self.paths.tablets, config, self.clock, remote, scanner_config(config), committer.latest_snapshot,
+            store.next_id,
+        )
+        self.replicas = tablets.replicas
         sock = bind_listener(self.host, self.port)  # the port goes into the registration and metadata
         self.port = sock.getsockname()[1]
         sock.close()
@@ -371,28 +362,18 @@ class TabletServerNode(_ClusterProcess):
             self.replicas.become_leader(table, buckets)
 
         async def stop_replicas(table_id: int, partition_id: int | None, delete: bool) -> None:
-            assert self.scans is not None and self.replicas is not None
-            self.scans.on_buckets_stopped(table_id, partition_id)
-            await self.replicas.stop_replicas(table_id, partition_id, delete=delete)
+            await tablets.stop_replicas(table_id, partition_id, delete=delete)
 
         control = TabletControlService(self.replicas, self.catalog.table_info_by_id, stop_replicas)
-        self.snapshot_scheduler = KvSnapshotScheduler(
-            self.replicas, committer, remote,
-            interval_ms=config.get_ms(KV_SNAPSHOT_INTERVAL),
-            retention_check_interval_ms=config.get_ms(LOG_RETENTION_CHECK_INTERVAL),
-            local_dir=self.paths.snapshot_staging,
-            clock=self.clock,
-            default_log_ttl=config.get(TABLE_LOG_TTL),
-        )
-        self.snapshot_scheduler.start()
+        tablets.start_snapshots(committer, self.paths.snapshot_staging)
         handlers = {
-            **tablet_handlers(self.tablet, self.scans),
+            **tablets.handlers(),
             **metadata_handlers(self.catalog),
             ApiKey.NOTIFY_LEADER_AND_ISR: control.notify_leader_and_isr,
             ApiKey.STOP_REPLICA: control.stop_replica,
             ApiKey.UPDATE_METADATA: control.update_metadata,
         }
-        await self._serve(handlers, self.catalog, self.scans.on_connection_closed)
+        await self._serve(handlers, self.catalog, tablets.scans.on_connection_closed)
         await self._register()
         log.info("strom tablet server %d serving on %s:%d (ZooKeeper %s)", self.server_id, self.host, self.port,
                  zookeeper)
@@ -418,12 +399,8 @@ class TabletServerNode(_ClusterProcess):
             self.registry.close()  # first: the cluster stops routing to this server
         if self.rpc is not None:
             await self.rpc.stop()
-        if self.snapshot_scheduler is not None:
-            await self.snapshot_scheduler.stop()
-        if self.scans is not None:
-            await self.scans.stop()
-        if self.replicas is not None:
-            self.replicas.close()
+        if self.tablets is not None:
+            await self.tablets.stop()
         await self._close_common()
         if self.address is not None:
             self.address.close()

@@ -27,20 +27,17 @@ from strom.config import (
     KV_SCANNER_MAX_PER_BUCKET,
     KV_SCANNER_MAX_PER_SERVER,
     KV_SCANNER_TTL,
-    KV_SNAPSHOT_INTERVAL,
-    LOG_RETENTION_CHECK_INTERVAL,
     MAX_REQUEST_SIZE,
     METRICS_PORT,
     REMOTE_DATA_DIR,
     SERVER_MAX_BUFFERED_REQUEST_BYTES,
     SERVER_MAX_IN_FLIGHT_PER_CONNECTION,
-    TABLE_LOG_TTL,
     TABLET_SERVER_ID,
     ZOOKEEPER_ADDRESS,
     Configuration,
 )
 from strom.ids import TableBucket
-from strom.kv.scan import ScannerConfig, ScannerManager
+from strom.kv.scan import ScannerConfig
 from strom.metadata.store import MetadataStore, open_store
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
@@ -59,6 +56,7 @@ from strom.server.metrics import StromCollector, serve_metrics
 from strom.server.placement import ServerNode, SingleNodePlacement
 from strom.server.replica import ReplicaManager
 from strom.server.scan_service import ScanKvService
+from strom.server.tablet_role import TabletRole
 from strom.server.tablet_server import TabletService
 
 log = logging.getLogger(__name__)
@@ -147,19 +145,17 @@ class ServerPaths:
 class LocalTabletServer:
     """The tablet-server role as the coordinator sees it in a single process (a TabletServerGateway)."""
 
-    def __init__(self, replicas: ReplicaManager, scans: ScanKvService) -> None:
-        self._replicas = replicas
-        self._scans = scans
+    def __init__(self, tablets: TabletRole) -> None:
+        self._tablets = tablets
 
     def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
-        self._replicas.become_leader(table, buckets)
+        self._tablets.replicas.become_leader(table, buckets)
 
     def change_table(self, table: TableInfo) -> None:
-        self._replicas.change_table(table)
+        self._tablets.replicas.change_table(table)
 
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
-        self._scans.on_buckets_stopped(table_id, partition_id)  # before the RocksDB instances close
-        await self._replicas.stop_replicas(table_id, partition_id, delete=delete)
+        await self._tablets.stop_replicas(table_id, partition_id, delete=delete)
 
 
 class StromServer:
@@ -175,6 +171,7 @@ class StromServer:
         self.store: MetadataStore | None = None
         self.replicas: ReplicaManager | None = None
         self.role: CoordinatorRole | None = None
+        self.tablets: TabletRole | None = None
         self.coordinator: CoordinatorService | None = None
         self.lake: LakeTieringService | None = None
         self.tablet: TabletService | None = None
@@ -203,12 +200,12 @@ class StromServer:
         self.security = ServerSecurity.from_config(config, store)  # a bad security setting stops the start here
         remote = RemoteStorage(self.remote_root)
         self.role = role = CoordinatorRole(store, config, self.clock, remote)
-        self.replicas = ReplicaManager(self.paths.tablets, config, remote, role.snapshot_store.latest, store.next_id)
-        self.tablet = TabletService(self.replicas, config, self.clock)
-        self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config(config), self.clock), self.clock)
-        self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
-        self.scans.start()
-        self.tablet_server = LocalTabletServer(self.replicas, self.scans)
+        self.tablets = tablets = TabletRole(
+            self.paths.tablets, config, self.clock, remote, scanner_config(config), role.snapshot_store.latest,
+            store.next_id,
+        )
+        self.replicas, self.tablet, self.scans = tablets.replicas, tablets.tablet, tablets.scans
+        self.tablet_server = LocalTabletServer(tablets)
         sock = bind_listener(self.host, self.port)
         self.port = sock.getsockname()[1]
         node = ServerNode(config.get(TABLET_SERVER_ID), advertised_host(config, self.host), self.port)
@@ -217,17 +214,7 @@ class StromServer:
         self.coordinator = coordinator = await role.start(self.tablet_server, SingleNodePlacement(node))
         self.lake, self.snapshots = role.lake, role.snapshots
         assert self.snapshots is not None
-        self.snapshot_scheduler = KvSnapshotScheduler(
-            self.replicas,
-            self.snapshots,
-            remote,
-            interval_ms=config.get_ms(KV_SNAPSHOT_INTERVAL),
-            retention_check_interval_ms=config.get_ms(LOG_RETENTION_CHECK_INTERVAL),
-            local_dir=self.paths.snapshot_staging,
-            clock=self.clock,
-            default_log_ttl=config.get(TABLE_LOG_TTL),
-        )
-        self.snapshot_scheduler.start()
+        self.snapshot_scheduler = tablets.start_snapshots(self.snapshots, self.paths.snapshot_staging)
         lease_of = role.leases.get
         handlers = self.security.guard(
             self._handlers(),
@@ -236,7 +223,7 @@ class StromServer:
             lambda partition_id: p.table_id if (p := coordinator.partition_by_id(partition_id)) else None,
         )
 
-        rpc_server = rpc_server_factory(config, self.scans.on_connection_closed)
+        rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed)
         self.rpc = rpc_server(handlers, self.security.authenticator)
         await self.rpc.start(sock)
         await self.listeners.start(handlers, rpc_server)
@@ -259,9 +246,9 @@ class StromServer:
         return str(table.path) if table else str(table_id)
 
     def _handlers(self) -> dict[ApiKey, Handler]:
-        assert self.role is not None and self.tablet is not None and self.scans is not None and self.security is not None
+        assert self.role is not None and self.tablets is not None and self.security is not None
         acls = AclService(self.security.authorizer)
-        return {**self.role.handlers(acls), **tablet_handlers(self.tablet, self.scans)}
+        return {**self.role.handlers(acls), **self.tablets.handlers()}
 
     async def serve_forever(self) -> None:
         await self._stopped.wait()
@@ -277,29 +264,10 @@ class StromServer:
             await self.listeners.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
-        if self.snapshot_scheduler is not None:
-            await self.snapshot_scheduler.stop()
+        if self.tablets is not None:
+            await self.tablets.stop()
         if self.role is not None:
             await self.role.stop()
-        if self.scans is not None:
-            await self.scans.stop()
-        if self.replicas is not None:
-            self.replicas.close()
         if self.store is not None:
             self.store.close()
         log.info("strom stopped")
-
-
-def tablet_handlers(tablet: TabletService, scans: ScanKvService) -> dict[ApiKey, Handler]:
-    """The tablet-server role's requests: the buckets' logs and KV state."""
-    return {
-        ApiKey.PRODUCE_LOG: tablet.produce_log,
-        ApiKey.FETCH_LOG: tablet.fetch_log,
-        ApiKey.LIST_OFFSETS: tablet.list_offsets,
-        ApiKey.PUT_KV: tablet.put_kv,
-        ApiKey.LOOKUP: tablet.lookup,
-        ApiKey.PREFIX_LOOKUP: tablet.prefix_lookup,
-        ApiKey.LIMIT_SCAN: tablet.limit_scan,
-        ApiKey.GET_FILESYSTEM_SECURITY_TOKEN: tablet.get_file_system_security_token,
-        ApiKey.SCAN_KV: scans.scan_kv,
-    }

@@ -1,0 +1,91 @@
+"""The tablet server's services, wired once for ``strom server`` and for a cluster's tablet server: the
+buckets (:class:`ReplicaManager`), their RPCs (:class:`TabletService`, :class:`ScanKvService`) and the loop
+that takes KV snapshots and applies log retention (:class:`KvSnapshotScheduler`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from strom.clock import Clock
+from strom.config import KV_SNAPSHOT_INTERVAL, LOG_RETENTION_CHECK_INTERVAL, TABLE_LOG_TTL, Configuration
+from strom.ids import TableBucket
+from strom.kv.auto_increment import IdCounter
+from strom.kv.scan import ScannerConfig, ScannerManager
+from strom.kv.snapshot import CompletedKvSnapshot
+from strom.remote.storage import RemoteStorage
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.server import Handler
+from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler, SnapshotCommitter
+from strom.server.replica import ReplicaManager
+from strom.server.scan_service import ScanKvService
+from strom.server.tablet_server import TabletService
+
+
+class TabletRole:
+    """Owned by the event loop. Scan sessions start with the role; the snapshot loop with
+    :meth:`start_snapshots` (once the side that commits snapshots is up)."""
+
+    def __init__(
+        self,
+        tablets_dir: Path,
+        config: Configuration,
+        clock: Clock,
+        remote: RemoteStorage,
+        scanner_config: ScannerConfig,
+        latest_snapshot: Callable[[TableBucket], CompletedKvSnapshot | None],
+        id_counter: IdCounter,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.remote = remote
+        self.replicas = ReplicaManager(tablets_dir, config, remote, latest_snapshot, id_counter)
+        self.tablet = TabletService(self.replicas, config, clock)
+        self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config, clock), clock)
+        self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
+        self.scans.start()
+        self.snapshot_scheduler: KvSnapshotScheduler | None = None
+
+    def start_snapshots(self, committer: SnapshotCommitter, staging_dir: Path) -> KvSnapshotScheduler:
+        self.snapshot_scheduler = KvSnapshotScheduler(
+            self.replicas,
+            committer,
+            self.remote,
+            interval_ms=self.config.get_ms(KV_SNAPSHOT_INTERVAL),
+            retention_check_interval_ms=self.config.get_ms(LOG_RETENTION_CHECK_INTERVAL),
+            local_dir=staging_dir,
+            clock=self.clock,
+            default_log_ttl=self.config.get(TABLE_LOG_TTL),
+        )
+        self.snapshot_scheduler.start()
+        return self.snapshot_scheduler
+
+    async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
+        """Stop hosting a table's (or partition's) buckets, closing their scan sessions first."""
+        self.scans.on_buckets_stopped(table_id, partition_id)  # before the RocksDB instances close
+        await self.replicas.stop_replicas(table_id, partition_id, delete=delete)
+
+    def handlers(self) -> dict[ApiKey, Handler]:
+        """The tablet-server role's requests: the buckets' logs and KV state."""
+        tablet = self.tablet
+        return {
+            ApiKey.PRODUCE_LOG: tablet.produce_log,
+            ApiKey.FETCH_LOG: tablet.fetch_log,
+            ApiKey.LIST_OFFSETS: tablet.list_offsets,
+            ApiKey.PUT_KV: tablet.put_kv,
+            ApiKey.LOOKUP: tablet.lookup,
+            ApiKey.PREFIX_LOOKUP: tablet.prefix_lookup,
+            ApiKey.LIMIT_SCAN: tablet.limit_scan,
+            ApiKey.GET_FILESYSTEM_SECURITY_TOKEN: tablet.get_file_system_security_token,
+            ApiKey.SCAN_KV: self.scans.scan_kv,
+        }
+
+    async def stop(self) -> None:
+        """Stop the snapshot loop and the scan sessions, then close every bucket."""
+        if self.snapshot_scheduler is not None:
+            await self.snapshot_scheduler.stop()
+        await self.scans.stop()
+        self.replicas.close()
+
+
+__all__ = ["TabletRole"]
