@@ -17,13 +17,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.recipe.watchers import DataWatch
 
 from strom.cluster.registry import RegisteredServer
 from strom.errors import StorageError
-from strom.metadata.zookeeper_store import CONNECT_TIMEOUT_MS_DEFAULT, parse_location
+from strom.metadata.zookeeper_store import connect_kazoo, parse_location
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +59,8 @@ class CoordinatorAddress:
         self._changed = threading.Condition()
         self.on_deposed: Callable[[], None] | None = None
         """Called (on a ZooKeeper thread) when this process was active and no longer is."""
-        self._client = KazooClient(
-            hosts=hosts, timeout=session_timeout_ms / 1000,
-            connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
-        )
+        self._client = connect_kazoo(hosts, session_timeout_ms)
         try:
-            self._client.start(timeout=CONNECT_TIMEOUT_MS_DEFAULT / 1000)
             self._client.ensure_path(self._path.rsplit("/", 1)[0])
             DataWatch(self._client, self._path, self._on_data)
         except Exception as exc:

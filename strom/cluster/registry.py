@@ -13,12 +13,12 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from kazoo.client import KazooClient, KazooState
+from kazoo.client import KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
 from strom.errors import InvalidConfigError, StorageError
-from strom.metadata.zookeeper_store import CONNECT_TIMEOUT_MS_DEFAULT, parse_location
+from strom.metadata.zookeeper_store import connect_kazoo, parse_location
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +69,7 @@ class TabletServerRegistry:
         self._live: dict[int, RegisteredServer] = {}
         self._reregister_pending = False
         self._closed = False
-        self._client = KazooClient(
-            hosts=self._hosts,
-            timeout=session_timeout_ms / 1000,
-            # reconnect forever in the background (with a new session after an expiry)
-            connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
-        )
-        try:
-            self._client.start(timeout=CONNECT_TIMEOUT_MS_DEFAULT / 1000)
-        except Exception as exc:
-            self._client.close()
-            raise StorageError(f"cannot connect to ZooKeeper at {self._hosts}: {exc}") from exc
+        self._client = connect_kazoo(self._hosts, session_timeout_ms)
         try:
             self._client.ensure_path(self._ids_path)
             self._client.add_listener(self._on_state)

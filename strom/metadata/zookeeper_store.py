@@ -119,6 +119,22 @@ class _Conflict(Exception):
     """A transaction failed because another client changed what it read: read again and re-decide."""
 
 
+def connect_kazoo(hosts: str, session_timeout_ms: int, connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT) -> KazooClient:
+    """A started ZooKeeper client that reconnects forever in the background (with a new session after an
+    expiry). Raises StorageError when ZooKeeper cannot be reached within ``connect_timeout_ms``."""
+    client = KazooClient(
+        hosts=hosts,
+        timeout=session_timeout_ms / 1000,
+        connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
+    )
+    try:
+        client.start(timeout=connect_timeout_ms / 1000)
+    except Exception as exc:
+        client.close()
+        raise StorageError(f"cannot connect to ZooKeeper at {hosts}: {exc}") from exc
+    return client
+
+
 def parse_location(location: str) -> tuple[str, str]:
     """``host:port[,host:port][/root]`` → (hosts, root); the root defaults to ``/fluss``."""
     hosts, slash, root = location.partition("/")
@@ -209,17 +225,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         assert operation_timeout_ms > 0
         self._hosts, self._root = parse_location(location)
         self._operation_timeout_ms = operation_timeout_ms
-        self._client = KazooClient(
-            hosts=self._hosts,
-            timeout=session_timeout_ms / 1000,
-            # reconnect forever in the background; each call bounds its own wait (operation_timeout_ms)
-            connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
-        )
-        try:
-            self._client.start(timeout=connect_timeout_ms / 1000)
-        except Exception as exc:
-            self._client.close()
-            raise StorageError(f"cannot connect to ZooKeeper at {self._hosts}: {exc}") from exc
+        # reconnects forever in the background; each call bounds its own wait (operation_timeout_ms)
+        self._client = connect_kazoo(self._hosts, session_timeout_ms, connect_timeout_ms)
         try:
             self._run(self._create_containers)
         except BaseException:

@@ -49,6 +49,25 @@ def test_no_data_hole_between_a_kv_snapshot_and_the_changelog(spark: Any, server
     assert cluster.latest_snapshots(table) == snapshots
 
 
+def read_in_background(
+    spark: Any, cluster: Fluss, table: str, lease_id: str, gate: Path
+) -> tuple[dict[str, Any], threading.Thread]:
+    """A batch read in a thread that plans (and leases its snapshots as ``lease_id``) at once but reads
+    only once ``gate`` exists; its rows (or its error) land in the returned dict."""
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            df = load(spark, cluster, table, **{"scan.kv.snapshot.lease.id": lease_id, "testing.read.wait-for-file": str(gate)})
+            result["rows"] = [r.asDict() for r in df.collect()]
+        except Exception as exc:  # surfaced by the callers' assertions
+            result["error"] = exc
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return result, reader
+
+
 def test_a_read_leases_its_snapshots_and_reads_them_after_retention_rolled_past(
     spark: Any, snapshot_cluster: Fluss, tmp_path: Path
 ) -> None:
@@ -59,17 +78,7 @@ def test_a_read_leases_its_snapshots_and_reads_them_after_retention_rolled_past(
     planned = cluster.wait_for_snapshots_at_high_watermark(table, 2)
     lease_id = f"test-lease-{tmp_path.name}"
     gate = tmp_path / "go"
-    result: dict[str, Any] = {}
-
-    def read() -> None:
-        try:
-            df = load(spark, cluster, table, **{"scan.kv.snapshot.lease.id": lease_id, "testing.read.wait-for-file": str(gate)})
-            result["rows"] = [r.asDict() for r in df.collect()]
-        except Exception as exc:  # surfaced by the assertions below
-            result["error"] = exc
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    result, reader = read_in_background(spark, cluster, table, lease_id, gate)
     try:
         # planned: the lease pins exactly the snapshots that were latest, visible to the admin API and the CLI
         lease = wait_until(lambda: [x for x in cluster.leases() if x.lease_id == lease_id], "the read's lease")[0]
@@ -163,17 +172,7 @@ def test_a_read_planned_before_a_column_was_added_returns_the_planned_columns(
     cluster.upsert(table, original)
     cluster.wait_for_snapshots_at_high_watermark(table, 2)
     lease_id, gate = f"test-lease-{tmp_path.name}", tmp_path / "go"
-    result: dict[str, Any] = {}
-
-    def read() -> None:
-        try:
-            df = load(spark, cluster, table, **{"scan.kv.snapshot.lease.id": lease_id, "testing.read.wait-for-file": str(gate)})
-            result["rows"] = [r.asDict() for r in df.collect()]
-        except Exception as exc:  # surfaced by the assertions below
-            result["error"] = exc
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    result, reader = read_in_background(spark, cluster, table, lease_id, gate)
     try:
         wait_until(lambda: [x for x in cluster.leases() if x.lease_id == lease_id], "the read's plan (its lease)")
 
