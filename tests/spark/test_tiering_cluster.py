@@ -1,0 +1,78 @@
+"""The lake tiering job against a cluster of processes (two coordinators, two tablet servers): it tiers a
+table spread over both tablet servers into Delta, and carries on after the active coordinator is SIGKILLed
+and the standby takes over with the tiering state it loads from ZooKeeper."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.client import Connection
+from strom.cluster.local import LocalCluster
+from strom.cluster.zookeeper_server import unavailable_reason
+from strom.errors import ConnectionFailedError, NetworkError, NotCoordinatorLeaderError
+from strom.records.types import BigIntType, IntType, StringType
+from tests.conftest import unique_name
+from tests.spark.support import Fluss
+from tests.spark.tiering_support import (
+    create_lake_table,
+    lake_rows,
+    lake_snapshot,
+    strom_rows,
+    tier_once,
+    tiering_config,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
+
+COLUMNS = [("id", IntType()), ("name", StringType()), ("score", BigIntType())]
+NAMES = ["id", "name", "score"]
+FAILOVER_WAIT_S = 30.0
+
+
+def test_tiering_carries_on_across_a_coordinator_failover(spark: Any, tmp_path: Path) -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    config = tiering_config("delta", **{"datalake.delta.warehouse": str(tmp_path / "lake")})
+    local = LocalCluster(tmp_path / "cluster", 2, config, coordinators=2).start()
+    try:
+        cluster = Fluss(local.bootstrap)
+        table = create_lake_table(cluster, COLUMNS, primary_key=["id"], bucket_count=4)
+        cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(200)])
+        tier_once(spark, cluster)
+        assert lake_rows(cluster, table, NAMES) == strom_rows(cluster, table, NAMES)
+        first = lake_snapshot(cluster, table)
+        assert first is not None
+
+        local.signal_member(local.member("coordinator", 1), signal.SIGKILL)
+        _wait_for_new_coordinator(local.bootstrap)
+
+        cluster.upsert(table, [{"id": i, "name": f"u{i}", "score": -i} for i in range(0, 200, 3)])
+        cluster.delete(table, [{"id": i} for i in range(1, 200, 7)])
+        tier_once(spark, cluster, job_id="after-failover")
+        assert lake_rows(cluster, table, NAMES) == strom_rows(cluster, table, NAMES)
+        second = lake_snapshot(cluster, table)
+        assert second is not None and second.snapshot_id > first.snapshot_id
+    finally:
+        local.stop()
+
+
+def _wait_for_new_coordinator(bootstrap: str) -> None:
+    async def changed() -> None:
+        async with await Connection.create(bootstrap) as connection:
+            deadline = time.monotonic() + FAILOVER_WAIT_S
+            while True:
+                try:
+                    await connection.get_admin().create_database(unique_name("failover"))
+                    return
+                except (NotCoordinatorLeaderError, ConnectionFailedError, NetworkError):
+                    assert time.monotonic() < deadline, "no coordinator took over"
+                    await asyncio.sleep(0.2)
+
+    asyncio.run(changed())
