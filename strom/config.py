@@ -217,6 +217,12 @@ ZOOKEEPER_ADDRESS = string_option(
     "ACLs) in ZooKeeper at `HOST:PORT[,HOST:PORT…][/ROOT]` (the root is `/fluss` when none is given) "
     "instead of the SQLite file in `data.dir`; needs the `zookeeper` extra (kazoo). Unset: SQLite.",
 )
+ZOOKEEPER_SESSION_TIMEOUT = duration_option(
+    "zookeeper.client.session-timeout", "18s",
+    "ZooKeeper session timeout of a cluster's servers: a tablet server or coordinator that stops answering "
+    "for this long counts as gone (its registration vanishes, a standby coordinator takes over). Fluss's "
+    "default is 60 s; strom's is shorter so failover is quicker.",
+)
 TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.", minimum=0)
 DEFAULT_BUCKET_NUMBER = int_option(
     "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count.", minimum=1

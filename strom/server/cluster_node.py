@@ -29,6 +29,7 @@ from strom.config import (
     SECURITY_PROTOCOL_MAP,
     TABLET_SERVER_ID,
     ZOOKEEPER_ADDRESS,
+    ZOOKEEPER_SESSION_TIMEOUT,
     Configuration,
 )
 from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
@@ -66,9 +67,9 @@ from strom.server.tablet_role import TabletRole
 log = logging.getLogger(__name__)
 
 COORDINATOR_NODE_ID = 0
-REGISTRATION_WAIT_S = 15.0
-"""How long a tablet server waits for its id's previous registration to expire (ZooKeeper's session
-timeout, 6 s, plus slack)."""
+REGISTRATION_SLACK_S = 10.0
+"""How much longer than the ZooKeeper session timeout a restarted tablet server waits for its id's previous
+registration to expire."""
 REGISTRATION_RETRY_S = 0.25
 COORDINATOR_WAIT_S = 30.0
 """How long a starting tablet server waits for a coordinator to publish its address."""
@@ -191,8 +192,9 @@ class CoordinatorNode(_ClusterProcess):
     async def start(self) -> None:
         """Serve as a standby and campaign in the background; :attr:`epoch` is set once active."""
         store, zookeeper = self._open()
-        self.registry = TabletServerRegistry(zookeeper)
-        self.address = CoordinatorAddress(zookeeper)
+        session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
+        self.registry = TabletServerRegistry(zookeeper, session_ms)
+        self.address = CoordinatorAddress(zookeeper, session_ms)
         placement = ClusterPlacement(store, self.registry, self._active_node)
         standby_catalog = CoordinatorService(
             store, _NoTablets(), self.config, self.clock, placement, LakeTableTieringManager(store, self.clock, 0, 0)
@@ -330,8 +332,9 @@ class TabletServerNode(_ClusterProcess):
         config = self.config
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
         store, zookeeper = self._open()
-        self.registry = TabletServerRegistry(zookeeper)
-        self.address = CoordinatorAddress(zookeeper)
+        session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
+        self.registry = TabletServerRegistry(zookeeper, session_ms)
+        self.address = CoordinatorAddress(zookeeper, session_ms)
         coordinator = await asyncio.to_thread(self.address.wait, COORDINATOR_WAIT_S)
         if coordinator is None:
             raise InvalidConfigError(f"no coordinator published its address in ZooKeeper {zookeeper} within "
@@ -382,7 +385,8 @@ class TabletServerNode(_ClusterProcess):
         """Register in ZooKeeper. After a crash the previous process's node lives until its session times
         out, so a restart waits that long for the id to free up; a live server holding it fails the start."""
         assert self.registry is not None
-        deadline = asyncio.get_running_loop().time() + REGISTRATION_WAIT_S
+        wait_s = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT) / 1000 + REGISTRATION_SLACK_S
+        deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             try:
                 self.registry.register(RegisteredServer(self.server_id, self.node.host, self.port))

@@ -39,7 +39,8 @@ def test_tiering_carries_on_across_a_coordinator_failover(spark: Any, tmp_path: 
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    config = tiering_config("delta", **{"datalake.delta.warehouse": str(tmp_path / "lake")})
+    config = tiering_config("delta", **{"datalake.delta.warehouse": str(tmp_path / "lake"),
+                                        "zookeeper.client.session-timeout": "4s"})
     local = LocalCluster(tmp_path / "cluster", 2, config, coordinators=2).start()
     try:
         cluster = Fluss(local.bootstrap)
