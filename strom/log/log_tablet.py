@@ -33,6 +33,23 @@ from strom.records import log_batch
 log = logging.getLogger(__name__)
 
 EARLIEST_OFFSET = -2  # FetchLog's "from the log start"
+HIGH_WATERMARK_FILE = "high-watermark"
+"""A replicated bucket's last recorded high watermark (absent for a bucket without followers)."""
+
+
+@dataclass(slots=True)
+class _Waiter:
+    offset: int
+    future: asyncio.Future[None]
+    visible: bool
+    """Waits for the high watermark (acknowledgement), else only for the fsync."""
+
+
+def _read_checkpoint(directory: Path, default: int) -> int:
+    try:
+        return int((directory / HIGH_WATERMARK_FILE).read_text())
+    except (OSError, ValueError):
+        return default
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +86,19 @@ class LogTablet:
         self.writer_state = writer_state
         self._unflushed_segments: list[LogSegment] = []
         self._appends_since_flush = 0
-        self._high_watermark = self.log_end_offset
+        self._durable_end = self.log_end_offset
+        """Everything below is fsynced (what a leader may send its followers)."""
+        self._high_watermark = min(self.log_end_offset, _read_checkpoint(directory, self.log_end_offset))
+        self._replication_limit: int | None = None
+        """With followers: what every in-sync replica has; the high watermark never passes it."""
         self._flush_target: int | None = None
         """The end offset the running fsync covers; None while no fsync runs."""
         self._flush_scheduled = False
-        self._flush_waiters: list[asyncio.Future[None]] = []
-        self._next_waiters: list[asyncio.Future[None]] = []
+        self._flush_waiters: list[_Waiter] = []
+        self._next_waiters: list[_Waiter] = []
         """Waiting for appends made after the running fsync started: the next fsync starts as it ends."""
+        self._visible_waiters: list[_Waiter] = []
+        """Flushed, waiting for the high watermark (the followers) to pass their offset."""
         self._hw_advanced = asyncio.Event()
         self._last_commit_timestamp = max(s.last_timestamp for s in segments)
         self._failed: Exception | None = None
@@ -126,6 +149,11 @@ class LogTablet:
         return self._high_watermark
 
     @property
+    def durable_end(self) -> int:
+        """Every offset below is fsynced here (a follower's fetch position, a leader's limit for followers)."""
+        return self._durable_end
+
+    @property
     def size_bytes(self) -> int:
         return sum(segment.size_bytes for segment in self._segments)
 
@@ -166,8 +194,75 @@ class LogTablet:
             self._unflushed_segments.append(segment)
         self._appends_since_flush += 1
         if self._config.flush_interval_messages > 1 and self._appends_since_flush < self._config.flush_interval_messages:
-            self._advance_high_watermark(next_offset)
+            self._advance_durable_end(next_offset)
         return AppendResult(base_offset, next_offset)
+
+    def append_replicated(self, data: bytes, now_ms: int) -> AppendResult:
+        """Append batches fetched from the leader as they are (offsets and timestamps kept); they must start
+        at this log's end. Raises LogStorageError otherwise (the follower then truncates and fetches again)."""
+        self._check_usable()
+        batches = list(log_batch.iter_batches(data))
+        if not batches:
+            return AppendResult(self.log_end_offset, self.log_end_offset)
+        if batches[0][1].base_offset != self.log_end_offset:
+            raise LogStorageError(
+                f"{self.directory}: replicated batches start at {batches[0][1].base_offset}, the log ends at "
+                f"{self.log_end_offset}"
+            )
+        self._expire_writers(now_ms)
+        index_entries = [(position, h.base_offset, h.next_offset, h.commit_timestamp) for position, h in batches]
+        try:
+            segment = self._segment_for_append(len(data))
+            segment.append(data, index_entries)
+        except OSError as exc:
+            self._fail(exc)
+            raise LogStorageError(f"cannot append to {self.directory}: {exc}") from exc
+        for _position, header in batches:
+            self.writer_state.observe_header(header)
+            self._last_commit_timestamp = max(self._last_commit_timestamp, header.commit_timestamp)
+        if segment not in self._unflushed_segments:
+            self._unflushed_segments.append(segment)
+        self._appends_since_flush += 1
+        return AppendResult(batches[0][1].base_offset, self.log_end_offset)
+
+    async def truncate_to(self, offset: int) -> None:
+        """Drop what lies at or after ``offset`` (a follower giving up batches its new leader may not have);
+        the writer state is rebuilt from what remains."""
+        if offset >= self.log_end_offset:
+            return
+        self._check_usable()
+        while self.flush_in_flight:  # the running fsync holds the segments it covers
+            with contextlib.suppress(LogStorageError):
+                await self.flushed(self.log_end_offset)
+        while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+            self._segments.pop().delete()
+        self._segments[-1].truncate_to(max(offset, self._segments[-1].base_offset))
+        self._unflushed_segments = [segment for segment in self._unflushed_segments if segment in self._segments]
+        writer_state = WriterStateManager(self._config.writer_expiration_ms)
+        reopened = []
+        for index, segment in enumerate(self._segments):
+            segment.close()
+            reopened.append(LogSegment.open(segment.path, is_last=index == len(self._segments) - 1,
+                                            on_batch=writer_state.observe_header))
+        self._segments, self.writer_state = reopened, writer_state
+        self._unflushed_segments = []
+        end = self.log_end_offset
+        self._durable_end = min(self._durable_end, end)
+        self._high_watermark = min(self._high_watermark, end)
+        log.warning("%s: truncated to offset %d", self.directory, end)
+
+    def set_replication_limit(self, limit: int | None) -> None:
+        """What every in-sync replica has (None: no followers); the high watermark advances up to it."""
+        self._replication_limit = limit
+        self._recompute_high_watermark()
+
+    def checkpoint_high_watermark(self) -> None:
+        """Record the high watermark, so a replica restarted after a crash knows which of its batches may not
+        be committed (it truncates above it when it follows). A stale record is merely lower: safe."""
+        path = self.directory / HIGH_WATERMARK_FILE
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(str(self._high_watermark))
+        temporary.replace(path)
 
     def _expire_writers(self, now_ms: int) -> None:
         """Forget writers idle longer than ``writer_expiration_ms``, at most every eighth of that period, so
@@ -227,22 +322,33 @@ class LogTablet:
         its own future, resolved straight from the fsync's completion, so cancelling one caller never
         disturbs the others.
         """
+        return self._wait(offset, visible=True)
+
+    def flushed(self, offset: int) -> asyncio.Future[None]:
+        """A future done once every offset below ``offset`` is fsynced here, replicated or not (a follower
+        fetches its next batches only then, so its position tells the leader what it has durably)."""
+        return self._wait(offset, visible=False)
+
+    def _wait(self, offset: int, *, visible: bool) -> asyncio.Future[None]:
         assert offset <= self.log_end_offset, (offset, self.log_end_offset)  # else no flush could ever reach it
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        if self._high_watermark >= offset:
+        entry = _Waiter(offset, waiter, visible)
+        if (self._high_watermark if visible else self._durable_end) >= offset:
             waiter.set_result(None)
             return waiter
         self._check_usable()
-        if self._flush_target is None:
-            self._flush_waiters.append(waiter)
+        if self._durable_end >= offset:
+            self._visible_waiters.append(entry)  # flushed already: only the followers are awaited
+        elif self._flush_target is None:
+            self._flush_waiters.append(entry)
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 loop.call_soon(self._start_flush)
         elif offset <= self._flush_target:
-            self._flush_waiters.append(waiter)
+            self._flush_waiters.append(entry)
         else:
-            self._next_waiters.append(waiter)
+            self._next_waiters.append(entry)
         return waiter
 
     def _start_flush(self) -> None:
@@ -278,51 +384,73 @@ class LogTablet:
             self._flush_waiters = waiters
             self._fail_waiters(LogStorageError(f"fsync of {self.directory} failed: {error}"))
             return
-        self._advance_high_watermark(target)
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._advance_durable_end(target)
+        for entry in waiters:
+            if entry.visible and entry.offset > self._high_watermark:
+                self._visible_waiters.append(entry)  # durable here, not yet on every in-sync replica
+            elif not entry.future.done():
+                entry.future.set_result(None)
         if self._next_waiters:  # they waited a whole fsync already: start theirs now
             self._flush_waiters, self._next_waiters = self._next_waiters, []
             self._start_flush()
 
     def _fail_waiters(self, failure: LogStorageError) -> None:
-        waiters = self._flush_waiters + self._next_waiters
-        self._flush_waiters, self._next_waiters = [], []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(failure)
-                waiter.exception()  # its caller may be gone; don't warn
+        waiters = self._flush_waiters + self._next_waiters + self._visible_waiters
+        self._flush_waiters, self._next_waiters, self._visible_waiters = [], [], []
+        for entry in waiters:
+            if not entry.future.done():
+                entry.future.set_exception(failure)
+                entry.future.exception()  # its caller may be gone; don't warn
 
-    def _advance_high_watermark(self, offset: int) -> None:
-        if offset > self._high_watermark:
-            self._high_watermark = offset
-            self._hw_advanced.set()
-            self._hw_advanced = asyncio.Event()
+    def _advance_durable_end(self, offset: int) -> None:
+        if offset > self._durable_end:
+            self._durable_end = offset
+        self._recompute_high_watermark()
+
+    def _recompute_high_watermark(self) -> None:
+        """The high watermark: what is durable here and, with followers, on every in-sync replica. It
+        never moves back."""
+        limit = self._durable_end if self._replication_limit is None else min(self._durable_end, self._replication_limit)
+        if limit <= self._high_watermark:
+            return
+        self._high_watermark = limit
+        self._hw_advanced.set()
+        self._hw_advanced = asyncio.Event()
+        if self._visible_waiters:
+            waiting = []
+            for entry in self._visible_waiters:
+                if entry.offset <= limit:
+                    if not entry.future.done():
+                        entry.future.set_result(None)
+                else:
+                    waiting.append(entry)
+            self._visible_waiters = waiting
 
     def high_watermark_event(self) -> asyncio.Event:
         """An event set the next time the high watermark moves (or the tablet closes)."""
         return self._hw_advanced
 
     # ---- reading ----
-    def read(self, fetch_offset: int, max_bytes: int) -> ReadResult:
-        """Whole batches whose last offset is at or after ``fetch_offset``, below the high watermark.
+    def read(self, fetch_offset: int, max_bytes: int, *, for_follower: bool = False) -> ReadResult:
+        """Whole batches whose last offset is at or after ``fetch_offset``, below the high watermark (for a
+        follower: below what is durable here, replicated or not).
 
         At least one batch is returned when one is available, even above ``max_bytes``.
-        Raises LogOffsetOutOfRangeError below the log start or above the high watermark.
+        Raises LogOffsetOutOfRangeError below the log start or above that end.
         """
         self._check_usable()
         start = self.log_start_offset
+        end = self._durable_end if for_follower else self._high_watermark
         if fetch_offset == EARLIEST_OFFSET:
             fetch_offset = start
-        if fetch_offset < start or fetch_offset > self._high_watermark:
+        if fetch_offset < start or fetch_offset > end:
             raise LogOffsetOutOfRangeError(
-                f"offset {fetch_offset} is outside [{start}, {self._high_watermark}] of {self.directory.name}"
+                f"offset {fetch_offset} is outside [{start}, {end}] of {self.directory.name}"
             )
         records = b""
-        if fetch_offset < self._high_watermark:
+        if fetch_offset < end:
             for segment in self._segments_from(fetch_offset):
-                records = segment.read(segment.batch_index_for(fetch_offset), max_bytes, self._high_watermark)
+                records = segment.read(segment.batch_index_for(fetch_offset), max_bytes, end)
                 if records:
                     break
         return ReadResult(records, self._high_watermark, start)
@@ -403,8 +531,18 @@ class LogTablet:
         log.error("log %s goes offline: %s", self.directory, exc)
         self._failed = exc
 
+    def fail_unacknowledged(self, failure: Exception) -> None:
+        """Fail every wait for the high watermark (this replica stopped leading: its followers will not
+        acknowledge through it any more)."""
+        waiting, self._visible_waiters = self._visible_waiters, []
+        for entry in waiting:
+            if not entry.future.done():
+                entry.future.set_exception(failure)
+                entry.future.exception()
+
     def close(self) -> None:
         self._closed = True
+        self.fail_unacknowledged(LogStorageError(f"log {self.directory} is closed"))
         self._hw_advanced.set()
         for segment in self._segments:
             segment.close()

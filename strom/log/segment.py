@@ -135,6 +135,19 @@ class LogSegment:
     def fsync(self) -> None:
         os.fdatasync(self._fd)
 
+    def truncate_to(self, offset: int) -> None:
+        """Drop every batch that does not end at or below ``offset`` (a follower's log giving up what its
+        leader does not have); the file is cut and fsynced."""
+        keep = bisect_right(self._offsets, offset - 1)  # batches starting below offset ...
+        while keep > 0 and (self._offsets[keep] if keep < len(self._offsets) else self.next_offset) > offset:
+            keep -= 1  # ... that also end at or below it
+        position = self._position(keep)
+        os.ftruncate(self._fd, position)
+        os.fsync(self._fd)
+        self.next_offset = self._offsets[keep] if keep < len(self._offsets) else self.next_offset
+        del self._offsets[keep:], self._positions[keep:], self._timestamps[keep:]
+        self.size_bytes = position
+
     # ---- reading ----
     @property
     def last_timestamp(self) -> int:

@@ -1,0 +1,100 @@
+"""What a replicated log needs from LogTablet: a high watermark held back by the followers, batches appended
+with the leader's offsets, truncation of what a follower must give up, and a recorded high watermark."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from strom.errors import DuplicateSequenceError, LogStorageError
+from strom.log.log_tablet import HIGH_WATERMARK_FILE, LogTablet
+from tests.log.test_log_tablet import DURABLE_EACH_APPEND, T0_MS, append, batch_bytes, ids_in
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_an_acknowledgement_waits_for_the_followers_but_a_flush_does_not(tmp_path: Path) -> None:
+    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    try:
+        leader.set_replication_limit(0)
+        result = append(leader, batch_bytes([1, 2]), batch_bytes([3]))
+        acknowledged = leader.durable(result.next_offset)
+        await leader.flushed(result.next_offset)
+        assert leader.durable_end == 3 and leader.high_watermark == 0 and not acknowledged.done()
+        assert ids_in(leader.read(0, 1 << 20, for_follower=True).records) == [1, 2, 3]
+        assert leader.read(0, 1 << 20).records == b"", "clients see nothing the followers lack"
+
+        leader.set_replication_limit(2)  # a follower has the first batch
+        await asyncio.sleep(0)
+        assert leader.high_watermark == 2 and not acknowledged.done()
+        leader.set_replication_limit(5)  # beyond what is durable here: capped
+        await acknowledged
+        assert leader.high_watermark == 3
+        leader.set_replication_limit(1)
+        assert leader.high_watermark == 3, "the high watermark never moves back"
+    finally:
+        leader.close()
+
+
+async def test_a_follower_appends_the_leaders_batches_with_their_offsets_and_writer_state(tmp_path: Path) -> None:
+    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
+    try:
+        result = append(leader, batch_bytes([1, 2], writer_id=7, sequence=0), batch_bytes([3], writer_id=7, sequence=1))
+        await leader.durable(result.next_offset)
+        fetched = leader.read(0, 1 << 20, for_follower=True).records
+        appended = follower.append_replicated(fetched, T0_MS)
+        await follower.flushed(appended.next_offset)
+        assert (appended.base_offset, appended.next_offset, follower.durable_end) == (0, 3, 3)
+        assert follower.read(0, 1 << 20).records == fetched, "the same bytes: offsets and timestamps kept"
+        with pytest.raises(DuplicateSequenceError):  # a retry of writer 7's last batch is known here too
+            follower.check_writers([(7, 1)], follower.high_watermark)
+        with pytest.raises(LogStorageError, match="start at 0, the log ends at 3"):
+            follower.append_replicated(fetched, T0_MS)
+    finally:
+        leader.close()
+        follower.close()
+
+
+async def test_truncation_drops_whole_batches_and_what_they_taught_the_writer_state(tmp_path: Path) -> None:
+    tablet = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        for sequence, ids in enumerate([[1, 2], [3, 4, 5], [6]]):
+            result = append(tablet, batch_bytes(ids, writer_id=9, sequence=sequence))
+            await tablet.durable(result.next_offset)
+        await tablet.truncate_to(3)  # inside the second batch: the whole batch goes
+        assert (tablet.log_end_offset, tablet.durable_end, tablet.high_watermark) == (2, 2, 2)
+        assert ids_in(tablet.read(0, 1 << 20).records) == [1, 2]
+        tablet.check_writers([(9, 1)], tablet.high_watermark)  # sequence 1 is new again: no duplicate
+        result = append(tablet, batch_bytes([30], writer_id=9, sequence=1))
+        await tablet.durable(result.next_offset)
+        assert ids_in(tablet.read(0, 1 << 20).records) == [1, 2, 30]
+    finally:
+        tablet.close()
+    reopened = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        assert ids_in(reopened.read(0, 1 << 20).records) == [1, 2, 30], "the truncation is on disk"
+    finally:
+        reopened.close()
+
+
+async def test_a_reopened_replica_starts_from_its_recorded_high_watermark(tmp_path: Path) -> None:
+    tablet = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        tablet.set_replication_limit(0)
+        first = append(tablet, batch_bytes([1, 2]))
+        tablet.set_replication_limit(first.next_offset)
+        await tablet.durable(first.next_offset)
+        tablet.checkpoint_high_watermark()
+        second = append(tablet, batch_bytes([3]))  # on disk, never acknowledged
+        await tablet.flushed(second.next_offset)
+    finally:
+        tablet.close()
+    assert (tmp_path / "log" / HIGH_WATERMARK_FILE).read_text() == "2"
+    reopened = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        assert (reopened.high_watermark, reopened.log_end_offset) == (2, 3)
+    finally:
+        reopened.close()
