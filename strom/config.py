@@ -223,6 +223,11 @@ ZOOKEEPER_SESSION_TIMEOUT = duration_option(
     "for this long counts as gone (its registration vanishes, a standby coordinator takes over). Fluss's "
     "default is 60 s; strom's is shorter so failover is quicker.",
 )
+LOG_REPLICA_MAX_LAG_TIME = duration_option(
+    "log.replica.max-lag-time", "30s",
+    "A follower that has not caught up with its leader's log for this long leaves the in-sync replicas, so "
+    "writes are acknowledged without it (until it catches up again).",
+)
 TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.", minimum=0)
 DEFAULT_BUCKET_NUMBER = int_option(
     "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count.", minimum=1

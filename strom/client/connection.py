@@ -32,6 +32,12 @@ def _split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+COORDINATOR_ATTEMPTS_MAX = 20
+COORDINATOR_RETRY_S = 0.25
+"""A request to the coordinator that was surely not processed is tried again for about 5 s while another
+coordinator takes over (or the one named is still a standby)."""
+
+
 class Connection:
     """A connection to a strom (or Fluss) cluster. Use ``async with`` or call :meth:`close`."""
 
@@ -132,16 +138,19 @@ class Connection:
     async def coordinator_request(self, key: ApiKey, message: Message) -> Message:
         """Send to the active coordinator. When it cannot be reached or answers that it is a standby
         (another coordinator took over), the metadata is refreshed and a request that surely was not
-        processed is sent once more to the coordinator the cluster names now."""
-        address = await self.metadata.coordinator_address()
-        try:
-            return await self.request(address, key, message)
-        except (ConnectionFailedError, NotCoordinatorLeaderError, NetworkError) as exc:
-            await self.metadata.refresh()
-            current = await self.metadata.coordinator_address()
-            if current == address or (isinstance(exc, NetworkError) and not isinstance(exc, ConnectionFailedError)):
-                raise  # the same coordinator, or the request may have been processed before the connection broke
-            return await self.request(current, key, message)
+        processed is sent again to the coordinator the cluster names then, for a few seconds."""
+        for attempt in range(COORDINATOR_ATTEMPTS_MAX):
+            address = await self.metadata.coordinator_address()
+            try:
+                return await self.request(address, key, message)
+            except (ConnectionFailedError, NotCoordinatorLeaderError, NetworkError) as exc:
+                unsent = isinstance(exc, (ConnectionFailedError, NotCoordinatorLeaderError))
+                if not unsent or attempt == COORDINATOR_ATTEMPTS_MAX - 1:
+                    raise  # the request may have been processed before the connection broke
+                await self.metadata.refresh()
+                if await self.metadata.coordinator_address() == address:
+                    await asyncio.sleep(COORDINATOR_RETRY_S)  # an election is under way
+        raise AssertionError("unreachable")
 
     async def leader_request(self, bucket: TableBucket, key: ApiKey, message: Message) -> Message:
         return await self.request(await self.metadata.leader_address(bucket), key, message)

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from strom.client.table import Table
 
 BATCH_ROWS_MAX = 10_000
-RETRIES_MAX = 10
+RETRIES_MAX = 40
+"""Retriable failures (a leader that moved, an election under way) are retried for about 35 s."""
 RETRY_BACKOFF_MS = 100
 CHUNKS_IN_FLIGHT_MAX = 4
 OUT_OF_ORDER_RETRIES_MAX = 3

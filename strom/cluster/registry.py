@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from kazoo.client import KazooState
+from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
@@ -62,10 +63,12 @@ class TabletServerRegistry:
     def __init__(self, location: str, session_timeout_ms: int = 6000) -> None:
         assert session_timeout_ms > 0
         self._hosts, root = parse_location(location)
+        self.root = root
         self._ids_path = root + IDS_PATH
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._registered: dict[int, RegisteredServer] = {}
+        self._listeners: list[Callable[[dict[int, RegisteredServer]], None]] = []
         self._live: dict[int, RegisteredServer] = {}
         self._reregister_pending = False
         self._closed = False
@@ -128,6 +131,15 @@ class TabletServerRegistry:
             )
 
     # ---- live servers ----
+    @property
+    def client(self) -> KazooClient:
+        """The registry's ZooKeeper client, shared by the process's other cluster state (bucket states)."""
+        return self._client
+
+    def add_listener(self, listener: Callable[[dict[int, RegisteredServer]], None]) -> None:
+        """Call ``listener(live servers)`` (on a ZooKeeper thread) after every change of the live servers."""
+        self._listeners.append(listener)
+
     def live(self) -> dict[int, RegisteredServer]:
         """The currently registered servers by id (from the watch's cache: no ZooKeeper call)."""
         return dict(self._live)
@@ -160,7 +172,14 @@ class TabletServerRegistry:
                 if not self._closed:
                     log.info("could not read the live tablet servers (%r); keeping the last view", exc)
                 return
+            changed = servers != self._live
             self._live = servers
+        if changed:
+            for listener in list(self._listeners):
+                try:
+                    listener(dict(servers))
+                except Exception:  # a listener's failure must not stop the watch
+                    log.exception("a live-server listener failed")
 
     # ---- session changes ----
     def _on_state(self, state: str) -> None:

@@ -180,6 +180,8 @@ class KvTablet:
         return self._applied_offset
 
     def _recover(self) -> None:
+        if self.log.high_watermark < self._applied_offset <= self.log.durable_end:
+            self.log.acknowledge_up_to(self._applied_offset)  # RocksDB holds only acknowledged writes
         end = self.log.high_watermark
         if self._applied_offset > end or self._applied_offset < self.log.log_start_offset:
             if self.log.log_start_offset != 0:
@@ -199,6 +201,37 @@ class KvTablet:
         if self._applied_offset < end:
             replayed = self.replay_changelog(self._applied_offset, end)
             log.info("%s: replayed %d changelog records up to offset %d", self.directory, replayed, end)
+        self._hold_unacknowledged()
+
+    def _hold_unacknowledged(self) -> None:
+        """A leader that takes over a replicated bucket may hold changelog batches its followers do not have
+        yet (above the high watermark): they are the log now, so they become the pre-write buffer (writes see
+        them; lookups once the followers have them), as if this leader had written them."""
+        start, end = self._applied_offset, self.log.log_end_offset
+        if start >= end:
+            return
+        data = self.log.read_range(start, end, 1 << 62, unacknowledged=True)
+        held = 0
+        for position, header in log_batch.iter_batches(data, verify_crc=False):
+            if header.next_offset <= start:
+                continue
+            change_types, batch = self._format.read_log_batch(data, position, header)
+            keys: list[bytes] = []
+            values: list[bytes | None] = []
+            if batch.num_rows:
+                all_keys, all_values = self._format.changelog_to_kv(batch, change_types or b"", self._format.schema_id)
+                first = max(0, start - header.base_offset)
+                for key, value in zip(all_keys[first:], all_values[first:], strict=True):
+                    if key is not None:
+                        keys.append(key)
+                        values.append(value)
+            types = change_types or b""
+            delta = types.count(ChangeType.INSERT) - types.count(ChangeType.DELETE)
+            self._pending.append(_PendingBatch(header.next_offset, keys, values, delta))
+            held += len(keys)
+        self._pending_index = None
+        if held:
+            log.info("%s: holding %d unacknowledged changelog records in [%d, %d)", self.directory, held, start, end)
 
     def replay_changelog(self, start_offset: int, end_offset: int) -> int:
         """Apply changelog records in ``[start_offset, end_offset)`` to RocksDB; returns records applied."""
@@ -258,6 +291,7 @@ class KvTablet:
                 "(for a full disk: once space is freed)"
             )
         self._check_open()
+        self._apply_before_read()  # what the followers acknowledged since (a new leader's held batches)
         # a retry is acknowledged (DUPLICATE_SEQUENCE) only once the original is visible in RocksDB
         self.log.check_writers([(writer_id, batch_sequence)], self._applied_offset)
         if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):

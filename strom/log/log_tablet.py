@@ -100,6 +100,7 @@ class LogTablet:
         self._visible_waiters: list[_Waiter] = []
         """Flushed, waiting for the high watermark (the followers) to pass their offset."""
         self._hw_advanced = asyncio.Event()
+        self._durable_advanced = asyncio.Event()
         self._last_commit_timestamp = max(s.last_timestamp for s in segments)
         self._failed: Exception | None = None
         self._closed = False
@@ -250,6 +251,11 @@ class LogTablet:
         self._durable_end = min(self._durable_end, end)
         self._high_watermark = min(self._high_watermark, end)
         log.warning("%s: truncated to offset %d", self.directory, end)
+
+    def acknowledge_up_to(self, offset: int) -> None:
+        """Raise the high watermark to ``offset`` (at most the durable end), known committed otherwise (a
+        KV state already holding it): a recorded high watermark may lag."""
+        self._recompute_high_watermark(known_committed=offset)
 
     def set_replication_limit(self, limit: int | None) -> None:
         """What every in-sync replica has (None: no followers); the high watermark advances up to it."""
@@ -405,12 +411,19 @@ class LogTablet:
     def _advance_durable_end(self, offset: int) -> None:
         if offset > self._durable_end:
             self._durable_end = offset
+            self._durable_advanced.set()
+            self._durable_advanced = asyncio.Event()
         self._recompute_high_watermark()
 
-    def _recompute_high_watermark(self) -> None:
-        """The high watermark: what is durable here and, with followers, on every in-sync replica. It
-        never moves back."""
+    def durable_event(self) -> asyncio.Event:
+        """An event set the next time the durable end moves (a follower's long poll waits for it)."""
+        return self._durable_advanced
+
+    def _recompute_high_watermark(self, known_committed: int = 0) -> None:
+        """The high watermark: what is durable here and, with followers, on every in-sync replica (or
+        ``known_committed``). It never moves back."""
         limit = self._durable_end if self._replication_limit is None else min(self._durable_end, self._replication_limit)
+        limit = max(limit, min(known_committed, self._durable_end))
         if limit <= self._high_watermark:
             return
         self._high_watermark = limit
@@ -455,9 +468,10 @@ class LogTablet:
                     break
         return ReadResult(records, self._high_watermark, start)
 
-    def read_range(self, start_offset: int, end_offset: int, max_bytes: int) -> bytes:
-        """Whole batches covering ``[start_offset, end_offset)`` (end capped at the high watermark)."""
-        end_offset = min(end_offset, self._high_watermark)
+    def read_range(self, start_offset: int, end_offset: int, max_bytes: int, *, unacknowledged: bool = False) -> bytes:
+        """Whole batches covering ``[start_offset, end_offset)`` (end capped at the high watermark, or with
+        ``unacknowledged`` at the log end: a new leader taking over what its followers may not have yet)."""
+        end_offset = min(end_offset, self.log_end_offset if unacknowledged else self._high_watermark)
         chunks: list[bytes] = []
         total = 0
         offset = max(start_offset, self.log_start_offset)
@@ -544,6 +558,7 @@ class LogTablet:
         self._closed = True
         self.fail_unacknowledged(LogStorageError(f"log {self.directory} is closed"))
         self._hw_advanced.set()
+        self._durable_advanced.set()
         for segment in self._segments:
             segment.close()
 

@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from strom.clock import SYSTEM_CLOCK, Clock
+from strom.cluster.bucket_state import BucketStates
 from strom.cluster.coordinator_address import CoordinatorAddress
 from strom.cluster.registry import RegisteredServer, TabletServerRegistry
 from strom.config import (
     AUTHORIZER_ENABLED,
     BIND_LISTENERS,
     DATALAKE_FORMAT,
+    LOG_REPLICA_MAX_LAG_TIME,
     REMOTE_DATA_DIR,
     SECURITY_PROTOCOL_MAP,
     TABLET_SERVER_ID,
@@ -50,6 +52,7 @@ from strom.server.cluster_tablet import (
 from strom.server.coordinator import CoordinatorService
 from strom.server.coordinator_role import CoordinatorRole, metadata_handlers
 from strom.server.lake_tiering import LakeTableTieringManager
+from strom.server.leader_election import LeaderElector
 from strom.server.node import (
     WAREHOUSE_OPTIONS,
     ServerPaths,
@@ -62,6 +65,7 @@ from strom.server.peers import PeerConnections
 from strom.server.placement import ClusterPlacement, ServerNode
 from strom.server.remote_tablets import RemoteTabletServers
 from strom.server.replica import ReplicaManager
+from strom.server.replication import ReplicationManager
 from strom.server.tablet_role import TabletRole
 
 log = logging.getLogger(__name__)
@@ -142,6 +146,11 @@ class _ClusterProcess:
     def node(self) -> ServerNode:
         raise NotImplementedError
 
+    def _bucket_states(self) -> BucketStates:
+        registry = getattr(self, "registry", None)
+        assert registry is not None, "the registry's ZooKeeper client carries the bucket states"
+        return BucketStates(registry.client, registry.root)
+
     async def serve_forever(self) -> None:
         await self._stopped.wait()
 
@@ -173,6 +182,7 @@ class CoordinatorNode(_ClusterProcess):
         self.role: CoordinatorRole | None = None
         self.coordinator: CoordinatorService | None = None
         self.tablets: RemoteTabletServers | None = None
+        self.elector: LeaderElector | None = None
         self.epoch: int | None = None
         """The coordinator epoch while active; None as a standby."""
         self.exit_code = 0
@@ -195,7 +205,7 @@ class CoordinatorNode(_ClusterProcess):
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         self.registry = TabletServerRegistry(zookeeper, session_ms)
         self.address = CoordinatorAddress(zookeeper, session_ms)
-        placement = ClusterPlacement(store, self.registry, self._active_node)
+        placement = ClusterPlacement(store, self.registry, self._active_node, self._bucket_states())
         standby_catalog = CoordinatorService(
             store, _NoTablets(), self.config, self.clock, placement, LakeTableTieringManager(store, self.clock, 0, 0)
         )
@@ -239,6 +249,9 @@ class CoordinatorNode(_ClusterProcess):
         self.role = role = CoordinatorRole(store, self.config, self.clock, RemoteStorage(self.remote_root))
         self.tablets = RemoteTabletServers(placement, self.peers, epoch)
         self.coordinator = await role.start(self.tablets, placement)
+        assert self.registry is not None
+        self.elector = LeaderElector(store, placement.states, self.registry, self.tablets, self.coordinator.table_info_by_id)
+        self.elector.start()
         assert self.security is not None and self.rpc is not None and role.snapshots is not None
         snapshots = role.snapshots
 
@@ -268,6 +281,8 @@ class CoordinatorNode(_ClusterProcess):
             self.address.close()  # first: tablet servers stop sending it commits, a standby may take over
         if self._campaign_task is not None:
             await asyncio.gather(self._campaign_task, return_exceptions=True)
+        if self.elector is not None:
+            await self.elector.stop()
         if self.role is not None:
             await self.role.stop()
         if self.tablets is not None:
@@ -306,6 +321,7 @@ class TabletServerNode(_ClusterProcess):
         self.address: CoordinatorAddress | None = None
         self.tablets: TabletRole | None = None
         self.replicas: ReplicaManager | None = None
+        self.replication: ReplicationManager | None = None
         self.catalog: CoordinatorService | None = None
         self._last_coordinator: ServerNode | None = None
 
@@ -349,25 +365,33 @@ class TabletServerNode(_ClusterProcess):
         sock = bind_listener(self.host, self.port)  # the port goes into the registration and metadata
         self.port = sock.getsockname()[1]
         sock.close()
-        placement = ClusterPlacement(store, self.registry, self._coordinator_node)
+        placement = ClusterPlacement(store, self.registry, self._coordinator_node, self._bucket_states())
         # the catalog answers metadata from the store; it never changes anything here
         self.catalog = CoordinatorService(
             store, _NoTablets(), config, self.clock, placement,
             LakeTableTieringManager(store, self.clock, 0, 0),
         )
-        tables = ClusterTables(store, self.server_id, self.catalog.table_info_by_id)
+        states = self._bucket_states()
+        tables = ClusterTables(store, states, self.server_id, self.catalog.table_info_by_id)
         self.replicas.resolve_bucket = tables.resolve
+        self.replication = replication = ReplicationManager(
+            self.server_id, self.replicas, states, self.registry, self.peers, self.catalog.table_info_by_id,
+            config.get_ms(LOG_REPLICA_MAX_LAG_TIME),
+        )
+        tablets.tablet.on_follower_fetch = replication.on_follower_fetch
         existing = tables.tables()
         removed = remove_dropped_table_data(self.paths.tablets, {table.table_id for table in existing})
         if removed:
             log.info("removed the data of %d tables dropped while this server was down", len(removed))
-        for table, buckets in tables.assigned():
-            self.replicas.become_leader(table, buckets)
+        for table, buckets in tables.assigned():  # lead or follow each as ZooKeeper says
+            for bucket in buckets:
+                await replication.apply(table, bucket)
+        replication.start()
 
         async def stop_replicas(table_id: int, partition_id: int | None, delete: bool) -> None:
             await tablets.stop_replicas(table_id, partition_id, delete=delete)
 
-        control = TabletControlService(self.replicas, self.catalog.table_info_by_id, stop_replicas)
+        control = TabletControlService(self.replicas, self.catalog.table_info_by_id, stop_replicas, replication)
         tablets.start_snapshots(committer, self.paths.snapshot_staging)
         handlers = {
             **tablets.handlers(),
@@ -403,6 +427,8 @@ class TabletServerNode(_ClusterProcess):
             self.registry.close()  # first: the cluster stops routing to this server
         if self.rpc is not None:
             await self.rpc.stop()
+        if self.replication is not None:
+            await self.replication.stop()
         if self.tablets is not None:
             await self.tablets.stop()
         await self._close_common()

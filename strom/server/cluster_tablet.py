@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from strom.cluster.bucket_state import BucketStates
 from strom.errors import InvalidCoordinatorError, StromError
 from strom.ids import TableBucket
 from strom.kv.snapshot import CompletedKvSnapshot
@@ -26,6 +27,7 @@ from strom.server.peers import PeerConnections
 from strom.server.placement import ServerNode
 from strom.server.remote_tablets import ALL_BUCKETS
 from strom.server.replica import ReplicaManager
+from strom.server.replication import ReplicationManager
 
 log = logging.getLogger(__name__)
 
@@ -34,33 +36,34 @@ TableOf = Callable[[int], TableInfo | None]
 
 
 class ClusterTables:
-    """Which buckets this tablet server leads, from the assignments in the metadata store."""
+    """Which buckets this tablet server holds a replica of, from the bucket states in ZooKeeper."""
 
-    def __init__(self, store: MetadataStore, server_id: int, table_of: TableOf) -> None:
+    def __init__(self, store: MetadataStore, states: BucketStates, server_id: int, table_of: TableOf) -> None:
         self._store = store
+        self._states = states
         self._server_id = server_id
         self._table_of = table_of
 
     def resolve(self, bucket: TableBucket) -> TableInfo | None:
-        """The table of ``bucket`` when it is assigned to this server (a request came before the notice)."""
-        assignment = self._store.get_bucket_assignment(bucket.table_id, bucket.partition_id)
-        if assignment is None or assignment.get(bucket.bucket) != self._server_id:
+        """The table of an unreplicated ``bucket`` this server leads (a request came before the notice);
+        a replicated one waits for its notice, which sets up its followers."""
+        found = self._states.get(bucket)
+        if found is None or found[0].leader != self._server_id or found[0].replicas != (self._server_id,):
             return None
         return self._table_of(bucket.table_id)
 
     def assigned(self) -> list[tuple[TableInfo, list[TableBucket]]]:
-        """Every bucket the store assigns to this server, by table (read at start)."""
+        """Every bucket with a replica on this server, by table (read at start)."""
         found: list[tuple[TableInfo, list[TableBucket]]] = []
         for table in self.tables():
             partitions: list[int | None] = (
                 [p.partition_id for p in self._store.list_partitions(table.table_id)] if table.is_partitioned else [None]
             )
             for partition_id in partitions:
-                assignment = self._store.get_bucket_assignment(table.table_id, partition_id) or {}
-                mine = [TableBucket(table.table_id, b, partition_id) for b, s in sorted(assignment.items())
-                        if s == self._server_id]
+                states = self._states.get_many(table.buckets(partition_id))
+                mine = [bucket for bucket, state in states.items() if self._server_id in state.replicas]
                 if mine:
-                    found.append((table, mine))
+                    found.append((table, sorted(mine, key=lambda b: b.bucket)))
         return found
 
     def tables(self) -> list[TableInfo]:
@@ -140,11 +143,13 @@ class TabletControlService:
         replicas: ReplicaManager,
         table_of: TableOf,
         stop_replicas: Callable[[int, int | None, bool], Awaitable[None]],
+        replication: ReplicationManager,
     ) -> None:
         """``stop_replicas(table_id, partition_id, delete)`` closes scan sessions and stops the buckets."""
         self._replicas = replicas
         self._table_of = table_of
         self._stop_replicas = stop_replicas
+        self._replication = replication
         self._coordinator_epoch = -1
         """The highest coordinator epoch seen: requests of an older (deposed) coordinator are refused."""
 
@@ -155,7 +160,8 @@ class TabletControlService:
             )
         self._coordinator_epoch = epoch
 
-    def notify_leader_and_isr(self, request: Any, _context: object) -> Any:
+    async def notify_leader_and_isr(self, request: Any, _context: object) -> Any:
+        """Lead or follow each bucket as ZooKeeper's state says now (the notice says that it changed)."""
         self._check_epoch(request.coordinator_epoch)
         response = pb.NotifyLeaderAndIsrResponse()
         for entry in request.notify_buckets_leader_req:
@@ -167,7 +173,10 @@ class TabletControlService:
             if table is None:
                 result.error_code, result.error_message = 7, f"table {bucket.table_id} does not exist"
                 continue
-            self._replicas.become_leader(table, [bucket])
+            try:
+                await self._replication.apply(table, bucket)
+            except StromError as exc:
+                result.error_code, result.error_message = exc.code, str(exc)
         return response
 
     async def stop_replica(self, request: Any, _context: object) -> Any:
@@ -181,6 +190,7 @@ class TabletControlService:
                 result.error_code, result.error_message = -1, "only whole tables or partitions are stopped"
                 continue
             try:
+                self._replication.forget(entry.table_bucket.table_id, partition_id)
                 await self._stop_replicas(entry.table_bucket.table_id, partition_id, entry.delete)
             except StromError as exc:
                 result.error_code, result.error_message = exc.code, str(exc)

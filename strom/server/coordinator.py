@@ -86,8 +86,6 @@ the hosted buckets serve the changed table at once, so options read per use (``t
 effect without a restart; what each option does in strom is in docs/table-options.md. Other ``table.*``
 options shape how stored data is read, so they are fixed at creation; keys outside ``table.`` are custom
 properties, which AlterTable changes freely (as in Fluss)."""
-REPLICAS_PER_BUCKET_MAX = 1
-"""Replicas strom keeps of a bucket: buckets are not replicated yet, so a table asks for one."""
 SENSITIVE_OPTION_WORDS = ("password", "secret", "key")
 """Server lake options whose key contains one of these are not copied into table properties, which every
 client can read (Fluss's rule)."""
@@ -382,17 +380,14 @@ class CoordinatorService:
 
     def _check_replication_factor(self, properties: dict[str, str]) -> None:
         """InvalidReplicationFactorError (Fluss's message) when the table wants more replicas than there
-        are tablet servers to hold them, or more than strom keeps."""
+        are tablet servers to hold them."""
         factor = int(properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
         available = len(self._placement.tablet_servers())
         if factor > available:
             raise InvalidReplicationFactorError(
                 f"Replication factor: {factor} larger than available tablet servers: {available}."
             )
-        if factor > REPLICAS_PER_BUCKET_MAX:
-            raise InvalidReplicationFactorError(
-                f"Replication factor: {factor} is not supported yet: strom keeps one replica of each bucket."
-            )
+
 
     def _with_lake_properties(self, properties: dict[str, str], creating: bool) -> dict[str, str]:
         """Check the ``table.datalake.*`` options. A lake-enabled table gets the cluster's format and its
@@ -639,13 +634,15 @@ class CoordinatorService:
         self._add_buckets(metadata.bucket_metadata, table, record.partition_id)
 
     def _add_buckets(self, target: Any, table: TableInfo, partition_id: int | None = None) -> None:
-        leaders = self._placement.leaders(table, partition_id)
+        described = self._placement.describe(table, partition_id)
         for bucket in range(table.bucket_count):
-            leader = leaders.get(bucket)
-            if leader is None:  # its tablet server is down: no leader until it is back
+            leadership = described.get(bucket)
+            if leadership is None:
                 target.add(bucket_id=bucket, leader_epoch=0)
-            else:
-                target.add(bucket_id=bucket, leader_id=leader, replica_id=[leader], leader_epoch=0)
+                continue
+            entry = target.add(bucket_id=bucket, replica_id=list(leadership.replicas), leader_epoch=leadership.leader_epoch)
+            if leadership.leader is not None:  # else its replicas are down: no leader until one is back
+                entry.leader_id = leadership.leader
 
     def init_writer(self, _request: Any, _context: object) -> Any:
         return pb.InitWriterResponse(writer_id=self._store.next_id("writer"))

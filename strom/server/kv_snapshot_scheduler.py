@@ -138,7 +138,7 @@ class KvSnapshotScheduler:
             await asyncio.sleep(tick_s)
             now = self._clock.now_ms()
             for replica in self._replicas.hosted():
-                if not (replica.is_kv and replica.is_open and not replica.stopped):
+                if not (replica.is_kv and replica.is_open and replica.is_leader and not replica.stopped):
                     continue
                 state = self._state(replica.bucket)
                 if state.in_flight or now < state.next_due_ms:

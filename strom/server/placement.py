@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from strom.cluster.bucket_state import BucketStates, LeaderAndIsr
 from strom.errors import InvalidReplicationFactorError
+from strom.metadata import table_options
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.rpc.messages import pb
@@ -27,6 +29,16 @@ class ServerNode:
 
     def to_pb(self) -> Any:
         return pb.PbServerNode(node_id=self.node_id, host=self.host, port=self.port)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketLeadership:
+    """What metadata tells clients of one bucket."""
+
+    leader: int | None
+    """None while no replica can lead it (its servers are down)."""
+    replicas: tuple[int, ...]
+    leader_epoch: int = 0
 
 
 class LiveServers(Protocol):
@@ -43,6 +55,9 @@ class BucketPlacement(Protocol):
 
     def leaders(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         """Bucket id -> the id of the tablet server leading it (buckets without a leader are left out)."""
+
+    def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
+        """Every bucket's leader and replicas."""
 
     def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         """Place the buckets of a new table (or partition) and record where; returns the assignment.
@@ -64,6 +79,10 @@ class SingleNodePlacement:
     def leaders(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         return dict.fromkeys(range(table.bucket_count), self._node.node_id)
 
+    def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
+        me = self._node.node_id
+        return {bucket: BucketLeadership(me, (me,)) for bucket in range(table.bucket_count)}
+
     def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         return self.leaders(table, partition_id)
 
@@ -71,18 +90,24 @@ class SingleNodePlacement:
 class ClusterPlacement:
     """Buckets spread over the tablet servers registered in ZooKeeper, round robin at creation.
 
-    The assignment is stored (``MetadataStore.put_bucket_assignment``) and never moves by itself: a bucket's
-    data lives on its server's disk, so while that server is down the bucket has no leader (clients get
-    NotLeaderOrFollower-style errors and retry) until it comes back.
+    Each bucket gets ``table.replication.factor`` replicas on distinct servers; the first is its first
+    leader. Where each bucket's leadership stands (leader, epoch, ISR) lives in ZooKeeper
+    (:mod:`strom.cluster.bucket_state`): the coordinator moves it when a leader's server is gone. The
+    assignment is also stored in the metadata store (``put_bucket_assignment``), the replicas of each bucket.
     """
 
     def __init__(
-        self, store: MetadataStore, servers: LiveServers, coordinator: ServerNode | Callable[[], ServerNode]
+        self,
+        store: MetadataStore,
+        servers: LiveServers,
+        coordinator: ServerNode | Callable[[], ServerNode],
+        states: BucketStates,
     ) -> None:
         """``coordinator``: this process's node on the coordinator, a function (following ZooKeeper) elsewhere."""
         self._store = store
         self._servers = servers
         self._coordinator = coordinator
+        self.states = states
 
     def coordinator(self) -> ServerNode:
         return self._coordinator if isinstance(self._coordinator, ServerNode) else self._coordinator()
@@ -90,25 +115,45 @@ class ClusterPlacement:
     def tablet_servers(self) -> list[ServerNode]:
         return [ServerNode(i, s.host, s.port) for i, s in sorted(self._servers.live().items())]
 
-    def leaders(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
-        assignment = self._store.get_bucket_assignment(table.table_id, partition_id)
-        if assignment is None:  # created before the cluster had tablet servers, or the record was lost
-            return {}
+    def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
+        buckets = table.buckets(partition_id)
+        states = self.states.get_many(buckets)
         live = self._servers.live()
-        return {bucket: server for bucket, server in assignment.items() if server in live}
+        described = {}
+        for bucket in buckets:
+            state = states.get(bucket)
+            if state is None:
+                continue  # created before the cluster had tablet servers, or a record was lost
+            leader = state.leader if state.leader in live else None
+            described[bucket.bucket] = BucketLeadership(leader, state.replicas, state.leader_epoch)
+        return described
+
+    def leaders(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
+        return {
+            bucket: leadership.leader
+            for bucket, leadership in self.describe(table, partition_id).items()
+            if leadership.leader is not None
+        }
 
     def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         existing = self._store.get_bucket_assignment(table.table_id, partition_id)
         if existing is not None:
             return existing
         servers = sorted(self._servers.live())
-        if not servers:
-            raise InvalidReplicationFactorError("Replication factor: 1 larger than available tablet servers: 0.")
+        factor = int(table.properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
+        if len(servers) < factor:
+            raise InvalidReplicationFactorError(
+                f"Replication factor: {factor} larger than available tablet servers: {len(servers)}."
+            )
         # start each table (and partition) at a different server so small tables spread too
         start = (table.table_id + (partition_id or 0)) % len(servers)
-        assignment = {bucket: servers[(start + bucket) % len(servers)] for bucket in range(table.bucket_count)}
+        assignment = {}
+        for bucket in table.buckets(partition_id):
+            replicas = tuple(servers[(start + bucket.bucket + i) % len(servers)] for i in range(factor))
+            self.states.create(bucket, LeaderAndIsr(replicas[0], 0, replicas, replicas))
+            assignment[bucket.bucket] = replicas[0]
         self._store.put_bucket_assignment(table.table_id, partition_id, assignment)
         return assignment
 
 
-__all__ = ["BucketPlacement", "ClusterPlacement", "LiveServers", "ServerNode", "SingleNodePlacement"]
+__all__ = ["BucketLeadership", "BucketPlacement", "ClusterPlacement", "LiveServers", "ServerNode", "SingleNodePlacement"]

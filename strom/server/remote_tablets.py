@@ -35,16 +35,20 @@ class RemoteTabletServers:
         self._background: set[asyncio.Task[None]] = set()
 
     def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
+        """Tell every live replica of ``buckets`` that their leadership is (newly) set: each reads the state
+        from ZooKeeper and leads or follows."""
         if not buckets:
             return
-        leaders = self._placement.leaders(table, buckets[0].partition_id)
+        described = self._placement.describe(table, buckets[0].partition_id)
         by_server: dict[int, list[TableBucket]] = {}
         for bucket in buckets:
-            if bucket.bucket in leaders:
-                by_server.setdefault(leaders[bucket.bucket], []).append(bucket)
+            leadership = described.get(bucket.bucket)
+            for replica in leadership.replicas if leadership is not None else ():
+                by_server.setdefault(replica, []).append(bucket)
         for node in self._placement.tablet_servers():
             if node.node_id in by_server:
-                request = _leader_request(table, by_server[node.node_id], node.node_id, self._epoch)
+                leader = described[by_server[node.node_id][0].bucket].leader
+                request = _leader_request(table, by_server[node.node_id], -1 if leader is None else leader, self._epoch)
                 self._spawn(self._send(node, ApiKey.NOTIFY_LEADER_AND_ISR, request))
 
     def change_table(self, table: TableInfo) -> None:

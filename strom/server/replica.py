@@ -33,6 +33,7 @@ from strom.errors import (
     InvalidColumnProjectionError,
     InvalidTargetColumnError,
     NonPrimaryKeyTableError,
+    NotLeaderOrFollowerError,
     UnknownTableOrBucketError,
 )
 from strom.ids import TableBucket
@@ -69,6 +70,10 @@ class Replica:
         self._kv: KvTablet | None = None
         self.stopped = False
         self._next_recovery = 0.0
+        self.is_leader = True
+        """False while this server follows the bucket's leader (a replicated bucket): clients are refused and
+        no KV state is kept; the log is fetched from the leader."""
+        self.leader_epoch = 0
 
     @property
     def is_open(self) -> bool:
@@ -79,18 +84,26 @@ class Replica:
         return self.table.has_primary_key
 
     def open(self) -> None:
-        if self._log is not None:
-            return
+        """Open the log and, while leading a primary-key bucket, its KV state."""
         if self.stopped:
             raise UnknownTableOrBucketError(f"{self.bucket} is no longer hosted here")
-        log_tablet = LogTablet.open(self.directory / "log", self._manager.log_config)
-        if self.is_kv:
+        opened_log = self._log is None
+        log_tablet = self._log or LogTablet.open(self.directory / "log", self._manager.log_config)
+        if self.is_kv and self.is_leader and self._kv is None:
             try:
                 self._kv = self._open_kv(log_tablet)
             except BaseException:
-                log_tablet.close()
+                if opened_log:
+                    log_tablet.close()
                 raise
         self._log = log_tablet
+
+    def close_kv(self) -> None:
+        """Drop the KV state (this replica now follows): unacknowledged writes die with it; the next time it
+        leads, RocksDB is caught up from the log."""
+        if self._kv is not None:
+            self._kv.close()
+            self._kv = None
 
     @property
     def storage_failure(self) -> Exception | None:
@@ -306,7 +319,23 @@ class ReplicaManager:
                 replica.kv_if_open.change_table(self.row_format(table), self.kv_config(table))
 
     def get(self, bucket: TableBucket) -> Replica:
-        """The open replica of ``bucket``; raises UnknownTableOrBucketError if it is not hosted here."""
+        """The open replica of ``bucket`` that this server leads; raises UnknownTableOrBucketError if it is not
+        hosted here, NotLeaderOrFollowerError if this server follows it."""
+        replica = self.get_hosted(bucket)
+        if not replica.is_leader:
+            raise NotLeaderOrFollowerError(f"{bucket} is led by another tablet server (epoch {replica.leader_epoch})")
+        return replica
+
+    def replica(self, bucket: TableBucket) -> Replica:
+        """The hosted replica of ``bucket``, its storage not necessarily open (the replication manager
+        sets its role first). Raises UnknownTableOrBucketError."""
+        replica = self._replicas.get(bucket)
+        if replica is None or replica.stopped:
+            raise UnknownTableOrBucketError(f"{bucket} is not hosted by this server")
+        return replica
+
+    def get_hosted(self, bucket: TableBucket) -> Replica:
+        """The replica of ``bucket``, leader or follower, its log open."""
         replica = self._replicas.get(bucket)
         if (replica is None or replica.stopped) and self.resolve_bucket is not None:
             table = self.resolve_bucket(bucket)  # a cluster's tablet server takes a bucket assigned to it
@@ -315,7 +344,7 @@ class ReplicaManager:
                 replica = self._replicas.get(bucket)
         if replica is None or replica.stopped:
             raise UnknownTableOrBucketError(f"{bucket} is not hosted by this server")
-        replica.open()
+        replica.open()  # a follower's log only
         replica.recover_if_failed(self.before_reopen)
         return replica
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from strom.clock import Clock
@@ -18,6 +19,7 @@ from strom.errors import (
     InvalidScanRequestError,
     InvalidTableError,
     InvalidTimestampError,
+    NotLeaderOrFollowerError,
     StromError,
     code_for_exception,
 )
@@ -75,6 +77,9 @@ class TabletService:
         self._replicas = replicas
         self._clock = clock
         self._fetch_wait_ms_max = config.get_ms(LOG_FETCH_WAIT_MAX)
+        self.on_follower_fetch: Callable[[TableBucket, int, int], bool] | None = None
+        """In a cluster: records a follower's fetch (bucket, follower id, fetch offset) on the leader; True
+        when the follower must be answered at once (it has not heard of the current high watermark)."""
 
     # ---- log tables ----
     async def produce_log(self, request: Any, _context: object) -> Any:
@@ -126,6 +131,7 @@ class TabletService:
         total_bytes = 0
         budget = max(request.max_bytes, 1)
         events: list[asyncio.Event] = []
+        follower = request.follower_server_id if request.follower_server_id >= 0 else None
         for table_request in request.tables_req:
             table_response = response.tables_resp.add(table_id=table_request.table_id)
             projection = list(table_request.projected_fields) if table_request.projection_pushdown_enabled else None
@@ -141,8 +147,16 @@ class TabletService:
                     max_bytes = max(1, min(bucket_request.max_fetch_bytes, budget)) if total_bytes else max(
                         1, bucket_request.max_fetch_bytes
                     )
-                    read = log_tablet.read(bucket_request.fetch_offset, max_bytes)
-                    records = replica.upgrade_log(read.records) if read.records else read.records
+                    moved = False
+                    if follower is not None:
+                        if self.on_follower_fetch is None:
+                            raise NotLeaderOrFollowerError("this server has no followers")
+                        # a new high watermark goes back at once: the follower must know what is committed
+                        moved = self.on_follower_fetch(bucket, follower, bucket_request.fetch_offset)
+                    read = log_tablet.read(bucket_request.fetch_offset, max_bytes, for_follower=follower is not None)
+                    records = read.records
+                    if records and follower is None:  # a follower stores the batches as they are
+                        records = replica.upgrade_log(records)
                     if records and projection is not None:
                         records = replica.project_records(records, projection)
                     bucket_response.high_watermark = read.high_watermark
@@ -150,8 +164,12 @@ class TabletService:
                     bucket_response.records = records
                     total_bytes += len(records)
                     budget -= len(records)
+                    if moved:
+                        total_bytes += 1
                     if not records:
                         events.append(log_tablet.high_watermark_event())
+                        if follower is not None:
+                            events.append(log_tablet.durable_event())
                 except Exception as exc:
                     _set_error(bucket_response, exc)
         return response, total_bytes, events

@@ -1,0 +1,126 @@
+"""The active coordinator moves a bucket's leadership when its leader's tablet server is gone.
+
+Triggered by every change of the live tablet servers (their ZooKeeper registrations) and, as a safety net,
+every few seconds: for each bucket whose leader is not alive, the first live member of its ISR becomes the
+leader under the next leader epoch, and the ISR shrinks to the live members; when none is alive, the bucket
+has no leader (its ISR is kept: only those replicas hold every acknowledged write, so only they may lead it
+later). The new state is written by compare-and-set, then every replica is told to read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from strom.cluster.bucket_state import NO_LEADER, BucketStates, LeaderAndIsr
+from strom.cluster.registry import TabletServerRegistry
+from strom.ids import TableBucket
+from strom.metadata.store import MetadataStore
+from strom.metadata.table_info import TableInfo
+from strom.server.gateway import TabletServerGateway
+
+log = logging.getLogger(__name__)
+
+RECONCILE_INTERVAL_S = 2.0
+
+
+def elected(state: LeaderAndIsr, live: set[int]) -> LeaderAndIsr | None:
+    """The state after an election among ``live`` servers, None when the leader is fine as it is."""
+    if state.leader in live:
+        return None
+    alive = tuple(r for r in state.isr if r in live)
+    if not alive:
+        if state.leader == NO_LEADER:
+            return None
+        return LeaderAndIsr(NO_LEADER, state.leader_epoch + 1, state.replicas, state.isr)
+    return LeaderAndIsr(alive[0], state.leader_epoch + 1, state.replicas, alive)
+
+
+class LeaderElector:
+    """Owned by the active coordinator's event loop."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        states: BucketStates,
+        registry: TabletServerRegistry,
+        tablets: TabletServerGateway,
+        table_of: Callable[[int], TableInfo | None],
+    ) -> None:
+        self._store = store
+        self._states = states
+        self._registry = registry
+        self._tablets = tablets
+        self._table_of = table_of
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_change(_live: object) -> None:  # on a ZooKeeper thread
+            loop.call_soon_threadsafe(self._wake.set)
+
+        self._registry.add_listener(on_change)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("leader election round failed; trying again")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), RECONCILE_INTERVAL_S)
+
+    async def reconcile(self) -> int:
+        """Elect leaders where needed; returns how many buckets changed."""
+        live = set(self._registry.live())
+        changed = 0
+        for table, partition_id in await asyncio.to_thread(self._tables_and_partitions):
+            buckets = table.buckets(partition_id)
+            states = await asyncio.to_thread(self._states.get_many, buckets)
+            moved: list[TableBucket] = []
+            for bucket, state in states.items():
+                if elected(state, live) is None:
+                    continue
+                found = await asyncio.to_thread(self._states.get, bucket)
+                if found is None:
+                    continue
+                current, version = found
+                new = elected(current, live)
+                if new is None:
+                    continue
+                if await asyncio.to_thread(self._states.compare_and_set, bucket, new, version):
+                    log.info("%s: leader %d -> %d at epoch %d (ISR %s)", bucket, current.leader, new.leader,
+                             new.leader_epoch, list(new.isr))
+                    moved.append(bucket)
+            if moved:
+                self._tablets.become_leader(table, moved)
+                changed += len(moved)
+        return changed
+
+    def _tables_and_partitions(self) -> list[tuple[TableInfo, int | None]]:
+        found: list[tuple[TableInfo, int | None]] = []
+        for database in self._store.list_databases():
+            for name in self._store.list_tables(database):
+                record = self._store.get_table(database, name)
+                table = self._table_of(record.table_id) if record is not None else None
+                if table is None:
+                    continue
+                if table.is_partitioned:
+                    found += [(table, p.partition_id) for p in self._store.list_partitions(table.table_id)]
+                else:
+                    found.append((table, None))
+        return found
+
+
+__all__ = ["LeaderElector", "elected"]

@@ -1,0 +1,300 @@
+"""Replicated buckets on a cluster's tablet server: leading (tracking followers, the in-sync replicas and
+the high watermark) and following (fetching the leader's log).
+
+A **follower** fetches from the leader with FetchLog (``follower_server_id`` = its id) from its log end,
+appends the batches as they are (offsets, timestamps, writer ids), fsyncs them, and only then fetches
+again, so its fetch offset tells the leader what it holds durably. It takes the leader's high watermark
+from each answer. A follower keeps no KV state.
+
+The **leader** records each follower's fetch offset. Its high watermark is what every in-sync replica
+(ISR) holds; writes are acknowledged (and applied to RocksDB, and visible) only below it, so an
+acknowledged write is on every ISR replica's disk. A follower that has not caught up with the leader's log
+for ``log.replica.max-lag-time`` leaves the ISR; one that reaches the high watermark rejoins. ISR changes
+are written to ZooKeeper by compare-and-set under the leader epoch (:mod:`strom.cluster.bucket_state`)
+*before* the leader acts on them: a leader replaced while it was paused fails that write, cannot shrink the
+ISR to itself, so it cannot acknowledge anything alone; it reads the new state and follows.
+
+On becoming a follower a replica truncates its log to its high watermark: batches above it may never have
+been committed (a former leader's writes no follower took). Limits: without leader epochs in the batches
+(Fluss's v1 format has them, strom writes v0), a second failure while a new follower is still re-fetching
+what it truncated can lose acknowledged writes (Kafka's KIP-101 case).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from strom.cluster.bucket_state import BucketStates, LeaderAndIsr
+from strom.cluster.registry import TabletServerRegistry
+from strom.errors import LogOffsetOutOfRangeError, NotLeaderOrFollowerError, StromError, error_for_code
+from strom.ids import TableBucket
+from strom.metadata.table_info import TableInfo
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
+from strom.server.peers import PeerConnections
+from strom.server.replica import Replica, ReplicaManager
+
+log = logging.getLogger(__name__)
+
+FETCH_WAIT_MS = 500
+FETCH_BYTES_MAX = 8 << 20
+RETRY_S = 0.2
+ISR_CHECK_S = 0.25
+CHECKPOINT_S = 1.0
+
+
+@dataclass
+class _Follower:
+    fetch_offset: int
+    caught_up_ms: float
+    told_high_watermark: int = -1
+    """The high watermark the last answer to it carried."""
+
+
+@dataclass
+class _Leading:
+    replica: Replica
+    state: LeaderAndIsr
+    version: int
+    followers: dict[int, _Follower]
+    changing: bool = False
+    """An ISR write to ZooKeeper is in flight."""
+
+
+@dataclass
+class _Following:
+    leader: int
+    leader_epoch: int
+    task: asyncio.Task[None] | None = None
+    leader_high_watermark: int = 0
+    errors: int = field(default=0)
+
+
+class ReplicationManager:
+    """Owned by the tablet server's event loop."""
+
+    def __init__(
+        self,
+        server_id: int,
+        replicas: ReplicaManager,
+        states: BucketStates,
+        registry: TabletServerRegistry,
+        peers: PeerConnections,
+        table_of: Callable[[int], TableInfo | None],
+        lag_max_ms: int,
+    ) -> None:
+        self._me = server_id
+        self._replicas = replicas
+        self._states = states
+        self._registry = registry
+        self._peers = peers
+        self._table_of = table_of
+        self._lag_max_ms = lag_max_ms
+        self._leading: dict[TableBucket, _Leading] = {}
+        self._following: dict[TableBucket, _Following] = {}
+        self._locks: dict[TableBucket, asyncio.Lock] = {}
+        self._maintenance: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._maintenance = asyncio.create_task(self._maintain())
+
+    async def stop(self) -> None:
+        tasks = [f.task for f in self._following.values() if f.task is not None] + list(self._writes)
+        if self._maintenance is not None:
+            tasks.append(self._maintenance)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for lead in self._leading.values():
+            with contextlib.suppress(StromError):
+                lead.replica.log.checkpoint_high_watermark()
+
+    # ---- role changes ----
+    async def apply(self, table: TableInfo, bucket: TableBucket) -> None:
+        """Take the bucket's current state from ZooKeeper and lead or follow it accordingly."""
+        async with self._locks.setdefault(bucket, asyncio.Lock()):
+            found = await asyncio.to_thread(self._states.get, bucket)
+            if found is None or self._me not in found[0].replicas:
+                return
+            state, version = found
+            if state.leader == self._me:
+                await self._lead(table, bucket, state, version)
+            else:
+                await self._follow(table, bucket, state)
+
+    async def _lead(self, table: TableInfo, bucket: TableBucket, state: LeaderAndIsr, version: int) -> None:
+        current = self._leading.get(bucket)
+        if current is not None and current.state.leader_epoch == state.leader_epoch:
+            current.state, current.version = state, version  # an ISR change we made, or a repeated notice
+            self._update_limit(current)
+            return
+        await self._stop_following(bucket)
+        self._replicas.become_leader(table, [bucket])
+        replica = self._replicas.replica(bucket)
+        replica.is_leader, replica.leader_epoch = True, state.leader_epoch
+        replica.open()  # the KV state catches up from the log, holding what is not acknowledged yet
+        now = _now_ms()
+        start = replica.log.high_watermark  # what every in-sync replica surely has
+        followers = {r: _Follower(start, now) for r in state.replicas if r != self._me}
+        self._leading[bucket] = lead = _Leading(replica, state, version, followers)
+        self._update_limit(lead)
+        log.info("%s: leading at epoch %d (ISR %s)", bucket, state.leader_epoch, list(state.isr))
+
+    async def _follow(self, table: TableInfo, bucket: TableBucket, state: LeaderAndIsr) -> None:
+        following = self._following.get(bucket)
+        if following is not None and following.leader_epoch == state.leader_epoch:
+            return
+        self._leading.pop(bucket, None)
+        await self._stop_following(bucket)
+        self._replicas.become_leader(table, [bucket])  # hosted (as a follower from here on)
+        replica = self._replicas.replica(bucket)
+        replica.is_leader, replica.leader_epoch = False, state.leader_epoch  # before its storage opens: no KV
+        replica.close_kv()
+        replica.open()
+        replica.log.fail_unacknowledged(NotLeaderOrFollowerError(f"{bucket} is now led by server {state.leader}"))
+        await replica.log.truncate_to(replica.log.high_watermark)
+        replica.log.set_replication_limit(replica.log.high_watermark)
+        following = self._following[bucket] = _Following(state.leader, state.leader_epoch)
+        following.task = asyncio.create_task(self._fetch_loop(bucket, replica, following))
+        log.info("%s: following server %d at epoch %d", bucket, state.leader, state.leader_epoch)
+
+    async def _stop_following(self, bucket: TableBucket) -> None:
+        following = self._following.pop(bucket, None)
+        if following is not None and following.task is not None:
+            following.task.cancel()
+            await asyncio.gather(following.task, return_exceptions=True)
+
+    def forget(self, table_id: int, partition_id: int | None) -> None:
+        """The table (or partition) was dropped: stop fetching for its buckets."""
+        for bucket in [b for b in (*self._following, *self._leading) if b.table_id == table_id
+                       and (partition_id is None or b.partition_id == partition_id)]:
+            following = self._following.pop(bucket, None)
+            if following is not None and following.task is not None:
+                following.task.cancel()
+            self._leading.pop(bucket, None)
+
+    # ---- following ----
+    async def _fetch_loop(self, bucket: TableBucket, replica: Replica, following: _Following) -> None:
+        last_checkpoint = 0.0
+        while True:
+            node = self._registry.live().get(following.leader)
+            if node is None:
+                await asyncio.sleep(RETRY_S)  # the leader is gone: the coordinator elects another
+                continue
+            log_tablet = replica.log
+            request = pb.FetchLogRequest(
+                follower_server_id=self._me, max_bytes=FETCH_BYTES_MAX, max_wait_ms=FETCH_WAIT_MS, min_bytes=1
+            )
+            table_request = request.tables_req.add(table_id=bucket.table_id, projection_pushdown_enabled=False)
+            bucket_request = table_request.buckets_req.add(
+                bucket_id=bucket.bucket, fetch_offset=log_tablet.log_end_offset, max_fetch_bytes=FETCH_BYTES_MAX
+            )
+            if bucket.partition_id is not None:
+                bucket_request.partition_id = bucket.partition_id
+            try:
+                response = await self._peers.request(node.host, node.port, ApiKey.FETCH_LOG, request)
+                answer = response.tables_resp[0].buckets_resp[0]  # type: ignore[attr-defined]
+                if answer.HasField("error_code") and answer.error_code != 0:
+                    raise error_for_code(answer.error_code, answer.error_message or None)
+                if answer.records:
+                    appended = log_tablet.append_replicated(answer.records, int(time.time() * 1000))
+                    await log_tablet.flushed(appended.next_offset)
+                following.leader_high_watermark = answer.high_watermark
+                log_tablet.set_replication_limit(min(answer.high_watermark, log_tablet.durable_end))
+                following.errors = 0
+            except asyncio.CancelledError:
+                raise
+            except LogOffsetOutOfRangeError:
+                # this log runs past the leader's (batches a former leader wrote and nobody took)
+                await log_tablet.truncate_to(min(log_tablet.high_watermark, following.leader_high_watermark or 0))
+            except Exception as exc:
+                following.errors += 1
+                if following.errors in (1, 50):
+                    log.info("%s: fetching from server %d failed: %s", bucket, following.leader, exc)
+                await asyncio.sleep(RETRY_S)
+            if time.monotonic() - last_checkpoint > CHECKPOINT_S:
+                last_checkpoint = time.monotonic()
+                with contextlib.suppress(OSError, StromError):
+                    log_tablet.checkpoint_high_watermark()
+
+    # ---- leading ----
+    def on_follower_fetch(self, bucket: TableBucket, follower: int, fetch_offset: int) -> bool:
+        """A follower asks for what follows ``fetch_offset``: it holds everything below it durably. True
+        when the high watermark moved past what the follower was last told: answer it now."""
+        lead = self._leading.get(bucket)
+        if lead is None:
+            raise NotLeaderOrFollowerError(f"server {self._me} does not lead {bucket}")
+        progress = lead.followers.get(follower)
+        if progress is None:
+            raise NotLeaderOrFollowerError(f"server {follower} is not a replica of {bucket}")
+        log_tablet = lead.replica.log
+        progress.fetch_offset = fetch_offset
+        if fetch_offset >= log_tablet.durable_end:
+            progress.caught_up_ms = _now_ms()
+        if follower not in lead.state.isr and fetch_offset >= log_tablet.high_watermark and not lead.changing:
+            self._change_isr(bucket, lead, (*lead.state.isr, follower))  # it has everything committed
+        self._update_limit(lead)
+        if log_tablet.high_watermark > progress.told_high_watermark:
+            progress.told_high_watermark = log_tablet.high_watermark
+            return True
+        return False
+
+    def _update_limit(self, lead: _Leading) -> None:
+        offsets = [lead.followers[r].fetch_offset for r in lead.state.isr if r != self._me and r in lead.followers]
+        lead.replica.log.set_replication_limit(min(offsets) if offsets else None)
+
+    def _change_isr(self, bucket: TableBucket, lead: _Leading, isr: tuple[int, ...]) -> None:
+        lead.changing = True
+        task = asyncio.create_task(self._write_isr(bucket, lead, tuple(sorted(set(isr)))))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_isr(self, bucket: TableBucket, lead: _Leading, isr: tuple[int, ...]) -> None:
+        try:
+            new = lead.state.with_isr(isr)
+            written = await asyncio.to_thread(self._states.compare_and_set, bucket, new, lead.version)
+            if written:
+                lead.state, lead.version = new, lead.version + 1
+                self._update_limit(lead)
+                log.info("%s: ISR is now %s", bucket, list(isr))
+                return
+            # someone else changed the bucket: the coordinator moved its leadership; take the new state
+            table = self._table_of(bucket.table_id)
+            if table is not None:
+                await self.apply(table, bucket)
+        except Exception as exc:
+            log.warning("%s: changing the ISR failed: %s", bucket, exc)
+        finally:
+            lead.changing = False
+
+    async def _maintain(self) -> None:
+        """Shrink the ISR of followers that fell behind, and keep the high watermark recorded."""
+        last_checkpoint = 0.0
+        while True:
+            await asyncio.sleep(ISR_CHECK_S)
+            now = _now_ms()
+            for bucket, lead in list(self._leading.items()):
+                if lead.changing:
+                    continue
+                lagging = [r for r in lead.state.isr if r != self._me and r in lead.followers
+                           and now - lead.followers[r].caught_up_ms > self._lag_max_ms]
+                if lagging:
+                    self._change_isr(bucket, lead, tuple(r for r in lead.state.isr if r not in lagging))
+            if time.monotonic() - last_checkpoint > CHECKPOINT_S:
+                last_checkpoint = time.monotonic()
+                for lead in list(self._leading.values()):
+                    with contextlib.suppress(OSError, StromError):
+                        lead.replica.log.checkpoint_high_watermark()
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+__all__ = ["ReplicationManager"]

@@ -1,0 +1,230 @@
+"""Replicated buckets with real processes: three tablet servers, replication factor 3. Leaders are SIGKILLed
+during acknowledged writes by strom's client, over and over: after each election no acknowledged write is
+lost or duplicated, and strom's client and pyfluss keep writing. A leader paused past its ZooKeeper
+session cannot acknowledge alone and comes back as a follower."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fluss as pyfluss
+import pyarrow as pa
+import pytest
+
+from strom.client import Connection, OffsetSpec, Schema, TableBucket, TableDescriptor, TablePath
+from strom.cluster.bucket_state import BucketStates, LeaderAndIsr
+from strom.cluster.local import LocalCluster
+from strom.cluster.zookeeper_server import unavailable_reason
+from strom.metadata.zookeeper_store import connect_kazoo, parse_location
+from tests.cluster.test_cluster_processes import bucket_leaders
+from tests.conftest import unique_name
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("cluster")]
+
+CONFIG = {"zookeeper.client.session-timeout": "4s", "log.replica.max-lag-time": "6s", "kv.snapshot.interval": "0s"}
+PK_FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())])
+LOG_FIELDS = pa.schema([("id", pa.int64())])
+KILLS = 5
+ROUND_S = 60.0
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Iterator[LocalCluster]:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    local = LocalCluster(tmp_path / "cluster", 3, CONFIG).start()
+    try:
+        yield local
+    finally:
+        local.stop()
+        for member in local.state.members:
+            if member.log:
+                text = Path(member.log).read_text(errors="replace")
+                assert "AssertionError" not in text, f"{member.role} {member.server_id} broke an invariant"
+
+
+class States:
+    """The buckets' leadership as ZooKeeper holds it (what the test waits on)."""
+
+    def __init__(self, zookeeper: str) -> None:
+        hosts, root = parse_location(zookeeper)
+        self._client = connect_kazoo(hosts, 10_000)
+        self._states = BucketStates(self._client, root)
+
+    def get(self, bucket: TableBucket) -> LeaderAndIsr:
+        found = self._states.get(bucket)
+        assert found is not None
+        return found[0]
+
+    def wait_full_isr(self, bucket: TableBucket) -> LeaderAndIsr:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            state = self.get(bucket)
+            if len(state.isr) == len(state.replicas) and state.leader in state.replicas:
+                return state
+            assert time.monotonic() < deadline, f"{bucket} never got all replicas back in sync: {state}"
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self._client.stop()
+        self._client.close()
+
+
+async def create(connection: Connection, fields: pa.Schema, primary_key: list[str] | None) -> TablePath:
+    path = TablePath("fluss", unique_name("replicated"))
+    descriptor = TableDescriptor(Schema.from_arrow(fields, primary_key), bucket_count=1,
+                                 properties={"table.replication.factor": "3"})
+    await connection.get_admin().create_table(path, descriptor)
+    return path
+
+
+def wait_for_servers(local: LocalCluster, count: int) -> None:
+    async def registered() -> int:
+        async with await Connection.create(local.bootstrap) as connection:
+            return sum(n.server_type == "TabletServer" for n in await connection.get_admin().get_server_nodes())
+
+    deadline = time.monotonic() + WAIT_S
+    while asyncio.run(registered()) < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_acknowledged_writes_survive_repeated_leader_kills(three: LocalCluster) -> None:
+    wait_for_servers(three, 3)
+
+    async def setup() -> tuple[TablePath, TablePath, int]:
+        async with await Connection.create(three.bootstrap) as connection:
+            kv = await create(connection, PK_FIELDS, ["id"])
+            log_table = await create(connection, LOG_FIELDS, None)
+            return kv, log_table, (await connection.get_admin().get_table_info(kv)).table_id
+
+    kv, log_table, kv_table_id = asyncio.run(setup())
+    states = States(three.zookeeper_address)
+    acknowledged: dict[int, str] = {}
+    appended: list[int] = []
+    try:
+        states.wait_full_isr(TableBucket(kv_table_id, 0))
+        for round_ in range(KILLS):
+            leader = states.get(TableBucket(kv_table_id, 0)).leader
+            asyncio.run(_write_round(three, kv, log_table, round_, leader, acknowledged, appended))
+            three.start_member("tablet-server", leader)  # back with its data, as a follower
+            states.wait_full_isr(TableBucket(kv_table_id, 0))
+        stored, logged = asyncio.run(_read_back(three, kv, log_table))
+    finally:
+        states.close()
+    assert stored == acknowledged, "every acknowledged upsert is there, with its last value"
+    assert sorted(logged) == sorted(appended) and len(set(logged)) == len(logged), "each append exactly once"
+
+
+async def _write_round(local: LocalCluster, kv: TablePath, log_table: TablePath, round_: int, leader: int,
+                       acknowledged: dict[int, str], appended: list[int]) -> None:
+    """Upserts and appends by strom's client while the bucket's leader is SIGKILLed, then pyfluss upserts."""
+    first = round_ * 1000
+    async with await Connection.create(local.bootstrap) as connection:
+        table = await connection.get_table(kv)
+        events = await connection.get_table(log_table)
+        writer = table.new_upsert().create_writer()
+        appender = events.new_append().create_writer()
+        fluss = await pyfluss.FlussConnection.create(pyfluss.Config({"bootstrap.servers": local.bootstrap}))
+        try:
+            official = (await fluss.get_table(pyfluss.TablePath(kv.database_name, kv.table_name))).new_upsert().create_writer()
+
+            async def strom_writes() -> None:
+                for step in range(10):
+                    ids = list(range(first + step * 50, first + step * 50 + 50))
+                    await writer.upsert_arrow_batch(pa.table({"id": ids, "v": [f"r{round_}"] * 50})).wait()
+                    acknowledged.update(dict.fromkeys(ids, f"r{round_}"))
+                    await appender.append_arrow_batch(pa.table({"id": ids})).wait()
+                    appended.extend(ids)
+                    await asyncio.sleep(0.05)
+
+            async def official_writes() -> None:
+                for step in range(10):
+                    key = first + 900 + step
+                    official.upsert({"id": key, "v": f"p{round_}"})
+                    await official.flush()
+                    acknowledged[key] = f"p{round_}"
+                    await asyncio.sleep(0.05)
+
+            async def kill() -> None:
+                await asyncio.sleep(0.2)
+                local.signal_member(local.member("tablet-server", leader), signal.SIGKILL)
+
+            await asyncio.wait_for(asyncio.gather(strom_writes(), kill()), ROUND_S)
+            # pyfluss writes once the new leader serves (its writer blocks the event loop while a leader is
+            # unreachable, so it cannot run beside the kill in one loop)
+            await official_writes()
+        finally:
+            await fluss.close()
+
+
+async def _read_back(local: LocalCluster, kv: TablePath, log_table: TablePath) -> tuple[dict[int, str], list[int]]:
+    async with await Connection.create(local.bootstrap) as connection:
+        table = await connection.get_table(kv)
+        rows = await (await table.new_scan().create_batch_scanner()).to_arrow()
+        stored = dict(zip(rows.column("id").to_pylist(), rows.column("v").to_pylist(), strict=True))
+        events = await connection.get_table(log_table)
+        end = (await connection.get_admin().list_offsets(log_table, [0], OffsetSpec.latest()))[0]
+        logged: list[int] = []
+        async for change in events.new_scan().create_log_scanner().read_range(events.bucket(0), 0, end):
+            logged += change.batch.column("id").to_pylist()
+        return stored, logged
+
+
+def test_a_paused_leader_cannot_acknowledge_alone_and_rejoins_as_a_follower(three: LocalCluster) -> None:
+    wait_for_servers(three, 3)
+
+    async def setup() -> tuple[TablePath, int]:
+        async with await Connection.create(three.bootstrap) as connection:
+            path = await create(connection, PK_FIELDS, ["id"])
+            await _upsert(connection, path, range(100), "before")
+            return path, (await connection.get_admin().get_table_info(path)).table_id
+
+    path, table_id = asyncio.run(setup())
+    bucket = TableBucket(table_id, 0)
+    states = States(three.zookeeper_address)
+    try:
+        paused = states.wait_full_isr(bucket)
+        old = three.member("tablet-server", paused.leader)
+        three.signal_member(old, signal.SIGSTOP)
+        deadline = time.monotonic() + WAIT_S
+        while states.get(bucket).leader == paused.leader:
+            assert time.monotonic() < deadline, "no new leader while the old one was paused"
+            time.sleep(0.2)
+        asyncio.run(_upsert_through(three.bootstrap, path, range(100, 200), "after"))
+        three.signal_member(old, signal.SIGCONT)
+        rejoined = states.wait_full_isr(bucket)  # the paused one caught up as a follower
+        assert rejoined.leader != paused.leader and rejoined.leader_epoch > paused.leader_epoch
+
+        async def stale_write() -> Any:
+            async with await Connection.create(old.address) as direct:  # straight to the former leader
+                table = await direct.get_table(path)
+                return await table.new_lookup().create_lookuper().lookup({"id": 150})
+
+        assert asyncio.run(stale_write()) == {"id": 150, "v": "after"}, "metadata routes to the new leader"
+        leaders = asyncio.run(_leaders(three.bootstrap, path))
+        assert leaders == [rejoined.leader]
+    finally:
+        states.close()
+
+
+async def _upsert(connection: Connection, path: TablePath, ids: range, tag: str) -> None:
+    writer = (await connection.get_table(path)).new_upsert().create_writer()
+    await writer.upsert_arrow_batch(pa.table({"id": list(ids), "v": [tag] * len(ids)})).wait()
+
+
+async def _upsert_through(bootstrap: str, path: TablePath, ids: range, tag: str) -> None:
+    async with await Connection.create(bootstrap) as connection:
+        await _upsert(connection, path, ids, tag)
+
+
+async def _leaders(bootstrap: str, path: TablePath) -> list[int]:
+    async with await Connection.create(bootstrap) as connection:
+        return await bucket_leaders(connection, path)
