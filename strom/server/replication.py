@@ -155,6 +155,8 @@ class ReplicationManager:
         self._replicas.become_leader(table, [bucket])  # hosted (as a follower from here on)
         replica = self._replicas.replica(bucket)
         replica.is_leader, replica.leader_epoch = False, state.leader_epoch  # before its storage opens: no KV
+        if self._replicas.before_reopen is not None:
+            self._replicas.before_reopen(bucket)  # scan sessions end before the RocksDB they read closes
         replica.close_kv()
         replica.open()
         replica.log.fail_unacknowledged(NotLeaderOrFollowerError(f"{bucket} is now led by server {state.leader}"))
