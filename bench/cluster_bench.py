@@ -5,7 +5,8 @@ processes); a primary-key table of ``--buckets`` buckets spreads over its tablet
 client processes upsert disjoint key ranges in pipelined Arrow batches of ``--batch`` rows (strom's client;
 a write counts when it is acknowledged, i.e. fsynced in the changelog and applied to RocksDB). The
 one-process ``strom server`` does the same as the reference. With 1 tablet server every bucket's work runs
-on one event loop, one core; with 2, on two.
+on one event loop, one core; with 2, on two. Then 3 tablet servers with replication factor 1 and 3: what
+acknowledging only writes held by every in-sync replica costs.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.stri
 PATH = TablePath("fluss", "ingest")
 
 
-async def create(address: str, buckets: int) -> None:
+async def create(address: str, buckets: int, replication_factor: int = 1) -> None:
     async with await Connection.create(address) as connection:
         schema = Schema.from_arrow(FIELDS, ["id"])
-        await connection.get_admin().create_table(PATH, TableDescriptor(schema, bucket_count=buckets))
+        properties = {"table.replication.factor": str(replication_factor)}
+        await connection.get_admin().create_table(PATH, TableDescriptor(schema, bucket_count=buckets, properties=properties))
 
 
 def write_range(address: str, first: int, count: int, batch: int) -> None:
@@ -59,14 +61,16 @@ def ingest(address: str, rows: int, writers: int, batch: int) -> float:
     return share * writers / (time.perf_counter() - start)
 
 
-def measure_cluster(tablet_servers: int, rows: int, writers: int, batch: int, buckets: int) -> float:
+def measure_cluster(
+    tablet_servers: int, rows: int, writers: int, batch: int, buckets: int, replication_factor: int = 1
+) -> float:
     with tempfile.TemporaryDirectory(prefix="strom-cluster-bench-") as directory:
         cluster = LocalCluster(Path(directory), tablet_servers, {"kv.snapshot.interval": "0s"}).start()
         try:
             deadline = time.monotonic() + 30
             while True:  # tablet servers register asynchronously
                 try:
-                    asyncio.run(create(cluster.bootstrap, buckets))
+                    asyncio.run(create(cluster.bootstrap, buckets, replication_factor))
                     break
                 except Exception:
                     if time.monotonic() > deadline:
@@ -89,12 +93,17 @@ def main() -> None:
         single = ingest(server.address, args.rows, args.writers, args.batch)
     one = measure_cluster(1, args.rows, args.writers, args.batch, args.buckets)
     two = measure_cluster(2, args.rows, args.writers, args.batch, args.buckets)
+    three_rf1 = measure_cluster(3, args.rows, args.writers, args.batch, args.buckets)
+    three_rf3 = measure_cluster(3, args.rows, args.writers, args.batch, args.buckets, replication_factor=3)
     report(f"durable upsert ingest, {args.writers} writer processes, {args.buckets} buckets (same run)", [
         ("strom server (one process)", f"{single:,.0f} rows/s"),
         ("cluster, 1 tablet server", f"{one:,.0f} rows/s"),
         ("cluster, 2 tablet servers", f"{two:,.0f} rows/s"),
         ("1 tablet server / one process", f"{one / single:.2f}"),
         ("2 tablet servers / 1 tablet server", f"{two / one:.2f}"),
+        ("cluster, 3 tablet servers, replication factor 1", f"{three_rf1:,.0f} rows/s"),
+        ("cluster, 3 tablet servers, replication factor 3", f"{three_rf3:,.0f} rows/s"),
+        ("replication factor 3 / 1", f"{three_rf3 / three_rf1:.2f}"),
     ])
 
 
