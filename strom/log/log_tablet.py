@@ -182,18 +182,10 @@ class LogTablet:
             batch_next = next_offset + header.last_offset_delta + 1
             index_entries.append((position, next_offset, batch_next, commit_timestamp))
             next_offset = batch_next
-        try:
-            segment = self._segment_for_append(len(data))
-            segment.append(data, index_entries)
-        except OSError as exc:
-            self._fail(exc)
-            raise LogStorageError(f"cannot append to {self.directory}: {exc}") from exc
+        self._write(data, index_entries)
         for (_position, header), (_p, batch_base, batch_next, _t) in zip(batches, index_entries, strict=True):
             self.writer_state.observe(header.writer_id, header.batch_sequence, batch_base, batch_next, commit_timestamp)
         self._last_commit_timestamp = commit_timestamp
-        if segment not in self._unflushed_segments:
-            self._unflushed_segments.append(segment)
-        self._appends_since_flush += 1
         if self._config.flush_interval_messages > 1 and self._appends_since_flush < self._config.flush_interval_messages:
             self._advance_durable_end(next_offset)
         return AppendResult(base_offset, next_offset)
@@ -211,20 +203,23 @@ class LogTablet:
                 f"{self.log_end_offset}"
             )
         self._expire_writers(now_ms)
-        index_entries = [(position, h.base_offset, h.next_offset, h.commit_timestamp) for position, h in batches]
+        self._write(data, [(position, h.base_offset, h.next_offset, h.commit_timestamp) for position, h in batches])
+        for _position, header in batches:
+            self.writer_state.observe_header(header)
+            self._last_commit_timestamp = max(self._last_commit_timestamp, header.commit_timestamp)
+        return AppendResult(batches[0][1].base_offset, self.log_end_offset)
+
+    def _write(self, data: bytes | bytearray, index_entries: list[tuple[int, int, int, int]]) -> None:
+        """Write whole batches to the active segment (rolling it when full); the next fsync covers them."""
         try:
             segment = self._segment_for_append(len(data))
             segment.append(data, index_entries)
         except OSError as exc:
             self._fail(exc)
             raise LogStorageError(f"cannot append to {self.directory}: {exc}") from exc
-        for _position, header in batches:
-            self.writer_state.observe_header(header)
-            self._last_commit_timestamp = max(self._last_commit_timestamp, header.commit_timestamp)
         if segment not in self._unflushed_segments:
             self._unflushed_segments.append(segment)
         self._appends_since_flush += 1
-        return AppendResult(batches[0][1].base_offset, self.log_end_offset)
 
     async def truncate_to(self, offset: int) -> None:
         """Drop what lies at or after ``offset`` (a follower giving up batches its new leader may not have);

@@ -166,9 +166,7 @@ class TabletControlService:
         response = pb.NotifyLeaderAndIsrResponse()
         for entry in request.notify_buckets_leader_req:
             result = response.notify_buckets_leader_resp.add()
-            result.table_bucket.CopyFrom(entry.table_bucket)
-            partition_id = entry.table_bucket.partition_id if entry.table_bucket.HasField("partition_id") else None
-            bucket = TableBucket(entry.table_bucket.table_id, entry.table_bucket.bucket_id, partition_id)
+            bucket = _answered_bucket(result, entry.table_bucket)
             table = self._table_of(bucket.table_id)
             if table is None:
                 result.error_code, result.error_message = 7, f"table {bucket.table_id} does not exist"
@@ -184,8 +182,7 @@ class TabletControlService:
         response = pb.StopReplicaResponse()
         for entry in request.stop_replicas_req:
             result = response.stop_replicas_resp.add()
-            result.table_bucket.CopyFrom(entry.table_bucket)
-            partition_id = entry.table_bucket.partition_id if entry.table_bucket.HasField("partition_id") else None
+            partition_id = _answered_bucket(result, entry.table_bucket).partition_id
             if entry.table_bucket.bucket_id != ALL_BUCKETS:
                 result.error_code, result.error_message = -1, "only whole tables or partitions are stopped"
                 continue
@@ -204,6 +201,13 @@ class TabletControlService:
             if table is not None:
                 self._replicas.change_table(table)
         return pb.UpdateMetadataResponse()
+
+
+def _answered_bucket(result: Any, table_bucket: Any) -> TableBucket:
+    """The bucket a request's entry names, echoed into its answer."""
+    result.table_bucket.CopyFrom(table_bucket)
+    partition_id = table_bucket.partition_id if table_bucket.HasField("partition_id") else None
+    return TableBucket(table_bucket.table_id, table_bucket.bucket_id, partition_id)
 
 
 __all__ = [
