@@ -62,7 +62,7 @@ from strom.server.node import (
     scanner_config,
 )
 from strom.server.peers import PeerConnections
-from strom.server.placement import ClusterPlacement, ServerNode
+from strom.server.placement import ClusterPlacement, ServerNode, placed_tables
 from strom.server.remote_tablets import RemoteTabletServers
 from strom.server.replica import ReplicaManager
 from strom.server.replication import ReplicationManager
@@ -146,11 +146,6 @@ class _ClusterProcess:
     def node(self) -> ServerNode:
         raise NotImplementedError
 
-    def _bucket_states(self) -> BucketStates:
-        registry = getattr(self, "registry", None)
-        assert registry is not None, "the registry's ZooKeeper client carries the bucket states"
-        return BucketStates(registry.client, registry.root)
-
     async def serve_forever(self) -> None:
         await self._stopped.wait()
 
@@ -205,7 +200,7 @@ class CoordinatorNode(_ClusterProcess):
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         self.registry = TabletServerRegistry(zookeeper, session_ms)
         self.address = CoordinatorAddress(zookeeper, session_ms)
-        placement = ClusterPlacement(store, self.registry, self._active_node, self._bucket_states())
+        placement = ClusterPlacement(store, self.registry, self._active_node, _bucket_states(self.registry))
         standby_catalog = CoordinatorService(
             store, _NoTablets(), self.config, self.clock, placement, LakeTableTieringManager(store, self.clock, 0, 0)
         )
@@ -220,12 +215,6 @@ class CoordinatorNode(_ClusterProcess):
         self.address.on_deposed = on_deposed
         self._campaign_task = asyncio.create_task(self._campaign(store, zookeeper, placement))
         log.info("strom coordinator on %s:%d (ZooKeeper %s): standby until elected", self.host, self.port, zookeeper)
-
-    async def wait_active(self, timeout_s: float) -> bool:
-        """Whether this coordinator became the active one within ``timeout_s``."""
-        assert self._campaign_task is not None
-        done, _ = await asyncio.wait({self._campaign_task}, timeout=timeout_s)
-        return bool(done) and self.epoch is not None
 
     async def _campaign(self, store: MetadataStore, zookeeper: str, placement: ClusterPlacement) -> None:
         assert self.address is not None
@@ -362,16 +351,13 @@ class TabletServerNode(_ClusterProcess):
             store.next_id,
         )
         self.replicas = tablets.replicas
-        sock = bind_listener(self.host, self.port)  # the port goes into the registration and metadata
-        self.port = sock.getsockname()[1]
-        sock.close()
-        placement = ClusterPlacement(store, self.registry, self._coordinator_node, self._bucket_states())
+        states = _bucket_states(self.registry)
+        placement = ClusterPlacement(store, self.registry, self._coordinator_node, states)
         # the catalog answers metadata from the store; it never changes anything here
         self.catalog = CoordinatorService(
             store, _NoTablets(), config, self.clock, placement,
             LakeTableTieringManager(store, self.clock, 0, 0),
         )
-        states = self._bucket_states()
         tables = ClusterTables(store, states, self.server_id, self.catalog.table_info_by_id)
         self.replicas.resolve_bucket = tables.resolve
         self.replication = replication = ReplicationManager(
@@ -379,19 +365,17 @@ class TabletServerNode(_ClusterProcess):
             config.get_ms(LOG_REPLICA_MAX_LAG_TIME),
         )
         tablets.tablet.on_follower_fetch = replication.on_follower_fetch
-        existing = tables.tables()
-        removed = remove_dropped_table_data(self.paths.tablets, {table.table_id for table in existing})
+        placed = placed_tables(store, self.catalog.table_info_by_id)
+        removed = remove_dropped_table_data(self.paths.tablets, {table.table_id for table, _ in placed})
         if removed:
             log.info("removed the data of %d tables dropped while this server was down", len(removed))
-        for table, buckets in tables.assigned():  # lead or follow each as ZooKeeper says
+        for table, buckets in tables.assigned(placed):  # lead or follow each as ZooKeeper says
             for bucket in buckets:
                 await replication.apply(table, bucket)
         replication.start()
-
-        async def stop_replicas(table_id: int, partition_id: int | None, delete: bool) -> None:
-            await tablets.stop_replicas(table_id, partition_id, delete=delete)
-
-        control = TabletControlService(self.replicas, self.catalog.table_info_by_id, stop_replicas, replication)
+        control = TabletControlService(
+            self.replicas, self.catalog.table_info_by_id, tablets.stop_replicas, replication
+        )
         tablets.start_snapshots(committer, self.paths.snapshot_staging)
         handlers = {
             **tablets.handlers(),
@@ -435,6 +419,11 @@ class TabletServerNode(_ClusterProcess):
         if self.address is not None:
             self.address.close()
         log.info("strom tablet server %d stopped", self.server_id)
+
+
+def _bucket_states(registry: TabletServerRegistry) -> BucketStates:
+    """The buckets' leadership nodes, read and written through the registry's ZooKeeper client."""
+    return BucketStates(registry.client, registry.root)
 
 
 class _NoTablets:

@@ -12,7 +12,7 @@ import logging
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from strom.cluster.bucket_state import BucketStates
 from strom.errors import InvalidCoordinatorError, StromError
@@ -32,6 +32,12 @@ from strom.server.replication import ReplicationManager
 log = logging.getLogger(__name__)
 
 TableOf = Callable[[int], TableInfo | None]
+
+
+class StopReplicas(Protocol):
+    """Stop hosting a table's (or partition's) buckets (``TabletRole.stop_replicas``)."""
+
+    def __call__(self, table_id: int, partition_id: int | None, *, delete: bool) -> Awaitable[None]: ...
 """A table by id, with its earlier schemas (the coordinator's ``table_info_by_id``)."""
 
 
@@ -52,29 +58,15 @@ class ClusterTables:
             return None
         return self._table_of(bucket.table_id)
 
-    def assigned(self) -> list[tuple[TableInfo, list[TableBucket]]]:
-        """Every bucket with a replica on this server, by table (read at start)."""
+    def assigned(self, placed: list[tuple[TableInfo, int | None]]) -> list[tuple[TableInfo, list[TableBucket]]]:
+        """Of ``placed`` (:func:`placed_tables`), every bucket with a replica on this server, by table."""
         found: list[tuple[TableInfo, list[TableBucket]]] = []
-        for table in self.tables():
-            partitions: list[int | None] = (
-                [p.partition_id for p in self._store.list_partitions(table.table_id)] if table.is_partitioned else [None]
-            )
-            for partition_id in partitions:
-                states = self._states.get_many(table.buckets(partition_id))
-                mine = [bucket for bucket, state in states.items() if self._server_id in state.replicas]
-                if mine:
-                    found.append((table, sorted(mine, key=lambda b: b.bucket)))
+        for table, partition_id in placed:
+            states = self._states.get_many(table.buckets(partition_id))
+            mine = [bucket for bucket, state in states.items() if self._server_id in state.replicas]
+            if mine:
+                found.append((table, sorted(mine, key=lambda b: b.bucket)))
         return found
-
-    def tables(self) -> list[TableInfo]:
-        tables = []
-        for database in self._store.list_databases():
-            for name in self._store.list_tables(database):
-                record = self._store.get_table(database, name)
-                table = self._table_of(record.table_id) if record is not None else None
-                if table is not None:
-                    tables.append(table)
-        return tables
 
 
 def remove_dropped_table_data(tablets_dir: Path, existing_table_ids: set[int]) -> list[Path]:
@@ -142,7 +134,7 @@ class TabletControlService:
         self,
         replicas: ReplicaManager,
         table_of: TableOf,
-        stop_replicas: Callable[[int, int | None, bool], Awaitable[None]],
+        stop_replicas: StopReplicas,
         replication: ReplicationManager,
     ) -> None:
         """``stop_replicas(table_id, partition_id, delete)`` closes scan sessions and stops the buckets."""
@@ -188,7 +180,7 @@ class TabletControlService:
                 continue
             try:
                 self._replication.forget(entry.table_bucket.table_id, partition_id)
-                await self._stop_replicas(entry.table_bucket.table_id, partition_id, entry.delete)
+                await self._stop_replicas(entry.table_bucket.table_id, partition_id, delete=entry.delete)
             except StromError as exc:
                 result.error_code, result.error_message = exc.code, str(exc)
         return response

@@ -20,6 +20,7 @@ from strom.ids import TableBucket
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.server.gateway import TabletServerGateway
+from strom.server.placement import placed_tables
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class LeaderElector:
         """Elect leaders where needed; returns how many buckets changed."""
         live = set(self._registry.live())
         changed = 0
-        for table, partition_id in await asyncio.to_thread(self._tables_and_partitions):
+        for table, partition_id in await asyncio.to_thread(placed_tables, self._store, self._table_of):
             buckets = table.buckets(partition_id)
             states = await asyncio.to_thread(self._states.get_many, buckets)
             moved: list[TableBucket] = []
@@ -107,20 +108,6 @@ class LeaderElector:
                 self._tablets.become_leader(table, moved)
                 changed += len(moved)
         return changed
-
-    def _tables_and_partitions(self) -> list[tuple[TableInfo, int | None]]:
-        found: list[tuple[TableInfo, int | None]] = []
-        for database in self._store.list_databases():
-            for name in self._store.list_tables(database):
-                record = self._store.get_table(database, name)
-                table = self._table_of(record.table_id) if record is not None else None
-                if table is None:
-                    continue
-                if table.is_partitioned:
-                    found += [(table, p.partition_id) for p in self._store.list_partitions(table.table_id)]
-                else:
-                    found.append((table, None))
-        return found
 
 
 __all__ = ["LeaderElector", "elected"]

@@ -53,9 +53,6 @@ class BucketPlacement(Protocol):
     def tablet_servers(self) -> list[ServerNode]:
         """The live tablet servers, by id."""
 
-    def leaders(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
-        """Bucket id -> the id of the tablet server leading it (buckets without a leader are left out)."""
-
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         """Every bucket's leader and replicas."""
 
@@ -76,15 +73,12 @@ class SingleNodePlacement:
     def tablet_servers(self) -> list[ServerNode]:
         return [self._node]
 
-    def leaders(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
-        return dict.fromkeys(range(table.bucket_count), self._node.node_id)
-
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         me = self._node.node_id
         return {bucket: BucketLeadership(me, (me,)) for bucket in range(table.bucket_count)}
 
     def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
-        return self.leaders(table, partition_id)
+        return dict.fromkeys(range(table.bucket_count), self._node.node_id)
 
 
 class ClusterPlacement:
@@ -128,13 +122,6 @@ class ClusterPlacement:
             described[bucket.bucket] = BucketLeadership(leader, state.replicas, state.leader_epoch)
         return described
 
-    def leaders(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
-        return {
-            bucket: leadership.leader
-            for bucket, leadership in self.describe(table, partition_id).items()
-            if leadership.leader is not None
-        }
-
     def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         existing = self._store.get_bucket_assignment(table.table_id, partition_id)
         if existing is not None:
@@ -156,4 +143,23 @@ class ClusterPlacement:
         return assignment
 
 
-__all__ = ["BucketLeadership", "BucketPlacement", "ClusterPlacement", "LiveServers", "ServerNode", "SingleNodePlacement"]
+def placed_tables(store: MetadataStore, table_of: Callable[[int], TableInfo | None]) -> list[tuple[TableInfo, int | None]]:
+    """Every table with each of its partitions (None for an unpartitioned table): what has buckets."""
+    found: list[tuple[TableInfo, int | None]] = []
+    for database in store.list_databases():
+        for name in store.list_tables(database):
+            record = store.get_table(database, name)
+            table = table_of(record.table_id) if record is not None else None
+            if table is None:
+                continue
+            if table.is_partitioned:
+                found += [(table, partition.partition_id) for partition in store.list_partitions(table.table_id)]
+            else:
+                found.append((table, None))
+    return found
+
+
+__all__ = [
+    "BucketLeadership", "BucketPlacement", "ClusterPlacement", "LiveServers", "ServerNode", "SingleNodePlacement",
+    "placed_tables",
+]

@@ -68,6 +68,7 @@ class _Leading:
 
 @dataclass
 class _Following:
+    replica: Replica
     leader: int
     leader_epoch: int
     task: asyncio.Task[None] | None = None
@@ -111,9 +112,14 @@ class ReplicationManager:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for lead in self._leading.values():
-            with contextlib.suppress(StromError):
-                lead.replica.log.checkpoint_high_watermark()
+        self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Record every replicated bucket's high watermark (where a restart truncates a follower to)."""
+        for replica in [*(lead.replica for lead in self._leading.values()),
+                        *(following.replica for following in self._following.values())]:
+            with contextlib.suppress(OSError, StromError):
+                replica.log.checkpoint_high_watermark()
 
     # ---- role changes ----
     async def apply(self, table: TableInfo, bucket: TableBucket) -> None:
@@ -162,8 +168,8 @@ class ReplicationManager:
         replica.log.fail_unacknowledged(NotLeaderOrFollowerError(f"{bucket} is now led by server {state.leader}"))
         await replica.log.truncate_to(replica.log.high_watermark)
         replica.log.set_replication_limit(replica.log.high_watermark)
-        following = self._following[bucket] = _Following(state.leader, state.leader_epoch)
-        following.task = asyncio.create_task(self._fetch_loop(bucket, replica, following))
+        following = self._following[bucket] = _Following(replica, state.leader, state.leader_epoch)
+        following.task = asyncio.create_task(self._fetch_loop(bucket, following))
         log.info("%s: following server %d at epoch %d", bucket, state.leader, state.leader_epoch)
 
     async def _stop_following(self, bucket: TableBucket) -> None:
@@ -182,8 +188,8 @@ class ReplicationManager:
             self._leading.pop(bucket, None)
 
     # ---- following ----
-    async def _fetch_loop(self, bucket: TableBucket, replica: Replica, following: _Following) -> None:
-        last_checkpoint = 0.0
+    async def _fetch_loop(self, bucket: TableBucket, following: _Following) -> None:
+        replica = following.replica
         while True:
             node = self._registry.live().get(following.leader)
             if node is None:
@@ -220,10 +226,6 @@ class ReplicationManager:
                 if following.errors in (1, 50):
                     log.info("%s: fetching from server %d failed: %s", bucket, following.leader, exc)
                 await asyncio.sleep(RETRY_S)
-            if time.monotonic() - last_checkpoint > CHECKPOINT_S:
-                last_checkpoint = time.monotonic()
-                with contextlib.suppress(OSError, StromError):
-                    log_tablet.checkpoint_high_watermark()
 
     # ---- leading ----
     def on_follower_fetch(self, bucket: TableBucket, follower: int, fetch_offset: int) -> bool:
@@ -290,9 +292,7 @@ class ReplicationManager:
                     self._change_isr(bucket, lead, tuple(r for r in lead.state.isr if r not in lagging))
             if time.monotonic() - last_checkpoint > CHECKPOINT_S:
                 last_checkpoint = time.monotonic()
-                for lead in list(self._leading.values()):
-                    with contextlib.suppress(OSError, StromError):
-                        lead.replica.log.checkpoint_high_watermark()
+                self._checkpoint()
 
 
 def _now_ms() -> float:
