@@ -212,26 +212,34 @@ class KvTablet:
             return
         data = self.log.read_range(start, end, 1 << 62, unacknowledged=True)
         held = 0
-        for position, header in log_batch.iter_batches(data, verify_crc=False):
-            if header.next_offset <= start:
-                continue
-            change_types, batch = self._format.read_log_batch(data, position, header)
-            keys: list[bytes] = []
-            values: list[bytes | None] = []
-            if batch.num_rows:
-                all_keys, all_values = self._format.changelog_to_kv(batch, change_types or b"", self._format.schema_id)
-                first = max(0, start - header.base_offset)
-                for key, value in zip(all_keys[first:], all_values[first:], strict=True):
-                    if key is not None:
-                        keys.append(key)
-                        values.append(value)
-            types = change_types or b""
-            delta = types.count(ChangeType.INSERT) - types.count(ChangeType.DELETE)
+        for header, keys, values, delta in self._batch_changes(data, start):
             self._pending.append(_PendingBatch(header.next_offset, keys, values, delta))
             held += len(keys)
         self._pending_index = None
         if held:
             log.info("%s: holding %d unacknowledged changelog records in [%d, %d)", self.directory, held, start, end)
+
+    def _batch_changes(
+        self, data: bytes, from_offset: int
+    ) -> Iterator[tuple[log_batch.LogBatchHeader, list[bytes], list[bytes | None], int]]:
+        """Per changelog batch of ``data`` that ends after ``from_offset``: its header, the writes of its
+        records at or after that offset (key, value; None deletes; a -U is left out, the +U after it carries
+        the new value) and the batch's change of the row count."""
+        for position, header in log_batch.iter_batches(data, verify_crc=False):
+            if header.next_offset <= from_offset:
+                continue
+            change_types, batch = self._format.read_log_batch(data, position, header)  # in the current schema
+            types = change_types or b""
+            keys: list[bytes] = []
+            values: list[bytes | None] = []
+            if batch.num_rows:
+                all_keys, all_values = self._format.changelog_to_kv(batch, types)
+                first = max(0, from_offset - header.base_offset)
+                for key, value in zip(all_keys[first:], all_values[first:], strict=True):
+                    if key is not None:
+                        keys.append(key)
+                        values.append(value)
+            yield header, keys, values, types.count(ChangeType.INSERT) - types.count(ChangeType.DELETE)
 
     def replay_changelog(self, start_offset: int, end_offset: int) -> int:
         """Apply changelog records in ``[start_offset, end_offset)`` to RocksDB; returns records applied."""
@@ -242,23 +250,14 @@ class KvTablet:
             if not data:
                 break
             batch_write = rocksdict.WriteBatch(raw_mode=True)
-            for position, header in log_batch.iter_batches(data, verify_crc=False):
-                if header.next_offset <= offset:
-                    continue
-                change_types, batch = self._format.read_log_batch(data, position, header)  # in the current schema
-                if change_types:
-                    self._row_count += change_types.count(ChangeType.INSERT) - change_types.count(ChangeType.DELETE)
-                if batch.num_rows:
-                    keys, values = self._format.changelog_to_kv(batch, change_types or b"", self._format.schema_id)
-                    first = max(0, offset - header.base_offset)
-                    for key, value in zip(keys[first:], values[first:], strict=True):
-                        if key is None:
-                            continue  # -U: the +U that follows carries the new value
-                        if value is None:
-                            batch_write.delete(key)
-                        else:
-                            batch_write.put(key, value)
-                        applied += 1
+            for header, keys, values, delta in self._batch_changes(data, offset):
+                self._row_count += delta
+                for key, value in zip(keys, values, strict=True):
+                    if value is None:
+                        batch_write.delete(key)
+                    else:
+                        batch_write.put(key, value)
+                    applied += 1
                 offset = header.next_offset
             batch_write.put(APPLIED_OFFSET_KEY, _OFFSET.pack(offset), self._meta)
             batch_write.put(ROW_COUNT_KEY, _OFFSET.pack(self._row_count), self._meta)

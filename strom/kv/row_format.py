@@ -26,7 +26,7 @@ class TableRowFormat:
     """Immutable, shared by every bucket of one table version."""
 
     def __init__(self, table: TableInfo) -> None:
-        schema = self._schema = table.schema
+        schema = table.schema
         self.schema_id = table.schema_id
         self.row_type = schema.row_type
         self.arrow_schema: pa.Schema = schema.arrow_schema
@@ -70,9 +70,9 @@ class TableRowFormat:
         the current schema. Raises SchemaNotExistError for an id the table never had."""
         if schema_id == self.schema_id:
             return rows
-        if self.upgrader is None:
-            self.upgrader = RowUpgrader({self.schema_id: self._schema}, self.schema_id, self.kv_format)
         upgrader = self.upgrader
+        if upgrader is None:
+            raise SchemaNotExistError(f"Schema {schema_id} does not exist (known: [{self.schema_id}]).")
         upgrader.schema(schema_id)  # an unknown id is refused before any row is touched
         return [None if row is None else upgrader.row(schema_id, row) for row in rows]
 
@@ -132,16 +132,11 @@ class TableRowFormat:
         )
 
     def changelog_to_kv(
-        self, batch: pa.RecordBatch, change_types: bytes, schema_id: int
+        self, batch: pa.RecordBatch, change_types: bytes
     ) -> tuple[list[bytes | None], list[bytes | None]]:
-        """For each changelog row: its key (None for -U, which changes nothing on its own) and the value
-        to store (None for -D)."""
-        if schema_id != self.schema_id:
-            if self.upgrader is None:
-                raise SchemaNotExistError(f"A changelog batch carries schema id {schema_id}, unknown to the table.")
-            batch = self.upgrader.batch(batch, schema_id)
-            schema_id = self.schema_id
-        prefix = SCHEMA_ID.pack(schema_id)
+        """For each changelog row of ``batch`` (in the current schema: :meth:`read_log_batch`): its key (None
+        for -U, which changes nothing on its own) and the value to store (None for -D)."""
+        prefix = SCHEMA_ID.pack(self.schema_id)
         if self.kv_format == "COMPACTED" and self.key_lake_format is None:
             rows, all_keys, _buckets = fastpath.encode_batch(
                 batch, self.row_type, key_indexes=self.key_indexes, value_prefix=prefix
