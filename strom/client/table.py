@@ -14,6 +14,7 @@ from strom.metadata.table_info import TableInfo
 from strom.records import indexed_log, keys
 from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
+from strom.records.kv_batch import SCHEMA_ID
 from strom.records.types import RowType
 
 if TYPE_CHECKING:
@@ -64,11 +65,11 @@ class TableLayout:
         prefix = self._schema_prefix
         for value in values:
             if value[:2] != prefix:
-                self.check_schema_id(int.from_bytes(bytes(value[:2]), "little", signed=True))
+                self.check_schema_id(SCHEMA_ID.unpack(bytes(value[:2]))[0])
 
     @cached_property
     def _schema_prefix(self) -> bytes:
-        return self.info.schema_id.to_bytes(2, "little", signed=True)
+        return SCHEMA_ID.pack(self.info.schema_id)
 
     @cached_property
     def log_decoder(self) -> indexed_log.LogBatchDecoder:
