@@ -88,15 +88,21 @@ class Replica:
         if self.stopped:
             raise UnknownTableOrBucketError(f"{self.bucket} is no longer hosted here")
         opened_log = self._log is None
-        log_tablet = self._log or LogTablet.open(self.directory / "log", self._manager.log_config)
+        log_tablet = self.open_log()
         if self.is_kv and self.is_leader and self._kv is None:
             try:
                 self._kv = self._open_kv(log_tablet)
             except BaseException:
                 if opened_log:
                     log_tablet.close()
+                    self._log = None
                 raise
-        self._log = log_tablet
+
+    def open_log(self) -> LogTablet:
+        """Open the log alone (a leader sets its replication limit before its KV state catches up)."""
+        if self._log is None:
+            self._log = LogTablet.open(self.directory / "log", self._manager.log_config)
+        return self._log
 
     def close_kv(self) -> None:
         """Drop the KV state (this replica now follows): unacknowledged writes die with it; the next time it

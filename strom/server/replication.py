@@ -144,12 +144,12 @@ class ReplicationManager:
         self._replicas.become_leader(table, [bucket])
         replica = self._replicas.replica(bucket)
         replica.is_leader, replica.leader_epoch = True, state.leader_epoch
-        replica.open()  # the KV state catches up from the log, holding what is not acknowledged yet
         now = _now_ms()
-        start = replica.log.high_watermark  # what every in-sync replica surely has
+        start = replica.open_log().high_watermark  # what every in-sync replica surely has
         followers = {r: _Follower(start, now) for r in state.replicas if r != self._me}
         self._leading[bucket] = lead = _Leading(replica, state, version, followers)
-        self._update_limit(lead)
+        self._update_limit(lead)  # alone in the ISR, everything durable here is acknowledged
+        replica.open()  # the KV state catches up from the log, holding what the followers lack
         log.info("%s: leading at epoch %d (ISR %s)", bucket, state.leader_epoch, list(state.isr))
 
     async def _follow(self, table: TableInfo, bucket: TableBucket, state: LeaderAndIsr) -> None:
