@@ -1,0 +1,46 @@
+"""pyfluss upserting in a process of its own, so that a writer waiting on an unreachable leader holds up
+nothing else in a test. Each key is upserted and flushed alone and printed once pyfluss reports it
+acknowledged; a failed flush is retried (an upsert repeated with the same value changes nothing). At the end
+the last key is looked up through pyfluss and printed as ``read <value>``; failed attempts are printed
+as ``attempt ...`` lines. (What the process printed is its result: pyfluss 1.0.0 may end the interpreter
+with status 255 after a leader died under it, after everything here has run.)
+
+Usage: python pyfluss_writer.py BOOTSTRAP DATABASE TABLE FIRST COUNT TAG
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import fluss
+
+
+async def write(bootstrap: str, database: str, table_name: str, first: int, count: int, tag: str) -> None:
+    connection = await fluss.FlussConnection.create(fluss.Config({"bootstrap.servers": bootstrap}))
+    try:
+        table = await connection.get_table(fluss.TablePath(database, table_name))
+        writer = table.new_upsert().create_writer()
+        for key in range(first, first + count):
+            for attempt in range(100):
+                try:
+                    writer.upsert({"id": key, "v": tag})
+                    await writer.flush()
+                    break
+                except fluss.FlussError as error:
+                    print(f"attempt {attempt} for {key}: {error}", flush=True)
+                    await asyncio.sleep(0.2)
+                    writer = table.new_upsert().create_writer()
+            else:
+                raise SystemExit(f"{key} was never acknowledged")
+            print(key, flush=True)
+            await asyncio.sleep(0.02)
+        found = await table.new_lookup().create_lookuper().lookup({"id": first + count - 1})
+        print("read", None if found is None else found["v"], flush=True)
+    finally:
+        await connection.close()
+
+
+if __name__ == "__main__":
+    bootstrap, database, table_name, first, count, tag = sys.argv[1:7]
+    asyncio.run(write(bootstrap, database, table_name, int(first), int(count), tag))
