@@ -181,6 +181,14 @@ class InvalidCoordinatorError(StromError):
     default_message = "The coordinator epoch is invalid."
 
 
+class FencedLeaderEpochError(StromError):
+    """A request made by a bucket's leader under an epoch that has since been superseded (a snapshot taken
+    by a replica that no longer leads): its result must not be recorded."""
+
+    code = 24
+    default_message = "The leader epoch is invalid."
+
+
 class RequestTimeoutError(RetriableError):
     code = 25
     default_message = "The request timed out."

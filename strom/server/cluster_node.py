@@ -249,7 +249,11 @@ class CoordinatorNode(_ClusterProcess):
                 raise InvalidCoordinatorError(
                     f"CommitKvSnapshot for coordinator epoch {request.coordinator_epoch}; the active one is {epoch}"
                 )
-            return snapshots.commit_kv_snapshot(request, context)
+            return snapshots.commit_kv_snapshot(request, leader_epoch_of)
+
+        def leader_epoch_of(bucket: TableBucket) -> int | None:
+            found = placement.states.get(bucket)
+            return None if found is None else found[0].leader_epoch
 
         handlers = role.handlers(AclService(self.security.authorizer))
         handlers[ApiKey.COMMIT_KV_SNAPSHOT] = commit_kv_snapshot

@@ -101,10 +101,12 @@ class RemoteSnapshotCommitter:
     def next_snapshot_id(self, bucket: TableBucket) -> int:
         return self._store.next_id(snapshot_sequence_name(bucket))
 
-    def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> Awaitable[Any]:
+    def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int) -> Awaitable[Any]:
         node = self._coordinator()
         request = pb.CommitKvSnapshotRequest(
-            completed_snapshot=snapshot.to_json(), coordinator_epoch=self._coordinator_epoch(), bucket_leader_epoch=0
+            completed_snapshot=snapshot.to_json(),
+            coordinator_epoch=self._coordinator_epoch(),
+            bucket_leader_epoch=leader_epoch,
         )
         return self._peers.request(node.host, node.port, ApiKey.COMMIT_KV_SNAPSHOT, request)
 

@@ -43,8 +43,9 @@ class SnapshotCommitter(Protocol):
 
     def next_snapshot_id(self, bucket: TableBucket) -> int: ...
 
-    def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> Awaitable[Any] | None:
-        """Record the snapshot; a committer in another process returns the request to await."""
+    def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int) -> Awaitable[Any] | None:
+        """Record the snapshot, taken while its replica led the bucket under ``leader_epoch``; a committer in
+        another process returns the request to await."""
 
     def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool: ...
 
@@ -58,12 +59,14 @@ async def commit_uploaded(
     remote: RemoteStorage,
     completed: CompletedKvSnapshot,
     reused_shared: tuple[SnapshotFile, ...],
+    leader_epoch: int = 0,
 ) -> None:
-    """Commit an uploaded snapshot. A commit that failed after the record was stored (the snapshot is then
-    its bucket's latest) keeps its files; one that was rejected (its table or partition dropped meanwhile,
-    a metadata error) leaves nothing behind, the shared SSTs it sent included. Re-raises the failure."""
+    """Commit an uploaded snapshot taken under ``leader_epoch``. A commit that failed after the record was
+    stored (the snapshot is then its bucket's latest) keeps its files; one that was rejected (its table or
+    partition dropped meanwhile, its replica no longer the leader, a metadata error) leaves nothing behind,
+    the shared SSTs it sent included. Re-raises the failure."""
     try:
-        pending = committer.commit_snapshot(completed)
+        pending = committer.commit_snapshot(completed, leader_epoch)
         if pending is not None:
             await pending
     except BaseException:
@@ -179,6 +182,7 @@ class KvSnapshotScheduler:
         state.in_flight = True
         local = self._local_dir / f"{replica.bucket.table_id}-{replica.bucket.partition_id}-{replica.bucket.bucket}-{snapshot_id}"
         remote_dir = bucket_remote_dir(replica.table.path, replica.bucket)
+        leader_epoch = replica.leader_epoch  # the epoch its content was written under
         try:
             checkpoint = kv.create_checkpoint(local)
             completed = await asyncio.to_thread(
@@ -192,7 +196,7 @@ class KvSnapshotScheduler:
                 reusable_shared=state.shared_files,
                 created_ms=self._clock.now_ms(),
             )
-            await commit_uploaded(self._committer, self._remote, completed, state.shared_files)
+            await commit_uploaded(self._committer, self._remote, completed, state.shared_files, leader_epoch)
             state.last_log_offset = completed.log_offset
             state.shared_files = tuple(f for f in completed.files if f.shared)
             state.errors = 0

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from strom.clock import Clock
 from strom.errors import (
     CorruptMessageError,
+    FencedLeaderEpochError,
     KvSnapshotNotExistError,
     NonPrimaryKeyTableError,
     PartitionNotExistError,
@@ -80,9 +82,11 @@ class KvSnapshotService:
     def next_snapshot_id(self, bucket: TableBucket) -> int:
         return self._snapshots.next_snapshot_id(bucket)
 
-    def commit_snapshot(self, snapshot: CompletedKvSnapshot) -> None:
+    def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int = 0) -> None:
         """Record a snapshot a tablet server uploaded. Raises UnknownTableOrBucketError if its table or
-        partition was dropped while it was uploading (the uploader then removes its files)."""
+        partition was dropped while it was uploading (the uploader then removes its files). In one process
+        the replica that took it is the bucket's only leader, so ``leader_epoch`` needs no check here; a
+        cluster's coordinator checks it (:meth:`commit_kv_snapshot`)."""
         bucket = snapshot.bucket
         if self._catalog.table_info_by_id(bucket.table_id) is None:
             raise UnknownTableOrBucketError(f"table {bucket.table_id} no longer exists")
@@ -92,14 +96,25 @@ class KvSnapshotService:
                 raise UnknownTableOrBucketError(f"partition {bucket.partition_id} of table {bucket.table_id} no longer exists")
         self._snapshots.add(snapshot)
 
-    def commit_kv_snapshot(self, request: Any, _context: object) -> Any:
+    def commit_kv_snapshot(self, request: Any, leader_epoch_of: Callable[[TableBucket], int | None]) -> Any:
         """CommitKvSnapshot (1022) from a cluster's tablet server: the snapshot it uploaded, as the
-        ``_METADATA`` document strom writes."""
+        ``_METADATA`` document strom writes. ``leader_epoch_of`` gives a bucket's current leader epoch (None:
+        no such bucket). A snapshot taken under an older epoch is refused with FencedLeaderEpochError, as
+        Fluss's coordinator does: its replica was deposed, and what it held may include writes the new
+        leader never had."""
         try:
             snapshot = CompletedKvSnapshot.from_json(request.completed_snapshot)
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptMessageError(f"CommitKvSnapshot carries no valid snapshot document: {exc}") from exc
-        self.commit_snapshot(snapshot)
+        current = leader_epoch_of(snapshot.bucket)
+        if current is None:
+            raise UnknownTableOrBucketError(f"{snapshot.bucket} has no leader")
+        if request.bucket_leader_epoch < current:
+            raise FencedLeaderEpochError(
+                f"snapshot {snapshot.snapshot_id} of {snapshot.bucket} was taken under leader epoch "
+                f"{request.bucket_leader_epoch}; the bucket's leader epoch is {current}"
+            )
+        self.commit_snapshot(snapshot, request.bucket_leader_epoch)
         return pb.CommitKvSnapshotResponse()
 
     def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:

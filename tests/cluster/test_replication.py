@@ -20,7 +20,11 @@ from strom.client import Connection, OffsetSpec, Schema, TableBucket, TableDescr
 from strom.cluster.bucket_state import BucketStates, LeaderAndIsr
 from strom.cluster.local import LocalCluster
 from strom.cluster.zookeeper_server import unavailable_reason
+from strom.errors import FencedLeaderEpochError, KvSnapshotNotExistError, StromError
+from strom.kv.snapshot import CompletedKvSnapshot
 from strom.metadata.zookeeper_store import connect_kazoo, parse_location
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
 from tests.cluster.test_cluster_processes import bucket_leaders
 from tests.conftest import unique_name
 
@@ -258,3 +262,68 @@ async def _upsert_through(bootstrap: str, path: TablePath, ids: range, tag: str)
 async def _leaders(bootstrap: str, path: TablePath) -> list[int]:
     async with await Connection.create(bootstrap) as connection:
         return await bucket_leaders(connection, path)
+
+
+def test_snapshots_carry_their_leader_epoch_and_a_deposed_leaders_is_refused(tmp_path: Path) -> None:
+    """A new leader's snapshots commit under its epoch; a commit under the epoch before is refused with
+    FENCED_LEADER_EPOCH (24) and nothing of it is recorded."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    local = LocalCluster(tmp_path / "cluster", 3, {**CONFIG, "kv.snapshot.interval": "300ms"}).start()
+    states = States(local.zookeeper_address)
+    try:
+        wait_for_servers(local, 3)
+
+        async def before() -> tuple[TablePath, TableBucket, int]:
+            async with await Connection.create(local.bootstrap) as connection:
+                path = await create(connection, PK_FIELDS, ["id"])
+                await _upsert(connection, path, range(100), "before")
+                bucket = TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
+                return path, bucket, await _snapshot_covering_the_log(connection, path, -1)
+
+        path, bucket, first = asyncio.run(before())
+        deposed = states.wait_full_isr(bucket)
+        local.signal_member(local.member("tablet-server", deposed.leader), signal.SIGKILL)
+
+        async def after() -> tuple[int, LeaderAndIsr, type[Exception] | None, type[Exception] | None]:
+            async with await Connection.create(local.bootstrap) as connection:
+                await _upsert(connection, path, range(100, 200), "after")  # through the new leader
+                newest = await _snapshot_covering_the_log(connection, path, first)
+                stale = CompletedKvSnapshot(bucket, newest + 1000, 0, 0, (), "nowhere", 0, 0)
+                request = pb.CommitKvSnapshotRequest(
+                    completed_snapshot=stale.to_json(), coordinator_epoch=0, bucket_leader_epoch=deposed.leader_epoch
+                )
+                refused: type[Exception] | None = None
+                try:
+                    await connection.request(local.bootstrap, ApiKey.COMMIT_KV_SNAPSHOT, request)
+                except StromError as error:
+                    refused = type(error)
+                recorded: type[Exception] | None = None
+                try:
+                    await connection.get_admin().get_kv_snapshot_metadata(bucket, stale.snapshot_id)
+                except StromError as error:
+                    recorded = type(error)
+                return newest, states.get(bucket), refused, recorded
+
+        newest, now, refused, recorded = asyncio.run(after())
+        assert now.leader != deposed.leader and now.leader_epoch > deposed.leader_epoch
+        assert newest > first, "the new leader's snapshot was committed under its own epoch"
+        assert refused is FencedLeaderEpochError
+        assert recorded is KvSnapshotNotExistError, "nothing of the refused commit was recorded"
+    finally:
+        states.close()
+        local.stop()
+
+
+async def _snapshot_covering_the_log(connection: Connection, path: TablePath, newer_than: int) -> int:
+    """The id of bucket 0's first snapshot newer than ``newer_than`` that holds every write of its log."""
+    admin = connection.get_admin()
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        latest = (await admin.get_latest_kv_snapshots(path)).snapshots.get(0)
+        end = (await admin.list_offsets(path, [0], OffsetSpec.latest()))[0]
+        if latest is not None and latest.snapshot_id > newer_than and latest.log_offset == end:
+            return int(latest.snapshot_id)
+        assert time.monotonic() < deadline, f"no snapshot after {newer_than}: {latest}"
+        await asyncio.sleep(0.2)
