@@ -37,6 +37,12 @@ SCHEMA_ID_SIZE_BYTES = 2
 DEFAULT_PARALLELISM = 4
 
 
+def _scan_error(response: Any) -> StromError | None:
+    if response.HasField("error_code") and response.error_code != 0:
+        return error_for_code(response.error_code, response.error_message or None)
+    return None
+
+
 class BucketBatchScanner:
     """Scan one bucket: ``async for batch in scanner`` yields ``pyarrow.RecordBatch``es."""
 
@@ -57,6 +63,8 @@ class BucketBatchScanner:
         self._limit = limit
         self._batch_size_bytes = max(1, batch_size_bytes)
         self._scanner_id: bytes | None = None
+        self._address: str | None = None
+        """The server holding the scan session."""
         self._call_seq_id = 0
         self._done = False
         self._prefetch: asyncio.Future[Any] | None = None
@@ -72,10 +80,13 @@ class BucketBatchScanner:
         return pa.schema([schema.field(i) for i in self._projection])
 
     async def _request(self, request: Any) -> Any:
-        connection = self._table.connection
-        response = await connection.leader_request(self.bucket, ApiKey.SCAN_KV, request)
-        if response.HasField("error_code") and response.error_code != 0:
-            raise error_for_code(response.error_code, response.error_message or None)
+        """A continuation goes to the server that opened the session, wherever the bucket's leadership is
+        now: if that server no longer leads, it closed the session and answers SCANNER_EXPIRED."""
+        assert self._address is not None
+        response = await self._table.connection.request(self._address, ApiKey.SCAN_KV, request)
+        error = _scan_error(response)
+        if error is not None:
+            raise error
         return response
 
     async def _open(self) -> Any:
@@ -87,9 +98,13 @@ class BucketBatchScanner:
             scan.partition_id = self.bucket.partition_id
         if self._limit is not None:
             scan.limit = self._limit
+        connection = self._table.connection
         for attempt in range(OPEN_RETRIES + 1):
-            try:
-                return await self._request(request)
+            try:  # opening may go to whichever replica leads now, again while leadership moves
+                response, self._address = await connection.read_from_leader(
+                    self.bucket, ApiKey.SCAN_KV, request, _scan_error
+                )
+                return response
             except TooManyScannersError:
                 if attempt == OPEN_RETRIES:
                     raise

@@ -8,13 +8,21 @@ a metadata cache, and reconnects once when a server connection was lost.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from strom.client.metadata import MetadataCache
 from strom.config import parse_duration
-from strom.errors import ConnectionFailedError, NetworkError, NotCoordinatorLeaderError
+from strom.errors import (
+    ConnectionFailedError,
+    LeaderNotAvailableError,
+    NetworkError,
+    NotCoordinatorLeaderError,
+    NotLeaderOrFollowerError,
+    StromError,
+    UnknownTableOrBucketError,
+)
 from strom.ids import TableBucket, TablePath
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
@@ -36,6 +44,15 @@ COORDINATOR_ATTEMPTS_MAX = 20
 COORDINATOR_RETRY_S = 0.25
 """A request to the coordinator that was surely not processed is tried again for about 5 s while another
 coordinator takes over (or the one named is still a standby)."""
+
+LEADER_ATTEMPTS_MAX = 40
+LEADER_RETRY_MS = 100
+"""A read sent to a bucket's former leader is re-sent to the one the metadata names next, for about 35 s
+(backing off 0.1 s more per attempt, up to 1 s), as long as the writer retries: an election after a
+tablet server's loss waits for its ZooKeeper session to time out."""
+_LEADERSHIP_MOVED = (
+    NotLeaderOrFollowerError, LeaderNotAvailableError, UnknownTableOrBucketError, ConnectionFailedError, NetworkError
+)
 
 
 class Connection:
@@ -154,6 +171,28 @@ class Connection:
 
     async def leader_request(self, bucket: TableBucket, key: ApiKey, message: Message) -> Message:
         return await self.request(await self.metadata.leader_address(bucket), key, message)
+
+    async def read_from_leader(
+        self, bucket: TableBucket, key: ApiKey, message: Message, bucket_error: Callable[[Message], StromError | None]
+    ) -> tuple[Message, str]:
+        """Send a read that may be repeated (a lookup, a scan's opening) to ``bucket``'s leader and return
+        the response, whose per-bucket error ``bucket_error`` extracts, and the address that answered. While the bucket's leadership moves
+        (NotLeaderOrFollower, LeaderNotAvailable, UnknownTableOrBucket, or the leader unreachable) its
+        leader is looked up again and the read re-sent; any other error is raised."""
+        for attempt in range(LEADER_ATTEMPTS_MAX):
+            try:
+                address = await self.metadata.leader_address(bucket)
+                response = await self.request(address, key, message)
+                error = bucket_error(response)
+            except _LEADERSHIP_MOVED as exc:
+                error = exc
+            if error is None:
+                return response, address
+            if not isinstance(error, _LEADERSHIP_MOVED) or attempt == LEADER_ATTEMPTS_MAX - 1:
+                raise error
+            self.metadata.invalidate(bucket)
+            await asyncio.sleep(LEADER_RETRY_MS * min(attempt + 1, 10) / 1000)
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         self._closed = True

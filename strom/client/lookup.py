@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from strom.client import encoding
-from strom.errors import PartitionNotExistError, error_for_code
+from strom.errors import PartitionNotExistError, StromError, error_for_code
 from strom.ids import TableBucket
 from strom.records import fastpath, row_arrow, types
 from strom.records.compacted import CompactedKeyEncoder
@@ -147,10 +147,8 @@ class Lookuper(_KeyedReader):
         entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=keys)
         if bucket.partition_id is not None:
             entry.partition_id = bucket.partition_id
-        response = await self._table.connection.leader_request(bucket, ApiKey.LOOKUP, request)
+        response, _ = await self._table.connection.read_from_leader(bucket, ApiKey.LOOKUP, request, _bucket_error)
         bucket_response = response.buckets_resp[0]
-        if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
-            raise error_for_code(bucket_response.error_code, bucket_response.error_message)
         # a stored value is never empty (it starts with the schema id), so empty bytes means "no row"
         return [v.values or None for v in bucket_response.values]
 
@@ -249,8 +247,16 @@ class PrefixLookuper(_KeyedReader):
         entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=[key])
         if partition_id is not None:
             entry.partition_id = partition_id
-        response = await self._table.connection.leader_request(bucket, ApiKey.PREFIX_LOOKUP, request)
+        response, _ = await self._table.connection.read_from_leader(
+            bucket, ApiKey.PREFIX_LOOKUP, request, _bucket_error
+        )
         bucket_response = response.buckets_resp[0]
-        if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
-            raise error_for_code(bucket_response.error_code, bucket_response.error_message)
         return self._decode(list(bucket_response.value_lists[0].values))
+
+
+def _bucket_error(response: Any) -> StromError | None:
+    """The error a lookup response carries for its (one) bucket."""
+    bucket_response = response.buckets_resp[0]
+    if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
+        return error_for_code(bucket_response.error_code, bucket_response.error_message)
+    return None

@@ -17,10 +17,11 @@ import pyarrow as pa
 import pytest
 
 from strom.client import Connection, OffsetSpec, Schema, TableBucket, TableDescriptor, TablePath
+from strom.client.batch_scanner import BucketBatchScanner
 from strom.cluster.bucket_state import BucketStates, LeaderAndIsr
 from strom.cluster.local import LocalCluster
 from strom.cluster.zookeeper_server import unavailable_reason
-from strom.errors import FencedLeaderEpochError, KvSnapshotNotExistError, StromError
+from strom.errors import FencedLeaderEpochError, KvSnapshotNotExistError, ScannerExpiredError, StromError
 from strom.kv.snapshot import CompletedKvSnapshot
 from strom.metadata.zookeeper_store import connect_kazoo, parse_location
 from strom.rpc.api_keys import ApiKey
@@ -327,3 +328,64 @@ async def _snapshot_covering_the_log(connection: Connection, path: TablePath, ne
             return int(latest.snapshot_id)
         assert time.monotonic() < deadline, f"no snapshot after {newer_than}: {latest}"
         await asyncio.sleep(0.2)
+
+
+def test_a_scan_session_ends_when_its_leader_is_replaced_and_a_new_scan_reads_everything(
+    three: LocalCluster,
+) -> None:
+    """A ScanKv session lives on its leader. Pause that leader past its session: once it is back as a
+    follower its sessions are closed, the scan's next call gets SCANNER_EXPIRED (66, "restart the scan"),
+    and a scan opened again reads every row from the new leader; a lookup sent to the former leader
+    follows the leadership too."""
+    wait_for_servers(three, 3)
+    rows = 2000
+
+    async def setup() -> tuple[TablePath, TableBucket]:
+        async with await Connection.create(three.bootstrap) as connection:
+            path = await create(connection, PK_FIELDS, ["id"])
+            await _upsert(connection, path, range(rows), "x" * 20)
+            return path, TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
+
+    path, bucket = asyncio.run(setup())
+    states = States(three.zookeeper_address)
+    try:
+        paused = states.wait_full_isr(bucket)
+
+        async def scan() -> tuple[int, type[Exception] | None, int]:
+            async with await Connection.create(three.bootstrap) as connection:
+                table = await connection.get_table(path)
+                lookuper = table.new_lookup().create_lookuper()
+                assert await lookuper.lookup({"id": 7}) is not None  # the client knows the old leader now
+                scanner = BucketBatchScanner(table, bucket, batch_size_bytes=1024)
+                first = await scanner.next_batch()
+                assert first is not None and 0 < first.num_rows < rows
+                old = three.member("tablet-server", paused.leader)
+                three.signal_member(old, signal.SIGSTOP)
+                await asyncio.to_thread(_wait_leader_change, states, bucket, paused.leader)
+                three.signal_member(old, signal.SIGCONT)
+                await asyncio.to_thread(states.wait_full_isr, bucket)  # the old leader follows now
+                assert await lookuper.lookup({"id": 7}) == {"id": 7, "v": "x" * 20}, "a lookup follows the leader"
+                ended: type[Exception] | None = None
+                try:
+                    while await scanner.next_batch() is not None:
+                        pass
+                except StromError as error:
+                    ended = type(error)
+                again = BucketBatchScanner(table, bucket, batch_size_bytes=1024)
+                count = 0
+                while (batch := await again.next_batch()) is not None:
+                    count += batch.num_rows
+                return first.num_rows, ended, count
+
+        _first, ended, count = asyncio.run(scan())
+        assert ended is ScannerExpiredError
+        assert count == rows
+    finally:
+        states.close()
+
+
+def _wait_leader_change(states: States, bucket: TableBucket, old_leader: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while states.get(bucket).leader == old_leader:
+        assert time.monotonic() < deadline, "no new leader while the old one was paused"
+        time.sleep(0.2)
