@@ -590,6 +590,7 @@ class KvTablet:
         is the applied offset at this same instant: every change below it is in the view, none above.
         """
         self._check_open()
+        self._apply_before_read()  # durable writes no put applied yet (a new leader's held batches) included
         values: Iterator[bytes] = self._db.values()
         first = next(values, None)
         if first is None:

@@ -330,6 +330,16 @@ async def test_a_durable_put_its_handler_never_applied_shows_at_the_next_lookup(
 
 
 @pytest.mark.asyncio
+async def test_a_durable_put_its_handler_never_applied_shows_in_the_next_scan(bucket: Bucket) -> None:
+    """Also a new leader's held batches, once its followers have them: no write need come first."""
+    next_offset = bucket.prepare((1, ("a", 1)), (2, ("b", 2)))
+    await bucket.kv.log.wait_durable(next_offset)
+    values, log_offset, empty = bucket.kv.open_scan()
+    assert not empty and log_offset == next_offset
+    assert sorted(bucket.format.decode_stored(v)[0] for v in values) == [1, 2]
+
+
+@pytest.mark.asyncio
 async def test_a_retried_writer_batch_is_a_duplicate_and_writes_nothing(bucket: Bucket) -> None:
     await bucket.put((1, ("a", 1)), writer_id=5, sequence=0)
     with pytest.raises(DuplicateSequenceError):
