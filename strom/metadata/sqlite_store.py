@@ -294,6 +294,13 @@ class SqliteMetadataStore(MetadataStore):
             KvSnapshotRecord(r[0], None if r[1] == _NO_PARTITION else r[1], r[2], r[3], bytes(r[4])) for r in rows
         ]
 
+    def list_bucket_kv_snapshots(self, table_id: int, partition_id: int | None, bucket: int) -> list[KvSnapshotRecord]:
+        rows = self._query(
+            "SELECT * FROM kv_snapshots WHERE table_id = ? AND partition_id = ? AND bucket = ? ORDER BY snapshot_id",
+            table_id, _partition_key(partition_id), bucket,
+        )
+        return [KvSnapshotRecord(table_id, partition_id, bucket, r[3], bytes(r[4])) for r in rows]
+
     def delete_kv_snapshot(self, table_id: int, partition_id: int | None, bucket: int, snapshot_id: int) -> None:
         with self._transaction() as db:
             db.execute(

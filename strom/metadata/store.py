@@ -183,6 +183,10 @@ class MetadataStore(ABC):
         """Snapshots (of one table, or all) ordered by table, partition, bucket, snapshot id."""
 
     @abstractmethod
+    def list_bucket_kv_snapshots(self, table_id: int, partition_id: int | None, bucket: int) -> list[KvSnapshotRecord]:
+        """One bucket's snapshots by snapshot id (what a tablet server asks about the buckets it leads)."""
+
+    @abstractmethod
     def delete_kv_snapshot(self, table_id: int, partition_id: int | None, bucket: int, snapshot_id: int) -> None: ...
 
     # ---- KV snapshot leases ----

@@ -834,6 +834,19 @@ class ZooKeeperMetadataStore(MetadataStore):
 
         return self._run(read)
 
+    def list_bucket_kv_snapshots(self, table_id: int, partition_id: int | None, bucket: int) -> list[KvSnapshotRecord]:
+        def read() -> list[KvSnapshotRecord]:
+            parent = self._bucket_snapshots_path(table_id, partition_id, bucket)
+            ids = sorted(int(name) for name in self._children(parent))
+            values = self._get_many([f"{parent}/{snapshot_id}" for snapshot_id in ids])
+            return [
+                KvSnapshotRecord(table_id, partition_id, bucket, snapshot_id, value)
+                for snapshot_id, value in zip(ids, values, strict=True)
+                if value is not None
+            ]
+
+        return self._run(read)
+
     def delete_kv_snapshot(self, table_id: int, partition_id: int | None, bucket: int, snapshot_id: int) -> None:
         self._delete(f"{self._bucket_snapshots_path(table_id, partition_id, bucket)}/{snapshot_id}")
 

@@ -113,8 +113,7 @@ class RemoteSnapshotCommitter:
     def _snapshots(self, bucket: TableBucket) -> dict[int, CompletedKvSnapshot]:
         return {
             record.snapshot_id: CompletedKvSnapshot.from_json(record.snapshot_json)
-            for record in self._store.list_kv_snapshots(bucket.table_id)
-            if record.partition_id == bucket.partition_id and record.bucket == bucket.bucket
+            for record in self._store.list_bucket_kv_snapshots(bucket.table_id, bucket.partition_id, bucket.bucket)
         }
 
     def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:

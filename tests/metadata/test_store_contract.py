@@ -322,6 +322,23 @@ def test_kv_snapshots_list_in_table_partition_bucket_and_id_order(store: Metadat
     assert store.list_kv_snapshots(1) == [records[3], records[1], records[4]]
 
 
+def test_one_buckets_snapshots_list_by_id(store: MetadataStore) -> None:
+    records = [
+        KvSnapshotRecord(1, None, 0, 12, b'{"n":1}'),
+        KvSnapshotRecord(1, None, 0, 3, b'{"n":2}'),
+        KvSnapshotRecord(1, None, 1, 4, b'{"n":3}'),
+        KvSnapshotRecord(1, 5, 0, 6, b'{"n":4}'),
+        KvSnapshotRecord(2, None, 0, 7, b'{"n":5}'),
+    ]
+    for record in records:
+        store.add_kv_snapshot(record)
+    assert store.list_bucket_kv_snapshots(1, None, 0) == [records[1], records[0]]
+    assert store.list_bucket_kv_snapshots(1, 5, 0) == [records[3]]
+    assert store.list_bucket_kv_snapshots(1, None, 9) == []
+    store.delete_kv_snapshot(1, None, 0, 3)
+    assert store.list_bucket_kv_snapshots(1, None, 0) == [records[0]]
+
+
 def test_the_same_snapshot_id_in_another_partition_is_another_snapshot(store: MetadataStore) -> None:
     store.add_kv_snapshot(KvSnapshotRecord(1, None, 0, 0, b"{}"))
     store.add_kv_snapshot(KvSnapshotRecord(1, 7, 0, 0, b"{}"))
