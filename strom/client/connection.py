@@ -50,9 +50,10 @@ LEADER_RETRY_MS = 100
 """A read sent to a bucket's former leader is re-sent to the one the metadata names next, for about 35 s
 (backing off 0.1 s more per attempt, up to 1 s), as long as the writer retries: an election after a
 tablet server's loss waits for its ZooKeeper session to time out."""
-_LEADERSHIP_MOVED = (
+LEADERSHIP_MOVED = (
     NotLeaderOrFollowerError, LeaderNotAvailableError, UnknownTableOrBucketError, ConnectionFailedError, NetworkError
 )
+"""What a request to a bucket's leader meets while that leadership moves: ask the metadata again."""
 
 
 class Connection:
@@ -184,11 +185,11 @@ class Connection:
                 address = await self.metadata.leader_address(bucket)
                 response = await self.request(address, key, message)
                 error = bucket_error(response)
-            except _LEADERSHIP_MOVED as exc:
+            except LEADERSHIP_MOVED as exc:
                 error = exc
             if error is None:
                 return response, address
-            if not isinstance(error, _LEADERSHIP_MOVED) or attempt == LEADER_ATTEMPTS_MAX - 1:
+            if not isinstance(error, LEADERSHIP_MOVED) or attempt == LEADER_ATTEMPTS_MAX - 1:
                 raise error
             self.metadata.invalidate(bucket)
             await asyncio.sleep(LEADER_RETRY_MS * min(attempt + 1, 10) / 1000)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from strom.client.connection import LEADER_RETRY_MS, LEADERSHIP_MOVED
 from strom.errors import error_for_code
 from strom.ids import TableBucket
 from strom.records import log_batch
@@ -42,6 +43,11 @@ class ScanBatch:
         return self.base_offset + self.batch.num_rows
 
 
+LEADERSHIP_WAIT_S = 35.0
+"""How long a poll goes on without a bucket whose leader cannot be read (an election after a tablet server's
+loss waits for its ZooKeeper session to time out) before it raises the bucket's error."""
+
+
 class LogScanner:
     """Subscribe buckets at offsets, then :meth:`poll`. Not safe for concurrent polls."""
 
@@ -59,16 +65,21 @@ class LogScanner:
             self._decoder = LogBatchDecoder(layout.log_format, layout.row_type, self.schema)
         self._positions: dict[TableBucket, int] = {}
         self.high_watermarks: dict[TableBucket, int] = {}
+        self._moving_since: dict[TableBucket, float] = {}
+        """Since when (monotonic) each bucket's leader could not be read from, while its leadership moves."""
 
     def subscribe(self, bucket_id: int, offset: int, partition_id: int | None = None) -> None:
         """Read ``bucket_id`` (of ``partition_id``) from ``offset``; EARLIEST_OFFSET starts at the log start."""
-        self._positions[self._table.bucket(bucket_id, partition_id)] = offset
+        self.subscribe_bucket(self._table.bucket(bucket_id, partition_id), offset)
 
     def subscribe_buckets(self, offsets: Mapping[int, int]) -> None:
         for bucket_id, offset in offsets.items():
             self.subscribe(bucket_id, offset)
 
     def subscribe_bucket(self, bucket: TableBucket, offset: int) -> None:
+        count = self._table.layout.bucket_count
+        if not 0 <= bucket.bucket < count:
+            raise ValueError(f"table {self._table.table_path} has buckets 0 to {count - 1}, not {bucket.bucket}")
         self._positions[bucket] = offset
 
     def unsubscribe(self, bucket_id: int, partition_id: int | None = None) -> None:
@@ -83,15 +94,39 @@ class LogScanner:
             return []
         connection = self._table.connection
         by_leader: dict[str, list[TableBucket]] = {}
+        moving: dict[TableBucket, Exception] = {}  # leadership moves: fetched again at a later poll
         for bucket in self._positions:
-            by_leader.setdefault(await connection.metadata.leader_address(bucket), []).append(bucket)
+            try:
+                by_leader.setdefault(await connection.metadata.leader_address(bucket), []).append(bucket)
+            except LEADERSHIP_MOVED as exc:
+                moving[bucket] = exc
         responses = await asyncio.gather(
-            *(self._fetch(address, buckets, timeout_ms) for address, buckets in by_leader.items())
+            *(self._fetch(address, buckets, timeout_ms) for address, buckets in by_leader.items()),
+            return_exceptions=True,
         )
         batches: list[ScanBatch] = []
-        for response in responses:
-            batches.extend(self._absorb(response))
+        for buckets, response in zip(by_leader.values(), responses, strict=True):
+            if isinstance(response, LEADERSHIP_MOVED):
+                moving.update(dict.fromkeys(buckets, response))
+            elif isinstance(response, BaseException):
+                raise response
+            else:
+                batches.extend(self._absorb(response, moving))
+        self._follow_leadership(moving)
+        if moving and not batches:
+            await asyncio.sleep(min(timeout_ms, LEADER_RETRY_MS) / 1000)  # an election is under way
         return batches
+
+    def _follow_leadership(self, moving: dict[TableBucket, Exception]) -> None:
+        """Forget the leaders of ``moving`` buckets so the next poll asks the metadata again; raise a
+        bucket's error once its leadership has been moving for LEADERSHIP_WAIT_S."""
+        now = time.monotonic()
+        for bucket in [b for b in self._moving_since if b not in moving]:
+            del self._moving_since[bucket]
+        for bucket, error in moving.items():
+            self._table.connection.metadata.invalidate(bucket)
+            if now - self._moving_since.setdefault(bucket, now) > LEADERSHIP_WAIT_S:
+                raise error
 
     async def _fetch(self, address: str, buckets: list[TableBucket], timeout_ms: int) -> Any:
         request = pb.FetchLogRequest(
@@ -110,7 +145,8 @@ class LogScanner:
                 entry.partition_id = bucket.partition_id
         return await self._table.connection.request(address, ApiKey.FETCH_LOG, request)
 
-    def _absorb(self, response: Any) -> list[ScanBatch]:
+    def _absorb(self, response: Any, moving: dict[TableBucket, Exception]) -> list[ScanBatch]:
+        """The batches of ``response``; buckets whose replica no longer leads are added to ``moving``."""
         batches = []
         table_id = self._table.layout.info.table_id
         for table_response in response.tables_resp:
@@ -120,7 +156,11 @@ class LogScanner:
                 if bucket not in self._positions:
                     continue
                 if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
-                    raise error_for_code(bucket_response.error_code, bucket_response.error_message)
+                    error = error_for_code(bucket_response.error_code, bucket_response.error_message)
+                    if not isinstance(error, LEADERSHIP_MOVED):
+                        raise error
+                    moving[bucket] = error
+                    continue
                 if bucket_response.HasField("high_watermark"):
                     self.high_watermarks[bucket] = bucket_response.high_watermark
                 batches.extend(self._decode(bucket, bucket_response.records))
