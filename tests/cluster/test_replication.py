@@ -393,12 +393,13 @@ def _wait_leader_change(states: States, bucket: TableBucket, old_leader: int) ->
 
 def test_a_log_scanner_reads_on_across_a_leader_kill(three: LocalCluster) -> None:
     """A subscribed log scanner whose bucket's leader is SIGKILLed goes on reading from the new leader: every
-    appended record once, in order, and no error surfaces while the bucket is elected anew."""
+    appended record once, in order, and no error surfaces while the bucket is elected anew. Offsets asked
+    through a client that knew only the old leader come from the new one."""
     wait_for_servers(three, 3)
     states = States(three.zookeeper_address)
     try:
 
-        async def scenario() -> list[int]:
+        async def scenario() -> tuple[list[int], int, int]:
             async with await Connection.create(three.bootstrap) as connection:
                 path = await create(connection, LOG_FIELDS, None)
                 table = await connection.get_table(path)
@@ -413,13 +414,18 @@ def test_a_log_scanner_reads_on_across_a_leader_kill(three: LocalCluster) -> Non
                 while len(read) < 500:
                     assert time.monotonic() < deadline
                     read += [i for b in await scanner.poll(500) for i in b.batch.column("id").to_pylist()]
-                three.signal_member(three.member("tablet-server", leader.leader), signal.SIGKILL)
-                polls = asyncio.create_task(_poll_until(scanner, read, 1000))
-                await appender.append_arrow_batch(pa.table({"id": list(range(500, 1000))})).wait()
-                await asyncio.wait_for(polls, WAIT_S)
-                return read
+                async with await Connection.create(three.bootstrap) as other:  # knows only the old leader
+                    before = (await other.get_admin().list_offsets(path, [0], OffsetSpec.latest()))[0]
+                    three.signal_member(three.member("tablet-server", leader.leader), signal.SIGKILL)
+                    polls = asyncio.create_task(_poll_until(scanner, read, 1000))
+                    await appender.append_arrow_batch(pa.table({"id": list(range(500, 1000))})).wait()
+                    await asyncio.wait_for(polls, WAIT_S)
+                    after = (await other.get_admin().list_offsets(path, [0], OffsetSpec.latest()))[0]
+                return read, before, after
 
-        assert asyncio.run(scenario()) == list(range(1000))
+        read, before, after = asyncio.run(scenario())
+        assert read == list(range(1000))
+        assert (before, after) == (500, 1000), "offsets are listed by the new leader"
     finally:
         states.close()
 
