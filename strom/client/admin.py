@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from strom.client.acls import AclAdmin
-from strom.client.connection import LEADER_ATTEMPTS_MAX, LEADER_RETRY_MS, LEADERSHIP_MOVED
 from strom.client.lake import LakeAdmin
 from strom.client.snapshots import SnapshotAdmin
 from strom.errors import TableNotExistError, error_for_code
@@ -273,16 +271,10 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
         self, table_id: int, partition_id: int | None, bucket_ids: Sequence[int], offset_spec: OffsetSpec
     ) -> dict[int, int]:
         """Asked again of the leaders the metadata names next while a bucket's leadership moves (~35 s)."""
-        for attempt in range(LEADER_ATTEMPTS_MAX):
-            try:
-                return await self._list_bucket_offsets(table_id, partition_id, bucket_ids, offset_spec)
-            except LEADERSHIP_MOVED:
-                if attempt == LEADER_ATTEMPTS_MAX - 1:
-                    raise
-                for bucket_id in bucket_ids:
-                    self._connection.metadata.invalidate(TableBucket(table_id, bucket_id, partition_id))
-                await asyncio.sleep(LEADER_RETRY_MS * min(attempt + 1, 10) / 1000)
-        raise AssertionError("unreachable")
+        return await self._connection.while_leadership_moves(
+            [TableBucket(table_id, bucket_id, partition_id) for bucket_id in bucket_ids],
+            lambda: self._list_bucket_offsets(table_id, partition_id, bucket_ids, offset_spec),
+        )
 
     async def _list_bucket_offsets(
         self, table_id: int, partition_id: int | None, bucket_ids: Sequence[int], offset_spec: OffsetSpec

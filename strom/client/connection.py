@@ -8,9 +8,9 @@ a metadata cache, and reconnects once when a server connection was lost.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from strom.client.metadata import MetadataCache
 from strom.config import parse_duration
@@ -44,6 +44,8 @@ COORDINATOR_ATTEMPTS_MAX = 20
 COORDINATOR_RETRY_S = 0.25
 """A request to the coordinator that was surely not processed is tried again for about 5 s while another
 coordinator takes over (or the one named is still a standby)."""
+
+T = TypeVar("T")
 
 LEADER_ATTEMPTS_MAX = 40
 LEADER_RETRY_MS = 100
@@ -173,27 +175,37 @@ class Connection:
     async def leader_request(self, bucket: TableBucket, key: ApiKey, message: Message) -> Message:
         return await self.request(await self.metadata.leader_address(bucket), key, message)
 
+    async def while_leadership_moves(self, buckets: Iterable[TableBucket], read: Callable[[], Awaitable[T]]) -> T:
+        """Run ``read`` (a request that may be repeated) against the leaders of ``buckets``; while one of
+        their leaderships moves (NotLeaderOrFollower, LeaderNotAvailable, UnknownTableOrBucket, or the leader
+        unreachable) forget their leaders and run it again, for about 35 s. Any other error is raised."""
+        for attempt in range(LEADER_ATTEMPTS_MAX):
+            try:
+                return await read()
+            except LEADERSHIP_MOVED:
+                if attempt == LEADER_ATTEMPTS_MAX - 1:
+                    raise
+                for bucket in buckets:
+                    self.metadata.invalidate(bucket)
+                await asyncio.sleep(LEADER_RETRY_MS * min(attempt + 1, 10) / 1000)
+        raise AssertionError("unreachable")
+
     async def read_from_leader(
         self, bucket: TableBucket, key: ApiKey, message: Message, bucket_error: Callable[[Message], StromError | None]
     ) -> tuple[Message, str]:
-        """Send a read that may be repeated (a lookup, a scan's opening) to ``bucket``'s leader and return
-        the response, whose per-bucket error ``bucket_error`` extracts, and the address that answered. While the bucket's leadership moves
-        (NotLeaderOrFollower, LeaderNotAvailable, UnknownTableOrBucket, or the leader unreachable) its
-        leader is looked up again and the read re-sent; any other error is raised."""
-        for attempt in range(LEADER_ATTEMPTS_MAX):
-            try:
-                address = await self.metadata.leader_address(bucket)
-                response = await self.request(address, key, message)
-                error = bucket_error(response)
-            except LEADERSHIP_MOVED as exc:
-                error = exc
-            if error is None:
-                return response, address
-            if not isinstance(error, LEADERSHIP_MOVED) or attempt == LEADER_ATTEMPTS_MAX - 1:
+        """Send a read that may be repeated (a lookup, a scan's opening) to ``bucket``'s leader, following its
+        leadership (:meth:`while_leadership_moves`); return the response, whose per-bucket error
+        ``bucket_error`` extracts, and the address that answered."""
+
+        async def read() -> tuple[Message, str]:
+            address = await self.metadata.leader_address(bucket)
+            response = await self.request(address, key, message)
+            error = bucket_error(response)
+            if error is not None:
                 raise error
-            self.metadata.invalidate(bucket)
-            await asyncio.sleep(LEADER_RETRY_MS * min(attempt + 1, 10) / 1000)
-        raise AssertionError("unreachable")
+            return response, address
+
+        return await self.while_leadership_moves([bucket], read)
 
     async def close(self) -> None:
         self._closed = True
