@@ -297,7 +297,7 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
                                              pb.CreateDatabaseRequest(database_name="x", ignore_if_exists=True))
                 path = await create_table(connection, buckets=1)
                 await upsert(connection, path, range(100), "a")
-                pinned = await _snapshot_after(admin, path, -1)
+                pinned = await snapshot_after(admin, path, -1)
                 table = await connection.get_table(path)
                 bucket = table.bucket(0)
                 await admin.create_kv_snapshot_lease("keep", 600_000).acquire_snapshots({bucket: pinned})
@@ -320,7 +320,7 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
                         await asyncio.sleep(0.2)
                 active = (await admin.get_server_nodes())[0]
                 await upsert(connection, path, range(100, 200), "b")  # new snapshots, committed to the new one
-                newest = await _snapshot_after(admin, path, pinned)
+                newest = await snapshot_after(admin, path, pinned)
                 deadline = time.monotonic() + WAIT_S
                 while "short" in [lease.lease_id for lease in await admin.list_kv_snapshot_leases()]:
                     assert time.monotonic() < deadline, "the short lease never expired after the failover"
@@ -348,7 +348,7 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
         next(local, None)
 
 
-async def _snapshot_after(admin: Any, path: TablePath, snapshot_id: int) -> int:
+async def snapshot_after(admin: Any, path: TablePath, snapshot_id: int) -> int:
     """The id of bucket 0's first snapshot newer than ``snapshot_id`` that covers the whole log."""
     deadline = time.monotonic() + WAIT_S
     while True:

@@ -26,7 +26,7 @@ from strom.kv.snapshot import CompletedKvSnapshot
 from strom.metadata.zookeeper_store import connect_kazoo, parse_location
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-from tests.cluster.test_cluster_processes import bucket_leaders
+from tests.cluster.test_cluster_processes import bucket_leaders, snapshot_after
 from tests.conftest import unique_name
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("cluster")]
@@ -79,6 +79,12 @@ class States:
             if len(state.isr) == len(state.replicas) and state.leader in state.replicas:
                 return state
             assert time.monotonic() < deadline, f"{bucket} never got all replicas back in sync: {state}"
+            time.sleep(0.2)
+
+    def wait_leader_change(self, bucket: TableBucket, old_leader: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while self.get(bucket).leader == old_leader:
+            assert time.monotonic() < deadline, "no new leader while the old one was paused"
             time.sleep(0.2)
 
     def close(self) -> None:
@@ -229,10 +235,7 @@ def test_a_paused_leader_cannot_acknowledge_alone_and_rejoins_as_a_follower(thre
         paused = states.wait_full_isr(bucket)
         old = three.member("tablet-server", paused.leader)
         three.signal_member(old, signal.SIGSTOP)
-        deadline = time.monotonic() + WAIT_S
-        while states.get(bucket).leader == paused.leader:
-            assert time.monotonic() < deadline, "no new leader while the old one was paused"
-            time.sleep(0.2)
+        states.wait_leader_change(bucket, paused.leader)
         asyncio.run(_upsert_through(three.bootstrap, path, range(100, 200), "after"))
         three.signal_member(old, signal.SIGCONT)
         rejoined = states.wait_full_isr(bucket)  # the paused one caught up as a follower
@@ -281,7 +284,7 @@ def test_snapshots_carry_their_leader_epoch_and_a_deposed_leaders_is_refused(tmp
                 path = await create(connection, PK_FIELDS, ["id"])
                 await _upsert(connection, path, range(100), "before")
                 bucket = TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
-                return path, bucket, await _snapshot_covering_the_log(connection, path, -1)
+                return path, bucket, await snapshot_after(connection.get_admin(), path, -1)
 
         path, bucket, first = asyncio.run(before())
         deposed = states.wait_full_isr(bucket)
@@ -290,7 +293,7 @@ def test_snapshots_carry_their_leader_epoch_and_a_deposed_leaders_is_refused(tmp
         async def after() -> tuple[int, LeaderAndIsr, type[Exception] | None, type[Exception] | None]:
             async with await Connection.create(local.bootstrap) as connection:
                 await _upsert(connection, path, range(100, 200), "after")  # through the new leader
-                newest = await _snapshot_covering_the_log(connection, path, first)
+                newest = await snapshot_after(connection.get_admin(), path, first)
                 stale = CompletedKvSnapshot(bucket, newest + 1000, 0, 0, (), "nowhere", 0, 0)
                 request = pb.CommitKvSnapshotRequest(
                     completed_snapshot=stale.to_json(), coordinator_epoch=0, bucket_leader_epoch=deposed.leader_epoch
@@ -315,19 +318,6 @@ def test_snapshots_carry_their_leader_epoch_and_a_deposed_leaders_is_refused(tmp
     finally:
         states.close()
         local.stop()
-
-
-async def _snapshot_covering_the_log(connection: Connection, path: TablePath, newer_than: int) -> int:
-    """The id of bucket 0's first snapshot newer than ``newer_than`` that holds every write of its log."""
-    admin = connection.get_admin()
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        latest = (await admin.get_latest_kv_snapshots(path)).snapshots.get(0)
-        end = (await admin.list_offsets(path, [0], OffsetSpec.latest()))[0]
-        if latest is not None and latest.snapshot_id > newer_than and latest.log_offset == end:
-            return int(latest.snapshot_id)
-        assert time.monotonic() < deadline, f"no snapshot after {newer_than}: {latest}"
-        await asyncio.sleep(0.2)
 
 
 def test_a_scan_session_ends_when_its_leader_is_replaced_and_a_new_scan_reads_everything(
@@ -361,7 +351,7 @@ def test_a_scan_session_ends_when_its_leader_is_replaced_and_a_new_scan_reads_ev
                 assert first is not None and 0 < first.num_rows < rows
                 old = three.member("tablet-server", paused.leader)
                 three.signal_member(old, signal.SIGSTOP)
-                await asyncio.to_thread(_wait_leader_change, states, bucket, paused.leader)
+                await asyncio.to_thread(states.wait_leader_change, bucket, paused.leader)
                 three.signal_member(old, signal.SIGCONT)
                 await asyncio.to_thread(states.wait_full_isr, bucket)  # the old leader follows now
                 assert await lookuper.lookup({"id": 7}) == {"id": 7, "v": "x" * 20}, "a lookup follows the leader"
@@ -384,12 +374,6 @@ def test_a_scan_session_ends_when_its_leader_is_replaced_and_a_new_scan_reads_ev
         states.close()
 
 
-def _wait_leader_change(states: States, bucket: TableBucket, old_leader: int) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while states.get(bucket).leader == old_leader:
-        assert time.monotonic() < deadline, "no new leader while the old one was paused"
-        time.sleep(0.2)
-
 
 def test_a_log_scanner_reads_on_across_a_leader_kill(three: LocalCluster) -> None:
     """A subscribed log scanner whose bucket's leader is SIGKILLed goes on reading from the new leader: every
@@ -410,10 +394,7 @@ def test_a_log_scanner_reads_on_across_a_leader_kill(three: LocalCluster) -> Non
                 scanner = table.new_scan().create_log_scanner()
                 scanner.subscribe(0, 0)
                 read: list[int] = []
-                deadline = time.monotonic() + WAIT_S
-                while len(read) < 500:
-                    assert time.monotonic() < deadline
-                    read += [i for b in await scanner.poll(500) for i in b.batch.column("id").to_pylist()]
+                await asyncio.wait_for(_poll_until(scanner, read, 500), WAIT_S)
                 async with await Connection.create(three.bootstrap) as other:  # knows only the old leader
                     before = (await other.get_admin().list_offsets(path, [0], OffsetSpec.latest()))[0]
                     three.signal_member(three.member("tablet-server", leader.leader), signal.SIGKILL)
