@@ -1,6 +1,6 @@
 """Durable upsert ingest into a cluster with 1 and with 2 tablet servers, in one run on this machine.
 
-Each cluster is local (``strom.cluster.local.LocalCluster``: ZooKeeper, a coordinator, the tablet servers as
+Each cluster is local (``strom.server.local_cluster.LocalCluster``: ZooKeeper, a coordinator, the tablet servers as
 processes); a primary-key table of ``--buckets`` buckets spreads over its tablet servers. ``--writers``
 client processes upsert disjoint key ranges in pipelined Arrow batches of ``--batch`` rows (strom's client;
 a write counts when it is acknowledged, i.e. fsynced in the changelog and applied to RocksDB). The
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from bench.harness import BenchServer, report
 from strom.client import Connection, Schema, TableDescriptor, TablePath
-from strom.cluster.local import LocalCluster
+from strom.server.local_cluster import LocalCluster
 
 FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("score", pa.int64())])
 PATH = TablePath("fluss", "ingest")

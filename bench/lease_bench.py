@@ -15,11 +15,11 @@ import pyarrow as pa
 
 from bench.harness import BenchServer, median, report
 from strom.client import Connection, Schema, TableBucket, TableDescriptor, TablePath
+from strom.coordinator.kv_snapshot_leases import KvSnapshotLease, encode_lease
 from strom.ids import TableBucket as Bucket
 from strom.kv.snapshot import CompletedKvSnapshot, SnapshotFile
 from strom.metadata.sqlite_store import SqliteMetadataStore
 from strom.metadata.store import KvSnapshotRecord
-from strom.server.kv_snapshot_leases import KvSnapshotLease, encode_lease
 
 BUCKETS = 10_000
 ROUNDS = 5

@@ -47,7 +47,7 @@ def _canonical(value: Any) -> Any:
 def batches_identical(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
     """Equal schemas and values: top-level floats by bit pattern, NaN equal to NaN at any depth (Arrow's
     ``equals`` says NaN != NaN)."""
-    from strom.records.row_arrow import _physical_type  # late: targets import strom under instrumentation
+    from strom.records.arrow_python import _physical_type  # late: targets import strom under instrumentation
 
     if a.schema != b.schema or a.num_rows != b.num_rows:
         return False

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs Debian's ZooKeeper package (server jars under /usr/share/zookeeper) when it is missing, for the
 # tests and the local development cluster. strom starts its own throw-away server from these jars
-# (strom/cluster/zookeeper_server.py); the package's system service is not used.
+# (strom/zk/zookeeper_server.py); the package's system service is not used.
 #
 # Does nothing when ZooKeeper is already installed. When it is missing and apt cannot be used (not
 # Debian/Ubuntu, or not root and no password-less sudo), it says so and exits 0: the tests that need

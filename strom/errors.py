@@ -33,6 +33,10 @@ class UnknownServerError(StromError):
     code = -1
 
 
+class NotInstalledError(UnknownServerError):
+    """An optional part's library is missing (ZooKeeper's client); the message names the extra to install."""
+
+
 class MalformedRowError(UnknownServerError):
     """A record passed its CRC but its row does not decode with the table's schema: the client wrote
     bytes for another schema. Nothing of the request was written. (Fluss has no dedicated code; -1 is
@@ -368,6 +372,7 @@ for _cls in list(globals().values()):
         UnsupportedMergeOperationError,
         BitmapFormatError,
         InvalidAlterDatabaseError,
+        NotInstalledError,
     ):
         assert _cls.code not in _BY_CODE, f"duplicate error code {_cls.code}"
         _BY_CODE[_cls.code] = _cls

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from strom.cluster.zookeeper_server import ZooKeeperServer, unavailable_reason
+from strom.zk.zookeeper_server import ZooKeeperServer, unavailable_reason
 from tests.server_process import ServerProcess
 
 _names = itertools.count()

@@ -28,8 +28,16 @@ def free_port() -> int:
 class ServerProcess:
     """``strom server`` in a child process with its own data directory and log file."""
 
-    def __init__(self, data_dir: Path, config: dict[str, str] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        config: dict[str, str] | None = None,
+        port: int | None = None,
+        strom_command: list[str] | None = None,
+    ) -> None:
+        """``strom_command``: how to run ``strom`` (default: this interpreter's ``strom.cli.main``)."""
         self.data_dir = data_dir
+        self.strom_command = strom_command or [sys.executable, "-m", "strom.cli.main"]
         self.config = dict(config or {})
         self.port = port or free_port()
         self.log_path = data_dir.parent / f"{data_dir.name}-server.log"
@@ -41,10 +49,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         assert self.process is None or self.process.poll() is not None
-        command = [
-            sys.executable, "-m", "strom.cli.main", "server",
-            "--bind", self.address, "--data-dir", str(self.data_dir),
-        ]
+        command = [*self.strom_command, "server", "--bind", self.address, "--data-dir", str(self.data_dir)]
         for key, value in self.config.items():
             command += ["-D", f"{key}={value}"]
         with open(self.log_path, "ab") as log_file:

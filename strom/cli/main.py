@@ -173,7 +173,7 @@ def cluster() -> None:
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE", help="A config key for every server process.")
 def cluster_start(tablet_servers: int, coordinators: int, data_dir: Path, defines: tuple[str, ...]) -> None:
     """Start the processes in the background; prints the addresses to bootstrap clients from."""
-    from strom.cluster.local import LocalCluster
+    from strom.server.local_cluster import LocalCluster
 
     local = LocalCluster(data_dir, tablet_servers, key_value_pairs(defines, "-D"), coordinators=coordinators,
                          detached=True)
@@ -189,7 +189,7 @@ def cluster_start(tablet_servers: int, coordinators: int, data_dir: Path, define
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True)
 def cluster_stop(data_dir: Path) -> None:
     """Stop the processes ``start`` left in DATA_DIR (by their pids)."""
-    from strom.cluster.local import LocalCluster
+    from strom.server.local_cluster import LocalCluster
 
     local = LocalCluster.attach(data_dir)
     if local is None:
@@ -205,7 +205,7 @@ def cluster_status(data_dir: Path, as_json: bool) -> None:
     """Each process of the cluster in DATA_DIR and whether it is up."""
     import json as json_module
 
-    from strom.cluster.local import LocalCluster
+    from strom.server.local_cluster import LocalCluster
 
     local = LocalCluster.attach(data_dir)
     if local is None:
@@ -250,8 +250,8 @@ def config_docs() -> None:
 @config.command("table-docs")
 def config_table_docs() -> None:
     """Print the table options reference (Markdown)."""
+    from strom.coordinator.service import ALTERABLE_TABLE_OPTIONS
     from strom.metadata import table_options
-    from strom.server.coordinator import ALTERABLE_TABLE_OPTIONS
 
     sys.stdout.write(table_options.options_markdown(ALTERABLE_TABLE_OPTIONS))
 

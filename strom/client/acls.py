@@ -6,21 +6,18 @@ The server must run with ``authorizer.enabled``; otherwise each call raises Secu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from strom.client.rpc_client import ClusterRpc
 from strom.errors import error_for_code
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.security.acl import AclBinding, AclFilter, binding_from_pb, binding_to_pb, filter_to_pb
 
-if TYPE_CHECKING:
-    from strom.client.connection import Connection
-
 
 class AclAdmin:
     """Mixed into :class:`strom.client.admin.Admin`."""
 
-    _connection: Connection
+    _connection: ClusterRpc
 
     async def create_acls(self, bindings: Sequence[AclBinding]) -> None:
         """Add ACL entries (an entry already present is kept once).

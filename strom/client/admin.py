@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pyarrow as pa
 
 from strom.client.acls import AclAdmin
 from strom.client.lake import LakeAdmin
-from strom.client.snapshots import SnapshotAdmin
+from strom.client.layout import TableLayout
+from strom.client.rpc_client import ClusterRpc
+from strom.client.snapshots import KvSnapshotReader, SnapshotAdmin
 from strom.errors import TableNotExistError, error_for_code
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
@@ -17,9 +22,6 @@ from strom.records.schema import Column, DatabaseDescriptor, Schema, TableDescri
 from strom.records.types import data_type_to_json
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-
-if TYPE_CHECKING:
-    from strom.client.connection import Connection
 
 EARLIEST_OFFSET = -2
 
@@ -79,7 +81,7 @@ def _path(table_path: TablePath) -> Any:
 class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
     """Every method is a coroutine that raises the :mod:`strom.errors` error of the server's code."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: ClusterRpc) -> None:
         self._connection = connection
 
     async def _coordinator(self, key: ApiKey, message: Any) -> Any:
@@ -322,3 +324,19 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
         for schema_id in range(1, table.schema_id):
             schemas[schema_id] = Schema.from_json(await self.get_table_schema_json(table.path, schema_id))
         return schemas
+
+
+async def read_snapshot(
+    connection: ClusterRpc, layout: TableLayout, bucket: TableBucket, snapshot_id: int
+) -> pa.Table:
+    """Convenience: all rows of one snapshot as a table (fetching its metadata first)."""
+    admin = Admin(connection)
+    metadata = await admin.get_kv_snapshot_metadata(bucket, snapshot_id)
+    schemas = await admin.get_table_schemas(layout.info)
+
+    def read() -> pa.Table:
+        with KvSnapshotReader(layout, metadata, schemas=schemas) as reader:
+            batches = list(reader.iter_batches())
+        return pa.Table.from_batches(batches, schema=layout.arrow_schema)
+
+    return await asyncio.to_thread(read)

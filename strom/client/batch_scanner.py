@@ -14,20 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
+from strom.client.log_scanner import LogScanner
+from strom.client.table_handle import TableHandle
 from strom.errors import NetworkError, RequestTimeoutError, StromError, TooManyScannersError, error_for_code
 from strom.ids import TableBucket
 from strom.records import row_arrow
 from strom.records.kv_batch import parse_value_batch
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-
-if TYPE_CHECKING:
-    from strom.client.log_scanner import LogScanner
-    from strom.client.table import Table
 
 BATCH_SIZE_BYTES = 4 << 20
 OPEN_RETRIES = 3
@@ -48,7 +46,7 @@ class BucketBatchScanner:
 
     def __init__(
         self,
-        table: Table,
+        table: TableHandle,
         bucket: TableBucket,
         *,
         projection: Sequence[int] | None = None,
@@ -194,7 +192,7 @@ class BatchScanner:
 
     def __init__(
         self,
-        table: Table,
+        table: TableHandle,
         buckets: Sequence[TableBucket],
         *,
         projection: Sequence[int] | None = None,
@@ -270,7 +268,7 @@ class StateThenChanges:
     """A bucket's current rows, then every change after them: the scan's ``log_offset`` is exactly where
     the changelog continues, so nothing is missed or repeated."""
 
-    def __init__(self, table: Table, bucket: TableBucket) -> None:
+    def __init__(self, table: TableHandle, bucket: TableBucket) -> None:
         self._table = table
         self.bucket = bucket
         self._scanner = BucketBatchScanner(table, bucket)
@@ -287,8 +285,6 @@ class StateThenChanges:
 
     def changes(self) -> LogScanner:
         """A log scanner subscribed to the bucket's changelog at the scan's log offset."""
-        from strom.client.log_scanner import LogScanner
-
         scanner = LogScanner(self._table)
         scanner.subscribe_bucket(self.bucket, self.log_offset)
         return scanner

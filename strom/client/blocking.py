@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from strom.client import encoding
 from strom.client.lookup import _KeyedReader
+from strom.client.table_handle import TableHandle
 from strom.errors import (
     ConnectionFailedError,
     LeaderNotAvailableError,
@@ -25,9 +27,6 @@ from strom.ids import TableBucket
 from strom.rpc import framing
 from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey
 from strom.rpc.messages import pb
-
-if TYPE_CHECKING:
-    from strom.client.table import Table
 
 LOOKUP_VERSION = 1
 TIMEOUT_S = 30.0
@@ -86,7 +85,7 @@ class _BlockingRpc:
 class BlockingLookuper(_KeyedReader):
     """``lookuper.lookup({"id": 1})`` → the row as a dict, or None, without asyncio."""
 
-    def __init__(self, table: Table, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(self, table: TableHandle, timeout_s: float = TIMEOUT_S) -> None:
         super().__init__(table, table.layout.primary_key)
         self._timeout_s = timeout_s
         self._servers: dict[str, _BlockingRpc] = {}
@@ -97,8 +96,6 @@ class BlockingLookuper(_KeyedReader):
         layout = self._table.layout
         simple = self._simple_key(key)
         if simple is None:
-            from strom.client import encoding
-
             batch = self._full_row_batch([key])
             encoded = encoding.encode(layout, batch, with_rows=False, with_keys=True)
             assert encoded.keys is not None

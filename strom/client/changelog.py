@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from strom.client.table import TableLayout
+from strom.client.layout import TableLayout
 from strom.records.compacted import CompactedKeyEncoder
 from strom.records.log_batch import ChangeType
 from strom.records.row_arrow import column_values

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
+from strom.client.layout import TableLayout
 from strom.records import fastpath, row_arrow
-
-if TYPE_CHECKING:
-    from strom.client.table import TableLayout
 
 
 @dataclass(slots=True)

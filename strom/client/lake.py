@@ -7,15 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from strom.client.rpc_client import ClusterRpc
 from strom.errors import StromError, error_for_code
 from strom.ids import TableBucket, TablePath
 from strom.rpc.api_keys import COORDINATOR_EPOCH, ApiKey
 from strom.rpc.messages import ext, pb
-
-if TYPE_CHECKING:
-    from strom.client.connection import Connection
 
 _NO_TABLES: Mapping[int, int] = MappingProxyType({})
 
@@ -119,7 +117,7 @@ def _heartbeat_entry(target: Any, table_id: int, tiering_epoch: int) -> Any:
 class LakeAdmin:
     """Mixed into :class:`~strom.client.admin.Admin`; every call goes to the coordinator."""
 
-    _connection: Connection
+    _connection: ClusterRpc
 
     async def get_lake_snapshot(
         self, table_path: TablePath, snapshot_id: int | None = None, readable: bool = False

@@ -6,20 +6,18 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
-from strom.client.connection import LEADER_RETRY_MS, LEADERSHIP_MOVED
+from strom.client.rpc_client import LEADER_RETRY_MS, LEADERSHIP_MOVED
+from strom.client.table_handle import TableHandle
 from strom.errors import error_for_code
 from strom.ids import TableBucket
 from strom.records import log_batch
 from strom.records.indexed_log import LogBatchDecoder
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-
-if TYPE_CHECKING:
-    from strom.client.table import Table
 
 EARLIEST_OFFSET = -2
 FETCH_BYTES_MAX = 16 << 20
@@ -51,7 +49,7 @@ loss waits for its ZooKeeper session to time out) before it raises the bucket's 
 class LogScanner:
     """Subscribe buckets at offsets, then :meth:`poll`. Not safe for concurrent polls."""
 
-    def __init__(self, table: Table, projection: list[int] | None = None) -> None:
+    def __init__(self, table: TableHandle, projection: list[int] | None = None) -> None:
         self._table = table
         layout = table.layout
         self._projection = projection

@@ -5,21 +5,19 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from strom.client import encoding
+from strom.client.table_handle import TableHandle
 from strom.errors import PartitionNotExistError, StromError, error_for_code
 from strom.ids import TableBucket
 from strom.records import fastpath, row_arrow, types
 from strom.records.compacted import CompactedKeyEncoder
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-
-if TYPE_CHECKING:
-    from strom.client.table import Table
 
 SCHEMA_ID_SIZE_BYTES = 2
 # Types whose internal row values are already what Arrow's to_pylist would return, so single keys and
@@ -35,7 +33,7 @@ INSERT_TIMEOUT_MS = 30_000
 """How long a lookup that inserts missing keys lets the server take to make them durable."""
 
 class _KeyedReader:
-    def __init__(self, table: Table, key_columns: Sequence[str]) -> None:
+    def __init__(self, table: TableHandle, key_columns: Sequence[str]) -> None:
         layout = table.layout
         if not layout.primary_key:
             raise ValueError(f"table {layout.info.path} has no primary key")
@@ -121,7 +119,7 @@ class _KeyedReader:
 class Lookuper(_KeyedReader):
     """``await lookuper.lookup({"id": 1})`` → the row as a dict, or None."""
 
-    def __init__(self, table: Table, *, insert_if_not_exists: bool = False) -> None:
+    def __init__(self, table: TableHandle, *, insert_if_not_exists: bool = False) -> None:
         super().__init__(table, table.layout.primary_key)
         self._insert_if_not_exists = insert_if_not_exists
 
@@ -222,7 +220,7 @@ class Lookuper(_KeyedReader):
 class PrefixLookuper(_KeyedReader):
     """Rows whose key starts with the given prefix columns (the partition keys plus the bucket keys)."""
 
-    def __init__(self, table: Table, columns: Sequence[str]) -> None:
+    def __init__(self, table: TableHandle, columns: Sequence[str]) -> None:
         super().__init__(table, columns)
         layout = table.layout
         bucket_keys = [layout.column_names[i] for i in layout.bucket_key_indexes]

@@ -6,22 +6,25 @@ error that says the leader moved).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from strom.errors import LeaderNotAvailableError, UnknownTableOrBucketError
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
-from strom.rpc.messages import pb
+from strom.rpc.messages import Message, pb
 
-if TYPE_CHECKING:
-    from strom.client.connection import Connection
+
+class BootstrapRequests(Protocol):
+    """Where metadata requests go (``ClusterRpc.bootstrap_request``: the first bootstrap server that answers)."""
+
+    async def bootstrap_request(self, key: ApiKey, message: Message) -> Message: ...
 
 
 class MetadataCache:
-    """Owned by one Connection; used from one event loop."""
+    """Owned by one connection; used from one event loop."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: BootstrapRequests) -> None:
         self._connection = connection
         self._coordinator: str | None = None
         self._servers: dict[int, str] = {}

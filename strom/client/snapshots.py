@@ -7,17 +7,18 @@ abandoned lease expires on its own.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
+from strom.client.layout import TableLayout
+from strom.client.rpc_client import ClusterRpc
 from strom.errors import SchemaNotExistError
 from strom.ids import TableBucket, TablePath
 from strom.records.kv_batch import SCHEMA_ID
@@ -25,10 +26,6 @@ from strom.records.schema import Schema
 from strom.records.schema_evolution import RowUpgrader
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import add_snapshot_pins, ext, pb, read_snapshot_pins
-
-if TYPE_CHECKING:
-    from strom.client.connection import Connection
-    from strom.client.table import TableLayout
 
 SNAPSHOT_BATCH_ROWS = 65_536
 SCHEMA_ID_SIZE_BYTES = 2
@@ -83,7 +80,7 @@ class KvSnapshotLeaseInfo:
 class KvSnapshotLease:
     """A lease handle from ``admin.create_kv_snapshot_lease`` (creating it sends nothing)."""
 
-    def __init__(self, connection: Connection, lease_id: str, lease_duration_ms: int) -> None:
+    def __init__(self, connection: ClusterRpc, lease_id: str, lease_duration_ms: int) -> None:
         if not lease_id:
             raise ValueError("a lease needs a non-empty id")
         if lease_duration_ms <= 0:
@@ -133,7 +130,7 @@ class KvSnapshotLease:
 class SnapshotAdmin:
     """The snapshot and lease half of :class:`~strom.client.admin.Admin`."""
 
-    _connection: Connection
+    _connection: ClusterRpc
 
     async def get_latest_kv_snapshots(self, table_path: TablePath, partition_name: str | None = None) -> KvSnapshots:
         request = pb.GetLatestKvSnapshotsRequest(
@@ -291,21 +288,3 @@ def _check_schema_ids(values: list[bytes], schema_id: int) -> None:
                 f"The snapshot holds a row of schema {SCHEMA_ID.unpack(value[:SCHEMA_ID_SIZE_BYTES])[0]}, not "
                 f"{schema_id}: the table's columns changed; read it with every schema (Admin.get_table_schemas)."
             )
-
-
-async def read_snapshot(
-    connection: Connection, layout: TableLayout, bucket: TableBucket, snapshot_id: int
-) -> pa.Table:
-    """Convenience: all rows of one snapshot as a table (fetching its metadata first)."""
-    from strom.client.admin import Admin
-
-    admin = Admin(connection)
-    metadata = await admin.get_kv_snapshot_metadata(bucket, snapshot_id)
-    schemas = await admin.get_table_schemas(layout.info)
-
-    def read() -> pa.Table:
-        with KvSnapshotReader(layout, metadata, schemas=schemas) as reader:
-            batches = list(reader.iter_batches())
-        return pa.Table.from_batches(batches, schema=layout.arrow_schema)
-
-    return await asyncio.to_thread(read)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from strom.client import encoding
+from strom.client.table_handle import TableHandle
 from strom.errors import (
     DuplicateSequenceError,
     LeaderNotAvailableError,
@@ -30,9 +31,6 @@ from strom.records import indexed_log, log_batch
 from strom.records.kv_batch import build_kv_batch
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-
-if TYPE_CHECKING:
-    from strom.client.table import Table
 
 BATCH_ROWS_MAX = 10_000
 RETRIES_MAX = 40
@@ -70,7 +68,7 @@ class _BucketBatch:
 class _Writer:
     """The chunking, sequencing and retry logic shared by both writers."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: TableHandle) -> None:
         self._table = table
         self._connection = table.connection
         self._writer_id: int | None = None
@@ -269,7 +267,7 @@ def _bucket_error(response: Any) -> StromError | None:
 class UpsertWriter(_Writer):
     """Upserts and deletes on a primary-key table; ``partial_update`` writers touch only their columns."""
 
-    def __init__(self, table: Table, target_columns: list[int] | None = None) -> None:
+    def __init__(self, table: TableHandle, target_columns: list[int] | None = None) -> None:
         super().__init__(table)
         layout = table.layout
         if not layout.primary_key:
@@ -452,7 +450,7 @@ def _collect(responses: Any, by_bucket: dict[tuple[int | None, int], _BucketBatc
 class AppendWriter(_Writer):
     """Appends rows to a log table."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: TableHandle) -> None:
         super().__init__(table)
         layout = table.layout
         if layout.primary_key:

@@ -214,3 +214,8 @@ def download_snapshot(remote: RemoteStorage, snapshot: CompletedKvSnapshot, dire
     staging.rename(directory)
     fsync_path(directory.parent)
 
+
+def snapshot_sequence_name(bucket: TableBucket) -> str:
+    """The metadata-store counter of a bucket's snapshot ids."""
+    partition = "-" if bucket.partition_id is None else str(bucket.partition_id)
+    return f"kv-snapshot/{bucket.table_id}/{partition}/{bucket.bucket}"

@@ -13,13 +13,13 @@ when the lake is enabled, so readers and the tiering service need no lake config
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import pyarrow as pa
 
-from strom.errors import InvalidConfigError, InvalidTableError, StromError
+from strom.errors import InvalidTableError, StromError
 from strom.ids import TableBucket
 from strom.metadata.table_info import TableInfo
 
@@ -175,38 +175,3 @@ class LakeFormat(ABC):
                 this table cannot be written into.
             InvalidTableError: the table uses something the format cannot store.
         """
-
-
-def _load_delta(options: Mapping[str, str]) -> LakeFormat:
-    from strom.lake.delta import DeltaLakeFormat  # delta-rs loads only when a table asks for Delta
-
-    return DeltaLakeFormat(options)
-
-
-def _load_iceberg(options: Mapping[str, str]) -> LakeFormat:
-    from strom.lake.iceberg import IcebergLakeFormat  # pyiceberg loads only when a table asks for Iceberg
-
-    return IcebergLakeFormat(options)
-
-
-FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {"delta": _load_delta, "iceberg": _load_iceberg}
-"""Lake format identifier -> factory taking the format's options (``table.datalake.<format>.*``)."""
-
-
-def lake_format(info: TableInfo) -> LakeFormat:
-    """The format a lake-enabled table names (``table.datalake.format``), configured from its
-    ``table.datalake.<format>.<key>`` properties.
-
-    Raises:
-        InvalidConfigError: no or an unknown format, or a format option missing (e.g. the warehouse).
-    """
-    properties = info.properties
-    name = properties.get(FORMAT_PROPERTY, "").strip().lower()
-    factory = FORMATS.get(name)
-    if factory is None:
-        raise InvalidConfigError(
-            f"table '{info.path}' names lake format {name or '(none)'!r} ({FORMAT_PROPERTY}); "
-            f"strom writes {', '.join(sorted(FORMATS))}"
-        )
-    prefix = f"{FORMAT_OPTION_PREFIX}{name}."
-    return factory({key[len(prefix):]: value for key, value in properties.items() if key.startswith(prefix)})

@@ -26,7 +26,7 @@ import datetime as dt
 import functools
 import json
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -36,6 +36,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import (
@@ -62,13 +63,10 @@ from pyiceberg.types import (
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.ids import TableBucket
 from strom.lake.copy_on_write import BucketFile, CopyOnWriteWriter, any_in_bounds
-from strom.lake.delta_files import DeltaFileSink, WrittenFile
+from strom.lake.delta_files import DeltaFileSink, FileLimits, WrittenFile
 from strom.lake.format import LakeWriteResult
 from strom.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN, LakeLayout
 from strom.records import types as fluss
-
-if TYPE_CHECKING:
-    from strom.lake.iceberg import IcebergLakeTable
 
 PARTITION_FIELD_ID_START = 1000
 """Iceberg's first partition field id."""
@@ -232,13 +230,24 @@ def file_location(root: str, relative: str) -> str:
     return f"{root.rstrip('/')}/{relative}"
 
 
+class IcebergTableFiles(Protocol):
+    """What a writer needs of its table (``strom.lake.iceberg.IcebergLakeTable``)."""
+
+    layout: LakeLayout
+    limits: FileLimits
+
+    def iceberg(self) -> Table: ...
+
+    def bucket_files(self, snapshot_id: int, partition: Record) -> list[DataFile]: ...
+
+
 class IcebergLakeWriter(CopyOnWriteWriter):
     """One bucket's new files. Primary-key tables: copy-on-write of the files of this bucket that hold a
     deleted key, as the Delta writer does (files whose key bounds rule out every touched key are not
     read). Runs in one Spark task; not thread-safe."""
 
     def __init__(
-        self, table: IcebergLakeTable, bucket: TableBucket, partition_name: str | None, base: int | None
+        self, table: IcebergTableFiles, bucket: TableBucket, partition_name: str | None, base: int | None
     ) -> None:
         layout = table.layout
         self._table = table

@@ -1,22 +1,17 @@
 """Where cluster metadata lives: databases, tables, partitions, id sequences, KV snapshots, leases, the
 lake tiering state and lake snapshots of lake-enabled tables, and ACLs.
 
-``MetadataStore`` is the contract; backends live in their own modules and are picked by name from
-:data:`STORES` (imported lazily, so an optional backend's library is only needed when it is used).
+``MetadataStore`` is the contract; backends implement it in their own modules (``sqlite_store`` here,
+``strom.zk.metadata_store``) and :func:`strom.server.metadata_stores.open_store` picks one by name, above
+them, so this contract imports none of its backends.
 Every method is atomic: it either applies completely or raises and changes nothing.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-
-from strom.errors import StromError
-
-
-class NotInstalledError(StromError):
-    """An optional backend's library is missing; the message names the extra to install."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,41 +241,12 @@ class MetadataStore(ABC):
     def close(self) -> None: ...
 
 
-def _open_sqlite(location: str) -> MetadataStore:
-    from strom.metadata.sqlite_store import SqliteMetadataStore
-
-    return SqliteMetadataStore(location)
-
-
-def _open_zookeeper(location: str) -> MetadataStore:
-    try:
-        from strom.metadata.zookeeper_store import ZooKeeperMetadataStore
-    except ImportError as exc:
-        raise NotInstalledError("ZooKeeper support not installed: pip install 'strom[zookeeper]'") from exc
-    return ZooKeeperMetadataStore(location)
-
-
-STORES: dict[str, Callable[[str], MetadataStore]] = {"sqlite": _open_sqlite, "zookeeper": _open_zookeeper}
-
-
-def open_store(kind: str, location: str) -> MetadataStore:
-    """Open the backend ``kind`` at ``location`` ("sqlite": a file path; "zookeeper": ``host:port[/root]``,
-    the root ``/fluss`` when none is given)."""
-    try:
-        opener = STORES[kind]
-    except KeyError:
-        raise ValueError(f"unknown metadata store {kind!r}; choose one of {sorted(STORES)}") from None
-    return opener(location)
-
-
 __all__ = [
     "AclRecord",
     "DatabaseRecord",
     "KvSnapshotRecord",
     "LakeSnapshotRecord",
     "MetadataStore",
-    "NotInstalledError",
     "PartitionRecord",
     "TableRecord",
-    "open_store",
 ]

@@ -274,7 +274,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         LOG_TTL, "Duration", "7 d",
         "Log segments older than this are deleted; 0 ms keeps them.",
         Support.IMPLEMENTED,
-        "Log retention (`strom.server.kv_snapshot_scheduler`): a primary-key table's changelog is kept "
+        "Log retention (`strom.tablet.kv_snapshot_scheduler`): a primary-key table's changelog is kept "
         "from its oldest KV snapshot on. Unset, the server's `table.log.ttl` applies (default 7 d). Read "
         "at every retention check, so a value set by AlterTable applies from the next check on.",
         _parse_duration,
@@ -300,7 +300,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         DATALAKE_ENABLED, "Boolean", "false",
         "Whether the table is tiered into the lake.",
         Support.IMPLEMENTED,
-        "The coordinator's lake tiering manager schedules the table (`strom.server.lake_tiering`); see "
+        "The coordinator's lake tiering manager schedules the table (`strom.coordinator.lake_tiering`); see "
         "[tiering.md](tiering.md).",
         _parse_bool,
     ),
@@ -326,7 +326,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         DATALAKE_FRESHNESS, "Duration", "3 min",
         "How far the lake copy may lag behind the table; the tiering service schedules rounds by it.",
         Support.IMPLEMENTED,
-        "`strom.server.lake_tiering` (round schedule), `strom.tiering.driver`. Unset, the server's "
+        "`strom.coordinator.lake_tiering` (round schedule), `strom.tiering.driver`. Unset, the server's "
         "`table.datalake.freshness` applies.",
         _parse_duration,
     ),

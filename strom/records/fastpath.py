@@ -51,12 +51,12 @@ import functools
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
 
 from strom.errors import CorruptRecordError
+from strom.records import arrow_python
 from strom.records.bucketing import bucket_for_key
 from strom.records.compacted import (
     _RUST_NESTING,
@@ -118,13 +118,6 @@ _SIMPLE_KINDS: dict[type[DataType], int] = {
 }
 if native is not None:
     assert (native.KIND_STRING, native.KIND_OPAQUE) == (_STRING, _OPAQUE), "rowcodec.c kinds changed"
-
-
-def _reference() -> ModuleType:
-    """``row_arrow``, home of the pure-Python conversions; imported late as it imports this module."""
-    from strom.records import row_arrow
-
-    return row_arrow
 
 
 def _kind(t: DataType) -> tuple[int, int]:
@@ -190,7 +183,7 @@ def decode_rows_python(
     rows: Sequence[RowBytes], row_type: RowType, *, offset: int = 0, arrow_schema: pa.Schema | None = None
 ) -> pa.RecordBatch:
     """The pure-Python reference of ``decode_rows``."""
-    return _reference().rows_to_record_batch_python(rows, _decoder(row_type), arrow_schema, offset=offset)
+    return arrow_python.rows_to_record_batch_python(rows, _decoder(row_type), arrow_schema, offset=offset)
 
 
 def decode_rows(
@@ -235,7 +228,7 @@ def _arrays(
                 row_data = [_row_bytes(row, offset) for row in rows]
             field_type = row_type.fields[index].type
             values = _opaque_values(row_data, column[2], offset, field_type)
-            arrays.append(_reference().column_to_array(values, field_type, arrow_type))
+            arrays.append(arrow_python.column_to_array(values, field_type, arrow_type))
         elif kind in _VAR_WIDTH:
             buffers = [validity, pa.py_buffer(column[2]), pa.py_buffer(column[3])]
             arrays.append(pa.Array.from_buffers(arrow_type, n, buffers, column[1]))
@@ -315,7 +308,7 @@ def _encode_python(
     value_prefix: bytes,
     java_decimal_layout: bool,
 ) -> EncodedBatch:
-    values = _reference().record_batch_to_values(batch, encoder.row_type)
+    values = arrow_python.record_batch_to_values(batch, encoder.row_type)
     encode = encoder.encode
     rows = [value_prefix + encode(v) for v in values] if value_prefix else [encode(v) for v in values]
     keys = None
@@ -399,7 +392,7 @@ def _encode_columns(
         if kind == _OPAQUE:
             write = encoder._fields[index][3]  # the encoder's own field writer (its decimal layout)
             encoded: list[bytes | None] = []
-            for value in _reference().column_values(array):
+            for value in arrow_python.column_values(array):
                 if value is None:
                     encoded.append(None)
                 else:
@@ -425,15 +418,15 @@ def _encode_columns(
 def parse_kv_records(
     buffer: bytes | memoryview, position: int, end: int, count: int
 ) -> tuple[list[bytes], list[bytes | None]]:
-    """Keys and values (None: delete) of the records in ``buffer[position:end]``.
+    """Keys and values (None: delete) of the records in ``buffer[position:end]``, parsed in C;
+    ``kv_batch`` parses them in Python where the native module is not built.
 
     Raises:
         CorruptRecordError: the records do not fill the range exactly.
+        RuntimeError: the native module is not built.
     """
     if native is None:
-        from strom.records import kv_batch  # imports this module, hence the late import
-
-        return kv_batch._parse_records_python(memoryview(buffer), position, end, count)
+        raise RuntimeError("the native row codec is not built; use kv_batch.parse_kv_batches")
     try:
         keys, values = native.parse_kv_records(buffer, position, end, count)
     except ValueError as e:
@@ -512,7 +505,7 @@ def plan_upserts(
     return plan_upserts_python(keys, values, olds, prefix, ignore_deletes)
 
 
-_VALUE_HEADER = struct.Struct("<ibi")  # as kv_batch.VALUE_HEADER (kv_batch imports this module)
+_VALUE_HEADER = struct.Struct("<ibi")  # as kv_batch.VALUE_HEADER (kv_batch imports this module, not the reverse)
 _VALUE_LENGTH = struct.Struct("<i")
 
 

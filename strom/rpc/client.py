@@ -21,8 +21,8 @@ from strom.errors import (
 )
 from strom.rpc import framing
 from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey, ApiVersionRange
+from strom.rpc.auth import ClientCredentials
 from strom.rpc.messages import DecodeError, Message, pb, response_class
-from strom.security.credentials import SaslCredentials
 
 M = TypeVar("M", bound=Message)
 
@@ -104,7 +104,7 @@ class RpcConnection:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, *, timeout_ms: int = 10_000, credentials: SaslCredentials | None = None
+        cls, host: str, port: int, *, timeout_ms: int = 10_000, credentials: ClientCredentials | None = None
     ) -> RpcConnection:
         """Connect, exchange ApiVersions and, given ``credentials``, authenticate (SASL).
 
@@ -137,7 +137,7 @@ class RpcConnection:
             connection._server_versions[version.api_key] = ApiVersionRange(version.min_version, version.max_version)
         return connection
 
-    async def _authenticate(self, credentials: SaslCredentials, timeout_ms: int) -> None:
+    async def _authenticate(self, credentials: ClientCredentials, timeout_ms: int) -> None:
         token = credentials.token()
         for _ in range(AUTHENTICATE_ROUNDS_MAX):
             response = await self._send(

@@ -32,10 +32,9 @@ from strom.errors import (
 )
 from strom.rpc import framing
 from strom.rpc.api_keys import EXTENSION_KEYS, STROM_CLIENT_NAME, ApiKey, version_range
+from strom.rpc.auth import ANONYMOUS, Authenticator, Principal, unauthenticated_error
 from strom.rpc.budget import SMALL_FRAME_SIZE_BYTES, BufferedRequestBudget
 from strom.rpc.messages import DecodeError, Message, pb, request_class
-from strom.security.acl import ANONYMOUS, Principal
-from strom.security.authenticator import PlainAuthenticator, unauthenticated_error
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +113,7 @@ class RpcServer:
         idle_timeout_ms: int,
         buffered_request_bytes_max: int | None = None,
         on_connection_closed: Callable[[int], None] | None = None,
-        authenticator: PlainAuthenticator | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         """``authenticator``: the listener requires SASL; a connection may send only ApiVersions and
         Authenticate until it has authenticated."""

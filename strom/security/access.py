@@ -27,9 +27,10 @@ from typing import Any
 from strom.errors import AuthorizationError
 from strom.ids import TablePath
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.auth import ANONYMOUS, Principal
 from strom.rpc.messages import Message, pb
 from strom.rpc.server import Handler, RequestContext
-from strom.security.acl import ANONYMOUS, OperationType, Principal, Resource
+from strom.security.acl import OperationType, Resource
 from strom.security.authorizer import Authorizer
 
 READ, WRITE, DESCRIBE = OperationType.READ, OperationType.WRITE, OperationType.DESCRIBE

@@ -12,6 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 from strom.errors import UnknownServerError
+from strom.rpc.auth import WILDCARD, Principal
 
 
 class ResourceType(IntEnum):
@@ -45,7 +46,6 @@ class InvalidAclError(UnknownServerError):
 
 
 CLUSTER_RESOURCE_NAME = "fluss-cluster"
-WILDCARD = "*"
 """As a resource name: every resource of its type; as a principal name: every principal; as a host: any."""
 
 DESCRIBE_IMPLIED_BY = frozenset(
@@ -80,39 +80,6 @@ def parse_operation(text: str) -> OperationType:
 
 def parse_permission(text: str) -> PermissionType:
     return _enum_by_name(PermissionType, text)  # type: ignore[no-any-return]
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Principal:
-    """An authenticated identity, written ``TYPE:NAME`` (SASL/PLAIN users are ``User:<username>``)."""
-
-    type: str
-    name: str
-
-    @classmethod
-    def parse(cls, text: str) -> Principal:
-        """``User:alice`` → Principal("User", "alice").
-
-        Raises:
-            ValueError: not ``TYPE:NAME``.
-        """
-        kind, sep, name = text.strip().partition(":")
-        if not sep or not kind or not name:
-            raise ValueError(f"a principal is TYPE:NAME, e.g. User:alice; got {text!r}")
-        return cls(kind, name)
-
-    def matches(self, other: Principal) -> bool:
-        """Whether this principal (of an ACL entry or the super-user list) stands for ``other``."""
-        if self.name == WILDCARD and self.type in (WILDCARD, other.type):
-            return True
-        return self == other
-
-    def __str__(self) -> str:
-        return f"{self.type}:{self.name}"
-
-
-ANONYMOUS = Principal("User", "ANONYMOUS")
-"""The principal of a connection on a listener without authentication."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

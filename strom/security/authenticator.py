@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from strom.errors import AuthenticationError, InvalidConfigError
-from strom.security.acl import ANONYMOUS, Principal
+from strom.rpc.auth import ANONYMOUS, Principal
 
 PLAIN_MECHANISM = "PLAIN"
 SUPPORTED_MECHANISMS = frozenset({PLAIN_MECHANISM})
@@ -125,18 +125,10 @@ class PlainAuthenticator:
         return Principal("User", username)
 
 
-def unauthenticated_error() -> AuthenticationError:
-    return AuthenticationError(
-        "the connection has not authenticated yet: this listener requires SASL; set the client's "
-        "'client.security.protocol' to SASL and give it a user name and password"
-    )
-
-
 __all__ = [
     "ANONYMOUS",
     "PLAIN_MECHANISM",
     "PlainAuthenticator",
     "parse_plain_credentials",
     "parse_plain_jaas_users",
-    "unauthenticated_error",
 ]

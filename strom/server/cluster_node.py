@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from strom.clock import SYSTEM_CLOCK, Clock
-from strom.cluster.bucket_state import BucketStates
-from strom.cluster.coordinator_address import CoordinatorAddress
-from strom.cluster.registry import RegisteredServer, TabletServerRegistry
 from strom.config import (
     AUTHORIZER_ENABLED,
     BIND_LISTENERS,
@@ -34,25 +31,24 @@ from strom.config import (
     ZOOKEEPER_SESSION_TIMEOUT,
     Configuration,
 )
+from strom.coordinator.acl_service import AclService
+from strom.coordinator.cluster_placement import ClusterPlacement
+from strom.coordinator.lake_tiering import LakeTableTieringManager
+from strom.coordinator.leader_election import LeaderElector
+from strom.coordinator.placement import placed_tables
+from strom.coordinator.remote_tablets import RemoteTabletServers
+from strom.coordinator.role import CoordinatorRole, metadata_handlers
+from strom.coordinator.service import CoordinatorService
 from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
 from strom.ids import TableBucket
-from strom.metadata.store import MetadataStore, open_store
+from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.peers import PeerConnections, ServerNode
 from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.server_security import SASL, ServerSecurity, parse_listeners, parse_protocol_map
-from strom.server.acl_service import AclService
-from strom.server.cluster_tablet import (
-    ClusterTables,
-    RemoteSnapshotCommitter,
-    TabletControlService,
-    remove_dropped_table_data,
-)
-from strom.server.coordinator import CoordinatorService
-from strom.server.coordinator_role import CoordinatorRole, metadata_handlers
-from strom.server.lake_tiering import LakeTableTieringManager
-from strom.server.leader_election import LeaderElector
+from strom.server.metadata_stores import open_store
 from strom.server.node import (
     WAREHOUSE_OPTIONS,
     ServerPaths,
@@ -61,12 +57,18 @@ from strom.server.node import (
     rpc_server_factory,
     scanner_config,
 )
-from strom.server.peers import PeerConnections
-from strom.server.placement import ClusterPlacement, ServerNode, placed_tables
-from strom.server.remote_tablets import RemoteTabletServers
-from strom.server.replica import ReplicaManager
-from strom.server.replication import ReplicationManager
-from strom.server.tablet_role import TabletRole
+from strom.tablet.cluster_tablet import (
+    ClusterTables,
+    RemoteSnapshotCommitter,
+    TabletControlService,
+    remove_dropped_table_data,
+)
+from strom.tablet.replica import ReplicaManager
+from strom.tablet.replication import ReplicationManager
+from strom.tablet.role import TabletRole
+from strom.zk.bucket_state import BucketStates
+from strom.zk.coordinator_address import CoordinatorAddress
+from strom.zk.registry import RegisteredServer, TabletServerRegistry
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from strom.clock import Clock
+from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.coordinator.kv_snapshot_store import KvSnapshotStore
+from strom.coordinator.lake_tiering import UNKNOWN, LakeTableTieringManager
 from strom.rpc.server import RpcServer
-from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
-from strom.server.kv_snapshot_store import KvSnapshotStore
-from strom.server.lake_tiering import UNKNOWN, LakeTableTieringManager
-from strom.server.replica import ReplicaManager
+from strom.tablet.replica import ReplicaManager
 
 SCRAPE_TIMEOUT_S = 5.0
 

@@ -36,28 +36,30 @@ from strom.config import (
     ZOOKEEPER_ADDRESS,
     Configuration,
 )
+from strom.coordinator.acl_service import AclService
+from strom.coordinator.kv_snapshot_service import KvSnapshotService
+from strom.coordinator.lake_service import LakeTieringService
+from strom.coordinator.placement import SingleNodePlacement
+from strom.coordinator.role import CoordinatorRole
+from strom.coordinator.service import CoordinatorService
 from strom.ids import TableBucket
 from strom.kv.scan import ScannerConfig
-from strom.metadata.store import MetadataStore, open_store
+from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.peers import ServerNode
 from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.authenticator import PlainAuthenticator
 from strom.security.server_security import ServerSecurity
-from strom.server.acl_service import AclService
-from strom.server.coordinator import CoordinatorService
-from strom.server.coordinator_role import CoordinatorRole
-from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler
-from strom.server.kv_snapshot_service import KvSnapshotService
-from strom.server.lake_service import LakeTieringService
 from strom.server.listeners import ExtraListeners
+from strom.server.metadata_stores import open_store
 from strom.server.metrics import StromCollector, serve_metrics
-from strom.server.placement import ServerNode, SingleNodePlacement
-from strom.server.replica import ReplicaManager
-from strom.server.scan_service import ScanKvService
-from strom.server.tablet_role import TabletRole
-from strom.server.tablet_server import TabletService
+from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler
+from strom.tablet.replica import ReplicaManager
+from strom.tablet.role import TabletRole
+from strom.tablet.scan_service import ScanKvService
+from strom.tablet.tablet_service import TabletService
 
 log = logging.getLogger(__name__)
 

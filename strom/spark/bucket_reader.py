@@ -24,7 +24,7 @@ from strom.client.snapshots import KvSnapshotReader
 from strom.client.table import Table, TableLayout
 from strom.errors import KvSnapshotNotExistError
 from strom.ids import TableBucket
-from strom.lake.format import lake_format
+from strom.lake.formats import lake_format
 from strom.records.log_batch import ChangeType
 from strom.records.types import RowType
 from strom.spark import runtime

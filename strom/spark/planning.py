@@ -32,7 +32,7 @@ from strom.client.snapshots import KvSnapshotInfo
 from strom.client.table import TableLayout
 from strom.errors import InvalidTimestampError, LakeSnapshotNotExistError
 from strom.ids import TableBucket
-from strom.lake.format import lake_format
+from strom.lake.formats import lake_format
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import READ_SOURCE, ConnectorOption, ReadOptions, ReadSource, ReadStrategy
 from strom.spark.partitions import (

@@ -29,7 +29,7 @@ from strom.client.snapshots import KvSnapshotLease
 from strom.config import parse_duration
 from strom.errors import StromError, UnsupportedVersionError
 from strom.ids import TableBucket
-from strom.lake.format import lake_format
+from strom.lake.formats import lake_format
 from strom.metadata.table_info import TableInfo
 from strom.tiering.commit import (
     RoundOutcome,

@@ -26,7 +26,8 @@ from strom.client.log_scanner import ScanBatch
 from strom.client.snapshots import KvSnapshotReader
 from strom.client.table import Table
 from strom.errors import TableNotExistError
-from strom.lake.format import LakeWriter, LakeWriteResult, lake_format
+from strom.lake.format import LakeWriter, LakeWriteResult
+from strom.lake.formats import lake_format
 from strom.metadata.table_info import TableInfo
 from strom.tiering.gates import pass_gate
 from strom.tiering.splits import SplitKind, TieringSplit

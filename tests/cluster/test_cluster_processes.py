@@ -20,8 +20,6 @@ import pyarrow as pa
 import pytest
 
 from strom.client import Column, Connection, OffsetSpec, Schema, TableBucket, TableDescriptor, TablePath
-from strom.cluster.local import LocalCluster
-from strom.cluster.zookeeper_server import unavailable_reason
 from strom.errors import (
     ConnectionFailedError,
     InvalidCoordinatorError,
@@ -32,6 +30,8 @@ from strom.errors import (
 from strom.records.types import StringType
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
+from strom.server.local_cluster import LocalCluster
+from strom.zk.zookeeper_server import unavailable_reason
 from tests.conftest import unique_name
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from strom.cluster.registry import RegisteredServer, TabletServerRegistry
-from strom.cluster.zookeeper_server import ZooKeeperServer
 from strom.errors import InvalidConfigError
-from strom.metadata.zookeeper_store import parse_location
+from strom.zk.metadata_store import parse_location
+from strom.zk.registry import RegisteredServer, TabletServerRegistry
+from strom.zk.zookeeper_server import ZooKeeperServer
 
 WAIT_S = 10.0
 

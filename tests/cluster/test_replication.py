@@ -18,14 +18,14 @@ import pytest
 
 from strom.client import Connection, OffsetSpec, Schema, TableBucket, TableDescriptor, TablePath
 from strom.client.batch_scanner import BucketBatchScanner
-from strom.cluster.bucket_state import BucketStates, LeaderAndIsr
-from strom.cluster.local import LocalCluster
-from strom.cluster.zookeeper_server import unavailable_reason
 from strom.errors import FencedLeaderEpochError, KvSnapshotNotExistError, ScannerExpiredError, StromError
 from strom.kv.snapshot import CompletedKvSnapshot
-from strom.metadata.zookeeper_store import connect_kazoo, parse_location
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
+from strom.server.local_cluster import LocalCluster
+from strom.zk.bucket_state import BucketStates, LeaderAndIsr
+from strom.zk.metadata_store import connect_kazoo, parse_location
+from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_cluster_processes import bucket_leaders, snapshot_after
 from tests.conftest import unique_name
 

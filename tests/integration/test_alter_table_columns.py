@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from strom.client import Column, Connection, OffsetSpec, Schema, TableDescriptor, TablePath
-from strom.client.snapshots import read_snapshot
+from strom.client.admin import read_snapshot
 from strom.errors import InvalidAlterTableError, SchemaNotExistError
 from strom.records.log_batch import ChangeType
 from strom.records.types import IntType, StringType

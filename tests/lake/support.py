@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from strom.ids import TableBucket
-from strom.lake.format import LakeTable, LakeWriteResult, lake_format
+from strom.lake.format import LakeTable, LakeWriteResult
+from strom.lake.formats import lake_format
 from strom.metadata.store import TableRecord
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t

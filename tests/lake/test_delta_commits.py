@@ -14,7 +14,8 @@ from deltalake import DeltaTable, write_deltalake
 from strom.ids import TableBucket
 from strom.lake.delta import DeltaLakeFormat
 from strom.lake.delta_files import FileLimits
-from strom.lake.format import COMMIT_USER, OFFSETS_PROPERTY, LakeCommitConflictError, lake_format
+from strom.lake.format import COMMIT_USER, OFFSETS_PROPERTY, LakeCommitConflictError
+from strom.lake.formats import lake_format
 from strom.records import types as t
 from tests.lake.duckdb_reader import read_delta, rows_of
 from tests.lake.support import TABLE_ID, int64s, table_info, write_split

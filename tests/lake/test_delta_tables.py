@@ -12,7 +12,8 @@ from deltalake import DeltaTable
 
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.lake.delta import TABLE_ID_CONFIGURATION, DeltaLakeTable
-from strom.lake.format import LakeTableMismatchError, lake_format
+from strom.lake.format import LakeTableMismatchError
+from strom.lake.formats import lake_format
 from strom.metadata.store import TableRecord
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t

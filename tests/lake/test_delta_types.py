@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from strom.lake.delta_files import STATS_STRING_PREFIX_LENGTH
-from strom.lake.format import lake_format
+from strom.lake.formats import lake_format
 from strom.records import types as t
 from tests.lake.duckdb_reader import read_delta, rows_of
 from tests.lake.support import table_info, write_split

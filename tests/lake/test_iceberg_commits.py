@@ -17,7 +17,8 @@ from pyiceberg.table.snapshots import Operation
 
 from strom.ids import TableBucket
 from strom.lake.delta_files import FileLimits
-from strom.lake.format import COMMIT_USER, OFFSETS_PROPERTY, LakeCommitConflictError, lake_format
+from strom.lake.format import COMMIT_USER, OFFSETS_PROPERTY, LakeCommitConflictError
+from strom.lake.formats import lake_format
 from strom.lake.iceberg import IcebergLakeFormat, IcebergLakeTable
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t

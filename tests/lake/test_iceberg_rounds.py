@@ -18,7 +18,8 @@ import pytest
 from strom.errors import InvalidTableError
 from strom.ids import TableBucket
 from strom.lake.delta_files import FileLimits
-from strom.lake.format import OFFSETS_PROPERTY, lake_format
+from strom.lake.format import OFFSETS_PROPERTY
+from strom.lake.formats import lake_format
 from strom.lake.iceberg import IcebergLakeFormat, IcebergLakeTable
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t

@@ -13,7 +13,8 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from strom.errors import InvalidConfigError, InvalidTableError
-from strom.lake.format import LakeTableMismatchError, lake_format
+from strom.lake.format import LakeTableMismatchError
+from strom.lake.formats import lake_format
 from strom.lake.iceberg import (
     DEFAULT_CATALOG_NAME,
     SQLITE_CATALOG_FILE,

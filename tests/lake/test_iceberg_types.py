@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from strom.lake.format import lake_format
+from strom.lake.formats import lake_format
 from strom.lake.iceberg import IcebergLakeTable
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t

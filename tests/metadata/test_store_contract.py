@@ -23,8 +23,8 @@ from strom.metadata.store import (
     KvSnapshotRecord,
     LakeSnapshotRecord,
     MetadataStore,
-    open_store,
 )
+from strom.server.metadata_stores import open_store
 
 T0_MS = 1_700_000_000_000
 TABLE_JSON = b'{"version":1}'

@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from strom.coordinator.service import ALTERABLE_TABLE_OPTIONS
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.metadata import table_options
 from strom.metadata.table_options import TABLE_OPTIONS, Support
 from strom.records.schema import Schema
-from strom.server.coordinator import ALTERABLE_TABLE_OPTIONS
 
 FLUSS_OPTIONS_FILE = Path(__file__).with_name("fluss_table_options.txt")
 REPO = Path(__file__).resolve().parents[2]

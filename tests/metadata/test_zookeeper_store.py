@@ -13,24 +13,23 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from strom.cluster.zookeeper_server import ZooKeeperServer
-from strom.errors import TableAlreadyExistError
+from strom.coordinator.kv_snapshot_leases import KvSnapshotLease, decode_lease, encode_lease
+from strom.errors import NotInstalledError, TableAlreadyExistError
 from strom.ids import TableBucket
-from strom.metadata import zookeeper_store
 from strom.metadata.store import (
     DatabaseRecord,
     KvSnapshotRecord,
     LakeSnapshotRecord,
-    NotInstalledError,
-    open_store,
 )
-from strom.metadata.zookeeper_store import (
+from strom.server.metadata_stores import open_store
+from strom.zk import metadata_store as zookeeper_store
+from strom.zk.metadata_store import (
     VALUE_SIZE_BYTES_MAX,
     MetadataValueTooLargeError,
     ZooKeeperMetadataStore,
     parse_location,
 )
-from strom.server.kv_snapshot_leases import KvSnapshotLease, decode_lease, encode_lease
+from strom.zk.zookeeper_server import ZooKeeperServer
 
 T0_MS = 1_700_000_000_000
 TABLE_JSON = b'{"version":1}'
@@ -255,7 +254,7 @@ def test_a_zookeeper_restart_during_writes_is_waited_out(tmp_path: Path, zookeep
 
 
 def test_a_missing_kazoo_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "strom.metadata.zookeeper_store")
+    monkeypatch.delitem(sys.modules, "strom.zk.metadata_store")
     monkeypatch.setitem(sys.modules, "kazoo.client", None)
     with pytest.raises(NotInstalledError, match=r"strom\[zookeeper\]"):
         open_store("zookeeper", "127.0.0.1:1")

@@ -21,8 +21,8 @@ from strom.rpc.api_keys import ApiKey
 from strom.rpc.budget import SMALL_FRAME_SIZE_BYTES
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
-from strom.server import tablet_server
 from strom.server.node import StromServer
+from strom.tablet import tablet_service as tablet_server
 
 pytestmark = pytest.mark.asyncio
 

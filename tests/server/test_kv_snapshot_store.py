@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.ids import TableBucket
 from strom.kv.snapshot import CompletedKvSnapshot, SnapshotFile
 from strom.metadata.sqlite_store import SqliteMetadataStore
 from strom.remote.storage import RemoteStorage
-from strom.server.kv_snapshot_store import KvSnapshotStore
 
 B = TableBucket(5, 0)
 
@@ -121,7 +121,7 @@ def test_a_non_positive_retention_count_is_rejected(tmp_path: Path, remote: Remo
 
 def test_an_unreadable_lease_keeps_every_snapshot_until_dropped(tmp_path: Path, remote: RemoteStorage) -> None:
     from strom.clock import ManualClock
-    from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
+    from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
 
     async def scenario() -> None:
         metadata = SqliteMetadataStore(str(tmp_path / "m.sqlite"))

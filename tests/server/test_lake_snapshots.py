@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from strom.errors import StromError
-from strom.ids import TableBucket
-from strom.server.lake_snapshots import (
+from strom.coordinator.lake_snapshots import (
     KEEP_ALL_SNAPSHOTS,
     LakeSnapshot,
     decode_offsets_file,
     encode_offsets_file,
     snapshots_to_discard,
 )
+from strom.errors import StromError
+from strom.ids import TableBucket
 
 TABLE = 7
 

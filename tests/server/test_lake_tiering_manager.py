@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from strom.clock import ManualClock
-from strom.errors import FencedTieringEpochError, StorageError, TableNotExistError
-from strom.ids import TablePath
-from strom.metadata.sqlite_store import SqliteMetadataStore
-from strom.server.lake_tiering import (
+from strom.coordinator.lake_tiering import (
     UNKNOWN,
     Assignment,
     LakeTableTiering,
     LakeTableTieringManager,
     TieringState,
 )
+from strom.errors import FencedTieringEpochError, StorageError, TableNotExistError
+from strom.ids import TablePath
+from strom.metadata.sqlite_store import SqliteMetadataStore
 
 MINUTE_MS = 60_000
 TIMEOUT_MS = 120_000

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from strom.clock import ManualClock
-from strom.ids import TableBucket
-from strom.metadata.sqlite_store import SqliteMetadataStore
-from strom.server.kv_snapshot_leases import (
+from strom.coordinator.kv_snapshot_leases import (
     KvSnapshotLease,
     KvSnapshotLeaseManager,
     decode_lease,
     encode_lease,
 )
+from strom.ids import TableBucket
+from strom.metadata.sqlite_store import SqliteMetadataStore
 
 T0 = TableBucket(1, 0)
 T1 = TableBucket(1, 1)

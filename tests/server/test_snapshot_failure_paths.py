@@ -20,8 +20,8 @@ from strom.kv.snapshot import CompletedKvSnapshot
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
-from strom.server import kv_snapshot_scheduler
 from strom.server.node import StromServer
+from strom.tablet import kv_snapshot_scheduler
 
 pytestmark = pytest.mark.asyncio
 

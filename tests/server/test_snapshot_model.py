@@ -34,15 +34,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from strom.clock import ManualClock
+from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.coordinator.kv_snapshot_service import KvSnapshotService
+from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.ids import TableBucket, TablePath
 from strom.kv.snapshot import Checkpoint, CompletedKvSnapshot, bucket_remote_dir, upload_checkpoint
 from strom.metadata.sqlite_store import SqliteMetadataStore
 from strom.remote.storage import RemoteStorage
 from strom.rpc.messages import add_snapshot_pins, pb
-from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
-from strom.server.kv_snapshot_scheduler import commit_uploaded
-from strom.server.kv_snapshot_service import KvSnapshotService
-from strom.server.kv_snapshot_store import KvSnapshotStore
+from strom.tablet.kv_snapshot_scheduler import commit_uploaded
 
 NUM_RETAINED = 2
 BUCKETS = 2

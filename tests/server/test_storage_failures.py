@@ -14,8 +14,8 @@ from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.config import Configuration
 from strom.errors import KvStorageError
 from strom.ids import TableBucket
-from strom.server import replica as replica_module
 from strom.server.node import StromServer
+from strom.tablet import replica as replica_module
 
 pytestmark = pytest.mark.asyncio
 

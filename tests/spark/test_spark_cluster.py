@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from strom.cluster.local import LocalCluster
-from strom.cluster.zookeeper_server import unavailable_reason
 from strom.records.types import BigIntType, IntType, StringType
+from strom.server.local_cluster import LocalCluster
+from strom.zk.zookeeper_server import unavailable_reason
 from tests.spark.support import Fluss
 from tests.spark.test_spark_batch_read import load
 from tests.spark.test_spark_write import save

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from strom.client import Connection
-from strom.cluster.local import LocalCluster
-from strom.cluster.zookeeper_server import unavailable_reason
 from strom.errors import ConnectionFailedError, NetworkError, NotCoordinatorLeaderError
 from strom.records.types import BigIntType, IntType, StringType
+from strom.server.local_cluster import LocalCluster
+from strom.zk.zookeeper_server import unavailable_reason
 from tests.conftest import unique_name
 from tests.spark.support import Fluss
 from tests.spark.tiering_support import (

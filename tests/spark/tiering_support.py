@@ -17,7 +17,7 @@ import pyarrow as pa
 from strom.client.lake import LakeSnapshot
 from strom.errors import LakeSnapshotNotExistError
 from strom.ids import TablePath
-from strom.lake.format import lake_format
+from strom.lake.formats import lake_format
 from strom.records.types import DataType
 from strom.tiering.driver import TieringDriver, TieringOptions
 from tests.lake.duckdb_reader import read_delta, read_iceberg

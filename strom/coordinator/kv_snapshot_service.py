@@ -14,6 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from strom.clock import Clock
+from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager, LeaseChange
+from strom.coordinator.kv_snapshot_store import KvSnapshotStore
+from strom.coordinator.service import CoordinatorService
 from strom.errors import (
     CorruptMessageError,
     FencedLeaderEpochError,
@@ -27,9 +30,6 @@ from strom.ids import TableBucket, TablePath
 from strom.kv.snapshot import CompletedKvSnapshot, table_remote_dir
 from strom.metadata.table_info import TableInfo
 from strom.rpc.messages import add_snapshot_pins, ext, pb, read_snapshot_pins
-from strom.server.coordinator import CoordinatorService
-from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager, LeaseChange
-from strom.server.kv_snapshot_store import KvSnapshotStore
 
 log = logging.getLogger(__name__)
 

@@ -16,20 +16,20 @@ from strom.config import (
     LAKE_TIERING_HEARTBEAT_TIMEOUT,
     Configuration,
 )
+from strom.coordinator.acl_service import AclService
+from strom.coordinator.gateway import TabletServerGateway
+from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
+from strom.coordinator.kv_snapshot_service import KvSnapshotService
+from strom.coordinator.kv_snapshot_store import KvSnapshotStore
+from strom.coordinator.lake_service import LakeTieringService
+from strom.coordinator.lake_tiering import LakeTableTieringManager
+from strom.coordinator.placement import BucketPlacement
+from strom.coordinator.service import CoordinatorService
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.server import Handler
-from strom.server.acl_service import AclService
-from strom.server.coordinator import CoordinatorService
-from strom.server.gateway import TabletServerGateway
-from strom.server.kv_snapshot_leases import KvSnapshotLeaseManager
-from strom.server.kv_snapshot_service import KvSnapshotService
-from strom.server.kv_snapshot_store import KvSnapshotStore
-from strom.server.lake_service import LakeTieringService
-from strom.server.lake_tiering import LakeTableTieringManager
-from strom.server.placement import BucketPlacement
 
 
 class CoordinatorRole:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from strom.errors import KvSnapshotNotExistError
 from strom.ids import TableBucket
-from strom.kv.snapshot import KV_ROOT, CompletedKvSnapshot
+from strom.kv.snapshot import KV_ROOT, CompletedKvSnapshot, snapshot_sequence_name
 from strom.metadata.store import KvSnapshotRecord, MetadataStore
 from strom.remote.storage import RemoteStorage
 
@@ -235,10 +235,3 @@ class KvSnapshotStore:
             count, size = totals.get(bucket.table_id, (0, 0))
             totals[bucket.table_id] = (count + len(entry.snapshots), size + sum(files.values()))
         return totals
-
-
-def snapshot_sequence_name(bucket: TableBucket) -> str:
-    """The metadata-store counter of a bucket's snapshot ids."""
-    partition = "-" if bucket.partition_id is None else str(bucket.partition_id)
-    return f"kv-snapshot/{bucket.table_id}/{partition}/{bucket.bucket}"
-

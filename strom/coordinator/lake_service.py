@@ -20,6 +20,16 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from strom.coordinator.lake_snapshots import (
+    LakeSnapshot,
+    decode_offsets_file,
+    encode_offsets_file,
+    lake_table_dir,
+    offsets_file_dir,
+    snapshots_to_discard,
+)
+from strom.coordinator.lake_tiering import UNKNOWN, LakeTableTieringManager
+from strom.coordinator.service import CoordinatorService
 from strom.errors import (
     InvalidCoordinatorError,
     LakeSnapshotNotExistError,
@@ -38,16 +48,6 @@ from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import COORDINATOR_EPOCH
 from strom.rpc.messages import ext, pb
-from strom.server.coordinator import CoordinatorService
-from strom.server.lake_snapshots import (
-    LakeSnapshot,
-    decode_offsets_file,
-    encode_offsets_file,
-    lake_table_dir,
-    offsets_file_dir,
-    snapshots_to_discard,
-)
-from strom.server.lake_tiering import UNKNOWN, LakeTableTieringManager
 
 log = logging.getLogger(__name__)
 

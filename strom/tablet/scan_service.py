@@ -19,7 +19,7 @@ from strom.errors import InvalidScanRequestError, StromError, code_for_exception
 from strom.ids import TableBucket
 from strom.kv.scan import ScannerManager, ScanSession
 from strom.rpc.messages import pb
-from strom.server.replica import ReplicaManager
+from strom.tablet.replica import ReplicaManager
 
 log = logging.getLogger(__name__)
 

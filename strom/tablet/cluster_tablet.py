@@ -14,20 +14,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from strom.cluster.bucket_state import BucketStates
 from strom.errors import InvalidCoordinatorError, StromError
 from strom.ids import TableBucket
-from strom.kv.snapshot import CompletedKvSnapshot
+from strom.kv.snapshot import CompletedKvSnapshot, snapshot_sequence_name
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-from strom.server.kv_snapshot_store import snapshot_sequence_name
-from strom.server.peers import PeerConnections
-from strom.server.placement import ServerNode
-from strom.server.remote_tablets import ALL_BUCKETS
-from strom.server.replica import ReplicaManager
-from strom.server.replication import ReplicationManager
+from strom.rpc.peers import ALL_BUCKETS, PeerConnections, ServerNode
+from strom.tablet.replica import ReplicaManager
+from strom.tablet.replication import ReplicationManager
+from strom.zk.bucket_state import BucketStates
 
 log = logging.getLogger(__name__)
 

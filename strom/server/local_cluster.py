@@ -18,10 +18,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from strom.cluster.zookeeper_server import ZooKeeperServer, free_port
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
+from strom.zk.zookeeper_server import ZooKeeperServer, free_port
 
 STATE_FILE = "cluster.json"
 READY_TIMEOUT_S = 60.0

@@ -14,13 +14,13 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from strom.cluster.bucket_state import NO_LEADER, BucketStates, LeaderAndIsr
-from strom.cluster.registry import TabletServerRegistry
+from strom.coordinator.gateway import TabletServerGateway
+from strom.coordinator.placement import placed_tables
 from strom.ids import TableBucket
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
-from strom.server.gateway import TabletServerGateway
-from strom.server.placement import placed_tables
+from strom.zk.bucket_state import NO_LEADER, BucketStates, LeaderAndIsr
+from strom.zk.registry import TabletServerRegistry
 
 log = logging.getLogger(__name__)
 

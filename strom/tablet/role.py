@@ -16,10 +16,10 @@ from strom.kv.snapshot import CompletedKvSnapshot
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.server import Handler
-from strom.server.kv_snapshot_scheduler import KvSnapshotScheduler, SnapshotCommitter
-from strom.server.replica import ReplicaManager
-from strom.server.scan_service import ScanKvService
-from strom.server.tablet_server import TabletService
+from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler, SnapshotCommitter
+from strom.tablet.replica import ReplicaManager
+from strom.tablet.scan_service import ScanKvService
+from strom.tablet.tablet_service import TabletService
 
 
 class TabletRole:

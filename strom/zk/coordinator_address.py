@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.recipe.watchers import DataWatch
 
-from strom.cluster.registry import RegisteredServer
 from strom.errors import StorageError
-from strom.metadata.zookeeper_store import connect_kazoo, parse_location
+from strom.zk.metadata_store import connect_kazoo, parse_location
+from strom.zk.registry import RegisteredServer
 
 log = logging.getLogger(__name__)
 

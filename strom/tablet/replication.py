@@ -10,7 +10,7 @@ The **leader** records each follower's fetch offset. Its high watermark is what 
 (ISR) holds; writes are acknowledged (and applied to RocksDB, and visible) only below it, so an
 acknowledged write is on every ISR replica's disk. A follower that has not caught up with the leader's log
 for ``log.replica.max-lag-time`` leaves the ISR; one that reaches the high watermark rejoins. ISR changes
-are written to ZooKeeper by compare-and-set under the leader epoch (:mod:`strom.cluster.bucket_state`)
+are written to ZooKeeper by compare-and-set under the leader epoch (:mod:`strom.zk.bucket_state`)
 *before* the leader acts on them: a leader replaced while it was paused fails that write, cannot shrink the
 ISR to itself, so it cannot acknowledge anything alone; it reads the new state and follows.
 
@@ -29,15 +29,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from strom.cluster.bucket_state import BucketStates, LeaderAndIsr
-from strom.cluster.registry import TabletServerRegistry
 from strom.errors import LogOffsetOutOfRangeError, NotLeaderOrFollowerError, StromError, error_for_code
 from strom.ids import TableBucket
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-from strom.server.peers import PeerConnections
-from strom.server.replica import Replica, ReplicaManager
+from strom.rpc.peers import PeerConnections
+from strom.tablet.replica import Replica, ReplicaManager
+from strom.zk.bucket_state import BucketStates, LeaderAndIsr
+from strom.zk.registry import TabletServerRegistry
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from strom.log.log_tablet import AppendResult, LogTablet
 from strom.records import log_batch
 from strom.records.kv_batch import build_value_batch, parse_kv_batches
 from strom.rpc.messages import pb
-from strom.server.replica import ReplicaManager
+from strom.tablet.replica import ReplicaManager
 
 log = logging.getLogger(__name__)
 

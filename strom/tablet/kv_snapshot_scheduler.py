@@ -33,7 +33,7 @@ from strom.kv.snapshot import (
     upload_checkpoint,
 )
 from strom.remote.storage import RemoteStorage
-from strom.server.replica import Replica, ReplicaManager
+from strom.tablet.replica import Replica, ReplicaManager
 
 log = logging.getLogger(__name__)
 

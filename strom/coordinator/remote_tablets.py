@@ -14,12 +14,12 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from strom.coordinator.placement import BucketPlacement
 from strom.ids import TableBucket
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-from strom.server.peers import PeerConnections
-from strom.server.placement import BucketPlacement, ServerNode
+from strom.rpc.peers import ALL_BUCKETS, PeerConnections, ServerNode
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,6 @@ class RemoteTabletServers:
         await asyncio.gather(*self._background, return_exceptions=True)
 
 
-ALL_BUCKETS = -1
 """StopReplica's bucket id meaning every bucket of the table or partition (strom's convention)."""
 
 
@@ -119,4 +118,4 @@ def _leader_request(table: TableInfo, buckets: Sequence[TableBucket], leader: in
     return request
 
 
-__all__ = ["ALL_BUCKETS", "RemoteTabletServers"]
+__all__ = ["RemoteTabletServers"]

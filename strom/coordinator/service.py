@@ -22,6 +22,9 @@ from strom.config import (
     Configuration,
     parse_duration,
 )
+from strom.coordinator.gateway import TabletServerGateway
+from strom.coordinator.lake_tiering import LakeTableTieringManager
+from strom.coordinator.placement import BucketPlacement
 from strom.errors import (
     BucketMaxNumError,
     DatabaseAlreadyExistError,
@@ -52,9 +55,6 @@ from strom.records import types as fluss_types
 from strom.records.schema import Column, DatabaseDescriptor, TableDescriptor
 from strom.records.types import MetadataJsonError
 from strom.rpc.messages import pb
-from strom.server.gateway import TabletServerGateway
-from strom.server.lake_tiering import LakeTableTieringManager
-from strom.server.placement import BucketPlacement
 
 log = logging.getLogger(__name__)
 

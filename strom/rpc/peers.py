@@ -1,4 +1,5 @@
-"""Connections from one server of a cluster to the others (coordinator to tablet servers, and back).
+"""Connections from one server of a cluster to the others (coordinator to tablet servers, and back), and
+:class:`ServerNode`, where a server of the cluster answers.
 
 One connection per address, opened on first use and opened again once it broke; a request that fails
 because the peer is down raises the RPC layer's error to the caller, which decides whether to retry.
@@ -8,15 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.message import Message
 
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
+from strom.rpc.messages import pb
 
 log = logging.getLogger(__name__)
 
 PEER_REQUEST_TIMEOUT_MS = 30_000
+ALL_BUCKETS = -1
+"""The bucket id of a StopReplica entry that stands for every bucket of the table (or partition)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerNode:
+    """A server of the cluster as metadata names it: its id and the address clients and peers reach."""
+
+    node_id: int
+    host: str
+    port: int
+
+    def to_pb(self) -> Any:
+        return pb.PbServerNode(node_id=self.node_id, host=self.host, port=self.port)
 
 
 class PeerConnections:

@@ -19,7 +19,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
 from strom.errors import InvalidConfigError, StorageError
-from strom.metadata.zookeeper_store import connect_kazoo, parse_location
+from strom.zk.metadata_store import connect_kazoo, parse_location
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,108 @@
+"""What writers and readers derive from a table's definition: its row types, codecs, keys and bucketing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+
+import pyarrow as pa
+
+from strom.errors import SchemaNotExistError
+from strom.metadata.table_info import TableInfo
+from strom.records import indexed_log, keys
+from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
+from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
+from strom.records.kv_batch import SCHEMA_ID
+from strom.records.types import RowType
+
+
+class TableLayout:
+    """Derived facts about a table's rows that writers and readers share (immutable)."""
+
+    def __init__(self, info: TableInfo) -> None:
+        self.info = info
+        schema = info.schema
+        self.row_type: RowType = schema.row_type
+        self.arrow_schema: pa.Schema = schema.arrow_schema
+        self.column_names: list[str] = list(schema.column_names)
+        self.primary_key: list[str] = list(schema.primary_key or [])
+        self.partition_keys: list[str] = list(info.partition_keys)
+        self.physical_primary_key = [k for k in self.primary_key if k not in self.partition_keys]
+        self.key_indexes = [self.column_names.index(k) for k in self.physical_primary_key]
+        bucket_keys = list(info.descriptor.bucket_keys or []) or list(self.physical_primary_key)
+        self.bucket_key_indexes = [self.column_names.index(k) for k in bucket_keys]
+        self.partition_key_indexes = [self.column_names.index(k) for k in self.partition_keys]
+        self.bucket_count = info.bucket_count
+        self.kv_format = info.properties.get("table.kv.format", "COMPACTED").upper()
+        compression = info.properties.get("table.log.arrow.compression.type", "ZSTD").upper()
+        self.log_compression = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}[compression]
+        self.log_format = indexed_log.log_format(info.properties)
+        self.key_lake_format = keys.key_lake_format(info.properties)
+        """Iceberg changes how keys are encoded and bucketed (:mod:`strom.records.keys`); None: Fluss's way."""
+        self.bucket_of: keys.BucketFunction = keys.bucket_function(self.key_lake_format)
+
+    def check_schema_id(self, schema_id: int) -> None:
+        """Refuse rows of another schema than this layout's: the server sends rows in the table's current
+        schema, so another id means the table's columns changed after it was opened here."""
+        if schema_id != self.info.schema_id:
+            raise SchemaNotExistError(
+                f"Table '{self.info.path}' now has schema {schema_id}, this handle was opened with schema "
+                f"{self.info.schema_id}: its columns changed; open the table again (connection.get_table)."
+            )
+
+    def check_values(self, values: Sequence[bytes | memoryview]) -> None:
+        """:meth:`check_schema_id` of stored values (schema id + row)."""
+        prefix = self._schema_prefix
+        for value in values:
+            if value[:2] != prefix:
+                self.check_schema_id(SCHEMA_ID.unpack(bytes(value[:2]))[0])
+
+    @cached_property
+    def _schema_prefix(self) -> bytes:
+        return SCHEMA_ID.pack(self.info.schema_id)
+
+    @cached_property
+    def log_decoder(self) -> indexed_log.LogBatchDecoder:
+        """Decodes the table's log batches (ARROW or INDEXED records) into batches of ``arrow_schema``."""
+        return indexed_log.LogBatchDecoder(self.log_format, self.row_type, self.arrow_schema)
+
+    @cached_property
+    def log_row_encoder(self) -> IndexedRowEncoder:
+        """Encodes appended rows for a table in log format INDEXED (Java's nested-decimal layout)."""
+        return IndexedRowEncoder(self.row_type, java_decimal_layout=True)
+
+    @cached_property
+    def row_decoder(self) -> CompactedRowDecoder | IndexedRowDecoder:
+        if self.kv_format == "INDEXED":
+            return IndexedRowDecoder(self.row_type)
+        return CompactedRowDecoder(self.row_type)
+
+    @cached_property
+    def row_encoder(self) -> CompactedRowEncoder | IndexedRowEncoder:
+        if self.kv_format == "INDEXED":
+            return IndexedRowEncoder(self.row_type)
+        return CompactedRowEncoder(self.row_type)
+
+    @cached_property
+    def key_encoder(self) -> keys.KeyEncoder:
+        return keys.key_encoder(self.row_type, self.key_indexes, self.key_lake_format)
+
+    @cached_property
+    def bucket_key_encoder(self) -> keys.KeyEncoder:
+        return keys.key_encoder(self.row_type, self.bucket_key_indexes, self.key_lake_format)
+
+    def column_indexes(self, columns: Sequence[int | str]) -> list[int]:
+        indexes = []
+        for column in columns:
+            if isinstance(column, str):
+                if column not in self.column_names:
+                    raise ValueError(f"table {self.info.path} has no column {column!r}")
+                indexes.append(self.column_names.index(column))
+            else:
+                if not 0 <= column < len(self.column_names):
+                    raise ValueError(f"column index {column} is out of range for {self.info.path}")
+                indexes.append(column)
+        return indexes
+
+
+__all__ = ["TableLayout"]

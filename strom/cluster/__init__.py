@@ -1,1 +1,0 @@
-"""Running strom as a cluster: the ZooKeeper it keeps its metadata in, and (later) its processes."""

@@ -1,0 +1,82 @@
+"""Buckets placed over a cluster's tablet servers, with each bucket's leadership kept in ZooKeeper.
+
+The coordinator of a cluster answers metadata from :class:`ClusterPlacement`; ``strom server`` (one process)
+uses :class:`~strom.coordinator.placement.SingleNodePlacement` and never loads ZooKeeper's client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from strom.coordinator.placement import BucketLeadership, LiveServers
+from strom.errors import InvalidReplicationFactorError
+from strom.metadata import table_options
+from strom.metadata.store import MetadataStore
+from strom.metadata.table_info import TableInfo
+from strom.rpc.peers import ServerNode
+from strom.zk.bucket_state import BucketStates, LeaderAndIsr
+
+
+class ClusterPlacement:
+    """Buckets spread over the tablet servers registered in ZooKeeper, round robin at creation.
+
+    Each bucket gets ``table.replication.factor`` replicas on distinct servers; the first is its first
+    leader. Where each bucket's leadership stands (leader, epoch, ISR) lives in ZooKeeper
+    (:mod:`strom.zk.bucket_state`): the coordinator moves it when a leader's server is gone. The
+    assignment is also stored in the metadata store (``put_bucket_assignment``), the replicas of each bucket.
+    """
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        servers: LiveServers,
+        coordinator: ServerNode | Callable[[], ServerNode],
+        states: BucketStates,
+    ) -> None:
+        """``coordinator``: this process's node on the coordinator, a function (following ZooKeeper) elsewhere."""
+        self._store = store
+        self._servers = servers
+        self._coordinator = coordinator
+        self.states = states
+
+    def coordinator(self) -> ServerNode:
+        return self._coordinator if isinstance(self._coordinator, ServerNode) else self._coordinator()
+
+    def tablet_servers(self) -> list[ServerNode]:
+        return [ServerNode(i, s.host, s.port) for i, s in sorted(self._servers.live().items())]
+
+    def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
+        buckets = table.buckets(partition_id)
+        states = self.states.get_many(buckets)
+        live = self._servers.live()
+        described = {}
+        for bucket in buckets:
+            state = states.get(bucket)
+            if state is None:
+                continue  # created before the cluster had tablet servers, or a record was lost
+            leader = state.leader if state.leader in live else None
+            described[bucket.bucket] = BucketLeadership(leader, state.replicas, state.leader_epoch)
+        return described
+
+    def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
+        existing = self._store.get_bucket_assignment(table.table_id, partition_id)
+        if existing is not None:
+            return existing
+        servers = sorted(self._servers.live())
+        factor = int(table.properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
+        if len(servers) < factor:
+            raise InvalidReplicationFactorError(
+                f"Replication factor: {factor} larger than available tablet servers: {len(servers)}."
+            )
+        # start each table (and partition) at a different server so small tables spread too
+        start = (table.table_id + (partition_id or 0)) % len(servers)
+        assignment = {}
+        for bucket in table.buckets(partition_id):
+            replicas = tuple(servers[(start + bucket.bucket + i) % len(servers)] for i in range(factor))
+            self.states.create(bucket, LeaderAndIsr(replicas[0], 0, replicas, replicas))
+            assignment[bucket.bucket] = replicas[0]
+        self._store.put_bucket_assignment(table.table_id, partition_id, assignment)
+        return assignment
+
+
+__all__ = ["ClusterPlacement"]

@@ -1,0 +1,87 @@
+"""Where buckets live: the servers of the cluster and the tablet server leading each bucket.
+
+The coordinator answers metadata requests from a :class:`BucketPlacement`, and so does a tablet server of a
+cluster (clients ask whichever server they know). One process serving both roles places every bucket on
+itself (:class:`SingleNodePlacement`); a cluster records each table's (and partition's) assignment in the
+metadata store when it is created and knows the live tablet servers from their ZooKeeper registrations
+(:class:`ClusterPlacement`). Buckets are not replicated yet: each has one replica, its leader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from strom.metadata.store import MetadataStore
+from strom.metadata.table_info import TableInfo
+from strom.rpc.peers import ServerNode
+
+
+@dataclass(frozen=True, slots=True)
+class BucketLeadership:
+    """What metadata tells clients of one bucket."""
+
+    leader: int | None
+    """None while no replica can lead it (its servers are down)."""
+    replicas: tuple[int, ...]
+    leader_epoch: int = 0
+
+
+class LiveServers(Protocol):
+    """The tablet servers currently registered (``strom.zk.registry.TabletServerRegistry``)."""
+
+    def live(self) -> dict[int, Any]: ...
+
+
+class BucketPlacement(Protocol):
+    def coordinator(self) -> ServerNode: ...
+
+    def tablet_servers(self) -> list[ServerNode]:
+        """The live tablet servers, by id."""
+
+    def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
+        """Every bucket's leader and replicas."""
+
+    def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
+        """Place the buckets of a new table (or partition) and record where; returns the assignment.
+        Raises InvalidReplicationFactorError when no tablet server is there to take them."""
+
+
+class SingleNodePlacement:
+    """One process hosts every bucket."""
+
+    def __init__(self, node: ServerNode) -> None:
+        self._node = node
+
+    def coordinator(self) -> ServerNode:
+        return self._node
+
+    def tablet_servers(self) -> list[ServerNode]:
+        return [self._node]
+
+    def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
+        me = self._node.node_id
+        return {bucket: BucketLeadership(me, (me,)) for bucket in range(table.bucket_count)}
+
+    def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
+        return dict.fromkeys(range(table.bucket_count), self._node.node_id)
+
+
+def placed_tables(store: MetadataStore, table_of: Callable[[int], TableInfo | None]) -> list[tuple[TableInfo, int | None]]:
+    """Every table with each of its partitions (None for an unpartitioned table): what has buckets."""
+    found: list[tuple[TableInfo, int | None]] = []
+    for database in store.list_databases():
+        for name in store.list_tables(database):
+            record = store.get_table(database, name)
+            table = table_of(record.table_id) if record is not None else None
+            if table is None:
+                continue
+            if table.is_partitioned:
+                found += [(table, partition.partition_id) for partition in store.list_partitions(table.table_id)]
+            else:
+                found.append((table, None))
+    return found
+
+
+__all__ = ["BucketLeadership", "BucketPlacement", "LiveServers", "ServerNode", "SingleNodePlacement", "placed_tables"]

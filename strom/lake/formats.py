@@ -1,0 +1,51 @@
+"""Which lake format a table uses: the registry above the :mod:`strom.lake.format` contract.
+
+A format's library loads only when a table asks for it (delta-rs for Delta, pyiceberg for Iceberg), and
+the contract imports none of its implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from strom.errors import InvalidConfigError
+from strom.lake.format import FORMAT_OPTION_PREFIX, FORMAT_PROPERTY, LakeFormat
+from strom.metadata.table_info import TableInfo
+
+
+def _load_delta(options: Mapping[str, str]) -> LakeFormat:
+    from strom.lake.delta import DeltaLakeFormat  # delta-rs loads only when a table asks for Delta
+
+    return DeltaLakeFormat(options)
+
+
+def _load_iceberg(options: Mapping[str, str]) -> LakeFormat:
+    from strom.lake.iceberg import IcebergLakeFormat  # pyiceberg loads only when a table asks for Iceberg
+
+    return IcebergLakeFormat(options)
+
+
+FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {"delta": _load_delta, "iceberg": _load_iceberg}
+"""Lake format identifier -> factory taking the format's options (``table.datalake.<format>.*``)."""
+
+
+def lake_format(info: TableInfo) -> LakeFormat:
+    """The format a lake-enabled table names (``table.datalake.format``), configured from its
+    ``table.datalake.<format>.<key>`` properties.
+
+    Raises:
+        InvalidConfigError: no or an unknown format, or a format option missing (e.g. the warehouse).
+    """
+    properties = info.properties
+    name = properties.get(FORMAT_PROPERTY, "").strip().lower()
+    factory = FORMATS.get(name)
+    if factory is None:
+        raise InvalidConfigError(
+            f"table '{info.path}' names lake format {name or '(none)'!r} ({FORMAT_PROPERTY}); "
+            f"strom writes {', '.join(sorted(FORMATS))}"
+        )
+    prefix = f"{FORMAT_OPTION_PREFIX}{name}."
+    return factory({key[len(prefix):]: value for key, value in properties.items() if key.startswith(prefix)})
+
+
+__all__ = ["FORMATS", "lake_format"]

@@ -1,0 +1,82 @@
+"""What a user installs works: the wheel, built from this checkout and installed without extras into a clean
+virtual environment, gives a ``strom`` command whose server serves the official client.
+
+The wheel is built and installed once per run (pip fetches the build requirements and the dependencies,
+from its cache after the first time); the server then runs from that environment alone, with no path to
+this checkout, and pyfluss (from the test environment) writes and reads through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+
+import fluss
+import pyarrow as pa
+import pytest
+
+from tests.server_process import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+PIP_TIMEOUT_S = 900
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel"), pytest.mark.timeout(PIP_TIMEOUT_S + 120)]
+
+
+def _run(command: list[str], cwd: Path, timeout: float = PIP_TIMEOUT_S) -> str:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def clean_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A virtual environment holding the wheel of this checkout and its required dependencies only."""
+    work = tmp_path_factory.mktemp("wheel")
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(work / "dist"), str(ROOT)], work)
+    (wheel,) = (work / "dist").glob("strom-*.whl")
+    environment = work / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(environment)
+    _run([str(environment / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)], work)
+    yield environment
+
+
+def test_the_wheel_installs_without_extras(clean_install: Path, tmp_path: Path) -> None:
+    python = str(clean_install / "bin" / "python")
+    where = _run([python, "-c", "import strom; print(strom.__file__)"], tmp_path)
+    assert Path(where.strip()).is_relative_to(clean_install), "strom must come from the wheel, not the checkout"
+    # no optional extra crept in: a cluster's ZooKeeper client and Spark are not there
+    missing = _run([python, "-c", "import importlib.util as u; print(u.find_spec('kazoo'), u.find_spec('pyspark'))"], tmp_path)
+    assert missing.split() == ["None", "None"]
+
+
+def test_strom_help_runs_from_the_wheel(clean_install: Path, tmp_path: Path) -> None:
+    shown = _run([str(clean_install / "bin" / "strom"), "--help"], tmp_path, timeout=60)
+    assert "server" in shown and "tiering" in shown
+
+
+def test_the_wheel_s_server_serves_pyfluss(clean_install: Path, tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "data", strom_command=[str(clean_install / "bin" / "strom")]).start()
+    try:
+        async def write_and_read() -> dict[str, object] | None:
+            connection = await fluss.FlussConnection.create(fluss.Config({"bootstrap.servers": server.address}))
+            try:
+                path = fluss.TablePath("fluss", "from_the_wheel")
+                schema = fluss.Schema(pa.schema([("id", pa.int32()), ("name", pa.string())]), primary_keys=["id"])
+                await connection.get_admin().create_table(path, fluss.TableDescriptor(schema, bucket_count=2))
+                table = await connection.get_table(path)
+                writer = table.new_upsert().create_writer()
+                writer.upsert({"id": 7, "name": "seven"})
+                await writer.flush()
+                found: dict[str, object] | None = await table.new_lookup().create_lookuper().lookup({"id": 7})
+                return found
+            finally:
+                await connection.close()
+
+        assert asyncio.run(write_and_read()) == {"id": 7, "name": "seven"}
+    finally:
+        assert server.stop() == 0, server.log_text()[-3000:]
