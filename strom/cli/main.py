@@ -62,7 +62,9 @@ def _node_options(function: Any) -> Any:
     for option in reversed([
         click.option("--bind", "bind", default=None,
                      help="HOST:PORT (or NAME://HOST:PORT) to listen on (default 127.0.0.1:9123; port 0: any free one)."),
-        click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Directory for all server data."),
+        click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+                     help="Directory for all server data (default: data.dir from --config or -D, else "
+                          "./strom-data)."),
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      default=None, help="YAML file of config keys (Fluss names)."),
         click.option("-D", "defines", multiple=True, metavar="KEY=VALUE",

@@ -6,8 +6,8 @@ NOT NULL, then the required system columns ``__bucket`` (int), ``__offset`` (lon
 them: TINYINT and SMALLINT widen to int, CHAR is string, BINARY(n) and BYTES are binary, TIME is time,
 TIMESTAMP timestamp, TIMESTAMP_LTZ timestamptz (both microseconds; nanoseconds are truncated).
 
-Newer Fluss (FIP-27) creates "clean" Iceberg tables without the system columns and keeps reading this
-layout as its legacy one; strom writes this layout, which its union read and tiering need.
+Fluss's Iceberg tables keep these system columns: FIP-27 ("clean" lake tables without them) is built for
+Paimon only so far. strom's union read and tiering need them too.
 
 Partition spec: identity on each partition key (newer Fluss accepts only STRING partition keys; strom also
 takes the other types its partition names can express), then the bucket: ``bucket[N]`` of the bucket key when the

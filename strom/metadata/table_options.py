@@ -223,8 +223,9 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Whether followers of a primary-key table keep recent KV snapshots for a fast leader change; Fluss "
         "sets it for new primary-key tables.",
         Support.NO_EFFECT,
-        "Accepted, no effect (also by AlterTable): a strom server hosts every bucket itself, with no "
-        "followers to keep standby. strom does not fill it in for new primary-key tables.",
+        "Accepted, no effect (also by AlterTable): strom's followers (a cluster's replicated buckets, "
+        "docs/cluster.md) keep the log only; a new leader brings its RocksDB up from its log. strom "
+        "does not fill it in for new primary-key tables.",
         _parse_bool,
     ),
     _option(

@@ -85,8 +85,11 @@ class ApiKey(IntEnum):
 EXTENSION_KEYS = frozenset({ApiKey.LIST_KV_SNAPSHOT_LEASES, ApiKey.DESCRIBE_LAKE_TIERING})
 STROM_CLIENT_NAME = "strom-python"
 COORDINATOR_EPOCH = 0
-"""strom runs one coordinator that never fails over, so its epoch (which Fluss bumps on every coordinator
-election, and which tiering heartbeats carry per table) is always this."""
+"""The coordinator epoch the lake tiering RPCs carry (Fluss's heartbeat field), the same in every
+deployment: the tiering state lives in the metadata store every coordinator shares, so an election does
+not reset it, and tiering jobs are fenced by their tiering epoch. A cluster's coordinators do bump an epoch
+of their own on each election (``strom.zk.coordinator_address``), which their requests to tablet servers
+carry."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ Python workers on this interpreter.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
@@ -16,7 +17,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from strom.client import Connection
 from strom.config import parse_duration
+from strom.errors import StromError
 from strom.tiering.driver import DEFAULT_JOB_ID, TieringDriver, TieringOptions
 
 SPARK_DEFAULTS = {
@@ -64,8 +67,30 @@ def options_from(defines: Mapping[str, str], bootstrap_servers: str, job_id: str
     )
 
 
+def check_server(options: TieringOptions) -> None:
+    """Connect once (bootstrap, credentials, metadata) before Spark starts, which takes seconds: a server
+    that is down or refuses the credentials is then one line on stderr and exit code 1.
+
+    Raises:
+        SystemExit: the server cannot be used.
+    """
+
+    async def connect() -> None:
+        connection = await Connection.create(options.client_config)
+        await connection.close()
+
+    try:
+        asyncio.run(connect())
+    except (StromError, OSError, ValueError) as exc:
+        raise SystemExit(
+            f"strom tiering: cannot use the server at {options.bootstrap_servers}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
 def run_service(options: TieringOptions, master: str | None, spark_conf: Mapping[str, str]) -> None:
-    """Run the driver in this process until SIGTERM/SIGINT (or, with ``once``, until done)."""
+    """Run the driver in this process until SIGTERM/SIGINT (or, with ``once``, until done); the server is
+    checked first (:func:`check_server`)."""
+    check_server(options)
     spark = build_spark(master, options.job_id, spark_conf)
     driver = TieringDriver(spark, options)
 
