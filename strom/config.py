@@ -291,6 +291,19 @@ SUPER_USERS = string_option(
     "super.users", None,
     "Principals allowed everything, separated by semicolons, e.g. `User:admin;User:ops`.",
 )
+SECURITY_INTERNAL_SECRET = string_option(
+    "security.internal.secret", None,
+    "The secret the servers of a cluster share to authenticate to each other (strom's own key; Fluss's "
+    "servers do not authenticate). Each server proves `Server:coordinator` or `Server:tablet-server-<id>` "
+    "with it, and requests only servers send (NotifyLeaderAndIsr, StopReplica, UpdateMetadata, "
+    "CommitKvSnapshot, a follower's FetchLog, …) are refused from anyone else, on every listener. "
+    "`strom cluster start` generates one; keep it as secret as a password.",
+)
+SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED = bool_option(
+    "security.internal.allow-unauthenticated", False,
+    "INSECURE: let a cluster start without `security.internal.secret`; its servers then accept control "
+    "requests from any client that can connect (as Fluss's do). For a trusted, isolated network only.",
+)
 
 # ---- log ----
 LOG_SEGMENT_FILE_SIZE = memory_option(

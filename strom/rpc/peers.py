@@ -15,6 +15,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.auth import ClientCredentials
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
 
@@ -40,8 +41,10 @@ class ServerNode:
 class PeerConnections:
     """Owned by one event loop."""
 
-    def __init__(self, timeout_ms: int = PEER_REQUEST_TIMEOUT_MS) -> None:
+    def __init__(self, timeout_ms: int = PEER_REQUEST_TIMEOUT_MS, credentials: ClientCredentials | None = None) -> None:
+        """``credentials``: how this server authenticates to the others (``strom.security.internal``)."""
         self._timeout_ms = timeout_ms
+        self._credentials = credentials
         self._connections: dict[str, RpcConnection] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
@@ -56,7 +59,7 @@ class PeerConnections:
             connection = self._connections.get(address)
             if connection is None or connection.is_closed:
                 connection = self._connections[address] = await RpcConnection.connect(
-                    host, port, timeout_ms=self._timeout_ms
+                    host, port, timeout_ms=self._timeout_ms, credentials=self._credentials
                 )
             return connection
 

@@ -114,9 +114,12 @@ class RpcServer:
         buffered_request_bytes_max: int | None = None,
         on_connection_closed: Callable[[int], None] | None = None,
         authenticator: Authenticator | None = None,
+        authentication_required: bool | None = None,
     ) -> None:
-        """``authenticator``: the listener requires SASL; a connection may send only ApiVersions and
-        Authenticate until it has authenticated."""
+        """``authenticator`` checks Authenticate requests. ``authentication_required`` (by default: whether
+        there is an authenticator): a connection may send only ApiVersions and Authenticate until it has
+        authenticated; otherwise it starts as ``User:ANONYMOUS`` and may authenticate (a cluster's servers
+        do, on any listener)."""
         assert frame_size_bytes_max > framing.REQUEST_HEADER_SIZE_BYTES
         assert in_flight_count_max >= 1
         self._routes: dict[int, _Route] = {}
@@ -127,6 +130,10 @@ class RpcServer:
         self.budget = BufferedRequestBudget(max(buffered_request_bytes_max or 0, frame_size_bytes_max + 4))
         self._on_connection_closed = on_connection_closed
         self._authenticator = authenticator
+        self._authentication_required = (
+            authenticator is not None if authentication_required is None else authentication_required
+        )
+        assert authenticator is not None or not self._authentication_required
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[int, _Connection] = {}
         self._next_connection_id = 0
@@ -239,15 +246,14 @@ class RpcServer:
             request = pb.AuthenticateRequest.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
         except (DecodeError, ValueError, RuntimeError) as exc:
             return self._error_frame(header.request_id, CorruptMessageError(f"cannot parse Authenticate body: {exc}"))
-        if connection.principal is None:
-            assert self._authenticator is not None
-            try:
-                connection.principal = self._authenticator.authenticate(request.protocol, request.token)
-            except StromError as exc:
-                log.warning("authentication from %s failed: %s", connection.peer, exc)
-                return self._error_frame(header.request_id, exc)
-        elif self._authenticator is None:
+        if self._authenticator is None:
             return self._error_frame(header.request_id, AuthenticationError("this listener does not use SASL"))
+        try:
+            # also on a connection that authenticated before: new credentials are checked like the first
+            connection.principal = self._authenticator.authenticate(request.protocol, request.token)
+        except StromError as exc:
+            log.warning("authentication from %s failed: %s", connection.peer, exc)
+            return self._error_frame(header.request_id, exc)
         body = pb.AuthenticateResponse().SerializeToString()  # PLAIN completes in one round: no challenge
         return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)
 
@@ -293,7 +299,7 @@ class _Connection(asyncio.Protocol):
         self._writing_paused = False
         self.peer = "?"
         # None until a connection on a SASL listener authenticates
-        self.principal: Principal | None = None if server._authenticator is not None else ANONYMOUS
+        self.principal: Principal | None = None if server._authentication_required else ANONYMOUS
         self.in_flight_count = 0
         self.last_active = time.monotonic()
 

@@ -29,6 +29,7 @@ from strom.security.acl import (
     Resource,
     ResourceType,
 )
+from strom.security.internal import is_server
 
 
 def parse_super_users(text: str | None) -> list[Principal]:
@@ -70,7 +71,8 @@ class Authorizer:
 
     # ---- decisions ----
     def is_super_user(self, principal: Principal) -> bool:
-        return any(super_user.matches(principal) for super_user in self._super_users)
+        """The configured super users, and the cluster's own servers (their requests to each other)."""
+        return is_server(principal) or any(super_user.matches(principal) for super_user in self._super_users)
 
     def is_authorized(self, principal: Principal, host: str, operation: OperationType, resource: Resource) -> bool:
         assert operation not in (OperationType.ANY,)

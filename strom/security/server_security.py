@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from strom.config import (
     AUTHORIZER_ENABLED,
     BIND_LISTENERS,
+    SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
+    SECURITY_INTERNAL_SECRET,
     SECURITY_PROTOCOL_MAP,
     SECURITY_SASL_ENABLED_MECHANISMS,
     SECURITY_SASL_PLAIN_CREDENTIALS,
@@ -33,6 +35,7 @@ from strom.security.authenticator import (
     parse_plain_jaas_users,
 )
 from strom.security.authorizer import Authorizer, parse_super_users
+from strom.security.internal import InternalAuthenticator, InternalCredentials, guard_server_requests
 
 DEFAULT_LISTENER_NAME = "FLUSS"
 """The name of a listener given as plain ``HOST:PORT`` (Fluss's default listener name)."""
@@ -111,6 +114,18 @@ class ServerSecurity:
     authorizer: Authorizer | None
     extra_listeners: tuple[ListenerSecurity, ...] = ()
     """The listeners after the first of ``bind.listeners``, each with its own port and protocol."""
+    internal_secret: str | None = None
+    """``security.internal.secret``: the servers of a cluster authenticate each other with it."""
+    trust_any_server: bool = False
+    """``security.internal.allow-unauthenticated``: serve control requests to anyone (insecure)."""
+
+    @property
+    def internal_authenticator(self) -> InternalAuthenticator | None:
+        return InternalAuthenticator(self.internal_secret) if self.internal_secret else None
+
+    def internal_credentials(self, server_name: str) -> InternalCredentials | None:
+        """What this server sends to the others of its cluster (None without a secret)."""
+        return InternalCredentials(self.internal_secret, server_name) if self.internal_secret else None
 
     @property
     def protocol(self) -> str:
@@ -134,7 +149,9 @@ class ServerSecurity:
             except ValueError as exc:
                 raise InvalidConfigError(f"super.users: {exc}") from None
             authorizer = Authorizer(store, super_users)
-        return cls(listener, authenticator, authorizer, extra_listeners)
+        secret = config.get(SECURITY_INTERNAL_SECRET) or None
+        trust_any = bool(config.get(SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED)) and secret is None
+        return cls(listener, authenticator, authorizer, extra_listeners, secret, trust_any)
 
     def guard(
         self,
@@ -143,11 +160,13 @@ class ServerSecurity:
         lease_table_ids: Callable[[str], Iterable[int]],
         partition_table_id: Callable[[int], int | None],
     ) -> dict[ApiKey, Handler]:
-        """``handlers`` behind their authorization rules, or unchanged when authorization is off."""
+        """``handlers`` behind their authorization rules: requests only servers send are refused to anyone
+        else (unless ``trust_any_server``), and the ACL rules apply when authorization is on."""
+        guarded = dict(handlers) if self.trust_any_server else guard_server_requests(handlers)
         if self.authorizer is None:
-            return dict(handlers)
+            return guarded
         access = AccessControl(self.authorizer, table_path_by_id, lease_table_ids, partition_table_id)
-        return {key: access.guard(key, handler) for key, handler in handlers.items()}
+        return {key: access.guard(key, handler) for key, handler in guarded.items()}
 
 
 def _plain_authenticator(config: Configuration) -> PlainAuthenticator:

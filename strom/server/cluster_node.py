@@ -25,6 +25,8 @@ from strom.config import (
     DATALAKE_FORMAT,
     LOG_REPLICA_MAX_LAG_TIME,
     REMOTE_DATA_DIR,
+    SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
+    SECURITY_INTERNAL_SECRET,
     SECURITY_PROTOCOL_MAP,
     TABLET_SERVER_ID,
     ZOOKEEPER_ADDRESS,
@@ -47,6 +49,7 @@ from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.peers import PeerConnections, ServerNode
 from strom.rpc.server import Handler, RpcServer, bind_listener
+from strom.security.internal import COORDINATOR_NAME, tablet_server_name
 from strom.security.server_security import SASL, ServerSecurity, parse_listeners, parse_protocol_map
 from strom.server.metadata_stores import open_store
 from strom.server.node import (
@@ -100,6 +103,17 @@ def _refuse_security(config: Configuration) -> None:
         )
 
 
+def _require_internal_secret(config: Configuration) -> None:
+    """Secure by default: the servers of a cluster authenticate each other, or the operator says in so many
+    words that the network is trusted."""
+    if not config.get(SECURITY_INTERNAL_SECRET) and not config.get(SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED):
+        raise InvalidConfigError(
+            f"a cluster's servers authenticate each other: set {SECURITY_INTERNAL_SECRET.key} to the same secret "
+            f"on every server (`strom cluster start` generates one), or, on an isolated network only, "
+            f"{SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED.key}=true (then any client may send control requests)"
+        )
+
+
 class _ClusterProcess:
     """What both processes share: data directory, ZooKeeper, security, the RPC listener, shutdown."""
 
@@ -117,12 +131,19 @@ class _ClusterProcess:
         self.peers = PeerConnections()
         self._stopped = asyncio.Event()
 
+    @property
+    def server_name(self) -> str:
+        """Who this process is to the others (its principal ``Server:<name>``)."""
+        raise NotImplementedError
+
     def _open(self) -> tuple[MetadataStore, str]:
         _refuse_security(self.config)
+        _require_internal_secret(self.config)
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         store, address = _cluster_store(self.config)
         self.store = store
         self.security = ServerSecurity.from_config(self.config, store)
+        self.peers = PeerConnections(credentials=self.security.internal_credentials(self.server_name))
         return store, address
 
     async def _serve(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService,
@@ -131,7 +152,8 @@ class _ClusterProcess:
         sock = bind_listener(self.host, self.port)
         self.port = sock.getsockname()[1]
         guarded = self._guard(handlers, catalog)
-        self.rpc = rpc_server_factory(self.config, on_connection_closed)(guarded, self.security.authenticator)
+        make_server = rpc_server_factory(self.config, on_connection_closed, self.security.internal_authenticator)
+        self.rpc = make_server(guarded, self.security.authenticator)
         await self.rpc.start(sock)
 
     def _guard(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService) -> dict[ApiKey, Handler]:
@@ -189,6 +211,10 @@ class CoordinatorNode(_ClusterProcess):
     @property
     def node(self) -> ServerNode:
         return ServerNode(COORDINATOR_NODE_ID, advertised_host(self.config, self.host), self.port)
+
+    @property
+    def server_name(self) -> str:
+        return COORDINATOR_NAME
 
     def _active_node(self) -> ServerNode:
         """The active coordinator as metadata names it (this one when active)."""
@@ -323,6 +349,10 @@ class TabletServerNode(_ClusterProcess):
     @property
     def node(self) -> ServerNode:
         return ServerNode(self.server_id, advertised_host(self.config, self.host), self.port)
+
+    @property
+    def server_name(self) -> str:
+        return tablet_server_name(self.server_id)
 
     def _coordinator_node(self) -> ServerNode:
         """The active coordinator; while there is none (it restarts), the last one known."""

@@ -3,13 +3,17 @@ ZooKeeper, one coordinator and N tablet servers, each a process with its own dat
 ``--data-dir``, all on free loopback ports and sharing ``<data-dir>/remote`` as remote storage.
 
 What was started is written to ``<data-dir>/cluster.json`` (pids, addresses), so ``stop`` and ``status``
-work from another shell; ``stop`` signals only those pids.
+work from another shell; ``stop`` signals only those pids. Every member reads its settings from
+``<data-dir>/cluster.yaml`` (readable by its owner only): the ``-D`` settings given at start, ZooKeeper's
+address, and ``security.internal.secret``, generated unless one was given, so that even a development
+cluster obeys no plain client's control requests. A member restarted later gets the same settings.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -18,12 +22,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import yaml
+
+from strom.config import SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED, SECURITY_INTERNAL_SECRET
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.zk.zookeeper_server import ZooKeeperServer, free_port
 
 STATE_FILE = "cluster.json"
+CONFIG_FILE = "cluster.yaml"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 
@@ -122,12 +130,30 @@ class LocalCluster:
         """The coordinators' addresses: what clients are given as ``bootstrap.servers``."""
         return ",".join(self.state.coordinators)
 
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / CONFIG_FILE
+
     def common_config(self) -> dict[str, str]:
-        return {
+        """Every member's settings: ZooKeeper, shared remote storage, the start's ``-D`` settings and the
+        servers' shared secret (generated unless given, or unless the insecure mode was asked for)."""
+        config = {
             "zookeeper.address": self.zookeeper_address,
             "remote.data.dir": str(self.data_dir / "remote"),
             **self.config,
         }
+        insecure = str(config.get(SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED.key, "")).lower() == "true"
+        if not config.get(SECURITY_INTERNAL_SECRET.key) and not insecure:
+            config[SECURITY_INTERNAL_SECRET.key] = secrets.token_urlsafe(32)
+        return config
+
+    def _write_config(self) -> None:
+        """``cluster.yaml``, created readable by its owner only (it holds the servers' secret)."""
+        path = self.config_path
+        path.unlink(missing_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            yaml.safe_dump(self.common_config(), file, sort_keys=True)
 
     def start(self) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -139,6 +165,7 @@ class LocalCluster:
             assert zookeeper.pid is not None
             self.state.members.append(Member("zookeeper", zookeeper.pid, zookeeper.address, log=str(zookeeper.log_path)))
             self.state.save()
+            self._write_config()
             for index in range(1, self.coordinator_count + 1):
                 self.start_member("coordinator", index)
             for server_id in range(1, self.tablet_server_count + 1):
@@ -157,11 +184,9 @@ class LocalCluster:
             port = int(previous.address.rpartition(":")[2])
         address = f"127.0.0.1:{port or free_port()}"
         command = [sys.executable, "-m", "strom.cli.main", role, "--bind", address,
-                   "--data-dir", str(self.data_dir / name)]
+                   "--data-dir", str(self.data_dir / name), "--config", str(self.config_path)]
         if role == "tablet-server":
             command += ["--server-id", str(server_id)]
-        for key, value in self.common_config().items():
-            command += ["-D", f"{key}={value}"]
         log_path = self.data_dir / f"{name}.log"
         with log_path.open("ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -233,6 +258,11 @@ class LocalCluster:
             (m, alive(m.pid) and (m.role == "zookeeper" or answers_rpc(m.address, 1.0)))
             for m in self.state.members
         ]
+
+
+    def settings(self) -> dict[str, str]:
+        """What every member was started with (``cluster.yaml``)."""
+        return {str(k): str(v) for k, v in (yaml.safe_load(self.config_path.read_text()) or {}).items()}
 
 
 __all__ = ["LocalCluster", "LocalClusterState", "Member", "alive", "answers_rpc"]

@@ -51,6 +51,7 @@ from strom.rpc.api_keys import ApiKey
 from strom.rpc.peers import ServerNode
 from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.authenticator import PlainAuthenticator
+from strom.security.internal import InternalAuthenticator, ListenerAuthenticator
 from strom.security.server_security import ServerSecurity
 from strom.server.listeners import ExtraListeners
 from strom.server.metadata_stores import open_store
@@ -82,14 +83,20 @@ RpcServerFactory = Callable[[Mapping[ApiKey, Handler], PlainAuthenticator | None
 
 
 def rpc_server_factory(
-    config: Configuration, on_connection_closed: Callable[[int], None] | None = None
+    config: Configuration,
+    on_connection_closed: Callable[[int], None] | None = None,
+    servers: InternalAuthenticator | None = None,
 ) -> RpcServerFactory:
-    """Builds the RPC servers of a process (its main listener and any extra ones) with the configured limits."""
+    """Builds the RPC servers of a process (its main listener and any extra ones) with the configured limits.
+    Each takes its listener's client authenticator (None: PLAINTEXT) and, with ``servers``, the logins of
+    the cluster's servers on every listener."""
 
-    def build(served: Mapping[ApiKey, Handler], authenticator: PlainAuthenticator | None) -> RpcServer:
+    def build(served: Mapping[ApiKey, Handler], clients: PlainAuthenticator | None) -> RpcServer:
+        logins = ListenerAuthenticator(clients, servers) if clients is not None or servers is not None else None
         return RpcServer(
             served,
-            authenticator=authenticator,
+            authenticator=logins,
+            authentication_required=clients is not None,
             frame_size_bytes_max=config.get(MAX_REQUEST_SIZE),
             in_flight_count_max=config.get(SERVER_MAX_IN_FLIGHT_PER_CONNECTION),
             idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
@@ -225,7 +232,7 @@ class StromServer:
             lambda partition_id: p.table_id if (p := coordinator.partition_by_id(partition_id)) else None,
         )
 
-        rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed)
+        rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed, self.security.internal_authenticator)
         self.rpc = rpc_server(handlers, self.security.authenticator)
         await self.rpc.start(sock)
         await self.listeners.start(handlers, rpc_server)

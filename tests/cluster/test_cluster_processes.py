@@ -29,7 +29,9 @@ from strom.errors import (
 )
 from strom.records.types import StringType
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
+from strom.security.internal import InternalCredentials
 from strom.server.local_cluster import LocalCluster
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.conftest import unique_name
@@ -333,10 +335,16 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
                 stale = pb.StopReplicaRequest(coordinator_epoch=0)
                 stale.stop_replicas_req.add(leader_epoch=0, delete=True).table_bucket.CopyFrom(
                     pb.PbTableBucket(table_id=table.layout.info.table_id, bucket_id=-1))
+                # sent as a server would (a plain client's is refused before its epoch is looked at)
+                as_coordinator = InternalCredentials(cluster.settings()["security.internal.secret"], "coordinator")
+                host, _, port = tablet.address.rpartition(":")
+                peer = await RpcConnection.connect(host, int(port), credentials=as_coordinator)
                 try:
-                    await connection.request(tablet.address, ApiKey.STOP_REPLICA, stale)
+                    await peer.request(ApiKey.STOP_REPLICA, stale)
                 except InvalidCoordinatorError:
                     fenced = True
+                finally:
+                    await peer.close()
                 return f"{active.host}:{active.port}", leases, newest, kept and fenced
 
         active, leases, newest, kept_and_fenced = asyncio.run(after())
