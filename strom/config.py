@@ -228,6 +228,13 @@ LOG_REPLICA_MAX_LAG_TIME = duration_option(
     "A follower that has not caught up with its leader's log for this long leaves the in-sync replicas, so "
     "writes are acknowledged without it (until it catches up again).",
 )
+LOG_REPLICA_MAX_SILENCE_TIME = duration_option(
+    "log.replica.max-silence-time", "3s",
+    "An in-sync follower that sends its leader no fetch for this long (it died, or lost the network) leaves "
+    "the in-sync replicas at once, so writes wait for a dead follower at most this long rather than "
+    "`log.replica.max-lag-time`; it rejoins once it has caught up. strom's own key (a follower long-polls "
+    "every 0.5 s).",
+)
 TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.", minimum=0)
 DEFAULT_BUCKET_NUMBER = int_option(
     "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count.", minimum=1

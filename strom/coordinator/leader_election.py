@@ -1,10 +1,12 @@
-"""The active coordinator moves a bucket's leadership when its leader's tablet server is gone.
+"""The active coordinator moves a bucket's leadership, and shrinks its ISR, when a tablet server is gone.
 
 Triggered by every change of the live tablet servers (their ZooKeeper registrations) and, as a safety net,
 every few seconds: for each bucket whose leader is not alive, the first live member of its ISR becomes the
 leader under the next leader epoch, and the ISR shrinks to the live members; when none is alive, the bucket
 has no leader (its ISR is kept: only those replicas hold every acknowledged write, so only they may lead it
-later). The new state is written by compare-and-set, then every replica is told to read it.
+later). A bucket whose leader lives but whose ISR names a server that is gone keeps its leader and epoch
+and loses that member (Fluss's OnlineReplica → OfflineReplica), so its writes stop waiting for it. The
+new state is written by compare-and-set, then every replica is told to read it.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ RECONCILE_INTERVAL_S = 2.0
 
 
 def elected(state: LeaderAndIsr, live: set[int]) -> LeaderAndIsr | None:
-    """The state after an election among ``live`` servers, None when the leader is fine as it is."""
+    """The state after an election among ``live`` servers, None when the leader and its ISR are fine."""
     if state.leader in live:
-        return None
+        isr = tuple(r for r in state.isr if r in live or r == state.leader)
+        return None if isr == state.isr else LeaderAndIsr(state.leader, state.leader_epoch, state.replicas, isr)
     alive = tuple(r for r in state.isr if r in live)
     if not alive:
         if state.leader == NO_LEADER:

@@ -24,6 +24,7 @@ from strom.config import (
     BIND_LISTENERS,
     DATALAKE_FORMAT,
     LOG_REPLICA_MAX_LAG_TIME,
+    LOG_REPLICA_MAX_SILENCE_TIME,
     REMOTE_DATA_DIR,
     SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
     SECURITY_INTERNAL_SECRET,
@@ -399,6 +400,7 @@ class TabletServerNode(_ClusterProcess):
         self.replication = replication = ReplicationManager(
             self.server_id, self.replicas, states, self.registry, self.peers, self.catalog.table_info_by_id,
             config.get_ms(LOG_REPLICA_MAX_LAG_TIME),
+            config.get_ms(LOG_REPLICA_MAX_SILENCE_TIME),
         )
         tablets.tablet.on_follower_fetch = replication.on_follower_fetch
         placed = placed_tables(store, self.catalog.table_info_by_id)

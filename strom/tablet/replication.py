@@ -9,7 +9,9 @@ from each answer. A follower keeps no KV state.
 The **leader** records each follower's fetch offset. Its high watermark is what every in-sync replica
 (ISR) holds; writes are acknowledged (and applied to RocksDB, and visible) only below it, so an
 acknowledged write is on every ISR replica's disk. A follower that has not caught up with the leader's log
-for ``log.replica.max-lag-time`` leaves the ISR; one that reaches the high watermark rejoins. ISR changes
+for ``log.replica.max-lag-time`` leaves the ISR; one that reaches the high watermark rejoins. A follower that sends no fetch for
+``log.replica.max-silence-time`` (it died) leaves at once; and the coordinator takes a tablet server whose
+registration vanished out of every ISR (:mod:`strom.coordinator.leader_election`). ISR changes
 are written to ZooKeeper by compare-and-set under the leader epoch (:mod:`strom.zk.bucket_state`)
 *before* the leader acts on them: a leader replaced while it was paused fails that write, cannot shrink the
 ISR to itself, so it cannot acknowledge anything alone; it reads the new state and follows.
@@ -52,6 +54,8 @@ CHECKPOINT_S = 1.0
 class _Follower:
     fetch_offset: int
     caught_up_ms: float
+    fetched_ms: float
+    """When it last sent a fetch (or when this leadership began)."""
     told_high_watermark: int = -1
     """The high watermark the last answer to it carried."""
 
@@ -88,6 +92,7 @@ class ReplicationManager:
         peers: PeerConnections,
         table_of: Callable[[int], TableInfo | None],
         lag_max_ms: int,
+        silence_max_ms: int,
     ) -> None:
         self._me = server_id
         self._replicas = replicas
@@ -96,6 +101,7 @@ class ReplicationManager:
         self._peers = peers
         self._table_of = table_of
         self._lag_max_ms = lag_max_ms
+        self._silence_max_ms = silence_max_ms
         self._leading: dict[TableBucket, _Leading] = {}
         self._following: dict[TableBucket, _Following] = {}
         self._locks: dict[TableBucket, asyncio.Lock] = {}
@@ -146,7 +152,7 @@ class ReplicationManager:
         replica.is_leader, replica.leader_epoch = True, state.leader_epoch
         now = _now_ms()
         start = replica.open_log().high_watermark  # what every in-sync replica surely has
-        followers = {r: _Follower(start, now) for r in state.replicas if r != self._me}
+        followers = {r: _Follower(start, now, now) for r in state.replicas if r != self._me}
         self._leading[bucket] = lead = _Leading(replica, state, version, followers)
         self._update_limit(lead)  # alone in the ISR, everything durable here is acknowledged
         replica.open()  # the KV state catches up from the log, holding what the followers lack
@@ -239,6 +245,7 @@ class ReplicationManager:
             raise NotLeaderOrFollowerError(f"server {follower} is not a replica of {bucket}")
         log_tablet = lead.replica.log
         progress.fetch_offset = fetch_offset
+        progress.fetched_ms = _now_ms()
         if fetch_offset >= log_tablet.durable_end:
             progress.caught_up_ms = _now_ms()
         if follower not in lead.state.isr and fetch_offset >= log_tablet.high_watermark and not lead.changing:
@@ -278,7 +285,7 @@ class ReplicationManager:
             lead.changing = False
 
     async def _maintain(self) -> None:
-        """Shrink the ISR of followers that fell behind, and keep the high watermark recorded."""
+        """Shrink the ISR of followers that fell behind or fell silent, and keep the high watermark recorded."""
         last_checkpoint = 0.0
         while True:
             await asyncio.sleep(ISR_CHECK_S)
@@ -287,7 +294,8 @@ class ReplicationManager:
                 if lead.changing:
                     continue
                 lagging = [r for r in lead.state.isr if r != self._me and r in lead.followers
-                           and now - lead.followers[r].caught_up_ms > self._lag_max_ms]
+                           and (now - lead.followers[r].caught_up_ms > self._lag_max_ms
+                                or now - lead.followers[r].fetched_ms > self._silence_max_ms)]
                 if lagging:
                     self._change_isr(bucket, lead, tuple(r for r in lead.state.isr if r not in lagging))
             if time.monotonic() - last_checkpoint > CHECKPOINT_S:

@@ -1,0 +1,99 @@
+"""A dead follower stops holding up writes within seconds, not ``log.replica.max-lag-time``.
+
+Two ways out of the ISR, each tested with the other (and the lag bound) set too long to act: the leader
+drops a follower that has sent no fetch for ``log.replica.max-silence-time``; the coordinator drops a tablet
+server from every ISR once its ZooKeeper registration is gone. Either way the next write is acknowledged
+without the dead server, and the server rejoins once it is back and caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strom.client import Connection, TableBucket
+from strom.server.local_cluster import LocalCluster
+from strom.zk.zookeeper_server import unavailable_reason
+from tests.cluster.test_cluster_processes import upsert
+from tests.cluster.test_replication import PK_FIELDS, States, create, wait_for_servers
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]
+
+SLOW = "60s"
+"""Longer than any wait below: a bound set to this cannot be what let a write through."""
+WRITE_WAIT_S = 20.0
+
+
+def _three(tmp_path: Path, config: dict[str, str]) -> Iterator[LocalCluster]:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    local = LocalCluster(tmp_path / "cluster", 3, {"kv.snapshot.interval": "0s", **config}).start()
+    try:
+        wait_for_servers(local, 3)
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture
+def silence_bound(tmp_path: Path) -> Iterator[LocalCluster]:
+    yield from _three(tmp_path, {"zookeeper.client.session-timeout": SLOW, "log.replica.max-lag-time": SLOW,
+                                 "log.replica.max-silence-time": "2s"})
+
+
+@pytest.fixture
+def registration_bound(tmp_path: Path) -> Iterator[LocalCluster]:
+    yield from _three(tmp_path, {"zookeeper.client.session-timeout": "4s", "log.replica.max-lag-time": SLOW,
+                                 "log.replica.max-silence-time": SLOW})
+
+
+def _kill_a_follower_and_write(local: LocalCluster) -> tuple[float, int, tuple[int, ...], TableBucket]:
+    """Seconds from a follower's SIGKILL to the next acknowledged upsert; the follower; the ISR after."""
+
+    async def setup() -> tuple[object, TableBucket]:
+        async with await Connection.create(local.bootstrap) as connection:
+            path = await create(connection, PK_FIELDS, ["id"])
+            await upsert(connection, path, range(10), "before")
+            return path, TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
+
+    path, bucket = asyncio.run(setup())
+    states = States(local.zookeeper_address)
+    try:
+        state = states.wait_full_isr(bucket)
+        follower = next(r for r in state.replicas if r != state.leader)
+        local.signal_member(local.member("tablet-server", follower), signal.SIGKILL)
+        killed = time.monotonic()
+
+        async def write() -> None:
+            async with await Connection.create(local.bootstrap) as connection:
+                await asyncio.wait_for(upsert(connection, path, range(10, 20), "after"), WRITE_WAIT_S)  # type: ignore[arg-type]
+
+        asyncio.run(write())
+        waited = time.monotonic() - killed
+        return waited, follower, states.get(bucket).isr, bucket
+    finally:
+        states.close()
+
+
+def test_the_leader_drops_a_follower_that_fell_silent(silence_bound: LocalCluster) -> None:
+    waited, follower, isr, _ = _kill_a_follower_and_write(silence_bound)
+    assert follower not in isr
+    assert waited < WRITE_WAIT_S  # the registration (60 s) and lag (60 s) bounds could not have acted
+
+
+def test_the_coordinator_drops_a_gone_server_from_the_isr_and_it_rejoins(registration_bound: LocalCluster) -> None:
+    waited, follower, isr, bucket = _kill_a_follower_and_write(registration_bound)
+    assert follower not in isr
+    assert waited < WRITE_WAIT_S  # the silence (60 s) and lag (60 s) bounds could not have acted
+    registration_bound.start_member("tablet-server", follower)
+    states = States(registration_bound.zookeeper_address)
+    try:
+        assert follower in states.wait_full_isr(bucket).isr
+    finally:
+        states.close()
