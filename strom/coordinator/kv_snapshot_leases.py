@@ -8,6 +8,8 @@ dropping or releasing unknown things succeeds. Where Fluss leaves gaps, this man
   pinning them, using the snapshot store's in-memory index — no metadata read per bucket;
 * a failed persist leaves memory unchanged: the new state is built aside, persisted, then swapped in;
 * dropping a table removes its pins from every lease;
+* a lease belongs to the principal that created it (:attr:`KvSnapshotLease.owner`): the RPCs let no other
+  principal (super users and the cluster's servers aside) renew, release or drop it;
 * leases are persisted compactly (dense id arrays + zlib), so a lease pinning 100 000 buckets stays far below
   ZooKeeper's 1 MB node limit, and survive restarts.
 
@@ -30,8 +32,11 @@ from strom.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
+_OWNERLESS_VERSION = 2
+"""Leases written before they had owners: read as owned by nobody in particular (anyone may touch them)."""
 _HEADER = struct.Struct("<Bq")  # version, expiration ms
+_OWNER_LENGTH = struct.Struct("<H")  # then the owner, UTF-8 (version 3)
 _COUNT = struct.Struct("<I")
 _GROUP = struct.Struct("<qqI")  # table id, partition id (-1: none), bucket array width
 assert array("q").itemsize == 8
@@ -42,6 +47,8 @@ class KvSnapshotLease:
     lease_id: str
     expiration_ms: int
     pins: dict[TableBucket, int] = field(default_factory=dict)
+    owner: str | None = None
+    """The principal (``TYPE:NAME``) that created it; None for a lease of an older format."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +73,11 @@ def encode_lease(lease: KvSnapshotLease) -> bytes:
         width = max(pins) + 1
         body += _GROUP.pack(table_id, -1 if partition_id is None else partition_id, width)
         body += array("q", [pins.get(bucket, -1) for bucket in range(width)]).tobytes()
-    return _HEADER.pack(_FORMAT_VERSION, lease.expiration_ms) + zlib.compress(bytes(body), 6)
+    owner = (lease.owner or "").encode()
+    return (
+        _HEADER.pack(_FORMAT_VERSION, lease.expiration_ms) + _OWNER_LENGTH.pack(len(owner)) + owner
+        + zlib.compress(bytes(body), 6)
+    )
 
 
 def _readable_expiration(payload: bytes) -> int | None:
@@ -75,15 +86,22 @@ def _readable_expiration(payload: bytes) -> int | None:
         version, expiration_ms = _HEADER.unpack_from(payload, 0)
     except struct.error:
         return None
-    return int(expiration_ms) if version == _FORMAT_VERSION else None
+    return int(expiration_ms) if version in (_FORMAT_VERSION, _OWNERLESS_VERSION) else None
 
 
 def decode_lease(lease_id: str, payload: bytes) -> KvSnapshotLease:
     version, expiration_ms = _HEADER.unpack_from(payload, 0)
-    if version != _FORMAT_VERSION:
+    position = _HEADER.size
+    owner = None
+    if version == _FORMAT_VERSION:
+        (length,) = _OWNER_LENGTH.unpack_from(payload, position)
+        position += _OWNER_LENGTH.size
+        owner = payload[position : position + length].decode() or None
+        position += length
+    elif version != _OWNERLESS_VERSION:
         raise ValueError(f"lease {lease_id!r} has unknown format version {version}")
-    body = zlib.decompress(payload[_HEADER.size :])
-    lease = KvSnapshotLease(lease_id, expiration_ms)
+    body = zlib.decompress(payload[position:])
+    lease = KvSnapshotLease(lease_id, expiration_ms, owner=owner)
     (group_count,) = _COUNT.unpack_from(body, 0)
     position = _COUNT.size
     for _ in range(group_count):
@@ -206,11 +224,15 @@ class KvSnapshotLeaseManager:
         duration_ms: int,
         pins: Mapping[TableBucket, int],
         snapshot_exists: Callable[[TableBucket, int], bool],
+        owner: str | None = None,
     ) -> LeaseChange:
-        """Pin ``pins`` (an empty mapping renews), setting the expiry to now + ``duration_ms``."""
+        """Pin ``pins`` (an empty mapping renews), setting the expiry to now + ``duration_ms``; a new lease
+        belongs to ``owner``, an existing one keeps its owner."""
         validate_lease_request(lease_id, duration_ms)
         old = self._leases.get(lease_id)
-        new = KvSnapshotLease(lease_id, self._clock.now_ms() + duration_ms, dict(old.pins) if old else {})
+        new = KvSnapshotLease(
+            lease_id, self._clock.now_ms() + duration_ms, dict(old.pins) if old else {}, old.owner if old else owner
+        )
         unavailable: dict[TableBucket, int] = {}
         released: list[tuple[TableBucket, int]] = []
         for bucket, snapshot_id in pins.items():
@@ -232,7 +254,7 @@ class KvSnapshotLeaseManager:
         old = self._leases.get(lease_id)
         if old is None:
             return LeaseChange([], {})
-        new = KvSnapshotLease(lease_id, old.expiration_ms, dict(old.pins))
+        new = KvSnapshotLease(lease_id, old.expiration_ms, dict(old.pins), old.owner)
         released = []
         for bucket in buckets:
             snapshot_id = new.pins.pop(bucket, None)

@@ -4,6 +4,10 @@ Validation follows Fluss: lease calls on a log table fail with NON_PRIMARY_KEY_T
 table id in an acquire is UNKNOWN_TABLE_OR_BUCKET (21); releasing or dropping unknown things succeeds
 (a release naming a table that was dropped is a no-op, since dropping it already removed its pins).
 Every change that drops a pin triggers retention on the affected buckets right away.
+
+A lease belongs to the principal that created it: acquiring (renewing), releasing or dropping another
+principal's lease is refused with AuthorizationError (48) unless the caller is a super user
+(``super.users``) or one of the cluster's servers. Fluss lets anyone touch any lease id.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager, LeaseCh
 from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.coordinator.service import CoordinatorService
 from strom.errors import (
+    AuthorizationError,
     CorruptMessageError,
     FencedLeaderEpochError,
     KvSnapshotNotExistError,
@@ -29,7 +34,11 @@ from strom.errors import (
 from strom.ids import TableBucket, TablePath
 from strom.kv.snapshot import CompletedKvSnapshot, table_remote_dir
 from strom.metadata.table_info import TableInfo
+from strom.rpc.auth import ANONYMOUS, Principal
 from strom.rpc.messages import add_snapshot_pins, ext, pb, read_snapshot_pins
+from strom.rpc.server import RequestContext
+from strom.security.authorizer import parse_super_users
+from strom.security.internal import is_server
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +53,10 @@ class KvSnapshotService:
         leases: KvSnapshotLeaseManager,
         clock: Clock,
         expiration_check_interval_ms: int,
+        super_users: str | None = None,
     ) -> None:
+        """``super_users``: ``super.users``, who may touch any lease."""
+        self._super_users = parse_super_users(super_users)
         self._catalog = catalog
         self._snapshots = snapshots
         self._leases = leases
@@ -196,19 +208,33 @@ class KvSnapshotService:
             )
         return response
 
-    def acquire_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+    def _caller(self, lease_id: str, context: RequestContext | None) -> str:
+        """The caller's principal; raises AuthorizationError if the lease is another principal's."""
+        principal: Principal = (context.principal if context is not None else None) or ANONYMOUS
+        lease = self._leases.get(lease_id)
+        owner = lease.owner if lease is not None else None
+        if owner is not None and owner != str(principal) and not self._may_touch_any(principal):
+            raise AuthorizationError(f"lease {lease_id!r} belongs to another principal; {principal} may not change it")
+        return str(principal)
+
+    def _may_touch_any(self, principal: Principal) -> bool:
+        return is_server(principal) or any(user.matches(principal) for user in self._super_users)
+
+    def acquire_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
+        owner = self._caller(request.lease_id, context)
         for table_request in request.snapshots_to_lease:
             self._pk_table(table_request.table_id)
         pins = read_snapshot_pins(request.snapshots_to_lease)
         change = self._leases.acquire(
-            request.lease_id, request.lease_duration_ms, pins, snapshot_exists=self._snapshots.exists
+            request.lease_id, request.lease_duration_ms, pins, snapshot_exists=self._snapshots.exists, owner=owner
         )
         self._after_change(change)
         response = pb.AcquireKvSnapshotLeaseResponse()
         add_snapshot_pins(response.unavailable_snapshots, change.unavailable)
         return response
 
-    def release_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+    def release_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
+        self._caller(request.lease_id, context)
         buckets = []
         for entry in request.buckets_to_release:
             table = self._catalog.table_info_by_id(entry.table_id)
@@ -219,7 +245,8 @@ class KvSnapshotService:
         self._after_change(self._leases.release(request.lease_id, buckets))
         return pb.ReleaseKvSnapshotLeaseResponse()
 
-    def drop_kv_snapshot_lease(self, request: Any, _context: object) -> Any:
+    def drop_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
+        self._caller(request.lease_id, context)
         self._after_change(self._leases.drop(request.lease_id))
         return pb.DropKvSnapshotLeaseResponse()
 

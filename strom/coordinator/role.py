@@ -14,6 +14,7 @@ from strom.config import (
     KV_SNAPSHOT_NUM_RETAINED,
     LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
     LAKE_TIERING_HEARTBEAT_TIMEOUT,
+    SUPER_USERS,
     Configuration,
 )
 from strom.coordinator.acl_service import AclService
@@ -62,7 +63,7 @@ class CoordinatorRole:
         self.lake.start()
         self.snapshots = KvSnapshotService(
             coordinator, self.snapshot_store, self.leases, self.clock,
-            self.config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL),
+            self.config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL), self.config.get(SUPER_USERS),
         )
         self.snapshots.start()
         await self.snapshot_store.sweep_unreferenced()

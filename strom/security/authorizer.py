@@ -103,12 +103,19 @@ class Authorizer:
             raise AuthorizationError(f"principal {principal} may not {operation.name} {resource}")
 
     # ---- ACL management ----
+    @staticmethod
+    def _managed_by(resource: Resource) -> Resource:
+        """Whose ALL lets one manage ``resource``'s entries: a table's database, else the resource itself."""
+        if resource.type is ResourceType.TABLE:
+            return Resource.database(resource.name.split(".", 1)[0])
+        return resource
+
+    def _may_manage(self, principal: Principal, host: str, resource: Resource) -> bool:
+        return self.is_authorized(principal, host, OperationType.ALL, self._managed_by(resource))
+
     def _authorize_acl_management(self, principal: Principal, host: str, resources: Iterable[Resource]) -> None:
         for resource in resources:
-            target = resource
-            if resource.type is ResourceType.TABLE:
-                target = Resource.database(resource.name.split(".", 1)[0])
-            self.authorize(principal, host, OperationType.ALL, target)
+            self.authorize(principal, host, OperationType.ALL, self._managed_by(resource))
 
     def add_acls(self, principal: Principal, host: str, bindings: Collection[AclBinding]) -> None:
         """Store ``bindings`` (valid ones: see :meth:`AclBinding.validate`).
@@ -127,12 +134,21 @@ class Authorizer:
     def drop_acls(self, principal: Principal, host: str, filters: Collection[AclFilter]) -> list[list[AclBinding]]:
         """Remove every entry a filter matches; per filter, the entries it matched (sorted).
 
+        The answer never depends on entries the caller may not manage, so it tells someone without the
+        right nothing about the ACLs: a filter naming one resource needs ALL on it (on its database, for a
+        table) whether or not entries exist; a filter that may match several resources drops (and reports)
+        only the entries on resources the caller may manage, as listing shows only what it may describe.
+
         Raises:
-            AuthorizationError: ``principal`` lacks ALL on a resource with matching entries; nothing is removed.
+            AuthorizationError: ``principal`` lacks ALL on a resource a filter names; nothing is removed.
         """
-        matched = [sorted(binding for binding in self.bindings() if acl_filter.matches(binding)) for acl_filter in filters]
+        for acl_filter in filters:
+            if acl_filter.resource_type is not ResourceType.ANY and acl_filter.resource_name is not None:
+                named = Resource(acl_filter.resource_type, acl_filter.resource_name)
+                self._authorize_acl_management(principal, host, {named})
+        manageable = [binding for binding in self.bindings() if self._may_manage(principal, host, binding.resource)]
+        matched = [sorted(binding for binding in manageable if acl_filter.matches(binding)) for acl_filter in filters]
         doomed = {binding for bindings in matched for binding in bindings}
-        self._authorize_acl_management(principal, host, {binding.resource for binding in doomed})
         if doomed:
             self._store.delete_acls([_to_record(binding) for binding in sorted(doomed)])
             for binding in doomed:

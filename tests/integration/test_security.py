@@ -27,7 +27,7 @@ from strom.security.credentials import SaslCredentials
 from tests.conftest import unique_name
 from tests.integration.pyfluss_support import poll_records
 from tests.integration.security_support import SECURE_CONFIG, USERS, strom_config
-from tests.integration.snapshot_support import create_pk_table, write_round
+from tests.integration.snapshot_support import create_pk_table, wait_for_snapshot_ids, write_round
 from tests.server_process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("security")]
@@ -169,6 +169,39 @@ async def test_read_is_needed_to_look_up_fetch_scan_or_lease(secure_server: Serv
             await lease.acquire_snapshots({bucket: 0})
             await lease.drop()
     finally:
+        await revoke_all(admin, "bob")
+
+
+@pytest.mark.asyncio
+async def test_a_lease_belongs_to_its_creator(secure_server: ServerProcess, admin: Connection) -> None:
+    """Another principal, even one that may read the table, cannot renew, take over, release or drop it;
+    a super user can (an operator cleaning up after a job)."""
+    path = TablePath(DATABASE, unique_name("owned"))
+    table = await create_pk_table(admin, path, buckets=1)
+    await write_round(table, range(10), "a")
+    snapshot = (await wait_for_snapshot_ids(admin.get_admin(), path, 0)).snapshots[0]
+    assert snapshot is not None
+    bucket = table.bucket(0)
+    resource = Resource.table(path.database_name, path.table_name)
+    lease_id = unique_name("alice-job")
+    for user in ("alice", "bob"):
+        await grant(admin, user, OperationType.READ, resource)
+    try:
+        async with await Connection.create(strom_config(secure_server, "alice")) as alice:
+            await alice.get_admin().create_kv_snapshot_lease(lease_id, 600_000).acquire_snapshots(
+                {bucket: snapshot.snapshot_id})
+        (held,) = await admin.get_admin().list_kv_snapshot_leases(lease_id)
+        async with await Connection.create(strom_config(secure_server, "bob")) as bob:
+            taken_over = bob.get_admin().create_kv_snapshot_lease(lease_id, 1)
+            for attempt in (taken_over.acquire_snapshots({bucket: snapshot.snapshot_id}), taken_over.renew(),
+                            taken_over.release_snapshots([bucket]), taken_over.drop()):
+                with pytest.raises(AuthorizationError, match="belongs to another principal"):
+                    await attempt
+        assert await admin.get_admin().list_kv_snapshot_leases(lease_id) == [held], "bob changed nothing"
+        await admin.get_admin().create_kv_snapshot_lease(lease_id, 1).drop()  # a super user may
+        assert await admin.get_admin().list_kv_snapshot_leases(lease_id) == []
+    finally:
+        await revoke_all(admin, "alice")
         await revoke_all(admin, "bob")
 
 

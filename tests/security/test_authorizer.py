@@ -85,10 +85,32 @@ def test_managing_acls_needs_all_on_the_resource_or_a_tables_database(authorizer
     grant(authorizer, ALICE, OperationType.ALL, Resource.database("shop"))
     authorizer.add_acls(ALICE, "h", [entry])
     assert authorizer.is_authorized(BOB, "h", READ, ORDERS)
+    # Bob may manage nothing: his filter drops nothing and says so, as it would with no entry at all
+    assert authorizer.drop_acls(BOB, "h", [AclFilter(principal=BOB)]) == [[]]
     with pytest.raises(AuthorizationError):
-        authorizer.drop_acls(BOB, "h", [AclFilter(principal=BOB)])
+        authorizer.drop_acls(BOB, "h", [AclFilter(resource_type=ResourceType.TABLE, resource_name="shop.orders")])
     assert authorizer.drop_acls(ALICE, "h", [AclFilter(principal=BOB)]) == [[entry]]
     assert not authorizer.is_authorized(BOB, "h", READ, ORDERS)
+
+
+def test_dropping_acls_answers_the_same_whether_or_not_an_entry_exists(authorizer: Authorizer) -> None:
+    """No oracle: a caller without the right learns nothing about which entries exist."""
+    named = AclFilter(resource_type=ResourceType.TABLE, resource_name="shop.orders")
+    pattern = AclFilter(principal=ALICE)
+
+    def answers() -> list[object]:
+        outcomes: list[object] = []
+        for acl_filter in (named, pattern):
+            try:
+                outcomes.append(authorizer.drop_acls(BOB, "h", [acl_filter]))
+            except AuthorizationError as exc:
+                outcomes.append(str(exc))
+        return outcomes
+
+    without = answers()
+    grant(authorizer, ALICE, READ, ORDERS)
+    assert answers() == without
+    assert authorizer.is_authorized(ALICE, "h", READ, ORDERS), "Bob's attempts removed nothing"
 
 
 def test_listing_shows_only_resources_the_caller_may_describe(authorizer: Authorizer) -> None:

@@ -253,3 +253,21 @@ def test_acquiring_an_unreadable_lease_id_replaces_it(store: SqliteMetadataStore
     assert change.released_all and manager.unreadable_lease_ids == []
     assert manager.is_leased(T0, 1) and not manager.is_leased(T0, 2)
     assert decode_lease("holder", store.list_leases()["holder"]).pins == {T0: 1}
+
+
+def test_a_lease_keeps_its_owner_and_an_older_ownerless_lease_still_reads() -> None:
+    owned = KvSnapshotLease("job", 123, {T0: 3, T1: 4}, owner="User:alice")
+    assert decode_lease("job", encode_lease(owned)) == owned
+    # format 2 (before owners): version, expiry, then the compressed pins, as an older strom wrote it
+    older = b"\x02" + encode_lease(owned)[1:9] + encode_lease(owned)[9 + 2 + len("User:alice"):]
+    assert decode_lease("job", older) == KvSnapshotLease("job", 123, {T0: 3, T1: 4}, owner=None)
+
+
+def test_acquire_sets_the_owner_once_and_renewals_keep_it(tmp_path: Path) -> None:
+    clock = ManualClock(1_000)
+    manager = KvSnapshotLeaseManager(SqliteMetadataStore(str(tmp_path / "m.sqlite")), clock)
+    manager.acquire("job", 60_000, {T0: 1}, lambda _b, _s: True, owner="User:alice")
+    manager.acquire("job", 60_000, {}, lambda _b, _s: True, owner="User:bob")  # the service refuses this first
+    manager.release("job", [T1])
+    lease = manager.get("job")
+    assert lease is not None and lease.owner == "User:alice"
