@@ -94,6 +94,12 @@ class FrameBuffer:
         self._start = start
         return frames
 
+    def set_frame_size_bytes_max(self, frame_size_bytes_max: int) -> None:
+        """Change the largest frame accepted from the next length read on (a connection that authenticated
+        may send full-size frames)."""
+        assert frame_size_bytes_max > self._min_size_bytes
+        self._frame_size_bytes_max = frame_size_bytes_max
+
     @property
     def buffered_size_bytes(self) -> int:
         return len(self._buffer) - self._start

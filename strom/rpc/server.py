@@ -82,6 +82,7 @@ class ServerStats:
     connections_closed_on_bad_frame: int = 0
     requests: int = 0
     error_responses: int = 0
+    failed_authentications: int = 0
     internal_errors: list[str] = field(default_factory=list)
 
 
@@ -101,6 +102,33 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+UNAUTHENTICATED_FRAME_SIZE_BYTES_MAX = 512 * 1024
+"""Kafka's ``sasl.server.max.receive.size``: what a connection may send before it has authenticated."""
+FAILED_AUTHENTICATION_DELAY_MS = 100
+"""Kafka's ``connection.failed.authentication.delay.ms``."""
+FAILURE_LOG_INTERVAL_S = 10.0
+
+
+class _RateLimitedLog:
+    """At most one warning per interval; the next one says how many were left out."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._next_s = 0.0
+        self._suppressed = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next_s:
+            self._suppressed += 1
+            return
+        if self._suppressed:
+            message += f" ({self._suppressed} more such failures not logged)"
+            self._suppressed = 0
+        self._next_s = now + self._interval_s
+        log.warning(message, *args)
+
+
 class RpcServer:
     """Serves Fluss RPC on one TCP port and dispatches each api key to its handler."""
 
@@ -115,11 +143,19 @@ class RpcServer:
         on_connection_closed: Callable[[int], None] | None = None,
         authenticator: Authenticator | None = None,
         authentication_required: bool | None = None,
+        unauthenticated_frame_size_bytes_max: int = UNAUTHENTICATED_FRAME_SIZE_BYTES_MAX,
+        failed_authentication_delay_ms: int = FAILED_AUTHENTICATION_DELAY_MS,
     ) -> None:
         """``authenticator`` checks Authenticate requests. ``authentication_required`` (by default: whether
         there is an authenticator): a connection may send only ApiVersions and Authenticate until it has
         authenticated; otherwise it starts as ``User:ANONYMOUS`` and may authenticate (a cluster's servers
-        do, on any listener)."""
+        do, on any listener).
+
+        Until a connection on a listener that requires authentication has authenticated, its frames may be
+        at most ``unauthenticated_frame_size_bytes_max`` (Kafka's ``sasl.server.max.receive.size``), take
+        nothing of the shared buffered-request budget, and bytes that complete no frame do not keep it from
+        the idle timeout. A failed authentication is answered after ``failed_authentication_delay_ms`` and
+        the connection closed (Kafka's ``connection.failed.authentication.delay.ms``)."""
         assert frame_size_bytes_max > framing.REQUEST_HEADER_SIZE_BYTES
         assert in_flight_count_max >= 1
         self._routes: dict[int, _Route] = {}
@@ -133,6 +169,9 @@ class RpcServer:
         self._authentication_required = (
             authenticator is not None if authentication_required is None else authentication_required
         )
+        self._unauthenticated_frame_size_bytes_max = min(unauthenticated_frame_size_bytes_max, frame_size_bytes_max)
+        self._failed_authentication_delay_s = failed_authentication_delay_ms / 1000
+        self._failure_log = _RateLimitedLog(FAILURE_LOG_INTERVAL_S)
         assert authenticator is not None or not self._authentication_required
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[int, _Connection] = {}
@@ -250,10 +289,13 @@ class RpcServer:
             return self._error_frame(header.request_id, AuthenticationError("this listener does not use SASL"))
         try:
             # also on a connection that authenticated before: new credentials are checked like the first
-            connection.principal = self._authenticator.authenticate(request.protocol, request.token)
+            principal = self._authenticator.authenticate(request.protocol, request.token)
         except StromError as exc:
-            log.warning("authentication from %s failed: %s", connection.peer, exc)
+            self.stats.failed_authentications += 1
+            self._failure_log.warning("authentication from %s failed: %s", connection.peer, exc)
+            connection.failed_authentication = True  # answered after a delay, then closed
             return self._error_frame(header.request_id, exc)
+        connection.authenticated(principal, self._frame_size_bytes_max)
         body = pb.AuthenticateResponse().SerializeToString()  # PLAIN completes in one round: no challenge
         return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)
 
@@ -286,7 +328,11 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: RpcServer, connection_id: int) -> None:
         self._server = server
         self.connection_id = connection_id
-        self._frames = framing.FrameBuffer(server._frame_size_bytes_max, framing.REQUEST_HEADER_SIZE_BYTES)
+        self.principal: Principal | None = None if server._authentication_required else ANONYMOUS
+        self.failed_authentication = False
+        """The last Authenticate failed: its answer goes out after the server's delay, then the connection closes."""
+        frame_limit = server._frame_size_bytes_max if self.principal is not None else server._unauthenticated_frame_size_bytes_max
+        self._frames = framing.FrameBuffer(frame_limit, framing.REQUEST_HEADER_SIZE_BYTES)
         self._transport: asyncio.Transport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # Frames read but not started: one read may carry many frames, and at most in_flight_count_max of
@@ -298,8 +344,6 @@ class _Connection(asyncio.Protocol):
         self._start_scheduled = False
         self._writing_paused = False
         self.peer = "?"
-        # None until a connection on a SASL listener authenticates
-        self.principal: Principal | None = None if server._authentication_required else ANONYMOUS
         self.in_flight_count = 0
         self.last_active = time.monotonic()
 
@@ -323,8 +367,13 @@ class _Connection(asyncio.Protocol):
         if self._server._on_connection_closed is not None:
             self._server._on_connection_closed(self.connection_id)
 
+    def authenticated(self, principal: Principal, frame_size_bytes_max: int) -> None:
+        self.principal = principal
+        self._frames.set_frame_size_bytes_max(frame_size_bytes_max)
+
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
+        if self.principal is not None:
+            self.last_active = time.monotonic()
         try:
             frames = self._frames.feed(data)
         except ValueError as exc:
@@ -332,6 +381,8 @@ class _Connection(asyncio.Protocol):
             self._server.stats.connections_closed_on_bad_frame += 1
             self.close()
             return
+        if frames:
+            self.last_active = time.monotonic()  # before authentication only whole frames count as activity
         self._waiting.extend(frames)
         self._start_waiting()
         self.retry_reservation()
@@ -342,7 +393,8 @@ class _Connection(asyncio.Protocol):
             return
         budget = self._server.budget
         pending = self._frames.pending_frame_size_bytes
-        needed = pending if pending > SMALL_FRAME_SIZE_BYTES else 0
+        # an unauthenticated connection's frames are small (bounded above) and reserve nothing
+        needed = pending if pending > SMALL_FRAME_SIZE_BYTES and self.principal is not None else 0
         if needed != self._reserved_bytes:
             if self._reserved_bytes:
                 reserved, self._reserved_bytes = self._reserved_bytes, 0
@@ -365,6 +417,9 @@ class _Connection(asyncio.Protocol):
             frame = self._waiting.popleft()
             routed = server.route(frame, self)
             if isinstance(routed, bytes):
+                if self.failed_authentication:
+                    self._refuse_after_delay(routed)
+                    return
                 self._write(routed)
                 continue
             route, request, context = routed
@@ -387,6 +442,20 @@ class _Connection(asyncio.Protocol):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         assert self.in_flight_count <= in_flight_count_max
+
+    def _refuse_after_delay(self, answer: bytes) -> None:
+        """Stop reading, answer the failed authentication after the server's delay, and close: a guesser
+        gets one attempt per connection and a paced answer."""
+        self._waiting.clear()
+        if self._transport is not None and not self._reading_paused:
+            self._transport.pause_reading()
+            self._reading_paused = True
+
+        def answer_and_close() -> None:
+            self._write(answer)
+            self.close()
+
+        asyncio.get_running_loop().call_later(self._server._failed_authentication_delay_s, answer_and_close)
 
     def _schedule_start(self) -> None:
         if not self._start_scheduled:
