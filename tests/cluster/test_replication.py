@@ -21,7 +21,9 @@ from strom.client.batch_scanner import BucketBatchScanner
 from strom.errors import FencedLeaderEpochError, KvSnapshotNotExistError, ScannerExpiredError, StromError
 from strom.kv.snapshot import CompletedKvSnapshot
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
+from strom.security.internal import InternalCredentials
 from strom.server.local_cluster import LocalCluster
 from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 from strom.zk.metadata_store import connect_kazoo, parse_location
@@ -299,10 +301,17 @@ def test_snapshots_carry_their_leader_epoch_and_a_deposed_leaders_is_refused(tmp
                     completed_snapshot=stale.to_json(), coordinator_epoch=0, bucket_leader_epoch=deposed.leader_epoch
                 )
                 refused: type[Exception] | None = None
+                # sent as the deposed leader's server would (a plain client's is refused before its epoch is read)
+                as_deposed = InternalCredentials(local.settings()["security.internal.secret"],
+                                                 f"tablet-server-{deposed.leader}")
+                host, _, port = local.bootstrap.split(",")[0].rpartition(":")
+                peer = await RpcConnection.connect(host, int(port), credentials=as_deposed)
                 try:
-                    await connection.request(local.bootstrap, ApiKey.COMMIT_KV_SNAPSHOT, request)
+                    await peer.request(ApiKey.COMMIT_KV_SNAPSHOT, request)
                 except StromError as error:
                     refused = type(error)
+                finally:
+                    await peer.close()
                 recorded: type[Exception] | None = None
                 try:
                     await connection.get_admin().get_kv_snapshot_metadata(bucket, stale.snapshot_id)
