@@ -58,6 +58,7 @@ from strom.server.node import (
     ServerPaths,
     advertised_host,
     lake_warehouse,
+    remote_root,
     rpc_server_factory,
     scanner_config,
 )
@@ -125,7 +126,7 @@ class _ClusterProcess:
         self.clock = clock
         warehouse = WAREHOUSE_OPTIONS[config.get(DATALAKE_FORMAT)]
         self.config = config.with_values({warehouse.key: lake_warehouse(config.get(warehouse), self.paths)})
-        self.remote_root = config.get(REMOTE_DATA_DIR) or str(self.paths.default_remote)
+        self.remote_root = remote_root(config.get(REMOTE_DATA_DIR), self.paths)
         self.store: MetadataStore | None = None
         self.security: ServerSecurity | None = None
         self.rpc: RpcServer | None = None

@@ -117,6 +117,14 @@ def lake_warehouse(configured: str | None, paths: ServerPaths) -> str:
     return str(Path(configured).expanduser().resolve())
 
 
+def remote_root(configured: str | None, paths: ServerPaths) -> str:
+    """Where KV snapshots (and remote files) go. Clients and Spark tasks read snapshot files by the paths the
+    server records, from their own working directories, so a local root is made absolute."""
+    if configured is not None and "://" in configured:
+        return configured
+    return str(Path(configured).expanduser().resolve() if configured else paths.default_remote.resolve())
+
+
 def advertised_host(config: Configuration, host: str) -> str:
     """The host clients are told to connect to (``advertised.host``, else the bound one; loopback for a
     wildcard bind)."""
@@ -176,7 +184,7 @@ class StromServer:
         self.port = port
         self.config = config
         self.clock = clock
-        self.remote_root = config.get(REMOTE_DATA_DIR) or str(self.paths.default_remote)
+        self.remote_root = remote_root(config.get(REMOTE_DATA_DIR), self.paths)
         self.store: MetadataStore | None = None
         self.replicas: ReplicaManager | None = None
         self.role: CoordinatorRole | None = None

@@ -68,7 +68,7 @@ class ZooKeeperServer:
     def __init__(self, directory: Path, port: int | None = None, *, detached: bool = False) -> None:
         """``detached``: the server runs in its own session, so it outlives the starting process (``strom
         cluster start``) and a Ctrl-C in that terminal does not reach it; stop it by its pid."""
-        self.directory = directory
+        self.directory = directory.absolute()  # java runs in it: zoo.cfg's path must not be relative to it
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self._detached = detached
