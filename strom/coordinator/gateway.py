@@ -23,3 +23,10 @@ class TabletServerGateway(Protocol):
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
         """Stop hosting a table's buckets (all partitions when ``partition_id`` is None); ``delete`` removes
         their data. Closes their scan sessions and wakes their long-polls."""
+
+    async def high_watermarks(self, table: TableInfo, buckets: Sequence[TableBucket]) -> dict[TableBucket, int]:
+        """Each bucket's high watermark, from its leader: how far its log is acknowledged.
+
+        Raises:
+            StromError: a leader could not say (a retriable error while leadership moves).
+        """

@@ -8,7 +8,13 @@ it, and the store is written in an await-free stretch right after the last check
 Beyond Fluss, prepare and commit accept a ``tiering_epoch`` (strom's field 100 of ``PbTableOffsets`` and
 ``PbLakeTableSnapshotMetadata``): when present, the call is refused unless a round of the table runs under
 that epoch. Official clients never send it and are served as Fluss serves them. Whoever commits, a lake
-snapshot never moves a bucket's offset back.
+snapshot never moves a bucket's offset back, and a prepare naming an offset beyond its bucket's high
+watermark (asked of the bucket's leader) is refused: no caller can record lake offsets the log has not
+reached, which would make every honest commit after it look like a step back. Errors name the caller's
+own table path or id, never the real path behind an id or a remote directory. An offsets file prepared but
+never committed is deleted at the table's next commit, and a table keeps at most
+:data:`UNCOMMITTED_FILES_MAX` of them in between. Who may call these RPCs at all is the authorizer's
+(``strom.security.access``: ALTER on the cluster).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from strom.coordinator.lake_snapshots import (
     offsets_file_dir,
     snapshots_to_discard,
 )
+from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.lake_tiering import UNKNOWN, LakeTableTieringManager
 from strom.coordinator.service import CoordinatorService
 from strom.errors import (
@@ -51,6 +58,8 @@ from strom.rpc.messages import ext, pb
 
 log = logging.getLogger(__name__)
 
+UNCOMMITTED_FILES_MAX = 8
+"""Offsets files a table may hold from prepares not yet committed; a prepare beyond deletes the oldest."""
 TICK_INTERVAL_MS = 100
 """How often the loop task fires due schedules (heartbeat timeouts are checked at their own interval)."""
 
@@ -72,8 +81,11 @@ class LakeTieringService:
 
     def __init__(
         self, coordinator: CoordinatorService, manager: LakeTableTieringManager, store: MetadataStore,
-        remote: RemoteStorage,
+        remote: RemoteStorage, tablets: TabletServerGateway,
     ) -> None:
+        self._tablets = tablets
+        self._uncommitted: dict[int, list[str]] = {}
+        """Per table, the offsets files prepared since its last commit, oldest first."""
         self._coordinator = coordinator
         self._manager = manager
         self._store = store
@@ -149,7 +161,7 @@ class LakeTieringService:
         if table is None:
             raise TableNotExistError(f"The table {table_id} doesn't exist.")
         if path is not None and table.path != path:
-            raise TableNotExistError(f"The table {table_id} is '{table.path}', not '{path}'.")
+            raise TableNotExistError(f"The table {table_id} is not '{path}'.")
         return table
 
     def _check_buckets(self, table: TableInfo, offsets: Mapping[TableBucket, int]) -> None:
@@ -172,7 +184,7 @@ class LakeTieringService:
         directory = self._remote.url(offsets_file_dir(table.path, table.table_id)) + "/"
         name = location[len(directory):] if location.startswith(directory) else ""
         if not name or "/" in name or name in (".", ".."):
-            raise StromError(f"{location!r} is not an offsets file of table '{table.path}' (expected {directory}<name>)")
+            raise StromError(f"{location!r} is not an offsets file of table {table.table_id}")
         return location
 
     async def _read_offsets(self, table: TableInfo, location: str) -> dict[TableBucket, int]:
@@ -215,6 +227,8 @@ class LakeTieringService:
             partition = self._coordinator.partition_by_id(partition_id)
             if partition is None or partition.table_id != table.table_id:
                 raise PartitionNotExistError(f"Partition id {partition_id} of table '{table.path}' does not exist.")
+        await self._check_reached(table, new)
+        table = self._table(entry.table_id, path, epoch)  # the high watermarks' requests yielded the loop
         offsets: dict[TableBucket, int] = {}
         latest = self._latest(table.table_id)
         if latest is not None and not ignore_previous:
@@ -225,7 +239,49 @@ class LakeTieringService:
             await asyncio.to_thread(self._remote.write_bytes, location, encode_offsets_file(table.table_id, offsets))
         except OSError as exc:
             raise StorageError(f"Cannot write the lake offsets file {location}: {exc}") from None
+        await self._remember_uncommitted(table, location)
         return location
+
+    async def _check_reached(self, table: TableInfo, offsets: Mapping[TableBucket, int]) -> None:
+        """Every offset is at most its bucket's high watermark: tiering reads only acknowledged records."""
+        if not offsets:
+            return
+        reached = await self._tablets.high_watermarks(table, sorted(offsets, key=lambda b: (b.partition_id or -1, b.bucket)))
+        for bucket, offset in offsets.items():
+            if offset > reached[bucket]:
+                raise LogOffsetOutOfRangeError(
+                    f"The lake offset {offset} of {bucket} is beyond its log's high watermark {reached[bucket]}."
+                )
+
+    async def _remember_uncommitted(self, table: TableInfo, location: str) -> None:
+        files = self._uncommitted.setdefault(table.table_id, [])
+        files.append(location)
+        while len(files) > UNCOMMITTED_FILES_MAX:
+            await self._delete_quietly(files.pop(0))
+
+    async def _delete_quietly(self, location: str) -> None:
+        try:
+            await asyncio.to_thread(self._remote.delete, location)
+        except OSError as exc:
+            log.warning("could not delete the lake offsets file %s: %s", location, exc)
+
+    async def _delete_unreferenced(self, table: TableInfo) -> None:
+        """After a commit: the offsets files no recorded lake snapshot refers to are prepares that were never
+        committed (failed rounds, or requests that were not rounds at all); delete them."""
+        self._uncommitted.pop(table.table_id, None)
+        in_use: set[str] = set()
+        for snapshot_id in self._store.list_lake_snapshot_ids(table.table_id):
+            record = self._store.get_lake_snapshot(table.table_id, snapshot_id)
+            if record is not None:
+                in_use |= LakeSnapshot.from_record(record).paths
+        directory = self._remote.url(offsets_file_dir(table.path, table.table_id))
+        try:
+            listed = await asyncio.to_thread(self._remote.list_files, directory)
+        except OSError as exc:
+            log.warning("could not list the lake offsets files of %s: %s", table.path, exc)
+            return
+        for location in sorted(set(listed) - in_use):
+            await self._delete_quietly(location)
 
     # ---- CommitLakeTableSnapshot ----
     async def commit_lake_table_snapshot(self, request: Any, _context: object) -> Any:
@@ -285,6 +341,7 @@ class LakeTieringService:
         log.info("table %s: lake snapshot %d committed (%d buckets)", table.path, snapshot.snapshot_id, len(tiered))
         if discarded:
             await self._delete_offsets_files(table, snapshot, [LakeSnapshot.from_record(r) for r in discarded])
+        await self._delete_unreferenced(table)
 
     def _partition_names(
         self, table: TableInfo, buckets: list[TableBucket], latest: LakeSnapshot | None

@@ -1,5 +1,6 @@
 """The coordinator's :class:`TabletServerGateway` in a cluster: Fluss's NotifyLeaderAndIsr, StopReplica and
-UpdateMetadata requests to the tablet server processes.
+UpdateMetadata requests to the tablet server processes, and ListOffsets to bucket leaders for their high
+watermarks.
 
 Leadership notices are sent in the background and are only a head start: a tablet server also takes a
 bucket assigned to it (``MetadataStore.get_bucket_assignment``) on the first request for it, so a notice
@@ -13,8 +14,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from strom.coordinator.placement import BucketPlacement
+from strom.errors import LeaderNotAvailableError, error_for_code
 from strom.ids import TableBucket
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
@@ -22,6 +25,9 @@ from strom.rpc.messages import pb
 from strom.rpc.peers import ALL_BUCKETS, PeerConnections, ServerNode
 
 log = logging.getLogger(__name__)
+
+LATEST_OFFSET = 1
+"""ListOffsets' ``offset_type`` for the latest offset: the high watermark (0 earliest, 2 by timestamp)."""
 
 class RemoteTabletServers:
     """Owned by the coordinator's event loop."""
@@ -77,6 +83,33 @@ class RemoteTabletServers:
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("StopReplica of table %d failed on a tablet server: %s", table_id, result)
+
+    async def high_watermarks(self, table: TableInfo, buckets: Sequence[TableBucket]) -> dict[TableBucket, int]:
+        """ListOffsets (latest: the high watermark) to each bucket's leader, one request per leader and
+        partition."""
+        nodes = {node.node_id: node for node in self._placement.tablet_servers()}
+        groups: dict[tuple[int, int | None], list[TableBucket]] = {}
+        described: dict[int | None, dict[int, Any]] = {}
+        for bucket in buckets:
+            if bucket.partition_id not in described:
+                described[bucket.partition_id] = self._placement.describe(table, bucket.partition_id)
+            leadership = described[bucket.partition_id].get(bucket.bucket)
+            if leadership is None or leadership.leader is None or leadership.leader not in nodes:
+                raise LeaderNotAvailableError(f"{bucket} has no live leader to tell its high watermark")
+            groups.setdefault((leadership.leader, bucket.partition_id), []).append(bucket)
+        found: dict[TableBucket, int] = {}
+        for (leader, partition_id), members in groups.items():
+            request = pb.ListOffsetsRequest(follower_server_id=-1, offset_type=LATEST_OFFSET, table_id=table.table_id,
+                                            bucket_id=[b.bucket for b in members])
+            if partition_id is not None:
+                request.partition_id = partition_id
+            node = nodes[leader]
+            response = await self._peers.request(node.host, node.port, ApiKey.LIST_OFFSETS, request)
+            for answer in response.buckets_resp:  # type: ignore[attr-defined]
+                if answer.HasField("error_code") and answer.error_code != 0:
+                    raise error_for_code(answer.error_code, answer.error_message or None)
+                found[TableBucket(table.table_id, answer.bucket_id, partition_id)] = answer.offset
+        return found
 
     async def _send(self, node: ServerNode, key: ApiKey, request: object) -> None:
         try:

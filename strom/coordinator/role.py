@@ -59,7 +59,7 @@ class CoordinatorRole:
             self.store, tablets, self.config, self.clock, placement, self.lake_tiering, self._on_table_dropped
         )
         coordinator.start()
-        self.lake = LakeTieringService(coordinator, self.lake_tiering, self.store, self.remote)
+        self.lake = LakeTieringService(coordinator, self.lake_tiering, self.store, self.remote, tablets)
         self.lake.start()
         self.snapshots = KvSnapshotService(
             coordinator, self.snapshot_store, self.leases, self.clock,

@@ -13,8 +13,10 @@ rules follow Fluss's services:
 - FetchLog, Lookup and PrefixLookup answer a denied table per bucket with the authorization error code, as
   Fluss does (the official client reports it per bucket); the others fail as a whole (code 48).
 
-Requests Fluss leaves unchecked are unchecked here too: ApiVersions, DatabaseExists, TableExists,
-GetFileSystemSecurityToken and the tiering service's coordinator calls.
+Requests Fluss leaves unchecked are unchecked here too: ApiVersions, DatabaseExists, TableExists and
+GetFileSystemSecurityToken. Fluss leaves the tiering service's coordinator calls unchecked as well; here
+they need ALTER on the cluster (LakeTieringHeartbeat, PrepareLakeTableSnapshot, CommitLakeTableSnapshot):
+they hand out tables and move their lake offsets, which is the tiering service's privilege.
 """
 
 from __future__ import annotations
@@ -103,6 +105,9 @@ class AccessControl:
             ApiKey.LIST_KV_SNAPSHOT_LEASES: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
             ApiKey.DESCRIBE_LAKE_TIERING: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
             ApiKey.GET_LAKE_SNAPSHOT: lambda r, c: self._check_path(c, DESCRIBE, r.table_path),
+            ApiKey.LAKE_TIERING_HEARTBEAT: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
+            ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
+            ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
             ApiKey.PRODUCE_LOG: lambda r, c: self._check_id(c, WRITE, r.table_id),
             ApiKey.PUT_KV: lambda r, c: self._check_id(c, WRITE, r.table_id),
             ApiKey.LIST_OFFSETS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),

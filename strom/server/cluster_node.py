@@ -477,5 +477,8 @@ class _NoTablets:
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
         raise AssertionError("a tablet server's catalog does not drop tables")
 
+    async def high_watermarks(self, table: TableInfo, buckets: Sequence[TableBucket]) -> dict[TableBucket, int]:
+        raise AssertionError("a tablet server's catalog serves no lake requests")
+
 
 __all__ = ["CoordinatorNode", "TabletServerNode"]

@@ -174,6 +174,9 @@ class LocalTabletServer:
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
         await self._tablets.stop_replicas(table_id, partition_id, delete=delete)
 
+    async def high_watermarks(self, table: TableInfo, buckets: Sequence[TableBucket]) -> dict[TableBucket, int]:
+        return {bucket: self._tablets.replicas.get(bucket).log.high_watermark for bucket in buckets}
+
 
 class StromServer:
     """Both roles in one process. ``start()`` then ``serve_forever()``; ``stop()`` shuts down cleanly."""

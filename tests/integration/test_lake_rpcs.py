@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from strom.client import Connection, Schema, TableDescriptor, TablePath
@@ -48,12 +49,23 @@ WAIT_S = 20.0
 # requests; the test of the timeout itself sets 1 s.
 
 
+ROWS = 200
+"""Rows written to each new table: every bucket's log then reaches past the offsets the tests commit (a
+prepare beyond a bucket's high watermark is refused)."""
+
+
 async def create(connection: Connection, properties: dict[str, str] | None = None, buckets: int = 2) -> TablePath:
     path = TablePath("fluss", unique_name("lake"))
     await connection.get_admin().create_table(
         path, TableDescriptor(SCHEMA, bucket_count=buckets, properties=properties or {})
     )
+    await fill(connection, path, {"id": list(range(ROWS)), "name": [f"n{i}" for i in range(ROWS)]})
     return path
+
+
+async def fill(connection: Connection, path: TablePath, columns: dict[str, list[Any]]) -> None:
+    writer = (await connection.get_table(path)).new_upsert().create_writer()
+    await writer.upsert_batch(pa.table(columns))
 
 
 def read_json(location: str) -> Any:
@@ -332,6 +344,7 @@ async def test_partitioned_tables_snapshots_carry_partition_names(server_factory
                                                        bucket_count=2, properties=LAKE))
         await admin.create_partition(path, {"region": "EU"})
         await admin.create_partition(path, {"region": "US"})
+        await fill(connection, path, {"id": [*range(ROWS), *range(ROWS)], "region": ["EU"] * ROWS + ["US"] * ROWS})
         ids = {p.partition_name: p.partition_id for p in await admin.list_partition_infos(path)}
         table_id = (await admin.get_table_info(path)).table_id
         epoch = (await take_table(connection, table_id)).tiering_epoch
@@ -498,3 +511,52 @@ async def test_metrics_report_tiering_states_lag_and_failures(server_factory: An
     assert f'strom_lake_tiering_lag_seconds{{table="{path}"}}' in body
     assert f'strom_lake_tiering_data_lag_seconds{{table="{path}"}}' in body
     assert f'strom_lake_tiering_failures{{table="{path}"}} 1.0' in body
+
+
+async def test_offsets_beyond_the_high_watermark_are_refused_and_record_nothing(server_factory: Any) -> None:
+    """A caller cannot record lake offsets the log has not reached: they would make every honest commit
+    after it look like a step back."""
+    server = server_factory(FAST)
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        path = await create(connection, LAKE)
+        table_id = (await admin.get_table_info(path)).table_id
+        epoch = (await take_table(connection, table_id)).tiering_epoch
+        with pytest.raises(LogOffsetOutOfRangeError, match="beyond its log's high watermark"):
+            await admin.prepare_lake_table_snapshot(table_id, path, {TableBucket(table_id, 0): 10**15}, epoch)
+        with pytest.raises(LakeSnapshotNotExistError):
+            await admin.get_lake_snapshot(path)
+        await admin.lake_tiering_heartbeat(finished=[FinishedTiering(table_id, epoch)])
+        await commit_round(connection, path, table_id, 1, {0: 10, 1: 3})  # the honest round goes through
+        assert (await admin.get_lake_snapshot(path)).snapshot_id == 1
+
+
+async def test_prepares_never_committed_leave_a_bounded_number_of_files_and_a_commit_clears_them(
+    server_factory: Any,
+) -> None:
+    server = server_factory(FAST)
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        path = await create(connection, LAKE)
+        table_id = (await admin.get_table_info(path)).table_id
+        epoch = (await take_table(connection, table_id)).tiering_epoch
+        prepared = [await admin.prepare_lake_table_snapshot(table_id, path, {TableBucket(table_id, 0): 1}, epoch)
+                    for _ in range(20)]
+        directory = Path(prepared[0]).parent
+        assert len(list(directory.iterdir())) <= 8, "at most 8 uncommitted offsets files per table"
+        await admin.commit_lake_table_snapshot(table_id, 1, prepared[-1], tiering_epoch=epoch)
+        assert [str(p) for p in directory.iterdir()] == [prepared[-1]], "only the committed file is left"
+
+
+async def test_errors_never_name_the_table_behind_an_id(server_factory: Any) -> None:
+    server = server_factory(FAST)
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        path = await create(connection, LAKE)
+        table_id = (await admin.get_table_info(path)).table_id
+        with pytest.raises(TableNotExistError) as wrong_path:
+            await admin.prepare_lake_table_snapshot(table_id, TablePath("x", "y"), {}, None)
+        with pytest.raises(StromError) as outside:
+            await admin.commit_lake_table_snapshot(table_id, 1, "/tmp/elsewhere.offsets")
+        for message in (str(wrong_path.value), str(outside.value)):
+            assert path.table_name not in message and str(server.data_dir) not in message, message

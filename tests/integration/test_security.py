@@ -206,6 +206,35 @@ async def test_a_lease_belongs_to_its_creator(secure_server: ServerProcess, admi
 
 
 @pytest.mark.asyncio
+async def test_tiering_needs_alter_on_the_cluster(secure_server: ServerProcess, admin: Connection) -> None:
+    """Taking a table's tiering round and preparing or committing its lake offsets is the tiering service's
+    privilege: a user who may read and write the table, but not ALTER the cluster, may do none of it."""
+    path = TablePath(DATABASE, unique_name("tiered"))
+    await admin.get_admin().create_table(path, TableDescriptor(
+        Schema.from_arrow(pa.schema(FIELDS), primary_key=["id"]), bucket_count=1,
+        properties={"table.datalake.enabled": "true", "table.datalake.freshness": "0s"}))
+    table = await admin.get_table(path)
+    await write_round(table, range(10), "a")
+    table_id = table.layout.info.table_id
+    resource = Resource.table(path.database_name, path.table_name)
+    for operation in (OperationType.READ, OperationType.WRITE):
+        await grant(admin, "bob", operation, resource)
+    try:
+        async with await Connection.create(strom_config(secure_server, "bob")) as bob:
+            lake = bob.get_admin()
+            with pytest.raises(AuthorizationError, match="ALTER"):
+                await lake.lake_tiering_heartbeat(request_table=True)
+            with pytest.raises(AuthorizationError, match="ALTER"):
+                await lake.prepare_lake_table_snapshot(table_id, path, {table.bucket(0): 5})
+            with pytest.raises(AuthorizationError, match="ALTER"):
+                await lake.commit_lake_table_snapshot(table_id, 1, "/x.offsets")
+            await grant(admin, "bob", OperationType.ALTER, Resource.cluster())
+            assert (await lake.lake_tiering_heartbeat()).errors == {}  # with the right, served
+    finally:
+        await revoke_all(admin, "bob")
+
+
+@pytest.mark.asyncio
 async def test_one_fetch_of_two_tables_answers_the_denied_one_per_bucket_and_reads_the_other(
     secure_server: ServerProcess, admin: Connection
 ) -> None:
