@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.lake_snapshots import (
     LakeSnapshot,
     decode_offsets_file,
@@ -34,7 +35,6 @@ from strom.coordinator.lake_snapshots import (
     offsets_file_dir,
     snapshots_to_discard,
 )
-from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.lake_tiering import UNKNOWN, LakeTableTieringManager
 from strom.coordinator.service import CoordinatorService
 from strom.errors import (
