@@ -337,7 +337,10 @@ class LakeTieringService:
                                        _optional(metadata, "earliest_snapshot_id_to_keep"))
         discarded = self._store.commit_lake_snapshot(snapshot.to_record(), discard)
         if max_timestamps:
-            self._manager.record_newest_timestamp(table.table_id, max(max_timestamps.values()))
+            try:  # the commit is recorded; a failed write of this statistic must not report it as failed
+                self._manager.record_newest_timestamp(table.table_id, max(max_timestamps.values()))
+            except StromError as exc:
+                log.warning("table %s: cannot record the lake's newest timestamp: %s", table.path, exc)
         log.info("table %s: lake snapshot %d committed (%d buckets)", table.path, snapshot.snapshot_id, len(tiered))
         if discarded:
             await self._delete_offsets_files(table, snapshot, [LakeSnapshot.from_record(r) for r in discarded])

@@ -38,7 +38,7 @@ from enum import Enum
 from typing import Any
 
 from strom.clock import Clock
-from strom.errors import FencedTieringEpochError, TableNotExistError
+from strom.errors import FencedTieringEpochError, StromError, TableNotExistError
 from strom.ids import TablePath
 from strom.metadata.store import MetadataStore
 
@@ -277,7 +277,11 @@ class LakeTableTieringManager:
                 table = self._tables[table_id]
                 log.warning("tiering of %s (epoch %d) timed out: no heartbeat for %d ms",
                             table.path, table.tiering_epoch, now - heartbeat_ms)
-                self._fail(table)
+                try:
+                    self._fail(table)
+                except StromError as exc:  # one table's failed write must not spare the others
+                    log.warning("cannot end the timed-out round of %s now (%s); trying at the next check",
+                                table.path, exc)
 
     def request_table(self) -> Assignment | None:
         """The longest-pending table, now Tiering under its epoch; None when no table is due."""
@@ -339,12 +343,14 @@ class LakeTableTieringManager:
         started_ms = self._round_started_ms.get(table_id, now)
         tiered = self._transition(table, TieringState.TIERED, last_tiered_ms=now, schedule_base_ms=now,
                                   last_round_duration_ms=now - started_ms)
-        self._heartbeats_ms.pop(table_id, None)
-        self._round_started_ms.pop(table_id, None)
         if force_finished:
             self._to_pending(tiered)
         else:
             self._to_scheduled(tiered)
+        # only once the new state is stored: a failed write leaves the round Tiering, and its heartbeat
+        # deadline still ends it if the job never reports again
+        self._heartbeats_ms.pop(table_id, None)
+        self._round_started_ms.pop(table_id, None)
 
     def fail(self, table_id: int, tiering_epoch: int) -> None:
         """A job gave up on its round: the table is Pending again at once, with the next epoch."""

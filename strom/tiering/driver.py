@@ -67,6 +67,10 @@ def lease_id_for(job_id: str) -> str:
     return f"{job_id}-kv-snapshots"
 
 
+HEARTBEAT_INTERVAL_MAX_MS = 10_000
+"""However long ``tiering.poll.table.interval`` is, a round's heartbeats are at most this far apart."""
+
+
 @dataclass(frozen=True, slots=True)
 class TieringOptions:
     bootstrap_servers: str
@@ -97,7 +101,9 @@ class TieringOptions:
 
     @property
     def heartbeat_interval_s(self) -> float:
-        return min(self.poll_interval_ms, self.lease_duration_ms / 3) / 1000
+        """A round's heartbeat period: the poll interval, but never so long that the coordinator's heartbeat
+        timeout (2 min by default) or the lease could run out between two."""
+        return min(self.poll_interval_ms, self.lease_duration_ms / 3, HEARTBEAT_INTERVAL_MAX_MS) / 1000
 
 
 class _Loop:
@@ -143,6 +149,9 @@ class TieringDriver:
         self._finished: list[FinishedTiering] = []
         self._failed: dict[int, int] = {}
         self._leases_supported = True
+        self._unreleased: set[TableBucket] = set()
+        """Pins a round could not release (the coordinator was unreachable): released again at every
+        heartbeat until it works, so that renewals do not keep them alive."""
         self.outcomes: list[tuple[TieringAssignment, RoundOutcome]] = []
         """Every committed round of this run, in order (for callers and tests)."""
         self.given_up: set[int] = set()
@@ -348,6 +357,7 @@ class TieringDriver:
     # ---- heartbeats and the lease ----
     def _heartbeat_loop(self) -> None:
         while not self._stopping.wait(self._options.heartbeat_interval_s):
+            self.release_leftovers()
             with self._round_lock:
                 current = self._round
             if current is None:
@@ -375,7 +385,21 @@ class TieringDriver:
         try:
             self._loop.call(self._lease.release_snapshots(current.pinned), 30)
         except Exception as exc:
-            log.warning("could not release the snapshots of %s: %s", current.assignment.table_path, exc)
+            log.warning("could not release the snapshots of %s: %s; trying again", current.assignment.table_path, exc)
+            self._unreleased |= current.pinned
+
+    def release_leftovers(self) -> None:
+        """Release the pins an earlier round failed to release (called from the heartbeat thread)."""
+        if not self._unreleased or not self._leases_supported:
+            return
+        leftovers = set(self._unreleased)
+        try:
+            self._loop.call(self._lease.release_snapshots(leftovers), 30)
+        except Exception as exc:
+            log.warning("could not release %d leftover snapshots yet: %s", len(leftovers), exc)
+            return
+        self._unreleased -= leftovers
+        log.info("released %d snapshots an earlier round left pinned", len(leftovers))
 
     def _drop_lease(self, why: str) -> None:
         if not self._leases_supported or self._connection is None:
@@ -384,6 +408,7 @@ class TieringDriver:
             self._loop.call(self._lease.drop(), 30)
             log.info("dropped lease %s (%s)", self._options.lease_id, why)
         except UnsupportedVersionError:
+            log.warning("the server has no KV snapshot lease RPCs; snapshots are read without a lease")
             self._leases_supported = False
         except (StromError, OSError, concurrent.futures.TimeoutError) as exc:
             log.warning("could not drop lease %s: %s", self._options.lease_id, exc)

@@ -387,3 +387,52 @@ def test_rearming_a_timer_many_times_keeps_the_timer_heap_bounded(
     assert manager.request_table() is None
     clock.advance(ms=1)
     assert requested(manager).table_id == T1
+
+
+def test_a_round_whose_finish_failed_to_store_still_times_out(
+    manager: LakeTableTieringManager, clock: ManualClock, store: FlakyStore
+) -> None:
+    """A failed write while finishing leaves the round Tiering; if its job never reports again, the
+    heartbeat deadline ends it (it used to stay Tiering until a restart)."""
+    manager.add_table(T1, P1, 0)
+    assignment = requested(manager)
+    store.failing = True
+    with pytest.raises(StorageError):
+        manager.finish(T1, assignment.tiering_epoch, False)
+    store.failing = False
+    clock.advance(ms=TIMEOUT_MS + CHECK_MS)
+    manager.tick()
+    assert (state_of(manager, T1).state, state_of(manager, T1).failures) == (TieringState.PENDING, 1)
+
+
+class OneTableFlakyStore(FlakyStore):
+    """Tiering-state writes of table ``failing_table`` fail."""
+
+    failing_table = -1
+
+    def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:
+        if table_id == self.failing_table:
+            raise StorageError("disk full")
+        super().put_lake_tiering_state(table_id, payload)
+
+
+def test_one_table_s_failed_write_does_not_spare_the_other_timed_out_rounds(
+    store_path: Path, clock: ManualClock
+) -> None:
+    store = OneTableFlakyStore(str(store_path))
+    try:
+        manager = LakeTableTieringManager(store, clock, TIMEOUT_MS, CHECK_MS)
+        for table_id, path in ((T1, P1), (T2, P2)):
+            manager.add_table(table_id, path, 0)
+        requested(manager), requested(manager)
+        store.failing_table = T1
+        clock.advance(ms=TIMEOUT_MS + CHECK_MS)
+        manager.tick()
+        assert state_of(manager, T2).state is TieringState.PENDING
+        assert state_of(manager, T1).state is TieringState.TIERING, "its write failed: tried again later"
+        store.failing_table = -1
+        clock.advance(ms=CHECK_MS)
+        manager.tick()
+        assert state_of(manager, T1).state is TieringState.PENDING
+    finally:
+        store.close()

@@ -12,7 +12,7 @@ import pytest
 
 from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
 from strom.config import Configuration
-from strom.errors import ScannerExpiredError
+from strom.errors import ScannerExpiredError, StorageError
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
@@ -158,5 +158,38 @@ async def test_log_retention_keeps_the_changelog_after_a_leased_snapshot(tmp_pat
             assert await earliest() > leased_offset
         finally:
             await connection.close()
+    finally:
+        await server.stop()
+
+
+async def test_a_commit_whose_newest_timestamp_cannot_be_stored_is_still_reported_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest-timestamp statistic is written after the lake snapshot is recorded; its failed write used
+    to turn a recorded commit into an error, so the job retried a commit that had already happened."""
+    server = await _started(tmp_path, {"kv.snapshot.interval": "0s"})
+    try:
+        address = f"127.0.0.1:{server.port}"
+        connection, table = await _pk_table(address, "stats", 20)
+        path = TablePath("fluss", "stats")
+        admin = connection.get_admin()
+        await admin.alter_table(path, set_properties={"table.datalake.enabled": "true", "table.datalake.freshness": "0s"})
+        table_id = table.table_info.table_id  # type: ignore[attr-defined]
+        deadline = asyncio.get_running_loop().time() + 20
+        while (assignment := (await admin.lake_tiering_heartbeat(request_table=True)).assignment) is None:
+            assert asyncio.get_running_loop().time() < deadline, "the table was never handed out"
+            await asyncio.sleep(0.05)
+        bucket = table.bucket(0)  # type: ignore[attr-defined]
+        file = await admin.prepare_lake_table_snapshot(table_id, path, {bucket: 20}, assignment.tiering_epoch)
+
+        def disk_full(*_args: object) -> None:
+            raise StorageError("disk full")
+
+        assert server.role is not None
+        monkeypatch.setattr(server.role.lake_tiering, "record_newest_timestamp", disk_full)
+        await admin.commit_lake_table_snapshot(table_id, 1, file, tiering_epoch=assignment.tiering_epoch,
+                                               max_timestamps={bucket: 1_700_000_000_000})
+        assert (await admin.get_lake_snapshot(path)).snapshot_id == 1
+        await connection.close()
     finally:
         await server.stop()
