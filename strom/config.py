@@ -236,6 +236,15 @@ LOG_REPLICA_MAX_SILENCE_TIME = duration_option(
     "every 0.5 s).",
 )
 TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.", minimum=0)
+TABLET_SERVER_CONTROLLED_SHUTDOWN_MAX_RETRIES = int_option(
+    "tablet-server.controlled-shutdown.max-retries", 3,
+    "How often a stopping tablet server of a cluster asks the coordinator to move its leaderships away "
+    "(ControlledShutdown) before it stops anyway.", minimum=0,
+)
+TABLET_SERVER_CONTROLLED_SHUTDOWN_RETRY_INTERVAL = duration_option(
+    "tablet-server.controlled-shutdown.retry-interval", "1s",
+    "The pause between two ControlledShutdown attempts of a stopping tablet server.",
+)
 DEFAULT_BUCKET_NUMBER = int_option(
     "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count.", minimum=1
 )

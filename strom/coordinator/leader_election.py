@@ -60,6 +60,8 @@ class LeaderElector:
         self._table_of = table_of
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._shutting_down: set[int] = set()
+        """Tablet servers stopping under ControlledShutdown: treated as gone until their registration is."""
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -85,9 +87,23 @@ class LeaderElector:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), RECONCILE_INTERVAL_S)
 
+    async def shut_down(self, server_id: int) -> list[TableBucket]:
+        """ControlledShutdown: move every leadership off ``server_id`` (to a live member of the ISR) and take
+        it out of every ISR, as if it were gone, before it stops; returns the buckets it still leads (no
+        other in-sync replica is alive)."""
+        self._shutting_down.add(server_id)
+        await self.reconcile()
+        remaining = []
+        for table, partition_id in await asyncio.to_thread(placed_tables, self._store, self._table_of):
+            states = await asyncio.to_thread(self._states.get_many, table.buckets(partition_id))
+            remaining += [bucket for bucket, state in states.items() if state.leader == server_id]
+        return remaining
+
     async def reconcile(self) -> int:
         """Elect leaders where needed; returns how many buckets changed."""
-        live = set(self._registry.live())
+        registered = set(self._registry.live())
+        self._shutting_down &= registered  # a stopped server's registration is gone; when it returns it leads again
+        live = registered - self._shutting_down
         changed = 0
         for table, partition_id in await asyncio.to_thread(placed_tables, self._store, self._table_of):
             buckets = table.buckets(partition_id)

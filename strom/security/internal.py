@@ -122,6 +122,10 @@ def _check(key: ApiKey, request: Message, context: RequestContext) -> None:
             raise AuthorizationError(
                 f"only tablet server {follower} may fetch as follower {follower}; {context.principal} may not"
             )
+    elif key is ApiKey.CONTROLLED_SHUTDOWN:
+        server = request.tablet_server_id  # type: ignore[attr-defined]
+        if context.principal != server_principal(tablet_server_name(server)):
+            raise AuthorizationError(f"only tablet server {server} may shut itself down; {context.principal} may not")
     elif not is_server(context.principal):
         raise AuthorizationError(f"{key.name} is sent only by the cluster's servers; {context.principal} may not")
 

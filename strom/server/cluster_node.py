@@ -29,6 +29,8 @@ from strom.config import (
     SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
     SECURITY_INTERNAL_SECRET,
     SECURITY_PROTOCOL_MAP,
+    TABLET_SERVER_CONTROLLED_SHUTDOWN_MAX_RETRIES,
+    TABLET_SERVER_CONTROLLED_SHUTDOWN_RETRY_INTERVAL,
     TABLET_SERVER_ID,
     ZOOKEEPER_ADDRESS,
     ZOOKEEPER_SESSION_TIMEOUT,
@@ -48,6 +50,7 @@ from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
 from strom.rpc.peers import PeerConnections, ServerNode
 from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.internal import COORDINATOR_NAME, tablet_server_name
@@ -285,8 +288,22 @@ class CoordinatorNode(_ClusterProcess):
             found = placement.states.get(bucket)
             return None if found is None else found[0].leader_epoch
 
+        elector = self.elector
+
+        async def controlled_shutdown(request: Any, context: object) -> Any:
+            remaining = await elector.shut_down(request.tablet_server_id)
+            log.info("controlled shutdown of tablet server %d: %d buckets it still leads",
+                     request.tablet_server_id, len(remaining))
+            response = pb.ControlledShutdownResponse()
+            for bucket in remaining:
+                entry = response.remaining_leader_buckets.add(table_id=bucket.table_id, bucket_id=bucket.bucket)
+                if bucket.partition_id is not None:
+                    entry.partition_id = bucket.partition_id
+            return response
+
         handlers = role.handlers(AclService(self.security.authorizer))
         handlers[ApiKey.COMMIT_KV_SNAPSHOT] = commit_kv_snapshot
+        handlers[ApiKey.CONTROLLED_SHUTDOWN] = controlled_shutdown
         self.rpc.set_handlers(self._guard(handlers, self.coordinator))
         self.epoch = epoch
 
@@ -330,6 +347,7 @@ COORDINATOR_ONLY_KEYS = (
     ApiKey.DROP_KV_SNAPSHOT_LEASE, ApiKey.LIST_KV_SNAPSHOT_LEASES, ApiKey.COMMIT_KV_SNAPSHOT,
     ApiKey.LAKE_TIERING_HEARTBEAT, ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT, ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT,
     ApiKey.GET_LAKE_SNAPSHOT, ApiKey.DESCRIBE_LAKE_TIERING, ApiKey.CREATE_ACLS, ApiKey.LIST_ACLS, ApiKey.DROP_ACLS,
+    ApiKey.CONTROLLED_SHUTDOWN,
 )
 """What a standby coordinator refuses (NotCoordinatorLeader); metadata requests it answers itself."""
 
@@ -444,8 +462,37 @@ class TabletServerNode(_ClusterProcess):
                 log.info("%s; waiting for it to expire (a restart after a crash)", exc)
                 await asyncio.sleep(REGISTRATION_RETRY_S)
 
+    async def controlled_shutdown(self) -> bool:
+        """Ask the active coordinator to move this server's leaderships to other in-sync replicas (Fluss's
+        ControlledShutdown), retrying as configured, then take the new states at once; True when no bucket
+        is left led here. A server that cannot reach a coordinator stops anyway (its buckets then move when
+        its registration is gone)."""
+        if self.replication is None or self.address is None:
+            return True
+        attempts = self.config.get(TABLET_SERVER_CONTROLLED_SHUTDOWN_MAX_RETRIES)
+        pause_s = self.config.get_ms(TABLET_SERVER_CONTROLLED_SHUTDOWN_RETRY_INTERVAL) / 1000
+        request = pb.ControlledShutdownRequest(tablet_server_id=self.server_id, tablet_server_epoch=-1)
+        for attempt in range(attempts):
+            try:
+                coordinator = self._coordinator_node()
+                response = await self.peers.request(coordinator.host, coordinator.port, ApiKey.CONTROLLED_SHUTDOWN, request)
+            except Exception as exc:
+                log.warning("controlled shutdown attempt %d failed: %s", attempt + 1, exc)
+            else:
+                await self.replication.refresh_leading()  # follow at once; the coordinator's notices may lag
+                remaining = len(response.remaining_leader_buckets)  # type: ignore[attr-defined]
+                if remaining == 0:
+                    log.info("controlled shutdown: every leadership moved off tablet server %d", self.server_id)
+                    return True
+                log.warning("controlled shutdown: %d buckets have no other in-sync replica to lead them", remaining)
+            if attempt + 1 < attempts:
+                await asyncio.sleep(pause_s)
+        log.warning("controlled shutdown did not move every leadership; stopping anyway")
+        return False
+
     async def stop(self) -> None:
         self._stopped.set()
+        await self.controlled_shutdown()
         if self.registry is not None:
             self.registry.close()  # first: the cluster stops routing to this server
         if self.rpc is not None:

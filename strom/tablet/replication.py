@@ -184,6 +184,14 @@ class ReplicationManager:
             following.task.cancel()
             await asyncio.gather(following.task, return_exceptions=True)
 
+    async def refresh_leading(self) -> None:
+        """Take the current state of every bucket led here from ZooKeeper (after a ControlledShutdown moved
+        them: this server follows at once rather than when the coordinator's notices arrive)."""
+        for bucket in list(self._leading):
+            table = self._table_of(bucket.table_id)
+            if table is not None:
+                await self.apply(table, bucket)
+
     def forget(self, table_id: int, partition_id: int | None) -> None:
         """The table (or partition) was dropped: stop fetching for its buckets."""
         for bucket in [b for b in (*self._following, *self._leading) if b.table_id == table_id

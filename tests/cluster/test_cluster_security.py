@@ -159,3 +159,13 @@ def test_the_single_process_server_refuses_follower_fetches_from_clients(server:
                 await _send(server.address, ApiKey.FETCH_LOG, _follower_fetch(table_id, 0))
 
     asyncio.run(attack())
+
+
+def test_only_a_tablet_server_itself_may_ask_to_be_shut_down(cluster: LocalCluster) -> None:
+    """ControlledShutdown moves every leadership off a server: another server, or a client, may not ask it."""
+    secret = cluster.settings()["security.internal.secret"]
+    coordinator = cluster.bootstrap.split(",")[0]
+    request = pb.ControlledShutdownRequest(tablet_server_id=2, tablet_server_epoch=-1)
+    for credentials in (None, InternalCredentials(secret, "tablet-server-1")):
+        with pytest.raises(AuthorizationError):
+            asyncio.run(_send(coordinator, ApiKey.CONTROLLED_SHUTDOWN, request, credentials))

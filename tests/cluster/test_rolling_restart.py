@@ -1,0 +1,123 @@
+"""A rolling restart (SIGTERM, start again, next server) of every tablet server under pyfluss writes: each
+stopping server first has the coordinator move its leaderships to in-sync replicas (ControlledShutdown,
+api key 1043), so no bucket is left without a leader while the server goes, and nothing acknowledged is
+lost. The ZooKeeper session timeout is set long (30 s) so that only the controlled shutdown can explain
+writes that keep flowing."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strom.client import Connection, TableBucket
+from strom.server.local_cluster import LocalCluster
+from strom.zk.zookeeper_server import unavailable_reason
+from tests.cluster.test_cluster_processes import rows
+from tests.cluster.test_replication import PK_FIELDS, PYFLUSS_WRITER, States, create, wait_for_servers
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("cluster")]
+
+CONFIG = {"zookeeper.client.session-timeout": "30s", "log.replica.max-lag-time": "60s",
+          "log.replica.max-silence-time": "60s", "kv.snapshot.interval": "0s"}
+WRITES_MAX = 100_000
+GAP_MAX_S = 10.0
+"""Longest pause between two acknowledged writes; a stop without ControlledShutdown would leave the
+stopped server's buckets leaderless for the 30 s session timeout."""
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Iterator[LocalCluster]:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    local = LocalCluster(tmp_path / "cluster", 3, CONFIG).start()
+    try:
+        wait_for_servers(local, 3)
+        yield local
+    finally:
+        local.stop()
+
+
+class _Writer:
+    """pyfluss upserting key after key in a process of its own; records when each key was acknowledged."""
+
+    def __init__(self, local: LocalCluster, path: object) -> None:
+        self.acknowledged: list[tuple[int, float]] = []
+        self.other: list[str] = []
+        self._process = subprocess.Popen(
+            [sys.executable, str(PYFLUSS_WRITER), local.bootstrap, path.database_name, path.table_name,  # type: ignore[attr-defined]
+             "0", str(WRITES_MAX), "rolling"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            line = line.strip()
+            if line.isdigit():
+                self.acknowledged.append((int(line), time.monotonic()))
+            else:
+                self.other.append(line)
+
+    def wait_for(self, count: int, within_s: float = 30.0) -> None:
+        deadline = time.monotonic() + within_s
+        while len(self.acknowledged) < count:
+            assert time.monotonic() < deadline, f"pyfluss acknowledged only {len(self.acknowledged)}: {self.other[-3:]}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._process.kill()
+        self._process.wait(10)
+        self._reader.join(10)
+
+
+def test_a_rolling_restart_under_pyfluss_writes_loses_nothing_and_never_stalls(three: LocalCluster) -> None:
+    async def setup() -> tuple[object, TableBucket]:
+        async with await Connection.create(three.bootstrap) as connection:
+            path = await create(connection, PK_FIELDS, ["id"])
+            return path, TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
+
+    path, bucket = asyncio.run(setup())
+    states = States(three.zookeeper_address)
+    writer = _Writer(three, path)
+    try:
+        states.wait_full_isr(bucket)
+        writer.wait_for(20)
+        for server_id in (1, 2, 3):
+            member = three.member("tablet-server", server_id)
+            assert three.signal_member(member, signal.SIGTERM) == 0, f"tablet server {server_id} stopped uncleanly"
+            written = len(writer.acknowledged)
+            writer.wait_for(written + 20)  # writes go on while the server is down
+            three.start_member("tablet-server", server_id)
+            states.wait_full_isr(bucket)
+            log_text = Path(member.log).read_text(errors="replace")
+            assert "controlled shutdown: every leadership moved off" in log_text, f"server {server_id}"
+        writer.wait_for(len(writer.acknowledged) + 20)
+    finally:
+        writer.stop()
+        states.close()
+    times = [at for _, at in writer.acknowledged]
+    longest = max(later - earlier for earlier, later in itertools.pairwise(times))
+    print(f"rolling restart: {len(times)} pyfluss writes acknowledged, longest pause {longest:.2f} s")
+    assert longest < GAP_MAX_S, f"writes stalled for {longest:.1f} s"
+    stored = asyncio.run(_rows(three, path))
+    missing = {key for key, _ in writer.acknowledged} - stored.keys()
+    assert not missing, f"acknowledged and lost: {sorted(missing)[:10]}"
+    assert {stored[key] for key, _ in writer.acknowledged} == {"rolling"}
+
+
+async def _rows(local: LocalCluster, path: object) -> dict[int, str]:
+    async with await Connection.create(local.bootstrap) as connection:
+        return await rows(connection, path)  # type: ignore[arg-type]
+
