@@ -173,18 +173,23 @@ def cluster() -> None:
               help="One is active, the others are standbys that take over.")
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Where every process keeps its data.")
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE", help="A config key for every server process.")
-def cluster_start(tablet_servers: int, coordinators: int, data_dir: Path, defines: tuple[str, ...]) -> None:
+@click.option("--secure", is_flag=True,
+              help="Clients must log in (SASL/PLAIN) and ACLs are enforced; prints the super user admin's password.")
+def cluster_start(tablet_servers: int, coordinators: int, data_dir: Path, defines: tuple[str, ...], secure: bool) -> None:
     """Start the processes in the background; prints the addresses to bootstrap clients from."""
     from strom.server.local_cluster import LocalCluster
 
     local = LocalCluster(data_dir, tablet_servers, key_value_pairs(defines, "-D"), coordinators=coordinators,
-                         detached=True)
+                         detached=True, secure=secure)
     try:
         local.start()
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"strom cluster running: bootstrap.servers={local.bootstrap}, ZooKeeper {local.zookeeper_address}, "
                f"{tablet_servers} tablet servers (stop: strom cluster stop --data-dir {data_dir})")
+    if secure:
+        click.echo(f"clients log in: user admin (a super user), password {local.admin_password()} "
+                   f"(also in {local.config_path}, readable by you only)")
 
 
 @cluster.command("stop")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from strom.errors import LeaderNotAvailableError, UnknownTableOrBucketError
+from strom.errors import LeaderNotAvailableError, TableNotExistError, UnknownTableOrBucketError
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
@@ -82,7 +82,10 @@ class MetadataCache:
         request = pb.MetadataRequest()
         request.table_path.add(database_name=path.database_name, table_name=path.table_name)
         self._absorb(await self._connection.bootstrap_request(ApiKey.GET_METADATA, request))
-        return self._tables[path]
+        found = self._tables.get(path)
+        if found is None:  # a secured server leaves out what the caller may not DESCRIBE, as Fluss's does
+            raise TableNotExistError(f"Table '{path}' does not exist, or this principal may not describe it.")
+        return found
 
     async def table(self, path: TablePath) -> TableInfo:
         cached = self._tables.get(path)

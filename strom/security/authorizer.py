@@ -69,6 +69,19 @@ class Authorizer:
             binding = _from_record(record)
             self._acls[binding.resource].add(binding)
 
+    def reload(self, records: list[AclRecord]) -> None:
+        """Replace the entries with ``records`` (the store's, read by the caller): in a cluster every server
+        keeps its own copy, and the coordinator is the one that changes them."""
+        acls: dict[Resource, set[AclBinding]] = defaultdict(set)
+        for record in records:
+            binding = _from_record(record)
+            acls[binding.resource].add(binding)
+        self._acls = acls
+
+    @property
+    def store(self) -> MetadataStore:
+        return self._store
+
     # ---- decisions ----
     def is_super_user(self, principal: Principal) -> bool:
         """The configured super users, and the cluster's own servers (their requests to each other)."""

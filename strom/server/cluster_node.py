@@ -20,7 +20,6 @@ from typing import Any
 
 from strom.clock import SYSTEM_CLOCK, Clock
 from strom.config import (
-    AUTHORIZER_ENABLED,
     BIND_LISTENERS,
     DATALAKE_FORMAT,
     LOG_REPLICA_MAX_LAG_TIME,
@@ -28,7 +27,6 @@ from strom.config import (
     REMOTE_DATA_DIR,
     SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
     SECURITY_INTERNAL_SECRET,
-    SECURITY_PROTOCOL_MAP,
     TABLET_SERVER_CONTROLLED_SHUTDOWN_MAX_RETRIES,
     TABLET_SERVER_CONTROLLED_SHUTDOWN_RETRY_INTERVAL,
     TABLET_SERVER_ID,
@@ -54,7 +52,7 @@ from strom.rpc.messages import pb
 from strom.rpc.peers import PeerConnections, ServerNode
 from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.internal import COORDINATOR_NAME, tablet_server_name
-from strom.security.server_security import SASL, ServerSecurity, parse_listeners, parse_protocol_map
+from strom.security.server_security import ServerSecurity, parse_listeners
 from strom.server.metadata_stores import open_store
 from strom.server.node import (
     WAREHOUSE_OPTIONS,
@@ -96,16 +94,19 @@ def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
     return open_store("zookeeper", address), address
 
 
-def _refuse_security(config: Configuration) -> None:
-    """The servers' own requests to each other carry no credentials yet and would be refused, so a cluster
-    refuses security settings instead of starting half-working."""
-    listeners = parse_listeners(config.get(BIND_LISTENERS) or "127.0.0.1:9123")
-    protocols = parse_protocol_map(config.get(SECURITY_PROTOCOL_MAP) or "")
-    if config.get(AUTHORIZER_ENABLED) or len(listeners) > 1 or SASL in protocols.values():
+def _refuse_extra_listeners(config: Configuration) -> None:
+    """A cluster's servers register one address each and reach each other there (logging in as servers on
+    it, SASL or not); Fluss's listener model (an internal listener, one registered endpoint per listener) is
+    not built, so extra listeners are refused rather than half served."""
+    if len(parse_listeners(config.get(BIND_LISTENERS) or "127.0.0.1:9123")) > 1:
         raise InvalidConfigError(
-            "a cluster does not support SASL listeners, extra listeners or ACLs yet (its servers' requests to "
-            "each other are not authenticated): run it without security settings, or use `strom server`"
+            "a cluster does not support extra listeners yet: give each server one listener in bind.listeners "
+            "(SASL or PLAINTEXT in security.protocol.map)"
         )
+
+
+ACL_REFRESH_S = 1.0
+"""How often a cluster's server rereads the ACLs from ZooKeeper (the active coordinator changes them)."""
 
 
 def _require_internal_secret(config: Configuration) -> None:
@@ -135,6 +136,7 @@ class _ClusterProcess:
         self.rpc: RpcServer | None = None
         self.peers = PeerConnections()
         self._stopped = asyncio.Event()
+        self._acl_refresh: asyncio.Task[None] | None = None
 
     @property
     def server_name(self) -> str:
@@ -142,7 +144,7 @@ class _ClusterProcess:
         raise NotImplementedError
 
     def _open(self) -> tuple[MetadataStore, str]:
-        _refuse_security(self.config)
+        _refuse_extra_listeners(self.config)
         _require_internal_secret(self.config)
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         store, address = _cluster_store(self.config)
@@ -160,6 +162,7 @@ class _ClusterProcess:
         make_server = rpc_server_factory(self.config, on_connection_closed, self.security.internal_authenticator)
         self.rpc = make_server(guarded, self.security.authenticator)
         await self.rpc.start(sock)
+        self._start_acl_refresh()
 
     def _guard(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService) -> dict[ApiKey, Handler]:
         """``handlers`` behind the ACL checks when authorization is on."""
@@ -178,10 +181,28 @@ class _ClusterProcess:
     async def serve_forever(self) -> None:
         await self._stopped.wait()
 
+    def _start_acl_refresh(self) -> None:
+        """Keep this server's copy of the ACLs current (ACL changes go through the active coordinator)."""
+        authorizer = self.security.authorizer if self.security is not None else None
+        if authorizer is None:
+            return
+
+        async def refresh() -> None:
+            while True:
+                await asyncio.sleep(ACL_REFRESH_S)
+                try:
+                    authorizer.reload(await asyncio.to_thread(authorizer.store.list_acls))
+                except Exception as exc:  # the next round tries again; decisions use the last copy
+                    log.warning("could not reread the ACLs: %s", exc)
+
+        self._acl_refresh = asyncio.create_task(refresh())
+
     def request_stop(self) -> None:
         self._stopped.set()
 
     async def _close_common(self) -> None:
+        if self._acl_refresh is not None:
+            self._acl_refresh.cancel()
         if self.rpc is not None:
             await self.rpc.stop()
         await self.peers.close()

@@ -28,8 +28,11 @@ from strom.config import SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED, SECURITY_INTER
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
+from strom.security.authenticator import PLAIN_LOGIN_MODULE, parse_plain_jaas_users
 from strom.zk.zookeeper_server import ZooKeeperServer, free_port
 
+ADMIN = "admin"
+"""The super user of a ``secure`` local cluster."""
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.yaml"
 READY_TIMEOUT_S = 60.0
@@ -108,8 +111,12 @@ class LocalCluster:
         *,
         coordinators: int = 1,
         detached: bool = False,
+        secure: bool = False,
     ) -> None:
-        """``coordinators``: one active, the others standbys that take over when it is gone."""
+        """``coordinators``: one active, the others standbys that take over when it is gone. ``secure``:
+        clients must log in (SASL/PLAIN) and ACLs are enforced; the super user ``admin`` gets a generated
+        password (:meth:`admin_password`)."""
+        self.secure = secure
         if tablet_servers < 1 or coordinators < 1:
             raise ValueError("a cluster needs at least one coordinator and one tablet server")
         self.coordinator_count = coordinators
@@ -145,7 +152,22 @@ class LocalCluster:
         insecure = str(config.get(SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED.key, "")).lower() == "true"
         if not config.get(SECURITY_INTERNAL_SECRET.key) and not insecure:
             config[SECURITY_INTERNAL_SECRET.key] = secrets.token_urlsafe(32)
+        if self.secure:  # the start's own settings win, but admin stays a super user
+            secured = {
+                "security.protocol.map": "FLUSS:SASL",
+                "security.sasl.enabled.mechanisms": "PLAIN",
+                "security.sasl.plain.jaas.config":
+                    f'{PLAIN_LOGIN_MODULE} required user_{ADMIN}="{secrets.token_urlsafe(16)}";',
+                "authorizer.enabled": "true",
+            }
+            config = {**secured, **config}
+            config["super.users"] = ";".join(filter(None, [f"User:{ADMIN}", self.config.get("super.users")]))
         return config
+
+    def admin_password(self) -> str:
+        """The generated password of the super user ``admin`` of a ``secure`` cluster."""
+        jaas = self.settings()["security.sasl.plain.jaas.config"]
+        return parse_plain_jaas_users(jaas)[ADMIN]
 
     def _write_config(self) -> None:
         """``cluster.yaml``, created readable by its owner only (it holds the servers' secret)."""

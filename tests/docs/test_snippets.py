@@ -118,6 +118,8 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
         "test_cluster_start_status_stop", "each line with the venv's strom; stopped in any case"),
     ("docs/cluster.md", "Running a cluster", 1): _doc(
         "test_cluster_processes_started_by_hand", "each line started in the background, stopped by pid"),
+    ("docs/cluster.md", "A secured cluster", 0): _doc(
+        "test_secured_cluster_start_acl_stop", "start with a tmp data dir; the acl line with what start printed; stop"),
     ("docs/cluster.md", "Metadata in ZooKeeper", 0): _doc(
         "test_server_on_zookeeper", "started in the background, stopped by pid"),
     ("docs/cluster.md", "A ZooKeeper for development and tests", 0): _doc(
@@ -375,6 +377,30 @@ def test_cluster_start_status_stop(tmp_path: Path) -> None:
         assert _tablet_servers(bootstrap) == 3
     finally:
         if state.exists():  # whatever start got running, the block's own `stop` line ends
+            pids = [member["pid"] for member in json.loads(state.read_text())["members"]]
+            try:
+                assert "strom cluster stopped" in run_command(stop, cwd, timeout_s=90)
+            finally:
+                left = [pid for pid in pids if _kill(pid, cwd)]
+            assert not left, f"`strom cluster stop` left pids {left} running"
+
+
+def test_secured_cluster_start_acl_stop(tmp_path: Path) -> None:
+    """`start --secure` prints the bootstrap servers and the admin password; a client logs in with them."""
+    _needs_zookeeper()
+    start, acl, stop = shell_lines(snippet("docs/cluster.md", "A secured cluster", 0))
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    state = cwd / "strom-secured/cluster.json"
+    try:
+        output = run_command(start, cwd, timeout_s=90)
+        bootstrap = re.search(r"bootstrap\.servers=(\S+),", output).group(1)  # type: ignore[union-attr]
+        password = re.search(r"user admin \(a super user\), password (\S+)", output).group(1)  # type: ignore[union-attr]
+        run_command(acl, cwd, {"BOOTSTRAP": bootstrap, "PASSWORD": password})
+        refused = run_command(acl, cwd, {"BOOTSTRAP": bootstrap, "PASSWORD": "wrong"}, expect_code=1)
+        assert refused == ""
+    finally:
+        if state.exists():
             pids = [member["pid"] for member in json.loads(state.read_text())["members"]]
             try:
                 assert "strom cluster stopped" in run_command(stop, cwd, timeout_s=90)

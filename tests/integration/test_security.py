@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from strom.client import Connection, Schema, TableDescriptor, TablePath
-from strom.errors import AuthenticationError, AuthorizationError, SecurityDisabledError
+from strom.errors import AuthenticationError, AuthorizationError, SecurityDisabledError, TableNotExistError
 from strom.records.types import IntType, StringType
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
@@ -203,6 +203,19 @@ async def test_a_lease_belongs_to_its_creator(secure_server: ServerProcess, admi
     finally:
         await revoke_all(admin, "alice")
         await revoke_all(admin, "bob")
+
+
+@pytest.mark.asyncio
+async def test_a_table_the_caller_may_not_describe_is_not_found_by_strom_s_client(
+    secure_server: ServerProcess, admin: Connection
+) -> None:
+    """GetMetadata leaves the table out (as Fluss does); the client says it does not exist (it raised a bare
+    KeyError)."""
+    path = TablePath(DATABASE, unique_name("hidden"))
+    await create_pk_table(admin, path, buckets=1)
+    async with await Connection.create(strom_config(secure_server, "bob")) as bob:
+        with pytest.raises(TableNotExistError, match="may not describe it"):
+            await bob.get_table(path)
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,105 @@
+"""A secured cluster (``strom cluster start --secure``: clients log in with SASL/PLAIN, ACLs enforced by
+every server): pyfluss writes and reads through it with credentials, a client without them is refused, and
+an ACL granted through the coordinator reaches the tablet servers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import fluss as pyfluss
+import pytest
+
+from strom.client import Connection
+from strom.errors import AuthenticationError, AuthorizationError, TableNotExistError
+from strom.security.acl import AclBinding, OperationType, Principal, Resource
+from strom.server.local_cluster import ADMIN, LocalCluster
+from strom.zk.zookeeper_server import unavailable_reason
+from tests.cluster.test_cluster_processes import upsert
+from tests.cluster.test_replication import PK_FIELDS, create
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]
+
+ACL_WAIT_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    local = LocalCluster(tmp_path_factory.mktemp("secured") / "cluster", 3,
+                         {"security.sasl.plain.credentials": "alice:alice-secret", "kv.snapshot.interval": "0s"},
+                         secure=True).start()
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+def _login(local: LocalCluster, user: str, password: str) -> dict[str, str]:
+    return {"bootstrap.servers": local.bootstrap, "client.security.protocol": "SASL",
+            "client.security.sasl.mechanism": "PLAIN", "client.security.sasl.username": user,
+            "client.security.sasl.password": password}
+
+
+def test_pyfluss_logs_in_writes_and_reads_through_a_secured_cluster(secured: LocalCluster) -> None:
+    admin = _login(secured, ADMIN, secured.admin_password())
+    with pytest.raises(AuthenticationError):
+        asyncio.run(Connection.create(secured.bootstrap))  # no credentials
+
+    async def through_pyfluss() -> object:
+        async with await Connection.create(admin) as connection:
+            path = await create(connection, PK_FIELDS, ["id"])  # replication factor 3
+        client = await pyfluss.FlussConnection.create(pyfluss.Config({  # pyfluss names the options without "client."
+            "bootstrap.servers": secured.bootstrap, "security.protocol": "sasl", "security.sasl.mechanism": "PLAIN",
+            "security.sasl.username": ADMIN, "security.sasl.password": secured.admin_password()}))
+        try:
+            table = await client.get_table(pyfluss.TablePath(path.database_name, path.table_name))
+            writer = table.new_upsert().create_writer()
+            writer.upsert({"id": 7, "v": "seven"})
+            await writer.flush()
+            return await table.new_lookup().create_lookuper().lookup({"id": 7})
+        finally:
+            await client.close()
+
+    assert asyncio.run(through_pyfluss()) == {"id": 7, "v": "seven"}
+
+
+def test_an_acl_granted_through_the_coordinator_reaches_the_tablet_servers(secured: LocalCluster) -> None:
+    admin = _login(secured, ADMIN, secured.admin_password())
+    alice = _login(secured, "alice", "alice-secret")
+
+    async def scenario() -> None:
+        async with await Connection.create(admin) as connection:
+            path = await create(connection, PK_FIELDS, ["id"])
+            await upsert(connection, path, range(5), "v")
+        async with await Connection.create(alice) as connection:
+            with pytest.raises((AuthorizationError, TableNotExistError)):  # alice may see nothing yet
+                await connection.get_table(path)
+        async with await Connection.create(admin) as connection:
+            resource = Resource.table(path.database_name, path.table_name)
+            await connection.get_admin().create_acls([AclBinding(resource, Principal("User", "alice"), "*",
+                                                                 OperationType.READ)])
+        deadline = time.monotonic() + ACL_WAIT_S
+        async with await Connection.create(alice) as connection:
+            while True:  # the coordinator and then the bucket's leader serve her once they have the ACL
+                try:
+                    table = await connection.get_table(path)
+                    assert await table.new_lookup().create_lookuper().lookup({"id": 3}) == {"id": 3, "v": "v3"}
+                    return
+                except (AuthorizationError, TableNotExistError):
+                    assert time.monotonic() < deadline, "the ACL never reached the servers"
+                    await asyncio.sleep(0.2)
+
+    asyncio.run(scenario())
+
+
+def test_the_admin_password_is_generated_and_kept_private(secured: LocalCluster) -> None:
+    assert len(secured.admin_password()) >= 16
+    assert secured.config_path.stat().st_mode & 0o077 == 0
+    for member in secured.state.members:
+        assert secured.admin_password() not in Path(f"/proc/{member.pid}/cmdline").read_bytes().decode(errors="replace")
+
