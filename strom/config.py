@@ -307,6 +307,25 @@ SUPER_USERS = string_option(
     "super.users", None,
     "Principals allowed everything, separated by semicolons, e.g. `User:admin;User:ops`.",
 )
+SECURITY_SSL_CERTIFICATE = string_option(
+    "security.ssl.certificate", None,
+    "PEM file of the certificate chain a TLS listener (SSL or SASL_SSL in `security.protocol.map`) presents; "
+    "a cluster's servers also present it to each other. strom's key (Fluss has no TLS yet, FIP-29).",
+)
+SECURITY_SSL_KEY = string_option("security.ssl.key", None, "PEM file of the private key of `security.ssl.certificate`.")
+SECURITY_SSL_TRUSTSTORE = string_option(
+    "security.ssl.truststore", None,
+    "PEM file of the CAs a server trusts: for client certificates (`security.ssl.client-auth`), and for the "
+    "other servers of its cluster when their listener is TLS.",
+)
+SECURITY_SSL_CLIENT_AUTH = choice_option(
+    "security.ssl.client-auth", "none", ("none", "required"),
+    "`required`: a TLS listener lets in only clients presenting a certificate `security.ssl.truststore` vouches for.",
+)
+SECURITY_SSL_VERIFY_HOSTNAME = bool_option(
+    "security.ssl.verify-hostname", True,
+    "Whether a cluster's server checks the host name of the server it reaches over TLS against its certificate.",
+)
 SECURITY_INTERNAL_SECRET = string_option(
     "security.internal.secret", None,
     "The secret the servers of a cluster share to authenticate to each other (strom's own key; Fluss's "

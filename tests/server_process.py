@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -34,8 +35,11 @@ class ServerProcess:
         config: dict[str, str] | None = None,
         port: int | None = None,
         strom_command: list[str] | None = None,
+        probe_tls: ssl.SSLContext | None = None,
     ) -> None:
-        """``strom_command``: how to run ``strom`` (default: this interpreter's ``strom.cli.main``)."""
+        """``strom_command``: how to run ``strom`` (default: this interpreter's ``strom.cli.main``);
+        ``probe_tls``: how the readiness probe speaks TLS to a listener that wants a client certificate."""
+        self.probe_tls = probe_tls
         self.data_dir = data_dir
         self.strom_command = strom_command or [sys.executable, "-m", "strom.cli.main"]
         self.config = dict(config or {})
@@ -74,12 +78,29 @@ class ServerProcess:
         request = pb.ApiVersionsRequest(client_software_name="strom-tests", client_software_version="0")
         frame = framing.encode_request(int(ApiKey.API_VERSIONS), 0, 0, request.SerializeToString())
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2.0) as sock:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2.0) as plain:
+                sock = (self.probe_tls or self._probe_tls()).wrap_socket(plain, server_hostname="127.0.0.1") if self._main_listener_tls() else plain
                 sock.sendall(frame)
                 header = sock.recv(framing.LENGTH_SIZE_BYTES + framing.RESPONSE_HEADER_SIZE_BYTES)
         except OSError:
             return False
         return len(header) >= framing.LENGTH_SIZE_BYTES + 1 and header[framing.LENGTH_SIZE_BYTES] == framing.RESPONSE_SUCCESS
+
+    def _main_listener_tls(self) -> bool:
+        """Whether ``security.protocol.map`` makes the main listener SSL or SASL_SSL."""
+        listeners = self.config.get("bind.listeners", "FLUSS://")
+        name = listeners.split(",")[0].partition("://")[0].upper() if "://" in listeners else "FLUSS"
+        protocols = dict(entry.strip().upper().split(":", 1) for entry in
+                         self.config.get("security.protocol.map", "").split(",") if ":" in entry)
+        return protocols.get(name, "PLAINTEXT") in ("SSL", "SASL_SSL")
+
+    @staticmethod
+    def _probe_tls() -> ssl.SSLContext:
+        """The readiness probe only asks whether the server answers: it checks no certificate."""
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
 
     def stop(self) -> int:
         """SIGTERM and wait for a clean exit; returns the exit code."""

@@ -20,8 +20,20 @@ bootstrap_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
 
 
+TRUSTSTORE = "strom.truststore"
+
+
+def _remember_truststore(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    ctx.meta[TRUSTSTORE] = value
+
+
 def credential_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``--username``/``--password``: authenticate with SASL/PLAIN (the server's listener requires it)."""
+    """``--username``/``--password``: authenticate with SASL/PLAIN (the server's listener requires it);
+    ``--truststore``: connect with TLS, trusting the CAs in that PEM file (SSL or SASL_SSL listeners)."""
+    function = click.option(
+        "--truststore", envvar="STROM_SSL_TRUSTSTORE", default=None, expose_value=False, callback=_remember_truststore,
+        help="Connect with TLS, trusting the CAs in this PEM file (env STROM_SSL_TRUSTSTORE).",
+    )(function)
     function = click.option(
         "--password", envvar="STROM_SASL_PASSWORD", default=None, help="SASL/PLAIN password (env STROM_SASL_PASSWORD)."
     )(function)
@@ -32,13 +44,17 @@ def credential_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def client_config(bootstrap_servers: str, username: str | None, password: str | None) -> dict[str, str]:
-    """The client options for the connection (Fluss's client option names)."""
+    """The client options for the connection (Fluss's client option names), with ``--truststore``'s TLS."""
     config = {"bootstrap.servers": bootstrap_servers}
+    context = click.get_current_context(silent=True)
+    truststore = context.meta.get(TRUSTSTORE) if context is not None else None
+    if truststore:
+        config.update({"client.security.protocol": "SSL", "client.security.ssl.truststore": truststore})
     if username is not None:
         if password is None:
             raise click.BadParameter("--password (or STROM_SASL_PASSWORD) is needed with --username")
         config.update({
-            "client.security.protocol": "SASL",
+            "client.security.protocol": "SASL_SSL" if truststore else "SASL",
             "client.security.sasl.mechanism": "PLAIN",
             "client.security.sasl.username": username,
             "client.security.sasl.password": password,

@@ -86,6 +86,9 @@ class BlockingLookuper(_KeyedReader):
     """``lookuper.lookup({"id": 1})`` → the row as a dict, or None, without asyncio."""
 
     def __init__(self, table: TableHandle, timeout_s: float = TIMEOUT_S) -> None:
+        """Raises ValueError on a connection that authenticates or speaks TLS: the blocking path has neither."""
+        if table.connection.tls is not None or table.connection.authenticates:
+            raise ValueError("the blocking lookuper speaks neither SASL nor TLS; use create_lookuper()")
         super().__init__(table, table.layout.primary_key)
         self._timeout_s = timeout_s
         self._servers: dict[str, _BlockingRpc] = {}

@@ -25,6 +25,7 @@ from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import Message
 from strom.security.credentials import credentials_from_config
+from strom.security.tls import client_context_from_config
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -71,10 +72,17 @@ class ClusterRpc:
         )
         # SASL credentials (client.security.protocol=SASL …), sent on every server connection
         self._credentials = credentials_from_config(config)
+        # TLS (client.security.protocol SSL or SASL_SSL) on every server connection
+        self.tls = client_context_from_config(config)
         self._connections: dict[str, RpcConnection] = {}
         self._connecting: dict[str, asyncio.Future[RpcConnection]] = {}
         self.metadata = MetadataCache(self)
         self._closed = False
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether server connections log in (SASL)."""
+        return self._credentials is not None
 
     async def _server(self, address: str) -> RpcConnection:
         existing = self._connections.get(address)
@@ -88,7 +96,7 @@ class ClusterRpc:
         try:
             host, port = _split_address(address)
             connection = await RpcConnection.connect(
-                host, port, timeout_ms=self.connect_timeout_ms, credentials=self._credentials
+                host, port, timeout_ms=self.connect_timeout_ms, credentials=self._credentials, tls=self.tls
             )
             self._connections[address] = connection
             future.set_result(connection)

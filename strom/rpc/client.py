@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from typing import TypeVar
 
 from strom.errors import (
@@ -104,18 +105,24 @@ class RpcConnection:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, *, timeout_ms: int = 10_000, credentials: ClientCredentials | None = None
+        cls, host: str, port: int, *, timeout_ms: int = 10_000, credentials: ClientCredentials | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> RpcConnection:
-        """Connect, exchange ApiVersions and, given ``credentials``, authenticate (SASL).
+        """Connect (over TLS, given ``tls``), exchange ApiVersions and, given ``credentials``, authenticate
+        (SASL).
 
         Raises:
-            ConnectionFailedError: nothing answers at ``host:port``.
+            ConnectionFailedError: nothing answers at ``host:port``, or the TLS handshake failed.
             AuthenticationError: the server refused the credentials.
         """
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: connection._protocol, host, port), timeout_ms / 1000)
+            await asyncio.wait_for(
+                loop.create_connection(lambda: connection._protocol, host, port, ssl=tls,
+                                       server_hostname=host if tls is not None else None),
+                timeout_ms / 1000,
+            )
         except (TimeoutError, OSError) as exc:
             raise ConnectionFailedError(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from exc
         try:

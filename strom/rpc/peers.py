@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +42,15 @@ class ServerNode:
 class PeerConnections:
     """Owned by one event loop."""
 
-    def __init__(self, timeout_ms: int = PEER_REQUEST_TIMEOUT_MS, credentials: ClientCredentials | None = None) -> None:
-        """``credentials``: how this server authenticates to the others (``strom.security.internal``)."""
+    def __init__(
+        self, timeout_ms: int = PEER_REQUEST_TIMEOUT_MS, credentials: ClientCredentials | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """``credentials``: how this server authenticates to the others (``strom.security.internal``);
+        ``tls``: how it reaches them when they listen with TLS."""
         self._timeout_ms = timeout_ms
         self._credentials = credentials
+        self._tls = tls
         self._connections: dict[str, RpcConnection] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
@@ -59,7 +65,7 @@ class PeerConnections:
             connection = self._connections.get(address)
             if connection is None or connection.is_closed:
                 connection = self._connections[address] = await RpcConnection.connect(
-                    host, port, timeout_ms=self._timeout_ms, credentials=self._credentials
+                    host, port, timeout_ms=self._timeout_ms, credentials=self._credentials, tls=self._tls
                 )
             return connection
 

@@ -19,6 +19,7 @@ import collections
 import inspect
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -179,10 +180,10 @@ class RpcServer:
         self._idle_task: asyncio.Task[None] | None = None
         self.stats = ServerStats()
 
-    async def start(self, sock: socket.socket) -> None:
-        """Serve connections on a socket from :func:`bind_listener`."""
+    async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
+        """Serve connections on a socket from :func:`bind_listener`, over TLS given ``tls``."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._new_connection, sock=sock)
+        self._server = await loop.create_server(self._new_connection, sock=sock, ssl=tls)
         self._idle_task = asyncio.create_task(self._close_idle_connections())
 
     async def stop(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from strom.security.authenticator import PLAIN_MECHANISM, SUPPORTED_MECHANISMS
+from strom.security.tls import client_protocol, uses_sasl
 
 PROTOCOL = "client.security.protocol"
 MECHANISM = "client.security.sasl.mechanism"
@@ -44,16 +45,14 @@ def _option(config: Mapping[str, str], key: str) -> str | None:
 
 
 def credentials_from_config(config: Mapping[str, str]) -> SaslCredentials | None:
-    """The SASL credentials the options ask for, or None for PLAINTEXT.
+    """The SASL credentials the options ask for (SASL or SASL_SSL), or None (PLAINTEXT, SSL).
 
     Raises:
         ValueError: an unknown protocol or mechanism, or SASL without a user name and password.
     """
-    protocol = (_option(config, PROTOCOL) or "PLAINTEXT").strip().upper()
-    if protocol == "PLAINTEXT":
+    protocol = client_protocol(config)
+    if not uses_sasl(protocol):
         return None
-    if protocol != "SASL":
-        raise ValueError(f"{PROTOCOL} must be PLAINTEXT or SASL, got {protocol!r}")
     mechanism = (_option(config, MECHANISM) or PLAIN_MECHANISM).strip().upper()
     if mechanism not in SUPPORTED_MECHANISMS:
         raise ValueError(f"{MECHANISM}: strom's client implements {sorted(SUPPORTED_MECHANISMS)}, got {mechanism!r}")
@@ -64,5 +63,5 @@ def credentials_from_config(config: Mapping[str, str]) -> SaslCredentials | None
         username = username if username is not None else found.get("username")
         password = password if password is not None else found.get("password")
     if not username or password is None:
-        raise ValueError(f"{PROTOCOL}=SASL needs {USERNAME} and {PASSWORD} (or {JAAS_CONFIG})")
+        raise ValueError(f"{PROTOCOL}={protocol} needs {USERNAME} and {PASSWORD} (or {JAAS_CONFIG})")
     return SaslCredentials(username, password, mechanism)

@@ -7,6 +7,7 @@ than leaving it open by accident (a SASL listener without users, an unknown mech
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,11 @@ from strom.config import (
     SECURITY_SASL_ENABLED_MECHANISMS,
     SECURITY_SASL_PLAIN_CREDENTIALS,
     SECURITY_SASL_PLAIN_JAAS_CONFIG,
+    SECURITY_SSL_CERTIFICATE,
+    SECURITY_SSL_CLIENT_AUTH,
+    SECURITY_SSL_KEY,
+    SECURITY_SSL_TRUSTSTORE,
+    SECURITY_SSL_VERIFY_HOSTNAME,
     SUPER_USERS,
     Configuration,
 )
@@ -36,10 +42,10 @@ from strom.security.authenticator import (
 )
 from strom.security.authorizer import Authorizer, parse_super_users
 from strom.security.internal import InternalAuthenticator, InternalCredentials, guard_server_requests
+from strom.security.tls import PLAINTEXT, PROTOCOLS, SASL, client_context, server_context, uses_sasl, uses_tls
 
 DEFAULT_LISTENER_NAME = "FLUSS"
 """The name of a listener given as plain ``HOST:PORT`` (Fluss's default listener name)."""
-PLAINTEXT, SASL = "PLAINTEXT", "SASL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +100,8 @@ def parse_protocol_map(text: str) -> dict[str, str]:
         protocol = protocol.strip().upper()
         if not sep or not name.strip():
             raise InvalidConfigError(f"security.protocol.map entries are NAME:PROTOCOL, got {entry.strip()!r}")
-        if protocol not in (PLAINTEXT, SASL):
-            raise InvalidConfigError(f"security.protocol.map: protocol {protocol!r} is not PLAINTEXT or SASL")
+        if protocol not in PROTOCOLS:
+            raise InvalidConfigError(f"security.protocol.map: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
         protocols[name.strip().upper()] = protocol
     return protocols
 
@@ -105,6 +111,8 @@ class ListenerSecurity:
     listener: Listener
     authenticator: PlainAuthenticator | None
     """Set when the listener requires SASL."""
+    tls: ssl.SSLContext | None = None
+    """Set when the listener speaks TLS (SSL, SASL_SSL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +126,10 @@ class ServerSecurity:
     """``security.internal.secret``: the servers of a cluster authenticate each other with it."""
     trust_any_server: bool = False
     """``security.internal.allow-unauthenticated``: serve control requests to anyone (insecure)."""
+    tls: ssl.SSLContext | None = None
+    """The main listener's TLS, when it speaks TLS."""
+    peer_tls: ssl.SSLContext | None = None
+    """How this server reaches the other servers of its cluster when their listener speaks TLS."""
 
     @property
     def internal_authenticator(self) -> InternalAuthenticator | None:
@@ -129,7 +141,10 @@ class ServerSecurity:
 
     @property
     def protocol(self) -> str:
-        return SASL if self.authenticator is not None else PLAINTEXT
+        sasl = self.authenticator is not None
+        if self.tls is not None:
+            return "SASL_SSL" if sasl else "SSL"
+        return SASL if sasl else PLAINTEXT
 
     @classmethod
     def from_config(cls, config: Configuration, store: MetadataStore, listener_text: str | None = None) -> ServerSecurity:
@@ -138,10 +153,24 @@ class ServerSecurity:
         protocols = parse_protocol_map(config.get(SECURITY_PROTOCOL_MAP) or "")
 
         def authenticator_of(listener: Listener) -> PlainAuthenticator | None:
-            return _plain_authenticator(config) if protocols.get(listener.name, PLAINTEXT) == SASL else None
+            return _plain_authenticator(config) if uses_sasl(protocols.get(listener.name, PLAINTEXT)) else None
+
+        def tls_of(listener: Listener) -> ssl.SSLContext | None:
+            if not uses_tls(protocols.get(listener.name, PLAINTEXT)):
+                return None
+            return server_context(config.get(SECURITY_SSL_CERTIFICATE), config.get(SECURITY_SSL_KEY),
+                                  config.get(SECURITY_SSL_TRUSTSTORE), config.get(SECURITY_SSL_CLIENT_AUTH))
 
         authenticator = authenticator_of(listener)
-        extra_listeners = tuple(ListenerSecurity(other, authenticator_of(other)) for other in extra)
+        tls = tls_of(listener)
+        extra_listeners = tuple(ListenerSecurity(other, authenticator_of(other), tls_of(other)) for other in extra)
+        peer_tls = None
+        if tls is not None:  # the other servers of a cluster listen the same way
+            try:
+                peer_tls = client_context(config.get(SECURITY_SSL_TRUSTSTORE), config.get(SECURITY_SSL_CERTIFICATE),
+                                          config.get(SECURITY_SSL_KEY), config.get(SECURITY_SSL_VERIFY_HOSTNAME))
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                raise InvalidConfigError(f"cannot build the TLS context for the other servers: {exc}") from None
         authorizer = None
         if config.get(AUTHORIZER_ENABLED):
             try:
@@ -151,7 +180,7 @@ class ServerSecurity:
             authorizer = Authorizer(store, super_users)
         secret = config.get(SECURITY_INTERNAL_SECRET) or None
         trust_any = bool(config.get(SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED)) and secret is None
-        return cls(listener, authenticator, authorizer, extra_listeners, secret, trust_any)
+        return cls(listener, authenticator, authorizer, extra_listeners, secret, trust_any, tls, peer_tls)
 
     def guard(
         self,

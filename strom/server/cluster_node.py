@@ -150,7 +150,8 @@ class _ClusterProcess:
         store, address = _cluster_store(self.config)
         self.store = store
         self.security = ServerSecurity.from_config(self.config, store)
-        self.peers = PeerConnections(credentials=self.security.internal_credentials(self.server_name))
+        self.peers = PeerConnections(credentials=self.security.internal_credentials(self.server_name),
+                                     tls=self.security.peer_tls)
         return store, address
 
     async def _serve(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService,
@@ -161,7 +162,7 @@ class _ClusterProcess:
         guarded = self._guard(handlers, catalog)
         make_server = rpc_server_factory(self.config, on_connection_closed, self.security.internal_authenticator)
         self.rpc = make_server(guarded, self.security.authenticator)
-        await self.rpc.start(sock)
+        await self.rpc.start(sock, self.security.tls)
         self._start_acl_refresh()
 
     def _guard(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService) -> dict[ApiKey, Handler]:

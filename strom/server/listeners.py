@@ -54,7 +54,7 @@ class ExtraListeners:
             if metadata is not None:
                 served[ApiKey.GET_METADATA] = _advertising(metadata, host, self.ports[security.listener.name])
             server = make_server(served, security.authenticator)
-            await server.start(sock)
+            await server.start(sock, security.tls)
             self.servers.append(server)
 
     async def stop(self) -> None:

@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -76,18 +77,27 @@ class LocalClusterState:
         return cls(document["data_dir"], [Member(**member) for member in document["members"]])
 
 
-def answers_rpc(address: str, timeout_s: float = 2.0) -> bool:
-    """Whether a strom process serves RPCs at ``address`` (it answers ApiVersions)."""
+def answers_rpc(address: str, timeout_s: float = 2.0, tls: bool = False) -> bool:
+    """Whether a strom process serves RPCs at ``address`` (it answers ApiVersions; over TLS when ``tls``,
+    checking no certificate: this asks only whether it serves)."""
     host, _, port = address.rpartition(":")
     request = pb.ApiVersionsRequest(client_software_name="strom-cluster", client_software_version="0")
     frame = framing.encode_request(int(ApiKey.API_VERSIONS), 0, 0, request.SerializeToString())
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as plain:
+            sock = _unverified_tls().wrap_socket(plain, server_hostname=host) if tls else plain
             sock.sendall(frame)
             header = sock.recv(framing.LENGTH_SIZE_BYTES + framing.RESPONSE_HEADER_SIZE_BYTES)
     except OSError:
         return False
     return len(header) > framing.LENGTH_SIZE_BYTES and header[framing.LENGTH_SIZE_BYTES] == framing.RESPONSE_SUCCESS
+
+
+def _unverified_tls() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def alive(pid: int) -> bool:
@@ -220,7 +230,7 @@ class LocalCluster:
         self.processes[process.pid] = process
         self.state.save()
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not answers_rpc(address, 1.0):
+        while not answers_rpc(address, 1.0, self.uses_tls()):
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
             if time.monotonic() > deadline:
@@ -277,10 +287,16 @@ class LocalCluster:
     def status(self) -> list[tuple[Member, bool]]:
         """Each member and whether it is up (its process lives and, but for ZooKeeper, it serves RPCs)."""
         return [
-            (m, alive(m.pid) and (m.role == "zookeeper" or answers_rpc(m.address, 1.0)))
+            (m, alive(m.pid) and (m.role == "zookeeper" or answers_rpc(m.address, 1.0, self.uses_tls())))
             for m in self.state.members
         ]
 
+
+    def uses_tls(self) -> bool:
+        """Whether the members listen with TLS (``security.protocol.map`` says SSL or SASL_SSL)."""
+        path = self.config_path
+        protocols = (self.settings() if path.exists() else self.config).get("security.protocol.map", "")
+        return any(entry.strip().upper().endswith(("SSL",)) for entry in protocols.split(","))
 
     def settings(self) -> dict[str, str]:
         """What every member was started with (``cluster.yaml``)."""

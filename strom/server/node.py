@@ -245,7 +245,7 @@ class StromServer:
 
         rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed, self.security.internal_authenticator)
         self.rpc = rpc_server(handlers, self.security.authenticator)
-        await self.rpc.start(sock)
+        await self.rpc.start(sock, self.security.tls)
         await self.listeners.start(handlers, rpc_server)
         metrics_port = config.get(METRICS_PORT)
         if metrics_port:

@@ -18,9 +18,8 @@ import pytest
 
 from strom.client import Connection, TableBucket
 from strom.server.local_cluster import LocalCluster
-from strom.zk.zookeeper_server import unavailable_reason
-from tests.cluster.test_cluster_processes import upsert
-from tests.cluster.test_replication import PK_FIELDS, States, create, wait_for_servers
+from tests.cluster.test_cluster_processes import _cluster, upsert
+from tests.cluster.test_replication import PK_FIELDS, States, create
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]
 
@@ -30,15 +29,7 @@ WRITE_WAIT_S = 20.0
 
 
 def _three(tmp_path: Path, config: dict[str, str]) -> Iterator[LocalCluster]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    local = LocalCluster(tmp_path / "cluster", 3, {"kv.snapshot.interval": "0s", **config}).start()
-    try:
-        wait_for_servers(local, 3)
-        yield local
-    finally:
-        local.stop()
+    yield from _cluster(tmp_path / "cluster", 3, {"kv.snapshot.interval": "0s", **config})
 
 
 @pytest.fixture

@@ -20,9 +20,8 @@ import pytest
 
 from strom.client import Connection, TableBucket
 from strom.server.local_cluster import LocalCluster
-from strom.zk.zookeeper_server import unavailable_reason
-from tests.cluster.test_cluster_processes import rows
-from tests.cluster.test_replication import PK_FIELDS, PYFLUSS_WRITER, States, create, wait_for_servers
+from tests.cluster.test_cluster_processes import _cluster, rows
+from tests.cluster.test_replication import PK_FIELDS, PYFLUSS_WRITER, States, create
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("cluster")]
 
@@ -36,15 +35,7 @@ stopped server's buckets leaderless for the 30 s session timeout."""
 
 @pytest.fixture
 def three(tmp_path: Path) -> Iterator[LocalCluster]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    local = LocalCluster(tmp_path / "cluster", 3, CONFIG).start()
-    try:
-        wait_for_servers(local, 3)
-        yield local
-    finally:
-        local.stop()
+    yield from _cluster(tmp_path / "cluster", 3, CONFIG)
 
 
 class _Writer:

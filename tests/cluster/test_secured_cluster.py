@@ -5,6 +5,7 @@ an ACL granted through the coordinator reaches the tablet servers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +14,20 @@ import fluss as pyfluss
 import pytest
 
 from strom.client import Connection
-from strom.errors import AuthenticationError, AuthorizationError, TableNotExistError
+from strom.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    ConnectionFailedError,
+    NetworkError,
+    TableNotExistError,
+)
+from strom.rpc.client import RpcConnection
 from strom.security.acl import AclBinding, OperationType, Principal, Resource
 from strom.server.local_cluster import ADMIN, LocalCluster
 from strom.zk.zookeeper_server import unavailable_reason
-from tests.cluster.test_cluster_processes import upsert
+from tests.cluster.test_cluster_processes import rows, upsert
 from tests.cluster.test_replication import PK_FIELDS, create
+from tests.tls_support import make_certificates
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]
 
@@ -103,3 +112,37 @@ def test_the_admin_password_is_generated_and_kept_private(secured: LocalCluster)
     for member in secured.state.members:
         assert secured.admin_password() not in Path(f"/proc/{member.pid}/cmdline").read_bytes().decode(errors="replace")
 
+
+
+def test_a_cluster_speaks_sasl_over_tls_between_its_servers_and_to_clients(tmp_path: Path) -> None:
+    """Every server's one listener is SASL_SSL: replication, leadership notices and snapshot commits run
+    over TLS between the servers (with their own logins), clients log in over TLS, and a client that does
+    not speak TLS gets nowhere."""
+    certificates = make_certificates(tmp_path / "certs")
+    config = {"security.protocol.map": "FLUSS:SASL_SSL", "kv.snapshot.interval": "0s", **certificates.server_config()}
+    with _cluster_with(tmp_path / "cluster", config) as local:
+        login = {**_login(local, ADMIN, local.admin_password()), "client.security.protocol": "SASL_SSL",
+                 "client.security.ssl.truststore": str(certificates.ca)}
+
+        async def replicated_round_trip(login: dict[str, str]) -> dict[int, str]:
+            async with await Connection.create(login) as connection:
+                path = await create(connection, PK_FIELDS, ["id"])  # replication factor 3
+                await upsert(connection, path, range(20), "tls")
+                return await rows(connection, path)
+
+        assert asyncio.run(replicated_round_trip(login)) == {i: f"tls{i}" for i in range(20)}
+        host, _, port = local.bootstrap.split(",")[0].rpartition(":")
+        with pytest.raises((ConnectionFailedError, NetworkError)):
+            asyncio.run(RpcConnection.connect(host, int(port), timeout_ms=3_000))
+
+
+@contextlib.contextmanager
+def _cluster_with(data_dir: Path, config: dict[str, str]) -> Iterator[LocalCluster]:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    local = LocalCluster(data_dir, 3, config, secure=True).start()
+    try:
+        yield local
+    finally:
+        local.stop()

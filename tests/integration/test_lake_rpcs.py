@@ -96,6 +96,13 @@ async def take_table(connection: Connection, table_id: int) -> TieringAssignment
     raise AssertionError(f"table {table_id} was never handed out")
 
 
+async def taken(connection: Connection) -> tuple[TablePath, int, int]:
+    """A new lake table with rows, taken by this test as its tiering job: its path, id and tiering epoch."""
+    path = await create(connection, LAKE)
+    table_id = (await connection.get_admin().get_table_info(path)).table_id
+    return path, table_id, (await take_table(connection, table_id)).tiering_epoch
+
+
 async def commit_round(
     connection: Connection, path: TablePath, table_id: int, snapshot_id: int, offsets: dict[int, int]
 ) -> tuple[TieringAssignment, str]:
@@ -450,9 +457,7 @@ async def test_bad_input_gets_clear_errors_and_the_server_keeps_serving(server_f
     server = server_factory(FAST)
     async with await Connection.create(server.address) as connection:
         admin = connection.get_admin()
-        path = await create(connection, LAKE)
-        table_id = (await admin.get_table_info(path)).table_id
-        epoch = (await take_table(connection, table_id)).tiering_epoch
+        path, table_id, epoch = await taken(connection)
         good = await admin.prepare_lake_table_snapshot(table_id, path, {TableBucket(table_id, 0): 1}, epoch)
         directory = str(Path(good).parent)
 
@@ -496,9 +501,7 @@ async def test_metrics_report_tiering_states_lag_and_failures(server_factory: An
     server = server_factory({**FAST, "metrics.reporter.prometheus.port": str(port)})
     async with await Connection.create(server.address) as connection:
         admin = connection.get_admin()
-        path = await create(connection, LAKE)
-        table_id = (await admin.get_table_info(path)).table_id
-        epoch = (await take_table(connection, table_id)).tiering_epoch
+        path, table_id, epoch = await taken(connection)
         file = await admin.prepare_lake_table_snapshot(table_id, path, {TableBucket(table_id, 0): 1}, epoch)
         await admin.commit_lake_table_snapshot(
             table_id, 1, file, tiering_epoch=epoch, max_timestamps={TableBucket(table_id, 0): 1_000}
@@ -519,9 +522,7 @@ async def test_offsets_beyond_the_high_watermark_are_refused_and_record_nothing(
     server = server_factory(FAST)
     async with await Connection.create(server.address) as connection:
         admin = connection.get_admin()
-        path = await create(connection, LAKE)
-        table_id = (await admin.get_table_info(path)).table_id
-        epoch = (await take_table(connection, table_id)).tiering_epoch
+        path, table_id, epoch = await taken(connection)
         with pytest.raises(LogOffsetOutOfRangeError, match="beyond its log's high watermark"):
             await admin.prepare_lake_table_snapshot(table_id, path, {TableBucket(table_id, 0): 10**15}, epoch)
         with pytest.raises(LakeSnapshotNotExistError):
@@ -537,9 +538,7 @@ async def test_prepares_never_committed_leave_a_bounded_number_of_files_and_a_co
     server = server_factory(FAST)
     async with await Connection.create(server.address) as connection:
         admin = connection.get_admin()
-        path = await create(connection, LAKE)
-        table_id = (await admin.get_table_info(path)).table_id
-        epoch = (await take_table(connection, table_id)).tiering_epoch
+        path, table_id, epoch = await taken(connection)
         prepared = [await admin.prepare_lake_table_snapshot(table_id, path, {TableBucket(table_id, 0): 1}, epoch)
                     for _ in range(20)]
         directory = Path(prepared[0]).parent
