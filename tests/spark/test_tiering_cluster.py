@@ -10,16 +10,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
-from strom.client import Connection
+from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.errors import ConnectionFailedError, NetworkError, NotCoordinatorLeaderError
 from strom.records.types import BigIntType, IntType, StringType
-from strom.server.local_cluster import LocalCluster
+from strom.server.local_cluster import ADMIN, LocalCluster
+from strom.tiering.driver import TieringDriver, TieringOptions
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.conftest import unique_name
+from tests.lake.duckdb_reader import read_delta
 from tests.spark.support import Fluss
 from tests.spark.tiering_support import (
+    LAKE_TABLE,
     create_lake_table,
     lake_rows,
     lake_snapshot,
@@ -77,3 +81,37 @@ def _wait_for_new_coordinator(bootstrap: str) -> None:
                     await asyncio.sleep(0.2)
 
     asyncio.run(changed())
+
+
+def test_the_tiering_service_tiers_a_table_of_a_secured_cluster(spark: Any, tmp_path: Path) -> None:
+    """A cluster where clients log in and ACLs are enforced (`strom cluster start --secure`): the service,
+    given its credentials (client.* options), tiers a table into Delta, which DuckDB reads back."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    config = tiering_config("delta", **{"datalake.delta.warehouse": str(tmp_path / "lake")})
+    local = LocalCluster(tmp_path / "cluster", 2, config, secure=True).start()
+    try:
+        login = {"client.security.protocol": "SASL", "client.security.sasl.mechanism": "PLAIN",
+                 "client.security.sasl.username": ADMIN, "client.security.sasl.password": local.admin_password()}
+        path = TablePath("fluss", unique_name("secured_lake"))
+
+        async def prepare() -> None:
+            async with await Connection.create({"bootstrap.servers": local.bootstrap, **login}) as connection:
+                schema = Schema.from_arrow(pa.schema([("id", pa.int32()), ("name", pa.string())]), primary_key=["id"])
+                await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=2,
+                                                                                properties=LAKE_TABLE))
+                table = await connection.get_table(path)
+                await table.new_upsert().create_writer().upsert_batch(
+                    pa.table({"id": list(range(50)), "name": [f"n{i}" for i in range(50)]}))
+
+        asyncio.run(prepare())
+        options = TieringOptions(local.bootstrap, "secured-job", poll_interval_ms=200, once=True,
+                                 client_options=tuple(sorted(login.items())))
+        driver = TieringDriver(spark, options)
+        driver.run()
+        assert not driver.given_up and driver.outcomes
+        rows = read_delta(str(tmp_path / "lake" / path.database_name / path.table_name))
+        assert sorted(rows.column("id").to_pylist()) == list(range(50))
+    finally:
+        local.stop()
