@@ -45,6 +45,14 @@ class _Waiter:
     """Waits for the high watermark (acknowledgement), else only for the fsync."""
 
 
+class DivergedLogError(LogStorageError):
+    """A follower's log holds, from ``base_offset`` on, batches its leader does not have."""
+
+    def __init__(self, base_offset: int, message: str) -> None:
+        super().__init__(message)
+        self.base_offset = base_offset
+
+
 def _read_checkpoint(directory: Path, default: int) -> int:
     try:
         return int((directory / HIGH_WATERMARK_FILE).read_text())
@@ -192,11 +200,24 @@ class LogTablet:
 
     def append_replicated(self, data: bytes, now_ms: int) -> AppendResult:
         """Append batches fetched from the leader as they are (offsets and timestamps kept); they must start
-        at this log's end. Raises LogStorageError otherwise (the follower then truncates and fetches again)."""
+        at this log's end.
+
+        Raises:
+            DivergedLogError: they start before this log's end, inside a batch this log holds differently
+                (it kept batches its new leader never had): the follower truncates to their start and fetches
+                again.
+            LogStorageError: they start after this log's end.
+        """
         self._check_usable()
         batches = list(log_batch.iter_batches(data))
         if not batches:
             return AppendResult(self.log_end_offset, self.log_end_offset)
+        if batches[0][1].base_offset < self.log_end_offset:
+            raise DivergedLogError(
+                batches[0][1].base_offset,
+                f"{self.directory}: replicated batches start at {batches[0][1].base_offset}, the log ends at "
+                f"{self.log_end_offset}",
+            )
         if batches[0][1].base_offset != self.log_end_offset:
             raise LogStorageError(
                 f"{self.directory}: replicated batches start at {batches[0][1].base_offset}, the log ends at "

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from strom.errors import LogOffsetOutOfRangeError, NotLeaderOrFollowerError, StromError, error_for_code
 from strom.ids import TableBucket
+from strom.log.log_tablet import DivergedLogError
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -48,6 +49,7 @@ FETCH_BYTES_MAX = 8 << 20
 RETRY_S = 0.2
 ISR_CHECK_S = 0.25
 CHECKPOINT_S = 1.0
+STOP_WAIT_S = 5.0
 
 
 @dataclass
@@ -117,7 +119,14 @@ class ReplicationManager:
             tasks.append(self._maintenance)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            # bounded: a fetch cancelled while its peer connection is being set up may not end (seen after a
+            # controlled shutdown turned this server into a follower); the process is stopping, so it is
+            # abandoned rather than waited for
+            _done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT_S)
+            if pending:
+                log.warning("%d replication tasks did not end within %.0f s of the stop; leaving them",
+                            len(pending), STOP_WAIT_S)
         self._checkpoint()
 
     def _checkpoint(self) -> None:
@@ -155,6 +164,7 @@ class ReplicationManager:
         followers = {r: _Follower(start, now, now) for r in state.replicas if r != self._me}
         self._leading[bucket] = lead = _Leading(replica, state, version, followers)
         self._update_limit(lead)  # alone in the ISR, everything durable here is acknowledged
+        replica.log.checkpoint_high_watermark()  # from now on a restart finds a record, never "all committed"
         replica.open()  # the KV state catches up from the log, holding what the followers lack
         log.info("%s: leading at epoch %d (ISR %s)", bucket, state.leader_epoch, list(state.isr))
 
@@ -174,6 +184,7 @@ class ReplicationManager:
         replica.log.fail_unacknowledged(NotLeaderOrFollowerError(f"{bucket} is now led by server {state.leader}"))
         await replica.log.truncate_to(replica.log.high_watermark)
         replica.log.set_replication_limit(replica.log.high_watermark)
+        replica.log.checkpoint_high_watermark()
         following = self._following[bucket] = _Following(replica, state.leader, state.leader_epoch)
         following.task = asyncio.create_task(self._fetch_loop(bucket, following))
         log.info("%s: following server %d at epoch %d", bucket, state.leader, state.leader_epoch)
@@ -232,6 +243,12 @@ class ReplicationManager:
                 following.errors = 0
             except asyncio.CancelledError:
                 raise
+            except DivergedLogError as diverged:
+                # this log kept batches the leader never had (a leader killed before its first high
+                # watermark record): drop them and fetch the leader's
+                log.info("%s: the log diverges from server %d's at offset %d; truncating there",
+                         bucket, following.leader, diverged.base_offset)
+                await log_tablet.truncate_to(diverged.base_offset)
             except LogOffsetOutOfRangeError:
                 # this log runs past the leader's (batches a former leader wrote and nobody took)
                 await log_tablet.truncate_to(min(log_tablet.high_watermark, following.leader_high_watermark or 0))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from strom.errors import DuplicateSequenceError, LogStorageError
-from strom.log.log_tablet import HIGH_WATERMARK_FILE, LogTablet
+from strom.log.log_tablet import HIGH_WATERMARK_FILE, DivergedLogError, LogTablet
 from tests.log.test_log_tablet import DURABLE_EACH_APPEND, T0_MS, append, batch_bytes, ids_in
 
 pytestmark = pytest.mark.asyncio
@@ -98,3 +98,30 @@ async def test_a_reopened_replica_starts_from_its_recorded_high_watermark(tmp_pa
         assert (reopened.high_watermark, reopened.log_end_offset) == (2, 3)
     finally:
         reopened.close()
+
+
+async def test_a_follower_holding_a_batch_its_leader_never_had_learns_where_they_diverge(tmp_path: Path) -> None:
+    """A leader killed before its first high-watermark record restarts with no record, so it cannot tell
+    its unacknowledged tail from the rest; as a follower it meets its new leader's different batches and
+    truncates to where they start (the follower used to retry the same failing append for ever)."""
+    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
+    try:
+        for tablet in (leader, follower):  # both hold offsets 0-1
+            await tablet.durable(append(tablet, batch_bytes([1, 2], writer_id=7, sequence=0)).next_offset)
+        await follower.durable(append(follower, batch_bytes([3, 4], writer_id=7, sequence=1)).next_offset)  # never sent
+        await leader.durable(append(leader, batch_bytes([5], writer_id=8, sequence=0)).next_offset)
+        await leader.durable(append(leader, batch_bytes([6, 7], writer_id=8, sequence=1)).next_offset)
+        fetched = leader.read(3, 1 << 20, for_follower=True).records  # what a fetch at the follower's end gets
+        with pytest.raises(DivergedLogError) as diverged:
+            follower.append_replicated(fetched, T0_MS)
+        assert diverged.value.base_offset == 3
+        await follower.truncate_to(diverged.value.base_offset)  # as the follower does: its batch [2, 3] goes whole
+        assert follower.log_end_offset == 2
+        appended = follower.append_replicated(leader.read(2, 1 << 20, for_follower=True).records, T0_MS)
+        await follower.flushed(appended.next_offset)
+        assert ids_in(follower.read(0, 1 << 20).records) == [1, 2, 5, 6, 7]
+    finally:
+        leader.close()
+        follower.close()
+
