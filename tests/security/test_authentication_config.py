@@ -68,8 +68,9 @@ def test_client_credentials_come_from_fluss_option_names() -> None:
     assert pyfluss_names == SaslCredentials("carol", "pw")
     with pytest.raises(ValueError, match="username"):
         credentials_from_config({"client.security.protocol": "SASL"})
-    with pytest.raises(ValueError):
-        credentials_from_config({"client.security.protocol": "SSL"})
+    assert credentials_from_config({"client.security.protocol": "SSL"}) is None  # TLS without SASL: no login
+    with pytest.raises(ValueError, match="must be one of PLAINTEXT, SASL, SSL, SASL_SSL"):
+        credentials_from_config({"client.security.protocol": "TLS"})
 
 
 def test_listener_is_named_or_defaults_to_fluss() -> None:
