@@ -58,7 +58,11 @@ class ServerProcess:
             command += ["-D", f"{key}={value}"]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()  # a probe that fails in a way of its own must not leave the server running
+            raise
         return self
 
     def _wait_ready(self) -> None:
