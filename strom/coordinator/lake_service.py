@@ -266,8 +266,9 @@ class LakeTieringService:
             log.warning("could not delete the lake offsets file %s: %s", location, exc)
 
     async def _delete_unreferenced(self, table: TableInfo) -> None:
-        """After a commit: the offsets files no recorded lake snapshot refers to are prepares that were never
-        committed (failed rounds, or requests that were not rounds at all); delete them."""
+        """After a commit: delete the offsets files no recorded lake snapshot refers to any more, those of
+        the snapshots retention just discarded and those of prepares never committed (failed rounds, or
+        requests that were not rounds at all)."""
         self._uncommitted.pop(table.table_id, None)
         in_use: set[str] = set()
         for snapshot_id in self._store.list_lake_snapshot_ids(table.table_id):
@@ -335,16 +336,14 @@ class LakeTieringService:
         committed_ids = [i for i in self._store.list_lake_snapshot_ids(table.table_id) if i != snapshot.snapshot_id]
         discard = snapshots_to_discard(committed_ids, snapshot.snapshot_id,
                                        _optional(metadata, "earliest_snapshot_id_to_keep"))
-        discarded = self._store.commit_lake_snapshot(snapshot.to_record(), discard)
+        self._store.commit_lake_snapshot(snapshot.to_record(), discard)
         if max_timestamps:
             try:  # the commit is recorded; a failed write of this statistic must not report it as failed
                 self._manager.record_newest_timestamp(table.table_id, max(max_timestamps.values()))
             except StromError as exc:
                 log.warning("table %s: cannot record the lake's newest timestamp: %s", table.path, exc)
         log.info("table %s: lake snapshot %d committed (%d buckets)", table.path, snapshot.snapshot_id, len(tiered))
-        if discarded:
-            await self._delete_offsets_files(table, snapshot, [LakeSnapshot.from_record(r) for r in discarded])
-        await self._delete_unreferenced(table)
+        await self._delete_unreferenced(table)  # the discarded snapshots' files and never-committed prepares
 
     def _partition_names(
         self, table: TableInfo, buckets: list[TableBucket], latest: LakeSnapshot | None
@@ -377,19 +376,6 @@ class LakeTieringService:
                     f"Lake snapshot {snapshot_id} of table '{table.path}' would move {bucket} back from offset "
                     f"{offset} to {new[bucket]}: lake offsets only move forward."
                 )
-
-    async def _delete_offsets_files(self, table: TableInfo, new: LakeSnapshot, discarded: list[LakeSnapshot]) -> None:
-        """Delete the offsets files only discarded snapshots referenced (after the store forgot them)."""
-        in_use = set(new.paths)
-        for snapshot_id in self._store.list_lake_snapshot_ids(table.table_id):
-            record = self._store.get_lake_snapshot(table.table_id, snapshot_id)
-            if record is not None:
-                in_use |= LakeSnapshot.from_record(record).paths
-        for location in set().union(*(s.paths for s in discarded)) - in_use:
-            try:
-                await asyncio.to_thread(self._remote.delete, location)
-            except OSError as exc:
-                log.warning("could not delete the discarded lake offsets file %s: %s", location, exc)
 
     # ---- GetLakeSnapshot ----
     def get_lake_snapshot(self, request: Any, _context: object) -> Any:
