@@ -14,14 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from strom.security.authenticator import PLAIN_MECHANISM, SUPPORTED_MECHANISMS
-from strom.security.tls import client_protocol, uses_sasl
+from strom.security.tls import client_option, client_protocol, uses_sasl
 
 PROTOCOL = "client.security.protocol"
 MECHANISM = "client.security.sasl.mechanism"
 USERNAME = "client.security.sasl.username"
 PASSWORD = "client.security.sasl.password"
 JAAS_CONFIG = "client.security.sasl.jaas.config"
-_PYFLUSS_PREFIX = "client."
 
 _JAAS_OPTION = re.compile(r"""\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)\"""")
 
@@ -37,13 +36,6 @@ class SaslCredentials:
         return b"\x00" + self.username.encode() + b"\x00" + self.password.encode()
 
 
-def _option(config: Mapping[str, str], key: str) -> str | None:
-    value = config.get(key)
-    if value is None:
-        value = config.get(key[len(_PYFLUSS_PREFIX):])
-    return None if value is None else str(value)
-
-
 def credentials_from_config(config: Mapping[str, str]) -> SaslCredentials | None:
     """The SASL credentials the options ask for (SASL or SASL_SSL), or None (PLAINTEXT, SSL).
 
@@ -53,11 +45,11 @@ def credentials_from_config(config: Mapping[str, str]) -> SaslCredentials | None
     protocol = client_protocol(config)
     if not uses_sasl(protocol):
         return None
-    mechanism = (_option(config, MECHANISM) or PLAIN_MECHANISM).strip().upper()
+    mechanism = (client_option(config, MECHANISM) or PLAIN_MECHANISM).strip().upper()
     if mechanism not in SUPPORTED_MECHANISMS:
         raise ValueError(f"{MECHANISM}: strom's client implements {sorted(SUPPORTED_MECHANISMS)}, got {mechanism!r}")
-    username, password = _option(config, USERNAME), _option(config, PASSWORD)
-    jaas = _option(config, JAAS_CONFIG)
+    username, password = client_option(config, USERNAME), client_option(config, PASSWORD)
+    jaas = client_option(config, JAAS_CONFIG)
     if jaas and (username is None or password is None):
         found = {key: re.sub(r"\\(.)", r"\1", value) for key, value in _JAAS_OPTION.findall(jaas)}
         username = username if username is not None else found.get("username")

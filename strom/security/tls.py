@@ -79,8 +79,11 @@ def client_context(
 _PYFLUSS_PREFIX = "client."
 
 
-def _option(config: Mapping[str, str], key: str) -> str | None:
-    value = config.get(key, config.get(key[len(_PYFLUSS_PREFIX):]))
+def client_option(config: Mapping[str, str], key: str) -> str | None:
+    """A ``client.*`` option, or pyfluss's spelling of it without ``client.``: one options map serves both."""
+    value = config.get(key)
+    if value is None:
+        value = config.get(key[len(_PYFLUSS_PREFIX):])
     return None if value is None else str(value)
 
 
@@ -90,7 +93,7 @@ def client_protocol(config: Mapping[str, str]) -> str:
     Raises:
         ValueError: not one of PLAINTEXT, SASL, SSL, SASL_SSL.
     """
-    protocol = (_option(config, "client.security.protocol") or PLAINTEXT).strip().upper()
+    protocol = (client_option(config, "client.security.protocol") or PLAINTEXT).strip().upper()
     if protocol not in PROTOCOLS:
         raise ValueError(f"client.security.protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     return protocol
@@ -104,11 +107,11 @@ def client_context_from_config(config: Mapping[str, str]) -> ssl.SSLContext | No
     """
     if not uses_tls(client_protocol(config)):
         return None
-    verify = (_option(config, "client.security.ssl.verify-hostname") or "true").strip().lower() != "false"
+    verify = (client_option(config, "client.security.ssl.verify-hostname") or "true").strip().lower() != "false"
     try:
         return client_context(
-            _option(config, "client.security.ssl.truststore"), _option(config, "client.security.ssl.certificate"),
-            _option(config, "client.security.ssl.key"), verify,
+            client_option(config, "client.security.ssl.truststore"), client_option(config, "client.security.ssl.certificate"),
+            client_option(config, "client.security.ssl.key"), verify,
         )
     except (OSError, ssl.SSLError) as exc:
         raise ValueError(f"cannot load the client's TLS trust store or certificate: {exc}") from None
@@ -116,5 +119,5 @@ def client_context_from_config(config: Mapping[str, str]) -> ssl.SSLContext | No
 
 __all__ = [
     "PLAINTEXT", "PROTOCOLS", "SASL", "SASL_SSL", "SSL", "client_context", "client_context_from_config",
-    "client_protocol", "server_context", "uses_sasl", "uses_tls",
+    "client_option", "client_protocol", "server_context", "uses_sasl", "uses_tls",
 ]
