@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from strom.rpc import framing
-from strom.rpc.api_keys import ApiKey
-from strom.rpc.messages import pb
+from strom.security.server_security import main_listener_protocol
+from strom.security.tls import uses_tls
+from strom.server.local_cluster import answers_rpc
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -79,32 +79,8 @@ class ServerProcess:
 
     def _answers_api_versions(self) -> bool:
         """Ready means serving RPCs, not merely listening: the socket is bound before start-up ends."""
-        request = pb.ApiVersionsRequest(client_software_name="strom-tests", client_software_version="0")
-        frame = framing.encode_request(int(ApiKey.API_VERSIONS), 0, 0, request.SerializeToString())
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2.0) as plain:
-                sock = (self.probe_tls or self._probe_tls()).wrap_socket(plain, server_hostname="127.0.0.1") if self._main_listener_tls() else plain
-                sock.sendall(frame)
-                header = sock.recv(framing.LENGTH_SIZE_BYTES + framing.RESPONSE_HEADER_SIZE_BYTES)
-        except OSError:
-            return False
-        return len(header) >= framing.LENGTH_SIZE_BYTES + 1 and header[framing.LENGTH_SIZE_BYTES] == framing.RESPONSE_SUCCESS
-
-    def _main_listener_tls(self) -> bool:
-        """Whether ``security.protocol.map`` makes the main listener SSL or SASL_SSL."""
-        listeners = self.config.get("bind.listeners", "FLUSS://")
-        name = listeners.split(",")[0].partition("://")[0].upper() if "://" in listeners else "FLUSS"
-        protocols = dict(entry.strip().upper().split(":", 1) for entry in
-                         self.config.get("security.protocol.map", "").split(",") if ":" in entry)
-        return protocols.get(name, "PLAINTEXT") in ("SSL", "SASL_SSL")
-
-    @staticmethod
-    def _probe_tls() -> ssl.SSLContext:
-        """The readiness probe only asks whether the server answers: it checks no certificate."""
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
+        tls = uses_tls(main_listener_protocol(self.config.get("bind.listeners"), self.config.get("security.protocol.map")))
+        return answers_rpc(self.address, 2.0, (self.probe_tls or True) if tls else False)
 
     def stop(self) -> int:
         """SIGTERM and wait for a clean exit; returns the exit code."""

@@ -81,6 +81,11 @@ def parse_listeners(text: str) -> list[Listener]:
     return listeners
 
 
+def main_listener_protocol(listeners: str | None, protocol_map: str | None) -> str:
+    """The protocol (PLAINTEXT, SASL, SSL, SASL_SSL) of the main listener of ``bind.listeners``."""
+    return parse_protocol_map(protocol_map or "").get(parse_listener(listeners or "127.0.0.1:9123").name, PLAINTEXT)
+
+
 def parse_listener(text: str) -> Listener:
     """The main (first) listener of ``bind.listeners``."""
     return parse_listeners(text)[0]

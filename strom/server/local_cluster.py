@@ -30,6 +30,8 @@ from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.security.authenticator import PLAIN_LOGIN_MODULE, parse_plain_jaas_users
+from strom.security.server_security import main_listener_protocol
+from strom.security.tls import uses_tls
 from strom.zk.zookeeper_server import ZooKeeperServer, free_port
 
 ADMIN = "admin"
@@ -77,15 +79,16 @@ class LocalClusterState:
         return cls(document["data_dir"], [Member(**member) for member in document["members"]])
 
 
-def answers_rpc(address: str, timeout_s: float = 2.0, tls: bool = False) -> bool:
-    """Whether a strom process serves RPCs at ``address`` (it answers ApiVersions; over TLS when ``tls``,
-    checking no certificate: this asks only whether it serves)."""
+def answers_rpc(address: str, timeout_s: float = 2.0, tls: bool | ssl.SSLContext = False) -> bool:
+    """Whether a strom process serves RPCs at ``address`` (it answers ApiVersions). Over TLS when ``tls``:
+    with that context, or (``True``) checking no certificate, as this asks only whether it serves."""
     host, _, port = address.rpartition(":")
     request = pb.ApiVersionsRequest(client_software_name="strom-cluster", client_software_version="0")
     frame = framing.encode_request(int(ApiKey.API_VERSIONS), 0, 0, request.SerializeToString())
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as plain:
-            sock = _unverified_tls().wrap_socket(plain, server_hostname=host) if tls else plain
+            context = tls if isinstance(tls, ssl.SSLContext) else _unverified_tls() if tls else None
+            sock = context.wrap_socket(plain, server_hostname=host) if context is not None else plain
             sock.sendall(frame)
             header = sock.recv(framing.LENGTH_SIZE_BYTES + framing.RESPONSE_HEADER_SIZE_BYTES)
     except OSError:
@@ -294,9 +297,8 @@ class LocalCluster:
 
     def uses_tls(self) -> bool:
         """Whether the members listen with TLS (``security.protocol.map`` says SSL or SASL_SSL)."""
-        path = self.config_path
-        protocols = (self.settings() if path.exists() else self.config).get("security.protocol.map", "")
-        return any(entry.strip().upper().endswith(("SSL",)) for entry in protocols.split(","))
+        settings = self.settings() if self.config_path.exists() else self.config
+        return uses_tls(main_listener_protocol(settings.get("bind.listeners"), settings.get("security.protocol.map")))
 
     def settings(self) -> dict[str, str]:
         """What every member was started with (``cluster.yaml``)."""
