@@ -36,16 +36,9 @@ ACL_WAIT_S = 15.0
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    local = LocalCluster(tmp_path_factory.mktemp("secured") / "cluster", 3,
-                         {"security.sasl.plain.credentials": "alice:alice-secret", "kv.snapshot.interval": "0s"},
-                         secure=True).start()
-    try:
+    config = {"security.sasl.plain.credentials": "alice:alice-secret", "kv.snapshot.interval": "0s"}
+    with _cluster_with(tmp_path_factory.mktemp("secured") / "cluster", config) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def _login(local: LocalCluster, user: str, password: str) -> dict[str, str]:
@@ -138,6 +131,7 @@ def test_a_cluster_speaks_sasl_over_tls_between_its_servers_and_to_clients(tmp_p
 
 @contextlib.contextmanager
 def _cluster_with(data_dir: Path, config: dict[str, str]) -> Iterator[LocalCluster]:
+    """Three tablet servers whose clients must log in (``strom cluster start --secure``)."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
