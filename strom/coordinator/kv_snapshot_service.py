@@ -37,8 +37,7 @@ from strom.metadata.table_info import TableInfo
 from strom.rpc.auth import ANONYMOUS, Principal
 from strom.rpc.messages import add_snapshot_pins, ext, pb, read_snapshot_pins
 from strom.rpc.server import RequestContext
-from strom.security.authorizer import parse_super_users
-from strom.security.internal import is_server
+from strom.security.authorizer import is_super_user, parse_super_users
 
 log = logging.getLogger(__name__)
 
@@ -213,12 +212,9 @@ class KvSnapshotService:
         principal: Principal = (context.principal if context is not None else None) or ANONYMOUS
         lease = self._leases.get(lease_id)
         owner = lease.owner if lease is not None else None
-        if owner is not None and owner != str(principal) and not self._may_touch_any(principal):
+        if owner is not None and owner != str(principal) and not is_super_user(principal, self._super_users):
             raise AuthorizationError(f"lease {lease_id!r} belongs to another principal; {principal} may not change it")
         return str(principal)
-
-    def _may_touch_any(self, principal: Principal) -> bool:
-        return is_server(principal) or any(user.matches(principal) for user in self._super_users)
 
     def acquire_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
         owner = self._caller(request.lease_id, context)

@@ -41,6 +41,12 @@ def parse_super_users(text: str | None) -> list[Principal]:
     return [Principal.parse(entry) for entry in (text or "").split(";") if entry.strip()]
 
 
+def is_super_user(principal: Principal, super_users: Collection[Principal]) -> bool:
+    """Whether ``principal`` may do everything: one of ``super_users`` (``super.users``), or one of the
+    cluster's own servers (their requests to each other)."""
+    return is_server(principal) or any(super_user.matches(principal) for super_user in super_users)
+
+
 def _to_record(binding: AclBinding) -> AclRecord:
     return AclRecord(
         int(binding.resource.type), binding.resource.name, binding.principal.type, binding.principal.name,
@@ -84,8 +90,7 @@ class Authorizer:
 
     # ---- decisions ----
     def is_super_user(self, principal: Principal) -> bool:
-        """The configured super users, and the cluster's own servers (their requests to each other)."""
-        return is_server(principal) or any(super_user.matches(principal) for super_user in self._super_users)
+        return is_super_user(principal, self._super_users)
 
     def is_authorized(self, principal: Principal, host: str, operation: OperationType, resource: Resource) -> bool:
         assert operation not in (OperationType.ANY,)
