@@ -198,8 +198,19 @@ BIND_LISTENERS = string_option(
     "bind.listeners", "127.0.0.1:9123",
     "Addresses the server listens on: `HOST:PORT`, or Fluss's `NAME://HOST:PORT[,NAME://HOST:PORT…]` "
     "(an unnamed listener is `FLUSS`); `security.protocol.map` says which require authentication. Each "
-    "listener is a port of its own; GetMetadata on it answers with its address. `strom server --bind HOST:PORT` "
-    "sets the first listener's address.",
+    "listener is a port of its own; GetMetadata on it answers with every server's endpoint of that listener. "
+    "`strom server --bind HOST:PORT` sets the first listener's address.",
+)
+ADVERTISED_LISTENERS = string_option(
+    "advertised.listeners", None,
+    "What the server announces for its listeners, `NAME://HOST:PORT[,…]` naming listeners of `bind.listeners` "
+    "(e.g. a public host for `CLIENT`); a listener not named is announced with its bind address (or "
+    "`advertised.host`). A port of 0 here means the bound port (strom extension).",
+)
+INTERNAL_LISTENER_NAME = string_option(
+    "internal.listener.name", None,
+    "The listener the servers of a cluster reach each other on. Unset: `FLUSS` if a listener has that name, "
+    "else the only listener (Fluss's default is `FLUSS`).",
 )
 ADVERTISED_HOST = string_option(
     "advertised.host", None,

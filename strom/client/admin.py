@@ -303,10 +303,10 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
 
     async def get_server_nodes(self) -> list[ServerNode]:
         response = await self._connection.bootstrap_request(ApiKey.GET_METADATA, pb.MetadataRequest())
-        nodes = [
-            ServerNode(response.coordinator_server.node_id, response.coordinator_server.host,
-                       response.coordinator_server.port, "CoordinatorServer")
-        ]
+        nodes = []
+        if response.HasField("coordinator_server"):  # absent when the coordinator lacks this listener
+            coordinator = response.coordinator_server
+            nodes.append(ServerNode(coordinator.node_id, coordinator.host, coordinator.port, "CoordinatorServer"))
         nodes += [ServerNode(n.node_id, n.host, n.port, "TabletServer") for n in response.tablet_servers]
         return nodes
 

@@ -43,7 +43,7 @@ class ClusterPlacement:
         return self._coordinator if isinstance(self._coordinator, ServerNode) else self._coordinator()
 
     def tablet_servers(self) -> list[ServerNode]:
-        return [ServerNode(i, s.host, s.port) for i, s in sorted(self._servers.live().items())]
+        return [node for _, node in sorted(self._servers.live().items())]
 
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         buckets = table.buckets(partition_id)

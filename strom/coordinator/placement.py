@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
@@ -31,7 +31,7 @@ class BucketLeadership:
 class LiveServers(Protocol):
     """The tablet servers currently registered (``strom.zk.registry.TabletServerRegistry``)."""
 
-    def live(self) -> dict[int, Any]: ...
+    def live(self) -> dict[int, ServerNode]: ...
 
 
 class BucketPlacement(Protocol):

@@ -55,6 +55,7 @@ from strom.records import types as fluss_types
 from strom.records.schema import Column, DatabaseDescriptor, TableDescriptor
 from strom.records.types import MetadataJsonError
 from strom.rpc.messages import pb
+from strom.rpc.server import RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -597,10 +598,18 @@ class CoordinatorService:
         return pb.DropPartitionResponse()
 
     # ---- cluster metadata ----
-    def metadata(self, request: Any, _context: object) -> Any:
+    def metadata(self, request: Any, context: object) -> Any:
+        """Servers are named by their endpoints of the listener the request came in on; a server without
+        that listener is left out (as in Fluss)."""
+        listener = context.listener if isinstance(context, RequestContext) else None
         response = pb.MetadataResponse()
-        response.coordinator_server.CopyFrom(self._placement.coordinator().to_pb())
-        response.tablet_servers.extend(node.to_pb() for node in self._placement.tablet_servers())
+        coordinator = self._placement.coordinator().for_listener(listener)
+        if coordinator is not None:
+            response.coordinator_server.CopyFrom(coordinator.to_pb())
+        for tablet_server in self._placement.tablet_servers():
+            node = tablet_server.for_listener(listener)
+            if node is not None:
+                response.tablet_servers.append(node.to_pb())
         tables: dict[int, TableInfo] = {}
         for table_path in request.table_path:
             table = self.table_info(TablePath(table_path.database_name, table_path.table_name))

@@ -26,6 +26,7 @@ import posixpath
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
+from types import EllipsisType
 from typing import Any
 
 import pyarrow as pa
@@ -43,6 +44,7 @@ from strom.lake.delta_files import DeltaFileSink, FileLimits, WrittenFile
 from strom.lake.format import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
+    CURRENT,
     CommittedLakeSnapshot,
     LakeCommitConflictError,
     LakeFormat,
@@ -50,6 +52,7 @@ from strom.lake.format import (
     LakeTable,
     LakeTableMismatchError,
     LakeWriteResult,
+    commit_base,
 )
 from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout
 from strom.metadata.table_info import TableInfo
@@ -195,9 +198,13 @@ class DeltaLakeTable(LakeTable):
         except TableNotFoundError:
             return None
 
-    def commit(self, results: Sequence[LakeWriteResult], properties: Mapping[str, str]) -> int:
-        """One Delta transaction of every result's actions, read at the results' base snapshot, with
-        ``properties`` and the commit user in its commit info and this table's ``txn``.
+    def commit(
+        self, results: Sequence[LakeWriteResult], properties: Mapping[str, str],
+        base_snapshot_id: int | EllipsisType | None = CURRENT,
+    ) -> int:
+        """One Delta transaction of every result's actions, read at the base snapshot (so a strom commit
+        since then conflicts through this table's ``txn``), with ``properties`` and the commit user in its
+        commit info.
 
         Raises:
             LakeCommitConflictError: another strom commit since the base snapshot, or another commit
@@ -215,10 +222,8 @@ class DeltaLakeTable(LakeTable):
             actions += [
                 RemoveAction(r["path"], True, now_ms, r["size"], r["partition_values"]) for r in payload["remove"]
             ]
-        if len(bases) > 1:
-            raise ValueError(f"the results of one commit were written against different lake snapshots {sorted(bases)}")
-        base = bases.pop() if bases else None
-        table = self.delta(base)
+        base = commit_base(bases, base_snapshot_id)
+        table = self.delta(None if base is CURRENT else base)
         read_version = table.version()
         sequence = (table.transaction_version(self.app_id) or 0) + 1
         metadata = {**properties, COMMIT_USER_PROPERTY: COMMIT_USER}

@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import ClassVar
 
 import pyarrow as pa
@@ -36,6 +37,30 @@ FORMAT_OPTION_PREFIX = "table.datalake."
 class LakeCommitConflictError(StromError):
     """The lake changed under a round so that its commit cannot apply (another committer won the race);
     nothing of this commit is visible. Abort the round's files and plan the round again."""
+
+
+CURRENT = ...
+"""The ``base_snapshot_id`` of :meth:`LakeTable.commit` that means: the results' base, or the lake's current
+snapshot when there are no results."""
+
+
+def commit_base(bases: set[int | None], base_snapshot_id: int | EllipsisType | None) -> int | EllipsisType | None:
+    """The snapshot a commit applies to: ``base_snapshot_id`` (the round's base) when given, else the one
+    base of the results (:data:`CURRENT` when there are none).
+
+    Raises:
+        ValueError: the results were written against different snapshots.
+        LakeCommitConflictError: the results were written against another snapshot than the round's base.
+    """
+    if len(bases) > 1:
+        raise ValueError(f"the results of one commit were written against different lake snapshots {sorted(bases, key=str)}")
+    if base_snapshot_id is CURRENT:
+        return bases.pop() if bases else CURRENT
+    if bases and bases != {base_snapshot_id}:
+        raise LakeCommitConflictError(
+            f"the round's files were written against lake snapshot {bases.pop()}, its base is {base_snapshot_id}"
+        )
+    return base_snapshot_id
 
 
 class LakeTableMismatchError(InvalidTableError):
@@ -119,12 +144,16 @@ class LakeTable(ABC):
     def latest_snapshot_id(self) -> int | None: ...
 
     @abstractmethod
-    def commit(self, results: Sequence[LakeWriteResult], properties: Mapping[str, str]) -> int:
+    def commit(
+        self, results: Sequence[LakeWriteResult], properties: Mapping[str, str],
+        base_snapshot_id: int | EllipsisType | None = CURRENT,
+    ) -> int:
         """One atomic lake commit of every result (an empty one too: it records progress), carrying
-        ``properties`` and :data:`COMMIT_USER`. Returns the new snapshot id.
+        ``properties`` and :data:`COMMIT_USER`, applied to ``base_snapshot_id`` (see :func:`commit_base`).
+        Returns the new snapshot id.
 
         Raises:
-            LakeCommitConflictError: another commit won (nothing of this one is visible).
+            LakeCommitConflictError: another commit won since the base (nothing of this one is visible).
         """
 
     @abstractmethod

@@ -35,6 +35,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
+from types import EllipsisType
 from typing import Any
 
 import pyarrow as pa
@@ -66,6 +67,7 @@ from strom.lake.delta_files import FileLimits
 from strom.lake.format import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
+    CURRENT,
     FORMAT_OPTION_PREFIX,
     CommittedLakeSnapshot,
     LakeCommitConflictError,
@@ -74,6 +76,7 @@ from strom.lake.format import (
     LakeTable,
     LakeTableMismatchError,
     LakeWriteResult,
+    commit_base,
 )
 from strom.lake.iceberg_files import (
     IcebergLakeWriter,
@@ -250,26 +253,29 @@ class IcebergLakeTable(LakeTable):
         snapshot = self.iceberg().current_snapshot()
         return None if snapshot is None else snapshot.snapshot_id
 
-    def commit(self, results: Sequence[LakeWriteResult], properties: Mapping[str, str]) -> int:
+    def commit(
+        self, results: Sequence[LakeWriteResult], properties: Mapping[str, str],
+        base_snapshot_id: int | EllipsisType | None = CURRENT,
+    ) -> int:
         """One Iceberg snapshot of every result: a fast append when no file is removed, else an overwrite
         that removes the rewritten files and adds the new ones; ``properties`` and the commit user go in
         the snapshot summary. Expires old snapshots afterwards if the table asks for it.
 
         Raises:
-            LakeCommitConflictError: the table's current snapshot is not the results' base snapshot, or
-                another commit landed first; nothing of this commit is visible.
+            LakeCommitConflictError: the table's current snapshot is not the base snapshot (see
+                :func:`~strom.lake.format.commit_base`), or another commit landed first; nothing of this
+                commit is visible.
         """
         table_id = self.layout.info.table_id
         bases = set()
         for result in results:
             assert result.bucket.table_id == table_id, (result.bucket, table_id)
             bases.add(json.loads(result.payload)["base"])
-        if len(bases) > 1:
-            raise ValueError(f"the results of one commit were written against different lake snapshots {sorted(bases, key=str)}")
+        resolved = commit_base(bases, base_snapshot_id)
         table = self.iceberg()
         current = table.current_snapshot()
         current_id = None if current is None else current.snapshot_id
-        base = bases.pop() if bases else current_id
+        base = current_id if resolved is CURRENT else resolved
         if current_id != base:
             raise LakeCommitConflictError(
                 f"lake commit to {table.location()} refused: the table is at snapshot {current_id}, the round was "

@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.auth import ClientCredentials
 from strom.rpc.client import RpcConnection
+from strom.rpc.endpoints import Endpoint
 from strom.rpc.messages import pb
 
 log = logging.getLogger(__name__)
@@ -29,11 +30,25 @@ ALL_BUCKETS = -1
 
 @dataclass(frozen=True, slots=True)
 class ServerNode:
-    """A server of the cluster as metadata names it: its id and the address clients and peers reach."""
+    """A server of the cluster: its id, the address the other servers reach it at (its internal listener),
+    and every listener's endpoint, from which a client is told the one of the listener it came through."""
 
     node_id: int
     host: str
     port: int
+    endpoints: tuple[Endpoint, ...] = ()
+    """Every listener's advertised endpoint; empty for a server known by one address only."""
+
+    def for_listener(self, listener: str | None) -> ServerNode | None:
+        """This server as a client on ``listener`` reaches it; None when it has no such listener (clients on
+        that listener are not told about it, as in Fluss). A node without endpoints, or no listener name,
+        answers with its one address."""
+        if listener is None or not self.endpoints:
+            return self
+        for endpoint in self.endpoints:
+            if endpoint.name == listener:
+                return ServerNode(self.node_id, endpoint.host, endpoint.port)
+        return None
 
     def to_pb(self) -> Any:
         return pb.PbServerNode(node_id=self.node_id, host=self.host, port=self.port)

@@ -54,6 +54,8 @@ class RequestContext:
     connection_id: int
     principal: Principal | None = None
     """Who the connection authenticated as (``User:ANONYMOUS`` on a listener without authentication)."""
+    listener: str | None = None
+    """The name of the listener the request came in on (None: a server with unnamed listeners)."""
 
 
 Handler = (
@@ -146,6 +148,7 @@ class RpcServer:
         authentication_required: bool | None = None,
         unauthenticated_frame_size_bytes_max: int = UNAUTHENTICATED_FRAME_SIZE_BYTES_MAX,
         failed_authentication_delay_ms: int = FAILED_AUTHENTICATION_DELAY_MS,
+        listener: str | None = None,
     ) -> None:
         """``authenticator`` checks Authenticate requests. ``authentication_required`` (by default: whether
         there is an authenticator): a connection may send only ApiVersions and Authenticate until it has
@@ -156,7 +159,8 @@ class RpcServer:
         at most ``unauthenticated_frame_size_bytes_max`` (Kafka's ``sasl.server.max.receive.size``), take
         nothing of the shared buffered-request budget, and bytes that complete no frame do not keep it from
         the idle timeout. A failed authentication is answered after ``failed_authentication_delay_ms`` and
-        the connection closed (Kafka's ``connection.failed.authentication.delay.ms``)."""
+        the connection closed (Kafka's ``connection.failed.authentication.delay.ms``). ``listener``: the
+        listener's name, which handlers see in :attr:`RequestContext.listener`."""
         assert frame_size_bytes_max > framing.REQUEST_HEADER_SIZE_BYTES
         assert in_flight_count_max >= 1
         self._routes: dict[int, _Route] = {}
@@ -166,6 +170,7 @@ class RpcServer:
         self._idle_timeout_ms = idle_timeout_ms
         self.budget = BufferedRequestBudget(max(buffered_request_bytes_max or 0, frame_size_bytes_max + 4))
         self._on_connection_closed = on_connection_closed
+        self.listener = listener
         self._authenticator = authenticator
         self._authentication_required = (
             authenticator is not None if authentication_required is None else authentication_required
@@ -274,7 +279,7 @@ class RpcServer:
             )
         context = RequestContext(
             route.key, header.api_version, header.request_id, connection.peer, connection.connection_id,
-            connection.principal,
+            connection.principal, self.listener,
         )
         return route, request, context
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from strom.config import (
     AUTHORIZER_ENABLED,
     BIND_LISTENERS,
+    INTERNAL_LISTENER_NAME,
     SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
     SECURITY_INTERNAL_SECRET,
     SECURITY_PROTOCOL_MAP,
@@ -32,6 +33,7 @@ from strom.errors import InvalidConfigError
 from strom.ids import TablePath
 from strom.metadata.store import MetadataStore
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.endpoints import Endpoint, internal_listener, parse_endpoints
 from strom.rpc.server import Handler
 from strom.security.access import AccessControl
 from strom.security.authenticator import (
@@ -44,41 +46,15 @@ from strom.security.authorizer import Authorizer, parse_super_users
 from strom.security.internal import InternalAuthenticator, InternalCredentials, guard_server_requests
 from strom.security.tls import PLAINTEXT, PROTOCOLS, SASL, client_context, server_context, uses_sasl, uses_tls
 
-DEFAULT_LISTENER_NAME = "FLUSS"
-"""The name of a listener given as plain ``HOST:PORT`` (Fluss's default listener name)."""
 
-
-@dataclass(frozen=True, slots=True)
-class Listener:
-    name: str
-    host: str
-    port: int
-
-
-def parse_listeners(text: str) -> list[Listener]:
-    """``HOST:PORT`` or ``NAME://HOST:PORT[,NAME://HOST:PORT…]``, the first being the main listener.
+def parse_listeners(text: str) -> list[Endpoint]:
+    """``bind.listeners``: ``HOST:PORT`` or ``NAME://HOST:PORT[,NAME://HOST:PORT…]``, the first being the main
+    listener.
 
     Raises:
-        InvalidConfigError: none, a repeated name, or not that form.
+        InvalidConfigError: none, a repeated name or port, or not that form.
     """
-    listeners: list[Listener] = []
-    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
-    for entry in entries:
-        name, sep, address = entry.partition("://")
-        if not sep:
-            if len(entries) > 1:
-                raise InvalidConfigError(f"bind.listeners: name every listener (NAME://HOST:PORT), got {text!r}")
-            name, address = DEFAULT_LISTENER_NAME, entry
-        host, sep, port = address.rpartition(":")
-        if not name or not sep or not host or not port.isdigit():
-            raise InvalidConfigError(f"bind.listeners expects HOST:PORT or NAME://HOST:PORT[,…], got {text!r}")
-        listeners.append(Listener(name.upper(), host.strip("[]"), int(port)))
-    if not listeners:
-        raise InvalidConfigError("bind.listeners names no listener")
-    names = [listener.name for listener in listeners]
-    if len(set(names)) != len(names):
-        raise InvalidConfigError(f"bind.listeners repeats a listener name: {text!r}")
-    return listeners
+    return parse_endpoints(text, BIND_LISTENERS.key)
 
 
 def main_listener_protocol(listeners: str | None, protocol_map: str | None) -> str:
@@ -86,7 +62,7 @@ def main_listener_protocol(listeners: str | None, protocol_map: str | None) -> s
     return parse_protocol_map(protocol_map or "").get(parse_listener(listeners or "127.0.0.1:9123").name, PLAINTEXT)
 
 
-def parse_listener(text: str) -> Listener:
+def parse_listener(text: str) -> Endpoint:
     """The main (first) listener of ``bind.listeners``."""
     return parse_listeners(text)[0]
 
@@ -113,7 +89,7 @@ def parse_protocol_map(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class ListenerSecurity:
-    listener: Listener
+    listener: Endpoint
     authenticator: PlainAuthenticator | None
     """Set when the listener requires SASL."""
     tls: ssl.SSLContext | None = None
@@ -122,7 +98,7 @@ class ListenerSecurity:
 
 @dataclass(frozen=True, slots=True)
 class ServerSecurity:
-    listener: Listener
+    listener: Endpoint
     authenticator: PlainAuthenticator | None
     authorizer: Authorizer | None
     extra_listeners: tuple[ListenerSecurity, ...] = ()
@@ -134,7 +110,9 @@ class ServerSecurity:
     tls: ssl.SSLContext | None = None
     """The main listener's TLS, when it speaks TLS."""
     peer_tls: ssl.SSLContext | None = None
-    """How this server reaches the other servers of its cluster when their listener speaks TLS."""
+    """How this server reaches the other servers of its cluster when their internal listener speaks TLS."""
+    internal_listener: str = ""
+    """The listener the servers of a cluster reach each other on (``internal.listener.name``)."""
 
     @property
     def internal_authenticator(self) -> InternalAuthenticator | None:
@@ -151,16 +129,28 @@ class ServerSecurity:
             return "SASL_SSL" if sasl else "SSL"
         return SASL if sasl else PLAINTEXT
 
+    @property
+    def listeners(self) -> tuple[Endpoint, ...]:
+        """Every listener of ``bind.listeners`` (as configured: port 0 stays 0), the main one first."""
+        return (self.listener, *(extra.listener for extra in self.extra_listeners))
+
     @classmethod
-    def from_config(cls, config: Configuration, store: MetadataStore, listener_text: str | None = None) -> ServerSecurity:
-        """Raises InvalidConfigError on a setting that cannot be honoured."""
+    def from_config(
+        cls, config: Configuration, store: MetadataStore, listener_text: str | None = None, *, cluster: bool = False
+    ) -> ServerSecurity:
+        """``cluster``: a cluster's server, which needs an internal listener (``internal.listener.name``) and
+        reaches the others with its protocol.
+
+        Raises:
+            InvalidConfigError: a setting that cannot be honoured.
+        """
         listener, *extra = parse_listeners(listener_text or config.get(BIND_LISTENERS) or "127.0.0.1:9123")
         protocols = parse_protocol_map(config.get(SECURITY_PROTOCOL_MAP) or "")
 
-        def authenticator_of(listener: Listener) -> PlainAuthenticator | None:
+        def authenticator_of(listener: Endpoint) -> PlainAuthenticator | None:
             return _plain_authenticator(config) if uses_sasl(protocols.get(listener.name, PLAINTEXT)) else None
 
-        def tls_of(listener: Listener) -> ssl.SSLContext | None:
+        def tls_of(listener: Endpoint) -> ssl.SSLContext | None:
             if not uses_tls(protocols.get(listener.name, PLAINTEXT)):
                 return None
             return server_context(config.get(SECURITY_SSL_CERTIFICATE), config.get(SECURITY_SSL_KEY),
@@ -169,8 +159,9 @@ class ServerSecurity:
         authenticator = authenticator_of(listener)
         tls = tls_of(listener)
         extra_listeners = tuple(ListenerSecurity(other, authenticator_of(other), tls_of(other)) for other in extra)
+        internal = internal_listener([listener, *extra], config.get(INTERNAL_LISTENER_NAME)) if cluster else listener.name
         peer_tls = None
-        if tls is not None:  # the other servers of a cluster listen the same way
+        if cluster and uses_tls(protocols.get(internal, PLAINTEXT)):  # the other servers' internal listeners too
             try:
                 peer_tls = client_context(config.get(SECURITY_SSL_TRUSTSTORE), config.get(SECURITY_SSL_CERTIFICATE),
                                           config.get(SECURITY_SSL_KEY), config.get(SECURITY_SSL_VERIFY_HOSTNAME))
@@ -185,7 +176,7 @@ class ServerSecurity:
             authorizer = Authorizer(store, super_users)
         secret = config.get(SECURITY_INTERNAL_SECRET) or None
         trust_any = bool(config.get(SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED)) and secret is None
-        return cls(listener, authenticator, authorizer, extra_listeners, secret, trust_any, tls, peer_tls)
+        return cls(listener, authenticator, authorizer, extra_listeners, secret, trust_any, tls, peer_tls, internal)
 
     def guard(
         self,

@@ -20,8 +20,11 @@ from typing import Any
 
 from strom.clock import SYSTEM_CLOCK, Clock
 from strom.config import (
+    ADVERTISED_HOST,
+    ADVERTISED_LISTENERS,
     BIND_LISTENERS,
     DATALAKE_FORMAT,
+    INTERNAL_LISTENER_NAME,
     LOG_REPLICA_MAX_LAG_TIME,
     LOG_REPLICA_MAX_SILENCE_TIME,
     REMOTE_DATA_DIR,
@@ -48,16 +51,17 @@ from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.endpoints import Endpoint, internal_listener
 from strom.rpc.messages import pb
 from strom.rpc.peers import PeerConnections, ServerNode
-from strom.rpc.server import Handler, RpcServer, bind_listener
+from strom.rpc.server import Handler
 from strom.security.internal import COORDINATOR_NAME, tablet_server_name
 from strom.security.server_security import ServerSecurity, parse_listeners
+from strom.server.listeners import ServerListeners
 from strom.server.metadata_stores import open_store
 from strom.server.node import (
     WAREHOUSE_OPTIONS,
     ServerPaths,
-    advertised_host,
     lake_warehouse,
     remote_root,
     rpc_server_factory,
@@ -94,17 +98,6 @@ def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
     return open_store("zookeeper", address), address
 
 
-def _refuse_extra_listeners(config: Configuration) -> None:
-    """A cluster's servers register one address each and reach each other there (logging in as servers on
-    it, SASL or not); Fluss's listener model (an internal listener, one registered endpoint per listener) is
-    not built, so extra listeners are refused rather than half served."""
-    if len(parse_listeners(config.get(BIND_LISTENERS) or "127.0.0.1:9123")) > 1:
-        raise InvalidConfigError(
-            "a cluster does not support extra listeners yet: give each server one listener in bind.listeners "
-            "(SASL or PLAINTEXT in security.protocol.map)"
-        )
-
-
 ACL_REFRESH_S = 1.0
 """How often a cluster's server rereads the ACLs from ZooKeeper (the active coordinator changes them)."""
 
@@ -133,7 +126,9 @@ class _ClusterProcess:
         self.remote_root = remote_root(config.get(REMOTE_DATA_DIR), self.paths)
         self.store: MetadataStore | None = None
         self.security: ServerSecurity | None = None
-        self.rpc: RpcServer | None = None
+        self.listeners: ServerListeners | None = None
+        self.endpoints: tuple[Endpoint, ...] = ()
+        """Every listener's advertised endpoint, once bound."""
         self.peers = PeerConnections()
         self._stopped = asyncio.Event()
         self._acl_refresh: asyncio.Task[None] | None = None
@@ -144,25 +139,32 @@ class _ClusterProcess:
         raise NotImplementedError
 
     def _open(self) -> tuple[MetadataStore, str]:
-        _refuse_extra_listeners(self.config)
+        """Check the settings, open the metadata store and bind every listener (so a taken port stops the
+        start before this process registers anywhere)."""
         _require_internal_secret(self.config)
+        internal_listener(parse_listeners(self.config.get(BIND_LISTENERS) or ""), self.config.get(INTERNAL_LISTENER_NAME))
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         store, address = _cluster_store(self.config)
         self.store = store
-        self.security = ServerSecurity.from_config(self.config, store)
-        self.peers = PeerConnections(credentials=self.security.internal_credentials(self.server_name),
-                                     tls=self.security.peer_tls)
+        self.security = security = ServerSecurity.from_config(self.config, store, cluster=True)
+        self.peers = PeerConnections(credentials=security.internal_credentials(self.server_name), tls=security.peer_tls)
+        self.listeners = listeners = ServerListeners(security, self.host, self.port)
+        listeners.bind()
+        self.port = listeners.main_port
+        self.endpoints = listeners.advertised(self.config.get(ADVERTISED_LISTENERS), self.config.get(ADVERTISED_HOST))
         return store, address
+
+    @property
+    def internal_endpoint(self) -> Endpoint:
+        """Where the other servers reach this one."""
+        assert self.security is not None and self.endpoints
+        return next(e for e in self.endpoints if e.name == self.security.internal_listener)
 
     async def _serve(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService,
                      on_connection_closed: Callable[[int], None] | None = None) -> None:
-        assert self.security is not None
-        sock = bind_listener(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        guarded = self._guard(handlers, catalog)
+        assert self.security is not None and self.listeners is not None
         make_server = rpc_server_factory(self.config, on_connection_closed, self.security.internal_authenticator)
-        self.rpc = make_server(guarded, self.security.authenticator)
-        await self.rpc.start(sock, self.security.tls)
+        await self.listeners.start(self._guard(handlers, catalog), make_server)
         self._start_acl_refresh()
 
     def _guard(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService) -> dict[ApiKey, Handler]:
@@ -204,8 +206,8 @@ class _ClusterProcess:
     async def _close_common(self) -> None:
         if self._acl_refresh is not None:
             self._acl_refresh.cancel()
-        if self.rpc is not None:
-            await self.rpc.stop()
+        if self.listeners is not None:
+            await self.listeners.stop()
         await self.peers.close()
         if self.store is not None:
             self.store.close()
@@ -237,7 +239,8 @@ class CoordinatorNode(_ClusterProcess):
 
     @property
     def node(self) -> ServerNode:
-        return ServerNode(COORDINATOR_NODE_ID, advertised_host(self.config, self.host), self.port)
+        internal = self.internal_endpoint
+        return ServerNode(COORDINATOR_NODE_ID, internal.host, internal.port, self.endpoints)
 
     @property
     def server_name(self) -> str:
@@ -247,14 +250,15 @@ class CoordinatorNode(_ClusterProcess):
         """The active coordinator as metadata names it (this one when active)."""
         assert self.address is not None
         current = self.address.current()
-        return self.node if current is None else ServerNode(current.server_id, current.host, current.port)
+        return self.node if current is None else current
 
     async def start(self) -> None:
         """Serve as a standby and campaign in the background; :attr:`epoch` is set once active."""
         store, zookeeper = self._open()
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
-        self.registry = TabletServerRegistry(zookeeper, session_ms)
-        self.address = CoordinatorAddress(zookeeper, session_ms)
+        assert self.security is not None
+        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener)
+        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener)
         placement = ClusterPlacement(store, self.registry, self._active_node, _bucket_states(self.registry))
         standby_catalog = CoordinatorService(
             store, _NoTablets(), self.config, self.clock, placement, LakeTableTieringManager(store, self.clock, 0, 0)
@@ -273,7 +277,7 @@ class CoordinatorNode(_ClusterProcess):
 
     async def _campaign(self, store: MetadataStore, zookeeper: str, placement: ClusterPlacement) -> None:
         assert self.address is not None
-        me = RegisteredServer(COORDINATOR_NODE_ID, self.node.host, self.port)
+        me = RegisteredServer(COORDINATOR_NODE_ID, self.endpoints)
         epoch = await asyncio.to_thread(
             self.address.campaign, me, lambda: store.next_id(COORDINATOR_EPOCH_SEQUENCE), self._stop_campaign
         )
@@ -296,7 +300,7 @@ class CoordinatorNode(_ClusterProcess):
         assert self.registry is not None
         self.elector = LeaderElector(store, placement.states, self.registry, self.tablets, self.coordinator.table_info_by_id)
         self.elector.start()
-        assert self.security is not None and self.rpc is not None and role.snapshots is not None
+        assert self.security is not None and self.listeners is not None and role.snapshots is not None
         snapshots = role.snapshots
 
         def commit_kv_snapshot(request: Any, context: object) -> Any:
@@ -326,7 +330,7 @@ class CoordinatorNode(_ClusterProcess):
         handlers = role.handlers(AclService(self.security.authorizer))
         handlers[ApiKey.COMMIT_KV_SNAPSHOT] = commit_kv_snapshot
         handlers[ApiKey.CONTROLLED_SHUTDOWN] = controlled_shutdown
-        self.rpc.set_handlers(self._guard(handlers, self.coordinator))
+        self.listeners.set_handlers(self._guard(handlers, self.coordinator))
         self.epoch = epoch
 
     def _deposed(self) -> None:
@@ -390,7 +394,8 @@ class TabletServerNode(_ClusterProcess):
 
     @property
     def node(self) -> ServerNode:
-        return ServerNode(self.server_id, advertised_host(self.config, self.host), self.port)
+        internal = self.internal_endpoint
+        return ServerNode(self.server_id, internal.host, internal.port, self.endpoints)
 
     @property
     def server_name(self) -> str:
@@ -401,7 +406,7 @@ class TabletServerNode(_ClusterProcess):
         assert self.address is not None
         current = self.address.current()
         if current is not None:
-            self._last_coordinator = ServerNode(current.server_id, current.host, current.port)
+            self._last_coordinator = current
         if self._last_coordinator is None:
             raise StromError("no coordinator is active")
         return self._last_coordinator
@@ -416,8 +421,9 @@ class TabletServerNode(_ClusterProcess):
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
         store, zookeeper = self._open()
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
-        self.registry = TabletServerRegistry(zookeeper, session_ms)
-        self.address = CoordinatorAddress(zookeeper, session_ms)
+        assert self.security is not None
+        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener)
+        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener)
         coordinator = await asyncio.to_thread(self.address.wait, COORDINATOR_WAIT_S)
         if coordinator is None:
             raise InvalidConfigError(f"no coordinator published its address in ZooKeeper {zookeeper} within "
@@ -476,7 +482,7 @@ class TabletServerNode(_ClusterProcess):
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             try:
-                self.registry.register(RegisteredServer(self.server_id, self.node.host, self.port))
+                self.registry.register(RegisteredServer(self.server_id, self.endpoints))
                 return
             except InvalidConfigError as exc:
                 if asyncio.get_running_loop().time() > deadline:
@@ -517,8 +523,8 @@ class TabletServerNode(_ClusterProcess):
         await self.controlled_shutdown()
         if self.registry is not None:
             self.registry.close()  # first: the cluster stops routing to this server
-        if self.rpc is not None:
-            await self.rpc.stop()
+        if self.listeners is not None:
+            await self.listeners.stop()
         if self.replication is not None:
             await self.replication.stop()
         if self.tablets is not None:

@@ -1,39 +1,53 @@
-"""The listeners after the first of ``bind.listeners`` (Fluss's ``NAME://HOST:PORT,NAME://HOST:PORT``).
+"""Every listener of a server process (Fluss's ``bind.listeners``: ``NAME://HOST:PORT,NAME://HOST:PORT``).
 
-Each is a port of its own with its own protocol (PLAINTEXT or SASL, from ``security.protocol.map``),
-served by its own :class:`~strom.rpc.server.RpcServer` over the same handlers. GetMetadata answers on a
-listener with that listener's address, as Fluss does, so a client that bootstrapped on it keeps talking
-to it (the coordinator knows only the main listener's address). Authorization is the same on every
-listener: strom has no internal listener whose requests skip it.
+Each listener is a port of its own with its own protocol (PLAINTEXT, SASL, SSL or SASL_SSL, from
+``security.protocol.map``), served by its own :class:`~strom.rpc.server.RpcServer` over the same handlers,
+which know the listener a request came in on: GetMetadata answers with every server's endpoint of that
+listener, so a client that bootstrapped on it keeps talking to it. Authorization is the same on every
+listener; the servers of a cluster log in to each other on the internal one.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from strom.rpc.api_keys import ApiKey
-from strom.rpc.server import Handler, RequestContext, RpcServer, bind_listener
+from strom.rpc.endpoints import Endpoint, advertised_endpoints
+from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.authenticator import PlainAuthenticator
-from strom.security.server_security import ListenerSecurity
+from strom.security.server_security import ListenerSecurity, ServerSecurity
 
-RpcServerFactory = Callable[[Mapping[ApiKey, Handler], PlainAuthenticator | None], RpcServer]
+RpcServerFactory = Callable[[Mapping[ApiKey, Handler], PlainAuthenticator | None, str], RpcServer]
+"""Builds the RPC server of one listener from its handlers, client authenticator and name."""
 
 
-class ExtraListeners:
-    """Binds, serves and stops the extra listeners. Used on the server's event loop only."""
+class ServerListeners:
+    """Binds, serves and stops a process's listeners. Used on the server's event loop only.
 
-    def __init__(self, listeners: Sequence[ListenerSecurity], advertised_host: str | None) -> None:
-        self._listeners = tuple(listeners)
-        self._advertised_host = advertised_host
+    The main listener's address is given apart (``--bind`` sets it, a test passes port 0); the others are
+    those after the first of ``bind.listeners``.
+    """
+
+    def __init__(self, security: ServerSecurity, host: str, port: int) -> None:
+        main = ListenerSecurity(Endpoint(security.listener.name, host, port), security.authenticator, security.tls)
+        self._listeners = (main, *security.extra_listeners)
         self._sockets: list[socket.socket] = []
         self.servers: list[RpcServer] = []
-        self.ports: dict[str, int] = {}
-        """Listener name → bound port (a configured 0 becomes the port the system picked)."""
+        self.bound: list[Endpoint] = []
+        """Each listener with the port it got (a configured 0 becomes the port the system picked)."""
+
+    @property
+    def main(self) -> RpcServer | None:
+        """The main listener's server (once started)."""
+        return self.servers[0] if self.servers else None
+
+    @property
+    def main_port(self) -> int:
+        return self.bound[0].port
 
     def bind(self) -> None:
-        """Bind every extra listener (before start-up ends, so a port clash stops the start).
+        """Bind every listener (before start-up ends, so a port clash stops the start).
 
         Raises:
             OSError: a port is taken.
@@ -41,21 +55,28 @@ class ExtraListeners:
         for security in self._listeners:
             sock = bind_listener(security.listener.host, security.listener.port)
             self._sockets.append(sock)
-            self.ports[security.listener.name] = sock.getsockname()[1]
+            self.bound.append(Endpoint(security.listener.name, security.listener.host, sock.getsockname()[1]))
+
+    def advertised(self, advertised_listeners: str | None, advertised_host: str | None) -> tuple[Endpoint, ...]:
+        """What this process announces (``advertised.listeners``, ``advertised.host``), once bound.
+
+        Raises:
+            InvalidConfigError: ``advertised.listeners`` names a listener that is not bound.
+        """
+        assert self.bound, "bind() first"
+        return tuple(advertised_endpoints(self.bound, advertised_listeners, advertised_host))
 
     async def start(self, handlers: Mapping[ApiKey, Handler], make_server: RpcServerFactory) -> None:
         assert len(self._sockets) == len(self._listeners)
         for security, sock in zip(self._listeners, self._sockets, strict=True):
-            host = self._advertised_host or security.listener.host
-            if host in ("0.0.0.0", "::", ""):
-                host = "127.0.0.1"
-            served = dict(handlers)
-            metadata = served.get(ApiKey.GET_METADATA)
-            if metadata is not None:
-                served[ApiKey.GET_METADATA] = _advertising(metadata, host, self.ports[security.listener.name])
-            server = make_server(served, security.authenticator)
+            server = make_server(handlers, security.authenticator, security.listener.name)
             await server.start(sock, security.tls)
             self.servers.append(server)
+
+    def set_handlers(self, handlers: Mapping[ApiKey, Handler]) -> None:
+        """Serve ``handlers`` on every listener from now on (a standby coordinator that became active)."""
+        for server in self.servers:
+            server.set_handlers(handlers)
 
     async def stop(self) -> None:
         for server in self.servers:
@@ -66,15 +87,4 @@ class ExtraListeners:
         self._sockets.clear()
 
 
-def _advertising(handler: Handler, host: str, port: int) -> Handler:
-    """``handler`` (GetMetadata, which never waits) answering with ``host:port`` as every node's address."""
-
-    def metadata(request: Any, context: RequestContext) -> Any:
-        response = handler(request, context)
-        assert not hasattr(response, "__await__"), "GetMetadata is expected to answer inline"
-        for node in (response.coordinator_server, *response.tablet_servers):  # type: ignore[union-attr]
-            node.host = host
-            node.port = port
-        return response
-
-    return metadata
+__all__ = ["RpcServerFactory", "ServerListeners"]

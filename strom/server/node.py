@@ -18,6 +18,7 @@ from wsgiref.simple_server import WSGIServer
 from strom.clock import SYSTEM_CLOCK, Clock
 from strom.config import (
     ADVERTISED_HOST,
+    ADVERTISED_LISTENERS,
     CONNECTION_MAX_IDLE_TIME,
     DATALAKE_DELTA_WAREHOUSE,
     DATALAKE_FORMAT,
@@ -49,11 +50,11 @@ from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.peers import ServerNode
-from strom.rpc.server import Handler, RpcServer, bind_listener
+from strom.rpc.server import Handler, RpcServer
 from strom.security.authenticator import PlainAuthenticator
 from strom.security.internal import InternalAuthenticator, ListenerAuthenticator
 from strom.security.server_security import ServerSecurity
-from strom.server.listeners import ExtraListeners
+from strom.server.listeners import RpcServerFactory, ServerListeners
 from strom.server.metadata_stores import open_store
 from strom.server.metrics import StromCollector, serve_metrics
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler
@@ -79,19 +80,16 @@ def scanner_config(config: Configuration) -> ScannerConfig:
     )
 
 
-RpcServerFactory = Callable[[Mapping[ApiKey, Handler], PlainAuthenticator | None], RpcServer]
-
-
 def rpc_server_factory(
     config: Configuration,
     on_connection_closed: Callable[[int], None] | None = None,
     servers: InternalAuthenticator | None = None,
 ) -> RpcServerFactory:
-    """Builds the RPC servers of a process (its main listener and any extra ones) with the configured limits.
-    Each takes its listener's client authenticator (None: PLAINTEXT) and, with ``servers``, the logins of
-    the cluster's servers on every listener."""
+    """Builds the RPC servers of a process (one per listener) with the configured limits. Each takes its
+    listener's client authenticator (None: PLAINTEXT) and name and, with ``servers``, the logins of the
+    cluster's servers on every listener."""
 
-    def build(served: Mapping[ApiKey, Handler], clients: PlainAuthenticator | None) -> RpcServer:
+    def build(served: Mapping[ApiKey, Handler], clients: PlainAuthenticator | None, listener: str) -> RpcServer:
         logins = ListenerAuthenticator(clients, servers) if clients is not None or servers is not None else None
         return RpcServer(
             served,
@@ -102,6 +100,7 @@ def rpc_server_factory(
             idle_timeout_ms=config.get_ms(CONNECTION_MAX_IDLE_TIME),
             buffered_request_bytes_max=config.get(SERVER_MAX_BUFFERED_REQUEST_BYTES),
             on_connection_closed=on_connection_closed,
+            listener=listener,
         )
 
     return build
@@ -123,13 +122,6 @@ def remote_root(configured: str | None, paths: ServerPaths) -> str:
     if configured is not None and "://" in configured:
         return configured
     return str(Path(configured).expanduser().resolve() if configured else paths.default_remote.resolve())
-
-
-def advertised_host(config: Configuration, host: str) -> str:
-    """The host clients are told to connect to (``advertised.host``, else the bound one; loopback for a
-    wildcard bind)."""
-    advertised = config.get(ADVERTISED_HOST) or host
-    return "127.0.0.1" if advertised in ("0.0.0.0", "::", "") else advertised
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +193,7 @@ class StromServer:
         self.snapshot_scheduler: KvSnapshotScheduler | None = None
         self.rpc: RpcServer | None = None
         self.security: ServerSecurity | None = None
-        self.listeners: ExtraListeners | None = None
+        self.listeners: ServerListeners | None = None
         self.metrics_port: int | None = None
         self._metrics_server: WSGIServer | None = None
         self._stopped = asyncio.Event()
@@ -226,11 +218,11 @@ class StromServer:
         )
         self.replicas, self.tablet, self.scans = tablets.replicas, tablets.tablet, tablets.scans
         self.tablet_server = LocalTabletServer(tablets)
-        sock = bind_listener(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        node = ServerNode(config.get(TABLET_SERVER_ID), advertised_host(config, self.host), self.port)
-        self.listeners = ExtraListeners(self.security.extra_listeners, config.get(ADVERTISED_HOST))
-        self.listeners.bind()
+        self.listeners = listeners = ServerListeners(self.security, self.host, self.port)
+        listeners.bind()
+        self.port = listeners.main_port
+        endpoints = listeners.advertised(config.get(ADVERTISED_LISTENERS), config.get(ADVERTISED_HOST))
+        node = ServerNode(config.get(TABLET_SERVER_ID), endpoints[0].host, endpoints[0].port, endpoints)
         self.coordinator = coordinator = await role.start(self.tablet_server, SingleNodePlacement(node))
         self.lake, self.snapshots = role.lake, role.snapshots
         assert self.snapshots is not None
@@ -244,9 +236,8 @@ class StromServer:
         )
 
         rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed, self.security.internal_authenticator)
-        self.rpc = rpc_server(handlers, self.security.authenticator)
-        await self.rpc.start(sock, self.security.tls)
-        await self.listeners.start(handlers, rpc_server)
+        await listeners.start(handlers, rpc_server)
+        self.rpc = listeners.main
         metrics_port = config.get(METRICS_PORT)
         if metrics_port:
             collector = StromCollector(
@@ -278,8 +269,6 @@ class StromServer:
 
     async def stop(self) -> None:
         self._stopped.set()
-        if self.rpc is not None:
-            await self.rpc.stop()
         if self.listeners is not None:
             await self.listeners.stop()
         if self._metrics_server is not None:

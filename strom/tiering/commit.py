@@ -112,7 +112,7 @@ async def commit_round(
         raise
     properties = {OFFSETS_PROPERTY: path, TIERING_EPOCH_PROPERTY: str(tiering_epoch)}
     try:
-        snapshot_id = lake_table.commit(written, properties)
+        snapshot_id = lake_table.commit(written, properties, base_snapshot_id)
     except BaseException:
         landed = lake_table.last_strom_commit(base_snapshot_id)
         if landed is None or landed.properties.get(OFFSETS_PROPERTY) != path:

@@ -1,5 +1,6 @@
 """Which coordinator is active: the ephemeral ZooKeeper node ``/coordinators/active`` (under the root) holding
-``{"id", "host", "port", "epoch"}``.
+Fluss's coordinator address (version 2: ``{"version": 2, "id": "0", "listeners": "NAME://host:port,…"}``) and
+strom's ``"epoch"``.
 
 Coordinators campaign for the node: the one that creates it is active, the others wait as standbys and try
 again when it vanishes (its process stopped, or its session expired). Each win takes a new **coordinator
@@ -20,13 +21,16 @@ from dataclasses import dataclass
 from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.recipe.watchers import DataWatch
 
-from strom.errors import StorageError
+from strom.errors import InvalidConfigError, StorageError
+from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, format_endpoints
+from strom.rpc.peers import ServerNode
 from strom.zk.metadata_store import connect_kazoo, parse_location
-from strom.zk.registry import RegisteredServer
+from strom.zk.registry import RegisteredServer, registration_from
 
 log = logging.getLogger(__name__)
 
 ACTIVE_PATH = "/coordinators/active"
+ADDRESS_VERSION = 2
 CAMPAIGN_POLL_S = 0.5
 
 
@@ -38,21 +42,23 @@ class ActiveCoordinator:
 
 def _encode(active: ActiveCoordinator) -> bytes:
     server = active.server
-    document = {"id": server.server_id, "host": server.host, "port": server.port, "epoch": active.epoch}
+    document = {"version": ADDRESS_VERSION, "id": str(server.server_id),
+                "listeners": format_endpoints(server.endpoints), "epoch": active.epoch}
     return json.dumps(document, sort_keys=True).encode()
 
 
 def _decode(data: bytes) -> ActiveCoordinator:
     value = json.loads(data)
-    server = RegisteredServer(int(value["id"]), str(value["host"]), int(value["port"]))
-    return ActiveCoordinator(server, int(value.get("epoch", 0)))
+    return ActiveCoordinator(registration_from(int(value["id"]), value), int(value.get("epoch", 0)))
 
 
 class CoordinatorAddress:
     """Campaign for (coordinators) or follow (tablet servers) the active coordinator. Thread-safe."""
 
-    def __init__(self, location: str, session_timeout_ms: int = 6000) -> None:
+    def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME) -> None:
+        """``internal_listener``: :meth:`current` names the active coordinator by its endpoint there."""
         hosts, root = parse_location(location)
+        self._internal_listener = internal_listener
         self._path = root + ACTIVE_PATH
         self._won: ActiveCoordinator | None = None
         self._current: ActiveCoordinator | None = None
@@ -90,16 +96,17 @@ class CoordinatorAddress:
             return active.epoch
         return None
 
-    def current(self) -> RegisteredServer | None:
-        """The active coordinator (from the watch's cache), None while there is none."""
+    def current(self) -> ServerNode | None:
+        """The active coordinator at its internal listener's endpoint (from the watch's cache), None while
+        there is none (or it has no such listener)."""
         active = self._current
-        return None if active is None else active.server
+        return None if active is None else active.server.node(self._internal_listener)
 
     def current_epoch(self) -> int | None:
         active = self._current
         return None if active is None else active.epoch
 
-    def wait(self, timeout_s: float) -> RegisteredServer | None:
+    def wait(self, timeout_s: float) -> ServerNode | None:
         """The active coordinator, waiting up to ``timeout_s`` for one to appear."""
         with self._changed:
             self._changed.wait_for(lambda: self._current is not None, timeout_s)
@@ -110,7 +117,7 @@ class CoordinatorAddress:
         if data:
             try:
                 active = _decode(bytes(data))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, InvalidConfigError):
                 log.warning("ignoring an unreadable coordinator address %r", data)
         with self._changed:
             self._current = active

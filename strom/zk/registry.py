@@ -1,9 +1,11 @@
 """Which tablet servers are alive: each announces itself with an ephemeral ZooKeeper node.
 
 A tablet server registers as ``/tabletservers/ids/<server id>`` under the cluster's root (``/fluss`` by
-default, as Fluss's ``zookeeper.path.root``), holding ``{"host": ..., "port": ...}``. The node is
-ephemeral: it lives as long as the registering client's ZooKeeper session, so a server that stops, crashes
-or stays cut off longer than the session timeout drops out of everyone's :meth:`TabletServerRegistry.live`.
+default, as Fluss's ``zookeeper.path.root``), holding Fluss's registration document (version 3):
+``{"version": 3, "listeners": "CLIENT://host:port,INTERNAL://host:port", "register_timestamp": ms}``, every
+listener's advertised endpoint. The node is ephemeral: it lives as long as the registering client's ZooKeeper
+session, so a server that stops, crashes or stays cut off longer than the session timeout drops out of
+everyone's :meth:`TabletServerRegistry.live`.
 """
 
 from __future__ import annotations
@@ -11,35 +13,68 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
 from strom.errors import InvalidConfigError, StorageError
+from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, Endpoint, format_endpoints, parse_endpoints
+from strom.rpc.peers import ServerNode
 from strom.zk.metadata_store import connect_kazoo, parse_location
 
 log = logging.getLogger(__name__)
 
 IDS_PATH = "/tabletservers/ids"
+REGISTRATION_VERSION = 3
+"""Fluss's TabletServerRegistration version with listeners and an optional rack."""
 
 
 @dataclass(frozen=True, slots=True)
 class RegisteredServer:
+    """A server's registration: its id and every listener's advertised endpoint."""
+
     server_id: int
-    host: str
-    port: int
+    endpoints: tuple[Endpoint, ...]
+    register_timestamp_ms: int = field(default_factory=lambda: int(time.time() * 1000), compare=False)
+
+    def node(self, internal_listener: str) -> ServerNode | None:
+        """The server as the others reach it (its ``internal_listener`` endpoint); None without one."""
+        internal = next((e for e in self.endpoints if e.name == internal_listener), None)
+        return None if internal is None else ServerNode(self.server_id, internal.host, internal.port, self.endpoints)
 
 
-def _encode(server: RegisteredServer) -> bytes:
-    return json.dumps({"host": server.host, "port": server.port}, separators=(",", ":"), sort_keys=True).encode()
+def encode_registration(server: RegisteredServer) -> bytes:
+    document = {
+        "version": REGISTRATION_VERSION,
+        "listeners": format_endpoints(server.endpoints),
+        "register_timestamp": server.register_timestamp_ms,
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _decode(server_id: int, data: bytes) -> RegisteredServer:
-    value = json.loads(data)
-    return RegisteredServer(server_id, str(value["host"]), int(value["port"]))
+def decode_registration(server_id: int, data: bytes) -> RegisteredServer:
+    """Raises ValueError, KeyError, TypeError or InvalidConfigError: not a registration."""
+    return registration_from(server_id, json.loads(data))
+
+
+def registration_from(server_id: int, value: dict[str, Any]) -> RegisteredServer:
+    """A registration document: Fluss's versions 1 (``host``/``port``, the ``FLUSS`` listener) and 2+
+    (``listeners``).
+
+    Raises:
+        ValueError, KeyError, TypeError, InvalidConfigError: not a registration.
+    """
+    endpoints: tuple[Endpoint, ...]
+    if int(value.get("version", 1)) < 2:
+        endpoints = (Endpoint(DEFAULT_LISTENER_NAME, str(value["host"]), int(value["port"])),)
+    else:
+        endpoints = tuple(parse_endpoints(str(value["listeners"]), "a registration's listeners", distinct_ports=False))
+    return RegisteredServer(server_id, endpoints, int(value.get("register_timestamp", 0)))
 
 
 class TabletServerRegistry:
@@ -60,16 +95,19 @@ class TabletServerRegistry:
     Thread-safe; the watch and the re-registration run on kazoo's callback threads.
     """
 
-    def __init__(self, location: str, session_timeout_ms: int = 6000) -> None:
+    def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME) -> None:
+        """``internal_listener``: the listener the servers reach each other on; :meth:`live` names each
+        server by its endpoint there."""
         assert session_timeout_ms > 0
+        self._internal_listener = internal_listener
         self._hosts, root = parse_location(location)
         self.root = root
         self._ids_path = root + IDS_PATH
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._registered: dict[int, RegisteredServer] = {}
-        self._listeners: list[Callable[[dict[int, RegisteredServer]], None]] = []
-        self._live: dict[int, RegisteredServer] = {}
+        self._listeners: list[Callable[[dict[int, ServerNode]], None]] = []
+        self._live: dict[int, ServerNode] = {}
         self._reregister_pending = False
         self._closed = False
         self._client = connect_kazoo(self._hosts, session_timeout_ms)
@@ -107,7 +145,7 @@ class TabletServerRegistry:
     def _create(self, server: RegisteredServer) -> None:
         """Create the ephemeral node; one left by our own session (a retried create) counts as created."""
         path = self._server_path(server.server_id)
-        value = _encode(server)
+        value = encode_registration(server)
         while True:
             try:
                 self._client.retry(self._client.create, path, value, ephemeral=True)
@@ -122,9 +160,8 @@ class TabletServerRegistry:
             if session is not None and stat.ephemeralOwner == session[0] and bytes(data) == value:
                 return
             try:
-                holder = _decode(server.server_id, bytes(data))
-                at = f"{holder.host}:{holder.port}"
-            except (ValueError, KeyError, TypeError):
+                at = format_endpoints(decode_registration(server.server_id, bytes(data)).endpoints)
+            except (ValueError, KeyError, TypeError, InvalidConfigError):
                 at = "an unknown address"
             raise InvalidConfigError(
                 f"tablet-server.id {server.server_id} is already registered by a live tablet server at {at}"
@@ -136,12 +173,14 @@ class TabletServerRegistry:
         """The registry's ZooKeeper client, shared by the process's other cluster state (bucket states)."""
         return self._client
 
-    def add_listener(self, listener: Callable[[dict[int, RegisteredServer]], None]) -> None:
+    def add_listener(self, listener: Callable[[dict[int, ServerNode]], None]) -> None:
         """Call ``listener(live servers)`` (on a ZooKeeper thread) after every change of the live servers."""
         self._listeners.append(listener)
 
-    def live(self) -> dict[int, RegisteredServer]:
-        """The currently registered servers by id (from the watch's cache: no ZooKeeper call)."""
+    def live(self) -> dict[int, ServerNode]:
+        """The currently registered servers by id, each at its internal listener's endpoint (from the
+        watch's cache: no ZooKeeper call). A server registered without the internal listener is left out:
+        the others could not reach it."""
         return dict(self._live)
 
     def _on_children(self, children: list[str]) -> None:
@@ -156,16 +195,22 @@ class TabletServerRegistry:
             try:
                 names = [name for name in self._client.get_children(self._ids_path) if name.isdigit()]
                 pending = [(int(name), self._client.get_async(self._server_path(int(name)))) for name in names]
-                servers: dict[int, RegisteredServer] = {}
+                servers: dict[int, ServerNode] = {}
                 for server_id, result in pending:
                     try:
                         data, _stat = result.get()
                     except NoNodeError:
                         continue  # gone since the listing
                     try:
-                        servers[server_id] = _decode(server_id, bytes(data))
-                    except (ValueError, KeyError, TypeError):
+                        node = decode_registration(server_id, bytes(data)).node(self._internal_listener)
+                    except (ValueError, KeyError, TypeError, InvalidConfigError):
                         log.warning("ignoring tablet server registration %s with value %r", server_id, data)
+                        continue
+                    if node is None:
+                        log.warning("ignoring tablet server %s: it has no %s listener (internal.listener.name) "
+                                    "in its registration %r", server_id, self._internal_listener, data)
+                        continue
+                    servers[server_id] = node
             except NoNodeError:
                 servers = {}
             except KazooException as exc:
@@ -223,4 +268,4 @@ class TabletServerRegistry:
             self._client.close()
 
 
-__all__ = ["RegisteredServer", "TabletServerRegistry"]
+__all__ = ["RegisteredServer", "TabletServerRegistry", "decode_registration", "encode_registration", "registration_from"]

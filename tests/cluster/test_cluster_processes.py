@@ -398,12 +398,12 @@ def test_a_coordinator_paused_beyond_its_session_is_deposed_and_stops(tmp_path: 
         next(local, None)
 
 
-def test_extra_listeners_are_refused_in_a_cluster_rather_than_half_served(tmp_path: Path) -> None:
+def test_a_cluster_member_with_several_listeners_must_say_which_is_internal(tmp_path: Path) -> None:
     started = subprocess.run(
         [sys.executable, "-m", "strom.cli.main", "coordinator", "--bind", "127.0.0.1:0", "--data-dir",
-         str(tmp_path / "secured"), "-D", "zookeeper.address=127.0.0.1:1",
+         str(tmp_path / "member"), "-D", "zookeeper.address=127.0.0.1:1", "-D", "security.internal.secret=s",
          "-D", "bind.listeners=CLIENT://127.0.0.1:0,OTHER://127.0.0.1:0"],
         capture_output=True, text=True, timeout=60,
     )
     assert started.returncode != 0
-    assert "invalid configuration" in started.stderr and "does not support extra listeners" in started.stderr
+    assert "invalid configuration" in started.stderr and "set internal.listener.name" in started.stderr

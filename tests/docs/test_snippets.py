@@ -120,6 +120,10 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
         "test_cluster_processes_started_by_hand", "each line started in the background, stopped by pid"),
     ("docs/cluster.md", "A secured cluster", 0): _doc(
         "test_secured_cluster_start_acl_stop", "start with a tmp data dir; the acl line with what start printed; stop"),
+    ("docs/cluster.md", "Listeners", 0): _doc(
+        "test_cluster_listeners_settings",
+        "every member of a `--secure` LocalCluster started with them (loopback hosts, port 0, localhost as "
+        "the advertised host)"),
     ("docs/cluster.md", "Metadata in ZooKeeper", 0): _doc(
         "test_server_on_zookeeper", "started in the background, stopped by pid"),
     ("docs/cluster.md", "A ZooKeeper for development and tests", 0): _doc(
@@ -407,6 +411,38 @@ def test_secured_cluster_start_acl_stop(tmp_path: Path) -> None:
             finally:
                 left = [pid for pid in pids if _kill(pid, cwd)]
             assert not left, f"`strom cluster stop` left pids {left} running"
+
+
+def test_cluster_listeners_settings(tmp_path: Path) -> None:
+    """The listener settings, on loopback: clients on CLIENT are told CLIENT's advertised endpoints of every
+    server, and the servers (a leader and its followers) reach each other on INTERNAL."""
+    _needs_zookeeper()
+    import yaml
+
+    from strom.server.local_cluster import ADMIN, LocalCluster
+
+    on_loopback = {"0.0.0.0:9123": "127.0.0.1:0", "10.0.0.5:9124": "127.0.0.1:0", "strom-1.example.com:9123": "localhost:0"}
+    settings = yaml.safe_load(substituted(snippet("docs/cluster.md", "Listeners", 0).code, on_loopback))
+    local = LocalCluster(tmp_path / "cluster", 3, {key: str(value) for key, value in settings.items()}, secure=True)
+    local.start()
+    try:
+        login = {"bootstrap.servers": local.bootstrap, "client.security.protocol": "SASL",
+                 "client.security.sasl.username": ADMIN, "client.security.sasl.password": local.admin_password()}
+
+        async def scenario() -> tuple[set[str], list[tuple[int, str]]]:
+            from tests.cluster.test_cluster_processes import rows, upsert
+            from tests.cluster.test_replication import PK_FIELDS, create
+
+            async with await Connection.create(login) as connection:
+                nodes = await connection.get_admin().get_server_nodes()
+                path = await create(connection, PK_FIELDS, ["id"])  # three replicas: followers fetch on INTERNAL
+                await upsert(connection, path, range(3), "v")
+                return {node.host for node in nodes}, sorted((await rows(connection, path)).items())
+
+        hosts, stored = asyncio.run(scenario())
+        assert hosts == {"localhost"} and stored == [(0, "v0"), (1, "v1"), (2, "v2")]
+    finally:
+        local.stop()
 
 
 def _kill(pid: int, cwd: Path) -> bool:

@@ -7,10 +7,11 @@ import pytest
 
 from strom.config import Configuration
 from strom.errors import AuthenticationError, InvalidConfigError
+from strom.rpc.endpoints import Endpoint
 from strom.security.acl import Principal
 from strom.security.authenticator import PlainAuthenticator, parse_plain_credentials, parse_plain_jaas_users
 from strom.security.credentials import SaslCredentials, credentials_from_config
-from strom.security.server_security import Listener, parse_listener, parse_listeners, parse_protocol_map
+from strom.security.server_security import parse_listener, parse_listeners, parse_protocol_map
 
 MODULE = "org.apache.fluss.security.auth.sasl.plain.PlainLoginModule"
 
@@ -74,13 +75,15 @@ def test_client_credentials_come_from_fluss_option_names() -> None:
 
 
 def test_listener_is_named_or_defaults_to_fluss() -> None:
-    assert parse_listener("127.0.0.1:9123") == Listener("FLUSS", "127.0.0.1", 9123)
-    assert parse_listener("client://0.0.0.0:0") == Listener("CLIENT", "0.0.0.0", 0)
-    assert parse_listeners("CLIENT://h:1, internal://h2:0") == [Listener("CLIENT", "h", 1), Listener("INTERNAL", "h2", 0)]
+    assert parse_listener("127.0.0.1:9123") == Endpoint("FLUSS", "127.0.0.1", 9123)
+    assert parse_listener("client://0.0.0.0:0") == Endpoint("CLIENT", "0.0.0.0", 0)
+    assert parse_listeners("CLIENT://h:1, internal://h2:0") == [Endpoint("CLIENT", "h", 1), Endpoint("INTERNAL", "h2", 0)]
     with pytest.raises(InvalidConfigError, match="repeats"):
         parse_listeners("CLIENT://h:1,client://h:2")
     with pytest.raises(InvalidConfigError, match="name every listener"):
         parse_listeners("h:1,CLIENT://h:2")
+    with pytest.raises(InvalidConfigError, match="the same port"):
+        parse_listeners("CLIENT://h:1,INTERNAL://h2:1")
     assert parse_protocol_map("CLIENT:sasl, internal:PLAINTEXT") == {"CLIENT": "SASL", "INTERNAL": "PLAINTEXT"}
     with pytest.raises(InvalidConfigError):
         parse_protocol_map("CLIENT:GSSAPI")
