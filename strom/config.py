@@ -355,6 +355,19 @@ SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED = bool_option(
 LOG_SEGMENT_FILE_SIZE = memory_option(
     "log.segment.file-size", "1024mb", "Size at which a log segment is rolled.", minimum=1 << 10
 )
+LOG_INDEX_INTERVAL_SIZE = memory_option(
+    "log.index.interval-size", "4kb",
+    "Bytes of log between two entries of a remote segment's offset index (where a remote read starts).",
+    minimum=1,
+)
+REMOTE_LOG_TASK_INTERVAL_DURATION = duration_option(
+    "remote.log.task-interval-duration", "1 min",
+    "How often each bucket's leader copies its closed log segments to `remote.data.dir` (and expires remote "
+    "segments past `table.log.ttl`); <= 0 turns remote log storage off.",
+)
+REMOTE_LOG_TASK_MAX_UPLOAD_SEGMENTS = int_option(
+    "remote.log.task-max-upload-segments", 5, "Segments a bucket copies to remote storage per run.", minimum=1
+)
 LOG_FLUSH_INTERVAL_MESSAGES = int_option(
     "log.flush.interval-messages", 1,
     "Number of appended batches after which the log is fsynced before the write is acknowledged. "

@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 
 from strom.client.rpc_client import LEADER_RETRY_MS, LEADERSHIP_MOVED
 from strom.client.table_handle import TableHandle
-from strom.errors import error_for_code
+from strom.errors import CorruptRecordError, error_for_code
 from strom.ids import TableBucket
 from strom.records import log_batch
 from strom.records.indexed_log import LogBatchDecoder
@@ -22,6 +23,37 @@ from strom.rpc.messages import pb
 EARLIEST_OFFSET = -2
 FETCH_BYTES_MAX = 16 << 20
 FETCH_BUCKET_BYTES_MAX = 4 << 20
+REMOTE_READ_BYTES = 8 << 20
+"""How much of a remote segment one poll reads per bucket (whole batches; at least one)."""
+
+
+def read_remote_batches(location: str, position: int, max_bytes: int) -> tuple[bytes, int]:
+    """Whole log batches of the remote segment file at ``location`` from byte ``position`` on, about
+    ``max_bytes`` of them (at least one when there is one); returns them and the position after them.
+    Blocks: run in a worker thread."""
+    with fsspec.open(location, "rb") as file:
+        file.seek(position)
+        data = bytearray(file.read(max_bytes))
+        end = 0
+        while end + log_batch.HEADER_SIZE_BYTES <= len(data):
+            size = log_batch.read_header(data, end).size_bytes
+            if end + size > len(data):
+                if end:
+                    break
+                data += file.read(end + size - len(data))  # a first batch larger than max_bytes
+                if end + size > len(data):
+                    raise CorruptRecordError(f"remote log segment {location} ends inside a batch at {position}")
+            end += size
+    return bytes(data[:end]), position + end
+
+
+@dataclass(slots=True)
+class _RemoteCursor:
+    """Where a bucket's read of a remote segment stopped: the next poll goes on from that byte."""
+
+    segment_id: str
+    offset: int
+    position: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +97,7 @@ class LogScanner:
         self.high_watermarks: dict[TableBucket, int] = {}
         self._moving_since: dict[TableBucket, float] = {}
         """Since when (monotonic) each bucket's leader could not be read from, while its leadership moves."""
+        self._remote_cursors: dict[TableBucket, _RemoteCursor] = {}
 
     def subscribe(self, bucket_id: int, offset: int, partition_id: int | None = None) -> None:
         """Read ``bucket_id`` (of ``partition_id``) from ``offset``; EARLIEST_OFFSET starts at the log start."""
@@ -103,13 +136,18 @@ class LogScanner:
             return_exceptions=True,
         )
         batches: list[ScanBatch] = []
+        remote: dict[TableBucket, Any] = {}
         for buckets, response in zip(by_leader.values(), responses, strict=True):
             if isinstance(response, LEADERSHIP_MOVED):
                 moving.update(dict.fromkeys(buckets, response))
             elif isinstance(response, BaseException):
                 raise response
             else:
-                batches.extend(self._absorb(response, moving))
+                batches.extend(self._absorb(response, moving, remote))
+        if remote:  # read straight from remote storage, every bucket at once
+            read = await asyncio.gather(*(self._read_remote(bucket, info) for bucket, info in remote.items()))
+            for found in read:
+                batches.extend(found)
         self._follow_leadership(moving)
         if moving and not batches:
             await asyncio.sleep(min(timeout_ms, LEADER_RETRY_MS) / 1000)  # an election is under way
@@ -143,8 +181,9 @@ class LogScanner:
                 entry.partition_id = bucket.partition_id
         return await self._table.connection.request(address, ApiKey.FETCH_LOG, request)
 
-    def _absorb(self, response: Any, moving: dict[TableBucket, Exception]) -> list[ScanBatch]:
-        """The batches of ``response``; buckets whose replica no longer leads are added to ``moving``."""
+    def _absorb(self, response: Any, moving: dict[TableBucket, Exception], remote: dict[TableBucket, Any]) -> list[ScanBatch]:
+        """The batches of ``response``; buckets whose replica no longer leads are added to ``moving``, those
+        answered with remote segments to read to ``remote``."""
         batches = []
         table_id = self._table.layout.info.table_id
         for table_response in response.tables_resp:
@@ -161,21 +200,53 @@ class LogScanner:
                     continue
                 if bucket_response.HasField("high_watermark"):
                     self.high_watermarks[bucket] = bucket_response.high_watermark
+                if bucket_response.HasField("remote_log_fetch_info"):
+                    remote[bucket] = bucket_response.remote_log_fetch_info
+                    continue
                 batches.extend(self._decode(bucket, bucket_response.records))
         return batches
 
-    def _decode(self, bucket: TableBucket, records: bytes) -> list[ScanBatch]:
+    async def _read_remote(self, bucket: TableBucket, info: Any) -> list[ScanBatch]:
+        """Up to REMOTE_READ_BYTES of the remote segments ``info`` lists, from this bucket's position: the
+        segment holding it is read from ``first_start_pos`` (or where the last poll stopped in it), then the
+        next segments from their start. Whole rows are stored remotely: a projection is applied here."""
+        decoded: list[ScanBatch] = []
+        budget = REMOTE_READ_BYTES
+        for index, segment in enumerate(info.remote_log_segments):
+            start = self._positions[bucket]
+            cursor = self._remote_cursors.get(bucket)
+            if cursor is not None and cursor.segment_id == segment.remote_log_segment_id and cursor.offset == start:
+                position = cursor.position
+            else:
+                position = info.first_start_pos if index == 0 and info.HasField("first_start_pos") else 0
+            location = (f"{info.remote_log_tablet_dir}/{segment.remote_log_segment_id}/"
+                        f"{segment.remote_log_start_offset:020d}.log")
+            data, after = await asyncio.to_thread(read_remote_batches, location, position, budget)
+            decoded.extend(self._decode(bucket, data, remote=True))
+            if after < segment.segment_size_in_bytes:
+                self._remote_cursors[bucket] = _RemoteCursor(segment.remote_log_segment_id, self._positions[bucket], after)
+                break  # the budget is spent: the next poll goes on
+            self._remote_cursors.pop(bucket, None)
+            budget -= len(data)
+            if budget <= 0 or self._positions[bucket] != segment.remote_log_end_offset:
+                break
+        return decoded
+
+    def _decode(self, bucket: TableBucket, records: bytes, *, remote: bool = False) -> list[ScanBatch]:
+        """``remote``: whole rows as stored (the server projects only what it sends itself)."""
         position = self._positions[bucket]
+        decoder = self._table.layout.log_decoder if remote else self._decoder
+        select_here = self._projection is not None and (remote or self._pushdown is None)
         decoded = []
         for offset_in_buffer, header in log_batch.iter_batches(records):
             if position == EARLIEST_OFFSET:
                 position = header.base_offset
             if header.next_offset <= position:
                 continue
-            if self._pushdown is None:  # projected columns exist in every later schema at the same place
+            if remote or self._pushdown is None:  # projected columns exist in every later schema at the same place
                 self._table.layout.check_schema_id(header.schema_id)
-            change_types, batch = self._decoder.read(records, offset_in_buffer, header)
-            if self._projection is not None and self._pushdown is None:
+            change_types, batch = decoder.read(records, offset_in_buffer, header)
+            if select_here:
                 batch = batch.select(self._projection)
             skip = max(0, position - header.base_offset)
             if skip:

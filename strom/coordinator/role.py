@@ -1,6 +1,7 @@
 """The coordinator's services over one metadata store, wired once for ``strom server`` and for a cluster's
 active coordinator: the catalog (:class:`CoordinatorService`), KV snapshot records, retention and leases
-(:class:`KvSnapshotService`), and the lake tiering manager (:class:`LakeTieringService`).
+(:class:`KvSnapshotService`), the lake tiering manager (:class:`LakeTieringService`) and the buckets' remote
+log manifests (:class:`RemoteLogManifestService`).
 
 Built in two steps because the one-process server's tablet role needs the snapshot store (to restore a
 bucket from its latest snapshot) before the catalog hands it its buckets.
@@ -25,6 +26,7 @@ from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.coordinator.lake_service import LakeTieringService
 from strom.coordinator.lake_tiering import LakeTableTieringManager
 from strom.coordinator.placement import BucketPlacement
+from strom.coordinator.remote_log_manifests import LeaderEpochOf, NotifyFollowers, RemoteLogManifestService
 from strom.coordinator.service import CoordinatorService
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
@@ -50,11 +52,20 @@ class CoordinatorRole:
         )
         self.coordinator: CoordinatorService | None = None
         self.lake: LakeTieringService | None = None
+        self.remote_logs: RemoteLogManifestService | None = None
         self.snapshots: KvSnapshotService | None = None
 
-    async def start(self, tablets: TabletServerGateway, placement: BucketPlacement) -> CoordinatorService:
+    async def start(
+        self,
+        tablets: TabletServerGateway,
+        placement: BucketPlacement,
+        *,
+        leader_epoch_of: LeaderEpochOf | None = None,
+        notify_followers: NotifyFollowers | None = None,
+    ) -> CoordinatorService:
         """Hand the tablet servers their buckets, start the lease expiry and tiering loops, and sweep remote
-        files no snapshot references (before any upload of this run can be in flight)."""
+        files no snapshot references (before any upload of this run can be in flight). A cluster gives
+        ``leader_epoch_of`` (remote log commits of deposed leaders are refused) and ``notify_followers``."""
         self.coordinator = coordinator = CoordinatorService(
             self.store, tablets, self.config, self.clock, placement, self.lake_tiering, self._on_table_dropped
         )
@@ -66,21 +77,27 @@ class CoordinatorRole:
             self.config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL), self.config.get(SUPER_USERS),
         )
         self.snapshots.start()
+        self.remote_logs = RemoteLogManifestService(coordinator, self.store, self.remote, leader_epoch_of,
+                                                    notify_followers)
         await self.snapshot_store.sweep_unreferenced()
         return coordinator
 
     async def _on_table_dropped(self, table: TableInfo, partition_id: int | None) -> None:
         """Release a dropped table's (or partition's) KV snapshots, leases and lake offsets files."""
-        assert self.snapshots is not None
+        assert self.snapshots is not None and self.remote_logs is not None
         self.snapshots.on_table_dropped(table, partition_id)
+        await self.remote_logs.drop_table(table, partition_id)
         if partition_id is None and self.lake is not None:
             await self.lake.drop_table(table)
 
     def handlers(self, acls: AclService) -> dict[ApiKey, Handler]:
         """The coordinator role's requests: catalog, metadata, KV snapshot records and leases, lake, ACLs."""
-        coordinator, snapshots, lake = self.coordinator, self.snapshots, self.lake
-        assert coordinator is not None and snapshots is not None and lake is not None, "start() first"
+        coordinator, snapshots, lake, remote_logs = self.coordinator, self.snapshots, self.lake, self.remote_logs
+        assert coordinator is not None and snapshots is not None and lake is not None and remote_logs is not None, \
+            "start() first"
         return {
+            ApiKey.COMMIT_REMOTE_LOG_MANIFEST: remote_logs.commit_remote_log_manifest,
+            ApiKey.LIST_REMOTE_LOG_MANIFESTS: remote_logs.list_remote_log_manifests,
             ApiKey.ALTER_TABLE: coordinator.alter_table,
             ApiKey.LAKE_TIERING_HEARTBEAT: lake.lake_tiering_heartbeat,
             ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT: lake.prepare_lake_table_snapshot,
@@ -114,6 +131,8 @@ class CoordinatorRole:
         }
 
     async def stop(self) -> None:
+        if self.remote_logs is not None:
+            await self.remote_logs.stop()
         if self.snapshots is not None:
             await self.snapshots.stop()
         if self.lake is not None:

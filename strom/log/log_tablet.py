@@ -541,6 +541,24 @@ class LogTablet:
             self._segments.pop(0)
         return freed
 
+    def closed_segments(self, end_offset: int) -> list[LogSegment]:
+        """The rolled segments (never the active one) that end at or below ``end_offset``, oldest first:
+        what may be copied to remote storage (with the high watermark as ``end_offset``)."""
+        return [segment for segment in self._segments[:-1] if segment.next_offset <= end_offset]
+
+    def delete_tiered_segments(self, below_offset: int, keep: int) -> int:
+        """Delete the oldest segments that end at or below ``below_offset`` (copied to remote storage, and
+        nothing local still needs them) while more than ``keep`` segments remain; returns the bytes freed."""
+        freed = 0
+        while len(self._segments) > max(keep, 1):
+            oldest = self._segments[0]
+            if oldest in self._unflushed_segments or oldest.next_offset > below_offset:
+                break
+            freed += oldest.size_bytes
+            oldest.delete()
+            self._segments.pop(0)
+        return freed
+
     # ---- lifecycle ----
     @property
     def failed(self) -> Exception | None:

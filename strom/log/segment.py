@@ -174,6 +174,11 @@ class LogSegment:
             end = self._position(max(fitting - 1, batch_index + 1))
         return os.pread(self._fd, end - start, start)
 
+    def batch_ends(self) -> list[tuple[int, int]]:
+        """Every batch's ``(last offset, position)``, in order (what a remote offset index is built from)."""
+        nexts = [*self._offsets[1:], self.next_offset]
+        return [(following - 1, position) for following, position in zip(nexts, self._positions, strict=True)]
+
     def _position(self, batch_index: int) -> int:
         return self._positions[batch_index] if batch_index < len(self._positions) else self.size_bytes
 

@@ -50,6 +50,9 @@ CREATE TABLE IF NOT EXISTS kv_snapshots (
     snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, partition_id, bucket, snapshot_id));
 CREATE TABLE IF NOT EXISTS bucket_assignments (
     table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (table_id, partition_id));
+CREATE TABLE IF NOT EXISTS remote_log_manifests (
+    table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, bucket INTEGER NOT NULL, payload BLOB NOT NULL,
+    PRIMARY KEY (table_id, partition_id, bucket));
 CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_tiering (table_id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_snapshots (
@@ -195,6 +198,7 @@ class SqliteMetadataStore(MetadataStore):
             db.execute("DELETE FROM table_versions WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM kv_snapshots WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM bucket_assignments WHERE table_id = ?", (table_id,))
+            db.execute("DELETE FROM remote_log_manifests WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM lake_tiering WHERE table_id = ?", (table_id,))
             db.execute("DELETE FROM lake_snapshots WHERE table_id = ?", (table_id,))
 
@@ -237,6 +241,7 @@ class SqliteMetadataStore(MetadataStore):
             db.execute("DELETE FROM partitions WHERE partition_id = ?", (partition_id,))
             db.execute("DELETE FROM kv_snapshots WHERE partition_id = ?", (partition_id,))
             db.execute("DELETE FROM bucket_assignments WHERE partition_id = ?", (partition_id,))
+            db.execute("DELETE FROM remote_log_manifests WHERE partition_id = ?", (partition_id,))
 
     # ---- bucket assignment ----
     def put_bucket_assignment(self, table_id: int, partition_id: int | None, leaders: Mapping[int, int]) -> None:
@@ -254,6 +259,26 @@ class SqliteMetadataStore(MetadataStore):
             _partition_key(partition_id),
         )
         return _assignment(rows[0][0]) if rows else None
+
+    # ---- remote log manifests ----
+    def put_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int, payload: bytes) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO remote_log_manifests VALUES (?, ?, ?, ?)",
+                       (table_id, _partition_key(partition_id), bucket, payload))
+
+    def get_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int) -> bytes | None:
+        rows = self._query(
+            "SELECT payload FROM remote_log_manifests WHERE table_id = ? AND partition_id = ? AND bucket = ?",
+            table_id, _partition_key(partition_id), bucket,
+        )
+        return bytes(rows[0][0]) if rows else None
+
+    def list_remote_log_manifests(self, table_id: int, partition_id: int | None) -> dict[int, bytes]:
+        rows = self._query(
+            "SELECT bucket, payload FROM remote_log_manifests WHERE table_id = ? AND partition_id = ? ORDER BY bucket",
+            table_id, _partition_key(partition_id),
+        )
+        return {int(row[0]): bytes(row[1]) for row in rows}
 
     # ---- sequences ----
     @staticmethod

@@ -163,6 +163,18 @@ class MetadataStore(ABC):
     def get_bucket_assignment(self, table_id: int, partition_id: int | None) -> dict[int, int] | None:
         """The recorded assignment (bucket id -> server id), None when there is none."""
 
+    # ---- remote log manifests (one handle per bucket; dropping the table or partition drops them) ----
+    @abstractmethod
+    def put_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int, payload: bytes) -> None:
+        """Create or replace the bucket's remote log manifest handle (the current manifest's location)."""
+
+    @abstractmethod
+    def get_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int) -> bytes | None: ...
+
+    @abstractmethod
+    def list_remote_log_manifests(self, table_id: int, partition_id: int | None) -> dict[int, bytes]:
+        """The handles of the table's (or partition's) buckets that have a remote log, by bucket."""
+
     # ---- sequences ----
     @abstractmethod
     def next_id(self, sequence: str, count: int = 1) -> int:

@@ -283,9 +283,9 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
     _option(
         TIERED_LOCAL_SEGMENTS, "Integer", "2",
         "With remote log tiering, how many log segments stay on local disk (more than 0).",
-        Support.NO_EFFECT,
-        "Checked (more than 0), no effect: strom has no remote log tiering, every segment stays local "
-        "until `table.log.ttl` deletes it.",
+        Support.IMPLEMENTED,
+        "Segments copied to remote storage are deleted locally but for the last N (a primary-key table's "
+        "changelog also stays local from its oldest KV snapshot on, which recovery replays).",
         _parse_int,
     ),
     _option(

@@ -1,4 +1,4 @@
-"""Remote storage for KV snapshots: a local directory by default, any fsspec URL (``s3://…``) otherwise.
+"""Remote storage for KV snapshots and log segments: a local directory by default, any fsspec URL (``s3://…``) otherwise.
 
 Every method blocks; callers on the event loop run them in a worker thread. Local writes are fsynced
 and renamed into place, so a file that exists is complete.
@@ -19,7 +19,7 @@ from strom.fsync import fsync_path
 
 
 class RemoteStorage:
-    """A root location and the file operations snapshots need. Thread-safe (no shared mutable state)."""
+    """A root location and the file operations snapshots and remote logs need. Thread-safe (no shared mutable state)."""
 
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
@@ -100,6 +100,15 @@ class RemoteStorage:
             path = str(path)
             found.append(self.url(path[len(prefix):]) if path.startswith(prefix) else path)
         return sorted(found)
+
+    def list_dirs(self, location: str) -> list[str]:
+        """The names of the directories directly under ``location`` (none when it does not exist)."""
+        base = self._path(location)
+        try:
+            entries = self._fs.ls(base, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
 
     def delete_empty_dirs(self, location: str) -> None:
         """Remove the empty directories under ``location`` (local storage; object stores have none)."""

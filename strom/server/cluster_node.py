@@ -73,6 +73,7 @@ from strom.tablet.cluster_tablet import (
     TabletControlService,
     remove_dropped_table_data,
 )
+from strom.tablet.remote_log_manager import handle_reader
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
 from strom.tablet.role import TabletRole
@@ -296,7 +297,24 @@ class CoordinatorNode(_ClusterProcess):
         """Load the cluster's state from the store and serve every coordinator request."""
         self.role = role = CoordinatorRole(store, self.config, self.clock, RemoteStorage(self.remote_root))
         self.tablets = RemoteTabletServers(placement, self.peers, epoch)
-        self.coordinator = await role.start(self.tablets, placement)
+        peers = self.peers
+
+        def leader_epoch_of(bucket: TableBucket) -> int | None:
+            found = placement.states.get(bucket)
+            return None if found is None else found[0].leader_epoch
+
+        async def notify_followers(bucket: TableBucket, request: Any) -> None:
+            found = placement.states.get(bucket)
+            if found is None:
+                return
+            state = found[0]
+            nodes = {node.node_id: node for node in placement.tablet_servers()}
+            followers = [nodes[r] for r in state.replicas if r != state.leader and r in nodes]
+            await asyncio.gather(*(peers.request(n.host, n.port, ApiKey.NOTIFY_REMOTE_LOG_OFFSETS, request)
+                                   for n in followers), return_exceptions=True)
+
+        self.coordinator = await role.start(self.tablets, placement, leader_epoch_of=leader_epoch_of,
+                                            notify_followers=notify_followers)
         assert self.registry is not None
         self.elector = LeaderElector(store, placement.states, self.registry, self.tablets, self.coordinator.table_info_by_id)
         self.elector.start()
@@ -309,10 +327,6 @@ class CoordinatorNode(_ClusterProcess):
                     f"CommitKvSnapshot for coordinator epoch {request.coordinator_epoch}; the active one is {epoch}"
                 )
             return snapshots.commit_kv_snapshot(request, leader_epoch_of)
-
-        def leader_epoch_of(bucket: TableBucket) -> int | None:
-            found = placement.states.get(bucket)
-            return None if found is None else found[0].leader_epoch
 
         elector = self.elector
 
@@ -462,6 +476,19 @@ class TabletServerNode(_ClusterProcess):
             self.replicas, self.catalog.table_info_by_id, tablets.stop_replicas, replication
         )
         tablets.start_snapshots(committer, self.paths.snapshot_staging)
+        catalog = self.catalog
+
+        async def commit_remote_log_manifest(request: Any) -> Any:
+            request.coordinator_epoch = self._coordinator_epoch()
+            coordinator = self._coordinator_node()
+            return await self.peers.request(coordinator.host, coordinator.port, ApiKey.COMMIT_REMOTE_LOG_MANIFEST,
+                                            request)
+
+        tablets.start_remote_logs(
+            read_handle=handle_reader(store), commit=commit_remote_log_manifest,
+            partition_name=lambda pid: p.name if (p := catalog.partition_by_id(pid)) else None,
+            oldest_snapshot=committer.oldest_snapshot, coordinator_epoch=self._coordinator_epoch,
+        )
         handlers = {
             **tablets.handlers(),
             **metadata_handlers(self.catalog),

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from strom.clock import SYSTEM_CLOCK, Clock
@@ -58,6 +59,7 @@ from strom.server.listeners import RpcServerFactory, ServerListeners
 from strom.server.metadata_stores import open_store
 from strom.server.metrics import StromCollector, serve_metrics
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler
+from strom.tablet.remote_log_manager import handle_reader
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.role import TabletRole
 from strom.tablet.scan_service import ScanKvService
@@ -227,6 +229,17 @@ class StromServer:
         self.lake, self.snapshots = role.lake, role.snapshots
         assert self.snapshots is not None
         self.snapshot_scheduler = tablets.start_snapshots(self.snapshots, self.paths.snapshot_staging)
+        remote_logs = role.remote_logs
+        assert remote_logs is not None
+
+        async def commit_remote_log_manifest(request: Any) -> Any:
+            return remote_logs.commit_remote_log_manifest(request, None)
+
+        tablets.start_remote_logs(
+            read_handle=handle_reader(store), commit=commit_remote_log_manifest,
+            partition_name=lambda pid: p.name if (p := coordinator.partition_by_id(pid)) else None,
+            oldest_snapshot=self.snapshots.oldest_snapshot,
+        )
         lease_of = role.leases.get
         handlers = self.security.guard(
             self._handlers(),

@@ -1,22 +1,41 @@
 """The tablet server's services, wired once for ``strom server`` and for a cluster's tablet server: the
 buckets (:class:`ReplicaManager`), their RPCs (:class:`TabletService`, :class:`ScanKvService`) and the loop
-that takes KV snapshots and applies log retention (:class:`KvSnapshotScheduler`)."""
+that takes KV snapshots and applies log retention (:class:`KvSnapshotScheduler`), and the one that copies
+closed log segments to remote storage (:class:`RemoteLogManager`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from strom.clock import Clock
-from strom.config import KV_SNAPSHOT_INTERVAL, LOG_RETENTION_CHECK_INTERVAL, TABLE_LOG_TTL, Configuration
+from strom.config import (
+    KV_SNAPSHOT_INTERVAL,
+    LOG_INDEX_INTERVAL_SIZE,
+    LOG_RETENTION_CHECK_INTERVAL,
+    REMOTE_LOG_TASK_INTERVAL_DURATION,
+    REMOTE_LOG_TASK_MAX_UPLOAD_SEGMENTS,
+    TABLE_LOG_TTL,
+    Configuration,
+)
 from strom.ids import TableBucket
 from strom.kv.auto_increment import IdCounter
 from strom.kv.scan import ScannerConfig, ScannerManager
 from strom.kv.snapshot import CompletedKvSnapshot
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.messages import pb
 from strom.rpc.server import Handler
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler, SnapshotCommitter
+from strom.tablet.remote_log_manager import (
+    CommitManifest,
+    OldestSnapshot,
+    PartitionName,
+    ReadHandle,
+    RemoteLogManager,
+    RemoteLogSettings,
+)
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.scan_service import ScanKvService
 from strom.tablet.tablet_service import TabletService
@@ -45,6 +64,7 @@ class TabletRole:
         self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
         self.scans.start()
         self.snapshot_scheduler: KvSnapshotScheduler | None = None
+        self.remote_logs: RemoteLogManager | None = None
 
     def start_snapshots(self, committer: SnapshotCommitter, staging_dir: Path) -> KvSnapshotScheduler:
         self.snapshot_scheduler = KvSnapshotScheduler(
@@ -60,9 +80,38 @@ class TabletRole:
         self.snapshot_scheduler.start()
         return self.snapshot_scheduler
 
+    def start_remote_logs(
+        self,
+        *,
+        read_handle: ReadHandle,
+        commit: CommitManifest,
+        partition_name: PartitionName,
+        oldest_snapshot: OldestSnapshot,
+        coordinator_epoch: Callable[[], int] = lambda: 0,
+    ) -> RemoteLogManager:
+        """Copy closed segments to remote storage and serve reads below the local logs from there (off when
+        ``remote.log.task-interval-duration`` is 0)."""
+        config = self.config
+        settings = RemoteLogSettings(
+            interval_ms=config.get_ms(REMOTE_LOG_TASK_INTERVAL_DURATION),
+            max_upload_segments=config.get(REMOTE_LOG_TASK_MAX_UPLOAD_SEGMENTS),
+            index_interval_bytes=config.get(LOG_INDEX_INTERVAL_SIZE),
+            default_ttl=config.get(TABLE_LOG_TTL),
+        )
+        self.remote_logs = RemoteLogManager(
+            self.replicas, self.remote, settings, self.clock, read_handle=read_handle, commit=commit,
+            partition_name=partition_name, oldest_snapshot=oldest_snapshot, coordinator_epoch=coordinator_epoch,
+        )
+        if self.remote_logs.enabled:
+            self.tablet.remote_logs = self.remote_logs
+            self.remote_logs.start()
+        return self.remote_logs
+
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
         """Stop hosting a table's (or partition's) buckets, closing their scan sessions first."""
         self.scans.on_buckets_stopped(table_id, partition_id)  # before the RocksDB instances close
+        if delete and self.remote_logs is not None:
+            self.remote_logs.forget(table_id, partition_id)
         await self.replicas.stop_replicas(table_id, partition_id, delete=delete)
 
     def handlers(self) -> dict[ApiKey, Handler]:
@@ -78,10 +127,18 @@ class TabletRole:
             ApiKey.LIMIT_SCAN: tablet.limit_scan,
             ApiKey.GET_FILESYSTEM_SECURITY_TOKEN: tablet.get_file_system_security_token,
             ApiKey.SCAN_KV: self.scans.scan_kv,
+            ApiKey.NOTIFY_REMOTE_LOG_OFFSETS: self._notify_remote_log_offsets,
         }
 
+    async def _notify_remote_log_offsets(self, request: Any, context: object) -> Any:
+        if self.remote_logs is None:
+            return pb.NotifyRemoteLogOffsetsResponse()
+        return await self.remote_logs.notify_remote_log_offsets(request, context)
+
     async def stop(self) -> None:
-        """Stop the snapshot loop and the scan sessions, then close every bucket."""
+        """Stop the snapshot and remote log loops and the scan sessions, then close every bucket."""
+        if self.remote_logs is not None:
+            await self.remote_logs.stop()
         if self.snapshot_scheduler is not None:
             await self.snapshot_scheduler.stop()
         await self.scans.stop()

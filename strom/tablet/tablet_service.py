@@ -25,10 +25,11 @@ from strom.errors import (
 )
 from strom.ids import TableBucket
 from strom.kv.kv_tablet import KvTablet
-from strom.log.log_tablet import AppendResult, LogTablet
+from strom.log.log_tablet import EARLIEST_OFFSET, AppendResult, LogTablet
 from strom.records import log_batch
 from strom.records.kv_batch import build_value_batch, parse_kv_batches
 from strom.rpc.messages import pb
+from strom.tablet.remote_log_manager import RemoteLogManager
 from strom.tablet.replica import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ class TabletService:
         self._clock = clock
         self._fetch_wait_ms_max = config.get_ms(LOG_FETCH_WAIT_MAX)
         self.on_follower_fetch: Callable[[TableBucket, int, int], bool] | None = None
+        self.remote_logs: RemoteLogManager | None = None
+        """Set when remote log storage is on: reads below the local log start go to remote segments."""
         """In a cluster: records a follower's fetch (bucket, follower id, fetch offset) on the leader; True
         when the follower must be answered at once (it has not heard of the current high watermark)."""
 
@@ -114,6 +117,8 @@ class TabletService:
         wait_ms = min(max(request.max_wait_ms if request.HasField("max_wait_ms") else 0, 0), self._fetch_wait_ms_max)
         min_bytes = request.min_bytes if request.HasField("min_bytes") else 1
         deadline = time.monotonic() + wait_ms / 1000
+        if self.remote_logs is not None and request.follower_server_id < 0:
+            await self._know_remote_logs(request)
         while True:
             response, total_bytes, events = self._read_fetch(request)
             remaining = deadline - time.monotonic()
@@ -153,6 +158,14 @@ class TabletService:
                             raise NotLeaderOrFollowerError("this server has no followers")
                         # a new high watermark goes back at once: the follower must know what is committed
                         moved = self.on_follower_fetch(bucket, follower, bucket_request.fetch_offset)
+                    if follower is None:
+                        remote = self._remote_read(bucket, log_tablet, bucket_request.fetch_offset)
+                        if remote is not None:  # the client reads these segments from remote storage itself
+                            bucket_response.high_watermark = log_tablet.high_watermark
+                            bucket_response.log_start_offset = remote.remote_log_segments[0].remote_log_start_offset
+                            bucket_response.remote_log_fetch_info.CopyFrom(remote)
+                            total_bytes += 1
+                            continue
                     read = log_tablet.read(bucket_request.fetch_offset, max_bytes, for_follower=follower is not None)
                     records = read.records
                     if records and follower is None:  # a follower stores the batches as they are
@@ -160,7 +173,7 @@ class TabletService:
                     if records and projection is not None:
                         records = replica.project_records(records, projection)
                     bucket_response.high_watermark = read.high_watermark
-                    bucket_response.log_start_offset = read.log_start_offset
+                    bucket_response.log_start_offset = self._log_start(bucket, read.log_start_offset)
                     bucket_response.records = records
                     total_bytes += len(records)
                     budget -= len(records)
@@ -174,6 +187,34 @@ class TabletService:
                     _set_error(bucket_response, exc)
         return response, total_bytes, events
 
+    async def _know_remote_logs(self, request: Any) -> None:
+        """Load the remote log state of the buckets this fetch reads below their local logs."""
+        assert self.remote_logs is not None
+        for table_request in request.tables_req:
+            for bucket_request in table_request.buckets_req:
+                try:
+                    replica = self._replicas.get(_bucket(table_request.table_id, bucket_request))
+                    if bucket_request.fetch_offset < replica.log.log_start_offset:
+                        await self.remote_logs.ensure_loaded(replica)
+                except Exception:  # the read reports the bucket's error
+                    continue
+
+    def _remote_read(self, bucket: TableBucket, log_tablet: LogTablet, offset: int) -> Any | None:
+        """The remote segments a client reads for ``offset`` when it is below the local log (EARLIEST:
+        the remote start), else None."""
+        if self.remote_logs is None:
+            return None
+        if offset == EARLIEST_OFFSET:
+            offset = self._log_start(bucket, log_tablet.log_start_offset)
+        if offset >= log_tablet.log_start_offset:
+            return None
+        return self.remote_logs.fetch_info(bucket, offset)
+
+    def _log_start(self, bucket: TableBucket, local_start: int) -> int:
+        """Where a client can start reading: the remote log's start when it reaches below the local one."""
+        remote = None if self.remote_logs is None else self.remote_logs.start_offset(bucket)
+        return local_start if remote is None else min(remote, local_start)
+
     def list_offsets(self, request: Any, _context: object) -> Any:
         response = pb.ListOffsetsResponse()
         partition_id = request.partition_id if request.HasField("partition_id") else None
@@ -183,7 +224,9 @@ class TabletService:
                 replica = self._replicas.get(TableBucket(request.table_id, bucket_id, partition_id))
                 log_tablet = replica.log
                 if request.offset_type == OFFSET_EARLIEST:
-                    bucket_response.offset = log_tablet.log_start_offset
+                    local_start = log_tablet.log_start_offset
+                    client = not request.HasField("follower_server_id") or request.follower_server_id < 0
+                    bucket_response.offset = self._log_start(replica.bucket, local_start) if client else local_start
                 elif request.offset_type == OFFSET_LATEST:
                     bucket_response.offset = log_tablet.high_watermark
                 elif request.offset_type == OFFSET_TIMESTAMP:

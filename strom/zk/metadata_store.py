@@ -253,6 +253,11 @@ class ZooKeeperMetadataStore(MetadataStore):
         owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
         return f"{owner}/buckets/{bucket}/snapshots"
 
+    def _remote_logs_path(self, table_id: int, partition_id: int | None, bucket: int) -> str:
+        """Fluss's node of a bucket's remote log manifest handle."""
+        owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
+        return f"{owner}/buckets/{bucket}/remote_logs"
+
     def _assignment_path(self, table_id: int, partition_id: int | None) -> str:
         owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
         return f"{owner}/assignment"
@@ -753,6 +758,44 @@ class ZooKeeperMetadataStore(MetadataStore):
             return None
         header, _ = _unpack(found[0])
         return {int(bucket): int(server) for bucket, server in header.items()}
+
+    # ---- remote log manifests ----
+    def put_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int, payload: bytes) -> None:
+        path = self._remote_logs_path(table_id, partition_id, bucket)
+        _check_value_size(path, payload)
+
+        def put() -> None:
+            if partition_id is not None:  # the partition's node names its table, so drop_table finds the handle
+                with contextlib.suppress(NodeExistsError):
+                    self._client.create(self._partition_id_path(partition_id), _pack({"table_id": table_id}),
+                                        makepath=True)
+            try:
+                self._client.set(path, payload)
+            except NoNodeError:
+                try:
+                    self._client.create(path, payload, makepath=True)
+                except NodeExistsError:
+                    raise _Conflict(path) from None
+
+        self._run(put)
+
+    def get_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int) -> bytes | None:
+        found = self._run(lambda: self._get(self._remote_logs_path(table_id, partition_id, bucket)))
+        return None if found is None else found[0]
+
+    def list_remote_log_manifests(self, table_id: int, partition_id: int | None) -> dict[int, bytes]:
+        owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
+
+        def read() -> dict[int, bytes]:
+            found = {}
+            for bucket in self._children(f"{owner}/buckets"):
+                if bucket.isdigit():
+                    node = self._get(self._remote_logs_path(table_id, partition_id, int(bucket)))
+                    if node is not None:
+                        found[int(bucket)] = node[0]
+            return dict(sorted(found.items()))
+
+        return self._run(read)
 
     # ---- sequences ----
     def next_id(self, sequence: str, count: int = 1) -> int:

@@ -260,6 +260,32 @@ def test_dropping_a_partition_drops_its_snapshots_only(store: MetadataStore) -> 
     assert [s.partition_id for s in store.list_kv_snapshots(table.table_id)] == [kept.partition_id]
 
 
+
+# ---- remote log manifests ----
+
+
+def test_remote_log_manifest_handles_are_per_bucket_and_go_with_their_table_or_partition(store: MetadataStore) -> None:
+    with_database(store)
+    table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
+    other = store.create_table("db", "u", TABLE_JSON, 1, T0_MS)
+    partition = store.create_partition(table.table_id, "a", (("p", "a"),), T0_MS)
+    assert store.get_remote_log_manifest(table.table_id, None, 0) is None
+    store.put_remote_log_manifest(table.table_id, None, 0, b"first")
+    store.put_remote_log_manifest(table.table_id, None, 0, b"second")  # replaced
+    store.put_remote_log_manifest(table.table_id, None, 2, b"bucket 2")
+    store.put_remote_log_manifest(table.table_id, partition.partition_id, 0, b"partition")
+    store.put_remote_log_manifest(other.table_id, None, 0, b"other")
+    assert store.get_remote_log_manifest(table.table_id, None, 0) == b"second"
+    assert store.list_remote_log_manifests(table.table_id, None) == {0: b"second", 2: b"bucket 2"}
+    assert store.list_remote_log_manifests(table.table_id, partition.partition_id) == {0: b"partition"}
+    store.drop_partition(partition.partition_id)
+    assert store.list_remote_log_manifests(table.table_id, partition.partition_id) == {}
+    assert store.get_remote_log_manifest(table.table_id, None, 0) == b"second"
+    store.drop_table(table.table_id)
+    assert store.list_remote_log_manifests(table.table_id, None) == {}
+    assert store.get_remote_log_manifest(other.table_id, None, 0) == b"other"
+
+
 # ---- sequences ----
 
 

@@ -1,0 +1,212 @@
+"""Remote log storage against a real server: closed segments go to ``remote.data.dir`` in Fluss's layout,
+local disk keeps ``table.log.tiered.local-segments`` of them, and pyfluss and strom's client read the whole
+log from the earliest offset across the remote/local boundary; ListOffsets EARLIEST is the remote start;
+TTL and dropping the table remove the remote files; a kill -9 during uploads loses and duplicates nothing
+and leaves no orphan."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fluss as pyfluss
+import pyarrow as pa
+import pytest
+
+from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.client import RpcConnection
+from strom.rpc.messages import pb
+from tests.conftest import unique_name
+from tests.integration.pyfluss_support import poll_records
+from tests.server_process import ServerProcess
+
+pytestmark = [pytest.mark.timeout(180)]
+
+REMOTE_CONFIG = {
+    "log.segment.file-size": "4kb",
+    "remote.log.task-interval-duration": "200ms",
+    "remote.log.task-max-upload-segments": "50",
+    "kv.snapshot.interval": "0s",
+}
+ROWS = 3000
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    base = tmp_path_factory.mktemp("remote-log")
+    server = ServerProcess(base / "data", {**REMOTE_CONFIG, "remote.data.dir": str(base / "remote")}).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def remote_root(server: ServerProcess) -> Path:
+    return Path(server.config["remote.data.dir"])
+
+
+def wait_until(condition: Any, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.1)
+
+
+async def create_log_table(address: str, properties: dict[str, str] | None = None) -> tuple[TablePath, int]:
+    path = TablePath("fluss", unique_name("remote"))
+    schema = Schema.from_arrow(pa.schema([("seq", pa.int64()), ("pad", pa.string())]))
+    async with await Connection.create(address) as connection:
+        await connection.get_admin().create_table(
+            path, TableDescriptor(schema, bucket_count=1, properties={"table.log.tiered.local-segments": "2",
+                                                                      **(properties or {})}))
+        table = await connection.get_table(path)
+        return path, table.layout.info.table_id
+
+
+async def append(address: str, path: TablePath, start: int, count: int) -> None:
+    async with await Connection.create(address) as connection:
+        table = await connection.get_table(path)
+        writer = table.new_append().create_writer()
+        for first in range(start, start + count, 50):  # many small batches: many 4 KiB segments
+            ids = list(range(first, min(first + 50, start + count)))
+            writer.append_arrow_batch(pa.table({"seq": ids, "pad": [f"row-{i:08d}" for i in ids]}))
+        await writer.flush()
+
+
+def tablet_dir(server: ServerProcess, path: TablePath, table_id: int) -> Path:
+    return remote_root(server) / "log" / path.database_name / f"{path.table_name}-{table_id}" / "0"
+
+
+def bucket_log_files(server: ServerProcess, table_id: int) -> list[Path]:
+    """The bucket's local segment files (``tablets/<db>/<table>-<id>/log-0/log/*.log``)."""
+    return sorted(f for f in server.data_dir.joinpath("tablets").rglob("*.log")
+                  if f"-{table_id}" in f.parent.parent.parent.name)
+
+
+def manifest_of(server: ServerProcess, path: TablePath, table_id: int) -> dict[str, Any]:
+    """The committed manifest, found through ListRemoteLogManifests (1063)."""
+    async def ask() -> Any:
+        rpc = await RpcConnection.connect("127.0.0.1", server.port)
+        try:
+            return await rpc.request(ApiKey.LIST_REMOTE_LOG_MANIFESTS, pb.ListRemoteLogManifestsRequest(table_id=table_id))
+        finally:
+            await rpc.close()
+
+    response = asyncio.run(ask())
+    [entry] = response.manifests
+    return json.loads(Path(entry.remote_log_manifest_path).read_bytes()) | {"_end": entry.remote_log_end_offset}
+
+
+def offloaded(server: ServerProcess, path: TablePath, table_id: int) -> bool:
+    files = bucket_log_files(server, table_id)
+    return len(files) <= 3 and tablet_dir(server, path, table_id).exists()
+
+
+async def read_with_strom(address: str, path: TablePath, end: int, projection: list[int] | None = None) -> list[Any]:
+    async with await Connection.create(address) as connection:
+        table = await connection.get_table(path)
+        scanner = table.new_scan().create_log_scanner() if projection is None else \
+            table.new_scan().project(projection).create_log_scanner()
+        rows: list[Any] = []
+        async for change in scanner.read_range(table.bucket(0), 0, end):
+            rows += change.batch.to_pylist()
+        return rows
+
+
+async def read_with_pyfluss(address: str, path: TablePath, count: int) -> list[Any]:
+    connection = await pyfluss.FlussConnection.create(pyfluss.Config({"bootstrap.servers": address}))
+    try:
+        table = await connection.get_table(pyfluss.TablePath(path.database_name, path.table_name))
+        scanner = await table.new_scan().create_log_scanner()
+        scanner.subscribe(0, pyfluss.EARLIEST_OFFSET)
+        return await poll_records(scanner, count, deadline_s=60)
+    finally:
+        await connection.close()
+
+
+def test_a_log_beyond_its_local_segments_is_read_whole_from_remote_and_local(remote_server: ServerProcess) -> None:
+    address = remote_server.address
+    path, table_id = asyncio.run(create_log_table(address))
+    asyncio.run(append(address, path, 0, ROWS))
+    wait_until(lambda: offloaded(remote_server, path, table_id), "segments copied and deleted locally")
+
+    manifest = manifest_of(remote_server, path, table_id)
+    segments = manifest["remote_log_segments"]
+    assert manifest["version"] == 1 and manifest["table_id"] == table_id and manifest["bucket_id"] == 0
+    assert segments[0]["start_offset"] == 0 and len(segments) > 10
+    for previous, following in itertools.pairwise(segments):
+        assert following["start_offset"] == previous["end_offset"]  # contiguous, end exclusive
+    for segment in segments:  # Fluss's layout: <tablet dir>/<segment id>/<20-digit base>.log (+ .index)
+        files = tablet_dir(remote_server, path, table_id) / segment["segment_id"]
+        assert (files / f"{segment['start_offset']:020d}.log").stat().st_size == segment["size_in_bytes"]
+        assert (files / f"{segment['start_offset']:020d}.index").exists()
+    local_start = int(bucket_log_files(remote_server, table_id)[0].stem)
+    assert local_start > 0 and local_start <= segments[-1]["end_offset"]
+
+    async def earliest() -> int:
+        async with await Connection.create(address) as connection:
+            return (await connection.get_admin().list_offsets(path, [0], OffsetSpec.earliest()))[0]
+
+    assert asyncio.run(earliest()) == 0  # the remote start, not the local one
+
+    rows = asyncio.run(read_with_strom(address, path, ROWS))
+    assert [r["seq"] for r in rows] == list(range(ROWS))
+    assert rows[1234]["pad"] == "row-00001234"
+    projected = asyncio.run(read_with_strom(address, path, ROWS, projection=[1]))
+    assert [r["pad"] for r in projected] == [f"row-{i:08d}" for i in range(ROWS)]
+
+    records = asyncio.run(read_with_pyfluss(address, path, ROWS))
+    assert [r.offset for r in records] == list(range(ROWS))
+    assert [r.row["seq"] for r in records] == list(range(ROWS))
+
+
+def test_ttl_expires_remote_segments_and_a_drop_removes_the_remote_log(remote_server: ServerProcess) -> None:
+    address = remote_server.address
+    path, table_id = asyncio.run(create_log_table(address, {"table.log.ttl": "3s"}))
+    asyncio.run(append(address, path, 0, 1000))
+    wait_until(lambda: offloaded(remote_server, path, table_id), "segments copied")
+    first = manifest_of(remote_server, path, table_id)["remote_log_segments"][0]["segment_id"]
+    wait_until(lambda: not (tablet_dir(remote_server, path, table_id) / first).exists(), "the oldest segment expired")
+    remaining = manifest_of(remote_server, path, table_id)["remote_log_segments"]
+    assert all(s["segment_id"] != first for s in remaining)
+
+    async def drop() -> None:
+        async with await Connection.create(address) as connection:
+            await connection.get_admin().drop_table(path)
+
+    asyncio.run(drop())
+    assert not tablet_dir(remote_server, path, table_id).parent.exists()
+
+
+def test_kill_during_uploads_loses_nothing_and_leaves_no_orphans(tmp_path: Path) -> None:
+    remote = tmp_path / "remote"
+    config = {**REMOTE_CONFIG, "remote.data.dir": str(remote), "remote.log.task-max-upload-segments": "1"}
+    server = ServerProcess(tmp_path / "data", config).start()
+    try:
+        path, table_id = asyncio.run(create_log_table(server.address))
+        written = 0
+        for _round in range(4):
+            asyncio.run(append(server.address, path, written, 800))
+            written += 800
+            time.sleep(0.3)  # uploads are under way
+            server.kill()
+            server.start()
+        wait_until(lambda: offloaded(server, path, table_id), "segments copied after the restarts")
+        time.sleep(1.0)
+        manifest = manifest_of(server, path, table_id)
+        referenced = {s["segment_id"] for s in manifest["remote_log_segments"]}
+        directory = tablet_dir(server, path, table_id)
+        on_disk = {p.name for p in directory.iterdir() if p.is_dir() and p.name != "metadata"}
+        assert on_disk == referenced, "segment directories no manifest references"
+        assert len(list((directory / "metadata").iterdir())) == 1, "only the current manifest"
+        rows = asyncio.run(read_with_strom(server.address, path, written))
+        assert [r["seq"] for r in rows] == list(range(written))
+    finally:
+        server.stop()
