@@ -86,7 +86,8 @@ def encode_offset_index(base_offset: int, batches: Iterable[tuple[int, int]], in
 
 def lookup_position(index: bytes, base_offset: int, offset: int) -> int:
     """Where to start reading the segment for ``offset``: the position of the last indexed batch whose last
-    offset is at or below it (0 when none is): that batch or a later one holds the offset."""
+    offset is at or below it (0 when none is), as Fluss looks it up; reading on from there reaches the
+    offset, and readers skip the records below it."""
     keys = [_INDEX_ENTRY.unpack_from(index, at)[0] for at in range(0, len(index) - len(index) % 8, 8)]
     found = bisect_right(keys, offset - base_offset) - 1
     return 0 if found < 0 else int(_INDEX_ENTRY.unpack_from(index, found * 8)[1])

@@ -210,3 +210,48 @@ def test_kill_during_uploads_loses_nothing_and_leaves_no_orphans(tmp_path: Path)
         assert [r["seq"] for r in rows] == list(range(written))
     finally:
         server.stop()
+
+
+def test_a_primary_key_changelog_is_read_from_remote_and_the_table_recovers_after_a_kill(tmp_path: Path) -> None:
+    """The changelog goes remote like a log table's, but local disk keeps it from the oldest KV snapshot on
+    (recovery replays it): after kill -9 every key is there, and pyfluss reads the whole changelog."""
+    config = {**REMOTE_CONFIG, "remote.data.dir": str(tmp_path / "remote"), "kv.snapshot.interval": "500ms"}
+    server = ServerProcess(tmp_path / "data", config).start()
+    keys = 400
+    try:
+        path = TablePath("fluss", unique_name("remote_pk"))
+        schema = Schema.from_arrow(pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())]),
+                                   primary_key=["id"])
+
+        async def write() -> int:
+            async with await Connection.create(server.address) as connection:
+                await connection.get_admin().create_table(path, TableDescriptor(
+                    schema, bucket_count=1, properties={"table.log.tiered.local-segments": "2"}))
+                table = await connection.get_table(path)
+                writer = table.new_upsert().create_writer()
+                for version in range(3):  # every key three times: inserts, then updates (-U/+U)
+                    for first in range(0, keys, 40):
+                        ids = list(range(first, first + 40))
+                        writer.upsert_arrow_batch(pa.table({"id": ids, "v": [f"v{version}-{i}" for i in ids]}))
+                await writer.flush()
+                return table.layout.info.table_id
+
+        table_id = asyncio.run(write())
+        changes = keys + 2 * 2 * keys
+        wait_until(lambda: offloaded(server, path, table_id), "the changelog copied and the local log cut")
+        server.kill()
+        server.start()
+
+        async def lookups() -> list[Any]:
+            async with await Connection.create(server.address) as connection:
+                table = await connection.get_table(path)
+                lookuper = table.new_lookup().create_lookuper()
+                return [await lookuper.lookup({"id": key}) for key in range(0, keys, 37)]
+
+        assert asyncio.run(lookups()) == [{"id": key, "v": f"v2-{key}"} for key in range(0, keys, 37)]
+        records = asyncio.run(read_with_pyfluss(server.address, path, changes))
+        assert [r.offset for r in records] == list(range(changes))
+        last = {r.row["id"]: r.row["v"] for r in records}
+        assert last == {key: f"v2-{key}" for key in range(keys)}
+    finally:
+        server.stop()
