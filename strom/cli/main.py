@@ -14,6 +14,7 @@ import yaml
 
 from strom.cli.acl import acl
 from strom.cli.common import key_value_pairs
+from strom.cli.remote_log import log_group
 from strom.cli.snapshots import lease, snapshot
 from strom.cli.tiering import tiering
 from strom.config import (
@@ -265,6 +266,7 @@ def config_table_docs() -> None:
 
 main.add_command(acl)
 main.add_command(lease)
+main.add_command(log_group)
 main.add_command(snapshot)
 main.add_command(tiering)
 

@@ -166,6 +166,16 @@ class SnapshotAdmin:
         response = await self._connection.coordinator_request(ApiKey.LIST_KV_SNAPSHOTS, request)
         return [(s.bucket_id, s.snapshot_id, s.log_offset) for s in response.active_snapshots]
 
+    async def list_remote_log_manifests(self, table_id: int, partition_id: int | None = None) -> list[tuple[int, str, int]]:
+        """``(bucket id, manifest location, remote log end offset)`` of every bucket with a remote log
+        (ListRemoteLogManifests, 1063)."""
+        request = pb.ListRemoteLogManifestsRequest(table_id=table_id)
+        if partition_id is not None:
+            request.partition_id = partition_id
+        response = await self._connection.coordinator_request(ApiKey.LIST_REMOTE_LOG_MANIFESTS, request)
+        return [(m.table_bucket.bucket_id, m.remote_log_manifest_path, m.remote_log_end_offset)
+                for m in response.manifests]
+
     def create_kv_snapshot_lease(self, lease_id: str, lease_duration_ms: int) -> KvSnapshotLease:
         return KvSnapshotLease(self._connection, lease_id, lease_duration_ms)
 

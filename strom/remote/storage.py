@@ -128,6 +128,13 @@ class RemoteStorage:
             self._fs.rm(path, recursive=True)
 
 
+def read_location(location: str) -> bytes:
+    """The bytes of one remote file (any fsspec URL or local path)."""
+    fs, path = fsspec.core.url_to_fs(location)
+    data: bytes = fs.cat_file(path)
+    return data
+
+
 def download(location: str, local_path: Path) -> None:
     """Copy one remote file (any fsspec URL or local path) to ``local_path``."""
     fs, path = fsspec.core.url_to_fs(location)

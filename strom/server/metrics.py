@@ -20,7 +20,8 @@ from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.coordinator.lake_tiering import UNKNOWN, LakeTableTieringManager
 from strom.rpc.server import RpcServer
-from strom.tablet.replica import ReplicaManager
+from strom.tablet.remote_log_manager import RemoteLogManager
+from strom.tablet.replica import Replica, ReplicaManager
 
 SCRAPE_TIMEOUT_S = 5.0
 
@@ -36,6 +37,7 @@ class StromCollector(Collector):
         table_name: Callable[[int], str],
         lake_tiering: LakeTableTieringManager,
         clock: Clock,
+        remote_logs: Callable[[], RemoteLogManager | None] = lambda: None,
     ) -> None:
         self._loop = loop
         self._leases = leases
@@ -45,6 +47,7 @@ class StromCollector(Collector):
         self._table_name = table_name
         self._lake_tiering = lake_tiering
         self._clock = clock
+        self._remote_logs = remote_logs
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         future = asyncio.run_coroutine_threadsafe(self._gather(), self._loop)
@@ -80,12 +83,40 @@ class StromCollector(Collector):
         open_buckets = [r for r in self._replicas.hosted() if r.is_open and not r.stopped]
         yield GaugeMetricFamily("strom_open_buckets", "Buckets whose storage is open.", value=len(open_buckets))
         yield from self._lake_families()
+        yield from self._remote_log_families(open_buckets)
         rpc = self._rpc()
         if rpc is not None:
             yield GaugeMetricFamily("strom_rpc_requests", "RPC requests handled.", value=rpc.stats.requests)
             yield GaugeMetricFamily(
                 "strom_rpc_error_responses", "RPC requests answered with an error.", value=rpc.stats.error_responses
             )
+
+    def _remote_log_families(self, open_buckets: list[Replica]) -> Iterator[GaugeMetricFamily]:
+        manager = self._remote_logs()
+        if manager is None or not manager.enabled:
+            return
+        size = GaugeMetricFamily(
+            "strom_remote_log_size_bytes", "Bytes of a bucket's log in remote storage.", labels=["table", "bucket"]
+        )
+        lag = GaugeMetricFamily(
+            "strom_remote_log_lag_offsets",
+            "Offsets of a led bucket's log below its high watermark not yet in remote storage (the active "
+            "segment is never copied).",
+            labels=["table", "bucket"],
+        )
+        for replica in open_buckets:
+            if not replica.is_leader:
+                continue
+            bucket = replica.bucket
+            name = str(bucket.bucket) if bucket.partition_id is None else f"p{bucket.partition_id}/{bucket.bucket}"
+            labels = [self._table_name(bucket.table_id), name]
+            size.add_metric(labels, manager.remote_size_bytes(replica.bucket))
+            end = manager.remote_end_offset(replica.bucket)
+            lag.add_metric(labels, max(0, replica.log.high_watermark - (end or 0)))
+        yield size
+        yield lag
+        yield GaugeMetricFamily("strom_remote_log_uploaded_bytes", "Bytes copied to remote storage since start.",
+                                value=manager.uploaded_bytes)
 
     def _lake_families(self) -> Iterator[GaugeMetricFamily]:
         states = GaugeMetricFamily(

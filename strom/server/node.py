@@ -255,7 +255,7 @@ class StromServer:
         if metrics_port:
             collector = StromCollector(
                 asyncio.get_running_loop(), role.leases, role.snapshot_store, self.replicas, lambda: self.rpc,
-                self._table_name, role.lake_tiering, self.clock,
+                self._table_name, role.lake_tiering, self.clock, lambda: tablets.remote_logs,
             )
             self._metrics_server, self.metrics_port = serve_metrics(self.host, metrics_port, collector)
         log.info("strom serving on %s:%d (data in %s, remote storage %s)", self.host, self.port,

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,16 @@ from typing import Any
 import fluss as pyfluss
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 
+from strom.cli.main import main as strom_cli
 from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
 from tests.conftest import unique_name
 from tests.integration.pyfluss_support import poll_records
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -35,13 +38,15 @@ REMOTE_CONFIG = {
     "kv.snapshot.interval": "0s",
 }
 ROWS = 3000
+METRICS_PORT = "metrics.reporter.prometheus.port"
 WAIT_S = 60.0
 
 
 @pytest.fixture(scope="module")
 def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("remote-log")
-    server = ServerProcess(base / "data", {**REMOTE_CONFIG, "remote.data.dir": str(base / "remote")}).start()
+    config = {**REMOTE_CONFIG, "remote.data.dir": str(base / "remote"), METRICS_PORT: str(free_port())}
+    server = ServerProcess(base / "data", config).start()
     try:
         yield server
     finally:
@@ -165,6 +170,20 @@ def test_a_log_beyond_its_local_segments_is_read_whole_from_remote_and_local(rem
     records = asyncio.run(read_with_pyfluss(address, path, ROWS))
     assert [r.offset for r in records] == list(range(ROWS))
     assert [r.row["seq"] for r in records] == list(range(ROWS))
+
+    # the remote tier in the metrics and in `strom log remote`
+    metrics_port = remote_server.config[METRICS_PORT]
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    size_bytes = sum(s["size_in_bytes"] for s in manifest_of(remote_server, path, table_id)["remote_log_segments"])
+    assert f'strom_remote_log_size_bytes{{bucket="0",table="{path}"}} {float(size_bytes)}' in metrics
+    assert f'strom_remote_log_lag_offsets{{bucket="0",table="{path}"}}' in metrics
+    shown = CliRunner().invoke(strom_cli, ["log", "remote", str(path), "-b", address, "--json"])
+    assert shown.exit_code == 0, shown.output
+    [bucket] = json.loads(shown.output)["buckets"]
+    latest = manifest_of(remote_server, path, table_id)
+    assert bucket["log_start_offset"] == 0 and bucket["high_watermark"] == ROWS
+    assert bucket["remote_end_offset"] == latest["_end"] and bucket["remote_segments"] == len(latest["remote_log_segments"])
+    assert bucket["lag_offsets"] == ROWS - latest["_end"] and bucket["remote_size_bytes"] > 0
 
 
 def test_ttl_expires_remote_segments_and_a_drop_removes_the_remote_log(remote_server: ServerProcess) -> None:
