@@ -26,6 +26,7 @@ from strom.errors import (
     LogStorageError,
     RequestTimeoutError,
 )
+from strom.fsync import fsync_path
 from strom.log.segment import FILE_SUFFIX, LogSegment
 from strom.log.writer_state import WriterStateManager
 from strom.records import log_batch
@@ -33,6 +34,8 @@ from strom.records import log_batch
 log = logging.getLogger(__name__)
 
 EARLIEST_OFFSET = -2  # FetchLog's "from the log start"
+WRITER_SNAPSHOT_FILE = "writer-state.json"
+"""The writer state saved before segments are deleted (see :func:`_open_segments`)."""
 HIGH_WATERMARK_FILE = "high-watermark"
 """A replicated bucket's last recorded high watermark (absent for a bucket without followers)."""
 
@@ -58,6 +61,44 @@ def _read_checkpoint(directory: Path, default: int) -> int:
         return int((directory / HIGH_WATERMARK_FILE).read_text())
     except (OSError, ValueError):
         return default
+
+
+def _open_segments(directory: Path, paths: Sequence[Path], expiration_ms: int) -> tuple[list[LogSegment], WriterStateManager]:
+    """Open the segment files in order and rebuild the writer state: from the saved state (what deleted
+    segments held) plus the batches at or after the offset it covers, or, when the saved state does not fit
+    the log (its batches were truncated away), from the batches alone."""
+    saved = None
+    try:
+        saved = WriterStateManager.from_bytes((directory / WRITER_SNAPSHOT_FILE).read_bytes(), expiration_ms)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("%s: ignoring an unreadable writer state: %s", directory, exc)
+    for attempt in (saved, None) if saved is not None else (None,):
+        writer_state, covered = attempt if attempt is not None else (WriterStateManager(expiration_ms), -1)
+
+        def observe(header: log_batch.LogBatchHeader, state: WriterStateManager = writer_state,
+                    covered: int = covered) -> None:
+            if header.base_offset >= covered:  # older batches are in the saved state
+                state.observe_header(header)
+
+        segments: list[LogSegment] = []
+        try:
+            for index, path in enumerate(paths):
+                segments.append(LogSegment.open(path, is_last=index == len(paths) - 1, on_batch=observe))
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+        start = segments[0].base_offset if segments else 0
+        end = segments[-1].next_offset if segments else 0
+        if attempt is None or start <= covered <= end:
+            return segments, writer_state
+        log.warning("%s: the saved writer state covers offsets up to %d, the log holds [%d, %d): rebuilt "
+                    "from the log alone", directory, covered, start, end)
+        for segment in segments:
+            segment.close()
+    raise AssertionError("unreachable: the last attempt always returns")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +161,8 @@ class LogTablet:
         directory.mkdir(parents=True, exist_ok=True)
         paths = sorted(directory.glob(f"*{FILE_SUFFIX}"))
         segments: list[LogSegment] = []
-        # Batch headers carry writer ids and sequences, so replaying them rebuilds the dedup state.
-        writer_state = WriterStateManager(config.writer_expiration_ms)
         try:
-            for index, path in enumerate(paths):
-                segments.append(
-                    LogSegment.open(path, is_last=index == len(paths) - 1, on_batch=writer_state.observe_header)
-                )
+            segments, writer_state = _open_segments(directory, paths, config.writer_expiration_ms)
             if not segments:
                 segments.append(LogSegment.create(directory, 0))
             # The previous process may have died between a write and its fsync: make what is on disk
@@ -255,13 +291,10 @@ class LogTablet:
             self._segments.pop().delete()
         self._segments[-1].truncate_to(max(offset, self._segments[-1].base_offset))
         self._unflushed_segments = [segment for segment in self._unflushed_segments if segment in self._segments]
-        writer_state = WriterStateManager(self._config.writer_expiration_ms)
-        reopened = []
-        for index, segment in enumerate(self._segments):
+        for segment in self._segments:
             segment.close()
-            reopened.append(LogSegment.open(segment.path, is_last=index == len(self._segments) - 1,
-                                            on_batch=writer_state.observe_header))
-        self._segments, self.writer_state = reopened, writer_state
+        paths = [segment.path for segment in self._segments]
+        self._segments, self.writer_state = _open_segments(self.directory, paths, self._config.writer_expiration_ms)
         self._unflushed_segments = []
         end = self.log_end_offset
         self._durable_end = min(self._durable_end, end)
@@ -536,10 +569,22 @@ class LogTablet:
                 break
             if older_than_ms is not None and oldest.last_timestamp >= older_than_ms:
                 break
+            if not freed:
+                self._save_writer_state()
             freed += oldest.size_bytes
             oldest.delete()
             self._segments.pop(0)
         return freed
+
+    def _save_writer_state(self) -> None:
+        """Before segments are deleted: the writer state as of the log end, durable, so a restart that no
+        longer has those segments to replay still knows their writers."""
+        path = self.directory / WRITER_SNAPSHOT_FILE
+        temporary = path.with_suffix(".tmp")
+        temporary.write_bytes(self.writer_state.to_bytes(self.log_end_offset))
+        fsync_path(temporary)
+        temporary.replace(path)
+        fsync_path(self.directory)
 
     def closed_segments(self, end_offset: int) -> list[LogSegment]:
         """The rolled segments (never the active one) that end at or below ``end_offset``, oldest first:
@@ -554,6 +599,8 @@ class LogTablet:
             oldest = self._segments[0]
             if oldest in self._unflushed_segments or oldest.next_offset > below_offset:
                 break
+            if not freed:
+                self._save_writer_state()
             freed += oldest.size_bytes
             oldest.delete()
             self._segments.pop(0)

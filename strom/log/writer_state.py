@@ -3,11 +3,14 @@
 A client retrying a batch whose acknowledgement was lost sends the same ``(writer_id, batch_sequence)``
 again; the bucket must answer DUPLICATE_SEQUENCE (which the client treats as success) instead of writing
 it twice. The state is derived from the batch headers in the log, so it is rebuilt on restart by replaying
-them (:meth:`WriterStateManager.observe`) and needs no file of its own.
+them (:meth:`WriterStateManager.observe`); before segments are deleted (retention, or once copied to remote
+storage) the log saves the state as of its end (:meth:`WriterStateManager.to_bytes`), so a writer whose
+batches were all in deleted segments is still known after a restart.
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -130,3 +133,28 @@ class WriterStateManager:
     @property
     def writer_count(self) -> int:
         return len(self._writers)
+
+    def to_bytes(self, end_offset: int) -> bytes:
+        """The state as of ``end_offset`` (every batch below it observed): what survives the deletion of the
+        segments that held a writer's batches."""
+        writers = [
+            {"writer_id": writer_id, "last_timestamp_ms": entry.last_timestamp_ms,
+             "batches": [list(batch) for batch in entry.batches]}
+            for writer_id, entry in self._writers.items()
+        ]
+        return json.dumps({"version": 1, "end_offset": end_offset, "writers": writers}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, expiration_ms: int) -> tuple[WriterStateManager, int]:
+        """A state written by :meth:`to_bytes` and the offset it covers up to.
+
+        Raises:
+            ValueError, KeyError, TypeError: not such a document.
+        """
+        value = json.loads(data)
+        manager = cls(expiration_ms)
+        for writer in value["writers"]:
+            entry = manager._writers[int(writer["writer_id"])] = _WriterEntry()
+            entry.last_timestamp_ms = int(writer["last_timestamp_ms"])
+            entry.batches.extend((int(a), int(b), int(c)) for a, b, c in writer["batches"])
+        return manager, int(value["end_offset"])

@@ -226,6 +226,39 @@ async def test_reopen_rebuilds_writer_state_from_batch_headers(log_dir: Path) ->
     reopened.close()
 
 
+@pytest.mark.parametrize("deletion", ["tiered", "retention"])
+@pytest.mark.asyncio
+async def test_a_writer_whose_batches_were_all_in_deleted_segments_is_known_after_a_reopen(
+    log_dir: Path, deletion: str
+) -> None:
+    """Writer 7's batches go into segments that are then deleted (copied to remote storage, or expired);
+    writer 8 writes after them. After a reopen, 7's next sequence is accepted and its last one is still a
+    duplicate: the state was saved before the deletion."""
+    size = len(batch_bytes([0], writer_id=7, sequence=0))
+    tablet = LogTablet.open(log_dir, LogConfig(segment_size_bytes_max=size * 2, flush_interval_messages=1,
+                                                writer_expiration_ms=60_000))
+    for sequence in range(4):
+        await append_durable(tablet, batch_bytes([sequence], writer_id=7, sequence=sequence))
+    for sequence in range(3):
+        await append_durable(tablet, batch_bytes([10 + sequence], writer_id=8, sequence=sequence), now_ms=T0_MS + 10)
+    if deletion == "tiered":
+        assert tablet.delete_tiered_segments(below_offset=4, keep=1) > 0
+    else:
+        assert tablet.delete_segments(older_than_ms=T0_MS + 5, below_offset=None) > 0
+    assert tablet.log_start_offset == 4
+    tablet.close()
+
+    reopened = LogTablet.open(log_dir, DURABLE_EACH_APPEND)
+    assert reopened.log_start_offset == 4
+    with pytest.raises(DuplicateSequenceError):
+        append(reopened, batch_bytes([3], writer_id=7, sequence=3))
+    with pytest.raises(DuplicateSequenceError):
+        append(reopened, batch_bytes([12], writer_id=8, sequence=2))
+    assert (await append_durable(reopened, batch_bytes([4], writer_id=7, sequence=4))).base_offset == 7
+    assert (await append_durable(reopened, batch_bytes([13], writer_id=8, sequence=3))).base_offset == 8
+    reopened.close()
+
+
 @pytest.mark.asyncio
 async def test_several_batches_of_one_writer_in_one_append_are_accepted_in_sequence(log_dir: Path) -> None:
     tablet = LogTablet.open(log_dir, DURABLE_EACH_APPEND)
