@@ -301,6 +301,27 @@ class LogTablet:
         self._high_watermark = min(self._high_watermark, end)
         log.warning("%s: truncated to offset %d", self.directory, end)
 
+    async def reset_to(self, offset: int) -> None:
+        """Start over, empty, at ``offset``: a follower whose log ends below its leader's log start (the
+        leader copied those segments to remote storage and deleted them) cannot fetch what lies between."""
+        assert offset > self.log_end_offset, (offset, self.log_end_offset)
+        self._check_usable()
+        while self.flush_in_flight:
+            with contextlib.suppress(LogStorageError):
+                await self.flushed(self.log_end_offset)
+        (self.directory / WRITER_SNAPSHOT_FILE).unlink(missing_ok=True)  # it covers a log no longer here
+        fresh = LogSegment.create(self.directory, offset)
+        for segment in self._segments:
+            segment.delete()
+        self._segments = [fresh]
+        self._unflushed_segments = []
+        self.writer_state = WriterStateManager(self._config.writer_expiration_ms)
+        self._durable_end = offset
+        self._high_watermark = offset
+        self.checkpoint_high_watermark()
+        log.warning("%s: the log starts over at offset %d (the leader no longer has what lies before)",
+                    self.directory, offset)
+
     def acknowledge_up_to(self, offset: int) -> None:
         """Raise the high watermark to ``offset`` (at most the durable end), known committed otherwise (a
         KV state already holding it): a recorded high watermark may lag."""

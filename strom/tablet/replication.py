@@ -37,7 +37,7 @@ from strom.log.log_tablet import DivergedLogError
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-from strom.rpc.peers import PeerConnections
+from strom.rpc.peers import PeerConnections, ServerNode
 from strom.tablet.replica import Replica, ReplicaManager
 from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 from strom.zk.registry import TabletServerRegistry
@@ -250,13 +250,31 @@ class ReplicationManager:
                          bucket, following.leader, diverged.base_offset)
                 await log_tablet.truncate_to(diverged.base_offset)
             except LogOffsetOutOfRangeError:
-                # this log runs past the leader's (batches a former leader wrote and nobody took)
-                await log_tablet.truncate_to(min(log_tablet.high_watermark, following.leader_high_watermark or 0))
+                leader_start = await self._leader_log_start(node, bucket)
+                if leader_start is not None and log_tablet.log_end_offset < leader_start:
+                    # the leader copied what this log lacks to remote storage and deleted it: start over there
+                    await log_tablet.reset_to(leader_start)
+                else:
+                    # this log runs past the leader's (batches a former leader wrote and nobody took)
+                    await log_tablet.truncate_to(min(log_tablet.high_watermark, following.leader_high_watermark or 0))
             except Exception as exc:
                 following.errors += 1
                 if following.errors in (1, 50):
                     log.info("%s: fetching from server %d failed: %s", bucket, following.leader, exc)
                 await asyncio.sleep(RETRY_S)
+
+    async def _leader_log_start(self, node: ServerNode, bucket: TableBucket) -> int | None:
+        """The leader's local log start (ListOffsets EARLIEST as a follower); None when it cannot be asked."""
+        request = pb.ListOffsetsRequest(follower_server_id=self._me, offset_type=0, table_id=bucket.table_id,
+                                        bucket_id=[bucket.bucket])
+        if bucket.partition_id is not None:
+            request.partition_id = bucket.partition_id
+        try:
+            response = await self._peers.request(node.host, node.port, ApiKey.LIST_OFFSETS, request)
+        except Exception:
+            return None
+        answer = response.buckets_resp[0]  # type: ignore[attr-defined]
+        return None if answer.HasField("error_code") and answer.error_code != 0 else int(answer.offset)
 
     # ---- leading ----
     def on_follower_fetch(self, bucket: TableBucket, follower: int, fetch_offset: int) -> bool:

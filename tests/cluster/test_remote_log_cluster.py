@@ -1,6 +1,7 @@
 """Remote log storage in a cluster: only a bucket's leader copies segments; when the leader is killed during
 uploads, the new leader goes on from the committed manifest (and deletes what the dead one left half
-done); followers cut their local logs too; pyfluss reads the whole log from the earliest offset."""
+done); followers cut their local logs too; pyfluss reads the whole log from the earliest offset; a replica
+back after its leader cut past its log end starts over at the leader's log start and rejoins the ISR."""
 
 from __future__ import annotations
 
@@ -138,5 +139,14 @@ def test_a_new_leader_goes_on_from_the_manifest_after_the_old_one_is_killed(clus
 
         records = asyncio.run(read_with_pyfluss(cluster.bootstrap.split(",")[0], path, 3000))
         assert [r.row["seq"] for r in records] == list(range(3000))
+
+        # the old leader comes back far behind: what it lacks is only in remote storage now, so its log
+        # starts over at the leader's log start, and it catches up into the ISR
+        cluster.start_member("tablet-server", old_leader)
+        state = states.wait_full_isr(TableBucket(table_id, 0))
+        assert old_leader in state.isr
+        restarted = [f for f in (cluster.data_dir / f"tablet-server-{old_leader}" / "tablets").rglob("*.log")
+                     if f"-{table_id}" in f.parent.parent.parent.name]
+        assert min(int(f.stem) for f in restarted) > 1500
     finally:
         states.close()
