@@ -14,6 +14,7 @@ BENCHES = [
     ("bench.small_writers_bench", ["--wal"], ["--connections", "20", "--seconds", "3", "--warmup", "1"]),
     ("bench.lookup_bench", [], ["--rows", "50000", "--lookups", "20000", "--singles", "2000"]),
     ("bench.log_bench", [], ["--rows", "100000", "--rounds", "1"]),
+    ("bench.remote_log_bench", [], ["--rows", "200000", "--rounds", "1"]),
     ("bench.scan_bench", [], ["--rows", "200000"]),
     ("bench.lease_bench", [], []),
     ("bench.auto_increment_bench", [], ["--rows", "50000", "--lookups", "5000"]),

@@ -6,7 +6,10 @@ appended through strom's client into a server in a child process. Each read goes
 (every row crosses from the Python workers into the JVM), timed best of ``--repeat`` after one warm-up,
 alternating the two forms so both see the same background load. Both forms must count the same rows.
 
-    .venv/bin/python -m bench.spark_split_bench [--rows 10000000] [--split-rows 1000000] [--repeat 2]
+    .venv/bin/python -m bench.spark_split_bench [--rows 10000000] [--split-rows 1000000] [--repeat 2] [--remote]
+
+With ``--remote`` the server copies the log to remote storage (16 MiB segments, two kept locally per bucket)
+before the reads, so the tasks read remote segments straight from storage.
 """
 
 from __future__ import annotations
@@ -30,11 +33,24 @@ APPEND_BATCH_ROWS = 65_536
 TABLE = "split_bench"
 
 
-async def load_table(address: str, rows: pa.Table) -> float:
+REMOTE_CONFIG = {"log.segment.file-size": "16mb", "remote.log.task-interval-duration": "500ms",
+                 "remote.log.task-max-upload-segments": "1000", "kv.snapshot.interval": "0s"}
+
+
+def wait_for_remote(server: BenchServer) -> None:
+    """Until every bucket keeps two local segments: the rest is read from remote storage."""
+    deadline = time.monotonic() + 600
+    while len(list(server.data_dir.joinpath("tablets").rglob("*.log"))) > 2 * BUCKETS:
+        assert time.monotonic() < deadline, "the segments were never copied"
+        time.sleep(0.5)
+
+
+async def load_table(address: str, rows: pa.Table, remote: bool = False) -> float:
     """Create the log table and append ``rows``; seconds the appends took."""
     async with await Connection.create(address) as connection:
         schema = Schema.from_arrow(rows.schema)
-        descriptor = TableDescriptor(schema, bucket_count=BUCKETS, bucket_keys=("id",))
+        properties = {"table.log.tiered.local-segments": "2"} if remote else {}
+        descriptor = TableDescriptor(schema, bucket_count=BUCKETS, bucket_keys=("id",), properties=properties)
         path = TablePath("fluss", TABLE)
         await connection.get_admin().create_table(path, descriptor)
         writer = (await connection.get_table(path)).new_append().create_writer()
@@ -66,13 +82,18 @@ def main() -> None:
     parser.add_argument("--split-rows", type=int, default=1_000_000, help="scan.maxRecordsPerPartition")
     parser.add_argument("--cores", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--remote", action="store_true",
+                        help="remote log storage on: the reads go to remote segments (all but two per bucket)")
     args = parser.parse_args()
 
     from strom.spark import FlussDataSource
 
     rows = make_rows(args.rows)
-    with BenchServer() as server:
-        load_s = asyncio.run(load_table(server.address, rows))
+    config = REMOTE_CONFIG if args.remote else {}
+    with BenchServer(config) as server:
+        load_s = asyncio.run(load_table(server.address, rows, args.remote))
+        if args.remote:
+            wait_for_remote(server)
         spark = local_spark(args.cores)
         spark.dataSource.register(FlussDataSource)
         options = {"bootstrap.servers": server.address, "table": f"fluss.{TABLE}"}
@@ -95,7 +116,8 @@ def main() -> None:
         spark.stop()
 
     report(
-        f"Split reads: {args.rows:,} rows, {BUCKETS}-bucket log table, local[{args.cores}] on {os.cpu_count()} CPUs",
+        f"Split reads: {args.rows:,} rows, {BUCKETS}-bucket log table{' in remote segments' if args.remote else ''}, "
+        f"local[{args.cores}] on {os.cpu_count()} CPUs",
         [
             ("append (strom client)", f"{load_s:.2f} s, {args.rows / load_s / 1e6:.2f} M rows/s"),
             (f"read -> noop, one partition per bucket ({partitions[False]} tasks)",

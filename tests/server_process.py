@@ -36,10 +36,13 @@ class ServerProcess:
         port: int | None = None,
         strom_command: list[str] | None = None,
         probe_tls: ssl.SSLContext | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """``strom_command``: how to run ``strom`` (default: this interpreter's ``strom.cli.main``);
-        ``probe_tls``: how the readiness probe speaks TLS to a listener that wants a client certificate."""
+        ``probe_tls``: how the readiness probe speaks TLS to a listener that wants a client certificate;
+        ``env``: variables added to the server's environment (object-store credentials)."""
         self.probe_tls = probe_tls
+        self.env = dict(env or {})
         self.data_dir = data_dir
         self.strom_command = strom_command or [sys.executable, "-m", "strom.cli.main"]
         self.config = dict(config or {})
@@ -57,7 +60,8 @@ class ServerProcess:
         for key, value in self.config.items():
             command += ["-D", f"{key}={value}"]
         with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                                            env={**os.environ, **self.env} if self.env else None)
         try:
             self._wait_ready()
         except BaseException:

@@ -274,3 +274,41 @@ def test_a_primary_key_changelog_is_read_from_remote_and_the_table_recovers_afte
         assert last == {key: f"v2-{key}" for key in range(keys)}
     finally:
         server.stop()
+
+
+def test_a_partitions_remote_log_lives_under_its_name_and_goes_with_it(remote_server: ServerProcess) -> None:
+    address = remote_server.address
+    path = TablePath("fluss", unique_name("remote_parts"))
+    schema = Schema.from_arrow(pa.schema([("seq", pa.int64()), ("pad", pa.string()), ("day", pa.string())]))
+
+    async def create_and_write() -> tuple[int, dict[str, int]]:
+        async with await Connection.create(address) as connection:
+            admin = connection.get_admin()
+            await admin.create_table(path, TableDescriptor(
+                schema, partition_keys=("day",), bucket_count=1,
+                properties={"table.log.tiered.local-segments": "2"}))
+            for day in ("d1", "d2"):
+                await admin.create_partition(path, {"day": day})
+            table = await connection.get_table(path)
+            writer = table.new_append().create_writer()
+            for first in range(0, 1000, 50):
+                ids = list(range(first, first + 50))
+                for day in ("d1", "d2"):
+                    writer.append_arrow_batch(pa.table({"seq": ids, "pad": [f"row-{i:08d}" for i in ids],
+                                                        "day": [day] * 50}))
+            await writer.flush()
+            partitions = {p.partition_name: p.partition_id for p in await admin.list_partition_infos(path)}
+            return table.layout.info.table_id, partitions
+
+    table_id, partitions = asyncio.run(create_and_write())
+    table_dir = remote_root(remote_server) / "log" / path.database_name / f"{path.table_name}-{table_id}"
+    day_dirs = {day: table_dir / f"{day}-p{pid}" / "0" for day, pid in partitions.items()}
+    wait_until(lambda: all(any(d.glob("*/*.log")) for d in day_dirs.values()), "both partitions copied")
+
+    async def drop_d1() -> None:
+        async with await Connection.create(address) as connection:
+            await connection.get_admin().drop_partition(path, {"day": "d1"})
+
+    asyncio.run(drop_d1())
+    assert not day_dirs["d1"].parent.exists()
+    assert any(day_dirs["d2"].glob("*/*.log"))
