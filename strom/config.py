@@ -415,6 +415,13 @@ KV_SCANNER_MAX_PER_SERVER = int_option(
 KV_SCANNER_MAX_BATCH_SIZE = memory_option(
     "kv.scanner.max-batch-size", "10mb", "Server cap on a ScanKv response's `batch_size_bytes`.", minimum=1
 )
+KV_ROW_CACHE_SIZE = _option(
+    "kv.row-cache.size", None,
+    "A tablet server's cache of current rows, shared by its primary-key buckets and consulted before RocksDB "
+    "by every put's old-value read and every lookup; written through, least recently used out. Unset: an "
+    "eighth of the machine's memory, at most 4 GiB; 0 turns it off (strom's key).",
+    lambda value: None if value is None else parse_memory_size(value), "MemorySize",
+)
 KV_ROCKSDB_BLOCK_CACHE_SIZE = memory_option(
     "kv.rocksdb.block.cache-size", "8mb", "RocksDB block cache of each bucket.", minimum=1
 )
@@ -533,7 +540,7 @@ def options_markdown() -> str:
         default = option.default
         if isinstance(default, timedelta):
             shown = _format_duration(default)
-        elif option.type_name == "MemorySize":
+        elif option.type_name == "MemorySize" and default is not None:
             shown = _format_memory(int(default))
         else:
             shown = "(none)" if default is None else str(default).lower() if isinstance(default, bool) else str(default)

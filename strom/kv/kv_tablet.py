@@ -33,6 +33,7 @@ from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
 from strom.kv.missing_keys import MissingKeyRows
 from strom.kv.rocksdb import META_COLUMN_FAMILY, RocksDbOptions, open_rocksdb
+from strom.kv.row_cache import RowCache
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
@@ -113,8 +114,12 @@ class KvTablet:
         row_format: TableRowFormat,
         config: KvConfig,
         id_counter: IdCounter | None = None,
+        row_cache: RowCache | None = None,
     ) -> None:
-        """``id_counter`` reserves ids for an auto-increment column (required when the table has one)."""
+        """``id_counter`` reserves ids for an auto-increment column (required when the table has one);
+        ``row_cache``: the tablet server's cache of current rows (consulted before RocksDB)."""
+        self._cache = row_cache
+        self._cache_token = row_cache.register() if row_cache is not None else 0
         self.directory = directory
         self.log = log_tablet
         self._format = row_format
@@ -250,8 +255,12 @@ class KvTablet:
             if not data:
                 break
             batch_write = rocksdict.WriteBatch(raw_mode=True)
+            written_keys: list[bytes] = []
+            written_values: list[bytes | None] = []
             for header, keys, values, delta in self._batch_changes(data, offset):
                 self._row_count += delta
+                written_keys += keys
+                written_values += values
                 for key, value in zip(keys, values, strict=True):
                     if value is None:
                         batch_write.delete(key)
@@ -263,6 +272,8 @@ class KvTablet:
             batch_write.put(ROW_COUNT_KEY, _OFFSET.pack(self._row_count), self._meta)
             self._db.write(batch_write, self._write_options)
             self._applied_offset = offset
+            if self._cache is not None:
+                self._cache.put_many(self._cache_token, written_keys, written_values)
         return applied
 
     # ---- writes ----
@@ -474,6 +485,19 @@ class KvTablet:
         order only needs to be roughly sorted: numpy's fixed-width bytes ignore trailing NULs). Small batches
         use single gets, which cost less per call.
         """
+        cache = self._cache
+        if cache is None:
+            return self._read_rocksdb(keys)
+        values, missing = cache.get_many(self._cache_token, keys)
+        if missing:
+            missing_keys = [keys[position] for position in missing]
+            found = self._read_rocksdb(missing_keys)
+            for position, value in zip(missing, found, strict=True):
+                values[position] = value
+            cache.put_many(self._cache_token, missing_keys, found)
+        return values
+
+    def _read_rocksdb(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if len(keys) < _SORTED_READ_MIN_KEYS:
             get = self._db.get
             return [get(key) for key in keys]
@@ -523,6 +547,9 @@ class KvTablet:
             self.failed = exc
             raise KvStorageError(f"RocksDB write failed in {self.directory}: {exc}") from exc
         # no await since the write: nothing else touched the buffers
+        if self._cache is not None:  # write-through, in log order: later batches win
+            for pending in self._pending[:durable_count]:
+                self._cache.put_many(self._cache_token, pending.keys, pending.values)
         del self._pending[:durable_count]
         self._pending_index = None
         self._applied_offset = applied_to
@@ -638,6 +665,8 @@ class KvTablet:
         # A live column-family handle keeps RocksDB open (and its LOCK held) after close(): drop it first,
         # or the same process can never open this directory again (rebuild, reopen after a failed open).
         self._meta = None  # type: ignore[assignment]
+        if self._cache is not None:
+            self._cache.forget(self._cache_token)
         try:
             self._db.close()
         except Exception as exc:  # a RocksDB in an error state (disk full) may fail to close cleanly

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from strom.clock import Clock
@@ -49,14 +49,14 @@ class StromCollector(Collector):
         self._clock = clock
         self._remote_logs = remote_logs
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         future = asyncio.run_coroutine_threadsafe(self._gather(), self._loop)
         return iter(future.result(SCRAPE_TIMEOUT_S))
 
-    async def _gather(self) -> list[GaugeMetricFamily]:
+    async def _gather(self) -> list[Metric]:
         return list(self._families())
 
-    def _families(self) -> Iterator[GaugeMetricFamily]:
+    def _families(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("strom_kv_snapshot_lease_count", "KV snapshot leases held.", value=self._leases.lease_count)
         yield GaugeMetricFamily(
             "strom_kv_snapshot_unreadable_lease_count",
@@ -82,6 +82,16 @@ class StromCollector(Collector):
         yield retained_bytes
         open_buckets = [r for r in self._replicas.hosted() if r.is_open and not r.stopped]
         yield GaugeMetricFamily("strom_open_buckets", "Buckets whose storage is open.", value=len(open_buckets))
+        cache = self._replicas.row_cache
+        yield GaugeMetricFamily("strom_kv_row_cache_size_bytes", "Bytes the row cache holds (kv.row-cache.size).",
+                                value=cache.size_bytes)
+        yield GaugeMetricFamily("strom_kv_row_cache_capacity_bytes", "The row cache's bound.",
+                                value=cache.capacity_bytes)
+        yield GaugeMetricFamily("strom_kv_row_cache_entries", "Rows the row cache holds.", value=cache.entries)
+        yield CounterMetricFamily("strom_kv_row_cache_hits", "Old-value reads and lookups the row cache answered.",
+                                  value=cache.hits)
+        yield CounterMetricFamily("strom_kv_row_cache_misses", "Old-value reads and lookups that went to RocksDB.",
+                                  value=cache.misses)
         yield from self._lake_families()
         yield from self._remote_log_families(open_buckets)
         rpc = self._rpc()

@@ -24,6 +24,7 @@ from strom.config import (
     KV_ROCKSDB_USE_BLOOM_FILTER,
     KV_ROCKSDB_WRITE_BUFFER_COUNT,
     KV_ROCKSDB_WRITE_BUFFER_SIZE,
+    KV_ROW_CACHE_SIZE,
     LOG_FLUSH_INTERVAL_MESSAGES,
     LOG_SEGMENT_FILE_SIZE,
     WRITER_ID_EXPIRATION_TIME,
@@ -40,6 +41,7 @@ from strom.ids import TableBucket
 from strom.kv.auto_increment import IdCounter
 from strom.kv.kv_tablet import KvConfig, KvRestoreNeededError, KvTablet, reset_instance_id
 from strom.kv.rocksdb import RocksDbOptions
+from strom.kv.row_cache import RowCache, default_capacity_bytes
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import CompletedKvSnapshot, download_snapshot
 from strom.log.log_tablet import LogConfig, LogTablet
@@ -155,7 +157,7 @@ class Replica:
         def open_tablet() -> KvTablet:
             return KvTablet(
                 kv_dir, log_tablet, self._manager.row_format(self.table), self._manager.kv_config(self.table),
-                self._manager.id_counter,
+                self._manager.id_counter, self._manager.row_cache,
             )
 
         if not (kv_dir / "rocksdb").exists() and self._manager.restore_from_snapshot(self, log_tablet, kv_dir):
@@ -265,6 +267,9 @@ class ReplicaManager:
             use_bloom_filter=config.get(KV_ROCKSDB_USE_BLOOM_FILTER),
             bloom_filter_bits_per_key=config.get(KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY),
         )
+        configured = config.get(KV_ROW_CACHE_SIZE)
+        self.row_cache = RowCache(default_capacity_bytes() if configured is None else configured)
+        """Current rows of every primary-key bucket hosted here (``kv.row-cache.size``)."""
         self._replicas: dict[TableBucket, Replica] = {}
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
         self.before_reopen: Callable[[TableBucket], object] | None = None
