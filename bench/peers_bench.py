@@ -8,7 +8,9 @@ strom (a ``strom server`` child process on loopback, 2 buckets):
   row (new payloads), into a table with ``table.changelog.image=FULL`` (the default) and one with ``WAL``;
 * pyfluss, the official client, row by row (``writer.upsert(dict)``, it has no batch upsert), load only;
 * batched lookups, ``Lookuper.lookup_arrow`` of 1 000 keys; single lookups through strom's asyncio
-  lookuper and its blocking lookuper, p50/p99.
+  lookuper and its blocking lookuper, p50/p99;
+* all of it twice: with the row cache at its default (it holds the whole table: cache-hot) and with a
+  16 MiB row cache (a tenth of the table: cache-cold).
 
 PostgreSQL (a throw-away cluster started by this bench with the installed server binaries; fsync,
 synchronous_commit and full_page_writes at their defaults, i.e. on):
@@ -126,9 +128,16 @@ async def strom_lookups(address: str, name: str, lookups: list[int], singles: in
         return batched, latencies, await asyncio.to_thread(blocking)
 
 
-def run_strom(load: pa.Table, update: pa.Table, lookups: list[int], singles: int, round_: int) -> dict[str, Any]:
+COLD_CACHE = "16mb"
+"""The row cache of the cache-cold run: a tenth of what 1 M rows take, so most old values and lookups go to
+RocksDB (the hot run leaves ``kv.row-cache.size`` at its default, which holds the whole table)."""
+
+
+def run_strom(load: pa.Table, update: pa.Table, lookups: list[int], singles: int, round_: int,
+              row_cache: str | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    with BenchServer({"kv.snapshot.interval": "0s"}) as server:
+    config = {"kv.snapshot.interval": "0s", **({"kv.row-cache.size": row_cache} if row_cache else {})}
+    with BenchServer(config) as server:
         for image in ("FULL", "WAL"):
             name = f"peers_{image.lower()}_{round_}"
             results[image] = asyncio.run(strom_writes(server.address, load, update, name, image))
@@ -350,12 +359,13 @@ def main() -> None:
     rng = random.Random(13)
     lookups = [rng.randrange(args.rows) for _ in range(args.lookups)]
     singles = min(args.singles, args.lookups)
-    stroms, postgreses = [], []
+    stroms, colds, postgreses = [], [], []
     bin_dir = postgres_binaries()
     assert bin_dir is not None
     for round_ in range(args.rounds):
         stroms.append(run_strom(load, update, lookups, singles, round_))
         stroms[-1]["round_trips"] = python_round_trips(singles)
+        colds.append(run_strom(load, update, lookups, singles, round_, COLD_CACHE))
         with BenchPostgres(bin_dir) as pg:
             postgreses.append(run_postgres(pg, load, update, lookups, singles))
 
@@ -375,20 +385,24 @@ def main() -> None:
         ("PostgreSQL COPY + INSERT ON CONFLICT, update",
          f"{pg_update:,.0f} rows/s{spread([r['write'][1] for r in postgreses])}"),
     ]
-    for image in ("FULL", "WAL"):
-        for index, (what, pg_rate) in enumerate((("load", pg_load), ("update", pg_update))):
-            rates = [r[image][index] for r in stroms]
-            rate = med(rates)
-            lines.append((f"strom client, Arrow batches, {image} image, {what}",
-                          f"{rate:,.0f} rows/s  strom/PostgreSQL {rate / pg_rate:.2f}{spread(rates)}"))
+    for runs, cache in ((stroms, "row cache hot"), (colds, f"row cache cold ({COLD_CACHE})")):
+        for image in ("FULL", "WAL"):
+            for index, (what, pg_rate) in enumerate((("load", pg_load), ("update", pg_update))):
+                rates = [r[image][index] for r in runs]
+                rate = med(rates)
+                lines.append((f"strom client, Arrow batches, {image} image, {what}, {cache}",
+                              f"{rate:,.0f} rows/s  strom/PostgreSQL {rate / pg_rate:.2f}{spread(rates)}"))
     official = med([r["pyfluss"] for r in stroms])
     lines.append(("pyfluss row by row (FULL image), load",
                   f"{official:,.0f} rows/s  strom/PostgreSQL {official / pg_load:.2f}{spread([r['pyfluss'] for r in stroms])}"))
     batched = med([r["lookups"][0] for r in stroms])
+    cold_batched = med([r["lookups"][0] for r in colds])
     lines += [
         ("PostgreSQL = ANY of 1 000 keys", f"{pg_batched:,.0f} keys/s{spread([r['lookups'][0] for r in postgreses])}"),
-        ("strom lookup_arrow of 1 000 keys",
+        ("strom lookup_arrow of 1 000 keys, row cache hot",
          f"{batched:,.0f} keys/s  strom/PostgreSQL {batched / pg_batched:.2f}{spread([r['lookups'][0] for r in stroms])}"),
+        ("strom lookup_arrow of 1 000 keys, row cache cold",
+         f"{cold_batched:,.0f} keys/s  strom/PostgreSQL {cold_batched / pg_batched:.2f}"),
         ("single lookups p50 / p99: PostgreSQL prepared SELECT",
          f"{median(pg_lat):.0f} / {percentile(pg_lat, 0.99):.0f} µs"),
     ]
