@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -581,14 +581,18 @@ class LogTablet:
     def delete_segments(self, *, older_than_ms: int | None, below_offset: int | None) -> int:
         """Delete whole closed segments that end below ``below_offset`` and whose last batch is older than
         ``older_than_ms``; the active segment always stays. Returns the bytes freed."""
+        return self._delete_oldest(
+            lambda segment: (below_offset is None or segment.next_offset <= below_offset)
+            and (older_than_ms is None or segment.last_timestamp < older_than_ms)
+        )
+
+    def _delete_oldest(self, deletable: Callable[[LogSegment], bool], keep: int = 1) -> int:
+        """Delete the oldest durable segments while ``deletable`` says so and more than ``keep`` remain (the
+        active one always does), saving the writer state first; returns the bytes freed."""
         freed = 0
-        while len(self._segments) > 1:
+        while len(self._segments) > max(keep, 1):
             oldest = self._segments[0]
-            if oldest in self._unflushed_segments:
-                break
-            if below_offset is not None and oldest.next_offset > below_offset:
-                break
-            if older_than_ms is not None and oldest.last_timestamp >= older_than_ms:
+            if oldest in self._unflushed_segments or not deletable(oldest):
                 break
             if not freed:
                 self._save_writer_state()
@@ -615,17 +619,7 @@ class LogTablet:
     def delete_tiered_segments(self, below_offset: int, keep: int) -> int:
         """Delete the oldest segments that end at or below ``below_offset`` (copied to remote storage, and
         nothing local still needs them) while more than ``keep`` segments remain; returns the bytes freed."""
-        freed = 0
-        while len(self._segments) > max(keep, 1):
-            oldest = self._segments[0]
-            if oldest in self._unflushed_segments or oldest.next_offset > below_offset:
-                break
-            if not freed:
-                self._save_writer_state()
-            freed += oldest.size_bytes
-            oldest.delete()
-            self._segments.pop(0)
-        return freed
+        return self._delete_oldest(lambda segment: segment.next_offset <= below_offset, keep)
 
     # ---- lifecycle ----
     @property

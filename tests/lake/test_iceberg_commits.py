@@ -179,26 +179,6 @@ def test_committers_racing_from_the_same_snapshot_land_once(tmp_path: Path) -> N
     assert table.latest_snapshot_id() == landed[0]
 
 
-
-def test_an_empty_round_commits_against_its_base_not_the_current_snapshot(tmp_path: Path) -> None:
-    """A round that wrote no files but moved offsets still commits (it records progress); when another strom
-    commit landed since the round's base it conflicts, as a round with files would, instead of committing
-    on top."""
-    info = table_info(tmp_path, [("id", t.IntType()), ("name", t.StringType())])
-    table = lake_format(info).table(info)
-    table.commit([write_split(table, 0, rows([1]), [0])], {OFFSETS_PROPERTY: "first"})
-    base = table.latest_snapshot_id()
-    table.commit([write_split(table, 0, rows([2]), [1], base_snapshot_id=base)], {OFFSETS_PROPERTY: "other job"})
-    moved = table.latest_snapshot_id()
-    with pytest.raises(LakeCommitConflictError):
-        table.commit([], {OFFSETS_PROPERTY: "empty round"}, base)
-    assert table.latest_snapshot_id() == moved
-    found = table.last_strom_commit(None)
-    assert found is not None and found.properties[OFFSETS_PROPERTY] == "other job"
-    empty = table.commit([], {OFFSETS_PROPERTY: "empty round"}, moved)  # from the right base it lands
-    found = table.last_strom_commit(moved)
-    assert found is not None and found.snapshot_id == empty and found.properties[OFFSETS_PROPERTY] == "empty round"
-
 def test_results_written_against_different_snapshots_are_not_committed_together(tmp_path: Path) -> None:
     info = table_info(tmp_path, PK, ["id"], lake="iceberg")
     table = iceberg_table(info)
