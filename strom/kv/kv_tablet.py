@@ -464,7 +464,7 @@ class KvTablet:
 
     def _current_values(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Latest values including the pre-write buffer (what the changelog must compare against)."""
-        values = self._read_values(keys)
+        values = self._read_values(keys, fill_cache=False)  # the put writes the new values through next
         if self._pending:
             index = self._pending_index
             if index is None:
@@ -477,7 +477,7 @@ class KvTablet:
                     values[position] = index[key]
         return self._format.current_values(values)
 
-    def _read_values(self, keys: Sequence[bytes]) -> list[bytes | None]:
+    def _read_values(self, keys: Sequence[bytes], *, fill_cache: bool = True) -> list[bytes | None]:
         """RocksDB's values of ``keys`` (None where missing), in the order given.
 
         A large batch is read with one multi-get in key order: neighbouring keys share the memtable's and
@@ -488,13 +488,18 @@ class KvTablet:
         cache = self._cache
         if cache is None:
             return self._read_rocksdb(keys)
-        values, missing = cache.get_many(self._cache_token, keys)
+        cached = cache.get_many(self._cache_token, keys)
+        if cached is None:  # the bucket bypasses the cache for now
+            return self._read_rocksdb(keys)
+        values, missing = cached
         if missing:
             missing_keys = [keys[position] for position in missing]
             found = self._read_rocksdb(missing_keys)
             for position, value in zip(missing, found, strict=True):
                 values[position] = value
-            cache.put_many(self._cache_token, missing_keys, found)
+            cache.record_misses(self._cache_token, len(keys) - len(missing), len(found) - found.count(None))
+            if fill_cache:
+                cache.put_many(self._cache_token, missing_keys, found)
         return values
 
     def _read_rocksdb(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -666,7 +671,7 @@ class KvTablet:
         # or the same process can never open this directory again (rebuild, reopen after a failed open).
         self._meta = None  # type: ignore[assignment]
         if self._cache is not None:
-            self._cache.forget(self._cache_token)
+            self._cache.close(self._cache_token)
         try:
             self._db.close()
         except Exception as exc:  # a RocksDB in an error state (disk full) may fail to close cleanly

@@ -92,6 +92,9 @@ class StromCollector(Collector):
                                   value=cache.hits)
         yield CounterMetricFamily("strom_kv_row_cache_misses", "Old-value reads and lookups that went to RocksDB.",
                                   value=cache.misses)
+        yield CounterMetricFamily("strom_kv_row_cache_bypasses",
+                                  "Times a bucket whose existing keys mostly missed started bypassing the cache.",
+                                  value=cache.bypassed)
         yield from self._lake_families()
         yield from self._remote_log_families(open_buckets)
         rpc = self._rpc()

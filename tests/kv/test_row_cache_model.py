@@ -9,11 +9,13 @@ import asyncio
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from strom.kv import row_cache
 from strom.kv.kv_tablet import KvConfig, KvTablet
 from strom.kv.rocksdb import RocksDbOptions
 from strom.kv.row_cache import RowCache
@@ -90,6 +92,19 @@ async def apply(bucket: CachedBucket, operation: str, argument: Any) -> Any:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=operations)
 def test_a_bucket_answers_the_same_with_and_without_the_row_cache(kind: str, script: list[tuple[str, Any]]) -> None:
+    compare(kind, script)
+
+
+@settings(max_examples=40, deadline=None)
+@given(script=operations)
+def test_a_bucket_going_in_and_out_of_bypass_answers_the_same(script: list[tuple[str, Any]]) -> None:
+    """Judged every few keys and bypassing for a few reads, the cache is dropped and refilled all along."""
+    with patch.object(row_cache, "JUDGE_EVERY_KEYS", 3), patch.object(row_cache, "BYPASS_KEYS", 4), \
+            patch.object(row_cache, "MIN_HIT_SHARE", 0.9):
+        compare("full", script)
+
+
+def compare(kind: str, script: list[tuple[str, Any]]) -> None:
     with tempfile.TemporaryDirectory() as directory:
         cache = RowCache(TINY_CACHE_BYTES)
         cached = CachedBucket(Path(directory) / "cached", TABLE_KINDS[kind], cache)
