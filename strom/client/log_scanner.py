@@ -221,7 +221,11 @@ class LogScanner:
                 position = info.first_start_pos if index == 0 and info.HasField("first_start_pos") else 0
             location = (f"{info.remote_log_tablet_dir}/{segment.remote_log_segment_id}/"
                         f"{segment.remote_log_start_offset:020d}.log")
-            data, after = await asyncio.to_thread(read_remote_batches, location, position, budget)
+            try:
+                data, after = await asyncio.to_thread(read_remote_batches, location, position, budget)
+            except FileNotFoundError:  # expired (TTL) since the server named it: the next poll asks again
+                self._remote_cursors.pop(bucket, None)
+                break
             decoded.extend(self._decode(bucket, data, remote=True))
             if after < segment.segment_size_in_bytes:
                 self._remote_cursors[bucket] = _RemoteCursor(segment.remote_log_segment_id, self._positions[bucket], after)
