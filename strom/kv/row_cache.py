@@ -4,35 +4,35 @@ Every old-value read of a put (the FULL changelog, partial updates, merge engine
 and every lookup asks the cache before RocksDB: reading a key's current value from RocksDB costs several
 times more than the rest of an update (docs/benchmarks.md). The cache holds exactly what RocksDB holds for
 the keys it has: a bucket writes through it after each successful RocksDB write (applied batches, changelog
-replay), fills it from RocksDB on a miss, and drops a deleted key. Each open bucket instance has a token of
-its own, so a bucket that is closed, reopened, restored from a snapshot or dropped never sees another
-instance's entries. Values are the stored bytes (schema id + row), so a schema change invalidates nothing.
+replay), fills it from RocksDB on a lookup's miss, and drops a deleted key. Each open bucket instance has a
+token of its own, so a bucket that is closed, reopened, restored from a snapshot or dropped never sees
+another instance's entries. Values are the stored bytes (schema id + row), so a schema change invalidates
+nothing.
 
-Eviction is least-recently-used: within a bucket by entry (an ordered dict), across buckets by the bucket
-used longest ago. A full cache updates the keys it holds on every write but admits other keys only one in
-:data:`ADMIT_ONE_IN`, so a working set larger than the cache does not pay an eviction per write; a bucket
-whose existing keys mostly miss bypasses the cache for a while (:meth:`RowCache.record_misses`), so a
-cold cache costs next to nothing. Used on the event loop only.
+Eviction is by generation, an approximate LRU that costs one plain dict operation per key: each bucket has
+a young and an old dict; writes, fills and hits in the old one go to the young one; when the young
+dicts of all buckets together would pass half the bound, every young dict becomes old and the old ones
+are dropped whole. A key used at least once per generation stays. Each generation stays within half the
+bound, and the byte count charges every write (it only ever over-counts): memory stays within the bound. A bucket whose reads of existing keys mostly miss
+(its working set is far larger than the cache) bypasses the cache for a while (:meth:`RowCache.record_misses`),
+so a cold cache costs next to nothing. Used on the event loop only.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 ENTRY_OVERHEAD_BYTES = 128
-"""What an entry costs beyond its key and value bytes: the dict slot, the ordered dict's link and two bytes
-objects' headers (measured with tracemalloc: 110–130 bytes)."""
-ADMIT_ONE_IN = 8
-"""Once the cache is full, one in this many keys it does not hold is admitted: a key space larger than the
-cache then costs little eviction churn, and a new hot set still moves in (over a few rounds)."""
+"""What an entry costs beyond its key and value bytes: the dict slot and two bytes objects' headers,
+rounded up (tracemalloc measures ~100 bytes)."""
 JUDGE_EVERY_KEYS = 20_000
 """A bucket's hit share is judged after this many reads of keys that exist."""
 MIN_HIT_SHARE = 0.25
-"""Below this share of hits among existing keys, a bucket with a full cache bypasses it: a hit saves a
-RocksDB read (2–4 µs here), a miss costs the cache's lookup and upkeep (~1–2 µs with a large cache)."""
+"""Below this share of hits among existing keys, a bucket of a full cache bypasses it: a hit saves a
+RocksDB read (2–4 µs here), a miss costs the cache's lookup and upkeep."""
 BYPASS_KEYS = 2_000_000
 """Keys a bypassing bucket reads before it tries the cache again (from empty)."""
 DEFAULT_SHARE_OF_MEMORY = 8
@@ -48,6 +48,17 @@ def default_capacity_bytes() -> int:
     return min(total // DEFAULT_SHARE_OF_MEMORY, DEFAULT_MAX_BYTES)
 
 
+@dataclass(slots=True)
+class _Bucket:
+    young: dict[bytes, bytes] = field(default_factory=dict)
+    old: dict[bytes, bytes] = field(default_factory=dict)
+    young_bytes: int = 0
+    old_bytes: int = 0
+    hits: int = 0
+    found: int = 0
+    """Hits and misses of keys RocksDB had, since the last judgement."""
+
+
 class RowCache:
     """Current rows of many buckets, within ``capacity_bytes`` (0 caches nothing)."""
 
@@ -55,23 +66,24 @@ class RowCache:
         assert capacity_bytes >= 0
         self.capacity_bytes = capacity_bytes
         self._tokens = itertools.count(1)
-        self._buckets: OrderedDict[int, OrderedDict[bytes, bytes]] = OrderedDict()
-        """By token, least recently used first; each bucket's entries least recently used first."""
-        self._bucket_bytes: dict[int, int] = {}
-        self.size_bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self._skipped = 0
-        self._windows: dict[int, list[int]] = {}
-        """Per bucket: hits and RocksDB-found misses since the last judgement."""
+        self._buckets: dict[int, _Bucket] = {}
+        self._young_bytes = 0
+        self._old_bytes = 0
         self._bypass: dict[int, int] = {}
         """Buckets bypassing the cache, with how many more keys they read before trying it again."""
+        self.hits = 0
+        self.misses = 0
         self.bypassed = 0
         """How often a bucket started bypassing the cache."""
 
     @property
+    def size_bytes(self) -> int:
+        return self._young_bytes + self._old_bytes
+
+    @property
     def entries(self) -> int:
-        return sum(len(entries) for entries in self._buckets.values())
+        """Rows held (a key in both generations counts once)."""
+        return sum(len(b.young.keys() | b.old.keys()) for b in self._buckets.values())
 
     def register(self) -> int:
         """A token for a newly opened bucket instance."""
@@ -86,23 +98,32 @@ class RowCache:
                 self._bypass[token] = bypass - len(keys)
                 return None
             del self._bypass[token]  # try the cache again, from empty
-        entries = self._buckets.get(token)
-        if entries is None:
+        bucket = self._buckets.get(token)
+        if bucket is None:
             self.misses += len(keys)
             return [None] * len(keys), list(range(len(keys)))
-        self._buckets.move_to_end(token)
-        get, touch = entries.get, entries.move_to_end
+        young, old = bucket.young, bucket.old
+        young_get, old_get = young.get, old.get
         values: list[bytes | None] = []
         missing: list[int] = []
+        room = self.capacity_bytes // 2 - self._young_bytes
+        promoted = 0
         for position, key in enumerate(keys):
-            value = get(key)
+            value = young_get(key)
             if value is None:
-                missing.append(position)
-            else:
-                touch(key)
+                value = old_get(key)
+                if value is None:
+                    missing.append(position)
+                else:  # used in this generation: it moves to the young one, while there is room
+                    cost = len(key) + len(value) + ENTRY_OVERHEAD_BYTES
+                    if promoted + cost <= room:
+                        young[key] = value
+                        promoted += cost
             values.append(value)
         self.misses += len(missing)
         self.hits += len(keys) - len(missing)
+        bucket.young_bytes += promoted
+        self._young_bytes += promoted
         return values, missing
 
     def record_misses(self, token: int, hits: int, found: int) -> None:
@@ -110,14 +131,17 @@ class RowCache:
         existing keys mostly miss (its working set is far larger than the cache) stops using the cache for
         a while: looking it up and keeping it current would cost more than the hits save. Keys that exist
         nowhere (new keys) say nothing either way."""
-        window = self._windows.setdefault(token, [0, 0])
-        window[0] += hits
-        window[1] += found
-        if window[0] + window[1] < JUDGE_EVERY_KEYS:
+        bucket = self._buckets.get(token)
+        if bucket is None:
             return
-        hit_share = window[0] / (window[0] + window[1])
-        window[0] = window[1] = 0
-        if hit_share < MIN_HIT_SHARE and self.size_bytes >= self.capacity_bytes * 9 // 10:
+        bucket.hits += hits
+        bucket.found += found
+        judged = bucket.hits + bucket.found
+        if judged < JUDGE_EVERY_KEYS:
+            return
+        hit_share = bucket.hits / judged
+        bucket.hits = bucket.found = 0
+        if hit_share < MIN_HIT_SHARE and self.size_bytes >= self.capacity_bytes // 2:
             self.forget(token)
             self._bypass[token] = BYPASS_KEYS
             self.bypassed += 1
@@ -126,53 +150,45 @@ class RowCache:
         """Record what RocksDB now holds for ``keys`` (None: deleted), later positions winning."""
         if not self.capacity_bytes or token in self._bypass:
             return  # a bypassing bucket holds nothing here
-        entries = self._buckets.get(token)
-        if entries is None:
-            entries = self._buckets[token] = OrderedDict()
-            self._bucket_bytes[token] = 0
-        else:
-            self._buckets.move_to_end(token)
-        change = 0
-        pop = entries.pop
-        full = self.size_bytes >= self.capacity_bytes * 95 // 100
-        skipped = self._skipped
+        bucket = self._buckets.get(token)
+        if bucket is None:
+            bucket = self._buckets[token] = _Bucket()
+        half = self.capacity_bytes // 2
+        incoming = sum(map(len, keys)) + sum(len(v) for v in values if v is not None) + len(keys) * ENTRY_OVERHEAD_BYTES
+        if self._young_bytes + incoming > half:
+            self._rotate()  # each generation stays within half the bound
+        keep = incoming <= half  # a batch larger than that only invalidates what it changes
+        young, old = bucket.young, bucket.old
+        added = 0
         for key, value in zip(keys, values, strict=True):
-            old = pop(key, None)
-            if old is not None:
-                change -= len(key) + len(old) + ENTRY_OVERHEAD_BYTES
-            elif full:
-                skipped += 1
-                if skipped % ADMIT_ONE_IN:
-                    continue  # a full cache admits a key it does not hold only now and then
-            if value is not None:
-                entries[key] = value
-                change += len(key) + len(value) + ENTRY_OVERHEAD_BYTES
-        self._skipped = skipped
-        self._bucket_bytes[token] += change
-        self.size_bytes += change
-        if self.size_bytes > self.capacity_bytes:
-            self._evict()
+            if value is None or not keep:
+                gone = young.pop(key, None)
+                if gone is not None:
+                    bucket.young_bytes -= len(key) + len(gone) + ENTRY_OVERHEAD_BYTES
+                    self._young_bytes -= len(key) + len(gone) + ENTRY_OVERHEAD_BYTES
+                gone = old.pop(key, None)
+                if gone is not None:
+                    bucket.old_bytes -= len(key) + len(gone) + ENTRY_OVERHEAD_BYTES
+                    self._old_bytes -= len(key) + len(gone) + ENTRY_OVERHEAD_BYTES
+            else:
+                young[key] = value  # shadows an older value in the old generation
+                added += len(key) + len(value) + ENTRY_OVERHEAD_BYTES
+        bucket.young_bytes += added
+        self._young_bytes += added
 
-    def _evict(self) -> None:
-        """Drop least recently used entries, from the bucket used longest ago first, down to 95 %."""
-        target = self.capacity_bytes * 95 // 100
-        while self.size_bytes > target and self._buckets:
-            token, entries = next(iter(self._buckets.items()))
-            freed = 0
-            while entries and self.size_bytes - freed > target:
-                key, value = entries.popitem(last=False)
-                freed += len(key) + len(value) + ENTRY_OVERHEAD_BYTES
-            self._bucket_bytes[token] -= freed
-            self.size_bytes -= freed
-            if not entries:
-                self.forget(token)
+    def _rotate(self) -> None:
+        """Every young generation becomes old; the old ones are dropped whole."""
+        for bucket in self._buckets.values():
+            bucket.old, bucket.young = bucket.young, {}
+            bucket.old_bytes, bucket.young_bytes = bucket.young_bytes, 0
+        self._old_bytes, self._young_bytes = self._young_bytes, 0
 
     def forget(self, token: int) -> None:
         """Drop a bucket instance's entries (it closed, or its data is gone)."""
-        entries = self._buckets.pop(token, None)
-        if entries is not None:
-            self.size_bytes -= self._bucket_bytes.pop(token)
-        self._windows.pop(token, None)
+        bucket = self._buckets.pop(token, None)
+        if bucket is not None:
+            self._young_bytes -= bucket.young_bytes
+            self._old_bytes -= bucket.old_bytes
 
     def close(self, token: int) -> None:
         """A bucket instance closed: nothing of it stays."""
