@@ -139,9 +139,14 @@ class RowCache:
         judged = bucket.hits + bucket.found
         if judged < JUDGE_EVERY_KEYS:
             return
+        if self.size_bytes < self.capacity_bytes // 4:  # still filling: misses are expected, keep counting
+            if judged > 4 * JUDGE_EVERY_KEYS:
+                bucket.hits //= 2
+                bucket.found //= 2
+            return
         hit_share = bucket.hits / judged
         bucket.hits = bucket.found = 0
-        if hit_share < MIN_HIT_SHARE and self.size_bytes >= self.capacity_bytes // 2:
+        if hit_share < MIN_HIT_SHARE:
             self.forget(token)
             self._bypass[token] = BYPASS_KEYS
             self.bypassed += 1

@@ -49,7 +49,7 @@ def test_a_bucket_whose_existing_keys_mostly_miss_bypasses_the_cache_for_a_while
     monkeypatch.setattr(row_cache, "BYPASS_KEYS", 500)
     cache = RowCache(PER_ENTRY * 20)
     token = cache.register()
-    cache.put_many(token, [key(i) for i in range(10)], [b"x" * 100] * 10)  # half full
+    cache.put_many(token, [key(i) for i in range(10)], [b"x" * 100] * 10)  # half of the bound: judged
     cache.record_misses(token, hits=0, found=0)  # keys that exist nowhere: no judgement
     assert cache.get_many(token, [key(1)]) is not None
     cache.record_misses(token, hits=5, found=95)  # existing keys, 5 % hits
