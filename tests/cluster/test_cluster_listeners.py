@@ -24,7 +24,7 @@ from strom.server.local_cluster import ADMIN, LocalCluster
 from strom.zk.metadata_store import parse_location
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_cluster_processes import rows, upsert
-from tests.cluster.test_replication import PK_FIELDS, create
+from tests.cluster.test_replication import PK_FIELDS, create, wait_for_servers
 from tests.tls_support import Certificates, make_certificates
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("cluster")]
@@ -51,6 +51,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, certificates: Certificates
     config = {**LISTENERS, **certificates.server_config()}
     local = LocalCluster(tmp_path_factory.mktemp("listeners") / "cluster", 3, config, secure=True).start()
     try:
+        wait_for_servers(local, 3, _client_login(local, certificates))
         yield local
     finally:
         local.stop()

@@ -24,7 +24,7 @@ from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
 from strom.server.local_cluster import LocalCluster
 from strom.zk.zookeeper_server import unavailable_reason
-from tests.cluster.test_replication import States
+from tests.cluster.test_replication import States, wait_for_servers
 from tests.conftest import unique_name
 from tests.integration.test_remote_log import read_with_pyfluss
 
@@ -46,6 +46,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         pytest.skip(reason)
     local = LocalCluster(tmp_path / "cluster", 3, CONFIG).start()
     try:
+        wait_for_servers(local, 3)  # replication factor 3 needs every registration seen by the coordinator
         yield local
     finally:
         local.stop()

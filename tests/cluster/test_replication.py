@@ -102,9 +102,11 @@ async def create(connection: Connection, fields: pa.Schema, primary_key: list[st
     return path
 
 
-def wait_for_servers(local: LocalCluster, count: int) -> None:
+def wait_for_servers(local: LocalCluster, count: int, login: dict[str, str] | None = None) -> None:
+    """Until the coordinator's metadata lists ``count`` tablet servers (``login``: the client's options on a
+    secured cluster)."""
     async def registered() -> int:
-        async with await Connection.create(local.bootstrap) as connection:
+        async with await Connection.create(login or local.bootstrap) as connection:
             return sum(n.server_type == "TabletServer" for n in await connection.get_admin().get_server_nodes())
 
     deadline = time.monotonic() + WAIT_S

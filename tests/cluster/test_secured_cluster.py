@@ -26,7 +26,7 @@ from strom.security.acl import AclBinding, OperationType, Principal, Resource
 from strom.server.local_cluster import ADMIN, LocalCluster
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_cluster_processes import rows, upsert
-from tests.cluster.test_replication import PK_FIELDS, create
+from tests.cluster.test_replication import PK_FIELDS, create, wait_for_servers
 from tests.tls_support import make_certificates
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]
@@ -137,6 +137,11 @@ def _cluster_with(data_dir: Path, config: dict[str, str]) -> Iterator[LocalClust
         pytest.skip(reason)
     local = LocalCluster(data_dir, 3, config, secure=True).start()
     try:
+        login = _login(local, ADMIN, local.admin_password())
+        if local.uses_tls():
+            login = {**login, "client.security.protocol": "SASL_SSL",
+                     "client.security.ssl.truststore": local.settings()["security.ssl.truststore"]}
+        wait_for_servers(local, 3, login)  # the tests' tables have three replicas
         yield local
     finally:
         local.stop()

@@ -428,6 +428,9 @@ def test_cluster_listeners_settings(tmp_path: Path) -> None:
     try:
         login = {"bootstrap.servers": local.bootstrap, "client.security.protocol": "SASL",
                  "client.security.sasl.username": ADMIN, "client.security.sasl.password": local.admin_password()}
+        from tests.cluster.test_replication import wait_for_servers
+
+        wait_for_servers(local, 3, login)  # the table below has three replicas
 
         async def scenario() -> tuple[set[str], list[tuple[int, str]]]:
             from tests.cluster.test_cluster_processes import rows, upsert
