@@ -249,18 +249,19 @@ class ZooKeeperMetadataStore(MetadataStore):
     def _partition_id_path(self, partition_id: int) -> str:
         return self._path(f"/tabletservers/partitions/{partition_id}")
 
+    def _owner_path(self, table_id: int, partition_id: int | None) -> str:
+        """The node a table's (or one partition's) buckets hang under."""
+        return self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
+
     def _bucket_snapshots_path(self, table_id: int, partition_id: int | None, bucket: int) -> str:
-        owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
-        return f"{owner}/buckets/{bucket}/snapshots"
+        return f"{self._owner_path(table_id, partition_id)}/buckets/{bucket}/snapshots"
 
     def _remote_logs_path(self, table_id: int, partition_id: int | None, bucket: int) -> str:
         """Fluss's node of a bucket's remote log manifest handle."""
-        owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
-        return f"{owner}/buckets/{bucket}/remote_logs"
+        return f"{self._owner_path(table_id, partition_id)}/buckets/{bucket}/remote_logs"
 
     def _assignment_path(self, table_id: int, partition_id: int | None) -> str:
-        owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
-        return f"{owner}/assignment"
+        return f"{self._owner_path(table_id, partition_id)}/assignment"
 
     def _sequence_path(self, sequence: str) -> str:
         return self._path(_SEQUENCE_PATHS.get(sequence) or f"/metadata/sequences/{_escape(sequence)}")
@@ -733,15 +734,19 @@ class ZooKeeperMetadataStore(MetadataStore):
     # The node lives under the table id's (or partition id's) node, so drop_table and drop_partition,
     # which delete those subtrees, remove it with them.
     def put_bucket_assignment(self, table_id: int, partition_id: int | None, leaders: Mapping[int, int]) -> None:
-        path = self._assignment_path(table_id, partition_id)
         value = _pack({str(bucket): int(server) for bucket, server in leaders.items()})
+        self._put_owned(table_id, partition_id, self._assignment_path(table_id, partition_id), value)
+
+    def _put_owned(self, table_id: int, partition_id: int | None, path: str, value: bytes) -> None:
+        """Create or replace a node under a table's or partition's node (creating its parents); a partition's
+        node names its table, so drop_table finds (and deletes) what hangs under it."""
         _check_value_size(path, value)
 
         def put() -> None:
             if partition_id is not None:
-                # the partition's node names its table, so drop_table finds (and deletes) the assignment
                 with contextlib.suppress(NodeExistsError):
-                    self._client.create(self._partition_id_path(partition_id), _pack({"table_id": table_id}))
+                    self._client.create(self._partition_id_path(partition_id), _pack({"table_id": table_id}),
+                                        makepath=True)
             try:
                 self._client.set(path, value)
             except NoNodeError:
@@ -761,30 +766,14 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     # ---- remote log manifests ----
     def put_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int, payload: bytes) -> None:
-        path = self._remote_logs_path(table_id, partition_id, bucket)
-        _check_value_size(path, payload)
-
-        def put() -> None:
-            if partition_id is not None:  # the partition's node names its table, so drop_table finds the handle
-                with contextlib.suppress(NodeExistsError):
-                    self._client.create(self._partition_id_path(partition_id), _pack({"table_id": table_id}),
-                                        makepath=True)
-            try:
-                self._client.set(path, payload)
-            except NoNodeError:
-                try:
-                    self._client.create(path, payload, makepath=True)
-                except NodeExistsError:
-                    raise _Conflict(path) from None
-
-        self._run(put)
+        self._put_owned(table_id, partition_id, self._remote_logs_path(table_id, partition_id, bucket), payload)
 
     def get_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int) -> bytes | None:
         found = self._run(lambda: self._get(self._remote_logs_path(table_id, partition_id, bucket)))
         return None if found is None else found[0]
 
     def list_remote_log_manifests(self, table_id: int, partition_id: int | None) -> dict[int, bytes]:
-        owner = self._table_id_path(table_id) if partition_id is None else self._partition_id_path(partition_id)
+        owner = self._owner_path(table_id, partition_id)
 
         def read() -> dict[int, bytes]:
             found = {}
