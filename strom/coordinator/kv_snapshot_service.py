@@ -20,11 +20,11 @@ from typing import Any
 from strom.clock import Clock
 from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager, LeaseChange
 from strom.coordinator.kv_snapshot_store import KvSnapshotStore
+from strom.coordinator.placement import fence_leader_epoch
 from strom.coordinator.service import CoordinatorService
 from strom.errors import (
     AuthorizationError,
     CorruptMessageError,
-    FencedLeaderEpochError,
     KvSnapshotNotExistError,
     NonPrimaryKeyTableError,
     PartitionNotExistError,
@@ -117,14 +117,8 @@ class KvSnapshotService:
             snapshot = CompletedKvSnapshot.from_json(request.completed_snapshot)
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptMessageError(f"CommitKvSnapshot carries no valid snapshot document: {exc}") from exc
-        current = leader_epoch_of(snapshot.bucket)
-        if current is None:
-            raise UnknownTableOrBucketError(f"{snapshot.bucket} has no leader")
-        if request.bucket_leader_epoch < current:
-            raise FencedLeaderEpochError(
-                f"snapshot {snapshot.snapshot_id} of {snapshot.bucket} was taken under leader epoch "
-                f"{request.bucket_leader_epoch}; the bucket's leader epoch is {current}"
-            )
+        fence_leader_epoch(snapshot.bucket, leader_epoch_of, request.bucket_leader_epoch,
+                           f"snapshot {snapshot.snapshot_id} of {snapshot.bucket}")
         self.commit_snapshot(snapshot, request.bucket_leader_epoch)
         return pb.CommitKvSnapshotResponse()
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from strom.errors import FencedLeaderEpochError, UnknownTableOrBucketError
+from strom.ids import TableBucket
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.rpc.peers import ServerNode
@@ -26,6 +28,28 @@ class BucketLeadership:
     """None while no replica can lead it (its servers are down)."""
     replicas: tuple[int, ...]
     leader_epoch: int = 0
+
+
+LeaderEpochOf = Callable[[TableBucket], "int | None"]
+"""A bucket's current leader epoch (None: no such bucket or no leader)."""
+
+
+def fence_leader_epoch(bucket: TableBucket, leader_epoch_of: LeaderEpochOf, requested: int, what: str) -> None:
+    """Refuse ``what`` (a commit a bucket's leader sends) made under an older leader epoch than the bucket's,
+    as Fluss's coordinator does: its replica was deposed, and what it held may include writes the new leader
+    never had.
+
+    Raises:
+        UnknownTableOrBucketError: the bucket has no leader.
+        FencedLeaderEpochError: ``requested`` is older than the bucket's leader epoch.
+    """
+    current = leader_epoch_of(bucket)
+    if current is None:
+        raise UnknownTableOrBucketError(f"{bucket} has no leader")
+    if requested < current:
+        raise FencedLeaderEpochError(
+            f"{what} was made under leader epoch {requested}; the bucket's leader epoch is {current}"
+        )
 
 
 class LiveServers(Protocol):

@@ -15,8 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from strom.coordinator.placement import LeaderEpochOf, fence_leader_epoch
 from strom.coordinator.service import CoordinatorService
-from strom.errors import FencedLeaderEpochError, PartitionNotExistError, UnknownTableOrBucketError
+from strom.errors import PartitionNotExistError, UnknownTableOrBucketError
 from strom.ids import TableBucket
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
@@ -26,7 +27,6 @@ from strom.rpc.messages import pb
 
 log = logging.getLogger(__name__)
 
-LeaderEpochOf = Callable[[TableBucket], "int | None"]
 NotifyFollowers = Callable[[TableBucket, Any], Awaitable[None]]
 
 
@@ -68,14 +68,8 @@ class RemoteLogManifestService:
         partition_id = request.partition_id if request.HasField("partition_id") else None
         _table, bucket = self._bucket(request.table_id, partition_id, request.bucket_id)
         if self._leader_epoch_of is not None:
-            current = self._leader_epoch_of(bucket)
-            if current is None:
-                raise UnknownTableOrBucketError(f"{bucket} has no leader")
-            if request.bucket_leader_epoch < current:
-                raise FencedLeaderEpochError(
-                    f"remote log manifest of {bucket} committed under leader epoch {request.bucket_leader_epoch}; "
-                    f"the bucket's leader epoch is {current}"
-                )
+            fence_leader_epoch(bucket, self._leader_epoch_of, request.bucket_leader_epoch,
+                               f"the remote log manifest commit of {bucket}")
         handle = RemoteLogManifestHandle(
             request.remote_log_manifest_path, request.remote_log_end_offset, request.remote_log_start_offset
         )
