@@ -32,6 +32,11 @@ class RemoteStorage:
         """The full location of ``relative`` (what snapshot metadata records)."""
         return f"{self.root}/{relative.lstrip('/')}"
 
+    def relative(self, location: str) -> str:
+        """``location`` (a full location under the root, as :meth:`url` gives) relative to the root; any
+        other location unchanged."""
+        return location[len(self.root) + 1:] if location.startswith(self.root + "/") else location
+
     def _path(self, location: str) -> str:
         if location.startswith(self.root + "/"):
             location = location[len(self.root) + 1 :]

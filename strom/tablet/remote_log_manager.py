@@ -170,20 +170,23 @@ class RemoteLogManager:
         state = RemoteLogTablet(tablet_dir, manifest, manifest_path, replica.leader_epoch)
         previous = self._tablets.get(bucket)
         if previous is not None:
-            state.indexes = {k: v for k, v in previous.indexes.items() if any(s.segment_id == k for s in manifest.segments)}
+            listed = {segment.segment_id for segment in manifest.segments}
+            state.indexes = {k: v for k, v in previous.indexes.items() if k in listed}
         if sweep:
             await asyncio.to_thread(self._sweep_orphans, state)
         self._tablets[bucket] = state
         return state
 
     def _sweep_orphans(self, state: RemoteLogTablet) -> None:
-        """Delete every file under the tablet directory that the committed manifest does not lead to."""
-        kept = {log_layout.segment_dir(state.tablet_dir, s.segment_id) + "/" for s in state.manifest.segments}
-        current = None if state.manifest_path is None else self._storage.url(self._relative(state.manifest_path))
+        """Delete every file under the tablet directory that the committed manifest does not lead to: segment
+        directories it does not list, and manifests but the current one."""
+        kept = {segment.segment_id for segment in state.manifest.segments}
+        current = None if state.manifest_path is None else self._storage.relative(state.manifest_path)
         deleted = 0
         for location in self._storage.list_files(state.tablet_dir):
-            relative = self._relative(location)
-            if location == current or any(relative.startswith(prefix) for prefix in kept):
+            relative = self._storage.relative(location)
+            directory = relative[len(state.tablet_dir) + 1:].split("/", 1)[0]  # a segment id, or "metadata"
+            if relative == current or directory in kept:
                 continue
             self._storage.delete(location)
             deleted += 1
@@ -191,10 +194,6 @@ class RemoteLogManager:
             self._storage.delete_empty_dirs(state.tablet_dir)
             log.info("deleted %d remote log files of %s that no committed manifest references",
                      deleted, state.manifest.bucket)
-
-    def _relative(self, location: str) -> str:
-        root = self._storage.root + "/"
-        return location[len(root):] if location.startswith(root) else location
 
     # ---- leading ----
     async def _tier(self, replica: Replica) -> None:
