@@ -87,7 +87,9 @@ class StromCollector(Collector):
                                 value=cache.size_bytes)
         yield GaugeMetricFamily("strom_kv_row_cache_capacity_bytes", "The row cache's bound.",
                                 value=cache.capacity_bytes)
-        yield GaugeMetricFamily("strom_kv_row_cache_entries", "Rows the row cache holds.", value=cache.entries)
+        yield GaugeMetricFamily("strom_kv_row_cache_entries",
+                                "Entries the row cache holds, per generation (a row used again since the last "
+                                "rotation counts twice).", value=cache.entries)
         yield CounterMetricFamily("strom_kv_row_cache_hits", "Old-value reads and lookups the row cache answered.",
                                   value=cache.hits)
         yield CounterMetricFamily("strom_kv_row_cache_misses", "Old-value reads and lookups that went to RocksDB.",
