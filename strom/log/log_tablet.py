@@ -67,38 +67,42 @@ def _open_segments(directory: Path, paths: Sequence[Path], expiration_ms: int) -
     """Open the segment files in order and rebuild the writer state: from the saved state (what deleted
     segments held) plus the batches at or after the offset it covers, or, when the saved state does not fit
     the log (its batches were truncated away), from the batches alone."""
-    saved = None
     try:
-        saved = WriterStateManager.from_bytes((directory / WRITER_SNAPSHOT_FILE).read_bytes(), expiration_ms)
+        saved, covered = WriterStateManager.from_bytes((directory / WRITER_SNAPSHOT_FILE).read_bytes(), expiration_ms)
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("%s: ignoring an unreadable writer state: %s", directory, exc)
-    for attempt in (saved, None) if saved is not None else (None,):
-        writer_state, covered = attempt if attempt is not None else (WriterStateManager(expiration_ms), -1)
-
-        def observe(header: log_batch.LogBatchHeader, state: WriterStateManager = writer_state,
-                    covered: int = covered) -> None:
-            if header.base_offset >= covered:  # older batches are in the saved state
-                state.observe_header(header)
-
-        segments: list[LogSegment] = []
-        try:
-            for index, path in enumerate(paths):
-                segments.append(LogSegment.open(path, is_last=index == len(paths) - 1, on_batch=observe))
-        except BaseException:
-            for segment in segments:
-                segment.close()
-            raise
+    else:
+        segments = _replay_segments(paths, saved, covered)
         start = segments[0].base_offset if segments else 0
         end = segments[-1].next_offset if segments else 0
-        if attempt is None or start <= covered <= end:
-            return segments, writer_state
+        if start <= covered <= end:
+            return segments, saved
         log.warning("%s: the saved writer state covers offsets up to %d, the log holds [%d, %d): rebuilt "
                     "from the log alone", directory, covered, start, end)
         for segment in segments:
             segment.close()
-    raise AssertionError("unreachable: the last attempt always returns")
+    writer_state = WriterStateManager(expiration_ms)
+    return _replay_segments(paths, writer_state, -1), writer_state
+
+
+def _replay_segments(paths: Sequence[Path], writer_state: WriterStateManager, covered: int) -> list[LogSegment]:
+    """Open the segments, feeding ``writer_state`` every batch at or after ``covered`` (older ones are in it)."""
+
+    def observe(header: log_batch.LogBatchHeader) -> None:
+        if header.base_offset >= covered:
+            writer_state.observe_header(header)
+
+    segments: list[LogSegment] = []
+    try:
+        for index, path in enumerate(paths):
+            segments.append(LogSegment.open(path, is_last=index == len(paths) - 1, on_batch=observe))
+    except BaseException:
+        for segment in segments:
+            segment.close()
+        raise
+    return segments
 
 
 @dataclass(frozen=True, slots=True)
