@@ -1,4 +1,4 @@
-"""Build hooks: compile the Fluss wire protocol and the native row codec.
+"""Build hooks: compile the Fluss wire protocol, the native row codec and the native KV loops.
 
 The protobuf module is generated from ``strom/rpc/proto/fluss_api.proto`` on every build (including
 editable installs), so the ``.proto`` stays the single source of truth.
@@ -42,6 +42,11 @@ setup(
             "strom.records._rowcodec",
             sources=["strom/records/native/rowcodec.c"],
             extra_compile_args=["-O2", "-std=c11"],
-        )
+        ),
+        Extension(
+            "strom.kv._kvloops",
+            sources=["strom/kv/native/kvloops.c"],
+            extra_compile_args=["-O2", "-std=c11"],
+        ),
     ],
 )

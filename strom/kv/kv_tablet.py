@@ -23,10 +23,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import rocksdict
 
 from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError, MalformedRowError
+from strom.kv import kv_loops
 from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, IdAllocator, IdCounter
 from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
@@ -482,8 +482,7 @@ class KvTablet:
 
         A large batch is read with one multi-get in key order: neighbouring keys share the memtable's and
         the SST's cache lines and blocks, which makes a hit ~30 % cheaper than random-order single gets (the
-        order only needs to be roughly sorted: numpy's fixed-width bytes ignore trailing NULs). Small batches
-        use single gets, which cost less per call.
+        sort runs in C, kv_loops.py). Small batches use single gets, which cost less per call.
         """
         cache = self._cache
         if cache is None:
@@ -506,13 +505,7 @@ class KvTablet:
         if len(keys) < _SORTED_READ_MIN_KEYS:
             get = self._db.get
             return [get(key) for key in keys]
-        keys = keys if isinstance(keys, list) else list(keys)
-        order = np.argsort(np.array(keys))
-        found = self._db.get(np.array(keys, dtype=object)[order].tolist())
-        values = np.empty(len(keys), dtype=object)
-        values[order] = found
-        result: list[bytes | None] = values.tolist()
-        return result
+        return kv_loops.read_in_key_order(self._db.get, keys)  # type: ignore[arg-type]  # get of a list is a multi-get
 
     def apply_durable(self) -> None:
         """Move every pre-write batch the log made durable into RocksDB, in order, with its offset.

@@ -9,7 +9,7 @@ token of its own, so a bucket that is closed, reopened, restored from a snapshot
 another instance's entries. Values are the stored bytes (schema id + row), so a schema change invalidates
 nothing.
 
-Eviction is by generation, an approximate LRU that costs one plain dict operation per key: each bucket has
+Eviction is by generation, an approximate LRU that costs one plain dict operation per key (the loops run in C, kv_loops.py): each bucket has
 a young and an old dict; writes, fills and hits in the old one go to the young one; when the young
 dicts of all buckets together would pass half the bound, every young dict becomes old and the old ones
 are dropped whole. A key used at least once per generation stays. Each generation stays within half the
@@ -24,6 +24,8 @@ import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from strom.kv import kv_loops
 
 ENTRY_OVERHEAD_BYTES = 128
 """What an entry costs beyond its key and value bytes: the dict slot and two bytes objects' headers,
@@ -103,24 +105,9 @@ class RowCache:
         if bucket is None:
             self.misses += len(keys)
             return [None] * len(keys), list(range(len(keys)))
-        young, old = bucket.young, bucket.old
-        young_get, old_get = young.get, old.get
-        values: list[bytes | None] = []
-        missing: list[int] = []
-        room = self.capacity_bytes // 2 - self._young_bytes
-        promoted = 0
-        for position, key in enumerate(keys):
-            value = young_get(key)
-            if value is None:
-                value = old_get(key)
-                if value is None:
-                    missing.append(position)
-                else:  # used in this generation: it moves to the young one, while there is room
-                    cost = len(key) + len(value) + ENTRY_OVERHEAD_BYTES
-                    if promoted + cost <= room:
-                        young[key] = value
-                        promoted += cost
-            values.append(value)
+        values, missing, promoted = kv_loops.cache_get_many(
+            bucket.young, bucket.old, keys, self.capacity_bytes // 2 - self._young_bytes, ENTRY_OVERHEAD_BYTES
+        )
         self.misses += len(missing)
         self.hits += len(keys) - len(missing)
         bucket.young_bytes += promoted
@@ -160,27 +147,17 @@ class RowCache:
         if bucket is None:
             bucket = self._buckets[token] = _Bucket()
         half = self.capacity_bytes // 2
-        incoming = sum(map(len, keys)) + sum(len(v) for v in values if v is not None) + len(keys) * ENTRY_OVERHEAD_BYTES
+        incoming = kv_loops.entry_bytes(keys, values, ENTRY_OVERHEAD_BYTES)
         if self._young_bytes + incoming > half:
             self._rotate()  # each generation stays within half the bound
         keep = incoming <= half  # a batch larger than that only invalidates what it changes
-        young, old = bucket.young, bucket.old
-        added = 0
-        for key, value in zip(keys, values, strict=True):
-            if value is None or not keep:
-                gone = young.pop(key, None)
-                if gone is not None:
-                    bucket.young_bytes -= len(key) + len(gone) + ENTRY_OVERHEAD_BYTES
-                    self._young_bytes -= len(key) + len(gone) + ENTRY_OVERHEAD_BYTES
-                gone = old.pop(key, None)
-                if gone is not None:
-                    bucket.old_bytes -= len(key) + len(gone) + ENTRY_OVERHEAD_BYTES
-                    self._old_bytes -= len(key) + len(gone) + ENTRY_OVERHEAD_BYTES
-            else:
-                young[key] = value  # shadows an older value in the old generation
-                added += len(key) + len(value) + ENTRY_OVERHEAD_BYTES
-        bucket.young_bytes += added
-        self._young_bytes += added
+        young_delta, old_delta = kv_loops.cache_put_many(
+            bucket.young, bucket.old, keys, values, keep, ENTRY_OVERHEAD_BYTES
+        )
+        bucket.young_bytes += young_delta
+        bucket.old_bytes += old_delta
+        self._young_bytes += young_delta
+        self._old_bytes += old_delta
 
     def _rotate(self) -> None:
         """Every young generation becomes old; the old ones are dropped whole."""

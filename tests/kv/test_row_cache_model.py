@@ -15,7 +15,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from strom.kv import row_cache
+from strom.kv import kv_loops, row_cache
 from strom.kv.kv_tablet import KvConfig, KvTablet
 from strom.kv.rocksdb import RocksDbOptions
 from strom.kv.row_cache import RowCache
@@ -101,6 +101,17 @@ def test_a_bucket_going_in_and_out_of_bypass_answers_the_same(script: list[tuple
     """Judged every few keys and bypassing for a few reads, the cache is dropped and refilled all along."""
     with patch.object(row_cache, "JUDGE_EVERY_KEYS", 3), patch.object(row_cache, "BYPASS_KEYS", 4), \
             patch.object(row_cache, "MIN_HIT_SHARE", 0.9):
+        compare("full", script)
+
+
+@settings(max_examples=40, deadline=None)
+@given(script=operations)
+def test_the_python_loops_answer_as_the_compiled_ones(script: list[tuple[str, Any]]) -> None:
+    """A build without a C compiler runs the cache on kv_loops' Python references: the same answers."""
+    with patch.object(kv_loops, "cache_get_many", kv_loops.cache_get_many_python), \
+            patch.object(kv_loops, "cache_put_many", kv_loops.cache_put_many_python), \
+            patch.object(kv_loops, "entry_bytes", kv_loops.entry_bytes_python), \
+            patch.object(kv_loops, "read_in_key_order", kv_loops.read_in_key_order_python):
         compare("full", script)
 
 

@@ -1,0 +1,374 @@
+/*
+ * strom.kv._kvloops: the per-key loops of a bucket's reads and writes, in C.
+ *
+ * A PutKv or Lookup batch of 10 000 keys asks the row cache for every key, writes every new value
+ * through it, and reads the keys the cache lacks from RocksDB in key order. In Python each of those
+ * steps is a bytecode loop over the keys; here each is one call per batch. Python
+ * (strom/kv/row_cache.py, strom/kv/kv_tablet.py) keeps every decision and a pure-Python reference of
+ * each loop; these functions return exactly what the reference returns.
+ *
+ * Memory safety: key sequences are snapshotted into tuples (no Python code can resize them under
+ * us); borrowed dict values are held with a new reference before any call that could drop them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+/* len() of a key or value: bytes directly, anything else through the sequence protocol. */
+static Py_ssize_t
+object_size(PyObject *obj)
+{
+    if (PyBytes_CheckExact(obj)) {
+        return PyBytes_GET_SIZE(obj);
+    }
+    return PyObject_Size(obj);
+}
+
+/* cache_get_many(young, old, keys, room, overhead) -> (values, missing, promoted) */
+static PyObject *
+cache_get_many(PyObject *self, PyObject *args)
+{
+    PyObject *young, *old, *keys_arg;
+    Py_ssize_t room, overhead;
+    if (!PyArg_ParseTuple(args, "O!O!Onn", &PyDict_Type, &young, &PyDict_Type, &old, &keys_arg, &room,
+                          &overhead)) {
+        return NULL;
+    }
+    PyObject *keys = PySequence_Tuple(keys_arg);
+    if (keys == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    PyObject *values = PyList_New(count);
+    PyObject *missing = PyList_New(0);
+    Py_ssize_t promoted = 0;
+    if (values == NULL || missing == NULL) {
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        PyObject *value = PyDict_GetItemWithError(young, key);
+        if (value == NULL) {
+            if (PyErr_Occurred()) {
+                goto error;
+            }
+            value = PyDict_GetItemWithError(old, key);
+            if (value == NULL) {
+                if (PyErr_Occurred()) {
+                    goto error;
+                }
+                PyObject *position = PyLong_FromSsize_t(i);
+                if (position == NULL || PyList_Append(missing, position) < 0) {
+                    Py_XDECREF(position);
+                    goto error;
+                }
+                Py_DECREF(position);
+                value = Py_None;
+            }
+            else {  /* used in this generation: it moves to the young one while there is room */
+                Py_ssize_t key_size = object_size(key), value_size = object_size(value);
+                if (key_size < 0 || value_size < 0) {
+                    goto error;
+                }
+                Py_ssize_t cost = key_size + value_size + overhead;
+                if (promoted + cost <= room) {
+                    Py_INCREF(value);
+                    int failed = PyDict_SetItem(young, key, value) < 0;
+                    Py_DECREF(value);
+                    if (failed) {
+                        goto error;
+                    }
+                    promoted += cost;
+                }
+            }
+        }
+        Py_INCREF(value);
+        PyList_SET_ITEM(values, i, value);
+    }
+    Py_DECREF(keys);
+    return Py_BuildValue("(NNn)", values, missing, promoted);
+error:
+    Py_DECREF(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(missing);
+    return NULL;
+}
+
+/* Remove key from dict if present; adds its entry cost to *removed. */
+static int
+pop_entry(PyObject *dict, PyObject *key, Py_ssize_t key_size, Py_ssize_t overhead, Py_ssize_t *removed)
+{
+    PyObject *gone = PyDict_GetItemWithError(dict, key);
+    if (gone == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_INCREF(gone);
+    Py_ssize_t gone_size = object_size(gone);
+    int status = (gone_size < 0 || PyDict_DelItem(dict, key) < 0) ? -1 : 0;
+    Py_DECREF(gone);
+    if (status == 0) {
+        *removed += key_size + gone_size + overhead;
+    }
+    return status;
+}
+
+/* cache_put_many(young, old, keys, values, keep, overhead) -> (young_delta, old_delta) */
+static PyObject *
+cache_put_many(PyObject *self, PyObject *args)
+{
+    PyObject *young, *old, *keys_arg, *values_arg;
+    int keep;
+    Py_ssize_t overhead;
+    if (!PyArg_ParseTuple(args, "O!O!OOpn", &PyDict_Type, &young, &PyDict_Type, &old, &keys_arg, &values_arg,
+                          &keep, &overhead)) {
+        return NULL;
+    }
+    PyObject *keys = PySequence_Tuple(keys_arg);
+    if (keys == NULL) {
+        return NULL;
+    }
+    PyObject *values = PySequence_Tuple(values_arg);
+    if (values == NULL) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    Py_ssize_t added = 0, removed_young = 0, removed_old = 0;
+    if (PyTuple_GET_SIZE(values) != count) {
+        PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        PyObject *value = PyTuple_GET_ITEM(values, i);
+        Py_ssize_t key_size = object_size(key);
+        if (key_size < 0) {
+            goto error;
+        }
+        if (value == Py_None || !keep) {
+            if (pop_entry(young, key, key_size, overhead, &removed_young) < 0
+                || pop_entry(old, key, key_size, overhead, &removed_old) < 0) {
+                goto error;
+            }
+        }
+        else {  /* shadows an older value in the old generation */
+            Py_ssize_t value_size = object_size(value);
+            if (value_size < 0 || PyDict_SetItem(young, key, value) < 0) {
+                goto error;
+            }
+            added += key_size + value_size + overhead;
+        }
+    }
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    return Py_BuildValue("(nn)", added - removed_young, -removed_old);
+error:
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    return NULL;
+}
+
+/* entry_bytes(keys, values, overhead) -> int: what storing the batch would charge. */
+static PyObject *
+entry_bytes(PyObject *self, PyObject *args)
+{
+    PyObject *keys_arg, *values_arg;
+    Py_ssize_t overhead;
+    if (!PyArg_ParseTuple(args, "OOn", &keys_arg, &values_arg, &overhead)) {
+        return NULL;
+    }
+    PyObject *keys = PySequence_Tuple(keys_arg);
+    if (keys == NULL) {
+        return NULL;
+    }
+    PyObject *values = PySequence_Tuple(values_arg);
+    if (values == NULL) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    Py_ssize_t total = 0;
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t size = object_size(PyTuple_GET_ITEM(keys, i));
+        if (size < 0) {
+            goto error;
+        }
+        total += size + overhead;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++) {
+        PyObject *value = PyTuple_GET_ITEM(values, i);
+        if (value == Py_None) {
+            continue;
+        }
+        Py_ssize_t size = object_size(value);
+        if (size < 0) {
+            goto error;
+        }
+        total += size;
+    }
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    return PyLong_FromSsize_t(total);
+error:
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    return NULL;
+}
+
+typedef struct {
+    const char *data;
+    Py_ssize_t size;
+    Py_ssize_t position;
+} KeyRef;
+
+/* Byte order (a shorter key before its extensions), then position: a stable sort. */
+static int
+compare_keys(const void *left_arg, const void *right_arg)
+{
+    const KeyRef *left = left_arg, *right = right_arg;
+    Py_ssize_t common = left->size < right->size ? left->size : right->size;
+    int order = memcmp(left->data, right->data, (size_t)common);
+    if (order != 0) {
+        return order;
+    }
+    if (left->size != right->size) {
+        return left->size < right->size ? -1 : 1;
+    }
+    return left->position < right->position ? -1 : (left->position > right->position ? 1 : 0);
+}
+
+/* key_order(keys) -> (sorted_keys, order): the keys in byte order (stable) and, packed as native
+ * Py_ssize_t in a bytes object, the position each sorted key came from. Keys must be bytes. */
+static PyObject *
+key_order(PyObject *self, PyObject *keys_arg)
+{
+    PyObject *keys = PySequence_Tuple(keys_arg);
+    if (keys == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    KeyRef *refs = PyMem_Malloc(sizeof(KeyRef) * (size_t)(count ? count : 1));
+    PyObject *sorted = NULL, *order = NULL;
+    if (refs == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        if (!PyBytes_Check(key)) {
+            PyErr_Format(PyExc_TypeError, "keys must be bytes, not %.100s", Py_TYPE(key)->tp_name);
+            goto error;
+        }
+        refs[i].data = PyBytes_AS_STRING(key);
+        refs[i].size = PyBytes_GET_SIZE(key);
+        refs[i].position = i;
+    }
+    qsort(refs, (size_t)count, sizeof(KeyRef), compare_keys);
+    sorted = PyList_New(count);
+    order = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(Py_ssize_t));
+    if (sorted == NULL || order == NULL) {
+        goto error;
+    }
+    Py_ssize_t *positions = (Py_ssize_t *)PyBytes_AS_STRING(order);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, refs[i].position);
+        Py_INCREF(key);
+        PyList_SET_ITEM(sorted, i, key);
+        positions[i] = refs[i].position;
+    }
+    PyMem_Free(refs);
+    Py_DECREF(keys);
+    return Py_BuildValue("(NN)", sorted, order);
+error:
+    PyMem_Free(refs);
+    Py_XDECREF(sorted);
+    Py_XDECREF(order);
+    Py_DECREF(keys);
+    return NULL;
+}
+
+/* unsort(found, order) -> list: found[i] placed at position order[i] (key_order's inverse). */
+static PyObject *
+unsort(PyObject *self, PyObject *args)
+{
+    PyObject *found_arg;
+    Py_buffer order;
+    if (!PyArg_ParseTuple(args, "Oy*", &found_arg, &order)) {
+        return NULL;
+    }
+    PyObject *found = PySequence_Tuple(found_arg);
+    PyObject *result = NULL;
+    if (found == NULL) {
+        goto done;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(found);
+    if (order.len != count * (Py_ssize_t)sizeof(Py_ssize_t)) {
+        PyErr_SetString(PyExc_ValueError, "found and order differ in length");
+        goto done;
+    }
+    const Py_ssize_t *positions = order.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (positions[i] < 0 || positions[i] >= count) {
+            PyErr_SetString(PyExc_ValueError, "order holds a position out of range");
+            goto done;
+        }
+    }
+    result = PyList_New(count);
+    if (result == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(found, i);
+        PyObject *previous = PyList_GET_ITEM(result, positions[i]);
+        Py_INCREF(item);
+        PyList_SET_ITEM(result, positions[i], item);
+        Py_XDECREF(previous);  /* only with a repeated position (not from key_order) */
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (PyList_GET_ITEM(result, i) == NULL) {  /* a repeated position left a hole */
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(result, i, Py_None);
+        }
+    }
+done:
+    Py_XDECREF(found);
+    PyBuffer_Release(&order);
+    return result;
+}
+
+static PyMethodDef kvloops_methods[] = {
+    {"cache_get_many", cache_get_many, METH_VARARGS,
+     "cache_get_many(young, old, keys, room, overhead) -> (values, missing, promoted)\n\n"
+     "RowCache.get_many's loop over one bucket's generations (see row_cache.py)."},
+    {"cache_put_many", cache_put_many, METH_VARARGS,
+     "cache_put_many(young, old, keys, values, keep, overhead) -> (young_delta, old_delta)\n\n"
+     "RowCache.put_many's loop over one bucket's generations (see row_cache.py)."},
+    {"entry_bytes", entry_bytes, METH_VARARGS,
+     "entry_bytes(keys, values, overhead) -> int: key and non-None value bytes plus overhead per key."},
+    {"key_order", key_order, METH_O,
+     "key_order(keys) -> (sorted_keys, order): a stable byte-order sort and the original positions."},
+    {"unsort", unsort, METH_VARARGS,
+     "unsort(found, order) -> list: values of sorted keys back in the keys' original order."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot kvloops_slots[] = {
+    {0, NULL},
+};
+
+static struct PyModuleDef kvloops_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "strom.kv._kvloops",
+    .m_doc = "Per-key loops of the row cache and of RocksDB reads; use strom.kv.row_cache and kv_tablet.",
+    .m_size = 0,
+    .m_methods = kvloops_methods,
+    .m_slots = kvloops_slots,
+};
+
+PyMODINIT_FUNC
+PyInit__kvloops(void)
+{
+    return PyModuleDef_Init(&kvloops_module);
+}

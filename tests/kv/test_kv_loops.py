@@ -1,0 +1,77 @@
+"""The compiled KV loops return exactly what their Python references return, dicts left in the same state."""
+
+from __future__ import annotations
+
+import copy
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from strom.kv import kv_loops
+
+pytestmark = pytest.mark.skipif(not kv_loops.NATIVE_AVAILABLE, reason="strom.kv._kvloops was not built")
+native = kv_loops.native
+
+keys_st = st.binary(min_size=0, max_size=4)
+values_st = st.one_of(st.none(), st.binary(max_size=6))
+generation = st.dictionaries(keys_st, st.binary(max_size=6), max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(young=generation, old=generation, keys=st.lists(keys_st, max_size=12), room=st.integers(-5, 80),
+       overhead=st.integers(0, 10))
+def test_cache_get_many_matches_the_reference(
+    young: dict[bytes, bytes], old: dict[bytes, bytes], keys: list[bytes], room: int, overhead: int
+) -> None:
+    young_c, old_c = copy.copy(young), copy.copy(old)
+    expected = kv_loops.cache_get_many_python(young, old, keys, room, overhead)
+    assert native.cache_get_many(young_c, old_c, tuple(keys), room, overhead) == expected
+    assert (young_c, old_c) == (young, old)
+
+
+@settings(max_examples=300, deadline=None)
+@given(young=generation, old=generation, writes=st.lists(st.tuples(keys_st, values_st), max_size=12),
+       keep=st.booleans(), overhead=st.integers(0, 10))
+def test_cache_put_many_matches_the_reference(
+    young: dict[bytes, bytes], old: dict[bytes, bytes], writes: list[tuple[bytes, bytes | None]], keep: bool,
+    overhead: int,
+) -> None:
+    keys = [key for key, _ in writes]
+    values = [value for _, value in writes]
+    young_c, old_c = copy.copy(young), copy.copy(old)
+    expected = kv_loops.cache_put_many_python(young, old, keys, values, keep, overhead)
+    assert native.cache_put_many(young_c, old_c, keys, values, keep, overhead) == expected
+    assert (young_c, old_c) == (young, old)
+    assert native.entry_bytes(keys, values, overhead) == kv_loops.entry_bytes_python(keys, values, overhead)
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(keys_st, max_size=40))
+def test_reads_in_key_order_answer_in_the_order_given(keys: list[bytes]) -> None:
+    asked: list[list[bytes]] = []
+
+    def get_many(sorted_keys: list[bytes]) -> list[bytes | None]:
+        asked.append(list(sorted_keys))
+        return [key[::-1] if len(key) % 2 else None for key in sorted_keys]
+
+    expected = kv_loops.read_in_key_order_python(get_many, keys)
+    assert kv_loops.read_in_key_order_native(get_many, keys) == expected
+    assert asked[0] == asked[1] == sorted(keys)  # RocksDB is asked in byte order
+    assert expected == [key[::-1] if len(key) % 2 else None for key in keys]
+
+
+def test_bad_arguments_raise_instead_of_corrupting() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        native.cache_put_many({}, {}, [b"a"], [], True, 0)
+    with pytest.raises(ValueError, match="differ in length"):
+        kv_loops.cache_put_many_python({}, {}, [b"a"], [], True, 0)
+    with pytest.raises(TypeError, match="keys must be bytes"):
+        native.key_order([b"a", "b"])
+    with pytest.raises(ValueError, match="differ in length"):
+        native.unsort([b"x"], b"")
+    _, order = native.key_order([b"b", b"a"])
+    with pytest.raises(ValueError, match="out of range"):
+        native.unsort([b"x", b"y"], b"\xff" * len(order))  # positions of -1
+    with pytest.raises(TypeError):
+        native.cache_get_many({}, {}, [[1]], 10, 0)  # an unhashable key: the dict's own error
