@@ -30,6 +30,8 @@ from strom.rpc.messages import pb
 
 LOOKUP_VERSION = 1
 TIMEOUT_S = 30.0
+RECEIVE_BYTES = 1 << 16
+"""The first read of a response takes up to this much: a point lookup's answer in one system call."""
 
 
 class _BlockingRpc:
@@ -51,10 +53,7 @@ class _BlockingRpc:
         self._request_id = (self._request_id + 1) & framing.REQUEST_ID_MASK
         try:
             self._sock.sendall(framing.encode_request(int(key), version, self._request_id, message.SerializeToString()))
-            (length,) = framing.LENGTH.unpack(self._read(framing.LENGTH_SIZE_BYTES))
-            if length < framing.RESPONSE_HEADER_SIZE_BYTES or length > framing.RESPONSE_FRAME_SIZE_BYTES_MAX:
-                raise NetworkError(f"malformed response frame of {length} bytes from {self._address}")
-            frame = self._read(length)
+            frame = self._read_frame()
         except OSError as exc:
             self.close()
             raise NetworkError(f"connection to {self._address} failed: {exc}") from exc
@@ -67,6 +66,24 @@ class _BlockingRpc:
             error = pb.ErrorResponse.FromString(body)
             raise error_for_code(error.error_code, error.error_message or None)
         return response_class.FromString(body)
+
+    def _read_frame(self) -> bytes:
+        """The response frame after its length: usually one ``recv`` (one request is in flight, so anything
+        past the frame is a protocol error)."""
+        data = self._sock.recv(RECEIVE_BYTES)
+        if len(data) < framing.LENGTH_SIZE_BYTES:
+            data += self._read(framing.LENGTH_SIZE_BYTES - len(data))
+        (length,) = framing.LENGTH.unpack_from(data, 0)
+        if length < framing.RESPONSE_HEADER_SIZE_BYTES or length > framing.RESPONSE_FRAME_SIZE_BYTES_MAX:
+            self.close()
+            raise NetworkError(f"malformed response frame of {length} bytes from {self._address}")
+        end = framing.LENGTH_SIZE_BYTES + length
+        if len(data) < end:
+            data += self._read(end - len(data))
+        elif len(data) > end:
+            self.close()
+            raise NetworkError(f"{self._address} sent {len(data) - end} bytes no request asked for")
+        return data[framing.LENGTH_SIZE_BYTES:]
 
     def _read(self, size: int) -> bytes:
         chunks = []
