@@ -1,12 +1,16 @@
-"""Durable upsert ingest into a cluster with 1 and with 2 tablet servers, in one run on this machine.
+"""Durable upsert ingest into a cluster with 1 and with N tablet servers, against PostgreSQL with N writer
+connections, in one run on this machine.
 
 Each cluster is local (``strom.server.local_cluster.LocalCluster``: ZooKeeper, a coordinator, the tablet servers as
 processes); a primary-key table of ``--buckets`` buckets spreads over its tablet servers. ``--writers``
 client processes upsert disjoint key ranges in pipelined Arrow batches of ``--batch`` rows (strom's client;
 a write counts when it is acknowledged, i.e. fsynced in the changelog and applied to RocksDB). The
 one-process ``strom server`` does the same as the reference. With 1 tablet server every bucket's work runs
-on one event loop, one core; with 2, on two. Then 3 tablet servers with replication factor 1 and 3: what
-acknowledging only writes held by every in-sync replica costs.
+on one event loop, one core; with N (``--tablet-servers``, default: this machine's cores), on N. PostgreSQL
+(a throw-away cluster, as in peers_bench, durable commits) takes the same rows from N writer processes, one
+connection each, per batch COPY into a temporary table + ``INSERT … ON CONFLICT DO UPDATE`` + COMMIT. Then 3
+tablet servers with replication factor 1 and 3: what acknowledging only writes held by every in-sync
+replica costs.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from bench.harness import BenchServer, report
+from bench.peers_bench import BenchPostgres, postgres_binaries, postgres_unavailable
 from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.server.local_cluster import LocalCluster
 
@@ -61,6 +67,47 @@ def ingest(address: str, rows: int, writers: int, batch: int) -> float:
     return share * writers / (time.perf_counter() - start)
 
 
+def postgres_write_range(port: int, first: int, count: int, batch: int) -> None:
+    """One PostgreSQL connection upserting keys ``[first, first + count)``, one durable transaction per batch."""
+    import psycopg
+
+    with psycopg.connect(host="127.0.0.1", port=port, user="bench", dbname="postgres") as connection, \
+            connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE stage (id BIGINT, name TEXT, score BIGINT) ON COMMIT DELETE ROWS")
+        connection.commit()
+        for start in range(first, first + count, batch):
+            ids = range(start, min(first + count, start + batch))
+            with cursor.copy("COPY stage (id, name, score) FROM STDIN") as copy:
+                copy.write("".join(f"{i}\tname-{i}\t{i}\n" for i in ids).encode())
+            cursor.execute("INSERT INTO ingest SELECT id, name, score FROM stage ON CONFLICT (id) DO UPDATE "
+                           "SET name = EXCLUDED.name, score = EXCLUDED.score")
+            connection.commit()
+
+
+def measure_postgres(rows: int, writers: int, batch: int) -> float | None:
+    """Rows/s of ``writers`` PostgreSQL connections (processes) upserting ``rows`` keys; None without PostgreSQL."""
+    missing = postgres_unavailable()
+    bin_dir = postgres_binaries()
+    if missing is not None or bin_dir is None:
+        print(f"PostgreSQL skipped: {missing}")
+        return None
+    with BenchPostgres(bin_dir) as pg:
+        with pg.connect() as connection:
+            connection.execute("CREATE TABLE ingest (id BIGINT PRIMARY KEY, name TEXT, score BIGINT)")
+            connection.commit()
+        share = rows // writers
+        context = multiprocessing.get_context("spawn")
+        processes = [context.Process(target=postgres_write_range, args=(pg.port, w * share, share, batch))
+                     for w in range(writers)]
+        start = time.perf_counter()
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join()
+            assert process.exitcode == 0, f"a PostgreSQL writer failed with {process.exitcode}"
+        return share * writers / (time.perf_counter() - start)
+
+
 def measure_cluster(
     tablet_servers: int, rows: int, writers: int, batch: int, buckets: int, replication_factor: int = 1
 ) -> float:
@@ -84,27 +131,45 @@ def measure_cluster(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--tablet-servers", type=int, default=os.cpu_count() or 2,
+                        help="N: the larger cluster, and the default number of writers")
+    parser.add_argument("--writers", type=int, default=None, help="writer processes (default: N)")
     parser.add_argument("--batch", type=int, default=10_000)
-    parser.add_argument("--buckets", type=int, default=4)
+    parser.add_argument("--buckets", type=int, default=None, help="buckets of the table (default: 2 N)")
+    parser.add_argument("--no-replication", action="store_true", help="skip the replication-factor comparison")
     args = parser.parse_args()
+    n = args.tablet_servers
+    writers = args.writers or n
+    buckets = args.buckets or 2 * n
     with BenchServer({"kv.snapshot.interval": "0s"}) as server:
-        asyncio.run(create(server.address, args.buckets))
-        single = ingest(server.address, args.rows, args.writers, args.batch)
-    one = measure_cluster(1, args.rows, args.writers, args.batch, args.buckets)
-    two = measure_cluster(2, args.rows, args.writers, args.batch, args.buckets)
-    three_rf1 = measure_cluster(3, args.rows, args.writers, args.batch, args.buckets)
-    three_rf3 = measure_cluster(3, args.rows, args.writers, args.batch, args.buckets, replication_factor=3)
-    report(f"durable upsert ingest, {args.writers} writer processes, {args.buckets} buckets (same run)", [
+        asyncio.run(create(server.address, buckets))
+        single = ingest(server.address, args.rows, writers, args.batch)
+    one = measure_cluster(1, args.rows, writers, args.batch, buckets)
+    many = measure_cluster(n, args.rows, writers, args.batch, buckets)
+    postgres = measure_postgres(args.rows, writers, args.batch)
+    lines = [
         ("strom server (one process)", f"{single:,.0f} rows/s"),
         ("cluster, 1 tablet server", f"{one:,.0f} rows/s"),
-        ("cluster, 2 tablet servers", f"{two:,.0f} rows/s"),
+        (f"cluster, {n} tablet servers", f"{many:,.0f} rows/s"),
         ("1 tablet server / one process", f"{one / single:.2f}"),
-        ("2 tablet servers / 1 tablet server", f"{two / one:.2f}"),
-        ("cluster, 3 tablet servers, replication factor 1", f"{three_rf1:,.0f} rows/s"),
-        ("cluster, 3 tablet servers, replication factor 3", f"{three_rf3:,.0f} rows/s"),
-        ("replication factor 3 / 1", f"{three_rf3 / three_rf1:.2f}"),
-    ])
+        (f"{n} tablet servers / 1 tablet server", f"{many / one:.2f} (0.7 N = {0.7 * n:.1f})"),
+    ]
+    if postgres is not None:
+        lines += [
+            (f"PostgreSQL, {writers} connections", f"{postgres:,.0f} rows/s"),
+            (f"cluster, {n} tablet servers / PostgreSQL", f"{many / postgres:.2f}"),
+            ("strom server / PostgreSQL", f"{single / postgres:.2f}"),
+        ]
+    if not args.no_replication:
+        three_rf1 = measure_cluster(3, args.rows, writers, args.batch, buckets)
+        three_rf3 = measure_cluster(3, args.rows, writers, args.batch, buckets, replication_factor=3)
+        lines += [
+            ("cluster, 3 tablet servers, replication factor 1", f"{three_rf1:,.0f} rows/s"),
+            ("cluster, 3 tablet servers, replication factor 3", f"{three_rf3:,.0f} rows/s"),
+            ("replication factor 3 / 1", f"{three_rf3 / three_rf1:.2f}"),
+        ]
+    report(f"durable upsert ingest, {writers} writer processes, {buckets} buckets, {os.cpu_count()} cores (same run)",
+           lines)
 
 
 if __name__ == "__main__":
