@@ -10,10 +10,12 @@ a DUPLICATE_SEQUENCE answer (the server already has that batch) counts as succes
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from strom.client import encoding
@@ -63,6 +65,99 @@ class _BucketBatch:
     futures: list[asyncio.Future[None]] = field(default_factory=list)
     """Per-row handles of the row API; empty for whole-batch writes, which read ``error`` instead."""
     error: StromError | None = None
+
+
+@dataclass(slots=True)
+class _EncodedRows:
+    """Encoded rows column by column (a list per field, no tuple per row), so that grouping them by bucket
+    and building each bucket's KvRecordBatch costs no Python step per row."""
+
+    partition_ids: list[int | None] | None
+    """None: the table is not partitioned."""
+    buckets: list[int]
+    keys: list[bytes]
+    values: list[bytes | None]
+    """None deletes."""
+    futures: Sequence[asyncio.Future[None] | None] | None
+    """Per-row handles of the row API; None for whole-batch writes."""
+
+    @classmethod
+    def concat(cls, parts: list[_EncodedRows]) -> _EncodedRows:
+        if len(parts) == 1:
+            return parts[0]
+        partitioned = any(part.partition_ids is not None for part in parts)
+        with_futures = any(part.futures is not None for part in parts)
+        rows = cls([] if partitioned else None, [], [], [], [] if with_futures else None)
+        for part in parts:
+            count = len(part.keys)
+            if rows.partition_ids is not None:
+                rows.partition_ids += part.partition_ids if part.partition_ids is not None else [None] * count
+            rows.buckets += part.buckets
+            rows.keys += part.keys
+            rows.values += part.values
+            if rows.futures is not None:
+                rows.futures += part.futures if part.futures is not None else [None] * count  # type: ignore[operator]
+        return rows
+
+    @classmethod
+    def interleave(cls, upserts: _EncodedRows, deletes: _EncodedRows, order: list[bool]) -> _EncodedRows:
+        """Rows of both in ``order`` (True: the next upsert, False: the next delete)."""
+        positions: list[tuple[_EncodedRows, int]] = []
+        taken = [0, 0]
+        for is_upsert in order:
+            positions.append((upserts, taken[0]) if is_upsert else (deletes, taken[1]))
+            taken[0 if is_upsert else 1] += 1
+        partitioned = upserts.partition_ids is not None or deletes.partition_ids is not None
+        return cls(
+            [r.partition_ids[i] if r.partition_ids is not None else None for r, i in positions] if partitioned else None,
+            [r.buckets[i] for r, i in positions],
+            [r.keys[i] for r, i in positions],
+            [r.values[i] for r, i in positions],
+            [r.futures[i] if r.futures is not None else None for r, i in positions],
+        )
+
+    def by_bucket(
+        self,
+    ) -> list[tuple[tuple[int | None, int], list[bytes], list[bytes | None], list[asyncio.Future[None]]]]:
+        """The rows of each (partition id, bucket id), in their original order within it (a key written
+        twice in a batch: the later write wins), with the row API's handles."""
+        count = len(self.keys)
+        if not count:
+            return []
+        if self.partition_ids is None:
+            codes = np.asarray(self.buckets, dtype=np.int64)
+            groups: list[tuple[int | None, int]] | None = None
+        else:
+            numbered: dict[tuple[int | None, int], int] = {}
+            codes = np.fromiter(
+                (numbered.setdefault(pair, len(numbered)) for pair in zip(self.partition_ids, self.buckets, strict=True)),
+                dtype=np.int64, count=count,
+            )
+            groups = list(numbered)
+        futures = self.futures
+        if (codes == codes[0]).all():  # one bucket (common for small and partitioned batches): keep the lists
+            group = groups[0] if groups is not None else (None, int(codes[0]))
+            return [(group, self.keys, self.values, [f for f in futures or () if f is not None])]
+        order = np.argsort(codes, kind="stable")
+        sorted_codes = codes[order]
+        bounds = [0, *(np.flatnonzero(np.diff(sorted_codes)) + 1).tolist(), count]
+        keys = _object_array(self.keys)[order]
+        values = _object_array(self.values)[order]
+        sorted_futures = _object_array(futures)[order] if futures is not None else None
+        result = []
+        for start, end in itertools.pairwise(bounds):
+            code = int(sorted_codes[start])
+            group = groups[code] if groups is not None else (None, code)
+            handles = [] if sorted_futures is None else [f for f in sorted_futures[start:end].tolist() if f is not None]
+            result.append((group, keys[start:end].tolist(), values[start:end].tolist(), handles))
+        return result
+
+
+def _object_array(items: Sequence[Any]) -> np.ndarray[Any, Any]:
+    """A 1-d object array of ``items`` (bytes stay whole: never a 2-d array of characters)."""
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
 
 
 class _Writer:
@@ -314,7 +409,7 @@ class UpsertWriter(_Writer):
         targets = self._targets
         unwritten = () if targets is None else [n for i, n in enumerate(layout.column_names) if i not in targets]
         batch = encoding.conform(layout, data, unwritten)
-        ops: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]] = [(batch, [None] * batch.num_rows)]
+        ops: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None] | None]] = [(batch, None)]
         return self._enqueue_batch(lambda: self._build(ops, []), batch.num_rows)
 
     async def upsert_batch(self, data: pa.RecordBatch | pa.Table) -> None:
@@ -339,10 +434,10 @@ class UpsertWriter(_Writer):
                 error = StromError(f"cannot encode rows for {layout.info.path}: {exc}")
                 _resolve([f for _r, f in upserts] + [f for _r, f in deletes], error)
                 return []
-            parts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]] = []
+            parts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None] | None]] = []
             if batch is not None:
                 parts.append((batch, [f for _r, f in upserts]))
-            delete_parts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]] = []
+            delete_parts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None] | None]] = []
             if delete_batch is not None:
                 delete_parts.append((delete_batch, [f for _r, f in deletes]))
             return await self._build(parts, delete_parts, order)
@@ -366,59 +461,43 @@ class UpsertWriter(_Writer):
 
     async def _build(
         self,
-        upserts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]],
-        deletes: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None]]],
+        upserts: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None] | None]],
+        deletes: list[tuple[pa.RecordBatch, Sequence[asyncio.Future[None] | None] | None]],
         order: list[bool] | None = None,
     ) -> list[_BucketBatch]:
         layout = self._table.layout
         writer_id = await self._ensure_writer_id()
-        upsert_entries: list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None] | None]] = []
-        for batch, futures in upserts:
-            upsert_entries += await self._encode(batch, futures, with_values=True)
-        delete_entries: list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None] | None]] = []
-        for batch, futures in deletes:
-            delete_entries += await self._encode(batch, futures, with_values=False)
+        upsert_rows = [await self._encode(batch, futures, with_values=True) for batch, futures in upserts]
+        delete_rows = [await self._encode(batch, futures, with_values=False) for batch, futures in deletes]
         if order is None:
-            entries = upsert_entries + delete_entries
-        else:
-            upsert_iter, delete_iter = iter(upsert_entries), iter(delete_entries)
-            entries = [next(upsert_iter) if is_upsert else next(delete_iter) for is_upsert in order]
-        # grouped by (partition id, bucket id): one TableBucket per bucket, not one per row
-        grouped: dict[tuple[int | None, int], list[tuple[bytes, bytes | None, asyncio.Future[None] | None]]] = {}
-        for partition_id, bucket_id, key, value, future in entries:
-            grouped.setdefault((partition_id, bucket_id), []).append((key, value, future))
+            rows = _EncodedRows.concat(upsert_rows + delete_rows)
+        else:  # the row API: upserts and deletes in the order they were made
+            rows = _EncodedRows.interleave(_EncodedRows.concat(upsert_rows), _EncodedRows.concat(delete_rows), order)
         batches = []
         schema_id = layout.info.schema_id
-        for (partition_id, bucket_id), items in grouped.items():
+        for (partition_id, bucket_id), keys, values, futures in rows.by_bucket():
             bucket = TableBucket(layout.info.table_id, bucket_id, partition_id)
             records = build_kv_batch(
-                schema_id,
-                [key for key, _v, _f in items],
-                [value for _k, value, _f in items],
-                writer_id=writer_id,
-                batch_sequence=self._next_sequence(bucket),
+                schema_id, keys, values, writer_id=writer_id, batch_sequence=self._next_sequence(bucket)
             )
-            batches.append(_BucketBatch(bucket, records, [f for _k, _v, f in items if f is not None]))
+            batches.append(_BucketBatch(bucket, records, futures))
         return batches
 
     async def _encode(
-        self, batch: pa.RecordBatch, futures: Sequence[asyncio.Future[None] | None], *, with_values: bool
-    ) -> list[tuple[int | None, int, bytes, bytes | None, asyncio.Future[None] | None]]:
+        self, batch: pa.RecordBatch, futures: Sequence[asyncio.Future[None] | None] | None, *, with_values: bool
+    ) -> _EncodedRows:
         layout = self._table.layout
         encoded = encoding.encode(layout, batch, with_rows=with_values, with_keys=True)
         partitions = encoding.partition_names(layout, batch)
-        partition_ids: list[int | None] = [None] * batch.num_rows
+        partition_ids: list[int | None] | None = None
         if partitions is not None:
             ids: dict[str, int] = {}
             for name in set(partitions):
                 ids[name] = await self._connection.metadata.partition_id(layout.info, name)
             partition_ids = [ids[name] for name in partitions]
-        assert encoded.keys is not None
-        values = encoded.rows if with_values else None
-        return [
-            (partition_ids[i], encoded.buckets[i], encoded.keys[i], values[i] if values else None, futures[i])
-            for i in range(batch.num_rows)
-        ]
+        assert encoded.keys is not None and encoded.buckets is not None
+        values: list[bytes | None] = encoded.rows if with_values else [None] * batch.num_rows  # type: ignore[assignment]
+        return _EncodedRows(partition_ids, encoded.buckets, encoded.keys, values, futures)
 
     async def _send_to_leader(self, address: str, group: list[_BucketBatch]) -> list[tuple[_BucketBatch, StromError]]:
         request = pb.PutKvRequest(acks=ACKS_ALL, table_id=self._table.layout.info.table_id, timeout_ms=REQUEST_TIMEOUT_MS)

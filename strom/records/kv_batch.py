@@ -127,16 +127,8 @@ def _key_length_prefix(length: int) -> bytes:
     return bytes(prefix)
 
 
-def build_kv_batch(
-    schema_id: int,
-    keys: Sequence[bytes],
-    values: Sequence[bytes | None],
-    *,
-    writer_id: int = -1,
-    batch_sequence: int = -1,
-) -> bytes:
-    """Encode a KvRecordBatch (what a client sends in PutKv); ``None`` values are deletes."""
-    assert len(keys) == len(values)
+def _kv_records_python(keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
+    """The records of a KvRecordBatch body; the reference of the compiled ``build_kv_records``."""
     parts: list[bytes] = []
     append = parts.append
     pack = _INT32.pack
@@ -152,7 +144,23 @@ def build_kv_batch(
             append(pack(size))
             append(key_length)
             append(key)
-    buffer = bytearray(KV_HEADER_SIZE_BYTES) + b"".join(parts)
+    return b"".join(parts)
+
+
+def build_kv_batch(
+    schema_id: int,
+    keys: Sequence[bytes],
+    values: Sequence[bytes | None],
+    *,
+    writer_id: int = -1,
+    batch_sequence: int = -1,
+) -> bytes:
+    """Encode a KvRecordBatch (what a client sends in PutKv); ``None`` values are deletes."""
+    if len(keys) != len(values):
+        raise ValueError("keys and values differ in length")
+    native = fastpath.native
+    records = _kv_records_python(keys, values) if native is None else native.build_kv_records(keys, values)
+    buffer = bytearray(KV_HEADER_SIZE_BYTES) + records
     KV_HEADER.pack_into(buffer, 0, len(buffer) - 4, KV_MAGIC, 0, schema_id, 0, writer_id, batch_sequence, len(keys))
     struct.pack_into("<I", buffer, 5, crc32c.crc32c(memoryview(buffer)[KV_CRC_START:]))
     return bytes(buffer)

@@ -687,6 +687,29 @@ def test_kv_record_errors_carry_the_reference_messages():
     assert fastpath.parse_kv_records(b"\x02\x00\x00\x00\x01k", 0, 6, 1) == ([b"k"], [None])
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_kv_records_build_like_the_reference(seed):
+    rng = random.Random(seed)
+    count = rng.randint(0, 40)
+    keys = [rng.randbytes(rng.choice((0, 1, 5, 127, 128, 300))) for _ in range(count)]
+    values = [rng.choice((None, b"", rng.randbytes(rng.randint(1, 200)))) for _ in range(count)]
+    built = native.build_kv_records(keys, values)
+    assert built == kv_batch._kv_records_python(keys, values)
+    expected_values = [value or None for value in values]  # an empty value is a delete on the wire
+    assert fastpath.parse_kv_records(built, 0, len(built), count) == (keys, expected_values)
+
+
+def test_kv_records_refuse_what_is_not_bytes():
+    with pytest.raises(TypeError, match="must be bytes"):
+        native.build_kv_records(["k"], [None])
+    with pytest.raises(TypeError, match="must be bytes"):
+        native.build_kv_records([b"k"], [bytearray(b"v")])
+    with pytest.raises(ValueError, match="differ in length"):
+        native.build_kv_records([b"k"], [])
+    with pytest.raises(ValueError, match="differ in length"):
+        kv_batch.build_kv_batch(1, [b"k"], [])
+
+
 def test_whole_kv_batches_parse_through_the_native_records_parser():
     batch = kv_batch.build_kv_batch(3, [b"a", b"bb"], [b"\x00\x01", None], writer_id=9, batch_sequence=4)
     (parsed,) = kv_batch.parse_kv_batches(batch + b"")

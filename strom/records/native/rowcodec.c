@@ -529,6 +529,70 @@ done:
     return result;
 }
 
+/* build_kv_records(keys, values) -> bytes: the records of a KvRecordBatch body (kv_batch.py's
+ * _kv_records_python): per record an int32 LE length, the key length as a varint, the key, and the
+ * value unless it is None or empty (a delete). Keys and values must be bytes. */
+static PyObject *
+build_kv_records(PyObject *module, PyObject *args)
+{
+    PyObject *keys_arg, *values_arg;
+    if (!PyArg_ParseTuple(args, "OO", &keys_arg, &values_arg)) return NULL;
+    PyObject *keys = PySequence_Tuple(keys_arg);
+    if (keys == NULL) return NULL;
+    PyObject *values = PySequence_Tuple(values_arg);
+    PyObject *result = NULL;
+    if (values == NULL) goto done;
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    if (PyTuple_GET_SIZE(values) != count) {
+        PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i), *value = PyTuple_GET_ITEM(values, i);
+        if (!PyBytes_Check(key) || (value != Py_None && !PyBytes_Check(value))) {
+            PyErr_SetString(PyExc_TypeError, "kv record keys and values must be bytes (a value may be None)");
+            goto done;
+        }
+        Py_ssize_t size = 5 + PyBytes_GET_SIZE(key) + (value == Py_None ? 0 : PyBytes_GET_SIZE(value));
+        if (size - 5 > INT32_MAX - 5 || total > PY_SSIZE_T_MAX - 4 - size) {
+            PyErr_SetString(PyExc_ValueError, "a kv record is too large");
+            goto done;
+        }
+        total += 4 + size;  /* an upper bound: the varint takes at most 5 bytes */
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    Py_ssize_t position = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i), *value = PyTuple_GET_ITEM(values, i);
+        Py_ssize_t key_size = PyBytes_GET_SIZE(key);
+        Py_ssize_t value_size = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+        uint8_t prefix[10];
+        int prefix_size = write_uvarint(prefix, (uint64_t)key_size);
+        uint32_t length = (uint32_t)(prefix_size + key_size + value_size);
+        out[position] = (uint8_t)length;
+        out[position + 1] = (uint8_t)(length >> 8);
+        out[position + 2] = (uint8_t)(length >> 16);
+        out[position + 3] = (uint8_t)(length >> 24);
+        position += 4;
+        memcpy(out + position, prefix, (size_t)prefix_size);
+        position += prefix_size;
+        memcpy(out + position, PyBytes_AS_STRING(key), (size_t)key_size);
+        position += key_size;
+        if (value_size) {
+            memcpy(out + position, PyBytes_AS_STRING(value), (size_t)value_size);
+            position += value_size;
+        }
+    }
+    if (_PyBytes_Resize(&result, position) < 0) result = NULL;  /* frees result on failure */
+done:
+    Py_DECREF(keys);
+    Py_XDECREF(values);
+    return result;
+}
+
 /* ========================================================================================== */
 /* Field specs: (kind, param, nullable) tuples built by fastpath.py                           */
 /* ========================================================================================== */
@@ -1647,6 +1711,10 @@ static PyMethodDef rowcodec_methods[] = {
      "parse_kv_records(buffer, position, end, count) -> (keys, values)\n\n"
      "The records of one KvRecordBatch body buffer[position:end]; a value is None for a delete.\n"
      "Raises ValueError with kv_batch's messages."},
+    {"build_kv_records", build_kv_records, METH_VARARGS,
+     "build_kv_records(keys, values) -> bytes\n\n"
+     "The records of a KvRecordBatch body; a None (or empty) value is a delete. Raises TypeError for a\n"
+     "key or value that is not bytes."},
     {"decode_columns", decode_columns, METH_VARARGS,
      "decode_columns(rows, offset, specs) -> list\n\n"
      "Decode CompactedRows (bytes-like; each row starts `offset` bytes into its buffer) into one\n"
