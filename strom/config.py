@@ -402,6 +402,14 @@ KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL = duration_option(
     "kv.snapshot.lease.expiration-check-interval", "10 min",
     "How often expired KV snapshot leases are dropped and the snapshots they freed are cleaned.",
 )
+COORDINATOR_PRODUCER_OFFSETS_TTL = duration_option(
+    "coordinator.producer-offsets.ttl", "24 h",
+    "How long registered producer offsets live when the registration names no TTL of its own.",
+)
+COORDINATOR_PRODUCER_OFFSETS_CLEANUP_INTERVAL = duration_option(
+    "coordinator.producer-offsets.cleanup-interval", "1 h",
+    "How often the coordinator deletes expired producer offsets.",
+)
 KV_SCANNER_TTL = duration_option("kv.scanner.ttl", "10 min", "Idle time after which a KV scan session is closed.")
 KV_SCANNER_EXPIRATION_INTERVAL = duration_option(
     "kv.scanner.expiration-interval", "30s", "How often idle KV scan sessions are looked for."

@@ -317,6 +317,13 @@ class DeletionDisabledError(StromError):
     default_message = "Deletion is disabled on this table."
 
 
+class InvalidProducerIdError(StromError):
+    """A producer id that cannot name a producer's offsets (it follows the rules of table names)."""
+
+    code = 63
+    default_message = "The client has attempted to perform an operation with an invalid producer ID."
+
+
 class NotCoordinatorLeaderError(RetriableError):
     """A standby coordinator got a request only the active one serves; ask the active coordinator."""
 

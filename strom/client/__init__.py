@@ -11,6 +11,7 @@ from strom.client.admin import Admin, DatabaseInfo, OffsetSpec, PartitionInfo, S
 from strom.client.connection import Connection
 from strom.client.log_scanner import EARLIEST_OFFSET, LogScanner, ScanBatch
 from strom.client.lookup import Lookuper, PrefixLookuper
+from strom.client.producers import ProducerOffsets, RegisterResult
 from strom.client.table import Table
 from strom.client.writer import AppendWriter, UpsertWriter, WriteResultHandle
 from strom.ids import TableBucket, TablePath
@@ -29,6 +30,8 @@ __all__ = [
     "OffsetSpec",
     "PartitionInfo",
     "PrefixLookuper",
+    "ProducerOffsets",
+    "RegisterResult",
     "ScanBatch",
     "Schema",
     "ServerNode",

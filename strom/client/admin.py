@@ -13,6 +13,7 @@ import pyarrow as pa
 from strom.client.acls import AclAdmin
 from strom.client.lake import LakeAdmin
 from strom.client.layout import TableLayout
+from strom.client.producers import ProducerOffsetsAdmin
 from strom.client.rpc_client import ClusterRpc
 from strom.client.snapshots import KvSnapshotReader, SnapshotAdmin
 from strom.errors import TableNotExistError, error_for_code
@@ -78,7 +79,7 @@ def _path(table_path: TablePath) -> Any:
     return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
 
 
-class Admin(SnapshotAdmin, LakeAdmin, AclAdmin):
+class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin):
     """Every method is a coroutine that raises the :mod:`strom.errors` error of the server's code."""
 
     def __init__(self, connection: ClusterRpc) -> None:

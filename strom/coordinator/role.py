@@ -1,7 +1,7 @@
 """The coordinator's services over one metadata store, wired once for ``strom server`` and for a cluster's
 active coordinator: the catalog (:class:`CoordinatorService`), KV snapshot records, retention and leases
-(:class:`KvSnapshotService`), the lake tiering manager (:class:`LakeTieringService`) and the buckets' remote
-log manifests (:class:`RemoteLogManifestService`).
+(:class:`KvSnapshotService`), the lake tiering manager (:class:`LakeTieringService`), the buckets' remote
+log manifests (:class:`RemoteLogManifestService`) and producer offsets (:class:`ProducerOffsetsManager`).
 
 Built in two steps because the one-process server's tablet role needs the snapshot store (to restore a
 bucket from its latest snapshot) before the catalog hands it its buckets.
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from strom.clock import Clock
 from strom.config import (
+    COORDINATOR_PRODUCER_OFFSETS_CLEANUP_INTERVAL,
+    COORDINATOR_PRODUCER_OFFSETS_TTL,
     KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
     KV_SNAPSHOT_NUM_RETAINED,
     LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
@@ -26,6 +28,7 @@ from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.coordinator.lake_service import LakeTieringService
 from strom.coordinator.lake_tiering import LakeTableTieringManager
 from strom.coordinator.placement import BucketPlacement
+from strom.coordinator.producer_offsets import ProducerOffsetsManager, ProducerOffsetsService
 from strom.coordinator.remote_log_manifests import LeaderEpochOf, NotifyFollowers, RemoteLogManifestService
 from strom.coordinator.service import CoordinatorService
 from strom.metadata.store import MetadataStore
@@ -49,6 +52,10 @@ class CoordinatorRole:
         self.lake_tiering = LakeTableTieringManager(
             store, clock, config.get_ms(LAKE_TIERING_HEARTBEAT_TIMEOUT),
             config.get_ms(LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL),
+        )
+        self.producer_offsets = ProducerOffsetsManager(
+            store, clock, config.get_ms(COORDINATOR_PRODUCER_OFFSETS_TTL),
+            config.get_ms(COORDINATOR_PRODUCER_OFFSETS_CLEANUP_INTERVAL),
         )
         self.coordinator: CoordinatorService | None = None
         self.lake: LakeTieringService | None = None
@@ -79,6 +86,7 @@ class CoordinatorRole:
         self.snapshots.start()
         self.remote_logs = RemoteLogManifestService(coordinator, self.store, self.remote, leader_epoch_of,
                                                     notify_followers)
+        self.producer_offsets.start()
         await self.snapshot_store.sweep_unreferenced()
         return coordinator
 
@@ -91,10 +99,12 @@ class CoordinatorRole:
             await self.lake.drop_table(table)
 
     def handlers(self, acls: AclService) -> dict[ApiKey, Handler]:
-        """The coordinator role's requests: catalog, metadata, KV snapshot records and leases, lake, ACLs."""
+        """The coordinator role's requests: catalog, metadata, KV snapshot records and leases, lake, producer
+        offsets, ACLs."""
         coordinator, snapshots, lake, remote_logs = self.coordinator, self.snapshots, self.lake, self.remote_logs
         assert coordinator is not None and snapshots is not None and lake is not None and remote_logs is not None, \
             "start() first"
+        producers = ProducerOffsetsService(self.producer_offsets)
         return {
             ApiKey.COMMIT_REMOTE_LOG_MANIFEST: remote_logs.commit_remote_log_manifest,
             ApiKey.LIST_REMOTE_LOG_MANIFESTS: remote_logs.list_remote_log_manifests,
@@ -124,6 +134,9 @@ class CoordinatorRole:
             ApiKey.RELEASE_KV_SNAPSHOT_LEASE: snapshots.release_kv_snapshot_lease,
             ApiKey.DROP_KV_SNAPSHOT_LEASE: snapshots.drop_kv_snapshot_lease,
             ApiKey.LIST_KV_SNAPSHOT_LEASES: snapshots.list_kv_snapshot_leases,
+            ApiKey.REGISTER_PRODUCER_OFFSETS: producers.register_producer_offsets,
+            ApiKey.GET_PRODUCER_OFFSETS: producers.get_producer_offsets,
+            ApiKey.DELETE_PRODUCER_OFFSETS: producers.delete_producer_offsets,
             ApiKey.CREATE_ACLS: acls.create_acls,
             ApiKey.LIST_ACLS: acls.list_acls,
             ApiKey.DROP_ACLS: acls.drop_acls,
@@ -131,6 +144,7 @@ class CoordinatorRole:
         }
 
     async def stop(self) -> None:
+        await self.producer_offsets.stop()
         if self.remote_logs is not None:
             await self.remote_logs.stop()
         if self.snapshots is not None:

@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS remote_log_manifests (
     PRIMARY KEY (table_id, partition_id, bucket));
 CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_tiering (table_id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS producer_offsets (producer_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_snapshots (
     table_id INTEGER NOT NULL, seq INTEGER NOT NULL, snapshot_id INTEGER NOT NULL, readable INTEGER NOT NULL,
     snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, seq), UNIQUE (table_id, snapshot_id));
@@ -344,6 +345,23 @@ class SqliteMetadataStore(MetadataStore):
 
     def list_leases(self) -> dict[str, bytes]:
         return {row[0]: bytes(row[1]) for row in self._query("SELECT lease_id, payload FROM leases")}
+
+    # ---- producer offsets ----
+    def create_producer_offsets(self, producer_id: str, payload: bytes) -> bool:
+        with self._transaction() as db:
+            cursor = db.execute("INSERT OR IGNORE INTO producer_offsets VALUES (?, ?)", (producer_id, payload))
+            return cursor.rowcount == 1
+
+    def get_producer_offsets(self, producer_id: str) -> bytes | None:
+        rows = self._query("SELECT payload FROM producer_offsets WHERE producer_id = ?", producer_id)
+        return bytes(rows[0][0]) if rows else None
+
+    def delete_producer_offsets(self, producer_id: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM producer_offsets WHERE producer_id = ?", (producer_id,))
+
+    def list_producer_ids(self) -> list[str]:
+        return [row[0] for row in self._query("SELECT producer_id FROM producer_offsets ORDER BY producer_id")]
 
     # ---- lake tiering state ----
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:

@@ -207,6 +207,21 @@ class MetadataStore(ABC):
     @abstractmethod
     def list_leases(self) -> dict[str, bytes]: ...
 
+    # ---- producer offsets (one document per producer id: what an exactly-once writer registered) ----
+    @abstractmethod
+    def create_producer_offsets(self, producer_id: str, payload: bytes) -> bool:
+        """Store a producer's offsets unless it has some already: True if created, False if they existed
+        (atomic, so of two concurrent registrations exactly one creates)."""
+
+    @abstractmethod
+    def get_producer_offsets(self, producer_id: str) -> bytes | None: ...
+
+    @abstractmethod
+    def delete_producer_offsets(self, producer_id: str) -> None: ...
+
+    @abstractmethod
+    def list_producer_ids(self) -> list[str]: ...
+
     # ---- lake tiering state (one small document per lake table the tiering manager knows) ----
     @abstractmethod
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:

@@ -9,6 +9,7 @@ from functools import cached_property
 
 from strom.errors import (
     InvalidDatabaseError,
+    InvalidProducerIdError,
     InvalidTableError,
     PartitionSpecInvalidError,
     SchemaNotExistError,
@@ -23,7 +24,7 @@ INTERNAL_NAME_PREFIX = "__"
 PARTITION_NAME_SEPARATOR = "$"
 
 
-def _name_problem(name: str) -> str | None:
+def _name_problem(name: str, *, internal_allowed: bool = False) -> str | None:
     if not isinstance(name, str):  # protobuf hands a string field that is not valid UTF-8 over as bytes
         return "it is not valid UTF-8"
     if not name:
@@ -32,7 +33,7 @@ def _name_problem(name: str) -> str | None:
         return f"it is longer than {NAME_LENGTH_MAX} characters"
     if not _NAME.match(name):
         return "it contains characters other than ASCII alphanumerics, '_' and '-'"
-    if name.startswith(INTERNAL_NAME_PREFIX):
+    if name.startswith(INTERNAL_NAME_PREFIX) and not internal_allowed:
         return f"the prefix '{INTERNAL_NAME_PREFIX}' is reserved for internal objects"
     return None
 
@@ -47,6 +48,14 @@ def validate_table_name(name: str) -> None:
     problem = _name_problem(name)
     if problem:
         raise InvalidTableError(f"Table name {name!r} is invalid: {problem}.")
+
+
+def validate_producer_id(producer_id: str) -> None:
+    """A producer id names a node in the metadata store: the rules of table names (as Fluss has them, so
+    the ``__`` prefix is allowed)."""
+    problem = _name_problem(producer_id, internal_allowed=True)
+    if problem:
+        raise InvalidProducerIdError(f"Invalid producer ID {producer_id!r}: {problem}.")
 
 
 def validate_partition_value(key: str, value: str) -> None:

@@ -49,28 +49,49 @@ def response_class(key: ApiKey) -> type[Message] | None:
     return _message_class(message_names(key)[1])
 
 
-def add_snapshot_pins(tables: Any, pins: Mapping[TableBucket, int]) -> None:
-    """Fill a repeated ``PbKvSnapshotLeaseForTable`` field (lease requests, unavailable snapshots) with
-    ``{bucket: snapshot id}``, one entry per table, buckets in order."""
+def _add_bucket_values(tables: Any, values: Mapping[TableBucket, int], entries: str, value_field: str) -> None:
+    """Fill a repeated per-table message (``table_id`` and a repeated ``entries`` of bucket entries) with
+    ``{bucket: value}``, one entry per table, buckets in order."""
     by_table: dict[int, Any] = {}
+
     def order(item: tuple[TableBucket, int]) -> tuple[int, int, int]:
         bucket = item[0]
         return bucket.table_id, -1 if bucket.partition_id is None else bucket.partition_id, bucket.bucket
 
-    for bucket, snapshot_id in sorted(pins.items(), key=order):
+    for bucket, value in sorted(values.items(), key=order):
         table_entry = by_table.get(bucket.table_id)
         if table_entry is None:
             table_entry = by_table[bucket.table_id] = tables.add(table_id=bucket.table_id)
-        entry = table_entry.bucket_snapshots.add(bucket_id=bucket.bucket, snapshot_id=snapshot_id)
+        entry = getattr(table_entry, entries).add(bucket_id=bucket.bucket, **{value_field: value})
         if bucket.partition_id is not None:
             entry.partition_id = bucket.partition_id
 
 
+def _read_bucket_values(tables: Iterable[Any], entries: str, value_field: str) -> dict[TableBucket, int]:
+    values: dict[TableBucket, int] = {}
+    for table_entry in tables:
+        for entry in getattr(table_entry, entries):
+            partition_id = entry.partition_id if entry.HasField("partition_id") else None
+            values[TableBucket(table_entry.table_id, entry.bucket_id, partition_id)] = getattr(entry, value_field)
+    return values
+
+
+def add_snapshot_pins(tables: Any, pins: Mapping[TableBucket, int]) -> None:
+    """Fill a repeated ``PbKvSnapshotLeaseForTable`` field (lease requests, unavailable snapshots) with
+    ``{bucket: snapshot id}``."""
+    _add_bucket_values(tables, pins, "bucket_snapshots", "snapshot_id")
+
+
 def read_snapshot_pins(tables: Iterable[Any]) -> dict[TableBucket, int]:
     """``{bucket: snapshot id}`` from a repeated ``PbKvSnapshotLeaseForTable`` field."""
-    pins: dict[TableBucket, int] = {}
-    for table_entry in tables:
-        for entry in table_entry.bucket_snapshots:
-            partition_id = entry.partition_id if entry.HasField("partition_id") else None
-            pins[TableBucket(table_entry.table_id, entry.bucket_id, partition_id)] = entry.snapshot_id
-    return pins
+    return _read_bucket_values(tables, "bucket_snapshots", "snapshot_id")
+
+
+def add_producer_offsets(tables: Any, offsets: Mapping[TableBucket, int]) -> None:
+    """Fill a repeated ``PbProducerTableOffsets`` field with ``{bucket: log end offset}``."""
+    _add_bucket_values(tables, offsets, "bucket_offsets", "log_end_offset")
+
+
+def read_producer_offsets(tables: Iterable[Any]) -> dict[TableBucket, int]:
+    """``{bucket: log end offset}`` from a repeated ``PbProducerTableOffsets`` field."""
+    return _read_bucket_values(tables, "bucket_offsets", "log_end_offset")

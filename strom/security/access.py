@@ -8,7 +8,9 @@ rules follow Fluss's services:
 - database: DROP to drop it, ALTER to alter it, DESCRIBE to read its info, CREATE to create a table in it;
 - table: DESCRIBE for its info, schema, partitions, offsets, snapshots and lake snapshot; READ to fetch,
   look up, prefix-look-up, limit-scan, ScanKv, and to acquire, release or drop KV snapshot leases on it;
-  WRITE to produce, put, initialise a writer, create or drop partitions; ALTER to alter; DROP to drop;
+  WRITE to produce, put, initialise a writer, create or drop partitions, register producer offsets on it
+  or delete a producer's offsets that cover it; ALTER to alter; DROP to drop;
+- GetProducerOffsets leaves out the tables the principal may not READ, as Fluss does;
 - listings (databases, tables) and GetMetadata leave out what the principal may not DESCRIBE;
 - FetchLog, Lookup and PrefixLookup answer a denied table per bucket with the authorization error code, as
   Fluss does (the official client reports it per bucket); the others fail as a whole (code 48).
@@ -66,8 +68,10 @@ class AccessControl:
         table_path_by_id: Callable[[int], TablePath | None],
         lease_table_ids: Callable[[str], Iterable[int]],
         partition_table_id: Callable[[int], int | None] = lambda _partition_id: None,
+        producer_table_ids: Callable[[str], Iterable[int]] = lambda _producer_id: (),
     ) -> None:
         self._authorizer = authorizer
+        self._producer_table_ids = producer_table_ids
         self._table_path_by_id = table_path_by_id
         self._lease_table_ids = lease_table_ids
         self._partition_table_id = partition_table_id
@@ -108,6 +112,11 @@ class AccessControl:
             ApiKey.LAKE_TIERING_HEARTBEAT: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
             ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
             ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
+            ApiKey.REGISTER_PRODUCER_OFFSETS: lambda r, c: self._check_ids(c, WRITE, (t.table_id for t in r.table_offsets)),
+            ApiKey.GET_PRODUCER_OFFSETS: self._get_producer_offsets,
+            ApiKey.DELETE_PRODUCER_OFFSETS: lambda r, c: self._check_ids(
+                c, WRITE, self._producer_table_ids(r.producer_id)
+            ),
             ApiKey.PRODUCE_LOG: lambda r, c: self._check_id(c, WRITE, r.table_id),
             ApiKey.PUT_KV: lambda r, c: self._check_id(c, WRITE, r.table_id),
             ApiKey.LIST_OFFSETS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
@@ -184,6 +193,16 @@ class AccessControl:
         return resource is not None and not self._allowed(caller, operation, resource)
 
     # ---- rules that shape requests or responses ----
+    def _get_producer_offsets(self, request: Any, caller: Caller) -> Finish:
+        """Only the tables the caller may READ (Fluss leaves the others out)."""
+        def finish(response: Any) -> Any:
+            kept = [t for t in response.table_offsets if not self._denied_id(caller, READ, t.table_id)]
+            del response.table_offsets[:]
+            response.table_offsets.extend(kept)
+            return response
+
+        return finish
+
     def _list_databases(self, request: Any, caller: Caller) -> Finish:
         def finish(response: Any) -> Any:
             names = [n for n in response.database_name if self._allowed(caller, DESCRIBE, Resource.database(n))]

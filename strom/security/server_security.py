@@ -184,13 +184,15 @@ class ServerSecurity:
         table_path_by_id: Callable[[int], TablePath | None],
         lease_table_ids: Callable[[str], Iterable[int]],
         partition_table_id: Callable[[int], int | None],
+        producer_table_ids: Callable[[str], Iterable[int]] = lambda _producer_id: (),
     ) -> dict[ApiKey, Handler]:
         """``handlers`` behind their authorization rules: requests only servers send are refused to anyone
         else (unless ``trust_any_server``), and the ACL rules apply when authorization is on."""
         guarded = dict(handlers) if self.trust_any_server else guard_server_requests(handlers)
         if self.authorizer is None:
             return guarded
-        access = AccessControl(self.authorizer, table_path_by_id, lease_table_ids, partition_table_id)
+        access = AccessControl(self.authorizer, table_path_by_id, lease_table_ids, partition_table_id,
+                               producer_table_ids)
         return {key: access.guard(key, handler) for key, handler in guarded.items()}
 
 

@@ -168,14 +168,19 @@ class _ClusterProcess:
         await self.listeners.start(self._guard(handlers, catalog), make_server)
         self._start_acl_refresh()
 
-    def _guard(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService) -> dict[ApiKey, Handler]:
-        """``handlers`` behind the ACL checks when authorization is on."""
+    def _guard(
+        self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService, role: CoordinatorRole | None = None
+    ) -> dict[ApiKey, Handler]:
+        """``handlers`` behind the ACL checks when authorization is on (``role``: the active coordinator's,
+        whose leases and producer offsets name the tables their requests touch)."""
         assert self.security is not None
+        lease_of = role.leases.get if role is not None else lambda _lease_id: None
         return self.security.guard(
             handlers,
             lambda table_id: table.path if (table := catalog.table_info_by_id(table_id)) else None,
-            lambda _lease_id: (),
+            lambda lease_id: {bucket.table_id for bucket in lease.pins} if (lease := lease_of(lease_id)) else (),
             lambda partition_id: p.table_id if (p := catalog.partition_by_id(partition_id)) else None,
+            role.producer_offsets.stored_table_ids if role is not None else lambda _producer_id: (),
         )
 
     @property
@@ -344,7 +349,7 @@ class CoordinatorNode(_ClusterProcess):
         handlers = role.handlers(AclService(self.security.authorizer))
         handlers[ApiKey.COMMIT_KV_SNAPSHOT] = commit_kv_snapshot
         handlers[ApiKey.CONTROLLED_SHUTDOWN] = controlled_shutdown
-        self.listeners.set_handlers(self._guard(handlers, self.coordinator))
+        self.listeners.set_handlers(self._guard(handlers, self.coordinator, role))
         self.epoch = epoch
 
     def _deposed(self) -> None:
@@ -387,7 +392,8 @@ COORDINATOR_ONLY_KEYS = (
     ApiKey.DROP_KV_SNAPSHOT_LEASE, ApiKey.LIST_KV_SNAPSHOT_LEASES, ApiKey.COMMIT_KV_SNAPSHOT,
     ApiKey.LAKE_TIERING_HEARTBEAT, ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT, ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT,
     ApiKey.GET_LAKE_SNAPSHOT, ApiKey.DESCRIBE_LAKE_TIERING, ApiKey.CREATE_ACLS, ApiKey.LIST_ACLS, ApiKey.DROP_ACLS,
-    ApiKey.CONTROLLED_SHUTDOWN,
+    ApiKey.CONTROLLED_SHUTDOWN, ApiKey.REGISTER_PRODUCER_OFFSETS, ApiKey.GET_PRODUCER_OFFSETS,
+    ApiKey.DELETE_PRODUCER_OFFSETS,
 )
 """What a standby coordinator refuses (NotCoordinatorLeader); metadata requests it answers itself."""
 

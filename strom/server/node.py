@@ -246,6 +246,7 @@ class StromServer:
             lambda table_id: table.path if (table := coordinator.table_info_by_id(table_id)) else None,
             lambda lease_id: {bucket.table_id for bucket in lease.pins} if (lease := lease_of(lease_id)) else (),
             lambda partition_id: p.table_id if (p := coordinator.partition_by_id(partition_id)) else None,
+            role.producer_offsets.stored_table_ids,
         )
 
         rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed, self.security.internal_authenticator)

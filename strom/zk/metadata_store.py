@@ -18,6 +18,7 @@ Location: ``host:port[,host:port...][/root]``; the root defaults to ``/fluss`` (
     /tabletservers/partitions/<partition_id>/assignment {"<bucket>": <server id>, ...}: each bucket's leader
     /leases/kv_snapshot/<lease_id>                      the lease's compact encoding
     /lake/tiering/<table_id>                            the table's lake tiering state
+    /producers/<producer_id>                            a producer's registered offsets and their expiry
     /fluss-acls/<resource type code>/<resource name>    {"acls":[[principal type, name, host, op, permission]]}
 
 A node's value is a one-line JSON header, a newline, then the raw payload (``_pack``/``_unpack``); names
@@ -107,6 +108,7 @@ _CONTAINERS = (
     "/tabletservers/partitions",
     "/leases/kv_snapshot",
     "/lake/tiering",
+    "/producers",
     "/fluss-acls",
 )
 
@@ -896,6 +898,33 @@ class ZooKeeperMetadataStore(MetadataStore):
         names = self._children(parent)
         values = self._get_many([f"{parent}/{name}" for name in names])
         return {unquote(name): value for name, value in zip(names, values, strict=True) if value is not None}
+
+    # ---- producer offsets ----
+    def _producer_path(self, producer_id: str) -> str:
+        return self._path(f"/producers/{_escape(producer_id)}")
+
+    def create_producer_offsets(self, producer_id: str, payload: bytes) -> bool:
+        path = self._producer_path(producer_id)
+        _check_value_size(path, payload)
+
+        def create() -> bool:
+            try:
+                self._client.create(path, payload)
+            except NodeExistsError:
+                return False
+            return True
+
+        return self._run(create)
+
+    def get_producer_offsets(self, producer_id: str) -> bytes | None:
+        found = self._run(lambda: self._get(self._producer_path(producer_id)))
+        return None if found is None else found[0]
+
+    def delete_producer_offsets(self, producer_id: str) -> None:
+        self._delete(self._producer_path(producer_id))
+
+    def list_producer_ids(self) -> list[str]:
+        return sorted(unquote(name) for name in self._run(lambda: self._children(self._path("/producers"))))
 
     # ---- lake tiering state ----
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:

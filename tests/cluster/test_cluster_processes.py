@@ -280,8 +280,8 @@ def test_the_cluster_command_starts_reports_and_stops_a_cluster(tmp_path: Path) 
 
 
 def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(tmp_path: Path) -> None:
-    """SIGKILL the active coordinator: the standby is elected, loads snapshot records and leases from
-    ZooKeeper, keeps the leased snapshot through retention, expires the short lease, and serves catalog
+    """SIGKILL the active coordinator: the standby is elected, loads snapshot records, leases and producer
+    offsets from ZooKeeper, keeps the leased snapshot through retention, expires the short lease, and serves catalog
     changes and snapshot commits; the deposed coordinator's epoch is fenced by the tablet servers."""
     config = {"kv.snapshot.interval": "300ms", "kv.snapshot.num-retained": "1",
               "kv.snapshot.lease.expiration-check-interval": "200ms", **FAST_SESSIONS}
@@ -304,12 +304,13 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
                 bucket = table.bucket(0)
                 await admin.create_kv_snapshot_lease("keep", 600_000).acquire_snapshots({bucket: pinned})
                 await admin.create_kv_snapshot_lease("short", 12_000).acquire_snapshots({bucket: pinned})
+                await admin.register_producer_offsets("spark-query", {bucket: 100})
                 return path, pinned
 
         path, pinned = asyncio.run(before())
         cluster.signal_member(first, signal.SIGKILL)
 
-        async def after() -> tuple[str, list[str], int, bool]:
+        async def after() -> tuple[str, list[str], int, bool, dict[TableBucket, int] | None]:
             async with await Connection.create(cluster.bootstrap) as connection:
                 admin = connection.get_admin()
                 deadline = time.monotonic() + WAIT_S
@@ -328,6 +329,7 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
                     assert time.monotonic() < deadline, "the short lease never expired after the failover"
                     await asyncio.sleep(0.2)
                 leases = [lease.lease_id for lease in await admin.list_kv_snapshot_leases()]
+                producer = await admin.get_producer_offsets("spark-query")
                 table = await connection.get_table(path)
                 kept = bool(await admin.get_kv_snapshot_metadata(table.bucket(0), pinned))
                 fenced = False
@@ -345,9 +347,11 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
                     fenced = True
                 finally:
                     await peer.close()
-                return f"{active.host}:{active.port}", leases, newest, kept and fenced
+                offsets = None if producer is None else producer.offsets
+                return f"{active.host}:{active.port}", leases, newest, kept and fenced, offsets
 
-        active, leases, newest, kept_and_fenced = asyncio.run(after())
+        active, leases, newest, kept_and_fenced, producer_offsets = asyncio.run(after())
+        assert producer_offsets is not None and list(producer_offsets.values()) == [100]
         assert active == second.address
         assert leases == ["keep"]
         assert newest > pinned

@@ -102,6 +102,9 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
     # docs/merge-engines.md
     ("docs/merge-engines.md", "aggregation", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "script, run twice"),
+    # docs/producer-offsets.md
+    ("docs/producer-offsets.md", "Producer offsets", 0): _doc(
+        "test_docs_client_scripts_on_the_readme_tables", "script, on the README's orders, run twice"),
     # docs/scans.md
     ("docs/scans.md", "Client", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "script, on the README's orders"),
@@ -298,6 +301,11 @@ def test_docs_client_scripts_on_the_readme_tables(readme: Readme) -> None:
     assert sorted(scan[:2]) == ["[{'id': 1, 'amount': 9.5}]", "[{'id': 2, 'amount': 3.0}]"], scan
     assert scan[2].startswith("{TableBucket(") and scan[2].count("TableBucket(") == 4, scan  # one per bucket
     assert int(scan[3]) >= 0
+
+    producers = snippet("docs/producer-offsets.md", "Producer offsets", 0)
+    for _ in range(2):  # it deletes what it registered, so a second run registers afresh
+        assert run_script(producers, readme.cwd, readme.at_server) == [
+            "CREATED", "ALREADY_EXISTS", "True", "None"]
 
     alter = run_script(snippet("docs/alter-table.md", "Changing tables and databases", 0), readme.cwd,
                        readme.at_server)

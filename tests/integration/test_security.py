@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 import pytest_asyncio
 
-from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.client import Connection, Schema, TableBucket, TableDescriptor, TablePath
 from strom.errors import AuthenticationError, AuthorizationError, SecurityDisabledError, TableNotExistError
 from strom.records.types import IntType, StringType
 from strom.rpc.api_keys import ApiKey
@@ -513,3 +513,42 @@ async def test_a_sasl_listener_and_a_plaintext_listener_serve_the_same_tables(se
         finally:
             await anonymous.close()
     assert failure.value.error_code == AUTHENTICATION_FAILED
+
+
+@pytest.mark.asyncio
+async def test_producer_offsets_need_write_to_register_or_delete_and_read_to_see(
+    secure_server: ServerProcess, admin: Connection
+) -> None:
+    readable, hidden = TablePath(DATABASE, unique_name("po_read")), TablePath(DATABASE, unique_name("po_hidden"))
+    await create_pk_table(admin, readable, buckets=1)
+    await create_pk_table(admin, hidden, buckets=1)
+    catalog = admin.get_admin()
+    readable_id = (await catalog.get_table_info(readable)).table_id
+    hidden_id = (await catalog.get_table_info(hidden)).table_id
+    offsets = {TableBucket(readable_id, 0): 4, TableBucket(hidden_id, 0): 9}
+    readable_resource = Resource.table(readable.database_name, readable.table_name)
+    producer = unique_name("secure_producer")
+    try:
+        async with await Connection.create(strom_config(secure_server, "alice")) as connection:
+            alice = connection.get_admin()
+            with pytest.raises(AuthorizationError):
+                await alice.register_producer_offsets(producer, offsets)
+            await grant(admin, "alice", OperationType.WRITE, readable_resource)
+            with pytest.raises(AuthorizationError):  # WRITE on every table named is needed
+                await alice.register_producer_offsets(producer, offsets)
+            await grant(admin, "alice", OperationType.WRITE, Resource.table(hidden.database_name, hidden.table_name))
+            await alice.register_producer_offsets(producer, offsets)
+            found = await alice.get_producer_offsets(producer)
+            assert found is not None and found.offsets == {}  # READ on neither table: both left out
+            await grant(admin, "alice", OperationType.READ, readable_resource)
+            found = await alice.get_producer_offsets(producer)
+            assert found is not None and found.offsets == {TableBucket(readable_id, 0): 4}
+        async with await Connection.create(strom_config(secure_server, "bob")) as connection:
+            with pytest.raises(AuthorizationError):  # bob may not write the tables the offsets cover
+                await connection.get_admin().delete_producer_offsets(producer)
+        assert (await catalog.get_producer_offsets(producer)).offsets == offsets  # type: ignore[union-attr]
+        async with await Connection.create(strom_config(secure_server, "alice")) as connection:
+            await connection.get_admin().delete_producer_offsets(producer)
+        assert await catalog.get_producer_offsets(producer) is None
+    finally:
+        await revoke_all(admin, "alice")

@@ -617,3 +617,34 @@ def test_dropping_a_table_drops_its_and_its_partitions_bucket_assignments(store:
     assert store.get_bucket_assignment(table.table_id, partition.partition_id) is None
     assert store.get_bucket_assignment(kept.table_id, None) == {0: 3}
     assert store.list_tables("db") == ["kept"]
+
+
+# ---- producer offsets ----
+
+
+def test_producer_offsets_are_created_once_read_back_listed_and_deleted(store: MetadataStore) -> None:
+    assert store.create_producer_offsets("job-1", b'{"a":1}')
+    assert not store.create_producer_offsets("job-1", b'{"a":2}')  # created once: the first stays
+    assert store.create_producer_offsets("__job_2", b'{"b":1}')
+    assert store.get_producer_offsets("job-1") == b'{"a":1}'
+    assert store.get_producer_offsets("missing") is None
+    assert store.list_producer_ids() == ["__job_2", "job-1"]
+    store.delete_producer_offsets("job-1")
+    store.delete_producer_offsets("missing")  # a no-op
+    assert store.get_producer_offsets("job-1") is None
+    assert store.create_producer_offsets("job-1", b'{"a":3}')
+    assert store.get_producer_offsets("job-1") == b'{"a":3}'
+
+
+def test_producer_offsets_survive_reopen(store_location: tuple[str, str]) -> None:
+    first = open_store(*store_location)
+    try:
+        assert first.create_producer_offsets("job", b"offsets")
+    finally:
+        first.close()
+    second = open_store(*store_location)
+    try:
+        assert second.get_producer_offsets("job") == b"offsets"
+        assert not second.create_producer_offsets("job", b"other")
+    finally:
+        second.close()

@@ -1,0 +1,95 @@
+"""Producer offsets through a real server: strom's client registers, reads and deletes them; the raw
+RPCs answer Fluss's result codes and errors; offsets expire by their TTL and survive a restart."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from strom.client import Connection, RegisterResult, TableBucket
+from strom.errors import InvalidConfigError, InvalidProducerIdError
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.client import RpcConnection
+from strom.rpc.messages import pb
+from tests.conftest import unique_name
+from tests.server_process import ServerProcess
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+
+
+async def test_a_producer_registers_reads_and_deletes_its_offsets(server: ServerProcess) -> None:
+    producer = unique_name("query")
+    offsets = {TableBucket(11, 0): 120, TableBucket(11, 1): 0, TableBucket(12, 3, 40): 7}
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        assert await admin.get_producer_offsets(producer) is None
+        assert await admin.register_producer_offsets(producer, offsets) is RegisterResult.CREATED
+        assert await admin.register_producer_offsets(producer, {TableBucket(11, 0): 999}) is \
+            RegisterResult.ALREADY_EXISTS
+        found = await admin.get_producer_offsets(producer)
+        assert found is not None and found.producer_id == producer and found.offsets == offsets
+        assert found.expiration_time_ms > 0
+        await admin.delete_producer_offsets(producer)
+        await admin.delete_producer_offsets(producer)  # deleting what is gone succeeds
+        assert await admin.get_producer_offsets(producer) is None
+        with pytest.raises(InvalidProducerIdError, match="Invalid producer ID"):
+            await admin.register_producer_offsets("no/slashes", offsets)
+        with pytest.raises(InvalidConfigError):
+            await admin.register_producer_offsets(producer, offsets, ttl_ms=-5)
+
+
+async def test_offsets_expire_by_their_ttl_and_a_new_registration_replaces_them(server: ServerProcess) -> None:
+    producer = unique_name("short")
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        assert await admin.register_producer_offsets(producer, {TableBucket(1, 0): 5}, ttl_ms=300) is \
+            RegisterResult.CREATED
+        found = await admin.get_producer_offsets(producer)
+        assert found is not None
+        await asyncio.sleep(0.4)
+        assert await admin.get_producer_offsets(producer) is None
+        assert await admin.register_producer_offsets(producer, {TableBucket(1, 0): 9}) is RegisterResult.CREATED
+        renewed = await admin.get_producer_offsets(producer)
+        assert renewed is not None and renewed.offsets == {TableBucket(1, 0): 9}
+        assert renewed.expiration_time_ms - found.expiration_time_ms > 3600_000  # the default TTL: 24 h
+        await admin.delete_producer_offsets(producer)
+
+
+async def test_the_wire_answers_fluss_codes(server: ServerProcess) -> None:
+    """What a Fluss client sees: result 0/1, an empty answer for an unknown producer, error code 63."""
+    host, port = server.address.rsplit(":", 1)
+    rpc = await RpcConnection.connect(host, int(port))
+    try:
+        producer = unique_name("wire")
+        request = pb.RegisterProducerOffsetsRequest(producer_id=producer, ttl_ms=60_000)
+        request.table_offsets.add(table_id=3).bucket_offsets.add(bucket_id=0, log_end_offset=42)
+        assert (await rpc.request(ApiKey.REGISTER_PRODUCER_OFFSETS, request)).result == 0
+        assert (await rpc.request(ApiKey.REGISTER_PRODUCER_OFFSETS, request)).result == 1
+        got = await rpc.request(ApiKey.GET_PRODUCER_OFFSETS, pb.GetProducerOffsetsRequest(producer_id=producer))
+        assert got.producer_id == producer
+        assert [(t.table_id, [(b.bucket_id, b.log_end_offset, b.HasField("partition_id")) for b in t.bucket_offsets])
+                for t in got.table_offsets] == [(3, [(0, 42, False)])]
+        unknown = await rpc.request(ApiKey.GET_PRODUCER_OFFSETS, pb.GetProducerOffsetsRequest(producer_id="nobody"))
+        assert not unknown.HasField("producer_id") and not unknown.table_offsets
+        with pytest.raises(InvalidProducerIdError) as refused:
+            await rpc.request(ApiKey.DELETE_PRODUCER_OFFSETS, pb.DeleteProducerOffsetsRequest(producer_id=""))
+        assert refused.value.code == 63
+        missing_offset = pb.RegisterProducerOffsetsRequest(producer_id=producer + "-x")
+        missing_offset.table_offsets.add(table_id=3).bucket_offsets.add(bucket_id=0)
+        with pytest.raises(Exception, match="no log_end_offset"):
+            await rpc.request(ApiKey.REGISTER_PRODUCER_OFFSETS, missing_offset)
+        await rpc.request(ApiKey.DELETE_PRODUCER_OFFSETS, pb.DeleteProducerOffsetsRequest(producer_id=producer))
+    finally:
+        await rpc.close()
+
+
+async def test_offsets_survive_a_restart(server_factory) -> None:  # type: ignore[no-untyped-def]
+    process: ServerProcess = server_factory()
+    async with await Connection.create(process.address) as connection:
+        await connection.get_admin().register_producer_offsets("durable", {TableBucket(5, 1): 77})
+    assert process.stop() == 0
+    process.start()
+    async with await Connection.create(process.address) as connection:
+        found = await connection.get_admin().get_producer_offsets("durable")
+    assert found is not None and found.offsets == {TableBucket(5, 1): 77}
