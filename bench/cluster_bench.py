@@ -21,7 +21,9 @@ import multiprocessing
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -53,11 +55,12 @@ def write_range(address: str, first: int, count: int, batch: int) -> None:
     asyncio.run(run())
 
 
-def ingest(address: str, rows: int, writers: int, batch: int) -> float:
-    """Rows per second of ``writers`` processes upserting ``rows`` keys in total, until all acknowledged."""
+def run_writers(target: Callable[[Any, int, int, int], None], where: Any, rows: int, writers: int, batch: int) -> float:
+    """Rows per second of ``writers`` processes running ``target(where, first, count, batch)`` over disjoint
+    key ranges of ``rows`` keys in total, until every one has finished."""
     share = rows // writers
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=write_range, args=(address, w * share, share, batch)) for w in range(writers)]
+    processes = [context.Process(target=target, args=(where, w * share, share, batch)) for w in range(writers)]
     start = time.perf_counter()
     for process in processes:
         process.start()
@@ -65,6 +68,11 @@ def ingest(address: str, rows: int, writers: int, batch: int) -> float:
         process.join()
         assert process.exitcode == 0, f"a writer failed with {process.exitcode}"
     return share * writers / (time.perf_counter() - start)
+
+
+def ingest(address: str, rows: int, writers: int, batch: int) -> float:
+    """Rows per second of ``writers`` processes upserting ``rows`` keys in total, until all acknowledged."""
+    return run_writers(write_range, address, rows, writers, batch)
 
 
 def postgres_write_range(port: int, first: int, count: int, batch: int) -> None:
@@ -95,17 +103,7 @@ def measure_postgres(rows: int, writers: int, batch: int) -> float | None:
         with pg.connect() as connection:
             connection.execute("CREATE TABLE ingest (id BIGINT PRIMARY KEY, name TEXT, score BIGINT)")
             connection.commit()
-        share = rows // writers
-        context = multiprocessing.get_context("spawn")
-        processes = [context.Process(target=postgres_write_range, args=(pg.port, w * share, share, batch))
-                     for w in range(writers)]
-        start = time.perf_counter()
-        for process in processes:
-            process.start()
-        for process in processes:
-            process.join()
-            assert process.exitcode == 0, f"a PostgreSQL writer failed with {process.exitcode}"
-        return share * writers / (time.perf_counter() - start)
+        return run_writers(postgres_write_range, pg.port, rows, writers, batch)
 
 
 def measure_cluster(

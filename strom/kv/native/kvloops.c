@@ -114,6 +114,22 @@ pop_entry(PyObject *dict, PyObject *key, Py_ssize_t key_size, Py_ssize_t overhea
     return status;
 }
 
+/* Snapshot two sequences as tuples (no Python code can resize them under us); 0, or -1 with an error. */
+static int
+two_tuples(PyObject *first_arg, PyObject *second_arg, PyObject **first, PyObject **second)
+{
+    *first = PySequence_Tuple(first_arg);
+    if (*first == NULL) {
+        return -1;
+    }
+    *second = PySequence_Tuple(second_arg);
+    if (*second == NULL) {
+        Py_CLEAR(*first);
+        return -1;
+    }
+    return 0;
+}
+
 /* cache_put_many(young, old, keys, values, keep, overhead) -> (young_delta, old_delta) */
 static PyObject *
 cache_put_many(PyObject *self, PyObject *args)
@@ -125,13 +141,8 @@ cache_put_many(PyObject *self, PyObject *args)
                           &keep, &overhead)) {
         return NULL;
     }
-    PyObject *keys = PySequence_Tuple(keys_arg);
-    if (keys == NULL) {
-        return NULL;
-    }
-    PyObject *values = PySequence_Tuple(values_arg);
-    if (values == NULL) {
-        Py_DECREF(keys);
+    PyObject *keys, *values;
+    if (two_tuples(keys_arg, values_arg, &keys, &values) < 0) {
         return NULL;
     }
     Py_ssize_t count = PyTuple_GET_SIZE(keys);
@@ -179,13 +190,8 @@ entry_bytes(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOn", &keys_arg, &values_arg, &overhead)) {
         return NULL;
     }
-    PyObject *keys = PySequence_Tuple(keys_arg);
-    if (keys == NULL) {
-        return NULL;
-    }
-    PyObject *values = PySequence_Tuple(values_arg);
-    if (values == NULL) {
-        Py_DECREF(keys);
+    PyObject *keys, *values;
+    if (two_tuples(keys_arg, values_arg, &keys, &values) < 0) {
         return NULL;
     }
     Py_ssize_t total = 0;
