@@ -13,7 +13,7 @@ from strom.client.log_scanner import EARLIEST_OFFSET, LogScanner, ScanBatch
 from strom.client.lookup import Lookuper, PrefixLookuper
 from strom.client.producers import ProducerOffsets, RegisterResult
 from strom.client.table import Table
-from strom.client.writer import AppendWriter, UpsertWriter, WriteResultHandle
+from strom.client.writer import AppendWriter, ReplayableWriterId, UpsertWriter, WriteResultHandle
 from strom.ids import TableBucket, TablePath
 from strom.records.schema import Column, DatabaseDescriptor, Schema, TableDescriptor
 
@@ -32,6 +32,7 @@ __all__ = [
     "PrefixLookuper",
     "ProducerOffsets",
     "RegisterResult",
+    "ReplayableWriterId",
     "ScanBatch",
     "Schema",
     "ServerNode",

@@ -11,7 +11,7 @@ from strom.client.layout import TableLayout
 from strom.client.log_scanner import LogScanner
 from strom.client.lookup import Lookuper, PrefixLookuper
 from strom.client.table_handle import TableHandle
-from strom.client.writer import AppendWriter, UpsertWriter
+from strom.client.writer import AppendWriter, ReplayableWriterId, UpsertWriter
 from strom.ids import TableBucket
 
 
@@ -44,16 +44,18 @@ class TableUpsert:
     partial_update_by_name = partial_update
     partial_update_by_index = partial_update
 
-    def create_writer(self) -> UpsertWriter:
-        return UpsertWriter(self._table, self._targets)
+    def create_writer(self, replayable: ReplayableWriterId | None = None) -> UpsertWriter:
+        """``replayable``: write under a writer identity of the caller's (see :class:`ReplayableWriterId`)."""
+        return UpsertWriter(self._table, self._targets, replayable)
 
 
 class TableAppend:
     def __init__(self, table: Table) -> None:
         self._table = table
 
-    def create_writer(self) -> AppendWriter:
-        return AppendWriter(self._table)
+    def create_writer(self, replayable: ReplayableWriterId | None = None) -> AppendWriter:
+        """``replayable``: write under a writer identity of the caller's (see :class:`ReplayableWriterId`)."""
+        return AppendWriter(self._table, replayable)
 
 
 class TableLookup:

@@ -31,6 +31,7 @@ from strom.errors import (
 from strom.ids import TableBucket
 from strom.records import indexed_log, log_batch
 from strom.records.kv_batch import build_kv_batch
+from strom.records.log_batch import REPLAYABLE_WRITER_ID_MIN, RUN_SEQUENCE_SPAN
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 
@@ -160,13 +161,42 @@ def _object_array(items: Sequence[Any]) -> np.ndarray[Any, Any]:
     return array
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayableWriterId:
+    """A writer identity chosen by the caller, so that running the same writes again (a retried Spark task,
+    a micro-batch replayed after a crash) sends the same batches under the same ids and sequences, and the
+    server acknowledges the ones it already has instead of writing them twice (a strom extension: see
+    ``strom/log/writer_state.py``). The writes must be the same rows in the same order each time.
+
+    ``writer_id`` must be at least ``REPLAYABLE_WRITER_ID_MIN``; ``run`` numbers the successive runs of one
+    writer (micro-batches): each starts its sequences at ``run * RUN_SEQUENCE_SPAN`` in every bucket."""
+
+    writer_id: int
+    run: int = 0
+
+    def __post_init__(self) -> None:
+        if not REPLAYABLE_WRITER_ID_MIN <= self.writer_id < 1 << 63:
+            raise ValueError(f"a replayable writer id must be in [2^62, 2^63), got {self.writer_id}")
+        if not 0 <= self.run <= REPLAYABLE_RUNS_MAX:
+            raise ValueError(f"run must be in [0, {REPLAYABLE_RUNS_MAX}], got {self.run}")
+
+    @property
+    def first_sequence(self) -> int:
+        return self.run * RUN_SEQUENCE_SPAN
+
+
+REPLAYABLE_RUNS_MAX = 0x7FFFFFFF // RUN_SEQUENCE_SPAN - 1
+"""The last run of one replayable writer id (each run has RUN_SEQUENCE_SPAN sequences per bucket)."""
+
+
 class _Writer:
     """The chunking, sequencing and retry logic shared by both writers."""
 
-    def __init__(self, table: TableHandle) -> None:
+    def __init__(self, table: TableHandle, replayable: ReplayableWriterId | None = None) -> None:
         self._table = table
         self._connection = table.connection
-        self._writer_id: int | None = None
+        self._replayable = replayable
+        self._writer_id: int | None = replayable.writer_id if replayable is not None else None
         self._sequences: dict[TableBucket, int] = {}
         self._last_chunk: asyncio.Future[None] | None = None
         self._last_sent: asyncio.Event | None = None
@@ -185,12 +215,18 @@ class _Writer:
     def _forget_writer_id(self) -> None:
         """A batch failed for good, so the server's sequence for this writer stops before it: later batches
         go out under a new writer id from sequence 0 (Fluss's client resets its writer id likewise), or
-        every write after one failure would be refused as out of order."""
+        every write after one failure would be refused as out of order. A replayable writer keeps its id:
+        its caller fails and runs again from the start."""
+        if self._replayable is not None:
+            return
         self._writer_id = None
         self._sequences.clear()
 
     def _next_sequence(self, bucket: TableBucket) -> int:
-        sequence = self._sequences.get(bucket, 0)
+        first = self._replayable.first_sequence if self._replayable is not None else 0
+        sequence = self._sequences.get(bucket, first)
+        if self._replayable is not None and sequence - first >= RUN_SEQUENCE_SPAN:
+            raise ValueError(f"a replayable writer's run may send at most {RUN_SEQUENCE_SPAN} batches per bucket")
         self._sequences[bucket] = sequence + 1
         return sequence
 
@@ -362,8 +398,10 @@ def _bucket_error(response: Any) -> StromError | None:
 class UpsertWriter(_Writer):
     """Upserts and deletes on a primary-key table; ``partial_update`` writers touch only their columns."""
 
-    def __init__(self, table: TableHandle, target_columns: list[int] | None = None) -> None:
-        super().__init__(table)
+    def __init__(
+        self, table: TableHandle, target_columns: list[int] | None = None, replayable: ReplayableWriterId | None = None
+    ) -> None:
+        super().__init__(table, replayable)
         layout = table.layout
         if not layout.primary_key:
             raise ValueError(f"table {layout.info.path} has no primary key; use an append writer")
@@ -529,8 +567,8 @@ def _collect(responses: Any, by_bucket: dict[tuple[int | None, int], _BucketBatc
 class AppendWriter(_Writer):
     """Appends rows to a log table."""
 
-    def __init__(self, table: TableHandle) -> None:
-        super().__init__(table)
+    def __init__(self, table: TableHandle, replayable: ReplayableWriterId | None = None) -> None:
+        super().__init__(table, replayable)
         layout = table.layout
         if layout.primary_key:
             raise ValueError(f"table {layout.info.path} has a primary key; use an upsert writer")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from strom.errors import DuplicateSequenceError, OutOfOrderSequenceError
+from strom.records.log_batch import REPLAYABLE_WRITER_ID_MIN, RUN_SEQUENCE_SPAN
 
 if TYPE_CHECKING:
     from strom.records.log_batch import LogBatchHeader
@@ -24,6 +25,14 @@ if TYPE_CHECKING:
 NO_WRITER_ID = -1
 BATCHES_RETAINED_PER_WRITER = 5  # the client keeps at most 5 batches in flight per bucket
 INT32_MAX = 0x7FFFFFFF
+
+
+def is_replayable_writer(writer_id: int) -> bool:
+    """A replayable writer (``log_batch.REPLAYABLE_WRITER_ID_MIN``): any sequence at or below its last one is a
+    duplicate — acknowledged, not written — however far back it is, and it may start a new run (the next
+    micro-batch) at any multiple of RUN_SEQUENCE_SPAN above its last sequence. Within a run, sequences
+    follow one another as for any writer, so a lost batch is still caught as out of order."""
+    return writer_id >= REPLAYABLE_WRITER_ID_MIN
 
 
 def follows(last_sequence: int, batch_sequence: int) -> bool:
@@ -60,6 +69,14 @@ class WriterStateManager:
             return
         entry = self._writers.get(writer_id)
         last = entry.last_sequence if entry else -1
+        if is_replayable_writer(writer_id):
+            if batch_sequence <= last:
+                raise DuplicateSequenceError(f"replayable writer {writer_id} already wrote batch {batch_sequence}")
+            if batch_sequence != last + 1 and batch_sequence % RUN_SEQUENCE_SPAN:
+                raise OutOfOrderSequenceError(
+                    f"writer {writer_id}: batch sequence {batch_sequence} neither follows {last} nor starts a run"
+                )
+            return
         if entry is not None:
             for sequence, base_offset, _next in entry.batches:
                 if sequence == batch_sequence:
@@ -102,12 +119,15 @@ class WriterStateManager:
             previous[writer_id] = sequence
 
     def batch_next_offset(self, writer_id: int, batch_sequence: int) -> int | None:
-        """The exclusive end offset of a retained batch of ``writer_id`` (None if not retained)."""
+        """The exclusive end offset of a retained batch of ``writer_id`` (None if not retained); for a
+        replayable writer's older batch, a bound: it ended at or before the oldest retained batch began."""
         entry = self._writers.get(writer_id)
         if entry is not None:
             for sequence, _base_offset, next_offset in entry.batches:
                 if sequence == batch_sequence:
                     return next_offset
+            if is_replayable_writer(writer_id) and entry.batches and batch_sequence < entry.batches[0][0]:
+                return entry.batches[0][1]
         return None
 
     def observe(self, writer_id: int, batch_sequence: int, base_offset: int, next_offset: int, timestamp_ms: int) -> None:

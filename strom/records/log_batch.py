@@ -37,6 +37,12 @@ MAGIC_V0 = 0
 APPEND_ONLY_FLAG = 0x01
 NO_WRITER_ID = -1
 NO_BATCH_SEQUENCE = -1
+REPLAYABLE_WRITER_ID_MIN = 1 << 62
+"""Writer ids from here up are chosen by the client, never handed out by InitWriter (a strom extension): a
+*replayable writer* writes the same batches with the same ids and sequences each time it runs again (an
+exactly-once Spark task after a crash); see ``strom/log/writer_state.py`` for how a bucket answers them."""
+RUN_SEQUENCE_SPAN = 1 << 16
+"""Sequences of one run (a micro-batch) of a replayable writer start at a multiple of this in each bucket."""
 _LENGTH = struct.Struct("<i")
 _CRC = struct.Struct("<I")
 

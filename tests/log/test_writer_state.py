@@ -6,6 +6,7 @@ import pytest
 
 from strom.errors import DuplicateSequenceError, OutOfOrderSequenceError
 from strom.log.writer_state import BATCHES_RETAINED_PER_WRITER, INT32_MAX, NO_WRITER_ID, WriterStateManager
+from strom.records.log_batch import REPLAYABLE_WRITER_ID_MIN, RUN_SEQUENCE_SPAN
 
 T0_MS = 1_700_000_000_000
 
@@ -106,3 +107,44 @@ def test_writers_idle_longer_than_the_expiration_are_forgotten() -> None:
     assert state.expire(T0_MS + 20_000) == 0
     assert state.expire(T0_MS + 24_001) == 1
     assert state.writer_count == 0
+
+
+REPLAYABLE = REPLAYABLE_WRITER_ID_MIN + 12345
+
+
+def test_a_replayable_writer_s_every_earlier_batch_is_a_duplicate_however_far_back() -> None:
+    state = WriterStateManager(expiration_ms=60_000)
+    for sequence in range(20):
+        write(state, REPLAYABLE, sequence, offset=sequence)
+    for sequence in range(20):
+        with pytest.raises(DuplicateSequenceError):
+            state.check(REPLAYABLE, sequence)
+    state.check(REPLAYABLE, 20)
+    assert state.batch_next_offset(REPLAYABLE, 19) == 20
+    assert state.batch_next_offset(REPLAYABLE, 0) == 20 - BATCHES_RETAINED_PER_WRITER  # a bound: before the window
+
+
+def test_a_replayable_writer_starts_runs_at_multiples_of_the_span_and_follows_within_one() -> None:
+    state = WriterStateManager(expiration_ms=60_000)
+    with pytest.raises(OutOfOrderSequenceError):
+        state.check(REPLAYABLE, 1)  # a first batch starts a run
+    state.check(REPLAYABLE, 3 * RUN_SEQUENCE_SPAN)  # a first batch may start at any run
+    write(state, REPLAYABLE, RUN_SEQUENCE_SPAN, offset=0)
+    write(state, REPLAYABLE, RUN_SEQUENCE_SPAN + 1, offset=1)
+    with pytest.raises(OutOfOrderSequenceError, match="neither follows"):
+        state.check(REPLAYABLE, RUN_SEQUENCE_SPAN + 3)  # a lost batch within a run is still caught
+    write(state, REPLAYABLE, 5 * RUN_SEQUENCE_SPAN, offset=2)  # the next run may skip runs (other buckets' only)
+    with pytest.raises(DuplicateSequenceError):
+        state.check(REPLAYABLE, 2 * RUN_SEQUENCE_SPAN)  # an earlier run replayed: already written
+    with pytest.raises(OutOfOrderSequenceError):
+        state.check(REPLAYABLE_WRITER_ID_MIN - 1, RUN_SEQUENCE_SPAN)  # an ordinary writer has no runs
+
+
+def test_a_replayable_writer_s_state_survives_a_restart() -> None:
+    state = WriterStateManager(expiration_ms=60_000)
+    for sequence in range(10):
+        write(state, REPLAYABLE, RUN_SEQUENCE_SPAN + sequence, offset=sequence)
+    restored, _ = WriterStateManager.from_bytes(state.to_bytes(10), 60_000)
+    with pytest.raises(DuplicateSequenceError):
+        restored.check(REPLAYABLE, RUN_SEQUENCE_SPAN)
+    restored.check(REPLAYABLE, RUN_SEQUENCE_SPAN + 10)
