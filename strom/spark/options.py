@@ -103,6 +103,12 @@ WRITE_BATCH_ROWS = ConnectorOption(
     "spread the server's per-request cost (changelog sync, request handling) over more rows; much larger "
     "ones leave less overlap between the task preparing a request and the server applying the previous.",
 )
+WRITE_EXACTLY_ONCE = ConnectorOption(
+    "write.exactly-once", "false",
+    "true: each write task writes under a replayable writer identity (streaming: the query id, micro-batch and "
+    "partition; batch: the write and partition), so a retried task or a replayed micro-batch writes nothing "
+    "twice. Requires each task to get the same rows in the same order when it runs again (see docs/spark.md).",
+)
 READ_FILTER_PUSHDOWN = ConnectorOption(
     "read.filter-pushdown", None,
     "Batch reads: true lets Spark push filters (primary-key lookups, partition pruning), which needs "
@@ -136,11 +142,18 @@ TEST_WAIT_FOR_FILE = ConnectorOption(
     "Test aid: read tasks wait (up to 120 s) until this file exists before reading, to act between planning and reading.",
 )
 
+TEST_CRASH_AFTER_REQUESTS = ConnectorOption(
+    "testing.write.crash-once-after-requests", None,
+    "Test aid, 'N:PATH': the first write task to have N requests acknowledged while PATH does not exist creates "
+    "PATH and kills its own Python worker (SIGKILL), as a crash after some rows were written.",
+)
+
 ALL_OPTIONS = (
     BOOTSTRAP_SERVERS, TABLE, SCAN_STARTUP_MODE, SCAN_STARTUP_TIMESTAMP, SCAN_INCREMENTAL_START, SCAN_INCREMENTAL_END,
     READ_STRATEGY, READ_SOURCE, READ_OPTIMIZED, LEASE_ID, LEASE_DURATION, READ_CHANGE_TYPE_COLUMN, READ_METADATA_COLUMNS,
-    SCAN_MAX_RECORDS_PER_PARTITION, MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, WRITE_BATCH_ROWS, PRIMARY_KEY,
-    BUCKET_NUMBER, BUCKET_KEY, PARTITION_KEY, COMMENT, AUTO_INCREMENT_FIELDS, READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE,
+    SCAN_MAX_RECORDS_PER_PARTITION, MAX_ROWS_PER_TRIGGER, WRITE_CHANGE_TYPE_COLUMN, WRITE_BATCH_ROWS,
+    WRITE_EXACTLY_ONCE, PRIMARY_KEY, BUCKET_NUMBER, BUCKET_KEY, PARTITION_KEY, COMMENT, AUTO_INCREMENT_FIELDS,
+    READ_FILTER_PUSHDOWN, TEST_WAIT_FOR_FILE, TEST_CRASH_AFTER_REQUESTS,
 )
 
 METADATA_LOG_OFFSET = "_log_offset"
@@ -428,6 +441,9 @@ class WriteOptions:
     change_type_column: str
     batch_rows: int = int(WRITE_BATCH_ROWS.default or 0)
     creation: TableCreation = field(default_factory=TableCreation)
+    exactly_once: bool = False
+    crash_after_requests: tuple[int, str] | None = None
+    """``testing.write.crash-once-after-requests``."""
 
     def change_type_column_for(self, table_columns: Collection[str]) -> str | None:
         """The change type column's name, unless unset or a column of the table itself (data, not a type)."""
@@ -444,4 +460,10 @@ class WriteOptions:
             raise FlussConnectorError(f"option '{WRITE_BATCH_ROWS.key}' must be an integer") from None
         if batch_rows <= 0:
             raise FlussConnectorError(f"option '{WRITE_BATCH_ROWS.key}' must be positive")
-        return cls(_get(raw, WRITE_CHANGE_TYPE_COLUMN).strip(), batch_rows, TableCreation.parse(raw))
+        crash = raw.get(TEST_CRASH_AFTER_REQUESTS.key)
+        crash_after = None
+        if crash:
+            count, _, path = crash.partition(":")
+            crash_after = (int(count), path)
+        return cls(_get(raw, WRITE_CHANGE_TYPE_COLUMN).strip(), batch_rows, TableCreation.parse(raw),
+                   _boolean(raw, WRITE_EXACTLY_ONCE), crash_after)

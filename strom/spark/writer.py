@@ -2,9 +2,12 @@
 
 Each Spark task converts its Arrow batches to the table's layout and sends them through strom's writers:
 appends for a log table, upserts (and deletes) for a primary-key table. Fluss commits on write, so the
-job-level ``commit`` has nothing to do, and a retried task writes its rows again: the guarantee is
-at-least-once, which for a primary-key table without deletes is effectively exactly-once (an upsert of the
-same row twice leaves the same state).
+job-level ``commit`` has nothing to do. By default a retried task writes its rows again (at-least-once).
+With ``write.exactly-once`` each task writes under a replayable writer identity derived from what Spark
+replays it as — a streaming query's id, micro-batch and partition, or a batch write's id and partition —
+and the server acknowledges, without writing them again, the batches a previous attempt already wrote
+(``strom.client.writer.ReplayableWriterId``). That is exact when a task gets the same rows in the same
+order each time it runs (docs/spark.md says when that holds).
 
 With a change-type column (option ``write.change-type-column``, used when the DataFrame has it), ``+I`` and
 ``+U`` rows upsert, ``-D`` rows delete by primary key and ``-U`` rows are skipped. Rows are applied in their
@@ -13,6 +16,10 @@ order within the task: runs of upserts and runs of deletes go out one after anot
 
 from __future__ import annotations
 
+import hashlib
+import os
+import signal
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,10 +27,18 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from strom.client.table import Table
-from strom.client.writer import AppendWriter, UpsertWriter, WriteResultHandle
+from strom.client.writer import (
+    REPLAYABLE_RUNS_MAX,
+    AppendWriter,
+    ReplayableWriterId,
+    UpsertWriter,
+    WriteResultHandle,
+)
+from strom.records.log_batch import REPLAYABLE_WRITER_ID_MIN
 from strom.spark import runtime
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import WRITE_CHANGE_TYPE_COLUMN, ConnectionOptions, WriteOptions
@@ -60,15 +75,21 @@ class TableSink:
     the bound is reached is also what keeps the newer ones moving.
     """
 
-    def __init__(self, table: Table, change_type_column: str | None, batch_rows: int = 32_768) -> None:
+    def __init__(
+        self, table: Table, change_type_column: str | None, batch_rows: int = 32_768,
+        identity: ReplayableWriterId | None = None, crash_after: tuple[int, str] | None = None,
+    ) -> None:
+        self._crash_after = crash_after
         self._table = table
         self._layout = table.layout
         self._change_type_column = change_type_column
         self._batch_rows = batch_rows
         self._writer: UpsertWriter | AppendWriter = (
-            table.new_upsert().create_writer() if self._layout.primary_key else table.new_append().create_writer()
+            table.new_upsert().create_writer(identity) if self._layout.primary_key
+            else table.new_append().create_writer(identity)
         )
         self._pending: deque[WriteResultHandle] = deque()
+        self._acknowledged = 0
         self._gathered: list[pa.RecordBatch] = []
         self._gathered_rows = 0
         self.rows_written = 0
@@ -148,6 +169,9 @@ class TableSink:
         """Wait for the oldest writes until at most ``pending_max`` remain; raises the first write error."""
         while len(self._pending) > pending_max:
             await self._pending.popleft().wait()
+            self._acknowledged += 1
+            if self._crash_after is not None and self._acknowledged >= self._crash_after[0]:
+                _crash_once(self._crash_after[1])
 
     async def finish(self) -> None:
         await self._send_gathered()
@@ -155,13 +179,61 @@ class TableSink:
         await self._settle(0)
 
 
-def write_task(connection: ConnectionOptions, options: WriteOptions, table_id: int, batches: Iterator[pa.RecordBatch]) -> FlussCommitMessage:
+def _crash_once(marker: str) -> None:
+    """The test aid ``testing.write.crash-once-after-requests``: kill this Python worker, once."""
+    try:
+        with open(marker, "x"):
+            pass
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""Local properties Spark sets on a streaming query's micro-batch jobs (and so on their tasks): the query's id
+(kept in its checkpoint, so the same after a restart) and the micro-batch id."""
+
+
+def task_identity(table_id: int, write_id: str | None) -> ReplayableWriterId:
+    """The replayable writer identity of the running Spark task: the same each time Spark runs this task
+    again (a retry, or the micro-batch replayed after a restart from the checkpoint).
+
+    A micro-batch's task writes run ``batch id`` of a writer per (query, table, partition); runs advance with
+    the micro-batches, and every REPLAYABLE_RUNS_MAX + 1 of them the writer id changes. A batch write's task
+    writes run 0 of a writer per (write, table, partition), ``write_id`` being drawn once per write.
+    """
+    context = TaskContext.get()
+    if context is None:
+        raise FlussConnectorError("an exactly-once write runs in a Spark task")
+    partition = context.partitionId()
+    query_id, batch_id = context.getLocalProperty(QUERY_ID_PROPERTY), context.getLocalProperty(BATCH_ID_PROPERTY)
+    if query_id is not None and batch_id is not None:
+        epoch, run = divmod(int(batch_id), REPLAYABLE_RUNS_MAX + 1)
+        key = f"stream/{query_id}/{table_id}/{partition}/{epoch}"
+    elif write_id is not None:
+        key, run = f"write/{write_id}/{table_id}/{partition}", 0
+    else:
+        raise FlussConnectorError(
+            "an exactly-once streaming write needs the micro-batch's query and batch ids, which Spark did not pass "
+            "to this task (continuous processing is not supported)"
+        )
+    digest = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+    return ReplayableWriterId(REPLAYABLE_WRITER_ID_MIN + digest % REPLAYABLE_WRITER_ID_MIN, run)
+
+
+def write_task(
+    connection: ConnectionOptions, options: WriteOptions, table_id: int, batches: Iterator[pa.RecordBatch],
+    write_id: str | None = None,
+) -> FlussCommitMessage:
     """One Spark task's write: everything acknowledged by the server before it returns."""
+    identity = task_identity(table_id, write_id) if options.exactly_once else None
     with runtime.connected(connection) as client:
         table = runtime.run(client.get_table(connection.table_path))
         if table.layout.info.table_id != table_id:
             raise FlussConnectorError(f"table '{connection.table}' was dropped and re-created since the write was planned")
-        sink = TableSink(table, options.change_type_column_for(table.layout.column_names), options.batch_rows)
+        sink = TableSink(table, options.change_type_column_for(table.layout.column_names), options.batch_rows, identity,
+                         options.crash_after_requests)
         for batch in batches:
             runtime.run(sink.write(batch))
         runtime.run(sink.finish())
@@ -176,19 +248,26 @@ class _TaskWriter:
         self._connection = connection
         self._options = options
         self._table_id = table_id
+        self._write_id: str | None = None
+        """A batch write's id, drawn on the driver once per write (exactly-once writes' identities derive from it)."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FlussCommitMessage:
-        return write_task(self._connection, self._options, self._table_id, iterator)
+        return write_task(self._connection, self._options, self._table_id, iterator, self._write_id)
 
 
 class FlussArrowWriter(_TaskWriter, DataSourceArrowWriter):
     """Batch writes."""
 
+    def __init__(self, connection: ConnectionOptions, options: WriteOptions, table_id: int) -> None:
+        super().__init__(connection, options, table_id)
+        self._write_id = uuid.uuid4().hex
+
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Nothing to do: every row was committed by the server when the task wrote it."""
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Nothing to undo: rows acknowledged before the failure stay (at-least-once)."""
+        """Nothing to undo: rows acknowledged before the failure stay (running the write again writes them
+        again: a new write has a new id)."""
 
 
 class FlussStreamArrowWriter(_TaskWriter, DataSourceStreamArrowWriter):
@@ -198,4 +277,5 @@ class FlussStreamArrowWriter(_TaskWriter, DataSourceStreamArrowWriter):
         """Nothing to do: rows are committed by the server as the tasks write them."""
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to undo: a replayed micro-batch writes its rows again (at-least-once)."""
+        """Nothing to undo: a replayed micro-batch writes its rows again, or with ``write.exactly-once`` only
+        what its earlier attempt did not."""
