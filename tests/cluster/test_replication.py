@@ -16,10 +16,19 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from strom.client import Connection, OffsetSpec, Schema, TableBucket, TableDescriptor, TablePath
+from strom.client import (
+    Connection,
+    OffsetSpec,
+    ReplayableWriterId,
+    Schema,
+    TableBucket,
+    TableDescriptor,
+    TablePath,
+)
 from strom.client.batch_scanner import BucketBatchScanner
 from strom.errors import FencedLeaderEpochError, KvSnapshotNotExistError, ScannerExpiredError, StromError
 from strom.kv.snapshot import CompletedKvSnapshot
+from strom.records.log_batch import REPLAYABLE_WRITER_ID_MIN
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
@@ -425,3 +434,60 @@ def test_a_log_scanner_reads_on_across_a_leader_kill(three: LocalCluster) -> Non
 async def _poll_until(scanner: Any, read: list[int], count: int) -> None:
     while len(read) < count:
         read += [i for b in await scanner.poll(500) for i in b.batch.column("id").to_pylist()]
+
+
+def test_a_replayable_writer_s_batches_are_known_to_the_new_leader(three: LocalCluster) -> None:
+    """A replayable writer (an exactly-once Spark task) writes part of its batches into a log table and an
+    aggregation table, the log table's leader is SIGKILLed, and the writer runs again from the start: the new
+    leader, whose writer state came with the replicated log, acknowledges what was written and writes only the
+    rest; every row is in the log once and summed once."""
+    wait_for_servers(three, 3)
+    states = States(three.zookeeper_address)
+    identity = ReplayableWriterId(REPLAYABLE_WRITER_ID_MIN + 99, run=2)
+    batches = [pa.table({"id": [i % 5 for i in range(s, s + 40)], "v": list(range(s, s + 40))})
+               for s in range(0, 400, 40)]
+    fields = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.int64())])
+    try:
+
+        async def write(table: Any, upto: int) -> None:
+            writer = (table.new_upsert() if table.layout.primary_key else table.new_append()).create_writer(identity)
+            for batch in batches[:upto]:
+                await (writer.upsert_arrow_batch(batch) if table.layout.primary_key
+                       else writer.append_arrow_batch(batch)).wait()
+            await writer.flush()
+
+        async def scenario() -> tuple[list[int], dict[int, int]]:
+            async with await Connection.create(three.bootstrap) as connection:
+                log_path = await create(connection, fields, None)
+                path = TablePath("fluss", unique_name("replayed_sums"))
+                await connection.get_admin().create_table(path, TableDescriptor(
+                    Schema.from_arrow(fields, ["id"]), bucket_count=1,
+                    properties={"table.replication.factor": "3", "table.merge-engine": "aggregation",
+                                "fields.v.agg": "sum"}))
+                log_table, sums_table = await connection.get_table(log_path), await connection.get_table(path)
+                for table in (log_table, sums_table):
+                    await asyncio.to_thread(states.wait_full_isr, TableBucket(table.layout.info.table_id, 0))
+                    await write(table, 6)  # the first run stops part-way
+                leader = states.get(TableBucket(log_table.layout.info.table_id, 0)).leader
+                three.signal_member(three.member("tablet-server", leader), signal.SIGKILL)
+            async with await Connection.create(three.bootstrap) as connection:
+                log_table, sums_table = await connection.get_table(log_path), await connection.get_table(path)
+                for table in (log_table, sums_table):
+                    await write(table, len(batches))  # the run again, whole, against the new leaders
+                scanner = log_table.new_scan().create_log_scanner()
+                scanner.subscribe(0, 0)
+                read: list[int] = []
+                await asyncio.wait_for(_poll_until_v(scanner, read, 400), WAIT_S)
+                found = await sums_table.new_lookup().create_lookuper().lookup_arrow(pa.table({"id": list(range(5))}))
+                return read, dict(zip(found.column("id").to_pylist(), found.column("v").to_pylist(), strict=True))
+
+        read, sums = asyncio.run(scenario())
+        assert sorted(read) == list(range(400)), "every appended row once"
+        assert sums == {k: sum(v for v in range(400) if v % 5 == k) for k in range(5)}, "every row summed once"
+    finally:
+        states.close()
+
+
+async def _poll_until_v(scanner: Any, read: list[int], count: int) -> None:
+    while len(read) < count:
+        read += [v for b in await scanner.poll(500) for v in b.batch.column("v").to_pylist()]
