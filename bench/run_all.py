@@ -23,6 +23,7 @@ BENCHES = [
     ("bench.schema_evolution_bench", [], ["--rows", "50000", "--lookups", "5000"]),
     ("bench.cluster_bench", [], ["--rows", "100000"]),
     ("bench.spark_bench", [], ["--rows", "200000"]),
+    ("bench.spark_exactly_once_bench", [], ["--rows", "100000", "--repeat", "1"]),
     ("bench.spark_pushdown_bench", [], ["--rows", "200000", "--repeat", "1"]),
     ("bench.tiering_bench", [], ["--rows", "200000", "--lag-seconds", "30", "--freshness", "5s"]),
     ("bench.memory_soak", [], ["--seconds", "30", "--sample-seconds", "5"]),
