@@ -86,3 +86,18 @@ def test_server_scan_strategy_reads_the_current_rows(spark: Any, cluster: Fluss)
     frame = load(spark, cluster, table, **{"read.strategy": "server-scan"})
 
     assert sorted(r.id for r in frame.collect()) == [i for i in range(1, 101) if i != 50]
+
+
+def test_a_dataframe_run_again_sees_new_rows_only_where_tasks_read_the_server_s_current_rows(
+    spark: Any, cluster: Fluss
+) -> None:
+    """Spark 4.3 plans a Python data source's relation once per DataFrame (docs/spark.md): a snapshot read run
+    again returns its first rows; a server-scan read and a pushed-down key lookup read the leaders anew."""
+    table = cluster.create_table(PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    cluster.upsert(table, [{"id": i, "name": "a", "score": i} for i in range(1, 4)])
+    planned = load(spark, cluster, table)
+    scanned = load(spark, cluster, table, **{"read.strategy": "server-scan"})
+    looked_up = load(spark, cluster, table, **{"read.filter-pushdown": "true"}).where("id = 9")  # a snapshot read
+    assert (planned.count(), scanned.count(), looked_up.count()) == (3, 3, 0)
+    cluster.upsert(table, [{"id": 9, "name": "b", "score": 9}])
+    assert (planned.count(), scanned.count(), looked_up.count()) == (3, 4, 1)
