@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from strom.client import Connection
+from strom.client import Connection, OffsetSpec
 from strom.client.changelog import ChangelogFold, KeyEncoder, change_type_column, merge_snapshot
 from strom.client.log_scanner import LogScanner, ScanBatch
 from strom.client.snapshots import KvSnapshotReader
@@ -42,6 +42,7 @@ from strom.spark.partitions import (
     KvStatePartition,
     LakeBucketPartition,
     LogRangePartition,
+    LogTailPartition,
     ServerScanPartition,
 )
 from strom.spark.type_mapping import to_spark_batch
@@ -250,6 +251,19 @@ def read_log_range(context: ReadContext, partition: LogRangePartition) -> Iterat
             )
         yield from output.drain()
         _log_metrics(context, f"{partition.bucket} offsets [{partition.start_offset}, {partition.end_offset})", output)
+
+
+def read_log_tail(context: ReadContext, partition: LogTailPartition) -> Iterator[pa.RecordBatch]:
+    """A log table bucket's records from the partition's start to the bucket's high watermark now."""
+    with runtime.connected(context.connection) as connection:
+        _open_table(connection, context)  # the same table as planned (not dropped and re-created since)
+        bucket = partition.bucket
+        listed = connection.get_admin().list_bucket_offsets(
+            bucket.table_id, bucket.partition_id, [bucket.bucket], OffsetSpec.latest()
+        )
+        end = runtime.run(listed)[bucket.bucket]
+    if end > partition.start_offset:
+        yield from read_log_range(context, LogRangePartition(bucket, partition.start_offset, end))
 
 
 def _read_binlog_range(context: ReadContext, partition: LogRangePartition) -> Iterator[pa.RecordBatch]:

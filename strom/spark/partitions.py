@@ -37,6 +37,16 @@ class LogRangePartition(InputPartition):
         return self.time_end_ms is None or commit_timestamp_ms < self.time_end_ms
 
 
+@dataclass(frozen=True)
+class LogTailPartition(InputPartition):
+    """A log table bucket's records from ``start_offset`` to its high watermark **when the task runs**: a
+    DataFrame or view run again (Spark 4.3 keeps the planned partitions with the relation) reads what was
+    appended since, as a new ``load()`` would."""
+
+    bucket: TableBucket
+    start_offset: int
+
+
 def split_log_range(partition: LogRangePartition, records_max: int | None) -> list[LogRangePartition]:
     """``partition`` as consecutive offset ranges of at most ``records_max`` records, evenly sized
     (one range when ``records_max`` is None or the range is short enough)."""

@@ -40,6 +40,7 @@ from strom.spark.partitions import (
     KvStatePartition,
     LakeBucketPartition,
     LogRangePartition,
+    LogTailPartition,
     ServerScanPartition,
     split_log_range,
 )
@@ -261,6 +262,25 @@ async def whole_log_partitions(
     return split_ranges([LogRangePartition(b, starts[b], ends[b]) for b in buckets if starts[b] < ends[b]], options)
 
 
+async def log_table_partitions(
+    admin: Admin, layout: TableLayout, buckets: Collection[TableBucket], options: ReadOptions
+) -> list[InputPartition]:
+    """A log table's buckets read to their end when the tasks run: the ranges planned now (split per
+    ``scan.maxRecordsPerPartition``), the last of each bucket left open, and an open one for each bucket
+    empty now, so that running the DataFrame again reads what was appended since."""
+    starts = await bucket_offsets(admin, layout, buckets, OffsetSpec.earliest())
+    ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())
+    planned: list[InputPartition] = []
+    for bucket in buckets:
+        if starts[bucket] >= ends[bucket]:
+            planned.append(LogTailPartition(bucket, ends[bucket]))
+            continue
+        *closed, last = split_log_range(LogRangePartition(bucket, starts[bucket], ends[bucket]),
+                                        options.max_records_per_partition)
+        planned += [*closed, LogTailPartition(bucket, last.start_offset)]
+    return planned
+
+
 async def plan_batch(
     connection: Connection, layout: TableLayout, options: ReadOptions, pushed: PushedFilters | None = None,
     changes_only: bool = False,
@@ -296,7 +316,7 @@ async def plan_batch(
             buckets = [bucket for bucket in buckets if bucket not in lake.bucket_offsets]
     if not layout.primary_key:
         if lake is None:
-            return planned + await whole_log_partitions(admin, layout, buckets, options)
+            return planned + await log_table_partitions(admin, layout, buckets, options)
         starts = await bucket_offsets(admin, layout, buckets, OffsetSpec.earliest())
         starts.update({b: offset for b, offset in lake.bucket_offsets.items() if b in starts})  # tiered up to there
         ends = await bucket_offsets(admin, layout, buckets, OffsetSpec.latest())

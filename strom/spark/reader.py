@@ -22,6 +22,7 @@ from strom.spark.bucket_reader import (
     read_kv_state,
     read_lake_bucket,
     read_log_range,
+    read_log_tail,
     read_server_scan,
 )
 from strom.spark.errors import FlussConnectorError
@@ -31,6 +32,7 @@ from strom.spark.partitions import (
     KvStatePartition,
     LakeBucketPartition,
     LogRangePartition,
+    LogTailPartition,
     ServerScanPartition,
 )
 
@@ -39,6 +41,8 @@ def read_partition(context: ReadContext, partition: InputPartition) -> Iterator[
     """Dispatch a planned partition to its reader (shared by the batch and the streaming reader)."""
     if isinstance(partition, LogRangePartition):
         return read_log_range(context, partition)
+    if isinstance(partition, LogTailPartition):
+        return read_log_tail(context, partition)
     if isinstance(partition, KvStatePartition):
         return read_kv_state(context, partition)
     if isinstance(partition, ServerScanPartition):

@@ -116,7 +116,7 @@ def test_composite_and_partitioned_keys_need_every_key_column(spark: Any, cluste
 def test_partition_filters_prune_partitions(spark: Any, cluster: Fluss) -> None:
     from pyspark.sql.datasource import EqualTo, In
 
-    from strom.spark.partitions import LogRangePartition
+    from strom.spark.partitions import LogTailPartition
 
     days = [{"day": "d1"}, {"day": "d2"}, {"day": "d3"}]
     table = cluster.create_table(
@@ -125,7 +125,7 @@ def test_partition_filters_prune_partitions(spark: Any, cluster: Fluss) -> None:
     cluster.append(table, [{"id": i, "day": f"d{1 + i % 3}"} for i in range(30)])
     frame = load(spark, cluster, table)
     all_partitions, _ = planned(cluster, table, [])
-    assert len({p.bucket.partition_id for p in all_partitions if isinstance(p, LogRangePartition)}) == 3
+    assert len({p.bucket.partition_id for p in all_partitions if isinstance(p, LogTailPartition)}) == 3
 
     equal = EqualTo(("day",), "d2")
     partitions, kept = planned(cluster, table, [equal])
