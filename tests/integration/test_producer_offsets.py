@@ -4,6 +4,7 @@ RPCs answer Fluss's result codes and errors; offsets expire by their TTL and sur
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -43,16 +44,19 @@ async def test_offsets_expire_by_their_ttl_and_a_new_registration_replaces_them(
     producer = unique_name("short")
     async with await Connection.create(server.address) as connection:
         admin = connection.get_admin()
-        assert await admin.register_producer_offsets(producer, {TableBucket(1, 0): 5}, ttl_ms=300) is \
+        registered_at_ms = time.time() * 1000
+        assert await admin.register_producer_offsets(producer, {TableBucket(1, 0): 5}, ttl_ms=1500) is \
             RegisterResult.CREATED
         found = await admin.get_producer_offsets(producer)
-        assert found is not None
-        await asyncio.sleep(0.4)
-        assert await admin.get_producer_offsets(producer) is None
+        assert found is None or found.expiration_time_ms <= registered_at_ms + 1500 + 5000  # None: already expired
+        deadline = time.monotonic() + 30
+        while await admin.get_producer_offsets(producer) is not None:  # expires 1.5 s after registration
+            assert time.monotonic() < deadline, "the offsets never expired"
+            await asyncio.sleep(0.1)
         assert await admin.register_producer_offsets(producer, {TableBucket(1, 0): 9}) is RegisterResult.CREATED
         renewed = await admin.get_producer_offsets(producer)
         assert renewed is not None and renewed.offsets == {TableBucket(1, 0): 9}
-        assert renewed.expiration_time_ms - found.expiration_time_ms > 3600_000  # the default TTL: 24 h
+        assert renewed.expiration_time_ms - registered_at_ms > 3600_000  # the default TTL: 24 h
         await admin.delete_producer_offsets(producer)
 
 
