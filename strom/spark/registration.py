@@ -35,8 +35,9 @@ def register(
     from Spark SQL by name: one temporary view per table, named as the table, over a batch read with
     ``options``. Spark 4.3 has no catalog hook for Python data sources, so views are what SQL can name;
     and Spark plans a Python data source's relation once, at the first query that uses it, and reuses that
-    plan (its end offsets and snapshots): call ``register`` again to read newer data, or after a table is
-    created, dropped or altered.
+    plan. A log table's view still reads each bucket to its end when the query runs; a primary-key table's
+    snapshot read keeps its planned snapshots and end offsets: call ``register`` again to read newer data
+    there, or after a table is created, dropped or altered (docs/spark.md).
 
     Returns:
         The names of the views created (empty without ``bootstrap_servers``).
