@@ -30,6 +30,11 @@ class TableBucket(NamedTuple):
     bucket: int
     partition_id: int | None = None
 
+    def sort_key(self) -> tuple[int, int, int]:
+        """Table, partition (none first), bucket: an order for buckets of partitioned and plain tables alike
+        (the tuple order would compare a partition id with None)."""
+        return self.table_id, -1 if self.partition_id is None else self.partition_id, self.bucket
+
     def __str__(self) -> str:
         if self.partition_id is None:
             return f"TableBucket(table_id={self.table_id}, bucket={self.bucket})"

@@ -59,12 +59,7 @@ class ProducerOffsets:
 
     def encode(self) -> bytes:
         tables: dict[int, list[list[int | None]]] = {}
-
-        def order(item: tuple[TableBucket, int]) -> tuple[int, int, int]:
-            bucket = item[0]
-            return bucket.table_id, -1 if bucket.partition_id is None else bucket.partition_id, bucket.bucket
-
-        for bucket, offset in sorted(self.offsets.items(), key=order):
+        for bucket, offset in sorted(self.offsets.items(), key=lambda item: item[0].sort_key()):
             tables.setdefault(bucket.table_id, []).append([bucket.partition_id, bucket.bucket, offset])
         document = {
             "version": _FORMAT_VERSION,

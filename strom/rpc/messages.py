@@ -53,12 +53,7 @@ def _add_bucket_values(tables: Any, values: Mapping[TableBucket, int], entries: 
     """Fill a repeated per-table message (``table_id`` and a repeated ``entries`` of bucket entries) with
     ``{bucket: value}``, one entry per table, buckets in order."""
     by_table: dict[int, Any] = {}
-
-    def order(item: tuple[TableBucket, int]) -> tuple[int, int, int]:
-        bucket = item[0]
-        return bucket.table_id, -1 if bucket.partition_id is None else bucket.partition_id, bucket.bucket
-
-    for bucket, value in sorted(values.items(), key=order):
+    for bucket, value in sorted(values.items(), key=lambda item: item[0].sort_key()):
         table_entry = by_table.get(bucket.table_id)
         if table_entry is None:
             table_entry = by_table[bucket.table_id] = tables.add(table_id=bucket.table_id)
