@@ -238,32 +238,35 @@ def read_log_range(context: ReadContext, partition: LogRangePartition) -> Iterat
         yield from _read_binlog_range(context, partition)
         return
     with runtime.connected(context.connection) as connection:
-        table = _open_table(connection, context)
-        output = _Output(table.layout, context, partition.bucket)
-        changes = _changes(table, partition.bucket, partition.start_offset, partition.end_offset)
-        for scan_batch in runtime.iterate(changes):
-            if not partition.in_window(scan_batch.commit_timestamp):
-                continue
-            change_types = scan_batch.change_types
-            position = LogPosition.of(scan_batch) if output.wants_position else None
-            yield from output.add(
-                scan_batch.batch, ChangeType.APPEND_ONLY if change_types is None else change_types, LOG, position
-            )
-        yield from output.drain()
-        _log_metrics(context, f"{partition.bucket} offsets [{partition.start_offset}, {partition.end_offset})", output)
+        yield from _read_log(context, _open_table(connection, context), partition)
 
 
 def read_log_tail(context: ReadContext, partition: LogTailPartition) -> Iterator[pa.RecordBatch]:
     """A log table bucket's records from the partition's start to the bucket's high watermark now."""
     with runtime.connected(context.connection) as connection:
-        _open_table(connection, context)  # the same table as planned (not dropped and re-created since)
+        table = _open_table(connection, context)  # the same table as planned (not dropped and re-created since)
         bucket = partition.bucket
         listed = connection.get_admin().list_bucket_offsets(
             bucket.table_id, bucket.partition_id, [bucket.bucket], OffsetSpec.latest()
         )
         end = runtime.run(listed)[bucket.bucket]
-    if end > partition.start_offset:
-        yield from read_log_range(context, LogRangePartition(bucket, partition.start_offset, end))
+        if end > partition.start_offset:
+            yield from _read_log(context, table, LogRangePartition(bucket, partition.start_offset, end))
+
+
+def _read_log(context: ReadContext, table: Table, partition: LogRangePartition) -> Iterator[pa.RecordBatch]:
+    output = _Output(table.layout, context, partition.bucket)
+    changes = _changes(table, partition.bucket, partition.start_offset, partition.end_offset)
+    for scan_batch in runtime.iterate(changes):
+        if not partition.in_window(scan_batch.commit_timestamp):
+            continue
+        change_types = scan_batch.change_types
+        position = LogPosition.of(scan_batch) if output.wants_position else None
+        yield from output.add(
+            scan_batch.batch, ChangeType.APPEND_ONLY if change_types is None else change_types, LOG, position
+        )
+    yield from output.drain()
+    _log_metrics(context, f"{partition.bucket} offsets [{partition.start_offset}, {partition.end_offset})", output)
 
 
 def _read_binlog_range(context: ReadContext, partition: LogRangePartition) -> Iterator[pa.RecordBatch]:
