@@ -31,7 +31,7 @@ from strom.errors import (
 from strom.ids import TableBucket
 from strom.records import indexed_log, log_batch
 from strom.records.kv_batch import build_kv_batch
-from strom.records.log_batch import REPLAYABLE_WRITER_ID_MIN, RUN_SEQUENCE_SPAN
+from strom.records.log_batch import REPLAYABLE_RUNS_MAX, REPLAYABLE_WRITER_ID_MIN, RUN_SEQUENCE_SPAN
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 
@@ -183,10 +183,6 @@ class ReplayableWriterId:
     @property
     def first_sequence(self) -> int:
         return self.run * RUN_SEQUENCE_SPAN
-
-
-REPLAYABLE_RUNS_MAX = 0x7FFFFFFF // RUN_SEQUENCE_SPAN - 1
-"""The last run of one replayable writer id (each run has RUN_SEQUENCE_SPAN sequences per bucket)."""
 
 
 class _Writer:

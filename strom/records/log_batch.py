@@ -43,6 +43,8 @@ REPLAYABLE_WRITER_ID_MIN = 1 << 62
 exactly-once Spark task after a crash); see ``strom/log/writer_state.py`` for how a bucket answers them."""
 RUN_SEQUENCE_SPAN = 1 << 16
 """Sequences of one run (a micro-batch) of a replayable writer start at a multiple of this in each bucket."""
+REPLAYABLE_RUNS_MAX = 0x7FFFFFFF // RUN_SEQUENCE_SPAN - 1
+"""The last run of one replayable writer id: batch sequences are int32, each run has RUN_SEQUENCE_SPAN of them."""
 _LENGTH = struct.Struct("<i")
 _CRC = struct.Struct("<I")
 

@@ -31,14 +31,8 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from strom.client.table import Table
-from strom.client.writer import (
-    REPLAYABLE_RUNS_MAX,
-    AppendWriter,
-    ReplayableWriterId,
-    UpsertWriter,
-    WriteResultHandle,
-)
-from strom.records.log_batch import REPLAYABLE_WRITER_ID_MIN
+from strom.client.writer import AppendWriter, ReplayableWriterId, UpsertWriter, WriteResultHandle
+from strom.records.log_batch import REPLAYABLE_RUNS_MAX, REPLAYABLE_WRITER_ID_MIN
 from strom.spark import runtime
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import WRITE_CHANGE_TYPE_COLUMN, ConnectionOptions, WriteOptions
