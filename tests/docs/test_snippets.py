@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -541,28 +542,44 @@ def test_zookeeper_server_takes_a_relative_directory(tmp_path: Path, monkeypatch
 
 
 EXIT_RUNS = 8
+REPRODUCTION_RUNS_MAX = 30
+
+
+def _exit_code(script: Path) -> int:
+    """Exit code of one run of ``script`` on one CPU (where the client's race is likeliest)."""
+    cpu = min(os.sched_getaffinity(0))
+    done = subprocess.run([sys.executable, str(script), f"127.0.0.1:{free_port()}"], capture_output=True,
+                          timeout=60, check=False, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    return done.returncode
 
 
 def _exit_codes(script: Path, runs: int) -> list[int]:
-    """Exit codes of ``runs`` runs of ``script`` on one CPU (where the client's race is all but certain)."""
-    cpu = min(os.sched_getaffinity(0))
-    codes = []
-    for _ in range(runs):
-        done = subprocess.run([sys.executable, str(script), f"127.0.0.1:{free_port()}"], capture_output=True,
-                              timeout=60, check=False, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
-        codes.append(done.returncode)
-    return codes
+    return [_exit_code(script) for _ in range(runs)]
+
+
+def _runs_until_abort(script: Path, runs_max: int) -> int | None:
+    """How many runs it took to see the abort, or None if none of ``runs_max`` aborted."""
+    for run in range(1, runs_max + 1):
+        if _exit_code(script) == -signal.SIGABRT:
+            return run
+    return None
 
 
 def test_pyfluss_aborts_at_exit_with_no_server_and_the_workaround_avoids_it(tmp_path: Path) -> None:
     """The reproduction of docs/pyfluss.md: the abort is the client's (there is no server to blame), and the
-    documented workaround is what avoids it. Should a pyfluss release fix the race, the first assertion
-    fails: then the document (and the README's sleep) can go."""
+    documented workaround is what avoids it.
+
+    The abort is a race: pinned to one CPU it came in nearly every run here, yet some machines went 8 runs
+    without it. So the script runs until it aborts (at most REPRODUCTION_RUNS_MAX times); a machine where it
+    never does is reported as a warning, not a failure, because it proves no fix. The workaround must
+    never abort."""
     block = snippet("docs/pyfluss.md", "A short script may abort at interpreter exit", 0)
     as_written = tmp_path / "repro.py"
     as_written.write_text(block.code)
     worked_around = tmp_path / "repro_with_workaround.py"
     worked_around.write_text(substituted(block.code, {"# await asyncio.sleep(0.2)": "await asyncio.sleep(0.2)"}))
-    assert -signal.SIGABRT in _exit_codes(as_written, EXIT_RUNS), "pyfluss no longer aborts at exit"
+    if _runs_until_abort(as_written, REPRODUCTION_RUNS_MAX) is None:
+        warnings.warn(f"pyfluss did not abort at exit in {REPRODUCTION_RUNS_MAX} runs here: if a pyfluss release "
+                      "fixed the race, docs/pyfluss.md and the README's sleep can go", stacklevel=1)
     assert _exit_codes(worked_around, EXIT_RUNS) == [0] * EXIT_RUNS
 
