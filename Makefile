@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-BUILD_INPUTS := pyproject.toml setup.py scripts/install-zookeeper.sh $(wildcard strom/rpc/proto/*.proto) $(wildcard strom/records/native/*.c)
+BUILD_INPUTS := pyproject.toml setup.py scripts/install-zookeeper.sh $(wildcard strom/rpc/proto/*.proto) $(wildcard strom/*/native/*.c)
 
 .PHONY: install run test lint bench clean
 

@@ -89,6 +89,27 @@ def read_in_key_order_python(
     return values
 
 
+def in_key_order_python(
+    keys: Sequence[bytes], values: Sequence[bytes | None]
+) -> tuple[list[bytes], list[bytes | None]]:
+    """``keys`` and their ``values`` sorted by key bytes, stably: a key written twice keeps its writes in
+    the order given, so the later one still wins when the pairs go into one RocksDB write batch."""
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} keys and {len(values)} values differ in length")
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return [keys[position] for position in order], [values[position] for position in order]
+
+
+def in_key_order_native(
+    keys: Sequence[bytes], values: Sequence[bytes | None]
+) -> tuple[list[bytes], list[bytes | None]]:
+    assert native is not None
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} keys and {len(values)} values differ in length")
+    sorted_keys, order = native.key_order(keys)
+    return sorted_keys, native.take(values, order)
+
+
 def read_in_key_order_native(
     get_many: Callable[[list[bytes]], list[bytes | None]], keys: Sequence[bytes]
 ) -> list[bytes | None]:
@@ -103,10 +124,12 @@ if native is not None:
     cache_put_many: Callable[..., tuple[int, int]] = native.cache_put_many
     entry_bytes: Callable[..., int] = native.entry_bytes
     read_in_key_order = read_in_key_order_native
+    in_key_order: Callable[..., tuple[list[bytes], list[bytes | None]]] = in_key_order_native
 else:
     cache_get_many = cache_get_many_python
     cache_put_many = cache_put_many_python
     entry_bytes = entry_bytes_python
     read_in_key_order = read_in_key_order_python
+    in_key_order = in_key_order_python
 
-__all__ = ["NATIVE_AVAILABLE", "cache_get_many", "cache_put_many", "entry_bytes", "read_in_key_order"]
+__all__ = ["NATIVE_AVAILABLE", "cache_get_many", "cache_put_many", "entry_bytes", "in_key_order", "read_in_key_order"]

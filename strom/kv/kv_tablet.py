@@ -513,6 +513,10 @@ class KvTablet:
         The pending batches and the pre-write buffer change only after the RocksDB write succeeded: a
         failed write leaves them in place, so the values stay visible to the changelog computation and a
         later call (or the replay on reopen) applies them.
+
+        The write batch holds the keys in byte order (a stable sort: a key written twice keeps its later
+        value last, and RocksDB applies a batch in order): the memtable inserts a sorted batch along one
+        path of its skip list, which made a server's load and update ~15 % faster (docs/benchmarks.md).
         """
         if not self._pending or self._closed:
             return
@@ -523,17 +527,22 @@ class KvTablet:
         applied_to = self._applied_offset
         row_count = self._row_count
         durable_count = 0
+        keys: list[bytes] = []
+        values: list[bytes | None] = []
         for pending in self._pending:
             if pending.next_offset > high_watermark:
                 break
-            for key, value in zip(pending.keys, pending.values, strict=True):
-                if value is None:
-                    write.delete(key)
-                else:
-                    write.put(key, value)
+            keys += pending.keys
+            values += pending.values
             applied_to = pending.next_offset
             row_count += pending.row_count_delta
             durable_count += 1
+        keys, values = kv_loops.in_key_order(keys, values)
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                write.delete(key)
+            else:
+                write.put(key, value)
         write.put(APPLIED_OFFSET_KEY, _OFFSET.pack(applied_to), self._meta)
         write.put(ROW_COUNT_KEY, _OFFSET.pack(row_count), self._meta)
         try:

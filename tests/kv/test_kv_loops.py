@@ -61,6 +61,23 @@ def test_reads_in_key_order_answer_in_the_order_given(keys: list[bytes]) -> None
     assert expected == [key[::-1] if len(key) % 2 else None for key in keys]
 
 
+@settings(max_examples=300, deadline=None)
+@given(writes=st.lists(st.tuples(keys_st, st.one_of(st.none(), st.binary(max_size=8))), max_size=40))
+def test_writes_in_key_order_keep_a_repeated_keys_writes_in_the_order_given(
+    writes: list[tuple[bytes, bytes | None]]
+) -> None:
+    """The order a bucket's RocksDB write batch takes: byte order of keys, and for a key written twice its
+    writes as given (the batch applies in order, so the later value still wins)."""
+    keys = [key for key, _ in writes]
+    values = [value for _, value in writes]
+    expected = kv_loops.in_key_order_python(keys, values)
+    assert kv_loops.in_key_order_native(keys, values) == expected
+    assert expected[0] == sorted(keys)
+    assert list(zip(*expected, strict=True)) == sorted(writes, key=lambda write: write[0])  # sorted() is stable
+    last = dict(writes)
+    assert dict(zip(*expected, strict=True)) == last
+
+
 def test_bad_arguments_raise_instead_of_corrupting() -> None:
     with pytest.raises(ValueError, match="differ in length"):
         native.cache_put_many({}, {}, [b"a"], [], True, 0)
@@ -73,5 +90,12 @@ def test_bad_arguments_raise_instead_of_corrupting() -> None:
     _, order = native.key_order([b"b", b"a"])
     with pytest.raises(ValueError, match="out of range"):
         native.unsort([b"x", b"y"], b"\xff" * len(order))  # positions of -1
+    with pytest.raises(ValueError, match="out of range"):
+        native.take([b"x", b"y"], b"\xff" * len(order))
+    with pytest.raises(ValueError, match="differ in length"):
+        native.take([b"x"], order)
+    for in_key_order in (kv_loops.in_key_order_native, kv_loops.in_key_order_python):
+        with pytest.raises(ValueError, match="differ in length"):
+            in_key_order([b"a", b"b"], [b"x"])
     with pytest.raises(TypeError):
         native.cache_get_many({}, {}, [[1]], 10, 0)  # an unhashable key: the dict's own error

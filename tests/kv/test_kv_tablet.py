@@ -311,6 +311,24 @@ async def test_a_second_put_before_durability_sees_the_first_value_as_old(bucket
 
 
 @pytest.mark.asyncio
+async def test_one_apply_of_many_batches_keeps_each_keys_last_write_in_rocksdb(bucket: Bucket) -> None:
+    """apply_durable writes the batches of a group commit sorted by key: a key written in several of them
+    must still end with its last value (the sort keeps a key's writes in log order), as RocksDB holds it
+    after a reopen (no row cache in front)."""
+    ids = list(range(300, 0, -7))
+    bucket.prepare(*[(id_, ("first", id_)) for id_ in ids])
+    bucket.prepare(*[(id_, None) for id_ in ids[::3]])
+    last = bucket.prepare(*[(id_, ("second", id_)) for id_ in ids[::2]])
+    await bucket.kv.log.wait_durable(last)
+    bucket.kv.apply_durable()
+    bucket.reopen()
+    expected = {id_: (id_, "first", id_) for id_ in ids}
+    expected.update({id_: None for id_ in ids[::3]})
+    expected.update({id_: (id_, "second", id_) for id_ in ids[::2]})
+    assert {id_: bucket.lookup(id_) for id_ in ids} == expected
+
+
+@pytest.mark.asyncio
 async def test_apply_durable_applies_only_batches_below_the_high_watermark(bucket: Bucket) -> None:
     first = bucket.prepare((1, ("a", 1)))
     await bucket.kv.log.wait_durable(first)

@@ -111,7 +111,8 @@ def test_the_python_loops_answer_as_the_compiled_ones(script: list[tuple[str, An
     with patch.object(kv_loops, "cache_get_many", kv_loops.cache_get_many_python), \
             patch.object(kv_loops, "cache_put_many", kv_loops.cache_put_many_python), \
             patch.object(kv_loops, "entry_bytes", kv_loops.entry_bytes_python), \
-            patch.object(kv_loops, "read_in_key_order", kv_loops.read_in_key_order_python):
+            patch.object(kv_loops, "read_in_key_order", kv_loops.read_in_key_order_python), \
+            patch.object(kv_loops, "in_key_order", kv_loops.in_key_order_python):
         compare("full", script)
 
 

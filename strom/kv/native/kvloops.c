@@ -344,6 +344,48 @@ done:
     return result;
 }
 
+/* take(items, order) -> list: items[order[0]], items[order[1]], ... — the items of sorted keys put in
+ * key order (order as key_order packs it). */
+static PyObject *
+take(PyObject *self, PyObject *args)
+{
+    PyObject *items_arg;
+    Py_buffer order;
+    if (!PyArg_ParseTuple(args, "Oy*", &items_arg, &order)) {
+        return NULL;
+    }
+    PyObject *items = PySequence_Tuple(items_arg);
+    PyObject *result = NULL;
+    if (items == NULL) {
+        goto done;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(items);
+    if (order.len != count * (Py_ssize_t)sizeof(Py_ssize_t)) {
+        PyErr_SetString(PyExc_ValueError, "items and order differ in length");
+        goto done;
+    }
+    const Py_ssize_t *positions = order.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (positions[i] < 0 || positions[i] >= count) {
+            PyErr_SetString(PyExc_ValueError, "order holds a position out of range");
+            goto done;
+        }
+    }
+    result = PyList_New(count);
+    if (result == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, positions[i]);
+        Py_INCREF(item);
+        PyList_SET_ITEM(result, i, item);
+    }
+done:
+    Py_XDECREF(items);
+    PyBuffer_Release(&order);
+    return result;
+}
+
 static PyMethodDef kvloops_methods[] = {
     {"cache_get_many", cache_get_many, METH_VARARGS,
      "cache_get_many(young, old, keys, room, overhead) -> (values, missing, promoted)\n\n"
@@ -355,6 +397,8 @@ static PyMethodDef kvloops_methods[] = {
      "entry_bytes(keys, values, overhead) -> int: key and non-None value bytes plus overhead per key."},
     {"key_order", key_order, METH_O,
      "key_order(keys) -> (sorted_keys, order): a stable byte-order sort and the original positions."},
+    {"take", take, METH_VARARGS,
+     "take(items, order) -> list: the items at the positions key_order gave, in key order."},
     {"unsort", unsort, METH_VARARGS,
      "unsort(found, order) -> list: values of sorted keys back in the keys' original order."},
     {NULL, NULL, 0, NULL},
