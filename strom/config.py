@@ -410,6 +410,10 @@ COORDINATOR_PRODUCER_OFFSETS_CLEANUP_INTERVAL = duration_option(
     "coordinator.producer-offsets.cleanup-interval", "1 h",
     "How often the coordinator deletes expired producer offsets.",
 )
+AUTO_PARTITION_CHECK_INTERVAL = duration_option(
+    "auto-partition.check.interval", "10 min",
+    "How often the coordinator creates upcoming partitions and drops expired ones of auto-partitioned tables.",
+)
 KV_SCANNER_TTL = duration_option("kv.scanner.ttl", "10 min", "Idle time after which a KV scan session is closed.")
 KV_SCANNER_EXPIRATION_INTERVAL = duration_option(
     "kv.scanner.expiration-interval", "30s", "How often idle KV scan sessions are looked for."

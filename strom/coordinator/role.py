@@ -1,7 +1,8 @@
 """The coordinator's services over one metadata store, wired once for ``strom server`` and for a cluster's
 active coordinator: the catalog (:class:`CoordinatorService`), KV snapshot records, retention and leases
 (:class:`KvSnapshotService`), the lake tiering manager (:class:`LakeTieringService`), the buckets' remote
-log manifests (:class:`RemoteLogManifestService`) and producer offsets (:class:`ProducerOffsetsManager`).
+log manifests (:class:`RemoteLogManifestService`), producer offsets (:class:`ProducerOffsetsManager`) and
+auto-partitioning (:class:`AutoPartitionManager`).
 
 Built in two steps because the one-process server's tablet role needs the snapshot store (to restore a
 bucket from its latest snapshot) before the catalog hands it its buckets.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from strom.clock import Clock
 from strom.config import (
+    AUTO_PARTITION_CHECK_INTERVAL,
     COORDINATOR_PRODUCER_OFFSETS_CLEANUP_INTERVAL,
     COORDINATOR_PRODUCER_OFFSETS_TTL,
     KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
@@ -21,6 +23,7 @@ from strom.config import (
     Configuration,
 )
 from strom.coordinator.acl_service import AclService
+from strom.coordinator.auto_partitions import AutoPartitionManager
 from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.coordinator.kv_snapshot_service import KvSnapshotService
@@ -61,6 +64,7 @@ class CoordinatorRole:
         self.lake: LakeTieringService | None = None
         self.remote_logs: RemoteLogManifestService | None = None
         self.snapshots: KvSnapshotService | None = None
+        self.auto_partitions: AutoPartitionManager | None = None
 
     async def start(
         self,
@@ -87,6 +91,10 @@ class CoordinatorRole:
         self.remote_logs = RemoteLogManifestService(coordinator, self.store, self.remote, leader_epoch_of,
                                                     notify_followers)
         self.producer_offsets.start()
+        self.auto_partitions = AutoPartitionManager(
+            coordinator, self.clock, self.config.get_ms(AUTO_PARTITION_CHECK_INTERVAL)
+        )
+        self.auto_partitions.start()
         await self.snapshot_store.sweep_unreferenced()
         return coordinator
 
@@ -144,6 +152,8 @@ class CoordinatorRole:
         }
 
     async def stop(self) -> None:
+        if self.auto_partitions is not None:
+            await self.auto_partitions.stop()
         await self.producer_offsets.stop()
         if self.remote_logs is not None:
             await self.remote_logs.stop()

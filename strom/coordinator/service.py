@@ -48,6 +48,7 @@ from strom.ids import TablePath
 from strom.kv import auto_increment
 from strom.kv.merge import options as merge_options
 from strom.metadata import table_options
+from strom.metadata.auto_partition import AutoPartitionStrategy
 from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord, TableRecord
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
 from strom.records import keys
@@ -94,6 +95,7 @@ ALTER_SET, ALTER_DELETE = 0, 1
 """PbAlterConfig op types strom applies (Fluss's AlterConfigOpType SET and DELETE; APPEND and SUBTRACT are
 for list-valued options, which strom's tables do not have)."""
 TableDroppedHook = Callable[[TableInfo, int | None], Awaitable[None]]
+TableChangedHook = Callable[[TableInfo], Awaitable[None]]
 FIRST_SCHEMA_ID = 1
 COLUMN_POSITION_LAST = 0
 """PbAddColumn.column_position_type of a column added at the end (FIRST is 1, AFTER 3), the only one
@@ -132,6 +134,16 @@ class CoordinatorService:
         }
         """``table.datalake.<format>.<key>`` -> value: what a lake-enabled table's properties get."""
         self._default_freshness_ms = config.get_ms(TABLE_DATALAKE_FRESHNESS)
+        self._table_changed_hooks: list[TableChangedHook] = []
+
+    def on_table_changed(self, hook: TableChangedHook) -> None:
+        """Await ``hook(table)`` after a table is created or altered, before the request is answered (the
+        auto-partition manager creates a new table's partitions there)."""
+        self._table_changed_hooks.append(hook)
+
+    async def _table_changed(self, table: TableInfo) -> None:
+        for hook in self._table_changed_hooks:
+            await hook(table)
 
     def start(self) -> None:
         """Create the default database and hand every stored bucket to the tablet server."""
@@ -308,6 +320,7 @@ class CoordinatorService:
             self._tablets.become_leader(table, table.buckets())
         self._sync_lake(table)
         log.info("created table %s (id %d, %d buckets)", path, table.table_id, table.bucket_count)
+        await self._table_changed(table)
         return pb.CreateTableResponse()
 
     def _validated_table_json(self, raw: bytes, *, creating: bool = True) -> bytes:
@@ -507,6 +520,7 @@ class CoordinatorService:
         altered = self._with_versions(record)
         self._tablets.change_table(altered)
         self._sync_lake(altered)
+        await self._table_changed(altered)
         log.info("altered table %s: %d option changes, %d added columns (schema %d)", path,
                  len(request.config_changes), len(request.add_columns), altered.schema_id)
         return pb.AlterTableResponse()
@@ -560,14 +574,30 @@ class CoordinatorService:
 
     async def create_partition(self, request: Any, _context: object) -> Any:
         table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        spec = {kv.key: kv.value for kv in request.partition_spec.partition_key_values}
+        if table.is_partitioned:
+            AutoPartitionStrategy.of(table.properties, table.partition_keys).check_new_partition(
+                spec, self._clock.now_ms()
+            )
+        # Fluss's name for "ignore if it already exists" is ignore_if_not_exists
+        self.create_partition_of(table, spec, ignore_if_exists=request.ignore_if_not_exists)
+        return pb.CreatePartitionResponse()
+
+    def create_partition_of(self, table: TableInfo, spec: dict[str, str], *, ignore_if_exists: bool) -> bool:
+        """Create a partition and hand its buckets to the tablet servers; False if it existed (and
+        ``ignore_if_exists``).
+
+        Raises:
+            TableNotPartitionedError, PartitionSpecInvalidError, PartitionAlreadyExistsError,
+            PartitionMaxNumError, InvalidReplicationFactorError.
+        """
         if not table.is_partitioned:
             raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
-        spec = {kv.key: kv.value for kv in request.partition_spec.partition_key_values}
         name = partition_name(spec, table.partition_keys)
         existing = self._store.list_partitions(table.table_id)
         if any(p.name == name for p in existing):
-            if request.ignore_if_not_exists:  # Fluss's name for "ignore if it already exists"
-                return pb.CreatePartitionResponse()
+            if ignore_if_exists:
+                return False
             raise PartitionAlreadyExistsError(f"Partition '{name}' of table '{table.path}' already exists.")
         if len(existing) >= self._partition_count_max:
             raise PartitionMaxNumError(
@@ -578,7 +608,7 @@ class CoordinatorService:
         record = self._store.create_partition(table.table_id, name, ordered, self._clock.now_ms())
         self._placement.assign(table, record.partition_id)
         self._tablets.become_leader(table, table.buckets(record.partition_id))
-        return pb.CreatePartitionResponse()
+        return True
 
     async def drop_partition(self, request: Any, _context: object) -> Any:
         table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
@@ -591,11 +621,25 @@ class CoordinatorService:
             if request.ignore_if_not_exists:
                 return pb.DropPartitionResponse()
             raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
+        await self.drop_partition_of(table, record)
+        return pb.DropPartitionResponse()
+
+    async def drop_partition_of(self, table: TableInfo, record: PartitionRecord) -> None:
+        """Drop a partition: its record, its replicas' local data, then (the dropped hook) its KV
+        snapshots, leases and remote log files. A lake copy is not touched."""
         self._store.drop_partition(record.partition_id)
         await self._tablets.stop_replicas(table.table_id, record.partition_id, delete=True)
         if self._on_table_dropped is not None:
             await self._on_table_dropped(table, record.partition_id)
-        return pb.DropPartitionResponse()
+        log.info("dropped partition %s of %s (id %d)", record.name, table.path, record.partition_id)
+
+    def tables(self) -> list[TableInfo]:
+        """Every table of every database."""
+        return [
+            self.table_info(TablePath(database, name))
+            for database in self._store.list_databases()
+            for name in self._store.list_tables(database)
+        ]
 
     # ---- cluster metadata ----
     def metadata(self, request: Any, context: object) -> Any:

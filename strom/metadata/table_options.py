@@ -29,6 +29,7 @@ from typing import Any
 
 from strom.config import parse_duration
 from strom.errors import InvalidConfigError, InvalidTableError
+from strom.metadata import auto_partition
 from strom.records.schema import Schema
 
 TABLE_OPTION_PREFIX = "table."
@@ -48,13 +49,13 @@ ZSTD_LEVEL = "table.log.arrow.compression.zstd.level"
 KV_FORMAT = "table.kv.format"
 KV_FORMAT_VERSION = "table.kv.format-version"
 STANDBY_REPLICA = "table.kv.standby-replica.enabled"
-AUTO_PARTITION_ENABLED = "table.auto-partition.enabled"
-AUTO_PARTITION_KEY = "table.auto-partition.key"
-AUTO_PARTITION_TIME_UNIT = "table.auto-partition.time-unit"
+AUTO_PARTITION_ENABLED = auto_partition.ENABLED
+AUTO_PARTITION_KEY = auto_partition.KEY
+AUTO_PARTITION_TIME_UNIT = auto_partition.TIME_UNIT
 AUTO_PARTITION_TIME_FORMAT = "table.auto-partition.time-format"
-AUTO_PARTITION_TIME_ZONE = "table.auto-partition.time-zone"
-AUTO_PARTITION_PRECREATE = "table.auto-partition.num-precreate"
-AUTO_PARTITION_RETENTION = "table.auto-partition.num-retention"
+AUTO_PARTITION_TIME_ZONE = auto_partition.TIME_ZONE
+AUTO_PARTITION_PRECREATE = auto_partition.NUM_PRECREATE
+AUTO_PARTITION_RETENTION = auto_partition.NUM_RETENTION
 LOG_TTL = "table.log.ttl"
 TIERED_LOCAL_SEGMENTS = "table.log.tiered.local-segments"
 LOG_LOCAL_TTL = "table.log.local-ttl"
@@ -232,44 +233,59 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         AUTO_PARTITION_ENABLED, "Boolean", "false",
         "Whether the coordinator creates partitions ahead of time and drops expired ones for a partitioned "
         "table (by a time-valued partition key).",
-        Support.PARTIAL,
-        "false is accepted; true is refused, at creation and by AlterTable alike: strom neither creates "
-        "nor expires partitions by itself, and a table that silently never gets its partitions (or never "
-        "loses old ones) would surprise. Create partitions with CreatePartition.",
+        Support.IMPLEMENTED,
+        "`strom.coordinator.auto_partitions`: at creation, when enabled by AlterTable and every "
+        "`auto-partition.check.interval` the coordinator creates the current and upcoming partitions and "
+        "drops expired ones (their local data, KV snapshots and remote log files; a lake copy stays, read "
+        "by Spark's union read). Partitions created by hand must have the time unit's format and not be "
+        "expired (InvalidPartitionException). docs/auto-partitioning.md.",
         _parse_bool,
     ),
     _option(
         AUTO_PARTITION_KEY, "String", None,
         "Which partition key is the time dimension of an auto-partitioned table with several partition keys.",
-        Support.NO_EFFECT, "Accepted, no effect (auto-partitioning is refused).", _parse_string,
+        Support.IMPLEMENTED,
+        "Required with several partition keys (which then pre-create nothing: `num-precreate` must be 0); "
+        "expiry compares that key's value.",
+        _parse_string,
     ),
     _option(
         AUTO_PARTITION_TIME_UNIT, "Enum", "DAY",
         "Granularity of auto-created partitions: YEAR, QUARTER, MONTH, DAY or HOUR.",
-        Support.NO_EFFECT, "Checked, no effect (auto-partitioning is refused).", _enum(*_TIME_UNITS),
+        Support.IMPLEMENTED,
+        "Partition values yyyy, yyyyQ, yyyyMM, yyyyMMdd, yyyyMMddHH (`strom.metadata.auto_partition`).",
+        _enum(*_TIME_UNITS),
     ),
     _option(
         AUTO_PARTITION_TIME_FORMAT, "String", None,
         "Date-time pattern of auto-created partition values (by default from the time unit, e.g. yyyyMMdd); "
         "Fluss also checks manually created partitions against it.",
-        Support.NO_EFFECT,
-        "Accepted, no effect: auto-partitioning is refused and partition values are not checked against it.",
+        Support.PARTIAL,
+        "Only the time unit's own pattern is accepted on an auto-partitioned table (other patterns are "
+        "refused rather than ignored); without auto-partitioning it has no effect.",
         _parse_string,
     ),
     _option(
         AUTO_PARTITION_TIME_ZONE, "String", "the server's time zone",
         "Time zone in which auto-created partitions are computed.",
-        Support.NO_EFFECT, "Accepted, no effect (auto-partitioning is refused).", _parse_string,
+        Support.IMPLEMENTED,
+        "A region (Asia/Shanghai), UTC, or a fixed offset (+08:00); unset, the coordinator's local zone.",
+        _parse_string,
     ),
     _option(
         AUTO_PARTITION_PRECREATE, "Integer", "2",
         "How many future partitions each auto-partition check creates.",
-        Support.NO_EFFECT, "Checked, no effect (auto-partitioning is refused).", _parse_int,
+        Support.IMPLEMENTED,
+        "The current unit's partition and the next num-precreate - 1 (so 2: today and tomorrow).",
+        _parse_int,
     ),
     _option(
         AUTO_PARTITION_RETENTION, "Integer", "7",
         "How many past partitions an auto-partitioned table keeps.",
-        Support.NO_EFFECT, "Checked, no effect (auto-partitioning is refused).", _parse_int,
+        Support.IMPLEMENTED,
+        "Partitions whose time value sorts below the unit num-retention units back are dropped; a negative "
+        "value keeps every partition.",
+        _parse_int,
     ),
     _option(
         LOG_TTL, "Duration", "7 d",
@@ -311,7 +327,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "partition key only).",
         Support.PARTIAL,
         "false is accepted; true is refused (at creation and by AlterTable) with Fluss's list of unmet "
-        "requirements, which strom can never meet (it has no Paimon lake and no auto-partitioning).",
+        "requirements, which strom can never meet (it has no Paimon lake).",
         _parse_bool,
     ),
     _option(
@@ -497,7 +513,7 @@ def validate(
 
     if values.get(DATALAKE_HISTORICAL_PARTITION, False):
         _check_historical_partition(values, has_primary_key, len(partition_keys))
-    _check_auto_partition(values, bool(partition_keys))
+    _check_auto_partition(properties, partition_keys)
     _check_statistics(properties.get(STATISTICS_COLUMNS), schema)
 
 
@@ -520,18 +536,14 @@ def _check_historical_partition(values: Mapping[str, Any], has_primary_key: bool
         raise InvalidConfigError(f"'{DATALAKE_HISTORICAL_PARTITION}' has unmet requirements: {'; '.join(unmet)}.")
 
 
-def _check_auto_partition(values: Mapping[str, Any], partitioned: bool) -> None:
-    if not values.get(AUTO_PARTITION_ENABLED, False):
-        return
-    if not partitioned:
+def _check_auto_partition(properties: Mapping[str, str], partition_keys: Collection[str]) -> None:
+    strategy = auto_partition.AutoPartitionStrategy.of(properties, list(partition_keys))
+    time_format = properties.get(AUTO_PARTITION_TIME_FORMAT)
+    if strategy.enabled and time_format is not None and time_format != strategy.time_unit.pattern:
         raise InvalidConfigError(
-            "Currently, auto partition is only supported for partitioned table, please set table property "
-            f"'{AUTO_PARTITION_ENABLED}' to false."
+            f"'{AUTO_PARTITION_TIME_FORMAT}' = '{time_format}' is not supported by this server: auto-created "
+            f"partitions of time unit {strategy.time_unit.name} are named '{strategy.time_unit.pattern}'."
         )
-    raise InvalidConfigError(
-        f"'{AUTO_PARTITION_ENABLED}' = true is not supported by this server: it does not create or drop "
-        "partitions by itself. Leave it false and create partitions with CreatePartition."
-    )
 
 
 def _check_statistics(raw: str | None, schema: Schema) -> None:

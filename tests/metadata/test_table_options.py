@@ -145,10 +145,35 @@ def test_options_that_fit_are_accepted() -> None:
     validate({"table.log.local-ttl": "30 d", "table.log.ttl": "0 ms"})  # a ttl of 0 keeps the log: no bound
 
 
-def test_auto_partitioning_is_refused_for_partitioned_tables_too() -> None:
-    schema = Schema.from_arrow(pa.schema([("id", pa.int32()), ("day", pa.string())]))
-    with pytest.raises(InvalidConfigError, match="not supported by this server"):
-        validate({"table.auto-partition.enabled": "true"}, schema, ("day",))
+AUTO_SCHEMA = Schema.from_arrow(pa.schema([("id", pa.int32()), ("region", pa.string()), ("day", pa.string())]))
+
+
+def test_auto_partitioned_tables_are_checked_as_fluss_checks_them() -> None:
+    validate({"table.auto-partition.enabled": "true"}, AUTO_SCHEMA, ("day",))
+    validate({"table.auto-partition.enabled": "true", "table.auto-partition.key": "day",
+              "table.auto-partition.num-precreate": "0", "table.auto-partition.time-zone": "Asia/Shanghai"},
+             AUTO_SCHEMA, ("region", "day"))
+    validate({"table.auto-partition.enabled": "true", "table.auto-partition.time-unit": "hour",
+              "table.auto-partition.time-format": "yyyyMMddHH", "table.auto-partition.time-zone": "+08:00"},
+             AUTO_SCHEMA, ("day",))
+    cases = [
+        ({"table.auto-partition.enabled": "true"}, ("region", "day"), InvalidTableError,
+         "must set one auto partition key when it has multiple partition keys"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.key": "id",
+          "table.auto-partition.num-precreate": "0"}, ("region", "day"), InvalidTableError,
+         r"Your key 'id' is not in key list \['region', 'day'\]"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.key": "day"}, ("region", "day"),
+         InvalidTableError, "auto pre-create is unsupported and this value must be set to 0, but is 2"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.time-zone": "Mars/Olympus"}, ("day",),
+         InvalidConfigError, "not a known time zone"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.num-precreate": "-1"}, ("day",),
+         InvalidConfigError, "must not be negative"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyy-MM-dd"}, ("day",),
+         InvalidConfigError, "are named 'yyyyMMdd'"),
+    ]
+    for properties, partition_keys, error, message in cases:
+        with pytest.raises(error, match=message):
+            validate(properties, AUTO_SCHEMA, partition_keys)
 
 
 def test_statistics_columns_are_checked_against_the_log_tables_schema() -> None:

@@ -1,0 +1,144 @@
+"""The coordinator's auto-partition manager: upcoming partitions created, expired ones dropped.
+
+Fluss's ``AutoPartitionManager``. For every table with ``table.auto-partition.enabled`` a check creates
+the partitions of the current time unit and the next ``num-precreate - 1`` (in the table's time zone) and
+drops every partition whose time value sorts below the unit ``num-retention`` units back
+(``strom.metadata.auto_partition``). Checks run when such a table is created or altered (before the
+request is answered, so a client can write into today's partition at once) and every
+``auto-partition.check.interval``.
+
+A dropped partition goes as a DropPartition would take it: its record, its replicas' local data, its KV
+snapshots and leases, its remote log files. Its lake copy stays: Spark's union read finds such partitions
+in the lake table by name.
+
+Where strom differs from Fluss: Fluss delays the creation of a DAY table's partitions by a random number
+of minutes per table (to spread many tables' creations over the day); strom creates them at the first
+check, so tomorrow's partition exists from today on either way with the default ``num-precreate`` 2.
+Owned by the event loop of the active coordinator; the metadata store refuses a second create of a
+partition, so a check racing a client's CreatePartition creates it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from strom.clock import Clock
+from strom.coordinator.service import CoordinatorService
+from strom.errors import PartitionMaxNumError, StromError, TableNotExistError
+from strom.metadata.auto_partition import AutoPartitionStrategy
+from strom.metadata.table_info import TableInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CheckResult:
+    """What one check did, per table path (for logs and tests)."""
+
+    created: dict[str, list[str]] = field(default_factory=dict)
+    dropped: dict[str, list[str]] = field(default_factory=dict)
+
+
+class AutoPartitionManager:
+    """:meth:`start` once after the coordinator started; :meth:`stop` once."""
+
+    def __init__(self, coordinator: CoordinatorService, clock: Clock, check_interval_ms: int) -> None:
+        self._coordinator = coordinator
+        self._clock = clock
+        self._check_interval_ms = check_interval_ms
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        coordinator.on_table_changed(self._table_changed)
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._check_periodically())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _check_periodically(self) -> None:
+        while True:
+            try:
+                await self.check()
+            except Exception:
+                log.exception("the auto-partition check failed; trying again next interval")
+            await asyncio.sleep(self._check_interval_ms / 1000)
+
+    async def _table_changed(self, table: TableInfo) -> None:
+        if not _strategy(table).enabled:
+            return
+        try:
+            await self.check(table_ids={table.table_id})
+        except Exception:  # the table was created or altered: its partitions come at the next check
+            log.exception("auto-partitioning %s right after its change failed", table.path)
+
+    async def check(self, table_ids: Collection[int] | None = None) -> CheckResult:
+        """One check of every auto-partitioned table (of ``table_ids``): drop expired partitions first,
+        then create missing upcoming ones. A failure on one table is logged and the others go on."""
+        async with self._lock:
+            now_ms = self._clock.now_ms()
+            result = CheckResult()
+            for table in self._coordinator.tables():
+                if table_ids is not None and table.table_id not in table_ids:
+                    continue
+                try:
+                    strategy = _strategy(table)
+                    if not strategy.enabled:
+                        continue
+                    dropped = await self._drop_expired(table, strategy, now_ms)
+                    created = self._create_upcoming(table, strategy, now_ms)
+                except TableNotExistError:
+                    continue  # dropped meanwhile
+                except Exception:
+                    log.exception("auto-partitioning %s failed; trying again at the next check", table.path)
+                    continue
+                if dropped:
+                    result.dropped[str(table.path)] = dropped
+                if created:
+                    result.created[str(table.path)] = created
+            return result
+
+    async def _drop_expired(self, table: TableInfo, strategy: AutoPartitionStrategy, now_ms: int) -> list[str]:
+        earliest = strategy.earliest_retained(now_ms)
+        if earliest is None:
+            return []
+        assert strategy.time_key is not None
+        dropped = []
+        for record in self._coordinator.list_partitions(table):
+            value = dict(record.spec).get(strategy.time_key)
+            if value is not None and value < earliest:
+                await self._coordinator.drop_partition_of(table, record)
+                dropped.append(record.name)
+                log.info("auto-partitioning dropped partition %s of %s (earliest retained %s)",
+                         record.name, table.path, earliest)
+        return dropped
+
+    def _create_upcoming(self, table: TableInfo, strategy: AutoPartitionStrategy, now_ms: int) -> list[str]:
+        assert strategy.time_key is not None
+        created = []
+        for value in strategy.precreated(now_ms):  # pre-creation needs a single partition key (checked)
+            try:
+                if self._coordinator.create_partition_of(table, {strategy.time_key: value}, ignore_if_exists=True):
+                    created.append(value)
+                    log.info("auto-partitioning created partition %s of %s", value, table.path)
+            except PartitionMaxNumError:
+                log.warning("auto-partitioning cannot create partition %s of %s: it has max.partition.num "
+                            "partitions", value, table.path)
+                break
+            except StromError as exc:
+                log.warning("auto-partitioning cannot create partition %s of %s: %s", value, table.path, exc)
+        return created
+
+
+def _strategy(table: TableInfo) -> AutoPartitionStrategy:
+    return AutoPartitionStrategy.of(table.properties, table.partition_keys)
+
+
+__all__ = ["AutoPartitionManager", "CheckResult"]
