@@ -143,8 +143,6 @@ class AutoPartitionStrategy:
                     f"Your key '{key}' is not in key list {list(partition_keys)}"
                 )
             time_key = partition_keys[0]
-        if precreate < 0:
-            raise InvalidConfigError(f"'{NUM_PRECREATE}' must not be negative, but is {precreate}.")
         return cls(True, unit, time_key, precreate, retention, zone)
 
     def partition_time(self, now_ms: int, offset: int = 0) -> str:
@@ -152,7 +150,7 @@ class AutoPartitionStrategy:
 
     def precreated(self, now_ms: int) -> list[str]:
         """Time values of the partitions a check at ``now_ms`` makes sure exist, current unit first."""
-        return [self.partition_time(now_ms, offset) for offset in range(self.num_precreate)]
+        return [self.partition_time(now_ms, offset) for offset in range(self.num_precreate)]  # none if negative
 
     def earliest_retained(self, now_ms: int) -> str | None:
         """The lowest time value kept at ``now_ms`` (lower ones expire); None: nothing expires."""

@@ -15,6 +15,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -103,6 +104,9 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
     # docs/merge-engines.md
     ("docs/merge-engines.md", "aggregation", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "script, run twice"),
+    # docs/auto-partitioning.md
+    ("docs/auto-partitioning.md", "Creating an auto-partitioned table", 0): _doc(
+        "test_docs_client_scripts_on_the_readme_tables", "pyfluss script, run twice (it drops its table)"),
     # docs/producer-offsets.md
     ("docs/producer-offsets.md", "Producer offsets", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "script, on the README's orders, run twice"),
@@ -307,6 +311,14 @@ def test_docs_client_scripts_on_the_readme_tables(readme: Readme) -> None:
     for _ in range(2):  # it deletes what it registered, so a second run registers afresh
         assert run_script(producers, readme.cwd, readme.at_server) == [
             "CREATED", "ALREADY_EXISTS", "True", "None"]
+
+    auto_partitioned = snippet("docs/auto-partitioning.md", "Creating an auto-partitioned table", 0)
+    for _ in range(2):
+        before = datetime.now(UTC)
+        printed = run_script(auto_partitioned, readme.cwd, readme.at_server)
+        days = {when: [(when + timedelta(days=d)).strftime("%Y%m%d") for d in (0, 1)]
+                for when in (before, datetime.now(UTC))}  # a run across midnight (UTC) sees either day
+        assert printed in ([str(names)] for names in days.values()), printed
 
     alter = run_script(snippet("docs/alter-table.md", "Changing tables and databases", 0), readme.cwd,
                        readme.at_server)

@@ -158,7 +158,7 @@ async def test_bad_values_are_refused_with_the_creation_error_and_change_nothing
         partitioned = await new_table(admin, log_schema(), partition_keys=["name"])
         await assert_refused_as_at_creation(
             admin, partitioned, log_schema(),
-            {"table.auto-partition.enabled": "true", "table.auto-partition.time-zone": "Mars/Olympus"},
+            {"table.auto-partition.enabled": "true", "table.auto-partition.num-retention": "many"},
             partition_keys=["name"],
         )
 

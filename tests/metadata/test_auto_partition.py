@@ -84,7 +84,7 @@ def test_precreation_and_retention_bounds() -> None:
     assert day.precreated(now) == ["20250508", "20250509", "20250510"]
     assert day.earliest_retained(now) == "20250506"
     assert strategy(num_retention="-1").earliest_retained(now) is None
-    assert strategy(num_precreate="0").precreated(now) == []
+    assert strategy(num_precreate="0").precreated(now) == [] == strategy(num_precreate="-1").precreated(now)
 
 
 def test_a_hand_made_partition_must_fit_the_unit_and_not_be_expired() -> None:

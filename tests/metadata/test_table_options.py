@@ -166,8 +166,6 @@ def test_auto_partitioned_tables_are_checked_as_fluss_checks_them() -> None:
          InvalidTableError, "auto pre-create is unsupported and this value must be set to 0, but is 2"),
         ({"table.auto-partition.enabled": "true", "table.auto-partition.time-zone": "Mars/Olympus"}, ("day",),
          InvalidConfigError, "not a known time zone"),
-        ({"table.auto-partition.enabled": "true", "table.auto-partition.num-precreate": "-1"}, ("day",),
-         InvalidConfigError, "must not be negative"),
         ({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyy-MM-dd"}, ("day",),
          InvalidConfigError, "are named 'yyyyMMdd'"),
     ]
