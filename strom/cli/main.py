@@ -16,6 +16,7 @@ from strom.cli.acl import acl
 from strom.cli.common import key_value_pairs
 from strom.cli.remote_log import log_group
 from strom.cli.snapshots import lease, snapshot
+from strom.cli.stats import health, table_group
 from strom.cli.tiering import tiering
 from strom.config import (
     ALL_OPTIONS,
@@ -268,6 +269,8 @@ main.add_command(acl)
 main.add_command(lease)
 main.add_command(log_group)
 main.add_command(snapshot)
+main.add_command(health)
+main.add_command(table_group)
 main.add_command(tiering)
 
 

@@ -16,6 +16,7 @@ from strom.client.layout import TableLayout
 from strom.client.producers import ProducerOffsetsAdmin
 from strom.client.rpc_client import ClusterRpc
 from strom.client.snapshots import KvSnapshotReader, SnapshotAdmin
+from strom.client.stats import StatsAdmin
 from strom.errors import TableNotExistError, error_for_code
 from strom.ids import TableBucket, TablePath
 from strom.metadata.table_info import TableInfo
@@ -79,7 +80,7 @@ def _path(table_path: TablePath) -> Any:
     return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
 
 
-class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin):
+class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin):
     """Every method is a coroutine that raises the :mod:`strom.errors` error of the server's code."""
 
     def __init__(self, connection: ClusterRpc) -> None:

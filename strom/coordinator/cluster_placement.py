@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from strom.coordinator.placement import BucketLeadership, LiveServers
+from strom.coordinator.placement import BucketHealth, BucketLeadership, LiveServers
 from strom.errors import InvalidReplicationFactorError
 from strom.metadata import table_options
 from strom.metadata.store import MetadataStore
@@ -57,6 +57,23 @@ class ClusterPlacement:
             leader = state.leader if state.leader in live else None
             described[bucket.bucket] = BucketLeadership(leader, state.replicas, state.leader_epoch)
         return described
+
+    def health(self, table: TableInfo, partition_id: int | None = None) -> list[BucketHealth]:
+        """From each bucket's ZooKeeper state: a bucket without one (created before the cluster had tablet
+        servers) counts its replication factor's replicas, none in sync, and no active leader."""
+        buckets = table.buckets(partition_id)
+        states = self.states.get_many(buckets)
+        live = self._servers.live()
+        factor = int(table.properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
+        found = []
+        for bucket in buckets:
+            state = states.get(bucket)
+            if state is None:
+                found.append(BucketHealth(factor, 0, False))
+                continue
+            in_sync = sum(1 for server in state.isr if server in live)
+            found.append(BucketHealth(len(state.replicas), in_sync, state.leader in live))
+        return found
 
     def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         existing = self._store.get_bucket_assignment(table.table_id, partition_id)

@@ -30,6 +30,17 @@ class BucketLeadership:
     leader_epoch: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class BucketHealth:
+    """What GetClusterHealth counts of one bucket."""
+
+    replicas: int
+    in_sync: int
+    """Replicas in the ISR whose servers are live."""
+    leader_active: bool
+    """Its leader's server is live."""
+
+
 LeaderEpochOf = Callable[[TableBucket], "int | None"]
 """A bucket's current leader epoch (None: no such bucket or no leader)."""
 
@@ -67,6 +78,9 @@ class BucketPlacement(Protocol):
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         """Every bucket's leader and replicas."""
 
+    def health(self, table: TableInfo, partition_id: int | None = None) -> list[BucketHealth]:
+        """Every bucket's replica, ISR and leader counts."""
+
     def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         """Place the buckets of a new table (or partition) and record where; returns the assignment.
         Raises InvalidReplicationFactorError when no tablet server is there to take them."""
@@ -88,6 +102,9 @@ class SingleNodePlacement:
         me = self._node.node_id
         return {bucket: BucketLeadership(me, (me,)) for bucket in range(table.bucket_count)}
 
+    def health(self, table: TableInfo, partition_id: int | None = None) -> list[BucketHealth]:
+        return [BucketHealth(1, 1, True)] * table.bucket_count  # this process leads every bucket it serves
+
     def assign(self, table: TableInfo, partition_id: int | None = None) -> dict[int, int]:
         return dict.fromkeys(range(table.bucket_count), self._node.node_id)
 
@@ -108,4 +125,4 @@ def placed_tables(store: MetadataStore, table_of: Callable[[int], TableInfo | No
     return found
 
 
-__all__ = ["BucketLeadership", "BucketPlacement", "LiveServers", "ServerNode", "SingleNodePlacement", "placed_tables"]
+__all__ = ["BucketHealth", "BucketLeadership", "BucketPlacement", "LiveServers", "ServerNode", "SingleNodePlacement", "placed_tables"]

@@ -24,6 +24,7 @@ from strom.config import (
 )
 from strom.coordinator.acl_service import AclService
 from strom.coordinator.auto_partitions import AutoPartitionManager
+from strom.coordinator.cluster_health import ClusterHealthService
 from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.coordinator.kv_snapshot_service import KvSnapshotService
@@ -65,6 +66,7 @@ class CoordinatorRole:
         self.remote_logs: RemoteLogManifestService | None = None
         self.snapshots: KvSnapshotService | None = None
         self.auto_partitions: AutoPartitionManager | None = None
+        self.health: ClusterHealthService | None = None
 
     async def start(
         self,
@@ -81,6 +83,7 @@ class CoordinatorRole:
             self.store, tablets, self.config, self.clock, placement, self.lake_tiering, self._on_table_dropped
         )
         coordinator.start()
+        self.health = ClusterHealthService(coordinator, self.store, placement)
         self.lake = LakeTieringService(coordinator, self.lake_tiering, self.store, self.remote, tablets)
         self.lake.start()
         self.snapshots = KvSnapshotService(
@@ -112,6 +115,7 @@ class CoordinatorRole:
         coordinator, snapshots, lake, remote_logs = self.coordinator, self.snapshots, self.lake, self.remote_logs
         assert coordinator is not None and snapshots is not None and lake is not None and remote_logs is not None, \
             "start() first"
+        assert self.health is not None
         producers = ProducerOffsetsService(self.producer_offsets)
         return {
             ApiKey.COMMIT_REMOTE_LOG_MANIFEST: remote_logs.commit_remote_log_manifest,
@@ -145,6 +149,7 @@ class CoordinatorRole:
             ApiKey.REGISTER_PRODUCER_OFFSETS: producers.register_producer_offsets,
             ApiKey.GET_PRODUCER_OFFSETS: producers.get_producer_offsets,
             ApiKey.DELETE_PRODUCER_OFFSETS: producers.delete_producer_offsets,
+            ApiKey.GET_CLUSTER_HEALTH: self.health.get_cluster_health,
             ApiKey.CREATE_ACLS: acls.create_acls,
             ApiKey.LIST_ACLS: acls.list_acls,
             ApiKey.DROP_ACLS: acls.drop_acls,

@@ -121,6 +121,8 @@ class AccessControl:
             ApiKey.PUT_KV: lambda r, c: self._check_id(c, WRITE, r.table_id),
             ApiKey.LIST_OFFSETS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
             ApiKey.LIMIT_SCAN: lambda r, c: self._check_id(c, READ, r.table_id),
+            ApiKey.GET_TABLE_STATS: lambda r, c: self._check_id(c, READ, r.table_id),
+            ApiKey.GET_CLUSTER_HEALTH: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
             ApiKey.SCAN_KV: self._scan_kv,
             ApiKey.LOOKUP: self._lookup,
             ApiKey.PREFIX_LOOKUP: lambda r, c: self._per_bucket(c, r, pb.PrefixLookupResponse),

@@ -125,6 +125,7 @@ class TabletRole:
             ApiKey.LOOKUP: tablet.lookup,
             ApiKey.PREFIX_LOOKUP: tablet.prefix_lookup,
             ApiKey.LIMIT_SCAN: tablet.limit_scan,
+            ApiKey.GET_TABLE_STATS: tablet.get_table_stats,
             ApiKey.GET_FILESYSTEM_SECURITY_TOKEN: tablet.get_file_system_security_token,
             ApiKey.SCAN_KV: self.scans.scan_kv,
             ApiKey.NOTIFY_REMOTE_LOG_OFFSETS: self._notify_remote_log_offsets,

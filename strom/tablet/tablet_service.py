@@ -239,6 +239,30 @@ class TabletService:
                 _set_error(bucket_response, exc)
         return response
 
+    def get_table_stats(self, request: Any, _context: object) -> Any:
+        """Fluss's GetTableStats: each bucket's row count — a primary-key bucket's live keys (absent with
+        a WAL changelog image, which cannot count them), a log bucket's records from its earliest offset
+        (remote segments included) to its high watermark. Column statistics (``target_columns``) are
+        reserved in Fluss and not collected."""
+        response = pb.GetTableStatsResponse()
+        for bucket_request in request.buckets_req:
+            bucket = _bucket(request.table_id, bucket_request)
+            bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
+            _echo_partition(bucket_response, bucket)
+            try:
+                replica = self._replicas.get(bucket)
+                if replica.is_kv:
+                    count = replica.kv.row_count
+                    if count >= 0:
+                        bucket_response.row_count = count
+                else:
+                    log_tablet = replica.log
+                    start = self._log_start(bucket, log_tablet.log_start_offset)
+                    bucket_response.row_count = max(0, log_tablet.high_watermark - start)
+            except Exception as exc:
+                _set_error(bucket_response, exc)
+        return response
+
     def _offset_for_timestamp(self, log_tablet: LogTablet, timestamp_ms: int) -> int:
         """The first offset committed at or after ``timestamp_ms`` (the high watermark if none yet).
 

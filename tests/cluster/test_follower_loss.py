@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from strom.client import Connection, TableBucket
+from strom.metadata.cluster_health import ClusterHealth, ClusterHealthStatus
 from strom.server.local_cluster import LocalCluster
 from tests.cluster.test_cluster_processes import _cluster, upsert
 from tests.cluster.test_replication import PK_FIELDS, States, create
@@ -78,13 +79,32 @@ def test_the_leader_drops_a_follower_that_fell_silent(silence_bound: LocalCluste
     assert waited < WRITE_WAIT_S  # the registration (60 s) and lag (60 s) bounds could not have acted
 
 
+def _health(local: LocalCluster) -> ClusterHealth:
+    async def ask() -> ClusterHealth:
+        async with await Connection.create(local.bootstrap) as connection:
+            return await connection.get_admin().get_cluster_health()
+
+    return asyncio.run(ask())
+
+
 def test_the_coordinator_drops_a_gone_server_from_the_isr_and_it_rejoins(registration_bound: LocalCluster) -> None:
+    """GetClusterHealth follows: YELLOW while the server is gone (every bucket led, its replicas out of
+    sync), GREEN once it is back in every ISR."""
     waited, follower, isr, bucket = _kill_a_follower_and_write(registration_bound)
     assert follower not in isr
     assert waited < WRITE_WAIT_S  # the silence (60 s) and lag (60 s) bounds could not have acted
+    gone = _health(registration_bound)
+    assert gone.status is ClusterHealthStatus.YELLOW, gone
+    assert gone.active_leader_replicas == gone.num_leader_replicas > 0
+    assert gone.in_sync_replicas < gone.num_replicas == 3 * gone.num_leader_replicas
     registration_bound.start_member("tablet-server", follower)
     states = States(registration_bound.zookeeper_address)
     try:
         assert follower in states.wait_full_isr(bucket).isr
     finally:
         states.close()
+    deadline = time.monotonic() + WRITE_WAIT_S
+    while (back := _health(registration_bound)).status is not ClusterHealthStatus.GREEN and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert back == ClusterHealth(gone.num_replicas, gone.num_replicas, gone.num_leader_replicas,
+                                 gone.num_leader_replicas, ClusterHealthStatus.GREEN)
