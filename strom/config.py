@@ -7,6 +7,8 @@ from Fluss's, the description says why. ``docs/configuration.md`` is generated f
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -127,6 +129,7 @@ class ConfigOption(Generic[T]):
     type_name: str
 
 
+_log = logging.getLogger(__name__)
 ALL_OPTIONS: dict[str, ConfigOption[Any]] = {}
 
 
@@ -535,6 +538,68 @@ class Configuration:
         return f"Configuration({self._raw!r})"
 
 
+DYNAMIC_OPTIONS = frozenset({
+    KV_SNAPSHOT_INTERVAL.key,
+    TABLE_DATALAKE_FRESHNESS.key,
+    COORDINATOR_PRODUCER_OFFSETS_TTL.key,
+    AUTO_PARTITION_CHECK_INTERVAL.key,
+})
+"""The options AlterClusterConfigs may change while the cluster runs; each takes effect without a restart
+(docs/cluster-configs.md says where and how soon)."""
+
+
+class DynamicConfig:
+    """A server's configuration with the cluster configs set at run time (AlterClusterConfigs) laid over
+    it. Components read :attr:`current` and register a listener for the keys they apply while running."""
+
+    def __init__(self, initial: Configuration) -> None:
+        self.initial = initial
+        self.dynamic: dict[str, str] = {}
+        self._listeners: list[Callable[[Configuration], None]] = []
+
+    @property
+    def current(self) -> Configuration:
+        return self.initial.with_values(self.dynamic)
+
+    def on_change(self, listener: Callable[[Configuration], None]) -> None:
+        """Call ``listener(current)`` after every change of the dynamic values."""
+        self._listeners.append(listener)
+
+    def set_dynamic(self, values: Mapping[str, str]) -> bool:
+        """Replace the dynamic values (each a :data:`DYNAMIC_OPTIONS` key with a valid value) and tell the
+        listeners; False if nothing changed. A listener's failure is logged, the others still run.
+
+        Raises:
+            ValueError: a key that is not dynamic, or a value that does not parse.
+        """
+        for key, value in values.items():
+            if key not in DYNAMIC_OPTIONS:
+                raise ValueError(f"{key} is not a dynamic option")
+            ALL_OPTIONS[key].parse(value)
+        if dict(values) == self.dynamic:
+            return False
+        self.dynamic = dict(values)
+        current = self.current
+        for listener in self._listeners:
+            try:
+                listener(current)
+            except Exception:
+                _log.exception("applying changed cluster configs failed in %r", listener)
+        return True
+
+    @staticmethod
+    def decode(payload: bytes | None) -> dict[str, str]:
+        """The dynamic values a metadata store holds (as ``encode`` wrote them)."""
+        if payload is None:
+            return {}
+        document = json.loads(payload)
+        return {str(key): str(value) for key, value in document.items()}
+
+    @staticmethod
+    def encode(values: Mapping[str, str]) -> bytes:
+        return json.dumps(dict(sorted(values.items())), separators=(",", ":")).encode()
+
+
 def options_markdown() -> str:
     """The configuration reference page, generated from the declarations above."""
     lines = [
@@ -556,7 +621,8 @@ def options_markdown() -> str:
             shown = _format_memory(int(default))
         else:
             shown = "(none)" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
-        lines.append(f"| `{key}` | {option.type_name} | {shown} | {option.description} |")
+        dynamic = " Changeable at run time (AlterClusterConfigs)." if key in DYNAMIC_OPTIONS else ""
+        lines.append(f"| `{key}` | {option.type_name} | {shown} | {option.description}{dynamic} |")
     return "\n".join(lines) + "\n"
 
 

@@ -171,3 +171,26 @@ def test_the_committed_configuration_page_is_the_generated_one() -> None:
 
     page = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
     assert page.read_text() == options_markdown(), "run `strom config docs > docs/configuration.md`"
+
+
+def test_dynamic_values_lie_over_the_initial_ones_and_tell_listeners_once_per_change() -> None:
+    from strom.config import KV_SNAPSHOT_INTERVAL, DynamicConfig
+
+    dynamic = DynamicConfig(Configuration({"kv.snapshot.interval": "0s", "bind.listeners": "x"}))
+    seen: list[timedelta] = []
+    dynamic.on_change(lambda config: seen.append(config.get(KV_SNAPSHOT_INTERVAL)))
+    dynamic.on_change(lambda config: 1 / 0)  # a failing listener does not stop the others
+    assert dynamic.set_dynamic({"kv.snapshot.interval": "2 min"})
+    assert not dynamic.set_dynamic({"kv.snapshot.interval": "2 min"})
+    assert dynamic.current.get(KV_SNAPSHOT_INTERVAL) == timedelta(minutes=2)
+    assert dynamic.current.to_dict()["bind.listeners"] == "x"
+    assert dynamic.set_dynamic({})
+    assert seen == [timedelta(minutes=2), timedelta(0)]
+    with pytest.raises(ValueError, match="not a dynamic option"):
+        dynamic.set_dynamic({"bind.listeners": "y"})
+    with pytest.raises(ValueError):
+        dynamic.set_dynamic({"kv.snapshot.interval": "soon"})
+    assert dynamic.dynamic == {} and len(seen) == 2, "a refused change changes nothing"
+    payload = DynamicConfig.encode({"b": "2", "a": "1"})
+    assert payload == b'{"a":"1","b":"2"}' and DynamicConfig.decode(payload) == {"a": "1", "b": "2"}
+    assert DynamicConfig.decode(None) == {}

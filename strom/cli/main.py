@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -13,7 +14,14 @@ import click
 import yaml
 
 from strom.cli.acl import acl
-from strom.cli.common import key_value_pairs
+from strom.cli.common import (
+    bootstrap_option,
+    client_config,
+    credential_options,
+    json_option,
+    key_value_pairs,
+    run_on_server,
+)
 from strom.cli.remote_log import log_group
 from strom.cli.snapshots import lease, snapshot
 from strom.cli.stats import health, table_group
@@ -247,7 +255,7 @@ def _run_event_loop(main_coroutine: Any) -> None:
 
 @main.group()
 def config() -> None:
-    """Configuration reference."""
+    """Configuration reference, and a running cluster's settings (describe, alter)."""
 
 
 @config.command("docs")
@@ -263,6 +271,43 @@ def config_table_docs() -> None:
     from strom.metadata import table_options
 
     sys.stdout.write(table_options.options_markdown(ALTERABLE_TABLE_OPTIONS))
+
+
+@config.command("describe")
+@bootstrap_option
+@credential_options
+@json_option
+def config_describe(bootstrap_servers: str, username: str | None, password: str | None, as_json: bool) -> None:
+    """The cluster's settings (DescribeClusterConfigs): those set at start and those changed at run time."""
+
+    async def ask(connection: Any) -> Any:
+        return await connection.get_admin().describe_cluster_configs()
+
+    entries = run_on_server(client_config(bootstrap_servers, username, password), ask)
+    if as_json:
+        click.echo(json.dumps([{"key": e.key, "value": e.value, "source": e.source} for e in entries]))
+        return
+    for entry in entries:
+        value = "(secret)" if entry.value is None else entry.value
+        click.echo(f"{entry.key} = {value}  [{entry.source}]")
+
+
+@config.command("alter")
+@click.option("--set", "set_pairs", multiple=True, metavar="KEY=VALUE", help="Set a setting (repeatable).")
+@click.option("--reset", "reset_keys", multiple=True, metavar="KEY", help="Back to the value set at start (repeatable).")
+@bootstrap_option
+@credential_options
+def config_alter(set_pairs: tuple[str, ...], reset_keys: tuple[str, ...], bootstrap_servers: str,
+                 username: str | None, password: str | None) -> None:
+    """Change settings of a running cluster (AlterClusterConfigs), all or none; they persist across restarts.
+    `strom config docs` marks the settings that can change at run time."""
+    changes = key_value_pairs(set_pairs, "--set")
+
+    async def alter(connection: Any) -> None:
+        await connection.get_admin().alter_cluster_configs(changes, reset_keys)
+
+    run_on_server(client_config(bootstrap_servers, username, password), alter)
+    click.echo(f"altered {len(changes) + len(reset_keys)} cluster configs")
 
 
 main.add_command(acl)

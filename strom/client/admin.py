@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from strom.client.acls import AclAdmin
+from strom.client.cluster_configs import ClusterConfigsAdmin
 from strom.client.lake import LakeAdmin
 from strom.client.layout import TableLayout
 from strom.client.producers import ProducerOffsetsAdmin
@@ -80,7 +81,7 @@ def _path(table_path: TablePath) -> Any:
     return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
 
 
-class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin):
+class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin, ClusterConfigsAdmin):
     """Every method is a coroutine that raises the :mod:`strom.errors` error of the server's code."""
 
     def __init__(self, connection: ClusterRpc) -> None:

@@ -49,7 +49,8 @@ class AutoPartitionManager:
     def __init__(self, coordinator: CoordinatorService, clock: Clock, check_interval_ms: int) -> None:
         self._coordinator = coordinator
         self._clock = clock
-        self._check_interval_ms = check_interval_ms
+        self.check_interval_ms = check_interval_ms
+        """Read before each wait: a changed ``auto-partition.check.interval`` applies from the next one."""
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         coordinator.on_table_changed(self._table_changed)
@@ -69,7 +70,7 @@ class AutoPartitionManager:
                 await self.check()
             except Exception:
                 log.exception("the auto-partition check failed; trying again next interval")
-            await asyncio.sleep(self._check_interval_ms / 1000)
+            await asyncio.sleep(self.check_interval_ms / 1000)
 
     async def _table_changed(self, table: TableInfo) -> None:
         if not _strategy(table).enabled:

@@ -20,10 +20,13 @@ from strom.config import (
     LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
     LAKE_TIERING_HEARTBEAT_TIMEOUT,
     SUPER_USERS,
+    TABLE_DATALAKE_FRESHNESS,
     Configuration,
+    DynamicConfig,
 )
 from strom.coordinator.acl_service import AclService
 from strom.coordinator.auto_partitions import AutoPartitionManager
+from strom.coordinator.cluster_configs import ClusterConfigService
 from strom.coordinator.cluster_health import ClusterHealthService
 from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
@@ -45,10 +48,16 @@ from strom.rpc.server import Handler
 class CoordinatorRole:
     """Owned by the event loop: :meth:`start` once, :meth:`stop` once."""
 
-    def __init__(self, store: MetadataStore, config: Configuration, clock: Clock, remote: RemoteStorage) -> None:
-        """Loads the persisted state (leases, snapshot records, lake tiering states) from ``store``."""
+    def __init__(
+        self, store: MetadataStore, config: Configuration, clock: Clock, remote: RemoteStorage,
+        dynamic: DynamicConfig | None = None,
+    ) -> None:
+        """Loads the persisted state (leases, snapshot records, lake tiering states) from ``store``.
+        ``dynamic``: the process's configuration with its run-time changes (AlterClusterConfigs changes
+        it); ``config`` is its current value."""
         self.store = store
         self.config = config
+        self.dynamic = dynamic if dynamic is not None else DynamicConfig(config)
         self.clock = clock
         self.remote = remote
         self.leases = KvSnapshotLeaseManager(store, clock)
@@ -101,6 +110,16 @@ class CoordinatorRole:
         await self.snapshot_store.sweep_unreferenced()
         return coordinator
 
+    def apply(self, config: Configuration) -> None:
+        """Cluster configs changed at run time: the producer offsets' default TTL, the auto-partition check
+        interval, and the lake freshness of tables that do not set their own."""
+        self.config = config
+        self.producer_offsets.default_ttl_ms = config.get_ms(COORDINATOR_PRODUCER_OFFSETS_TTL)
+        if self.auto_partitions is not None:
+            self.auto_partitions.check_interval_ms = config.get_ms(AUTO_PARTITION_CHECK_INTERVAL)
+        if self.coordinator is not None:
+            self.coordinator.set_default_freshness_ms(config.get_ms(TABLE_DATALAKE_FRESHNESS))
+
     async def _on_table_dropped(self, table: TableInfo, partition_id: int | None) -> None:
         """Release a dropped table's (or partition's) KV snapshots, leases and lake offsets files."""
         assert self.snapshots is not None and self.remote_logs is not None
@@ -117,6 +136,7 @@ class CoordinatorRole:
             "start() first"
         assert self.health is not None
         producers = ProducerOffsetsService(self.producer_offsets)
+        configs = ClusterConfigService(self.store, self.dynamic)
         return {
             ApiKey.COMMIT_REMOTE_LOG_MANIFEST: remote_logs.commit_remote_log_manifest,
             ApiKey.LIST_REMOTE_LOG_MANIFESTS: remote_logs.list_remote_log_manifests,
@@ -150,6 +170,8 @@ class CoordinatorRole:
             ApiKey.GET_PRODUCER_OFFSETS: producers.get_producer_offsets,
             ApiKey.DELETE_PRODUCER_OFFSETS: producers.delete_producer_offsets,
             ApiKey.GET_CLUSTER_HEALTH: self.health.get_cluster_health,
+            ApiKey.DESCRIBE_CLUSTER_CONFIGS: configs.describe_cluster_configs,
+            ApiKey.ALTER_CLUSTER_CONFIGS: configs.alter_cluster_configs,
             ApiKey.CREATE_ACLS: acls.create_acls,
             ApiKey.LIST_ACLS: acls.list_acls,
             ApiKey.DROP_ACLS: acls.drop_acls,

@@ -171,6 +171,16 @@ class CoordinatorService:
         else:
             self._lake_tiering.disable_table(table.table_id)
 
+    def set_default_freshness_ms(self, freshness_ms: int) -> None:
+        """A new ``table.datalake.freshness`` server default: lake tables that do not set their own are
+        rescheduled with it."""
+        if freshness_ms == self._default_freshness_ms:
+            return
+        self._default_freshness_ms = freshness_ms
+        for table in self.tables():
+            if _lake_enabled(table.properties) and DATALAKE_FRESHNESS not in table.properties:
+                self._sync_lake(table)
+
     def _freshness_ms(self, properties: dict[str, str]) -> int:
         raw = properties.get(DATALAKE_FRESHNESS)
         if raw is None:

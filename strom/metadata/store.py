@@ -222,6 +222,15 @@ class MetadataStore(ABC):
     @abstractmethod
     def list_producer_ids(self) -> list[str]: ...
 
+    # ---- cluster configs (one document: the settings AlterClusterConfigs changed at run time) ----
+    @abstractmethod
+    def get_cluster_configs(self) -> bytes | None:
+        """The encoded dynamic cluster configs, None if none were ever set."""
+
+    @abstractmethod
+    def put_cluster_configs(self, payload: bytes) -> None:
+        """Create or replace the encoded dynamic cluster configs."""
+
     # ---- lake tiering state (one small document per lake table the tiering manager knows) ----
     @abstractmethod
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:

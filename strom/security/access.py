@@ -123,6 +123,8 @@ class AccessControl:
             ApiKey.LIMIT_SCAN: lambda r, c: self._check_id(c, READ, r.table_id),
             ApiKey.GET_TABLE_STATS: lambda r, c: self._check_id(c, READ, r.table_id),
             ApiKey.GET_CLUSTER_HEALTH: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
+            ApiKey.DESCRIBE_CLUSTER_CONFIGS: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
+            ApiKey.ALTER_CLUSTER_CONFIGS: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
             ApiKey.SCAN_KV: self._scan_kv,
             ApiKey.LOOKUP: self._lookup,
             ApiKey.PREFIX_LOOKUP: lambda r, c: self._per_bucket(c, r, pb.PrefixLookupResponse),

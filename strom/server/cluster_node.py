@@ -36,8 +36,10 @@ from strom.config import (
     ZOOKEEPER_ADDRESS,
     ZOOKEEPER_SESSION_TIMEOUT,
     Configuration,
+    DynamicConfig,
 )
 from strom.coordinator.acl_service import AclService
+from strom.coordinator.cluster_configs import stored_dynamic
 from strom.coordinator.cluster_placement import ClusterPlacement
 from strom.coordinator.lake_tiering import LakeTableTieringManager
 from strom.coordinator.leader_election import LeaderElector
@@ -100,6 +102,7 @@ def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
 
 
 ACL_REFRESH_S = 1.0
+CONFIG_REFRESH_S = 1.0
 """How often a cluster's server rereads the ACLs from ZooKeeper (the active coordinator changes them)."""
 
 
@@ -124,6 +127,8 @@ class _ClusterProcess:
         self.clock = clock
         warehouse = WAREHOUSE_OPTIONS[config.get(DATALAKE_FORMAT)]
         self.config = config.with_values({warehouse.key: lake_warehouse(config.get(warehouse), self.paths)})
+        self.dynamic = DynamicConfig(self.config)
+        """The configuration with the cluster configs set at run time; reread from the store every second."""
         self.remote_root = remote_root(config.get(REMOTE_DATA_DIR), self.paths)
         self.store: MetadataStore | None = None
         self.security: ServerSecurity | None = None
@@ -133,6 +138,7 @@ class _ClusterProcess:
         self.peers = PeerConnections()
         self._stopped = asyncio.Event()
         self._acl_refresh: asyncio.Task[None] | None = None
+        self._config_refresh: asyncio.Task[None] | None = None
 
     @property
     def server_name(self) -> str:
@@ -147,6 +153,8 @@ class _ClusterProcess:
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         store, address = _cluster_store(self.config)
         self.store = store
+        self.dynamic.set_dynamic(stored_dynamic(store))
+        self.config = self.dynamic.current
         self.security = security = ServerSecurity.from_config(self.config, store, cluster=True)
         self.peers = PeerConnections(credentials=security.internal_credentials(self.server_name), tls=security.peer_tls)
         self.listeners = listeners = ServerListeners(security, self.host, self.port)
@@ -167,6 +175,7 @@ class _ClusterProcess:
         make_server = rpc_server_factory(self.config, on_connection_closed, self.security.internal_authenticator)
         await self.listeners.start(self._guard(handlers, catalog), make_server)
         self._start_acl_refresh()
+        self._start_config_refresh()
 
     def _guard(
         self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService, role: CoordinatorRole | None = None
@@ -206,12 +215,29 @@ class _ClusterProcess:
 
         self._acl_refresh = asyncio.create_task(refresh())
 
+    def _start_config_refresh(self) -> None:
+        """Apply the cluster configs the active coordinator changed (AlterClusterConfigs) within a second."""
+        store = self.store
+        assert store is not None
+
+        async def refresh() -> None:
+            while True:
+                await asyncio.sleep(CONFIG_REFRESH_S)
+                try:
+                    self.dynamic.set_dynamic(await asyncio.to_thread(stored_dynamic, store))
+                except Exception as exc:  # the next round tries again
+                    log.warning("could not reread the cluster configs: %s", exc)
+
+        self._config_refresh = asyncio.create_task(refresh())
+
     def request_stop(self) -> None:
         self._stopped.set()
 
     async def _close_common(self) -> None:
         if self._acl_refresh is not None:
             self._acl_refresh.cancel()
+        if self._config_refresh is not None:
+            self._config_refresh.cancel()
         if self.listeners is not None:
             await self.listeners.stop()
         await self.peers.close()
@@ -300,7 +326,7 @@ class CoordinatorNode(_ClusterProcess):
 
     async def _become_active(self, store: MetadataStore, placement: ClusterPlacement, epoch: int) -> None:
         """Load the cluster's state from the store and serve every coordinator request."""
-        self.role = role = CoordinatorRole(store, self.config, self.clock, RemoteStorage(self.remote_root))
+        self.role = role = CoordinatorRole(store, self.config, self.clock, RemoteStorage(self.remote_root), self.dynamic)
         self.tablets = RemoteTabletServers(placement, self.peers, epoch)
         peers = self.peers
 
@@ -320,6 +346,7 @@ class CoordinatorNode(_ClusterProcess):
 
         self.coordinator = await role.start(self.tablets, placement, leader_epoch_of=leader_epoch_of,
                                             notify_followers=notify_followers)
+        self.dynamic.on_change(role.apply)
         assert self.registry is not None
         self.elector = LeaderElector(store, placement.states, self.registry, self.tablets, self.coordinator.table_info_by_id)
         self.elector.start()
@@ -393,7 +420,8 @@ COORDINATOR_ONLY_KEYS = (
     ApiKey.LAKE_TIERING_HEARTBEAT, ApiKey.PREPARE_LAKE_TABLE_SNAPSHOT, ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT,
     ApiKey.GET_LAKE_SNAPSHOT, ApiKey.DESCRIBE_LAKE_TIERING, ApiKey.CREATE_ACLS, ApiKey.LIST_ACLS, ApiKey.DROP_ACLS,
     ApiKey.CONTROLLED_SHUTDOWN, ApiKey.REGISTER_PRODUCER_OFFSETS, ApiKey.GET_PRODUCER_OFFSETS,
-    ApiKey.DELETE_PRODUCER_OFFSETS, ApiKey.GET_CLUSTER_HEALTH,
+    ApiKey.DELETE_PRODUCER_OFFSETS, ApiKey.GET_CLUSTER_HEALTH, ApiKey.DESCRIBE_CLUSTER_CONFIGS,
+    ApiKey.ALTER_CLUSTER_CONFIGS,
 )
 """What a standby coordinator refuses (NotCoordinatorLeader); metadata requests it answers itself."""
 
@@ -482,6 +510,7 @@ class TabletServerNode(_ClusterProcess):
             self.replicas, self.catalog.table_info_by_id, tablets.stop_replicas, replication
         )
         tablets.start_snapshots(committer, self.paths.snapshot_staging)
+        self.dynamic.on_change(tablets.apply)
         catalog = self.catalog
 
         async def commit_remote_log_manifest(request: Any) -> Any:

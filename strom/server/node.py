@@ -37,8 +37,10 @@ from strom.config import (
     TABLET_SERVER_ID,
     ZOOKEEPER_ADDRESS,
     Configuration,
+    DynamicConfig,
 )
 from strom.coordinator.acl_service import AclService
+from strom.coordinator.cluster_configs import stored_dynamic
 from strom.coordinator.kv_snapshot_service import KvSnapshotService
 from strom.coordinator.lake_service import LakeTieringService
 from strom.coordinator.placement import SingleNodePlacement
@@ -181,6 +183,7 @@ class StromServer:
         self.port = port
         self.config = config
         self.clock = clock
+        self.dynamic: DynamicConfig | None = None
         self.remote_root = remote_root(config.get(REMOTE_DATA_DIR), self.paths)
         self.store: MetadataStore | None = None
         self.replicas: ReplicaManager | None = None
@@ -212,8 +215,11 @@ class StromServer:
         else:
             self.store = store = open_store("sqlite", str(self.paths.metadata_db))
         self.security = ServerSecurity.from_config(config, store)  # a bad security setting stops the start here
+        self.dynamic = dynamic = DynamicConfig(config)
+        dynamic.set_dynamic(stored_dynamic(store))  # the cluster configs set at run time before, over the initial ones
+        self.config = config = dynamic.current
         remote = RemoteStorage(self.remote_root)
-        self.role = role = CoordinatorRole(store, config, self.clock, remote)
+        self.role = role = CoordinatorRole(store, config, self.clock, remote, dynamic)
         self.tablets = tablets = TabletRole(
             self.paths.tablets, config, self.clock, remote, scanner_config(config), role.snapshot_store.latest,
             store.next_id,
@@ -229,6 +235,8 @@ class StromServer:
         self.lake, self.snapshots = role.lake, role.snapshots
         assert self.snapshots is not None
         self.snapshot_scheduler = tablets.start_snapshots(self.snapshots, self.paths.snapshot_staging)
+        dynamic.on_change(role.apply)
+        dynamic.on_change(tablets.apply)
         remote_logs = role.remote_logs
         assert remote_logs is not None
 

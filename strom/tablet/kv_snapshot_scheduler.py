@@ -114,9 +114,23 @@ class KvSnapshotScheduler:
 
     def start(self) -> None:
         self._clear_staging()
-        if self._interval_ms > 0:
-            self._tasks.append(asyncio.ensure_future(self._snapshot_loop()))
+        self._tasks.append(asyncio.ensure_future(self._snapshot_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+
+    @property
+    def interval_ms(self) -> int:
+        return self._interval_ms
+
+    def set_interval_ms(self, interval_ms: int) -> None:
+        """A new ``kv.snapshot.interval`` (AlterClusterConfigs): each bucket is next due one new interval
+        after its last snapshot was started (at once if that has passed); <= 0 stops taking snapshots."""
+        if interval_ms == self._interval_ms:
+            return
+        previous, self._interval_ms = self._interval_ms, interval_ms
+        for state in self._states.values():
+            if state.next_due_ms and previous > 0:
+                state.next_due_ms += interval_ms - previous
+        log.info("kv.snapshot.interval is now %d ms", interval_ms)
 
     def _clear_staging(self) -> None:
         """Remove checkpoints a killed process left behind (hard links that pin deleted SSTs' disk space)."""
@@ -136,9 +150,10 @@ class KvSnapshotScheduler:
 
     # ---- snapshots ----
     async def _snapshot_loop(self) -> None:
-        tick_s = max(0.05, min(self._interval_ms / 1000 / 4, 5.0))
         while True:
-            await asyncio.sleep(tick_s)
+            await asyncio.sleep(self._tick_s())
+            if self._interval_ms <= 0:
+                continue
             now = self._clock.now_ms()
             for replica in self._replicas.hosted():
                 if not (replica.is_kv and replica.is_open and replica.is_leader and not replica.stopped):
@@ -150,6 +165,11 @@ class KvSnapshotScheduler:
                 task = asyncio.ensure_future(self.snapshot(replica))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
+
+    def _tick_s(self) -> float:
+        """A quarter of the interval, within [50 ms, 5 s] (5 s while snapshots are off: how soon an
+        interval set at run time is noticed)."""
+        return max(0.05, min(self._interval_ms / 1000 / 4, 5.0)) if self._interval_ms > 0 else 5.0
 
     def _state(self, bucket: TableBucket) -> _BucketState:
         state = self._states.get(bucket)

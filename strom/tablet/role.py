@@ -80,6 +80,12 @@ class TabletRole:
         self.snapshot_scheduler.start()
         return self.snapshot_scheduler
 
+    def apply(self, config: Configuration) -> None:
+        """Cluster configs changed at run time: the snapshot interval."""
+        self.config = config
+        if self.snapshot_scheduler is not None:
+            self.snapshot_scheduler.set_interval_ms(config.get_ms(KV_SNAPSHOT_INTERVAL))
+
     def start_remote_logs(
         self,
         *,

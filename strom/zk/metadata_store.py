@@ -19,6 +19,7 @@ Location: ``host:port[,host:port...][/root]``; the root defaults to ``/fluss`` (
     /leases/kv_snapshot/<lease_id>                      the lease's compact encoding
     /lake/tiering/<table_id>                            the table's lake tiering state
     /producers/<producer_id>                            a producer's registered offsets and their expiry
+    /config/cluster                                     the settings AlterClusterConfigs changed at run time
     /fluss-acls/<resource type code>/<resource name>    {"acls":[[principal type, name, host, op, permission]]}
 
 A node's value is a one-line JSON header, a newline, then the raw payload (``_pack``/``_unpack``); names
@@ -109,6 +110,7 @@ _CONTAINERS = (
     "/leases/kv_snapshot",
     "/lake/tiering",
     "/producers",
+    "/config",
     "/fluss-acls",
 )
 
@@ -925,6 +927,16 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     def list_producer_ids(self) -> list[str]:
         return sorted(unquote(name) for name in self._run(lambda: self._children(self._path("/producers"))))
+
+    # ---- cluster configs ----
+    def get_cluster_configs(self) -> bytes | None:
+        found = self._run(lambda: self._get(self._path("/config/cluster")))
+        return None if found is None else found[0]
+
+    def put_cluster_configs(self, payload: bytes) -> None:
+        path = self._path("/config/cluster")
+        _check_value_size(path, payload)
+        self._put(path, payload)
 
     # ---- lake tiering state ----
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:

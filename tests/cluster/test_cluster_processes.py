@@ -247,6 +247,32 @@ def test_kv_snapshots_are_committed_through_the_coordinator(cluster: LocalCluste
     assert sum(s.log_offset for s in snapshots.values()) == 200
 
 
+def test_a_snapshot_interval_set_at_run_time_reaches_every_tablet_server(own_cluster: LocalCluster) -> None:
+    """AlterClusterConfigs goes to the active coordinator; each tablet server rereads the cluster configs
+    from ZooKeeper and starts taking snapshots (off at start) of the buckets it leads."""
+    async def scenario() -> tuple[dict[int, Any], list[int]]:
+        async with await Connection.create(own_cluster.bootstrap) as connection:
+            admin = connection.get_admin()
+            path = await create_table(connection)
+            await upsert(connection, path, range(200), "s")
+            leaders = await bucket_leaders(connection, path)
+            assert all(s is None for s in (await admin.get_latest_kv_snapshots(path)).snapshots.values())
+            await admin.alter_cluster_configs({"kv.snapshot.interval": "500ms"})
+            described = {e.key: (e.value, e.source) for e in await admin.describe_cluster_configs()}
+            assert described["kv.snapshot.interval"] == ("500ms", "DYNAMIC_SERVER_CONFIG")
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                snapshots = (await admin.get_latest_kv_snapshots(path)).snapshots
+                if all(s is not None for s in snapshots.values()):
+                    return snapshots, leaders
+                assert time.monotonic() < deadline, f"snapshots of every bucket: {snapshots}"
+                await asyncio.sleep(0.2)
+
+    snapshots, leaders = asyncio.run(scenario())
+    assert sum(s.log_offset for s in snapshots.values()) == 200
+    assert len(set(leaders)) == 2, "the buckets are led by both tablet servers"
+
+
 def test_a_table_wanting_more_replicas_than_tablet_servers_is_refused(cluster: LocalCluster) -> None:
     async def scenario() -> None:
         async with await Connection.create(cluster.bootstrap) as connection:

@@ -107,6 +107,9 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
     # docs/auto-partitioning.md
     ("docs/auto-partitioning.md", "Creating an auto-partitioned table", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "pyfluss script, run twice (it drops its table)"),
+    # docs/cluster-configs.md
+    ("docs/cluster-configs.md", "Changing a setting", 0): _doc(
+        "test_docs_client_scripts_on_the_readme_tables", "each line with the venv's strom, at the readme server"),
     # docs/producer-offsets.md
     ("docs/producer-offsets.md", "Producer offsets", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "script, on the README's orders, run twice"),
@@ -319,6 +322,14 @@ def test_docs_client_scripts_on_the_readme_tables(readme: Readme) -> None:
         days = {when: [(when + timedelta(days=d)).strftime("%Y%m%d") for d in (0, 1)]
                 for when in (before, datetime.now(UTC))}  # a run across midnight (UTC) sees either day
         assert printed in ([str(names)] for names in days.values()), printed
+
+    set_line, describe_line, reset_line = shell_lines(snippet("docs/cluster-configs.md", "Changing a setting", 0))
+    run_command(set_line, readme.cwd, readme.at_server)
+    described = run_command(describe_line, readme.cwd, readme.at_server)
+    assert "kv.snapshot.interval = 5min  [DYNAMIC_SERVER_CONFIG]" in described.splitlines(), described
+    assert "table.datalake.freshness = 1min  [DYNAMIC_SERVER_CONFIG]" in described.splitlines(), described
+    run_command(reset_line, readme.cwd, readme.at_server)
+    assert "DYNAMIC_SERVER_CONFIG" not in run_command(describe_line, readme.cwd, readme.at_server)
 
     alter = run_script(snippet("docs/alter-table.md", "Changing tables and databases", 0), readme.cwd,
                        readme.at_server)

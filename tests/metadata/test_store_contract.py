@@ -648,3 +648,24 @@ def test_producer_offsets_survive_reopen(store_location: tuple[str, str]) -> Non
         assert not second.create_producer_offsets("job", b"other")
     finally:
         second.close()
+
+
+# ---- cluster configs ----
+
+
+def test_cluster_configs_are_one_document_replaced_whole_and_kept_across_reopen(
+    store_location: tuple[str, str]
+) -> None:
+    first = open_store(*store_location)
+    try:
+        assert first.get_cluster_configs() is None
+        first.put_cluster_configs(b'{"kv.snapshot.interval":"1 min"}')
+        first.put_cluster_configs(b'{"auto-partition.check.interval":"5 min"}')
+        assert first.get_cluster_configs() == b'{"auto-partition.check.interval":"5 min"}'
+    finally:
+        first.close()
+    second = open_store(*store_location)
+    try:
+        assert second.get_cluster_configs() == b'{"auto-partition.check.interval":"5 min"}'
+    finally:
+        second.close()
