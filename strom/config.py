@@ -250,6 +250,11 @@ LOG_REPLICA_MAX_SILENCE_TIME = duration_option(
     "every 0.5 s).",
 )
 TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.", minimum=0)
+TABLET_SERVER_RACK = string_option(
+    "tablet-server.rack", None,
+    "The rack (or availability zone) of this tablet server. When every live tablet server of a cluster has "
+    "one, new tables and partitions place each bucket's replicas on as many different racks as they can.",
+)
 TABLET_SERVER_CONTROLLED_SHUTDOWN_MAX_RETRIES = int_option(
     "tablet-server.controlled-shutdown.max-retries", 3,
     "How often a stopping tablet server of a cluster asks the coordinator to move its leaderships away "

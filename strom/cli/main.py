@@ -185,12 +185,18 @@ def cluster() -> None:
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE", help="A config key for every server process.")
 @click.option("--secure", is_flag=True,
               help="Clients must log in (SASL/PLAIN) and ACLs are enforced; prints the super user admin's password.")
-def cluster_start(tablet_servers: int, coordinators: int, data_dir: Path, defines: tuple[str, ...], secure: bool) -> None:
+@click.option("--racks", default=None, metavar="RACK,RACK,...",
+              help="Each tablet server's tablet-server.rack, in server id order (as many as --tablet-servers).")
+def cluster_start(tablet_servers: int, coordinators: int, data_dir: Path, defines: tuple[str, ...], secure: bool,
+                  racks: str | None) -> None:
     """Start the processes in the background; prints the addresses to bootstrap clients from."""
     from strom.server.local_cluster import LocalCluster
 
+    rack_list = [rack.strip() for rack in racks.split(",")] if racks else []
+    if rack_list and len(rack_list) != tablet_servers:
+        raise click.BadParameter(f"{len(rack_list)} racks for {tablet_servers} tablet servers", param_hint="--racks")
     local = LocalCluster(data_dir, tablet_servers, key_value_pairs(defines, "-D"), coordinators=coordinators,
-                         detached=True, secure=secure)
+                         detached=True, secure=secure, racks=rack_list)
     try:
         local.start()
     except RuntimeError as exc:

@@ -55,6 +55,8 @@ class ServerNode:
     host: str
     port: int
     server_type: str
+    rack: str | None = None
+    """A tablet server's ``tablet-server.rack``, when it has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +312,8 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin
         if response.HasField("coordinator_server"):  # absent when the coordinator lacks this listener
             coordinator = response.coordinator_server
             nodes.append(ServerNode(coordinator.node_id, coordinator.host, coordinator.port, "CoordinatorServer"))
-        nodes += [ServerNode(n.node_id, n.host, n.port, "TabletServer") for n in response.tablet_servers]
+        nodes += [ServerNode(n.node_id, n.host, n.port, "TabletServer", n.rack if n.HasField("rack") else None)
+                  for n in response.tablet_servers]
         return nodes
 
     async def get_table_schema_json(self, table_path: TablePath, schema_id: int | None = None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from strom.coordinator.placement import BucketHealth, BucketLeadership, LiveServers
+from strom.coordinator.placement import BucketHealth, BucketLeadership, LiveServers, replica_assignment
 from strom.errors import InvalidReplicationFactorError
 from strom.metadata import table_options
 from strom.metadata.store import MetadataStore
@@ -79,17 +79,17 @@ class ClusterPlacement:
         existing = self._store.get_bucket_assignment(table.table_id, partition_id)
         if existing is not None:
             return existing
-        servers = sorted(self._servers.live())
+        live = self._servers.live()
         factor = int(table.properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
-        if len(servers) < factor:
+        if len(live) < factor:
             raise InvalidReplicationFactorError(
-                f"Replication factor: {factor} larger than available tablet servers: {len(servers)}."
+                f"Replication factor: {factor} larger than available tablet servers: {len(live)}."
             )
         # start each table (and partition) at a different server so small tables spread too
-        start = (table.table_id + (partition_id or 0)) % len(servers)
+        start = (table.table_id + (partition_id or 0)) % len(live)
+        placed = replica_assignment(table.bucket_count, factor, {s: node.rack for s, node in live.items()}, start)
         assignment = {}
-        for bucket in table.buckets(partition_id):
-            replicas = tuple(servers[(start + bucket.bucket + i) % len(servers)] for i in range(factor))
+        for bucket, replicas in zip(table.buckets(partition_id), placed, strict=True):
             self.states.create(bucket, LeaderAndIsr(replicas[0], 0, replicas, replicas))
             assignment[bucket.bucket] = replicas[0]
         self._store.put_bucket_assignment(table.table_id, partition_id, assignment)

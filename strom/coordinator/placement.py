@@ -9,7 +9,7 @@ metadata store when it is created and knows the live tablet servers from their Z
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -109,6 +109,53 @@ class SingleNodePlacement:
         return dict.fromkeys(range(table.bucket_count), self._node.node_id)
 
 
+def replica_assignment(
+    bucket_count: int, factor: int, servers: Mapping[int, str | None], start: int
+) -> list[tuple[int, ...]]:
+    """Each bucket's replicas (its first leader first) over ``servers`` (id -> rack), ``factor`` distinct
+    servers per bucket, first replicas round robin from position ``start``.
+
+    Without a rack on every server, bucket ``b``'s replicas are the ``factor`` servers from position
+    ``start + b`` of the id-sorted list. With racks, the list alternates racks (the first server of each
+    rack, then the second of each, …) and each bucket takes, after its first replica, the next servers of
+    racks it has no replica on yet, until every rack has one, then the next servers of any rack: a bucket
+    spans min(factor, racks) racks, and a rack lost takes at most that share of its replicas.
+    """
+    ids = sorted(servers)
+    if not ids or factor > len(ids):
+        raise ValueError(f"{factor} replicas need as many servers, there are {len(ids)}")
+    racks = {server: servers[server] for server in ids}
+    if any(rack is None for rack in racks.values()):
+        return [tuple(ids[(start + bucket + i) % len(ids)] for i in range(factor)) for bucket in range(bucket_count)]
+    by_rack: dict[str | None, list[int]] = {}
+    for server in ids:
+        by_rack.setdefault(racks[server], []).append(server)
+    columns = [by_rack[rack] for rack in sorted(by_rack, key=str)]
+    order = [column[row] for row in range(max(map(len, columns))) for column in columns if row < len(column)]
+    rack_count = len(columns)
+    assignment = []
+    for bucket in range(bucket_count):
+        first = (start + bucket) % len(order)
+        following = [order[(first + step) % len(order)] for step in range(1, len(order))]
+        shift = (bucket // len(order)) % max(1, len(following))  # later rounds pair servers differently
+        following = following[shift:] + following[:shift]
+        replicas = [order[first]]
+        used_racks = {racks[order[first]]}
+        for server in following:
+            if len(replicas) == factor:
+                break
+            if racks[server] not in used_racks or len(used_racks) == rack_count:
+                replicas.append(server)
+                used_racks.add(racks[server])
+        for server in following:  # more replicas than racks: fill from any rack
+            if len(replicas) == factor:
+                break
+            if server not in replicas:
+                replicas.append(server)
+        assignment.append(tuple(replicas))
+    return assignment
+
+
 def placed_tables(store: MetadataStore, table_of: Callable[[int], TableInfo | None]) -> list[tuple[TableInfo, int | None]]:
     """Every table with each of its partitions (None for an unpartitioned table): what has buckets."""
     found: list[tuple[TableInfo, int | None]] = []
@@ -125,4 +172,4 @@ def placed_tables(store: MetadataStore, table_of: Callable[[int], TableInfo | No
     return found
 
 
-__all__ = ["BucketHealth", "BucketLeadership", "BucketPlacement", "LiveServers", "ServerNode", "SingleNodePlacement", "placed_tables"]
+__all__ = ["BucketHealth", "BucketLeadership", "BucketPlacement", "LiveServers", "ServerNode", "SingleNodePlacement", "placed_tables", "replica_assignment"]

@@ -38,6 +38,8 @@ class ServerNode:
     port: int
     endpoints: tuple[Endpoint, ...] = ()
     """Every listener's advertised endpoint; empty for a server known by one address only."""
+    rack: str | None = None
+    """``tablet-server.rack``: where replicas are spread over (None: not given)."""
 
     def for_listener(self, listener: str | None) -> ServerNode | None:
         """This server as a client on ``listener`` reaches it; None when it has no such listener (clients on
@@ -47,11 +49,14 @@ class ServerNode:
             return self
         for endpoint in self.endpoints:
             if endpoint.name == listener:
-                return ServerNode(self.node_id, endpoint.host, endpoint.port)
+                return ServerNode(self.node_id, endpoint.host, endpoint.port, rack=self.rack)
         return None
 
     def to_pb(self) -> Any:
-        return pb.PbServerNode(node_id=self.node_id, host=self.host, port=self.port)
+        node = pb.PbServerNode(node_id=self.node_id, host=self.host, port=self.port)
+        if self.rack is not None:
+            node.rack = self.rack
+        return node
 
 
 class PeerConnections:

@@ -33,6 +33,7 @@ from strom.config import (
     TABLET_SERVER_CONTROLLED_SHUTDOWN_MAX_RETRIES,
     TABLET_SERVER_CONTROLLED_SHUTDOWN_RETRY_INTERVAL,
     TABLET_SERVER_ID,
+    TABLET_SERVER_RACK,
     ZOOKEEPER_ADDRESS,
     ZOOKEEPER_SESSION_TIMEOUT,
     Configuration,
@@ -544,7 +545,7 @@ class TabletServerNode(_ClusterProcess):
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             try:
-                self.registry.register(RegisteredServer(self.server_id, self.endpoints))
+                self.registry.register(RegisteredServer(self.server_id, self.endpoints, self.config.get(TABLET_SERVER_RACK)))
                 return
             except InvalidConfigError as exc:
                 if asyncio.get_running_loop().time() > deadline:

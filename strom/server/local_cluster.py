@@ -20,12 +20,13 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
-from strom.config import SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED, SECURITY_INTERNAL_SECRET
+from strom.config import SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED, SECURITY_INTERNAL_SECRET, TABLET_SERVER_RACK
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -125,10 +126,15 @@ class LocalCluster:
         coordinators: int = 1,
         detached: bool = False,
         secure: bool = False,
+        racks: Sequence[str] = (),
     ) -> None:
         """``coordinators``: one active, the others standbys that take over when it is gone. ``secure``:
         clients must log in (SASL/PLAIN) and ACLs are enforced; the super user ``admin`` gets a generated
-        password (:meth:`admin_password`)."""
+        password (:meth:`admin_password`). ``racks``: tablet server i's ``tablet-server.rack`` is
+        ``racks[i - 1]`` (none given: no racks)."""
+        if racks and len(racks) != tablet_servers:
+            raise ValueError(f"{len(racks)} racks for {tablet_servers} tablet servers")
+        self.racks = tuple(racks)
         self.secure = secure
         if tablet_servers < 1 or coordinators < 1:
             raise ValueError("a cluster needs at least one coordinator and one tablet server")
@@ -222,6 +228,8 @@ class LocalCluster:
                    "--data-dir", str(self.data_dir / name), "--config", str(self.config_path)]
         if role == "tablet-server":
             command += ["--server-id", str(server_id)]
+            if self.racks:
+                command += ["-D", f"{TABLET_SERVER_RACK.key}={self.racks[server_id - 1]}"]
         log_path = self.data_dir / f"{name}.log"
         with log_path.open("ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

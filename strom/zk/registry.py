@@ -40,12 +40,15 @@ class RegisteredServer:
 
     server_id: int
     endpoints: tuple[Endpoint, ...]
+    rack: str | None = None
     register_timestamp_ms: int = field(default_factory=lambda: int(time.time() * 1000), compare=False)
 
     def node(self, internal_listener: str) -> ServerNode | None:
         """The server as the others reach it (its ``internal_listener`` endpoint); None without one."""
         internal = next((e for e in self.endpoints if e.name == internal_listener), None)
-        return None if internal is None else ServerNode(self.server_id, internal.host, internal.port, self.endpoints)
+        if internal is None:
+            return None
+        return ServerNode(self.server_id, internal.host, internal.port, self.endpoints, self.rack)
 
 
 def encode_registration(server: RegisteredServer) -> bytes:
@@ -54,6 +57,8 @@ def encode_registration(server: RegisteredServer) -> bytes:
         "listeners": format_endpoints(server.endpoints),
         "register_timestamp": server.register_timestamp_ms,
     }
+    if server.rack is not None:
+        document["rack"] = server.rack
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -74,7 +79,9 @@ def registration_from(server_id: int, value: dict[str, Any]) -> RegisteredServer
         endpoints = (Endpoint(DEFAULT_LISTENER_NAME, str(value["host"]), int(value["port"])),)
     else:
         endpoints = tuple(parse_endpoints(str(value["listeners"]), "a registration's listeners", distinct_ports=False))
-    return RegisteredServer(server_id, endpoints, int(value.get("register_timestamp", 0)))
+    rack = value.get("rack")
+    return RegisteredServer(server_id, endpoints, None if rack is None else str(rack),
+                            int(value.get("register_timestamp", 0)))
 
 
 class TabletServerRegistry:

@@ -437,3 +437,34 @@ def test_a_cluster_member_with_several_listeners_must_say_which_is_internal(tmp_
     )
     assert started.returncode != 0
     assert "invalid configuration" in started.stderr and "set internal.listener.name" in started.stderr
+
+
+def test_racks_spread_every_bucket_over_both_racks(tmp_path: Path) -> None:
+    """Four tablet servers on two racks (``strom cluster start --racks a,a,b,b``): metadata names each
+    server's rack, and each bucket of a table with two replicas has one on each rack."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    local = LocalCluster(tmp_path / "cluster", 4, {"kv.snapshot.interval": "0s"}, racks=["a", "a", "b", "b"]).start()
+    try:
+        _wait_for_servers(local, 4)
+
+        from tests.cluster.test_replication import States
+
+        async def scenario() -> tuple[dict[int, str | None], list[tuple[int, ...]]]:
+            async with await Connection.create(local.bootstrap) as connection:
+                admin = connection.get_admin()
+                racks = {n.id: n.rack for n in await admin.get_server_nodes() if n.server_type == "TabletServer"}
+                path = await create_table(connection, 8, **{"table.replication.factor": "2"})
+                table_id = (await admin.get_table_info(path)).table_id
+            states = States(local.zookeeper_address)
+            try:
+                return racks, [states.get(TableBucket(table_id, b)).replicas for b in range(8)]
+            finally:
+                states.close()
+
+        racks, replicas = asyncio.run(scenario())
+        assert racks == {1: "a", 2: "a", 3: "b", 4: "b"}
+        assert all({racks[r] for r in bucket} == {"a", "b"} for bucket in replicas), replicas
+    finally:
+        local.stop()

@@ -164,3 +164,19 @@ def test_flusss_registration_versions_decode() -> None:
     assert decoded.endpoints == (Endpoint("CLIENT", "::1", 9123), Endpoint("FLUSS", "h", 9124))
     assert decoded.register_timestamp_ms == 5
     assert str(decoded.endpoints[0]) == "CLIENT://[::1]:9123"
+    assert decoded.rack == "r1"
+    assert decode_registration(1, v1).rack is None
+
+
+def test_a_rack_round_trips_through_the_registration_and_reaches_the_metadata() -> None:
+    from strom.zk.registry import decode_registration, encode_registration
+
+    endpoints = (Endpoint("FLUSS", "h", 9124),)
+    racked = decode_registration(3, encode_registration(RegisteredServer(3, endpoints, "eu-1a")))
+    assert racked.rack == "eu-1a" and json.loads(encode_registration(racked))["rack"] == "eu-1a"
+    node = racked.node("FLUSS")
+    assert node is not None and node.rack == "eu-1a" and node.to_pb().rack == "eu-1a"
+    assert node.for_listener("FLUSS") == ServerNode(3, "h", 9124, rack="eu-1a")
+    plain = decode_registration(4, encode_registration(RegisteredServer(4, endpoints)))
+    assert plain.rack is None and "rack" not in json.loads(encode_registration(plain))
+    assert not plain.node("FLUSS").to_pb().HasField("rack")  # type: ignore[union-attr]
