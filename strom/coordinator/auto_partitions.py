@@ -4,7 +4,8 @@ Fluss's ``AutoPartitionManager``. For every table with ``table.auto-partition.en
 the partitions of the current time unit and the next ``num-precreate - 1`` (in the table's time zone) and
 drops every partition whose time value sorts below the unit ``num-retention`` units back
 (``strom.metadata.auto_partition``). Checks run when such a table is created or altered (before the
-request is answered, so a client can write into today's partition at once) and every
+request is answered, so a client can write into today's partition at once), when the coordinator starts
+(before it serves: a coordinator that was down for days catches up first) and every
 ``auto-partition.check.interval``.
 
 A dropped partition goes as a DropPartition would take it: its record, its replicas' local data, its KV
@@ -44,7 +45,7 @@ class CheckResult:
 
 
 class AutoPartitionManager:
-    """:meth:`start` once after the coordinator started; :meth:`stop` once."""
+    """:meth:`catch_up` and :meth:`start` once after the coordinator started; :meth:`stop` once."""
 
     def __init__(self, coordinator: CoordinatorService, clock: Clock, check_interval_ms: int) -> None:
         self._coordinator = coordinator
@@ -64,13 +65,21 @@ class AutoPartitionManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    async def catch_up(self) -> None:
+        """The check a starting coordinator runs before it serves: partitions expired while no coordinator
+        ran are dropped and today's exist before any client asks. A failure is logged, not raised."""
+        try:
+            await self.check()
+        except Exception:
+            log.exception("the auto-partition check at start failed; trying again next interval")
+
     async def _check_periodically(self) -> None:
         while True:
+            await asyncio.sleep(self.check_interval_ms / 1000)
             try:
                 await self.check()
             except Exception:
                 log.exception("the auto-partition check failed; trying again next interval")
-            await asyncio.sleep(self.check_interval_ms / 1000)
 
     async def _table_changed(self, table: TableInfo) -> None:
         if not _strategy(table).enabled:

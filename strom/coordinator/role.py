@@ -106,6 +106,7 @@ class CoordinatorRole:
         self.auto_partitions = AutoPartitionManager(
             coordinator, self.clock, self.config.get_ms(AUTO_PARTITION_CHECK_INTERVAL)
         )
+        await self.auto_partitions.catch_up()
         self.auto_partitions.start()
         await self.snapshot_store.sweep_unreferenced()
         return coordinator

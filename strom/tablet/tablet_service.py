@@ -66,6 +66,14 @@ def _add_values(bucket_response: Any, values: list[bytes | None]) -> None:
             add().values = value  # twice as fast as add(values=value) in upb
 
 
+def _bucket_response(response: Any, table_id: int, bucket_request: Any) -> tuple[TableBucket, Any]:
+    """The bucket a per-bucket request names, and its entry in ``response``, partition id echoed."""
+    bucket = _bucket(table_id, bucket_request)
+    bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
+    _echo_partition(bucket_response, bucket)
+    return bucket, bucket_response
+
+
 def _echo_partition(response: Any, bucket: TableBucket) -> None:
     if bucket.partition_id is not None:
         response.partition_id = bucket.partition_id
@@ -246,9 +254,7 @@ class TabletService:
         reserved in Fluss and not collected."""
         response = pb.GetTableStatsResponse()
         for bucket_request in request.buckets_req:
-            bucket = _bucket(request.table_id, bucket_request)
-            bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
-            _echo_partition(bucket_response, bucket)
+            bucket, bucket_response = _bucket_response(response, request.table_id, bucket_request)
             try:
                 replica = self._replicas.get(bucket)
                 if replica.is_kv:
@@ -339,9 +345,9 @@ class TabletService:
             return self._lookup_inserting(request)
         response = pb.LookupResponse()
         for bucket_request in request.buckets_req:
-            bucket_response = self._lookup_response(response, request.table_id, bucket_request)
+            bucket, bucket_response = _bucket_response(response, request.table_id, bucket_request)
             try:
-                values = self._replicas.get(_bucket(request.table_id, bucket_request)).kv.lookup(bucket_request.keys)
+                values = self._replicas.get(bucket).kv.lookup(bucket_request.keys)
             except Exception as exc:
                 _set_error(bucket_response, exc)
             else:
@@ -353,9 +359,9 @@ class TabletService:
         and answer the rows as stored then (with an auto-increment column's new id)."""
         response = pb.LookupResponse()
         for bucket_request in request.buckets_req:
-            bucket_response = self._lookup_response(response, request.table_id, bucket_request)
+            bucket, bucket_response = _bucket_response(response, request.table_id, bucket_request)
             try:
-                kv = self._replicas.get(_bucket(request.table_id, bucket_request)).kv
+                kv = self._replicas.get(bucket).kv
                 keys = list(bucket_request.keys)
                 values = kv.lookup(keys)
                 missing = list(dict.fromkeys(key for key, value in zip(keys, values, strict=True) if value is None))
@@ -371,19 +377,10 @@ class TabletService:
                 _add_values(bucket_response, values)
         return response
 
-    @staticmethod
-    def _lookup_response(response: Any, table_id: int, bucket_request: Any) -> Any:
-        bucket = _bucket(table_id, bucket_request)
-        bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
-        _echo_partition(bucket_response, bucket)
-        return bucket_response
-
     def prefix_lookup(self, request: Any, _context: object) -> Any:
         response = pb.PrefixLookupResponse()
         for bucket_request in request.buckets_req:
-            bucket = _bucket(request.table_id, bucket_request)
-            bucket_response = response.buckets_resp.add(bucket_id=bucket.bucket)
-            _echo_partition(bucket_response, bucket)
+            bucket, bucket_response = _bucket_response(response, request.table_id, bucket_request)
             try:
                 matches = self._replicas.get(bucket).kv.prefix_lookup(bucket_request.keys, PREFIX_LOOKUP_ROWS_MAX)
                 for values in matches:

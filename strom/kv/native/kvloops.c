@@ -295,59 +295,11 @@ error:
     return NULL;
 }
 
-/* unsort(found, order) -> list: found[i] placed at position order[i] (key_order's inverse). */
+/* The items of (items, order) rearranged by order's positions (as key_order packs them): gathered,
+ * result[i] = items[order[i]] (take), or scattered, result[order[i]] = items[i] (unsort, key_order's
+ * inverse; a position given twice keeps the later item and leaves a hole, answered as None). */
 static PyObject *
-unsort(PyObject *self, PyObject *args)
-{
-    PyObject *found_arg;
-    Py_buffer order;
-    if (!PyArg_ParseTuple(args, "Oy*", &found_arg, &order)) {
-        return NULL;
-    }
-    PyObject *found = PySequence_Tuple(found_arg);
-    PyObject *result = NULL;
-    if (found == NULL) {
-        goto done;
-    }
-    Py_ssize_t count = PyTuple_GET_SIZE(found);
-    if (order.len != count * (Py_ssize_t)sizeof(Py_ssize_t)) {
-        PyErr_SetString(PyExc_ValueError, "found and order differ in length");
-        goto done;
-    }
-    const Py_ssize_t *positions = order.buf;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (positions[i] < 0 || positions[i] >= count) {
-            PyErr_SetString(PyExc_ValueError, "order holds a position out of range");
-            goto done;
-        }
-    }
-    result = PyList_New(count);
-    if (result == NULL) {
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyTuple_GET_ITEM(found, i);
-        PyObject *previous = PyList_GET_ITEM(result, positions[i]);
-        Py_INCREF(item);
-        PyList_SET_ITEM(result, positions[i], item);
-        Py_XDECREF(previous);  /* only with a repeated position (not from key_order) */
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (PyList_GET_ITEM(result, i) == NULL) {  /* a repeated position left a hole */
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(result, i, Py_None);
-        }
-    }
-done:
-    Py_XDECREF(found);
-    PyBuffer_Release(&order);
-    return result;
-}
-
-/* take(items, order) -> list: items[order[0]], items[order[1]], ... — the items of sorted keys put in
- * key order (order as key_order packs it). */
-static PyObject *
-take(PyObject *self, PyObject *args)
+reorder(PyObject *args, int scatter)
 {
     PyObject *items_arg;
     Py_buffer order;
@@ -376,14 +328,43 @@ take(PyObject *self, PyObject *args)
         goto done;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyTuple_GET_ITEM(items, positions[i]);
+        if (!scatter) {
+            PyObject *item = PyTuple_GET_ITEM(items, positions[i]);
+            Py_INCREF(item);
+            PyList_SET_ITEM(result, i, item);
+            continue;
+        }
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        PyObject *previous = PyList_GET_ITEM(result, positions[i]);
         Py_INCREF(item);
-        PyList_SET_ITEM(result, i, item);
+        PyList_SET_ITEM(result, positions[i], item);
+        Py_XDECREF(previous);  /* only with a repeated position (not from key_order) */
+    }
+    for (Py_ssize_t i = 0; scatter && i < count; i++) {
+        if (PyList_GET_ITEM(result, i) == NULL) {  /* a repeated position left a hole */
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(result, i, Py_None);
+        }
     }
 done:
     Py_XDECREF(items);
     PyBuffer_Release(&order);
     return result;
+}
+
+/* unsort(found, order) -> list: found[i] placed at position order[i] (key_order's inverse). */
+static PyObject *
+unsort(PyObject *self, PyObject *args)
+{
+    return reorder(args, 1);
+}
+
+/* take(items, order) -> list: items[order[0]], items[order[1]], ... — the items of sorted keys put in
+ * key order. */
+static PyObject *
+take(PyObject *self, PyObject *args)
+{
+    return reorder(args, 0);
 }
 
 static PyMethodDef kvloops_methods[] = {
