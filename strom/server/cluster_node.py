@@ -466,9 +466,9 @@ class TabletServerNode(_ClusterProcess):
         return -1 if epoch is None else epoch
 
     async def start(self) -> None:
-        config = self.config
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
         store, zookeeper = self._open()
+        config = self.config  # with the cluster configs changed at run time
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         assert self.security is not None
         self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener)

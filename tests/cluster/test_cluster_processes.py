@@ -250,7 +250,7 @@ def test_kv_snapshots_are_committed_through_the_coordinator(cluster: LocalCluste
 def test_a_snapshot_interval_set_at_run_time_reaches_every_tablet_server(own_cluster: LocalCluster) -> None:
     """AlterClusterConfigs goes to the active coordinator; each tablet server rereads the cluster configs
     from ZooKeeper and starts taking snapshots (off at start) of the buckets it leads."""
-    async def scenario() -> tuple[dict[int, Any], list[int]]:
+    async def scenario() -> tuple[dict[int, Any], list[int], TablePath]:
         async with await Connection.create(own_cluster.bootstrap) as connection:
             admin = connection.get_admin()
             path = await create_table(connection)
@@ -264,13 +264,33 @@ def test_a_snapshot_interval_set_at_run_time_reaches_every_tablet_server(own_clu
             while True:
                 snapshots = (await admin.get_latest_kv_snapshots(path)).snapshots
                 if all(s is not None for s in snapshots.values()):
-                    return snapshots, leaders
+                    return snapshots, leaders, path
                 assert time.monotonic() < deadline, f"snapshots of every bucket: {snapshots}"
                 await asyncio.sleep(0.2)
 
-    snapshots, leaders = asyncio.run(scenario())
+    snapshots, leaders, table_path = asyncio.run(scenario())
     assert sum(s.log_offset for s in snapshots.values()) == 200
     assert len(set(leaders)) == 2, "the buckets are led by both tablet servers"
+
+    # a tablet server started again takes the stored interval (its own settings say 0s: no snapshots)
+    restarted = leaders[0]
+    own_cluster.signal_member(own_cluster.member("tablet-server", restarted))
+    own_cluster.start_member("tablet-server", restarted)
+    _wait_for_servers(own_cluster, 2)
+
+    async def after_restart() -> None:
+        async with await Connection.create(own_cluster.bootstrap) as connection:
+            admin = connection.get_admin()
+            await upsert(connection, table_path, range(200, 400), "t")
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                snapshots = (await admin.get_latest_kv_snapshots(table_path)).snapshots
+                if sum(s.log_offset for s in snapshots.values() if s is not None) == 400:
+                    return
+                assert time.monotonic() < deadline, f"snapshots after the restart: {snapshots}"
+                await asyncio.sleep(0.2)
+
+    asyncio.run(after_restart())
 
 
 def test_a_table_wanting_more_replicas_than_tablet_servers_is_refused(cluster: LocalCluster) -> None:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.client import writer as writer_module
 from strom.config import Configuration
 from strom.errors import KvStorageError
 from strom.ids import TableBucket
@@ -49,6 +50,9 @@ async def test_a_failed_rocksdb_keeps_serving_reads_and_reopens_once_storage_wor
             bucket = TableBucket(table.table_info.table_id, 0)
             kv = server.replicas.get(bucket).kv
             monkeypatch.setattr(replica_module, "RECOVERY_FREE_BYTES_MIN", 1 << 62)  # "the disk is still full"
+            # the refusals below are what is tested, not the client's ~35 s of retries before it gives up
+            retries_max = writer_module.RETRIES_MAX
+            monkeypatch.setattr(writer_module, "RETRIES_MAX", 2)
             kv._db = _RefusingWrites(kv._db)  # type: ignore[assignment]
 
             with pytest.raises(KvStorageError, match="No space left"):
@@ -62,6 +66,7 @@ async def test_a_failed_rocksdb_keeps_serving_reads_and_reopens_once_storage_wor
             assert await lookuper.lookup({"id": 3}) is None  # never acknowledged, so never visible
 
             monkeypatch.setattr(replica_module, "RECOVERY_FREE_BYTES_MIN", 0)  # space is back
+            monkeypatch.setattr(writer_module, "RETRIES_MAX", retries_max)  # the bucket reopens after a pause
             await table.new_upsert().create_writer().upsert_batch(pa.table({"id": [4], "v": ["d"]}))
             reopened = server.replicas.get(bucket).kv
             assert reopened is not kv and reopened.failed is None
