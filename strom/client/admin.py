@@ -286,14 +286,14 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin
     async def _list_bucket_offsets(
         self, table_id: int, partition_id: int | None, bucket_ids: Sequence[int], offset_spec: OffsetSpec
     ) -> dict[int, int]:
-        by_leader: dict[str, list[int]] = {}
-        for bucket_id in bucket_ids:
-            address = await self._connection.metadata.leader_address(TableBucket(table_id, bucket_id, partition_id))
-            by_leader.setdefault(address, []).append(bucket_id)
+        by_leader = await self._connection.metadata.by_leader(
+            TableBucket(table_id, bucket_id, partition_id) for bucket_id in bucket_ids
+        )
         offsets: dict[int, int] = {}
         for address, buckets in by_leader.items():
             request = pb.ListOffsetsRequest(
-                follower_server_id=-1, offset_type=offset_spec.offset_type, table_id=table_id, bucket_id=buckets
+                follower_server_id=-1, offset_type=offset_spec.offset_type, table_id=table_id,
+                bucket_id=[bucket.bucket for bucket in buckets],
             )
             if partition_id is not None:
                 request.partition_id = partition_id

@@ -6,6 +6,7 @@ error that says the leader moved).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from strom.errors import LeaderNotAvailableError, TableNotExistError, UnknownTableOrBucketError
@@ -133,6 +134,17 @@ class MetadataCache:
         if address is None:
             raise LeaderNotAvailableError(f"leader {leader} of {bucket} is not a known tablet server")
         return address
+
+    async def by_leader(self, buckets: Iterable[TableBucket]) -> dict[str, list[TableBucket]]:
+        """``buckets`` grouped by their leader's address, in the order given (one request per leader).
+
+        Raises:
+            LeaderNotAvailableError: a bucket has no known leader.
+        """
+        grouped: dict[str, list[TableBucket]] = {}
+        for bucket in buckets:
+            grouped.setdefault(await self.leader_address(bucket), []).append(bucket)
+        return grouped
 
     async def _refresh_bucket(self, bucket: TableBucket) -> None:
         table = self._tables_by_id.get(bucket.table_id)

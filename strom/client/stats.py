@@ -20,11 +20,8 @@ class StatsAdmin:
         """Each bucket's row count: a primary-key bucket's live keys (None where the server cannot count
         them: a WAL changelog image), a log bucket's records from its earliest offset. One request per
         leader; a bucket's error (no leader, unknown bucket) is raised."""
-        by_leader: dict[str, list[TableBucket]] = {}
-        for bucket in buckets:
-            by_leader.setdefault(await self._connection.metadata.leader_address(bucket), []).append(bucket)
         counts: dict[TableBucket, int | None] = {}
-        for address, led in by_leader.items():
+        for address, led in (await self._connection.metadata.by_leader(buckets)).items():
             for table_id in sorted({bucket.table_id for bucket in led}):
                 request = pb.GetTableStatsRequest(table_id=table_id)
                 for bucket in (b for b in led if b.table_id == table_id):

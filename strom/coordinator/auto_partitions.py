@@ -82,22 +82,17 @@ class AutoPartitionManager:
                 log.exception("the auto-partition check failed; trying again next interval")
 
     async def _table_changed(self, table: TableInfo) -> None:
-        if not _strategy(table).enabled:
-            return
-        try:
-            await self.check(table_ids={table.table_id})
-        except Exception:  # the table was created or altered: its partitions come at the next check
-            log.exception("auto-partitioning %s right after its change failed", table.path)
+        """The created or altered table alone; a failure is logged (its partitions come at the next check)."""
+        if _strategy(table).enabled:
+            await self.check([table])
 
-    async def check(self, table_ids: Collection[int] | None = None) -> CheckResult:
-        """One check of every auto-partitioned table (of ``table_ids``): drop expired partitions first,
-        then create missing upcoming ones. A failure on one table is logged and the others go on."""
+    async def check(self, tables: Collection[TableInfo] | None = None) -> CheckResult:
+        """One check of every auto-partitioned table (of ``tables``): drop expired partitions first, then
+        create missing upcoming ones. A failure on one table is logged and the others go on."""
         async with self._lock:
             now_ms = self._clock.now_ms()
             result = CheckResult()
-            for table in self._coordinator.tables():
-                if table_ids is not None and table.table_id not in table_ids:
-                    continue
+            for table in self._coordinator.tables() if tables is None else tables:
                 try:
                     strategy = _strategy(table)
                     if not strategy.enabled:

@@ -151,16 +151,14 @@ class CoordinatorService:
             now = self._clock.now_ms()
             self._store.create_database(DatabaseRecord(DEFAULT_DATABASE, DEFAULT_DATABASE_JSON, now, now))
         table_ids: list[int] = []
-        for database in self._store.list_databases():
-            for name in self._store.list_tables(database):
-                table = self.table_info(TablePath(database, name))
-                if table.is_partitioned:
-                    for partition in self._store.list_partitions(table.table_id):
-                        self._tablets.become_leader(table, table.buckets(partition.partition_id))
-                else:
-                    self._tablets.become_leader(table, table.buckets())
-                self._sync_lake(table)
-                table_ids.append(table.table_id)
+        for table in self.tables():
+            if table.is_partitioned:
+                for partition in self._store.list_partitions(table.table_id):
+                    self._tablets.become_leader(table, table.buckets(partition.partition_id))
+            else:
+                self._tablets.become_leader(table, table.buckets())
+            self._sync_lake(table)
+            table_ids.append(table.table_id)
         self._lake_tiering.retain_tables(table_ids)
 
     def _sync_lake(self, table: TableInfo) -> None:

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from strom.clock import SYSTEM_CLOCK, Clock
 from strom.config import (
@@ -102,9 +102,27 @@ def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
     return open_store("zookeeper", address), address
 
 
+T = TypeVar("T")
 ACL_REFRESH_S = 1.0
-CONFIG_REFRESH_S = 1.0
 """How often a cluster's server rereads the ACLs from ZooKeeper (the active coordinator changes them)."""
+CONFIG_REFRESH_S = 1.0
+"""How often a cluster's server rereads the cluster configs (AlterClusterConfigs goes to the active
+coordinator)."""
+
+
+def _reread_every(interval_s: float, read: Callable[[], T], apply: Callable[[T], object], what: str) -> asyncio.Task[None]:
+    """A task that every ``interval_s`` reads ``what`` from the metadata store (on a thread) and applies it
+    on the event loop; a failed round is logged and the next one tries again."""
+
+    async def reread() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                apply(await asyncio.to_thread(read))
+            except Exception as exc:
+                log.warning("could not reread %s: %s", what, exc)
+
+    return asyncio.create_task(reread())
 
 
 def _require_internal_secret(config: Configuration) -> None:
@@ -201,35 +219,19 @@ class _ClusterProcess:
         await self._stopped.wait()
 
     def _start_acl_refresh(self) -> None:
-        """Keep this server's copy of the ACLs current (ACL changes go through the active coordinator)."""
+        """Keep this server's copy of the ACLs current (ACL changes go through the active coordinator);
+        decisions use the last copy while a reread fails."""
         authorizer = self.security.authorizer if self.security is not None else None
-        if authorizer is None:
-            return
-
-        async def refresh() -> None:
-            while True:
-                await asyncio.sleep(ACL_REFRESH_S)
-                try:
-                    authorizer.reload(await asyncio.to_thread(authorizer.store.list_acls))
-                except Exception as exc:  # the next round tries again; decisions use the last copy
-                    log.warning("could not reread the ACLs: %s", exc)
-
-        self._acl_refresh = asyncio.create_task(refresh())
+        if authorizer is not None:
+            self._acl_refresh = _reread_every(ACL_REFRESH_S, authorizer.store.list_acls, authorizer.reload, "the ACLs")
 
     def _start_config_refresh(self) -> None:
         """Apply the cluster configs the active coordinator changed (AlterClusterConfigs) within a second."""
         store = self.store
         assert store is not None
-
-        async def refresh() -> None:
-            while True:
-                await asyncio.sleep(CONFIG_REFRESH_S)
-                try:
-                    self.dynamic.set_dynamic(await asyncio.to_thread(stored_dynamic, store))
-                except Exception as exc:  # the next round tries again
-                    log.warning("could not reread the cluster configs: %s", exc)
-
-        self._config_refresh = asyncio.create_task(refresh())
+        self._config_refresh = _reread_every(
+            CONFIG_REFRESH_S, lambda: stored_dynamic(store), self.dynamic.set_dynamic, "the cluster configs"
+        )
 
     def request_stop(self) -> None:
         self._stopped.set()
