@@ -229,6 +229,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         assert operation_timeout_ms > 0
         self._hosts, self._root = parse_location(location)
         self._operation_timeout_ms = operation_timeout_ms
+        self._closed = False
         # reconnects forever in the background; each call bounds its own wait (operation_timeout_ms)
         self._client = connect_kazoo(self._hosts, session_timeout_ms, connect_timeout_ms)
         try:
@@ -296,6 +297,9 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     def _await_connection(self, deadline: float, cause: Exception) -> None:
         while self._client.state != KazooState.CONNECTED or not self._client.connected:
+            if self._closed:  # no reconnect will come: fail now, not after operation_timeout_ms (a stopping
+                # server's thread still reading would hold its exit that long)
+                raise StorageError(f"the metadata store of ZooKeeper {self._hosts} is closed") from cause
             if time.monotonic() >= deadline:
                 raise StorageError(f"ZooKeeper at {self._hosts} unreachable: {cause!r}") from cause
             time.sleep(_RECONNECT_POLL_MS / 1000)
@@ -1088,6 +1092,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         return self._run(read)
 
     def close(self) -> None:
+        self._closed = True
         try:
             self._client.stop()
         finally:

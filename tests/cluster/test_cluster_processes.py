@@ -69,7 +69,11 @@ def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str], coordi
         errors = [line for member in local.state.members if member.log
                   for line in Path(member.log).read_text(errors="replace").splitlines() if "AssertionError" in line]
         assert not errors, f"a server logged a broken invariant: {errors[:5]}"
-        assert all(code in (0, None) for name, code in codes.items() if name != "zookeeper"), codes
+        failed = {name: code for name, code in codes.items() if name != "zookeeper" and code not in (0, None)}
+        tails = {member.log: Path(member.log).read_text(errors="replace").splitlines()[-15:]
+                 for member in local.state.members if member.log and member.role != "zookeeper"
+                 and f"{member.role}-{member.server_id}" in failed}
+        assert not failed, f"exit codes {codes}; the last lines of their logs: {tails}"
 
 
 def _wait_for_servers(local: LocalCluster, count: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from strom.coordinator.kv_snapshot_leases import KvSnapshotLease, decode_lease, encode_lease
-from strom.errors import NotInstalledError, TableAlreadyExistError
+from strom.errors import NotInstalledError, StorageError, TableAlreadyExistError
 from strom.ids import TableBucket
 from strom.metadata.store import (
     DatabaseRecord,
@@ -251,6 +251,33 @@ def test_a_zookeeper_restart_during_writes_is_waited_out(tmp_path: Path, zookeep
         if restarted is not None:
             restarted.stop()
         server.stop()
+
+
+def test_a_read_in_flight_when_the_store_closes_fails_at_once(zookeeper_location: str) -> None:
+    """A stopping server closes its store while a periodic reread may still run on a thread; that read must
+    fail with StorageError now, not wait out the operation timeout for a reconnect that never comes (the
+    process would not exit until that thread ends)."""
+    store = ZooKeeperMetadataStore(zookeeper_location, operation_timeout_ms=600_000)
+    store.put_cluster_configs(b"{}")
+    failures: list[BaseException] = []
+    reads = threading.Event()
+
+    def reread() -> None:
+        try:
+            while True:
+                store.get_cluster_configs()
+                reads.set()
+        except BaseException as exc:  # noqa: BLE001 - the one expected failure is checked below
+            failures.append(exc)
+
+    reader = threading.Thread(target=reread, daemon=True)
+    reader.start()
+    assert reads.wait(10)
+    store.close()
+    reader.join(60)  # far below the 600 s it would otherwise wait
+    assert not reader.is_alive(), "a read on a closed store waited for a reconnect"
+    assert len(failures) == 1 and isinstance(failures[0], StorageError), failures
+    assert "closed" in str(failures[0])
 
 
 def test_a_missing_kazoo_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
