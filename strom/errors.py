@@ -317,6 +317,37 @@ class DeletionDisabledError(StromError):
     default_message = "Deletion is disabled on this table."
 
 
+class ServerNotExistError(StromError):
+    """A server id no tablet server of the cluster has."""
+
+    code = 58
+    default_message = "The server does not exist."
+
+
+class ServerTagAlreadyExistError(StromError):
+    """The server carries another tag; remove that one first."""
+
+    code = 59
+    default_message = "The server tag already exists."
+
+
+class ServerTagNotExistError(StromError):
+    code = 60
+    default_message = "The server tag does not exist."
+
+
+class RebalanceFailureError(StromError):
+    """A rebalance could not be planned or started (another is in progress, no server can take a replica)."""
+
+    code = 61
+    default_message = "The rebalance task failed."
+
+
+class NoRebalanceInProgressError(StromError):
+    code = 62
+    default_message = "No rebalance task is in progress."
+
+
 class InvalidProducerIdError(StromError):
     """A producer id that cannot name a producer's offsets (it follows the rules of table names)."""
 

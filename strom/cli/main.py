@@ -22,6 +22,7 @@ from strom.cli.common import (
     key_value_pairs,
     run_on_server,
 )
+from strom.cli.rebalance import rebalance_group, server_tag
 from strom.cli.remote_log import log_group
 from strom.cli.snapshots import lease, snapshot
 from strom.cli.stats import health, table_group
@@ -321,6 +322,8 @@ main.add_command(lease)
 main.add_command(log_group)
 main.add_command(snapshot)
 main.add_command(health)
+main.add_command(rebalance_group)
+main.add_command(server_tag)
 main.add_command(table_group)
 main.add_command(tiering)
 

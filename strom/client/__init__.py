@@ -12,9 +12,11 @@ from strom.client.connection import Connection
 from strom.client.log_scanner import EARLIEST_OFFSET, LogScanner, ScanBatch
 from strom.client.lookup import Lookuper, PrefixLookuper
 from strom.client.producers import ProducerOffsets, RegisterResult
+from strom.client.rebalance import RebalanceProgress
 from strom.client.table import Table
 from strom.client.writer import AppendWriter, ReplayableWriterId, UpsertWriter, WriteResultHandle
 from strom.ids import TableBucket, TablePath
+from strom.metadata.rebalance_plan import GoalType, RebalanceStatus, ServerTag
 from strom.records.schema import Column, DatabaseDescriptor, Schema, TableDescriptor
 
 __all__ = [
@@ -25,17 +27,21 @@ __all__ = [
     "Connection",
     "DatabaseDescriptor",
     "DatabaseInfo",
+    "GoalType",
     "LogScanner",
     "Lookuper",
     "OffsetSpec",
     "PartitionInfo",
     "PrefixLookuper",
     "ProducerOffsets",
+    "RebalanceProgress",
+    "RebalanceStatus",
     "RegisterResult",
     "ReplayableWriterId",
     "ScanBatch",
     "Schema",
     "ServerNode",
+    "ServerTag",
     "Table",
     "TableBucket",
     "TableDescriptor",

@@ -15,6 +15,7 @@ from strom.client.cluster_configs import ClusterConfigsAdmin
 from strom.client.lake import LakeAdmin
 from strom.client.layout import TableLayout
 from strom.client.producers import ProducerOffsetsAdmin
+from strom.client.rebalance import RebalanceAdmin
 from strom.client.rpc_client import ClusterRpc
 from strom.client.snapshots import KvSnapshotReader, SnapshotAdmin
 from strom.client.stats import StatsAdmin
@@ -83,7 +84,8 @@ def _path(table_path: TablePath) -> Any:
     return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
 
 
-class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin, ClusterConfigsAdmin):
+class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin, ClusterConfigsAdmin,
+            RebalanceAdmin):
     """Every method is a coroutine that raises the :mod:`strom.errors` error of the server's code."""
 
     def __init__(self, connection: ClusterRpc) -> None:

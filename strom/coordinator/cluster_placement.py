@@ -11,6 +11,7 @@ from collections.abc import Callable
 from strom.coordinator.placement import BucketHealth, BucketLeadership, LiveServers, replica_assignment
 from strom.errors import InvalidReplicationFactorError
 from strom.metadata import table_options
+from strom.metadata.rebalance_plan import decode_tags
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.rpc.peers import ServerNode
@@ -81,6 +82,10 @@ class ClusterPlacement:
             return existing
         live = self._servers.live()
         factor = int(table.properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
+        tagged = decode_tags(self._store.get_server_tags())
+        untagged = {server: node for server, node in live.items() if server not in tagged}
+        if len(untagged) >= factor:
+            live = untagged  # servers tagged offline take no new replicas while enough others are there
         if len(live) < factor:
             raise InvalidReplicationFactorError(
                 f"Replication factor: {factor} larger than available tablet servers: {len(live)}."

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from strom.coordinator.placement import BucketPlacement
@@ -56,6 +56,18 @@ class RemoteTabletServers:
                 leader = described[by_server[node.node_id][0].bucket].leader
                 request = _leader_request(table, by_server[node.node_id], -1 if leader is None else leader, self._epoch)
                 self._spawn(self._send(node, ApiKey.NOTIFY_LEADER_AND_ISR, request))
+
+    async def notify_bucket(self, table: TableInfo, bucket: TableBucket, servers: Iterable[int]) -> None:
+        """Tell the live ones of ``servers`` that ``bucket``'s state changed, and wait for their answers (a
+        replica moving: those leaving the bucket are no longer in its state, so they are named here). A
+        failed notice is logged; the replica mover tells a server again while it waits for it."""
+        wanted = set(servers)
+        nodes = [node for node in self._placement.tablet_servers() if node.node_id in wanted]
+        leader = self._placement.describe(table, bucket.partition_id).get(bucket.bucket)
+        request = _leader_request(table, [bucket], -1 if leader is None or leader.leader is None else leader.leader,
+                                  self._epoch)
+        await asyncio.gather(*(self._send(node, ApiKey.NOTIFY_LEADER_AND_ISR, request) for node in nodes),
+                             return_exceptions=True)
 
     def change_table(self, table: TableInfo) -> None:
         request = pb.UpdateMetadataRequest(coordinator_epoch=self._epoch)

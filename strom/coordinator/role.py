@@ -36,6 +36,7 @@ from strom.coordinator.lake_service import LakeTieringService
 from strom.coordinator.lake_tiering import LakeTableTieringManager
 from strom.coordinator.placement import BucketPlacement
 from strom.coordinator.producer_offsets import ProducerOffsetsManager, ProducerOffsetsService
+from strom.coordinator.rebalance import BucketMover, RebalanceManager
 from strom.coordinator.remote_log_manifests import LeaderEpochOf, NotifyFollowers, RemoteLogManifestService
 from strom.coordinator.service import CoordinatorService
 from strom.metadata.store import MetadataStore
@@ -76,6 +77,7 @@ class CoordinatorRole:
         self.snapshots: KvSnapshotService | None = None
         self.auto_partitions: AutoPartitionManager | None = None
         self.health: ClusterHealthService | None = None
+        self.rebalance: RebalanceManager | None = None
 
     async def start(
         self,
@@ -84,10 +86,12 @@ class CoordinatorRole:
         *,
         leader_epoch_of: LeaderEpochOf | None = None,
         notify_followers: NotifyFollowers | None = None,
+        mover: BucketMover | None = None,
     ) -> CoordinatorService:
         """Hand the tablet servers their buckets, start the lease expiry and tiering loops, and sweep remote
         files no snapshot references (before any upload of this run can be in flight). A cluster gives
-        ``leader_epoch_of`` (remote log commits of deposed leaders are refused) and ``notify_followers``."""
+        ``leader_epoch_of`` (remote log commits of deposed leaders are refused), ``notify_followers`` and
+        ``mover`` (rebalance moves buckets; without it a plan that must move one is refused)."""
         self.coordinator = coordinator = CoordinatorService(
             self.store, tablets, self.config, self.clock, placement, self.lake_tiering, self._on_table_dropped
         )
@@ -108,6 +112,8 @@ class CoordinatorRole:
         )
         await self.auto_partitions.catch_up()
         self.auto_partitions.start()
+        self.rebalance = RebalanceManager(self.store, placement, coordinator.table_info_by_id, mover)
+        self.rebalance.start()
         await self.snapshot_store.sweep_unreferenced()
         return coordinator
 
@@ -135,7 +141,8 @@ class CoordinatorRole:
         coordinator, snapshots, lake, remote_logs = self.coordinator, self.snapshots, self.lake, self.remote_logs
         assert coordinator is not None and snapshots is not None and lake is not None and remote_logs is not None, \
             "start() first"
-        assert self.health is not None
+        assert self.health is not None and self.rebalance is not None
+        rebalance = self.rebalance
         producers = ProducerOffsetsService(self.producer_offsets)
         configs = ClusterConfigService(self.store, self.dynamic)
         return {
@@ -173,6 +180,11 @@ class CoordinatorRole:
             ApiKey.GET_CLUSTER_HEALTH: self.health.get_cluster_health,
             ApiKey.DESCRIBE_CLUSTER_CONFIGS: configs.describe_cluster_configs,
             ApiKey.ALTER_CLUSTER_CONFIGS: configs.alter_cluster_configs,
+            ApiKey.ADD_SERVER_TAG: rebalance.add_server_tag,
+            ApiKey.REMOVE_SERVER_TAG: rebalance.remove_server_tag,
+            ApiKey.REBALANCE: rebalance.rebalance,
+            ApiKey.LIST_REBALANCE_PROGRESS: rebalance.list_rebalance_progress,
+            ApiKey.CANCEL_REBALANCE: rebalance.cancel_rebalance,
             ApiKey.CREATE_ACLS: acls.create_acls,
             ApiKey.LIST_ACLS: acls.list_acls,
             ApiKey.DROP_ACLS: acls.drop_acls,
@@ -180,6 +192,8 @@ class CoordinatorRole:
         }
 
     async def stop(self) -> None:
+        if self.rebalance is not None:
+            await self.rebalance.stop()
         if self.auto_partitions is not None:
             await self.auto_partitions.stop()
         await self.producer_offsets.stop()

@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT N
 CREATE TABLE IF NOT EXISTS lake_tiering (table_id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS producer_offsets (producer_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS cluster_configs (id INTEGER PRIMARY KEY CHECK (id = 1), payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS cluster_documents (name TEXT PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_snapshots (
     table_id INTEGER NOT NULL, seq INTEGER NOT NULL, snapshot_id INTEGER NOT NULL, readable INTEGER NOT NULL,
     snapshot_json BLOB NOT NULL, PRIMARY KEY (table_id, seq), UNIQUE (table_id, snapshot_id));
@@ -372,6 +373,27 @@ class SqliteMetadataStore(MetadataStore):
     def put_cluster_configs(self, payload: bytes) -> None:
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO cluster_configs VALUES (1, ?)", (payload,))
+
+    # ---- rebalance ----
+    def _document(self, name: str) -> bytes | None:
+        rows = self._query("SELECT payload FROM cluster_documents WHERE name = ?", name)
+        return bytes(rows[0][0]) if rows else None
+
+    def _put_document(self, name: str, payload: bytes) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO cluster_documents VALUES (?, ?)", (name, payload))
+
+    def get_server_tags(self) -> bytes | None:
+        return self._document("server_tags")
+
+    def put_server_tags(self, payload: bytes) -> None:
+        self._put_document("server_tags", payload)
+
+    def get_rebalance_task(self) -> bytes | None:
+        return self._document("rebalance")
+
+    def put_rebalance_task(self, payload: bytes) -> None:
+        self._put_document("rebalance", payload)
 
     # ---- lake tiering state ----
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:

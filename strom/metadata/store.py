@@ -231,6 +231,21 @@ class MetadataStore(ABC):
     def put_cluster_configs(self, payload: bytes) -> None:
         """Create or replace the encoded dynamic cluster configs."""
 
+    # ---- rebalance (Fluss's server tags and rebalance task, one document each) ----
+    @abstractmethod
+    def get_server_tags(self) -> bytes | None:
+        """The encoded server tags, None if none were ever set."""
+
+    @abstractmethod
+    def put_server_tags(self, payload: bytes) -> None: ...
+
+    @abstractmethod
+    def get_rebalance_task(self) -> bytes | None:
+        """The encoded current (or last) rebalance task, None if there never was one."""
+
+    @abstractmethod
+    def put_rebalance_task(self, payload: bytes) -> None: ...
+
     # ---- lake tiering state (one small document per lake table the tiering manager knows) ----
     @abstractmethod
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:

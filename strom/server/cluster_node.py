@@ -46,6 +46,7 @@ from strom.coordinator.lake_tiering import LakeTableTieringManager
 from strom.coordinator.leader_election import LeaderElector
 from strom.coordinator.placement import placed_tables
 from strom.coordinator.remote_tablets import RemoteTabletServers
+from strom.coordinator.replica_mover import ReplicaMover
 from strom.coordinator.role import CoordinatorRole, metadata_handlers
 from strom.coordinator.service import CoordinatorService
 from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
@@ -347,8 +348,9 @@ class CoordinatorNode(_ClusterProcess):
             await asyncio.gather(*(peers.request(n.host, n.port, ApiKey.NOTIFY_REMOTE_LOG_OFFSETS, request)
                                    for n in followers), return_exceptions=True)
 
+        mover = ReplicaMover(placement.states, self.tablets.notify_bucket)
         self.coordinator = await role.start(self.tablets, placement, leader_epoch_of=leader_epoch_of,
-                                            notify_followers=notify_followers)
+                                            notify_followers=notify_followers, mover=mover)
         self.dynamic.on_change(role.apply)
         assert self.registry is not None
         self.elector = LeaderElector(store, placement.states, self.registry, self.tablets, self.coordinator.table_info_by_id)
@@ -424,7 +426,8 @@ COORDINATOR_ONLY_KEYS = (
     ApiKey.GET_LAKE_SNAPSHOT, ApiKey.DESCRIBE_LAKE_TIERING, ApiKey.CREATE_ACLS, ApiKey.LIST_ACLS, ApiKey.DROP_ACLS,
     ApiKey.CONTROLLED_SHUTDOWN, ApiKey.REGISTER_PRODUCER_OFFSETS, ApiKey.GET_PRODUCER_OFFSETS,
     ApiKey.DELETE_PRODUCER_OFFSETS, ApiKey.GET_CLUSTER_HEALTH, ApiKey.DESCRIBE_CLUSTER_CONFIGS,
-    ApiKey.ALTER_CLUSTER_CONFIGS,
+    ApiKey.ALTER_CLUSTER_CONFIGS, ApiKey.ADD_SERVER_TAG, ApiKey.REMOVE_SERVER_TAG, ApiKey.REBALANCE,
+    ApiKey.LIST_REBALANCE_PROGRESS, ApiKey.CANCEL_REBALANCE,
 )
 """What a standby coordinator refuses (NotCoordinatorLeader); metadata requests it answers itself."""
 

@@ -380,6 +380,16 @@ class ReplicaManager:
             for directory in directories:
                 await loop.run_in_executor(None, shutil.rmtree, directory, True)
 
+    async def stop_bucket(self, bucket: TableBucket) -> None:
+        """Stop hosting one bucket and delete its data (its replica moved to another server)."""
+        replica = self._replicas.pop(bucket, None)
+        if replica is None:
+            return
+        if self.before_reopen is not None:
+            self.before_reopen(bucket)  # scan sessions end before the RocksDB they read closes
+        replica.close()
+        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, replica.directory, True)
+
     def close(self) -> None:
         for replica in self._replicas.values():
             replica.close()

@@ -141,9 +141,12 @@ class ReplicationManager:
         """Take the bucket's current state from ZooKeeper and lead or follow it accordingly."""
         async with self._locks.setdefault(bucket, asyncio.Lock()):
             found = await asyncio.to_thread(self._states.get, bucket)
-            if found is None or self._me not in found[0].replicas:
+            if found is None:
                 return
             state, version = found
+            if self._me not in state.replicas:
+                await self._remove(bucket)  # a reassignment moved this replica elsewhere (or it never was one)
+                return
             if state.leader == self._me:
                 await self._lead(table, bucket, state, version)
             else:
@@ -152,7 +155,14 @@ class ReplicationManager:
     async def _lead(self, table: TableInfo, bucket: TableBucket, state: LeaderAndIsr, version: int) -> None:
         current = self._leading.get(bucket)
         if current is not None and current.state.leader_epoch == state.leader_epoch:
-            current.state, current.version = state, version  # an ISR change we made, or a repeated notice
+            # an ISR change we made, a repeated notice, or a reassignment adding or removing followers
+            current.state, current.version = state, version
+            now = _now_ms()
+            for replica_id in state.replicas:
+                if replica_id != self._me and replica_id not in current.followers:
+                    current.followers[replica_id] = _Follower(0, now, now)  # joins the ISR once caught up
+            for replica_id in [r for r in current.followers if r not in state.replicas]:
+                del current.followers[replica_id]
             self._update_limit(current)
             return
         await self._stop_following(bucket)
@@ -188,6 +198,21 @@ class ReplicationManager:
         following = self._following[bucket] = _Following(replica, state.leader, state.leader_epoch)
         following.task = asyncio.create_task(self._fetch_loop(bucket, following))
         log.info("%s: following server %d at epoch %d", bucket, state.leader, state.leader_epoch)
+
+    async def _remove(self, bucket: TableBucket) -> None:
+        """This server is no longer a replica of ``bucket``: stop leading or following it, fail what waits
+        for its acknowledgement (clients retry at the new leader), and delete its local data."""
+        lead = self._leading.pop(bucket, None)
+        await self._stop_following(bucket)
+        try:
+            replica = self._replicas.replica(bucket)
+        except StromError:
+            return  # not hosted here
+        if lead is not None and replica.is_open:
+            replica.log.fail_unacknowledged(NotLeaderOrFollowerError(f"{bucket} moved off server {self._me}"))
+        replica.is_leader = False
+        await self._replicas.stop_bucket(bucket)
+        log.info("%s: replica removed from server %d", bucket, self._me)
 
     async def _stop_following(self, bucket: TableBucket) -> None:
         following = self._following.pop(bucket, None)

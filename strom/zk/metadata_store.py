@@ -111,6 +111,7 @@ _CONTAINERS = (
     "/lake/tiering",
     "/producers",
     "/config",
+    "/cluster",
     "/fluss-acls",
 )
 
@@ -939,6 +940,23 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     def put_cluster_configs(self, payload: bytes) -> None:
         path = self._path("/config/cluster")
+        _check_value_size(path, payload)
+        self._put(path, payload)
+
+    # ---- rebalance (Fluss's nodes) ----
+    def get_server_tags(self) -> bytes | None:
+        found = self._run(lambda: self._get(self._path("/tabletservers/server_tags")))
+        return None if found is None else found[0]
+
+    def put_server_tags(self, payload: bytes) -> None:
+        self._put(self._path("/tabletservers/server_tags"), payload)
+
+    def get_rebalance_task(self) -> bytes | None:
+        found = self._run(lambda: self._get(self._path("/cluster/rebalance")))
+        return None if found is None else found[0]
+
+    def put_rebalance_task(self, payload: bytes) -> None:
+        path = self._path("/cluster/rebalance")
         _check_value_size(path, payload)
         self._put(path, payload)
 

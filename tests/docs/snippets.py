@@ -45,6 +45,8 @@ COMMAND_TIMEOUT_S = 120
 
 SPARK_TESTS = "tests/spark/test_doc_snippets.py"
 DOC_TESTS = "tests/docs/test_snippets.py"
+CLUSTER_DOC_TESTS = "tests/cluster/test_rebalance.py"
+"""Runs the blocks that need a cluster of several tablet servers."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from strom.client import Connection
 from strom.zk.zookeeper_server import ZooKeeperServer, unavailable_reason
 from tests.docs.snippets import (
     ADDRESS,
+    CLUSTER_DOC_TESTS,
     DOC_TESTS,
     KNOWN_LANGUAGES,
     ROOT,
@@ -110,6 +111,10 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
     # docs/cluster-configs.md
     ("docs/cluster-configs.md", "Changing a setting", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "each line with the venv's strom, at the readme server"),
+    # docs/rebalance.md
+    ("docs/rebalance.md", "Decommissioning a server", 0): Registration(
+        f"{CLUSTER_DOC_TESTS}::test_a_grown_cluster_is_rebalanced_and_a_tagged_server_drained_under_pyfluss_writes",
+        "each line with the venv's strom, at a 4-server cluster under pyfluss writes"),
     # docs/producer-offsets.md
     ("docs/producer-offsets.md", "Producer offsets", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "script, on the README's orders, run twice"),
@@ -186,7 +191,7 @@ def test_every_code_block_is_registered_and_run() -> None:
     stale = [key for key in REGISTRY if key not in runnable]
     assert not stale, f"REGISTRY names blocks that no longer exist (moved, or renamed heading?): {stale}"
     fetched: dict[tuple[str, str, int], set[str]] = {}
-    for module in (DOC_TESTS, SPARK_TESTS):
+    for module in (DOC_TESTS, SPARK_TESTS, CLUSTER_DOC_TESTS):
         for key, tests in snippet_calls(ROOT / module).items():
             fetched.setdefault(key, set()).update(tests)
     unrun = [f"{key} -> {registration.test}" for key, registration in REGISTRY.items()

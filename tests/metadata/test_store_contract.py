@@ -669,3 +669,25 @@ def test_cluster_configs_are_one_document_replaced_whole_and_kept_across_reopen(
         assert second.get_cluster_configs() == b'{"auto-partition.check.interval":"5 min"}'
     finally:
         second.close()
+
+
+# ---- server tags and the rebalance task ----
+
+
+def test_server_tags_and_the_rebalance_task_are_documents_kept_across_reopen(store_location: tuple[str, str]) -> None:
+    first = open_store(*store_location)
+    try:
+        assert first.get_server_tags() is None and first.get_rebalance_task() is None
+        first.put_server_tags(b'{"server_tags":{"1":0}}')
+        first.put_rebalance_task(b'{"rebalance_id":"a"}')
+        first.put_rebalance_task(b'{"rebalance_id":"b"}')
+        assert first.get_server_tags() == b'{"server_tags":{"1":0}}'
+        assert first.get_rebalance_task() == b'{"rebalance_id":"b"}'
+    finally:
+        first.close()
+    second = open_store(*store_location)
+    try:
+        assert second.get_server_tags() == b'{"server_tags":{"1":0}}'
+        assert second.get_rebalance_task() == b'{"rebalance_id":"b"}'
+    finally:
+        second.close()

@@ -267,7 +267,7 @@ def test_a_read_in_flight_when_the_store_closes_fails_at_once(zookeeper_location
             while True:
                 store.get_cluster_configs()
                 reads.set()
-        except BaseException as exc:  # noqa: BLE001 - the one expected failure is checked below
+        except BaseException as exc:  # the one expected failure is checked below
             failures.append(exc)
 
     reader = threading.Thread(target=reread, daemon=True)
