@@ -76,6 +76,7 @@ from strom.tablet.cluster_tablet import (
     RemoteSnapshotCommitter,
     TabletControlService,
     remove_dropped_table_data,
+    remove_moved_bucket_data,
 )
 from strom.tablet.remote_log_manager import handle_reader
 from strom.tablet.replica import ReplicaManager
@@ -508,6 +509,9 @@ class TabletServerNode(_ClusterProcess):
         removed = remove_dropped_table_data(self.paths.tablets, {table.table_id for table, _ in placed})
         if removed:
             log.info("removed the data of %d tables dropped while this server was down", len(removed))
+        moved = remove_moved_bucket_data(self.replicas, tables, placed)
+        if moved:
+            log.info("removed %d bucket copies moved to other servers while this server was down", len(moved))
         for table, buckets in tables.assigned(placed):  # lead or follow each as ZooKeeper says
             for bucket in buckets:
                 await replication.apply(table, bucket)

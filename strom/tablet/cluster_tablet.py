@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +24,7 @@ from strom.rpc.messages import pb
 from strom.rpc.peers import ALL_BUCKETS, PeerConnections, ServerNode
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
-from strom.zk.bucket_state import BucketStates
+from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,37 @@ class ClusterTables:
 
     def assigned(self, placed: list[tuple[TableInfo, int | None]]) -> list[tuple[TableInfo, list[TableBucket]]]:
         """Of ``placed`` (:func:`placed_tables`), every bucket with a replica on this server, by table."""
-        found: list[tuple[TableInfo, list[TableBucket]]] = []
+        found: dict[int, tuple[TableInfo, list[TableBucket]]] = {}
+        for table, bucket, state in self._states_of(placed):
+            if self._server_id in state.replicas:
+                found.setdefault(table.table_id, (table, []))[1].append(bucket)
+        return [(table, sorted(buckets, key=lambda b: (b.partition_id or 0, b.bucket)))
+                for table, buckets in found.values()]
+
+    def moved_away(self, placed: list[tuple[TableInfo, int | None]]) -> list[tuple[TableInfo, TableBucket]]:
+        """Of ``placed``, the buckets whose state names replicas other than this server (a bucket without
+        a state is left alone: nothing says where it lives)."""
+        return [(table, bucket) for table, bucket, state in self._states_of(placed)
+                if self._server_id not in state.replicas]
+
+    def _states_of(self, placed: list[tuple[TableInfo, int | None]]) -> Iterator[tuple[TableInfo, TableBucket, LeaderAndIsr]]:
         for table, partition_id in placed:
-            states = self._states.get_many(table.buckets(partition_id))
-            mine = [bucket for bucket, state in states.items() if self._server_id in state.replicas]
-            if mine:
-                found.append((table, sorted(mine, key=lambda b: b.bucket)))
-        return found
+            for bucket, state in self._states.get_many(table.buckets(partition_id)).items():
+                yield table, bucket, state
+
+
+def remove_moved_bucket_data(
+    replicas: ReplicaManager, tables: ClusterTables, placed: list[tuple[TableInfo, int | None]]
+) -> list[Path]:
+    """Delete the copies of buckets that a rebalance moved off this server while it was down (their state
+    names other replicas); returns what was removed."""
+    removed = []
+    for table, bucket in tables.moved_away(placed):
+        directory = replicas.replica_directory(table, bucket)
+        if directory.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
 
 
 def remove_dropped_table_data(tablets_dir: Path, existing_table_ids: set[int]) -> list[Path]:
@@ -202,4 +226,5 @@ def _answered_bucket(result: Any, table_bucket: Any) -> TableBucket:
 
 __all__ = [
     "ClusterTables", "RemoteSnapshotCommitter", "TabletControlService", "remove_dropped_table_data",
+    "remove_moved_bucket_data",
 ]

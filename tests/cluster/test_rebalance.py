@@ -32,7 +32,7 @@ from strom.records.schema import Schema
 from strom.server.local_cluster import LocalCluster
 from strom.zk.bucket_state import LeaderAndIsr
 from strom.zk.zookeeper_server import unavailable_reason
-from tests.cluster.test_cluster_processes import _cluster, rows
+from tests.cluster.test_cluster_processes import _cluster, rows, upsert
 from tests.cluster.test_replication import PK_FIELDS, States, wait_for_servers
 from tests.cluster.test_rolling_restart import _Writer
 from tests.conftest import unique_name
@@ -177,9 +177,10 @@ def test_a_grown_cluster_is_rebalanced_and_a_tagged_server_drained_under_pyfluss
     assert not leftover, f"the drained server kept bucket copies: {leftover}"
 
 
-def test_a_drain_with_racks_keeps_every_bucket_on_both_racks(tmp_path: Path) -> None:
-    """Racks a, a, b, b: draining server 1 can only move its replicas to server 2, the other server of
-    rack a, or a bucket would lose its rack spread."""
+def test_a_lost_server_is_drained_keeping_every_bucket_on_both_racks(tmp_path: Path) -> None:
+    """Racks a, a, b, b; server 1 stops, is tagged PERMANENT_OFFLINE while down (it still holds replicas)
+    and drained: its replicas can only go to server 2, the other server of rack a, or a bucket would lose
+    its rack spread. Started again, server 1 deletes the copies that moved away while it was down."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -187,20 +188,39 @@ def test_a_drain_with_racks_keeps_every_bucket_on_both_racks(tmp_path: Path) -> 
     try:
         wait_for_servers(local, 4)
 
-        async def setup() -> int:
+        async def setup() -> tuple[TablePath, int]:
             async with await Connection.create(local.bootstrap) as connection:
                 path = await _create(connection, PK_FIELDS, ["id"])
-                await connection.get_admin().add_server_tag([1], ServerTag.PERMANENT_OFFLINE)
-                return (await connection.get_admin().get_table_info(path)).table_id
+                await upsert(connection, path, range(100), "v")
+                return path, (await connection.get_admin().get_table_info(path)).table_id
 
-        table_id = asyncio.run(setup())
+        path, table_id = asyncio.run(setup())
         racks = {1: "a", 2: "a", 3: "b", 4: "b"}
-        assert any(1 in state.replicas for state in _layout(local, [table_id]).values())
+        held = [b for b, state in _layout(local, [table_id]).items() if 1 in state.replicas]
+        assert held
+        assert local.signal_member(local.member("tablet-server", 1), signal.SIGTERM) == 0
+
+        async def tag_the_lost_server() -> None:
+            async with await Connection.create(local.bootstrap) as connection:
+                await connection.get_admin().add_server_tag([1], ServerTag.PERMANENT_OFFLINE)
+
+        asyncio.run(tag_the_lost_server())
         done = _rebalance(local)
         assert done.status is RebalanceStatus.COMPLETED, done
         layout = _layout(local, [table_id])
         assert all(1 not in state.replicas for state in layout.values()), layout
         assert all({racks[r] for r in state.replicas} == {"a", "b"} for state in layout.values()), layout
-        assert all(state.leader != 1 for state in layout.values())
+
+        member = local.start_member("tablet-server", 1)
+        wait_for_servers(local, 4)
+        assert "bucket copies moved to other servers while this server was down" in Path(member.log).read_text()
+        table_dirs = list((Path(local.data_dir) / "tablet-server-1").rglob(f"*-{table_id}"))
+        assert table_dirs and not [d for d in table_dirs[0].iterdir() if d.name.isdigit()]
+
+        async def read() -> dict[int, str]:
+            async with await Connection.create(local.bootstrap) as connection:
+                return await rows(connection, path)
+
+        assert asyncio.run(read()) == {key: f"v{key}" for key in range(100)}
     finally:
         local.stop()
