@@ -249,6 +249,18 @@ LOG_REPLICA_MAX_SILENCE_TIME = duration_option(
     "`log.replica.max-lag-time`; it rejoins once it has caught up. strom's own key (a follower long-polls "
     "every 0.5 s).",
 )
+LOG_REPLICA_FETCH_MAX_BYTES_FOR_BUCKET = memory_option(
+    "log.replica.fetch.max-bytes-for-bucket", "1mb",
+    "The most a follower's fetch returns for one bucket (a larger first batch still comes whole). It paces "
+    "a replica that copies a bucket (after a rebalance added it, or a long absence): the leader reads and "
+    "sends at most this much per fetch, so client requests between two fetches are not held up.",
+    minimum=1 << 10,
+)
+LOG_REPLICA_FETCH_WAIT_MAX_TIME = duration_option(
+    "log.replica.fetch.wait-max-time", "500ms",
+    "How long a follower's fetch waits at the leader for new data before it is answered empty; keep it "
+    "below `log.replica.max-lag-time`.",
+)
 TABLET_SERVER_ID = int_option("tablet-server.id", 0, "Id of this tablet server.", minimum=0)
 TABLET_SERVER_RACK = string_option(
     "tablet-server.rack", None,

@@ -25,6 +25,8 @@ from strom.config import (
     BIND_LISTENERS,
     DATALAKE_FORMAT,
     INTERNAL_LISTENER_NAME,
+    LOG_REPLICA_FETCH_MAX_BYTES_FOR_BUCKET,
+    LOG_REPLICA_FETCH_WAIT_MAX_TIME,
     LOG_REPLICA_MAX_LAG_TIME,
     LOG_REPLICA_MAX_SILENCE_TIME,
     REMOTE_DATA_DIR,
@@ -503,6 +505,8 @@ class TabletServerNode(_ClusterProcess):
             self.server_id, self.replicas, states, self.registry, self.peers, self.catalog.table_info_by_id,
             config.get_ms(LOG_REPLICA_MAX_LAG_TIME),
             config.get_ms(LOG_REPLICA_MAX_SILENCE_TIME),
+            config.get(LOG_REPLICA_FETCH_MAX_BYTES_FOR_BUCKET),
+            config.get_ms(LOG_REPLICA_FETCH_WAIT_MAX_TIME),
         )
         tablets.tablet.on_follower_fetch = replication.on_follower_fetch
         placed = placed_tables(store, self.catalog.table_info_by_id)

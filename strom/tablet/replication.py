@@ -44,8 +44,6 @@ from strom.zk.registry import TabletServerRegistry
 
 log = logging.getLogger(__name__)
 
-FETCH_WAIT_MS = 500
-FETCH_BYTES_MAX = 8 << 20
 RETRY_S = 0.2
 ISR_CHECK_S = 0.25
 CHECKPOINT_S = 1.0
@@ -95,7 +93,11 @@ class ReplicationManager:
         table_of: Callable[[int], TableInfo | None],
         lag_max_ms: int,
         silence_max_ms: int,
+        fetch_bytes_max: int = 1 << 20,
+        fetch_wait_ms: int = 500,
     ) -> None:
+        """``fetch_bytes_max`` (``log.replica.fetch.max-bytes-for-bucket``) and ``fetch_wait_ms``
+        (``log.replica.fetch.wait-max-time``) shape this server's fetches as a follower."""
         self._me = server_id
         self._replicas = replicas
         self._states = states
@@ -104,6 +106,8 @@ class ReplicationManager:
         self._table_of = table_of
         self._lag_max_ms = lag_max_ms
         self._silence_max_ms = silence_max_ms
+        self._fetch_bytes_max = fetch_bytes_max
+        self._fetch_wait_ms = fetch_wait_ms
         self._leading: dict[TableBucket, _Leading] = {}
         self._following: dict[TableBucket, _Following] = {}
         self._locks: dict[TableBucket, asyncio.Lock] = {}
@@ -247,11 +251,12 @@ class ReplicationManager:
                 continue
             log_tablet = replica.log
             request = pb.FetchLogRequest(
-                follower_server_id=self._me, max_bytes=FETCH_BYTES_MAX, max_wait_ms=FETCH_WAIT_MS, min_bytes=1
+                follower_server_id=self._me, max_bytes=self._fetch_bytes_max, max_wait_ms=self._fetch_wait_ms,
+                min_bytes=1,
             )
             table_request = request.tables_req.add(table_id=bucket.table_id, projection_pushdown_enabled=False)
             bucket_request = table_request.buckets_req.add(
-                bucket_id=bucket.bucket, fetch_offset=log_tablet.log_end_offset, max_fetch_bytes=FETCH_BYTES_MAX
+                bucket_id=bucket.bucket, fetch_offset=log_tablet.log_end_offset, max_fetch_bytes=self._fetch_bytes_max
             )
             if bucket.partition_id is not None:
                 bucket_request.partition_id = bucket.partition_id
