@@ -18,6 +18,7 @@ safe to run again after a coordinator restart: every step checks where the bucke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -55,18 +56,20 @@ class ReplicaMover:
     async def move(self, table: TableInfo, move: BucketMove) -> RebalanceStatus:
         """Carry out ``move``; COMPLETED, or TIMEOUT after a rollback, or FAILED (the bucket is gone)."""
         bucket, target = move.bucket, move.new_replicas
+        added = [r for r in target if r not in move.original_replicas]
         try:
             state = await self._update(bucket, lambda s: _with_added(s, target))
-            added = [r for r in target if r not in move.original_replicas]
             await self._notify(table, bucket, state.replicas)
             if not await self._caught_up(table, bucket, {*added, move.new_leader}):
-                await self._roll_back(table, bucket, added, move.new_leader)
+                await self._roll_back(table, bucket, added)
                 return RebalanceStatus.TIMEOUT
             before = await self._current(bucket)
             final = await self._update(bucket, lambda s: _switched(s, target, move.new_leader))
             await self._notify(table, bucket, {*before.replicas, *final.replicas})
         except MoveAborted as exc:
             log.warning("%s: move to %s abandoned: %s", bucket, list(target), exc)
+            with contextlib.suppress(MoveAborted):
+                await self._roll_back(table, bucket, added)  # no bucket is left with an extra replica
             return RebalanceStatus.FAILED
         log.info("%s: replicas %s -> %s, leader %s -> %d (epoch %d)", bucket, list(move.original_replicas),
                  list(final.replicas), move.original_leader, final.leader, final.leader_epoch)
@@ -88,7 +91,7 @@ class ReplicaMover:
                 await self._notify(table, bucket, [state.leader, *(needed - set(state.isr))])
             await asyncio.sleep(POLL_S)
 
-    async def _roll_back(self, table: TableInfo, bucket: TableBucket, added: list[int], new_leader: int) -> None:
+    async def _roll_back(self, table: TableInfo, bucket: TableBucket, added: list[int]) -> None:
         def without_added(state: LeaderAndIsr) -> LeaderAndIsr | None:
             if not any(r in state.replicas for r in added) or state.leader in added:
                 return None

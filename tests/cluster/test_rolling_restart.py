@@ -67,6 +67,11 @@ class _Writer:
             assert time.monotonic() < deadline, f"pyfluss acknowledged only {len(self.acknowledged)}: {self.other[-3:]}"
             time.sleep(0.05)
 
+    def longest_pause(self) -> float:
+        """The longest time between two acknowledgements."""
+        times = [at for _, at in self.acknowledged]
+        return max(later - earlier for earlier, later in itertools.pairwise(times))
+
     def stop(self) -> None:
         self._process.kill()
         self._process.wait(10)
@@ -98,9 +103,8 @@ def test_a_rolling_restart_under_pyfluss_writes_loses_nothing_and_never_stalls(t
     finally:
         writer.stop()
         states.close()
-    times = [at for _, at in writer.acknowledged]
-    longest = max(later - earlier for earlier, later in itertools.pairwise(times))
-    print(f"rolling restart: {len(times)} pyfluss writes acknowledged, longest pause {longest:.2f} s")
+    longest = writer.longest_pause()
+    print(f"rolling restart: {len(writer.acknowledged)} pyfluss writes acknowledged, longest pause {longest:.2f} s")
     assert longest < GAP_MAX_S, f"writes stalled for {longest:.1f} s"
     stored = asyncio.run(_rows(three, path))
     missing = {key for key, _ in writer.acknowledged} - stored.keys()

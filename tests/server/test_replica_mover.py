@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
+from kazoo.client import KazooClient
 
 from strom.coordinator.replica_mover import ReplicaMover
 from strom.ids import TableBucket
@@ -23,12 +24,17 @@ TABLE: Any = object()  # the mover hands the table to the notices only
 
 
 @pytest.fixture
-def states(zookeeper_location: str) -> Iterator[BucketStates]:
+def zookeeper(zookeeper_location: str) -> Iterator[tuple[KazooClient, str]]:
     hosts, root = parse_location(zookeeper_location)
     client = connect_kazoo(hosts, 10_000)
-    yield BucketStates(client, root)
+    yield client, root
     client.stop()
     client.close()
+
+
+@pytest.fixture
+def states(zookeeper: tuple[KazooClient, str]) -> BucketStates:
+    return BucketStates(*zookeeper)
 
 
 class Tablets:
@@ -103,3 +109,28 @@ async def test_a_bucket_whose_table_was_dropped_fails_its_move(states: BucketSta
     tablets = Tablets(states, catch_up={3})
     status = await ReplicaMover(states, tablets.notify).move(TABLE, BucketMove(TableBucket(99, 0), 1, 3, (1,), (3,)))
     assert status is RebalanceStatus.FAILED
+
+
+async def test_a_new_leader_out_of_the_isr_at_the_switch_fails_the_move_and_rolls_it_back(
+    zookeeper: tuple[KazooClient, str], states: BucketStates,
+) -> None:
+    """Between the catch-up check and the switch, the leader drops the new replica from the ISR again."""
+    states.create(BUCKET, LeaderAndIsr(1, 0, (1, 2), (1, 2)))
+
+    class Shrinking(BucketStates):
+        seen_in_sync = 0
+
+        def get(self, bucket: TableBucket) -> tuple[LeaderAndIsr, int] | None:
+            found = super().get(bucket)
+            if found is not None and 3 in found[0].isr:
+                self.seen_in_sync += 1
+                if self.seen_in_sync == 2:  # the read after the catch-up check: the leader shrinks the ISR
+                    assert super().compare_and_set(bucket, found[0].with_isr((1, 2)), found[1])
+                    return super().get(bucket)
+            return found
+
+    shrinking = Shrinking(*zookeeper)
+    tablets = Tablets(shrinking, catch_up={3})
+    status = await ReplicaMover(shrinking, tablets.notify).move(TABLE, BucketMove(BUCKET, 1, 3, (1, 2), (3, 2)))
+    assert status is RebalanceStatus.FAILED
+    assert states.get(BUCKET)[0] == LeaderAndIsr(1, 0, (1, 2), (1, 2)), "the added replica left again"  # type: ignore[index]
