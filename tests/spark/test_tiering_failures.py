@@ -39,6 +39,12 @@ def _append(cluster: Fluss, table: str, ids: range) -> None:
     cluster.append(table, [{"id": i, "event": f"e{i}"} for i in ids])
 
 
+TIERING_PROCESSES = pytest.mark.xdist_group("tiering-processes")
+"""For the tests that run the tiering service in processes of its own and not this run's Spark session:
+they may run beside the session's tests, on another worker."""
+
+
+@TIERING_PROCESSES
 @pytest.mark.parametrize("lake_format", LAKE_FORMATS)
 def test_driver_killed_at_every_step_of_the_commit_loses_and_repeats_nothing(
     server_factory: Any, tmp_path: Path, lake_format: str
@@ -169,6 +175,7 @@ def test_table_dropped_mid_round(spark: Any, server_factory: Any, tmp_path: Path
     assert driver.outcomes == []
 
 
+@TIERING_PROCESSES
 def test_sigterm_mid_round_cancels_it_reports_it_failed_and_drops_the_lease(server_factory: Any, tmp_path: Path) -> None:
     server = server_factory({**FAST_TIERING, "kv.snapshot.interval": "1s"})
     cluster = Fluss(server.address)
