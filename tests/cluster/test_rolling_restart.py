@@ -42,11 +42,13 @@ class _Writer:
     """pyfluss upserting key after key in a process of its own; records when each key was acknowledged."""
 
     def __init__(self, local: LocalCluster, path: object) -> None:
+        self.tag = "rolling"
+        """The value every upsert writes."""
         self.acknowledged: list[tuple[int, float]] = []
         self.other: list[str] = []
         self._process = subprocess.Popen(
             [sys.executable, str(PYFLUSS_WRITER), local.bootstrap, path.database_name, path.table_name,  # type: ignore[attr-defined]
-             "0", str(WRITES_MAX), "rolling"],
+             "0", str(WRITES_MAX), self.tag],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -67,10 +69,16 @@ class _Writer:
             assert time.monotonic() < deadline, f"pyfluss acknowledged only {len(self.acknowledged)}: {self.other[-3:]}"
             time.sleep(0.05)
 
-    def longest_pause(self) -> float:
-        """The longest time between two acknowledgements."""
+    def assert_steady_and_kept(self, what: str, stored: dict[int, str], gap_max_s: float = GAP_MAX_S) -> None:
+        """No two acknowledgements were more than ``gap_max_s`` apart, and every acknowledged key is in
+        ``stored`` (the table read back) with the writer's value."""
         times = [at for _, at in self.acknowledged]
-        return max(later - earlier for earlier, later in itertools.pairwise(times))
+        longest = max(later - earlier for earlier, later in itertools.pairwise(times))
+        print(f"{what}: {len(times)} pyfluss writes acknowledged, longest pause {longest:.2f} s")
+        assert longest < gap_max_s, f"writes stalled for {longest:.1f} s"
+        missing = {key for key, _ in self.acknowledged} - stored.keys()
+        assert not missing, f"acknowledged and lost: {sorted(missing)[:10]}"
+        assert {stored[key] for key, _ in self.acknowledged} == {self.tag}
 
     def stop(self) -> None:
         self._process.kill()
@@ -103,13 +111,7 @@ def test_a_rolling_restart_under_pyfluss_writes_loses_nothing_and_never_stalls(t
     finally:
         writer.stop()
         states.close()
-    longest = writer.longest_pause()
-    print(f"rolling restart: {len(writer.acknowledged)} pyfluss writes acknowledged, longest pause {longest:.2f} s")
-    assert longest < GAP_MAX_S, f"writes stalled for {longest:.1f} s"
-    stored = asyncio.run(_rows(three, path))
-    missing = {key for key, _ in writer.acknowledged} - stored.keys()
-    assert not missing, f"acknowledged and lost: {sorted(missing)[:10]}"
-    assert {stored[key] for key, _ in writer.acknowledged} == {"rolling"}
+    writer.assert_steady_and_kept("rolling restart", asyncio.run(_rows(three, path)))
 
 
 async def _rows(local: LocalCluster, path: object) -> dict[int, str]:
