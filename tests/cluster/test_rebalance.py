@@ -206,8 +206,9 @@ def test_a_lost_server_is_drained_keeping_every_bucket_on_both_racks(tmp_path: P
         member = local.start_member("tablet-server", 1)
         wait_for_servers(local, 4)
         assert "bucket copies moved to other servers while this server was down" in Path(member.log).read_text()
-        table_dirs = list((Path(local.data_dir) / "tablet-server-1").rglob(f"*-{table_id}"))
-        assert table_dirs and not [d for d in table_dirs[0].iterdir() if d.name.isdigit()]
+        table_dir = Path(local.data_dir) / "tablet-server-1" / "tablets" / path.database_name / f"{path.table_name}-{table_id}"
+        assert table_dir.is_dir(), "server 1 held the table before"
+        assert not [b for b in range(BUCKETS) if (table_dir / str(b)).exists()], "copies left on server 1"
 
         async def read() -> dict[int, str]:
             async with await Connection.create(local.bootstrap) as connection:

@@ -40,8 +40,12 @@ class RecordingMover:
         return RebalanceStatus.COMPLETED
 
 
+WAIT_ROUNDS = 3000
+"""Polls 10 ms apart: a bound on waiting for fsynced bookkeeping, far above what it takes."""
+
+
 async def until_final(store: SqliteMetadataStore) -> tuple[str, RebalanceStatus, list[BucketMove]]:
-    for _ in range(200):
+    for _ in range(WAIT_ROUNDS):
         stored = decode_task(store.get_rebalance_task())  # type: ignore[arg-type]
         if stored[1].is_final:
             return stored
@@ -77,7 +81,7 @@ async def test_cancel_lets_the_bucket_in_flight_finish_and_starts_no_other(tmp_p
     manager.cancel_rebalance(pb.CancelRebalanceRequest(rebalance_id="r2"), None)
     assert decode_task(store.get_rebalance_task())[1] is RebalanceStatus.CANCELED  # type: ignore[arg-type]
     gate.set()
-    for _ in range(200):
+    for _ in range(WAIT_ROUNDS):
         _, _, stored = decode_task(store.get_rebalance_task())  # type: ignore[arg-type]
         if stored[0].status is RebalanceStatus.COMPLETED:
             break
