@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from strom.coordinator.placement import BucketPlacement, placed_tables
@@ -100,7 +100,7 @@ class RebalanceManager:
     # ---- server tags ----
     def add_server_tag(self, request: Any, _context: object) -> Any:
         tag = _tag(request.server_tag)
-        known = self._known_servers()
+        known = self._known_servers(request.server_ids)
         for server in request.server_ids:
             if server not in known:
                 raise ServerNotExistError(f"Server {server} does not exist; it cannot be tagged {tag.name}.")
@@ -127,11 +127,13 @@ class RebalanceManager:
         log.info("tag %s removed from servers %s", tag.name, list(request.server_ids))
         return pb.RemoveServerTagResponse()
 
-    def _known_servers(self) -> set[int]:
-        """The live tablet servers and, so that a server lost for good can be drained, those holding replicas."""
+    def _known_servers(self, asked: Iterable[int]) -> set[int]:
+        """The live tablet servers and, so that a server lost for good can be drained, those holding
+        replicas (the buckets are read only when ``asked`` names a server that is not live)."""
         known = {node.node_id for node in self._placement.tablet_servers()}
-        for layout in self._layout().values():
-            known.update(layout.replicas)
+        if not known.issuperset(asked):
+            for layout in self._layout().values():
+                known.update(layout.replicas)
         return known
 
     # ---- rebalance ----
@@ -218,12 +220,10 @@ class RebalanceManager:
             except Exception:
                 log.exception("%s: moving replicas failed", move.bucket)
                 status = RebalanceStatus.FAILED
-            if self._cancelled:  # the bucket finished its move; its status says how
-                self._moves[index] = move.with_status(status)
-                self._save()
-                return
-            self._moves[index] = move.with_status(status)
+            self._moves[index] = move.with_status(status)  # after a cancel too: the bucket finished its move
             self._save()
+            if self._cancelled:
+                return
         failed = any(m.status is not RebalanceStatus.COMPLETED for m in self._moves)
         self._finish(RebalanceStatus.FAILED if failed else RebalanceStatus.COMPLETED)
 

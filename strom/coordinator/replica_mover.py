@@ -63,9 +63,9 @@ class ReplicaMover:
             if not await self._caught_up(table, bucket, {*added, move.new_leader}):
                 await self._roll_back(table, bucket, added)
                 return RebalanceStatus.TIMEOUT
-            before = await self._current(bucket)
+            # only this move changes the replicas, so ``state`` still names every one, the leaving ones too
             final = await self._update(bucket, lambda s: _switched(s, target, move.new_leader))
-            await self._notify(table, bucket, {*before.replicas, *final.replicas})
+            await self._notify(table, bucket, {*state.replicas, *final.replicas})
         except MoveAborted as exc:
             log.warning("%s: move to %s abandoned: %s", bucket, list(target), exc)
             with contextlib.suppress(MoveAborted):
@@ -79,7 +79,7 @@ class ReplicaMover:
         deadline = time.monotonic() + self.catch_up_timeout_s
         told = time.monotonic()
         while True:
-            state = await self._current(bucket)
+            state, _version = await self._current(bucket)
             if needed <= set(state.isr):
                 return True
             if time.monotonic() >= deadline:
@@ -101,20 +101,18 @@ class ReplicaMover:
         await self._update(bucket, without_added)
         await self._notify(table, bucket, added)
 
-    async def _current(self, bucket: TableBucket) -> LeaderAndIsr:
+    async def _current(self, bucket: TableBucket) -> tuple[LeaderAndIsr, int]:
+        """The bucket's state and its node version."""
         found = await asyncio.to_thread(self._states.get, bucket)
         if found is None:
             raise MoveAborted("the bucket has no state (its table was dropped)")
-        return found[0]
+        return found
 
     async def _update(self, bucket: TableBucket, change: Callable[[LeaderAndIsr], LeaderAndIsr | None]) -> LeaderAndIsr:
         """Apply ``change`` to the bucket's state by compare-and-set (again after a concurrent write: the
         leader changing the ISR, an election); returns the state in force afterwards."""
         for _ in range(CAS_ATTEMPTS_MAX):
-            found = await asyncio.to_thread(self._states.get, bucket)
-            if found is None:
-                raise MoveAborted("the bucket has no state (its table was dropped)")
-            state, version = found
+            state, version = await self._current(bucket)
             new = change(state)
             if new is None:
                 return state

@@ -56,7 +56,6 @@ CREATE TABLE IF NOT EXISTS remote_log_manifests (
 CREATE TABLE IF NOT EXISTS leases (lease_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_tiering (table_id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS producer_offsets (producer_id TEXT PRIMARY KEY, payload BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS cluster_configs (id INTEGER PRIMARY KEY CHECK (id = 1), payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS cluster_documents (name TEXT PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS lake_snapshots (
     table_id INTEGER NOT NULL, seq INTEGER NOT NULL, snapshot_id INTEGER NOT NULL, readable INTEGER NOT NULL,
@@ -365,16 +364,7 @@ class SqliteMetadataStore(MetadataStore):
     def list_producer_ids(self) -> list[str]:
         return [row[0] for row in self._query("SELECT producer_id FROM producer_offsets ORDER BY producer_id")]
 
-    # ---- cluster configs ----
-    def get_cluster_configs(self) -> bytes | None:
-        rows = self._query("SELECT payload FROM cluster_configs WHERE id = 1")
-        return bytes(rows[0][0]) if rows else None
-
-    def put_cluster_configs(self, payload: bytes) -> None:
-        with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO cluster_configs VALUES (1, ?)", (payload,))
-
-    # ---- rebalance ----
+    # ---- one-document settings: cluster configs, server tags, the rebalance task ----
     def _document(self, name: str) -> bytes | None:
         rows = self._query("SELECT payload FROM cluster_documents WHERE name = ?", name)
         return bytes(rows[0][0]) if rows else None
@@ -382,6 +372,12 @@ class SqliteMetadataStore(MetadataStore):
     def _put_document(self, name: str, payload: bytes) -> None:
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO cluster_documents VALUES (?, ?)", (name, payload))
+
+    def get_cluster_configs(self) -> bytes | None:
+        return self._document("cluster_configs")
+
+    def put_cluster_configs(self, payload: bytes) -> None:
+        self._put_document("cluster_configs", payload)
 
     def get_server_tags(self) -> bytes | None:
         return self._document("server_tags")

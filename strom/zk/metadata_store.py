@@ -315,6 +315,11 @@ class ZooKeeperMetadataStore(MetadataStore):
             return None
         return bytes(data), stat
 
+    def _value(self, path: str) -> bytes | None:
+        """One node's payload, None if the node does not exist."""
+        found = self._run(lambda: self._get(path))
+        return None if found is None else found[0]
+
     def _children(self, path: str) -> list[str]:
         try:
             return list(self._client.get_children(path))
@@ -778,8 +783,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._put_owned(table_id, partition_id, self._remote_logs_path(table_id, partition_id, bucket), payload)
 
     def get_remote_log_manifest(self, table_id: int, partition_id: int | None, bucket: int) -> bytes | None:
-        found = self._run(lambda: self._get(self._remote_logs_path(table_id, partition_id, bucket)))
-        return None if found is None else found[0]
+        return self._value(self._remote_logs_path(table_id, partition_id, bucket))
 
     def list_remote_log_manifests(self, table_id: int, partition_id: int | None) -> dict[int, bytes]:
         owner = self._owner_path(table_id, partition_id)
@@ -924,8 +928,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         return self._run(create)
 
     def get_producer_offsets(self, producer_id: str) -> bytes | None:
-        found = self._run(lambda: self._get(self._producer_path(producer_id)))
-        return None if found is None else found[0]
+        return self._value(self._producer_path(producer_id))
 
     def delete_producer_offsets(self, producer_id: str) -> None:
         self._delete(self._producer_path(producer_id))
@@ -935,30 +938,23 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     # ---- cluster configs ----
     def get_cluster_configs(self) -> bytes | None:
-        found = self._run(lambda: self._get(self._path("/config/cluster")))
-        return None if found is None else found[0]
+        return self._value(self._path("/config/cluster"))
 
     def put_cluster_configs(self, payload: bytes) -> None:
-        path = self._path("/config/cluster")
-        _check_value_size(path, payload)
-        self._put(path, payload)
+        self._put(self._path("/config/cluster"), payload)
 
     # ---- rebalance (Fluss's nodes) ----
     def get_server_tags(self) -> bytes | None:
-        found = self._run(lambda: self._get(self._path("/tabletservers/server_tags")))
-        return None if found is None else found[0]
+        return self._value(self._path("/tabletservers/server_tags"))
 
     def put_server_tags(self, payload: bytes) -> None:
         self._put(self._path("/tabletservers/server_tags"), payload)
 
     def get_rebalance_task(self) -> bytes | None:
-        found = self._run(lambda: self._get(self._path("/cluster/rebalance")))
-        return None if found is None else found[0]
+        return self._value(self._path("/cluster/rebalance"))
 
     def put_rebalance_task(self, payload: bytes) -> None:
-        path = self._path("/cluster/rebalance")
-        _check_value_size(path, payload)
-        self._put(path, payload)
+        self._put(self._path("/cluster/rebalance"), payload)
 
     # ---- lake tiering state ----
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:
