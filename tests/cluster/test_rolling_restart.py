@@ -39,34 +39,56 @@ def three(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 class _Writer:
-    """pyfluss upserting key after key in a process of its own; records when each key was acknowledged."""
+    """pyfluss upserting key after key in a process of its own; records when each key was acknowledged.
 
-    def __init__(self, local: LocalCluster, path: object) -> None:
+    ``replace_silent_after_s``: a writer silent that long is replaced by a new one going on from the first
+    key not acknowledged, for the tests where a bucket's leader moves with a batch in flight: pyfluss
+    1.0.0's writer then goes silent for good (docs/cluster.md, "pyfluss during a failover"). None (the
+    rolling restart): a silent writer fails the test."""
+
+    def __init__(self, local: LocalCluster, path: object, replace_silent_after_s: float | None = None) -> None:
         self.tag = "rolling"
         """The value every upsert writes."""
         self.acknowledged: list[tuple[int, float]] = []
         self.other: list[str] = []
+        self.replaced = 0
+        self._local, self._path = local, path
+        self._replace_silent_after_s = replace_silent_after_s
+        self._start(0)
+
+    def _start(self, first: int) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, str(PYFLUSS_WRITER), local.bootstrap, path.database_name, path.table_name,  # type: ignore[attr-defined]
-             "0", str(WRITES_MAX), self.tag],
+            [sys.executable, str(PYFLUSS_WRITER), self._local.bootstrap, self._path.database_name,  # type: ignore[attr-defined]
+             self._path.table_name, str(first), str(WRITES_MAX - first), self.tag],  # type: ignore[attr-defined]
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._started = time.monotonic()
+        self._reader = threading.Thread(target=self._read, args=(self._process,), daemon=True)
         self._reader.start()
 
-    def _read(self) -> None:
-        assert self._process.stdout is not None
-        for line in self._process.stdout:
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
             line = line.strip()
             if line.isdigit():
                 self.acknowledged.append((int(line), time.monotonic()))
             else:
                 self.other.append(line)
 
+    def _replace_if_silent(self) -> None:
+        if self._replace_silent_after_s is None:
+            return
+        last = max(self._started, self.acknowledged[-1][1] if self.acknowledged else 0.0)
+        if time.monotonic() - last > self._replace_silent_after_s:
+            self._stop_process()
+            self.replaced += 1
+            self._start(self.acknowledged[-1][0] + 1 if self.acknowledged else 0)
+
     def wait_for(self, count: int, within_s: float = 30.0) -> None:
         deadline = time.monotonic() + within_s
         while len(self.acknowledged) < count:
             assert time.monotonic() < deadline, f"pyfluss acknowledged only {len(self.acknowledged)}: {self.other[-3:]}"
+            self._replace_if_silent()
             time.sleep(0.05)
 
     def assert_steady_and_kept(self, what: str, stored: dict[int, str], gap_max_s: float = GAP_MAX_S) -> None:
@@ -74,13 +96,17 @@ class _Writer:
         ``stored`` (the table read back) with the writer's value."""
         times = [at for _, at in self.acknowledged]
         longest = max(later - earlier for earlier, later in itertools.pairwise(times))
-        print(f"{what}: {len(times)} pyfluss writes acknowledged, longest pause {longest:.2f} s")
+        print(f"{what}: {len(times)} pyfluss writes acknowledged, longest pause {longest:.2f} s, "
+              f"{self.replaced} silent writers replaced")
         assert longest < gap_max_s, f"writes stalled for {longest:.1f} s"
         missing = {key for key, _ in self.acknowledged} - stored.keys()
         assert not missing, f"acknowledged and lost: {sorted(missing)[:10]}"
         assert {stored[key] for key, _ in self.acknowledged} == {self.tag}
 
     def stop(self) -> None:
+        self._stop_process()
+
+    def _stop_process(self) -> None:
         self._process.kill()
         self._process.wait(10)
         self._reader.join(10)
