@@ -1,4 +1,5 @@
-"""Build hooks: compile the Fluss wire protocol, the native row codec and the native KV loops.
+"""Build hooks: compile the Fluss wire protocol, the native row codec, the native KV loops and the native
+Lookup wire codec.
 
 The protobuf module is generated from ``strom/rpc/proto/fluss_api.proto`` on every build (including
 editable installs), so the ``.proto`` stays the single source of truth.
@@ -46,6 +47,11 @@ setup(
         Extension(
             "strom.kv._kvloops",
             sources=["strom/kv/native/kvloops.c"],
+            extra_compile_args=["-O2", "-std=c11"],
+        ),
+        Extension(
+            "strom.rpc._lookupwire",
+            sources=["strom/rpc/native/lookupwire.c"],
             extra_compile_args=["-O2", "-std=c11"],
         ),
     ],

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strom.client import encoding
-from strom.client.lookup import _KeyedReader
+from strom.client.lookup import _KeyedReader, one_bucket_values
 from strom.client.table_handle import TableHandle
 from strom.errors import (
     ConnectionFailedError,
@@ -24,7 +24,7 @@ from strom.errors import (
     error_for_code,
 )
 from strom.ids import TableBucket
-from strom.rpc import framing
+from strom.rpc import framing, lookup_wire
 from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey
 from strom.rpc.messages import pb
 
@@ -50,9 +50,13 @@ class _BlockingRpc:
         self.call(ApiKey.API_VERSIONS, 0, hello, pb.ApiVersionsResponse)
 
     def call(self, key: ApiKey, version: int, message: Any, response_class: Any) -> Any:
+        return response_class.FromString(self.call_bytes(key, version, message.SerializeToString()))
+
+    def call_bytes(self, key: ApiKey, version: int, body: bytes) -> bytes:
+        """Send a serialized request body; the response body, or the error it carries raised."""
         self._request_id = (self._request_id + 1) & framing.REQUEST_ID_MASK
         try:
-            self._sock.sendall(framing.encode_request(int(key), version, self._request_id, message.SerializeToString()))
+            self._sock.sendall(framing.encode_request(int(key), version, self._request_id, body))
             frame = self._read_frame()
         except OSError as exc:
             self.close()
@@ -65,7 +69,7 @@ class _BlockingRpc:
         if response_type == framing.RESPONSE_ERROR:
             error = pb.ErrorResponse.FromString(body)
             raise error_for_code(error.error_code, error.error_message or None)
-        return response_class.FromString(body)
+        return body
 
     def _read_frame(self) -> bytes:
         """The response frame after its length: usually one ``recv`` (one request is in flight, so anything
@@ -135,16 +139,10 @@ class BlockingLookuper(_KeyedReader):
         address = metadata.cached_leader_address(bucket)
         if address is None:
             raise LeaderNotAvailableError(f"no cached leader for {bucket}; reload the table with get_table()")
-        request = pb.LookupRequest(table_id=bucket.table_id)
-        entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=[key_bytes])
-        if partition_id is not None:
-            entry.partition_id = partition_id
-        response = self._server(address).call(ApiKey.LOOKUP, LOOKUP_VERSION, request, pb.LookupResponse)
-        bucket_response = response.buckets_resp[0]
-        if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
-            raise error_for_code(bucket_response.error_code, bucket_response.error_message)
-        value = bucket_response.values[0]
-        return self._decode_one(value.values) if value.HasField("values") else None
+        body = lookup_wire.lookup_request(bucket.table_id, partition_id, bucket.bucket, (key_bytes,))
+        answer = self._server(address).call_bytes(ApiKey.LOOKUP, LOOKUP_VERSION, body)
+        value = one_bucket_values(answer, 1)[0]
+        return None if value is None else self._decode_one(value)
 
     def _server(self, address: str) -> _BlockingRpc:
         server = self._servers.get(address)

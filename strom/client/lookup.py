@@ -12,12 +12,13 @@ import pyarrow as pa
 
 from strom.client import encoding
 from strom.client.table_handle import TableHandle
-from strom.errors import PartitionNotExistError, StromError, error_for_code
+from strom.errors import CorruptMessageError, PartitionNotExistError, StromError, error_for_code
 from strom.ids import TableBucket
 from strom.records import fastpath, row_arrow, types
 from strom.records.compacted import CompactedKeyEncoder
+from strom.rpc import lookup_wire
 from strom.rpc.api_keys import ApiKey
-from strom.rpc.messages import pb
+from strom.rpc.messages import EncodedRequest, pb
 
 SCHEMA_ID_SIZE_BYTES = 2
 # Types whose internal row values are already what Arrow's to_pylist would return, so single keys and
@@ -31,6 +32,8 @@ _PLAIN_PYTHON = (bool, int, float, str, bytes)
 
 INSERT_TIMEOUT_MS = 30_000
 """How long a lookup that inserts missing keys lets the server take to make them durable."""
+_INSERTING = pb.LookupRequest(insert_if_not_exists=True, acks=-1, timeout_ms=INSERT_TIMEOUT_MS).SerializePartialToString()
+"""The LookupRequest fields that make a lookup insert its missing keys, appended to a request's bytes."""
 
 class _KeyedReader:
     def __init__(self, table: TableHandle, key_columns: Sequence[str]) -> None:
@@ -46,6 +49,7 @@ class _KeyedReader:
         self._key_positions = [layout.column_names.index(name) for name in self._key_columns]
         self._plain_key = all(isinstance(types[i], _PLAIN_TYPES) for i in self._key_positions)
         self._plain_rows = all(isinstance(t, _PLAIN_TYPES) for t in types)
+        self._bucket_key_is_key = layout.bucket_key_indexes == layout.key_indexes
 
     def _full_row_batch(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> pa.RecordBatch:
         """A batch of the table's schema holding the keys' columns (the others null), built column by
@@ -77,13 +81,14 @@ class _KeyedReader:
         layout = self._table.layout
         if not self._plain_key:
             return None
-        values = dict(key) if isinstance(key, Mapping) else dict(zip(self._key_columns, key, strict=True))
+        get = key.get if type(key) is dict or isinstance(key, Mapping) else dict(zip(self._key_columns, key, strict=True)).get
         try:
-            row = [values.get(name) for name in layout.column_names]
-            if any(row[i] is None or type(row[i]) not in _PLAIN_PYTHON for i in self._key_positions):
-                return None
-            key_bytes = layout.key_encoder.encode(row)
-            bucket_key = key_bytes if layout.bucket_key_indexes == layout.key_indexes else layout.bucket_key_encoder.encode(row)
+            row = [get(name) for name in layout.column_names]
+            for position in self._key_positions:
+                if type(row[position]) not in _PLAIN_PYTHON:  # None included
+                    return None
+            key_bytes = layout.key_writer.encode(row)
+            bucket_key = key_bytes if self._bucket_key_is_key else layout.bucket_key_writer.encode(row)
         except (TypeError, ValueError, OverflowError, struct.error):
             return None
         partition = "$".join(str(row[i]) for i in layout.partition_key_indexes) if layout.partition_keys else None
@@ -101,7 +106,7 @@ class _KeyedReader:
         layout = self._table.layout
         if self._plain_rows and layout.kv_format == "COMPACTED":
             layout.check_values((value,))
-            row = layout.row_decoder.decode(memoryview(value)[SCHEMA_ID_SIZE_BYTES:])
+            row = layout.row_reader.decode(value, SCHEMA_ID_SIZE_BYTES)
             return dict(zip(layout.column_names, row, strict=True))
         return self._decode([value])[0]
 
@@ -137,18 +142,12 @@ class Lookuper(_KeyedReader):
         return None if value is None else self._decode_one(value)
 
     async def _lookup_bucket(self, bucket: TableBucket, keys: list[bytes]) -> list[bytes | None]:
-        request = pb.LookupRequest(table_id=bucket.table_id)
+        body = lookup_wire.lookup_request(bucket.table_id, bucket.partition_id, bucket.bucket, keys)
         if self._insert_if_not_exists:
-            request.insert_if_not_exists = True
-            request.acks = -1
-            request.timeout_ms = INSERT_TIMEOUT_MS
-        entry = request.buckets_req.add(bucket_id=bucket.bucket, keys=keys)
-        if bucket.partition_id is not None:
-            entry.partition_id = bucket.partition_id
-        response, _ = await self._table.connection.read_from_leader(bucket, ApiKey.LOOKUP, request, _bucket_error)
-        bucket_response = response.buckets_resp[0]
-        # a stored value is never empty (it starts with the schema id), so empty bytes means "no row"
-        return [v.values or None for v in bucket_response.values]
+            body += _INSERTING  # fields of a message may come in any order
+        request = EncodedRequest(body, lookup_wire.parse_lookup_response)
+        answers, _ = await self._table.connection.read_from_leader(bucket, ApiKey.LOOKUP, request, _lookup_error)
+        return _lookup_values(answers, len(keys))
 
     async def lookup_many(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> list[dict[str, Any] | None]:
         """Look up many keys with one request per bucket leader; results in input order."""
@@ -253,8 +252,37 @@ class PrefixLookuper(_KeyedReader):
 
 
 def _bucket_error(response: Any) -> StromError | None:
-    """The error a lookup response carries for its (one) bucket."""
+    """The error a prefix lookup's response carries for its (one) bucket."""
     bucket_response = response.buckets_resp[0]
     if bucket_response.HasField("error_code") and bucket_response.error_code != 0:
         return error_for_code(bucket_response.error_code, bucket_response.error_message)
     return None
+
+
+def _lookup_error(answers: list[lookup_wire.BucketAnswer]) -> StromError | None:
+    """The error a lookup's answer carries for its one bucket (or a corrupt answer's)."""
+    if len(answers) != 1:
+        return CorruptMessageError(f"a Lookup for one bucket was answered with {len(answers)} bucket entries")
+    _bucket_id, _partition_id, error_code, error_message, _values = answers[0]
+    return error_for_code(error_code, error_message) if error_code else None
+
+
+def _lookup_values(answers: list[lookup_wire.BucketAnswer], key_count: int) -> list[bytes | None]:
+    """The values of a lookup's answer without an error, one per key asked (None: no row)."""
+    values = answers[0][4]
+    if len(values) != key_count:
+        raise CorruptMessageError(f"a Lookup of {key_count} keys was answered with {len(values)} values")
+    return values
+
+
+def one_bucket_values(body: bytes, key_count: int) -> list[bytes | None]:
+    """The values of a LookupResponse body for one bucket's ``key_count`` keys; raises the bucket's error,
+    or CorruptMessageError when the answer is malformed or does not fit the request."""
+    try:
+        answers = lookup_wire.parse_lookup_response(body)
+    except ValueError as exc:
+        raise CorruptMessageError(str(exc)) from exc
+    error = _lookup_error(answers)
+    if error is not None:
+        raise error
+    return _lookup_values(answers, key_count)

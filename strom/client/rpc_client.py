@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from strom.client.metadata import MetadataCache
 from strom.config import parse_duration
@@ -23,7 +23,7 @@ from strom.errors import (
 from strom.ids import TableBucket
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
-from strom.rpc.messages import Message
+from strom.rpc.messages import EncodedRequest, Message
 from strom.security.credentials import credentials_from_config
 from strom.security.tls import client_context_from_config
 
@@ -108,7 +108,7 @@ class ClusterRpc:
         finally:
             self._connecting.pop(address, None)
 
-    async def request(self, address: str, key: ApiKey, message: Message) -> Message:
+    async def request(self, address: str, key: ApiKey, message: Message | EncodedRequest) -> Any:
         """Send one request to ``address``, reconnecting once if the connection had been lost."""
         if self._closed:
             raise NetworkError("the connection is closed")
@@ -167,13 +167,14 @@ class ClusterRpc:
         raise AssertionError("unreachable")
 
     async def read_from_leader(
-        self, bucket: TableBucket, key: ApiKey, message: Message, bucket_error: Callable[[Message], StromError | None]
-    ) -> tuple[Message, str]:
+        self, bucket: TableBucket, key: ApiKey, message: Message | EncodedRequest,
+        bucket_error: Callable[[Any], StromError | None],
+    ) -> tuple[Any, str]:
         """Send a read that may be repeated (a lookup, a scan's opening) to ``bucket``'s leader, following its
         leadership (:meth:`while_leadership_moves`); return the response, whose per-bucket error
         ``bucket_error`` extracts, and the address that answered."""
 
-        async def read() -> tuple[Message, str]:
+        async def read() -> tuple[Any, str]:
             address = await self.metadata.leader_address(bucket)
             response = await self.request(address, key, message)
             error = bucket_error(response)

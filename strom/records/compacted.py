@@ -585,6 +585,11 @@ class CompactedKeyEncoder:
                 raise TypeError(f"MAP column {row_type.fields[index].name!r} cannot be a key")
         self._writers = tuple(_field(row_type.fields[i].type, nesting).write for i in key_indexes)
 
+    @property
+    def key_indexes(self) -> tuple[int, ...]:
+        """The row positions of the key's fields, in key order."""
+        return self._key_indexes
+
     def encode(self, values: Sequence[Any]) -> bytes:
         """Key bytes from a full row's values (indexed by field position)."""
         return self.encode_key([values[i] for i in self._key_indexes])

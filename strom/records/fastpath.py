@@ -41,6 +41,11 @@ value_prefix=b"", java_decimal_layout=False) -> (rows, keys | None, buckets | No
 ``encode_rows(batch, encoder) -> list[bytes]``
     ``encoder.encode`` (a CompactedRowEncoder) of every row: ``row_arrow.record_batch_to_rows``.
 
+``RowReader(row_type).decode(data, offset) -> tuple`` and ``KeyWriter(encoder).encode(row) -> bytes``
+    One row's Python values (``CompactedRowDecoder.decode`` of ``data[offset:]``) and one key's bytes
+    (``CompactedKeyEncoder.encode``): a single lookup's client side, one C call each when every
+    field is of a plain type (BOOLEAN to BYTES, not CHAR).
+
 ``decode_rows_python``, ``encode_batch_python``: the pure-Python references, same signatures.
 ``NATIVE_AVAILABLE``: whether the compiled module loaded.
 """
@@ -65,6 +70,7 @@ from strom.records.compacted import (
     CompactedRowEncoder,
     _field,
 )
+from strom.records.keys import KeyEncoder
 from strom.records.types import (
     ArrayType,
     BigIntType,
@@ -447,6 +453,80 @@ def bucket_ids(keys: Sequence[bytes], bucket_count: int) -> list[int]:
         except Exception:
             pass  # the reference raises its own error
     return [bucket_for_key(key, bucket_count) for key in keys]
+
+
+# ---------------------------------------------------------------------------------------------
+# One row, one key: Python values (a single lookup)
+# ---------------------------------------------------------------------------------------------
+
+_PLAIN_KINDS = frozenset(range(_BOOLEAN, _BYTES + 1))
+
+
+
+def _plain_specs(field_types: Sequence[DataType]) -> tuple[tuple[int, int, bool], ...] | None:
+    """C specs of fields whose Python values the C code reads and writes (not CHAR: Python pads it)."""
+    if native is None:
+        return None
+    specs = []
+    for t in field_types:
+        kind, param = _kind(t)
+        if kind not in _PLAIN_KINDS or isinstance(t, (CharType, DateType)):
+            return None
+        specs.append((kind, param, t.nullable))
+    return tuple(specs)
+
+
+def _row_specs(row_type: RowType) -> tuple[tuple[int, int, bool], ...] | None:
+    return _plain_specs([f.type for f in row_type.fields])
+
+
+def _key_specs(row_type: RowType, key_indexes: tuple[int, ...]) -> tuple[tuple[int, int, bool], ...] | None:
+    return _plain_specs([row_type.fields[i].type for i in key_indexes])
+
+
+class RowReader:
+    """``CompactedRowDecoder.decode`` of one row at a time, in C for rows of plain types (build once per
+    row type: the specs are worked out here, not per call)."""
+
+    __slots__ = ("_decoder", "_specs")
+
+    def __init__(self, row_type: RowType) -> None:
+        self._decoder = _decoder(row_type)
+        self._specs = _row_specs(row_type)
+
+    def decode(self, data: bytes, offset: int = 0) -> tuple[Any, ...]:
+        """The values of the row starting ``offset`` bytes into ``data``. Raises ValueError for a
+        malformed row."""
+        if self._specs is not None:
+            try:
+                return native.decode_plain_row(data, offset, self._specs)  # type: ignore[no-any-return]
+            except ValueError:
+                pass  # the reference raises its own error (or substitutes invalid UTF-8)
+        return self._decoder.decode(memoryview(data)[offset:])
+
+
+class KeyWriter:
+    """``encoder.encode(row)`` of one key at a time, in C for keys of plain types (build once per
+    encoder)."""
+
+    __slots__ = ("_encoder", "_indexes", "_specs")
+
+    def __init__(self, encoder: KeyEncoder) -> None:
+        self._encoder = encoder
+        self._indexes: tuple[int, ...] = ()
+        self._specs = None
+        if isinstance(encoder, CompactedKeyEncoder):  # the Iceberg encoder of lake tables stays Python
+            self._indexes = encoder.key_indexes
+            self._specs = _key_specs(encoder.row_type, encoder.key_indexes)
+
+    def encode(self, row: Sequence[Any]) -> bytes:
+        """The key bytes of a full row's values. Raises what the encoder raises."""
+        if self._specs is not None:
+            try:
+                return native.encode_plain_key([row[i] for i in self._indexes], self._specs)  # type: ignore[no-any-return]
+            except ValueError:
+                pass  # another type or a value out of range: the reference decides
+        return self._encoder.encode(row)
 
 
 PlannedPut = tuple[bytes, list[bytes], list[bytes], list["bytes | None"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from strom.errors import (
     AuthenticationError,
@@ -23,7 +23,7 @@ from strom.errors import (
 from strom.rpc import framing
 from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey, ApiVersionRange
 from strom.rpc.auth import ClientCredentials
-from strom.rpc.messages import DecodeError, Message, pb, response_class
+from strom.rpc.messages import DecodeError, EncodedRequest, Message, pb, response_class
 
 M = TypeVar("M", bound=Message)
 
@@ -163,8 +163,9 @@ class RpcConnection:
     def server_supports(self, key: ApiKey) -> bool:
         return int(key) in self._server_versions
 
-    async def request(self, key: ApiKey, message: Message, *, timeout_ms: int = 30_000) -> Message:
-        """Send ``message`` as api ``key`` at the highest version both sides know; return the response."""
+    async def request(self, key: ApiKey, message: Message | EncodedRequest, *, timeout_ms: int = 30_000) -> Any:
+        """Send ``message`` as api ``key`` at the highest version both sides know; return the response (for
+        an EncodedRequest, what its ``parse`` makes of the body)."""
         versions = self._server_versions.get(int(key))
         if versions is None:
             raise UnsupportedVersionError(f"server {self.address} does not support {key.name}")
@@ -172,7 +173,9 @@ class RpcConnection:
         assert cls is not None, key
         return await self._send(key, versions.max_version, message, cls, timeout_ms)
 
-    async def _send(self, key: ApiKey, version: int, message: Message, cls: type[M], timeout_ms: int) -> M:
+    async def _send(
+        self, key: ApiKey, version: int, message: Message | EncodedRequest, cls: type[M], timeout_ms: int
+    ) -> Any:
         transport = self._protocol.transport
         if self._closed_error is not None or transport is None or transport.is_closing():
             raise NetworkError(f"connection to {self.address} is closed: {self._closed_error}")
@@ -181,7 +184,11 @@ class RpcConnection:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         self._pending[request_id] = future
-        transport.write(framing.encode_request(int(key), version, request_id, message.SerializeToString()))
+        if isinstance(message, EncodedRequest):
+            body, parse = message.body, message.parse
+        else:
+            body, parse = message.SerializeToString(), cls.FromString
+        transport.write(framing.encode_request(int(key), version, request_id, body))
         # One sweeper per connection expires requests, instead of a timer (or asyncio.wait_for's extra
         # task) per request: a request may time out up to SWEEP_INTERVAL_S late.
         self._deadlines[request_id] = loop.time() + timeout_ms / 1000
@@ -189,7 +196,7 @@ class RpcConnection:
             self._sweeper = loop.call_later(SWEEP_INTERVAL_S, self._sweep)
         try:
             await self._protocol.drain()
-            response_type, body = await future
+            response_type, response_body = await future
         except TimeoutError as exc:
             raise RequestTimeoutError(f"{key.name} to {self.address} timed out after {timeout_ms} ms") from exc
         except (ConnectionError, OSError) as exc:
@@ -199,12 +206,12 @@ class RpcConnection:
             self._deadlines.pop(request_id, None)
         try:
             if response_type == framing.RESPONSE_ERROR:
-                error = pb.ErrorResponse.FromString(body)
+                error = pb.ErrorResponse.FromString(response_body)
                 raise error_for_code(error.error_code, error.error_message or None)
             if response_type != framing.RESPONSE_SUCCESS:
                 raise CorruptMessageError(f"{key.name} from {self.address}: unknown response type {response_type}")
-            return cls.FromString(body)
-        except DecodeError as exc:  # the caller gets a strom error, never a protobuf internals one
+            return parse(response_body)
+        except (DecodeError, ValueError) as exc:  # the caller gets a strom error, never a protobuf internals one
             raise CorruptMessageError(f"{key.name} from {self.address}: unparsable response: {exc}") from exc
 
     def _sweep(self) -> None:

@@ -10,7 +10,7 @@ strom never sends it: a failure it cannot attribute to a request closes the conn
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 LENGTH = struct.Struct(">i")
 REQUEST_HEADER = struct.Struct(">hhi")
@@ -28,8 +28,9 @@ RESPONSE_ERROR = 1
 REQUEST_ID_MASK = 0x7FFFFFFF
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
+class RequestHeader(NamedTuple):
+    """A request frame's header (a tuple: built for every request, so as cheaply as Python builds anything)."""
+
     api_key: int
     api_version: int
     request_id: int
@@ -46,8 +47,7 @@ def encode_response(response_type: int, request_id: int, body: bytes) -> bytes:
 
 def decode_request_header(frame: bytes | memoryview) -> RequestHeader:
     """Parse the header of a frame body (the bytes after the length); the caller checked its size."""
-    api_key, api_version, request_id = REQUEST_HEADER.unpack_from(frame, 0)
-    return RequestHeader(api_key, api_version, request_id)
+    return RequestHeader._make(REQUEST_HEADER.unpack_from(frame, 0))
 
 
 class FrameBuffer:
@@ -68,6 +68,10 @@ class FrameBuffer:
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add received bytes; return the complete frame bodies now available, in order."""
+        if not self._buffer and len(data) >= LENGTH_SIZE_BYTES:  # most reads: exactly one whole frame
+            (length,) = LENGTH.unpack_from(data, 0)
+            if len(data) == LENGTH_SIZE_BYTES + length and self._min_size_bytes <= length <= self._frame_size_bytes_max:
+                return [data[LENGTH_SIZE_BYTES:]]
         self._buffer += data
         frames: list[bytes] = []
         buffer = self._buffer

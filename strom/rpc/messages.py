@@ -4,7 +4,8 @@ strom's extensions (``ext``)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -26,9 +27,18 @@ pb: Any = _fluss_api
 ext: Any = _strom_ext
 
 __all__ = [
-    "DecodeError", "Message", "add_snapshot_pins", "ext", "pb", "read_snapshot_pins", "request_class",
+    "DecodeError", "EncodedRequest", "Message", "add_snapshot_pins", "ext", "pb", "read_snapshot_pins", "request_class",
     "response_class",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRequest:
+    """A request already serialized without a protobuf object, with the reader of its response body (which
+    raises ValueError on a malformed one): the Lookup hot path (lookup_wire.py)."""
+
+    body: bytes
+    parse: Callable[[bytes], Any]
 
 
 def _message_class(name: str) -> type[Message] | None:

@@ -23,6 +23,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from strom.errors import (
     AuthenticationError,
@@ -58,9 +59,13 @@ class RequestContext:
     """The name of the listener the request came in on (None: a server with unnamed listeners)."""
 
 
+Response: TypeAlias = Message | bytes
+"""A handler's answer: a message, or its body already serialized (Lookup writes its own bytes,
+lookup_wire.py)."""
+
 Handler = (
-    Callable[[Message, RequestContext], Awaitable[Message]]
-    | Callable[[Message, RequestContext], Message | Awaitable[Message]]
+    Callable[[Message, RequestContext], Awaitable[Response]]
+    | Callable[[Message, RequestContext], Response | Awaitable[Response]]
 )
 """An RPC handler: a coroutine function, or a plain function for handlers that rarely wait (lookups,
 metadata reads). Plain ones run inline as their frame is read, without a task per request; one that must
@@ -249,36 +254,34 @@ class RpcServer:
     def route(self, frame: bytes, connection: _Connection) -> tuple[_Route, Message, RequestContext] | bytes:
         """Parse and validate one request frame: its route, request and context, or an error frame."""
         self.stats.requests += 1
-        header = framing.decode_request_header(frame)
-        if header.api_key == ApiKey.AUTHENTICATE or (
-            connection.principal is None and header.api_key != ApiKey.API_VERSIONS
-        ):
-            return self._authenticate(header, frame, connection)
-        route = self._routes.get(header.api_key)
+        api_key, api_version, request_id = framing.REQUEST_HEADER.unpack_from(frame, 0)
+        if api_key == ApiKey.AUTHENTICATE or (connection.principal is None and api_key != ApiKey.API_VERSIONS):
+            return self._authenticate(framing.RequestHeader(api_key, api_version, request_id), frame, connection)
+        route = self._routes.get(api_key)
         if route is None:
             try:
-                name = f"{ApiKey(header.api_key).name} ({header.api_key})"
+                name = f"{ApiKey(api_key).name} ({api_key})"
             except ValueError:
-                return self._error_frame(header.request_id, UnsupportedVersionError(f"unknown api key {header.api_key}"))
-            return self._error_frame(header.request_id, UnsupportedVersionError(f"strom does not serve {name}"))
-        if not route.min_version <= header.api_version <= route.max_version:
+                return self._error_frame(request_id, UnsupportedVersionError(f"unknown api key {api_key}"))
+            return self._error_frame(request_id, UnsupportedVersionError(f"strom does not serve {name}"))
+        if not route.min_version <= api_version <= route.max_version:
             return self._error_frame(
-                header.request_id,
-                UnsupportedVersionError(f"{route.key.name} version {header.api_version} is not supported"),
+                request_id,
+                UnsupportedVersionError(f"{route.key.name} version {api_version} is not supported"),
             )
         try:
             request = route.request_class.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
         except (DecodeError, ValueError, RuntimeError) as exc:
-            return self._error_frame(header.request_id, CorruptMessageError(f"cannot parse {route.key.name} body: {exc}"))
+            return self._error_frame(request_id, CorruptMessageError(f"cannot parse {route.key.name} body: {exc}"))
         if not request.IsInitialized():
             # Python's parser accepts a body without its required fields (for example one cut off at a field
             # boundary); handlers would then act on default values the client never sent.
             missing = ", ".join(request.FindInitializationErrors())
             return self._error_frame(
-                header.request_id, CorruptMessageError(f"{route.key.name} body lacks required fields: {missing}")
+                request_id, CorruptMessageError(f"{route.key.name} body lacks required fields: {missing}")
             )
         context = RequestContext(
-            route.key, header.api_version, header.request_id, connection.peer, connection.connection_id,
+            route.key, api_version, request_id, connection.peer, connection.connection_id,
             connection.principal, self.listener,
         )
         return route, request, context
@@ -305,7 +308,7 @@ class RpcServer:
         body = pb.AuthenticateResponse().SerializeToString()  # PLAIN completes in one round: no challenge
         return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)
 
-    def respond(self, context: RequestContext, response: Message | BaseException) -> bytes:
+    def respond(self, context: RequestContext, response: Response | BaseException) -> bytes:
         """The response frame for a handler's result or failure."""
         if isinstance(response, BaseException):
             exc = response
@@ -314,6 +317,8 @@ class RpcServer:
                     self.stats.internal_errors.append(f"{context.api_key.name}: {exc!r}")
                 log.error("%s from %s failed", context.api_key.name, context.peer, exc_info=exc)
             return self._error_frame(context.request_id, exc)
+        if isinstance(response, bytes):
+            return framing.encode_response(framing.RESPONSE_SUCCESS, context.request_id, response)
         try:
             body = response.SerializeToString()
         except Exception as exc:
@@ -378,8 +383,6 @@ class _Connection(asyncio.Protocol):
         self._frames.set_frame_size_bytes_max(frame_size_bytes_max)
 
     def data_received(self, data: bytes) -> None:
-        if self.principal is not None:
-            self.last_active = time.monotonic()
         try:
             frames = self._frames.feed(data)
         except ValueError as exc:
@@ -387,8 +390,8 @@ class _Connection(asyncio.Protocol):
             self._server.stats.connections_closed_on_bad_frame += 1
             self.close()
             return
-        if frames:
-            self.last_active = time.monotonic()  # before authentication only whole frames count as activity
+        if frames or self.principal is not None:  # before authentication only whole frames count as activity
+            self.last_active = time.monotonic()
         self._waiting.extend(frames)
         self._start_waiting()
         self.retry_reservation()
@@ -435,7 +438,7 @@ class _Connection(asyncio.Protocol):
                     response = route.handler(request, context)
                 except Exception as exc:
                     response = exc
-                if not inspect.isawaitable(response):
+                if isinstance(response, (bytes, Message, BaseException)) or not inspect.isawaitable(response):
                     self._write(server.respond(context, response))  # type: ignore[arg-type]
                     continue
                 self.in_flight_count += 1
@@ -485,7 +488,7 @@ class _Connection(asyncio.Protocol):
         try:
             try:
                 pending = route.handler(request, context) if started is None else started
-                response: Message | BaseException = await pending  # type: ignore[misc]
+                response: Response | BaseException = await pending  # type: ignore[misc]
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

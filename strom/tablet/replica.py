@@ -89,6 +89,8 @@ class Replica:
         """Open the log and, while leading a primary-key bucket, its KV state."""
         if self.stopped:
             raise UnknownTableOrBucketError(f"{self.bucket} is no longer hosted here")
+        if self._kv is not None:  # open KV state comes with an open log: nothing to open (every lookup asks)
+            return
         opened_log = self._log is None
         log_tablet = self.open_log()
         if self.is_kv and self.is_leader and self._kv is None:

@@ -777,3 +777,95 @@ def test_fill_value_batch_in_c_equals_the_reference(seed: int) -> None:
             break
         limit = -1 if limit < 0 else max(0, limit - native_batch[1])
     assert kv_batch.parse_value_batch(native_batch[0]) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# One row, one key as Python values (a single lookup's client side)
+# ---------------------------------------------------------------------------------------------
+
+PLAIN_TYPES = (BooleanType, TinyIntType, SmallIntType, IntType, BigIntType, FloatType, DoubleType, StringType,
+               BytesType)
+
+
+def random_plain_row_type(rng: random.Random) -> RowType:
+    fields = [DataField(f"f{i}", rng.choice(PLAIN_TYPES)().copy(rng.random() < 0.7)) for i in range(rng.randint(1, 10))]
+    return RowType(tuple(fields))
+
+
+def bitwise(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Floats by bit pattern, so NaNs compare equal to themselves."""
+    return tuple(struct.pack("<d", v) if isinstance(v, float) else (type(v), v) for v in values)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_single_rows_decode_to_the_reference_values(seed):
+    rng = random.Random(seed)
+    row_type = random_plain_row_type(rng)
+    specs = fastpath._row_specs(row_type)
+    assert specs is not None
+    for _ in range(5):
+        row = CompactedRowEncoder(row_type).encode(edge_row(rng, row_type))
+        expected = bitwise(CompactedRowDecoder(row_type).decode(row))
+        stored = b"\x07\x00" + row
+        assert bitwise(native.decode_plain_row(stored, 2, specs)) == expected, f"seed={seed} row={row.hex()}"
+        assert bitwise(fastpath.RowReader(row_type).decode(stored, 2)) == expected
+        assert bitwise(native.decode_plain_row(bytearray(row), 0, specs)) == expected
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_malformed_single_rows_raise_like_the_reference(seed):
+    rng = random.Random(seed)
+    row_type = random_plain_row_type(rng)
+    specs = fastpath._row_specs(row_type)
+    row = CompactedRowEncoder(row_type).encode(edge_row(rng, row_type))
+    for bad in mutations(rng, row):
+        assert_same_outcome(
+            lambda bad=bad: bitwise(fastpath.RowReader(row_type).decode(b"\x00\x00" + bad, 2)),
+            lambda bad=bad: bitwise(CompactedRowDecoder(row_type).decode(bad)),
+            f"seed={seed} type={row_type} row={bad.hex()}",
+        )
+        with contextlib.suppress(ValueError):  # the C decoder only ever raises ValueError
+            native.decode_plain_row(bad, 0, specs)
+
+
+def test_single_rows_of_other_types_or_invalid_text_decode_through_the_reference():
+    text = RowType.of(("s", StringType()))
+    invalid = b"\x00\x02\xff\xfe"  # no nulls, a 2-byte string that is not UTF-8
+    assert fastpath.RowReader(text).decode(invalid) == CompactedRowDecoder(text).decode(invalid)
+    with pytest.raises(ValueError):
+        native.decode_plain_row(invalid, 0, fastpath._row_specs(text))
+    char = RowType.of(("c", CharType(4)), ("i", IntType()))
+    assert fastpath._row_specs(char) is None
+    row = CompactedRowEncoder(char).encode(("ab", 7))
+    assert fastpath.RowReader(char).decode(b"xy" + row, 2) == CompactedRowDecoder(char).decode(row)
+    with pytest.raises(ValueError):
+        native.decode_plain_row(b"\x00", 5, fastpath._row_specs(text))  # offset past the end
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_single_keys_encode_to_the_reference_bytes(seed):
+    rng = random.Random(seed)
+    row_type = random_plain_row_type(rng)
+    key_indexes = sorted(rng.sample(range(row_type.field_count), rng.randint(1, row_type.field_count)))
+    encoder = CompactedKeyEncoder(row_type, key_indexes)
+    specs = fastpath._key_specs(row_type, tuple(key_indexes))
+    assert specs is not None
+    for _ in range(5):
+        row = edge_row(rng, row_type, null_rate=0)
+        expected = encoder.encode(row)
+        assert native.encode_plain_key([row[i] for i in key_indexes], specs) == expected, f"seed={seed} row={row}"
+        assert fastpath.KeyWriter(encoder).encode(row) == expected
+
+
+@pytest.mark.parametrize(("data_type", "value"), [
+    (TinyIntType(), 128), (SmallIntType(), -32769), (IntType(), 1 << 31), (BigIntType(), 1 << 63),
+    (BigIntType(), 1.5), (IntType(), True), (BooleanType(), 1), (FloatType(), 1e300), (FloatType(), 3),
+    (DoubleType(), 2), (StringType(), "\ud800"), (StringType(), b"x"), (BytesType(), "x"),
+    (BytesType(), bytearray(b"x")), (BigIntType(), None),
+])
+def test_key_values_the_c_code_does_not_take_get_the_reference_outcome(data_type, value):
+    row_type = RowType.of(("k", data_type))
+    encoder = CompactedKeyEncoder(row_type, [0])
+    assert_same_outcome(lambda: fastpath.KeyWriter(encoder).encode([value]), lambda: encoder.encode([value]), repr(value))
+    with pytest.raises(ValueError):
+        native.encode_plain_key([value], fastpath._key_specs(row_type, (0,)))

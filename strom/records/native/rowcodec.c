@@ -20,6 +20,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1706,6 +1707,233 @@ fail:
     return NULL;
 }
 
+/* ========================================================================================== */
+/* 8. One row or key of plain kinds as Python values (a single lookup's client side).          */
+/* ========================================================================================== */
+
+/* Kinds whose Python values are plain objects (bool, int, float, str, bytes), read and written here. */
+static int
+is_plain_kind(int kind)
+{
+    return kind >= KIND_BOOLEAN && kind <= KIND_BYTES;
+}
+
+/* One non-null value of a plain kind at *pos as a new Python object, as compacted.py reads it. */
+static PyObject *
+read_plain_value(int kind, const uint8_t *p, Py_ssize_t n, Py_ssize_t *pos, Py_ssize_t field)
+{
+    int rc;
+    switch (kind) {
+    case KIND_BOOLEAN:
+        if (*pos >= n) break;
+        return PyBool_FromLong(p[(*pos)++] != 0);
+    case KIND_TINYINT:
+        if (*pos >= n) break;
+        return PyLong_FromLong((int8_t)p[(*pos)++]);
+    case KIND_SMALLINT: {
+        if (n - *pos < 2) break;
+        int16_t v = (int16_t)load_le16(p + *pos);
+        *pos += 2;
+        return PyLong_FromLong(v);
+    }
+    case KIND_INT: {
+        int32_t v;
+        if ((rc = read_varint32(p, n, pos, &v)) != VARINT_OK) return varint_error(rc, 0, field), NULL;
+        return PyLong_FromLong(v);
+    }
+    case KIND_BIGINT: {
+        int64_t v;
+        if ((rc = read_varint64(p, n, pos, &v)) != VARINT_OK) return varint_error(rc, 0, field), NULL;
+        return PyLong_FromLongLong(v);
+    }
+    case KIND_FLOAT: {
+        if (n - *pos < 4) break;
+        uint32_t bits = load_le32(p + *pos);
+        float v;
+        memcpy(&v, &bits, 4);
+        *pos += 4;
+        return PyFloat_FromDouble((double)v);
+    }
+    case KIND_DOUBLE: {
+        if (n - *pos < 8) break;
+        uint64_t bits = load_le64(p + *pos);
+        double v;
+        memcpy(&v, &bits, 8);
+        *pos += 8;
+        return PyFloat_FromDouble(v);
+    }
+    case KIND_STRING:
+    case KIND_BYTES: {
+        Py_ssize_t start;
+        if (read_sized(p, n, pos, &start, 0, field) < 0) return NULL;
+        Py_ssize_t len = *pos - start;
+        if (kind == KIND_BYTES) return PyBytes_FromStringAndSize((const char *)p + start, len);
+        if (!utf8_valid(p + start, len)) return decode_error(0, field, "invalid UTF-8"), NULL;
+        return PyUnicode_DecodeUTF8((const char *)p + start, len, "strict");
+    }
+    }
+    decode_error(0, field, "truncated value");
+    return NULL;
+}
+
+/* decode_plain_row(data, offset, specs) -> tuple: see the method table. */
+static PyObject *
+decode_plain_row(PyObject *module, PyObject *args)
+{
+    PyObject *data_obj, *specs_obj;
+    Py_ssize_t offset;
+    if (!PyArg_ParseTuple(args, "OnO!:decode_plain_row", &data_obj, &offset, &PyTuple_Type, &specs_obj)) return NULL;
+    Py_ssize_t field_count = PyTuple_GET_SIZE(specs_obj);
+    Py_buffer view;
+    if (PyObject_GetBuffer(data_obj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *values = NULL;
+    if (offset < 0 || offset > view.len) {
+        PyErr_SetString(PyExc_ValueError, "offset outside the row's buffer");
+        goto done;
+    }
+    const uint8_t *p = (const uint8_t *)view.buf + offset;
+    Py_ssize_t n = view.len - offset;
+    Py_ssize_t pos = (field_count + 7) / 8;
+    if (n < pos) {
+        decode_error(0, 0, "row shorter than its null bitset");
+        goto done;
+    }
+    if ((values = PyTuple_New(field_count)) == NULL) goto done;
+    for (Py_ssize_t f = 0; f < field_count; f++) {
+        FieldSpec spec;
+        if (parse_spec(PyTuple_GET_ITEM(specs_obj, f), &spec) < 0) goto fail;
+        if (!is_plain_kind(spec.kind)) {
+            PyErr_SetString(PyExc_ValueError, "not a plain kind");
+            goto fail;
+        }
+        PyObject *value;
+        if (spec.nullable && (p[f >> 3] >> (f & 7)) & 1) {
+            value = Py_NewRef(Py_None);
+        } else if ((value = read_plain_value(spec.kind, p, n, &pos, f)) == NULL) {
+            goto fail;
+        }
+        PyTuple_SET_ITEM(values, f, value);
+    }
+    goto done;
+fail:
+    Py_CLEAR(values);
+done:
+    PyBuffer_Release(&view);
+    return values;
+}
+
+/* Appends one key value of a plain kind to buf as compacted.py writes it; -1 with ValueError for a
+ * value Python must handle (another type, out of range, unencodable text). */
+static int
+write_plain_value(Scratch *buf, int kind, PyObject *value)
+{
+    uint8_t fixed[8];
+    switch (kind) {
+    case KIND_BOOLEAN:
+        if (!PyBool_Check(value)) break;
+        fixed[0] = value == Py_True;
+        return scratch_append(buf, fixed, 1);
+    case KIND_TINYINT:
+    case KIND_SMALLINT:
+    case KIND_INT:
+    case KIND_BIGINT: {
+        if (!PyLong_CheckExact(value)) break;
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            break;
+        }
+        if (kind == KIND_TINYINT) {
+            if (v < INT8_MIN || v > INT8_MAX) break;
+            fixed[0] = (uint8_t)(int8_t)v;
+            return scratch_append(buf, fixed, 1);
+        }
+        if (kind == KIND_SMALLINT) {
+            if (v < INT16_MIN || v > INT16_MAX) break;
+            store_le16(fixed, (uint16_t)(int16_t)v);
+            return scratch_append(buf, fixed, 2);
+        }
+        uint8_t varint[VARINT64_SIZE_MAX];
+        if (kind == KIND_INT) {
+            if (v < INT32_MIN || v > INT32_MAX) break;
+            return scratch_append(buf, varint, write_uvarint(varint, (uint32_t)(int32_t)v));
+        }
+        return scratch_append(buf, varint, write_uvarint(varint, (uint64_t)v));
+    }
+    case KIND_FLOAT:
+    case KIND_DOUBLE: {
+        if (!PyFloat_CheckExact(value)) break;
+        double v = PyFloat_AS_DOUBLE(value);
+        if (kind == KIND_DOUBLE) {
+            uint64_t bits;
+            memcpy(&bits, &v, 8);
+            store_le64(fixed, bits);
+            return scratch_append(buf, fixed, 8);
+        }
+        float narrowed = (float)v;
+        if (isinf(narrowed) && !isinf(v)) break; /* struct.pack("<f") raises OverflowError */
+        uint32_t bits;
+        memcpy(&bits, &narrowed, 4);
+        store_le32(fixed, bits);
+        return scratch_append(buf, fixed, 4);
+    }
+    case KIND_STRING:
+    case KIND_BYTES: {
+        const char *bytes;
+        Py_ssize_t size;
+        if (kind == KIND_STRING) {
+            if (!PyUnicode_CheckExact(value)) break;
+            if ((bytes = PyUnicode_AsUTF8AndSize(value, &size)) == NULL) {
+                PyErr_Clear(); /* lone surrogates: Python's encode raises its own error */
+                break;
+            }
+        } else {
+            if (!PyBytes_CheckExact(value)) break;
+            bytes = PyBytes_AS_STRING(value);
+            size = PyBytes_GET_SIZE(value);
+        }
+        if (size > INT32_MAX) break;
+        uint8_t varint[VARINT32_SIZE_MAX];
+        if (scratch_append(buf, varint, write_uvarint(varint, (uint32_t)size)) < 0) return -1;
+        return scratch_append(buf, (const uint8_t *)bytes, size);
+    }
+    }
+    PyErr_SetString(PyExc_ValueError, "a key value Python must encode");
+    return -1;
+}
+
+/* encode_plain_key(values, specs) -> bytes: see the method table. */
+static PyObject *
+encode_plain_key(PyObject *module, PyObject *args)
+{
+    PyObject *values_obj, *specs_obj;
+    if (!PyArg_ParseTuple(args, "OO!:encode_plain_key", &values_obj, &PyTuple_Type, &specs_obj)) return NULL;
+    PyObject *values = PySequence_Tuple(values_obj);
+    if (values == NULL) return NULL;
+    PyObject *result = NULL;
+    Scratch buf = {0};
+    Py_ssize_t count = PyTuple_GET_SIZE(values);
+    if (count != PyTuple_GET_SIZE(specs_obj)) {
+        PyErr_SetString(PyExc_ValueError, "one key value per spec");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        FieldSpec spec;
+        if (parse_spec(PyTuple_GET_ITEM(specs_obj, i), &spec) < 0) goto done;
+        if (!is_plain_kind(spec.kind)) {
+            PyErr_SetString(PyExc_ValueError, "not a plain kind");
+            goto done;
+        }
+        if (write_plain_value(&buf, spec.kind, PyTuple_GET_ITEM(values, i)) < 0) goto done;
+    }
+    result = PyBytes_FromStringAndSize((const char *)buf.data, buf.len);
+done:
+    PyMem_Free(buf.data);
+    Py_DECREF(values);
+    return result;
+}
+
 static PyMethodDef rowcodec_methods[] = {
     {"parse_kv_records", parse_kv_records, METH_VARARGS,
      "parse_kv_records(buffer, position, end, count) -> (keys, values)\n\n"
@@ -1738,6 +1966,16 @@ static PyMethodDef rowcodec_methods[] = {
      "fill_value_batch(iterator, lookahead, batch_size_bytes, limit) -> (records, count, lookahead)"},
     {"bucket_ids", bucket_ids, METH_VARARGS,
      "bucket_ids(keys, bucket_count) -> list[int]: bucketing.bucket_for_key for each key."},
+    {"decode_plain_row", decode_plain_row, METH_VARARGS,
+     "decode_plain_row(data, offset, specs) -> tuple\n\n"
+     "The CompactedRow starting `offset` bytes into `data` as one Python value per field spec, as\n"
+     "CompactedRowDecoder.decode returns them; every kind is BOOLEAN..BYTES. Raises ValueError for a\n"
+     "malformed row or one Python must decode (invalid UTF-8)."},
+    {"encode_plain_key", encode_plain_key, METH_VARARGS,
+     "encode_plain_key(values, specs) -> bytes\n\n"
+     "CompactedKeyEncoder.encode_key of one key's values (bool, int, float, str, bytes for kinds\n"
+     "BOOLEAN..BYTES). Raises ValueError for any value Python must encode (another type, a value out\n"
+     "of range)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,77 @@
+"""Lookup (api key 1016) requests and responses as bytes, without a protobuf object per key.
+
+A point lookup is nearly all overhead: through protobuf's Python objects the server built a response
+entry and a ``PbValue`` per key and the client walked them back out, several µs of a single lookup and
+~0.5 µs a key on each side of a batched one (docs/benchmarks.md). ``native/lookupwire.c`` writes and
+reads the same bytes directly. Each ``*_python`` function is its reference through the generated
+protobuf classes: the compiled one returns exactly the same, and everything uses the reference when the
+module was built without a C compiler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from strom.rpc.messages import DecodeError, pb
+
+try:
+    import strom.rpc._lookupwire as native
+except ImportError:  # built without a C compiler
+    native = None
+
+NATIVE_AVAILABLE = native is not None
+
+BucketAnswer = tuple[int, int | None, int | None, str | None, list[bytes | None]]
+"""One bucket's part of a LookupResponse: bucket id, partition id, error code, error message and the
+values in request order (None: no row). Absent optional fields are None."""
+
+
+def lookup_request_python(table_id: int, partition_id: int | None, bucket_id: int, keys: Sequence[bytes]) -> bytes:
+    """A LookupRequest body asking one bucket for ``keys``."""
+    request = pb.LookupRequest(table_id=table_id)
+    entry = request.buckets_req.add(bucket_id=bucket_id, keys=keys)
+    if partition_id is not None:
+        entry.partition_id = partition_id
+    return request.SerializeToString()  # type: ignore[no-any-return]
+
+
+def lookup_bucket_entry_python(bucket_id: int, partition_id: int | None, values: Sequence[bytes | None]) -> bytes:
+    """One bucket's entry of a LookupResponse body, its field tag and length included, so a response body
+    is its entries one after another. A None value is a ``PbValue`` without bytes: no row."""
+    response = pb.LookupResponse()
+    entry = response.buckets_resp.add(bucket_id=bucket_id)
+    if partition_id is not None:
+        entry.partition_id = partition_id
+    add = entry.values.add
+    for value in values:
+        if value is None:
+            add()
+        else:
+            add().values = value
+    return response.SerializeToString()  # type: ignore[no-any-return]
+
+
+def parse_lookup_response_python(body: bytes) -> list[BucketAnswer]:
+    """A LookupResponse body's entries; raises ValueError on a malformed one. A value that is absent or
+    empty is None: a stored value always starts with its schema id."""
+    try:
+        response = pb.LookupResponse.FromString(body)
+    except DecodeError as exc:
+        raise ValueError(f"malformed LookupResponse: {exc}") from exc
+    answers: list[BucketAnswer] = []
+    for entry in response.buckets_resp:
+        if not entry.HasField("bucket_id"):
+            raise ValueError("malformed LookupResponse: a bucket entry without its bucket_id")
+        answers.append((
+            entry.bucket_id,
+            entry.partition_id if entry.HasField("partition_id") else None,
+            entry.error_code if entry.HasField("error_code") else None,
+            entry.error_message if entry.HasField("error_message") else None,
+            [value.values or None for value in entry.values],
+        ))
+    return answers
+
+
+lookup_request = native.lookup_request if native is not None else lookup_request_python
+lookup_bucket_entry = native.lookup_bucket_entry if native is not None else lookup_bucket_entry_python
+parse_lookup_response = native.parse_lookup_response if native is not None else parse_lookup_response_python
