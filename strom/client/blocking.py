@@ -11,6 +11,7 @@ Not thread-safe: use one per thread. Close it when done.
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,18 @@ RECEIVE_BYTES = 1 << 16
 """The first read of a response takes up to this much: a point lookup's answer in one system call."""
 
 
+def use_kernel_timeouts(sock: socket.socket, timeout_s: float) -> None:
+    """Let the kernel time out a send or receive (SO_SNDTIMEO, SO_RCVTIMEO) and put the socket in blocking
+    mode: a Python socket with a timeout polls before every send and receive, two system calls where one
+    does (~3 µs of a ~60 µs lookup here). A timed-out call raises an OSError (EAGAIN), as a Python timeout
+    raises one."""
+    seconds = int(timeout_s)
+    interval = struct.pack("ll", seconds, int((timeout_s - seconds) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, interval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, interval)
+    sock.settimeout(None)
+
+
 class _BlockingRpc:
     """One blocking socket to a server, after the ApiVersions handshake."""
 
@@ -44,6 +57,7 @@ class _BlockingRpc:
         except OSError as exc:
             raise ConnectionFailedError(f"cannot connect to {address}: {exc}") from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        use_kernel_timeouts(self._sock, timeout_s)
         self._address = address
         self._request_id = 0
         hello = pb.ApiVersionsRequest(client_software_name=STROM_CLIENT_NAME, client_software_version="0.1.0")

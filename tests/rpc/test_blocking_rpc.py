@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from strom.client.blocking import _BlockingRpc
+from strom.client.blocking import _BlockingRpc, use_kernel_timeouts
 from strom.errors import NetworkError
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
@@ -78,3 +78,13 @@ def test_a_closed_connection_is_a_network_error() -> None:
     with pytest.raises(NetworkError, match="closed the connection"):
         rpc.call(ApiKey.LOOKUP, 1, pb.LookupRequest(table_id=1), pb.LookupResponse)
     thread.join(5)
+
+
+def test_an_answer_that_never_comes_times_out_in_the_kernel_and_closes_the_connection() -> None:
+    client, server = socket.socketpair()
+    use_kernel_timeouts(client, 0.3)
+    assert client.gettimeout() is None  # blocking: one system call per receive, no poll before it
+    rpc = rpc_over(client)
+    with server, pytest.raises(NetworkError, match="failed"):
+        rpc.call(ApiKey.LOOKUP, 1, pb.LookupRequest(table_id=1), pb.LookupResponse)
+    assert client.fileno() == -1
