@@ -143,6 +143,8 @@ class KvTablet:
         self._pending_index: dict[bytes, bytes | None] | None = None
         self._applied_offset = self._read_meta_int(APPLIED_OFFSET_KEY)
         self._row_count = self._read_meta_int(ROW_COUNT_KEY)
+        if row_cache is not None and self._holds_no_rows():
+            row_cache.mark_complete(self._cache_token)  # the replay below and every later write go through it
         self.instance_id = self._instance_id()
         self._closed = False
         self.failed: Exception | None = None
@@ -158,6 +160,14 @@ class KvTablet:
     def _read_meta_int(self, key: bytes) -> int:
         raw = self._db.get_column_family(META_COLUMN_FAMILY).get(key)
         return int(_OFFSET.unpack(raw)[0]) if raw else 0
+
+    def _holds_no_rows(self) -> bool:
+        iterator = self._db.iter()
+        try:
+            iterator.seek_to_first()
+            return not iterator.valid()
+        finally:
+            del iterator  # an open iterator would keep RocksDB open past close()
 
     def _instance_id(self) -> str:
         """A random id of this RocksDB instance, so its SST names never collide with another's remotely."""

@@ -16,6 +16,12 @@ are dropped whole. A key used at least once per generation stays. Each generatio
 bound, and the byte count charges every write (it only ever over-counts): memory stays within the bound. A bucket whose reads of existing keys mostly miss
 (its working set is far larger than the cache) bypasses the cache for a while (:meth:`RowCache.record_misses`),
 so a cold cache costs next to nothing. Used on the event loop only.
+
+A bucket instance that opened on an empty RocksDB (a new table, or one rebuilt from its changelog) is
+*complete* while the cache has lost none of its keys: every key RocksDB holds is then in the cache, so a
+key the cache lacks does not exist and is not looked for in RocksDB. A load of new keys reads nothing
+(docs/benchmarks.md). The first entry the bucket loses without RocksDB losing it (a rotation that drops
+its old generation, a batch too large to keep, a bypass) ends that for the instance's life.
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ class RowCache:
         self._old_bytes = 0
         self._bypass: dict[int, int] = {}
         """Buckets bypassing the cache, with how many more keys they read before trying it again."""
+        self._complete: set[int] = set()
+        """Buckets whose every RocksDB key is cached: a key they lack does not exist."""
         self.hits = 0
         self.misses = 0
         self.bypassed = 0
@@ -92,9 +100,19 @@ class RowCache:
         """A token for a newly opened bucket instance."""
         return next(self._tokens)
 
+    def mark_complete(self, token: int) -> None:
+        """The bucket instance's RocksDB is empty and every write to it will come through here: until it
+        loses an entry, what the cache lacks does not exist."""
+        if self.capacity_bytes:
+            self._complete.add(token)
+
+    def is_complete(self, token: int) -> bool:
+        return token in self._complete
+
     def get_many(self, token: int, keys: Sequence[bytes]) -> tuple[list[bytes | None], list[int]] | None:
-        """The cached values of ``keys`` (None where not cached) and the positions of those not cached; None
-        while the bucket bypasses the cache (read RocksDB, and put nothing)."""
+        """The cached values of ``keys`` (None where not cached) and the positions to read from RocksDB:
+        those not cached, none for a complete bucket (they do not exist). None while the bucket bypasses
+        the cache (read RocksDB, and put nothing)."""
         bypass = self._bypass.get(token)
         if bypass is not None:
             if bypass > len(keys):
@@ -103,15 +121,21 @@ class RowCache:
             del self._bypass[token]  # try the cache again, from empty
         bucket = self._buckets.get(token)
         if bucket is None:
+            if token in self._complete:
+                self.hits += len(keys)
+                return [None] * len(keys), []
             self.misses += len(keys)
             return [None] * len(keys), list(range(len(keys)))
         values, missing, promoted = kv_loops.cache_get_many(
             bucket.young, bucket.old, keys, self.capacity_bytes // 2 - self._young_bytes, ENTRY_OVERHEAD_BYTES
         )
-        self.misses += len(missing)
-        self.hits += len(keys) - len(missing)
         bucket.young_bytes += promoted
         self._young_bytes += promoted
+        if token in self._complete:  # answered whole: an absent key is known absent
+            self.hits += len(keys)
+            return values, []
+        self.misses += len(missing)
+        self.hits += len(keys) - len(missing)
         return values, missing
 
     def record_misses(self, token: int, hits: int, found: int) -> None:
@@ -151,6 +175,8 @@ class RowCache:
         if self._young_bytes + incoming > half:
             self._rotate()  # each generation stays within half the bound
         keep = incoming <= half  # a batch larger than that only invalidates what it changes
+        if not keep:
+            self._complete.discard(token)
         young_delta, old_delta = kv_loops.cache_put_many(
             bucket.young, bucket.old, keys, values, keep, ENTRY_OVERHEAD_BYTES
         )
@@ -161,13 +187,16 @@ class RowCache:
 
     def _rotate(self) -> None:
         """Every young generation becomes old; the old ones are dropped whole."""
-        for bucket in self._buckets.values():
+        for token, bucket in self._buckets.items():
+            if bucket.old:
+                self._complete.discard(token)
             bucket.old, bucket.young = bucket.young, {}
             bucket.old_bytes, bucket.young_bytes = bucket.young_bytes, 0
         self._old_bytes, self._young_bytes = self._young_bytes, 0
 
     def forget(self, token: int) -> None:
         """Drop a bucket instance's entries (it closed, or its data is gone)."""
+        self._complete.discard(token)
         bucket = self._buckets.pop(token, None)
         if bucket is not None:
             self._young_bytes -= bucket.young_bytes

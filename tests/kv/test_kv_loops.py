@@ -99,3 +99,19 @@ def test_bad_arguments_raise_instead_of_corrupting() -> None:
             in_key_order([b"a", b"b"], [b"x"])
     with pytest.raises(TypeError):
         native.cache_get_many({}, {}, [[1]], 10, 0)  # an unhashable key: the dict's own error
+
+
+long_keys_st = st.builds(lambda prefix, tail: prefix + tail, st.sampled_from([b"", b"user_000", b"user_0001", b"\x00" * 8]),
+                         st.binary(max_size=12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.one_of(long_keys_st, keys_st), max_size=60))
+def test_key_order_sorts_long_keys_sharing_their_first_bytes_stably(keys: list[bytes]) -> None:
+    """Keys over 8 bytes that share their first 8, and keys that differ only by trailing zero bytes, are
+    told apart by their whole bytes; equal keys keep the order given."""
+    sorted_keys, order = native.key_order(keys)
+    positions = list(memoryview(order).cast("n"))
+    expected = sorted(range(len(keys)), key=lambda position: (keys[position], position))
+    assert positions == expected
+    assert sorted_keys == [keys[position] for position in expected]

@@ -60,3 +60,25 @@ def test_a_bucket_whose_existing_keys_mostly_miss_bypasses_the_cache_for_a_while
     assert cache.get_many(token, [key(i) for i in range(200)]) is not None  # 600 keys later it tries again
     cache.put_many(token, [key(1)], [b"z" * 100])
     assert cached(cache, token, 1) == b"z" * 100
+
+
+def test_a_complete_bucket_answers_every_key_until_it_loses_an_entry() -> None:
+    cache = RowCache(PER_ENTRY * 20)
+    nothing = RowCache(0)
+    token = nothing.register()
+    nothing.mark_complete(token)
+    assert not nothing.is_complete(token)  # a cache that holds nothing is never complete
+    kept, too_large, bypassing = cache.register(), cache.register(), cache.register()
+    for token in (kept, too_large, bypassing):
+        cache.mark_complete(token)
+    cache.put_many(kept, [key(1)], [b"x" * 100])
+    assert cache.get_many(kept, [key(1), key(2)]) == ([b"x" * 100, None], [])  # key 2 is known absent
+    cache.put_many(kept, [key(1)], [None])  # a delete keeps it complete
+    assert cache.get_many(kept, [key(1)]) == ([None], [])
+    cache.put_many(too_large, [key(i) for i in range(15)], [b"x" * 100] * 15)  # over half the bound: not kept
+    assert not cache.is_complete(too_large)
+    assert cache.get_many(too_large, [key(1)]) == ([None], [0])  # so it reads RocksDB again
+    cache.forget(bypassing)
+    assert not cache.is_complete(bypassing)
+    cache.close(kept)
+    assert not cache.is_complete(kept)

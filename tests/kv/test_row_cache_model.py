@@ -1,7 +1,9 @@
 """The row cache changes no answer: the same random operations against a bucket with a tiny cache (constant
 eviction) and one without must give the same lookups and the same changelog, record for record, across
 upserts, deletes, partial updates, merge engines, a WAL image, reopening (a new bucket instance) and a
-crash that loses RocksDB's memtable (the changelog replay writes through the cache)."""
+crash that loses RocksDB's memtable (the changelog replay writes through the cache). With a cache large
+enough to hold the bucket, a bucket that opened empty is complete (a key the cache lacks is not looked for
+in RocksDB); with one that rotates now and then, it stops being complete part way."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from unittest.mock import patch
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from strom.kv import kv_loops, row_cache
 from strom.kv.kv_tablet import KvConfig, KvTablet
@@ -25,6 +27,8 @@ from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
 
 KEYS = 12
 TINY_CACHE_BYTES = 700  # a handful of rows: nearly every read misses, every write evicts
+ROTATING_CACHE_BYTES = 1_400  # about five rows a generation: complete at first, until a rotation drops some
+WHOLE_CACHE_BYTES = 1 << 20  # every row: a bucket that opened empty stays complete until it reopens
 
 TABLE_KINDS = {
     "full": {},
@@ -95,6 +99,23 @@ def test_a_bucket_answers_the_same_with_and_without_the_row_cache(kind: str, scr
     compare(kind, script)
 
 
+@pytest.mark.parametrize("kind", sorted(TABLE_KINDS))
+@pytest.mark.parametrize("capacity", [ROTATING_CACHE_BYTES, WHOLE_CACHE_BYTES])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=operations)
+@example(script=[  # two rotations of the rotating cache drop keys 0-4 from it (not from RocksDB)
+    ("put", [(0, ("a", 0))]),
+    ("put", [(key, ("a", key)) for key in range(1, 5)]),
+    ("put", [(key, ("a", key)) for key in range(5, 9)]),
+    ("put", [(key, ("a", key)) for key in (9, 10, 11, 1)]),
+    ("lookup", [0, 2, 4]),
+])
+def test_a_complete_bucket_answers_the_same_as_one_without_the_cache(
+    kind: str, capacity: int, script: list[tuple[str, Any]]
+) -> None:
+    compare(kind, script, capacity)
+
+
 @settings(max_examples=40, deadline=None)
 @given(script=operations)
 def test_a_bucket_going_in_and_out_of_bypass_answers_the_same(script: list[tuple[str, Any]]) -> None:
@@ -116,16 +137,16 @@ def test_the_python_loops_answer_as_the_compiled_ones(script: list[tuple[str, An
         compare("full", script)
 
 
-def compare(kind: str, script: list[tuple[str, Any]]) -> None:
+def compare(kind: str, script: list[tuple[str, Any]], capacity: int = TINY_CACHE_BYTES) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        cache = RowCache(TINY_CACHE_BYTES)
+        cache = RowCache(capacity)
         cached = CachedBucket(Path(directory) / "cached", TABLE_KINDS[kind], cache)
         plain = CachedBucket(Path(directory) / "plain", TABLE_KINDS[kind], None)
         try:
             async def run() -> None:
                 for operation, argument in script:
                     assert await apply(cached, operation, argument) == await apply(plain, operation, argument)
-                    assert cache.size_bytes <= TINY_CACHE_BYTES
+                    assert cache.size_bytes <= capacity
                 every = list(range(KEYS))
                 assert [cached.lookup(k) for k in every] == [plain.lookup(k) for k in every]
                 assert cached.changelog() == plain.changelog()
@@ -155,3 +176,28 @@ async def test_hits_come_from_the_cache_and_a_closed_bucket_leaves_nothing_behin
     finally:
         bucket.close()
     assert cache.size_bytes == 0
+
+
+@pytest.mark.asyncio
+async def test_a_bucket_that_opened_empty_reads_nothing_from_rocksdb_until_the_cache_drops_its_rows(
+    tmp_path: Path,
+) -> None:
+    cache = RowCache(1 << 20)
+    bucket = CachedBucket(tmp_path / "b", {}, cache)
+    reads: list[int] = []
+    try:
+        assert cache.is_complete(bucket.kv._cache_token)
+        read_rocksdb = bucket.kv._read_rocksdb
+        with patch.object(bucket.kv, "_read_rocksdb", lambda keys: reads.append(len(keys)) or read_rocksdb(keys)):
+            await bucket.put(*[(i, ("a", i)) for i in range(10)])  # new keys: known absent
+            assert [bucket.lookup(i) for i in (3, 42)] == [(3, "a", 3), None]
+            assert reads == []
+            cache._rotate()
+            cache._rotate()  # the rows are gone from the cache, not from RocksDB
+            assert not cache.is_complete(bucket.kv._cache_token)
+            assert bucket.lookup(3) == (3, "a", 3) and reads == [1]
+        bucket.reopen()  # RocksDB holds rows now: the new instance is not complete
+        assert not cache.is_complete(bucket.kv._cache_token)
+        assert bucket.lookup(4) == (4, "a", 4)
+    finally:
+        bucket.close()
