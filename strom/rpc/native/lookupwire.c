@@ -69,6 +69,45 @@ optional_int64(PyObject *obj, int *present, int64_t *value)
     return 0;
 }
 
+/* The fields a bucket's request and response entries both start with: 1 partition_id (when there is
+ * one), 2 bucket_id. int32 fields are sign-extended to 64 bits on the wire, as protobuf writes them. */
+typedef struct {
+    int has_partition;
+    uint64_t partition_wire;
+    uint64_t bucket_wire;
+} BucketFields;
+
+/* Parses the partition id (None or an int) beside a bucket id; -1 with an exception set. */
+static int
+bucket_fields(PyObject *partition_arg, int bucket_id, BucketFields *fields)
+{
+    int64_t partition_id = 0;
+    if (optional_int64(partition_arg, &fields->has_partition, &partition_id) < 0) {
+        return -1;
+    }
+    fields->partition_wire = (uint64_t)partition_id;
+    fields->bucket_wire = (uint64_t)(int64_t)bucket_id;
+    return 0;
+}
+
+static size_t
+bucket_fields_size(const BucketFields *fields)
+{
+    size_t size = 1 + varint_size(fields->bucket_wire);
+    return fields->has_partition ? size + 1 + varint_size(fields->partition_wire) : size;
+}
+
+static char *
+put_bucket_fields(char *out, const BucketFields *fields)
+{
+    if (fields->has_partition) {
+        out = put_tag(out, 1, WIRE_VARINT);
+        out = put_varint(out, fields->partition_wire);
+    }
+    out = put_tag(out, 2, WIRE_VARINT);
+    return put_varint(out, fields->bucket_wire);
+}
+
 /* lookup_request(table_id, partition_id, bucket_id, keys) -> bytes: a LookupRequest for one bucket. */
 static PyObject *
 lookup_request(PyObject *self, PyObject *args)
@@ -79,9 +118,8 @@ lookup_request(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "LOiO", &table_id, &partition_arg, &bucket_id, &keys_arg)) {
         return NULL;
     }
-    int has_partition;
-    int64_t partition_id = 0;
-    if (optional_int64(partition_arg, &has_partition, &partition_id) < 0) {
+    BucketFields fields;
+    if (bucket_fields(partition_arg, bucket_id, &fields) < 0) {
         return NULL;
     }
     PyObject *keys = PySequence_Tuple(keys_arg);
@@ -89,12 +127,7 @@ lookup_request(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_ssize_t count = PyTuple_GET_SIZE(keys);
-    /* int32 fields are sign-extended to 64 bits on the wire, as protobuf writes them */
-    uint64_t bucket_wire = (uint64_t)(int64_t)bucket_id;
-    size_t entry_size = 1 + varint_size(bucket_wire);
-    if (has_partition) {
-        entry_size += 1 + varint_size((uint64_t)partition_id);
-    }
+    size_t entry_size = bucket_fields_size(&fields);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *key = PyTuple_GET_ITEM(keys, i);
         if (!PyBytes_Check(key)) {
@@ -116,12 +149,7 @@ lookup_request(PyObject *self, PyObject *args)
     out = put_varint(out, (uint64_t)table_id);
     out = put_tag(out, 2, WIRE_LEN);
     out = put_varint(out, entry_size);
-    if (has_partition) {
-        out = put_tag(out, 1, WIRE_VARINT);
-        out = put_varint(out, (uint64_t)partition_id);
-    }
-    out = put_tag(out, 2, WIRE_VARINT);
-    out = put_varint(out, bucket_wire);
+    out = put_bucket_fields(out, &fields);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *key = PyTuple_GET_ITEM(keys, i);
         size_t key_size = (size_t)PyBytes_GET_SIZE(key);
@@ -145,9 +173,8 @@ lookup_bucket_entry(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iOO", &bucket_id, &partition_arg, &values_arg)) {
         return NULL;
     }
-    int has_partition;
-    int64_t partition_id = 0;
-    if (optional_int64(partition_arg, &has_partition, &partition_id) < 0) {
+    BucketFields fields;
+    if (bucket_fields(partition_arg, bucket_id, &fields) < 0) {
         return NULL;
     }
     PyObject *values = PySequence_Tuple(values_arg);
@@ -155,11 +182,7 @@ lookup_bucket_entry(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_ssize_t count = PyTuple_GET_SIZE(values);
-    uint64_t bucket_wire = (uint64_t)(int64_t)bucket_id;
-    size_t entry_size = 1 + varint_size(bucket_wire);
-    if (has_partition) {
-        entry_size += 1 + varint_size((uint64_t)partition_id);
-    }
+    size_t entry_size = bucket_fields_size(&fields);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *value = PyTuple_GET_ITEM(values, i);
         if (value == Py_None) {
@@ -185,12 +208,7 @@ lookup_bucket_entry(PyObject *self, PyObject *args)
     char *out = PyBytes_AS_STRING(result);
     out = put_tag(out, 1, WIRE_LEN);
     out = put_varint(out, entry_size);
-    if (has_partition) {
-        out = put_tag(out, 1, WIRE_VARINT);
-        out = put_varint(out, (uint64_t)partition_id);
-    }
-    out = put_tag(out, 2, WIRE_VARINT);
-    out = put_varint(out, bucket_wire);
+    out = put_bucket_fields(out, &fields);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *value = PyTuple_GET_ITEM(values, i);
         out = put_tag(out, 5, WIRE_LEN);
