@@ -133,10 +133,12 @@ class Lookuper(_KeyedReader):
         if simple is None:
             return (await self.lookup_many([key]))[0]
         key_bytes, bucket_id, partition_name = simple
-        try:
-            partition_id = await self._partition_id(partition_name)
-        except PartitionNotExistError:
-            return None
+        partition_id = None
+        if partition_name is not None:
+            try:
+                partition_id = await self._partition_id(partition_name)
+            except PartitionNotExistError:
+                return None
         bucket = TableBucket(self._table.layout.info.table_id, bucket_id, partition_id)
         value = (await self._lookup_bucket(bucket, [key_bytes]))[0]
         return None if value is None else self._decode_one(value)

@@ -113,7 +113,9 @@ class ClusterRpc:
         if self._closed:
             raise NetworkError("the connection is closed")
         for attempt in range(2):
-            connection = await self._server(address)
+            connection = self._connections.get(address)
+            if connection is None or connection.is_closed:
+                connection = await self._server(address)
             try:
                 return await connection.request(key, message, timeout_ms=self.request_timeout_ms)
             except NetworkError:
@@ -175,7 +177,7 @@ class ClusterRpc:
         ``bucket_error`` extracts, and the address that answered."""
 
         async def read() -> tuple[Any, str]:
-            address = await self.metadata.leader_address(bucket)
+            address = self.metadata.cached_leader_address(bucket) or await self.metadata.leader_address(bucket)
             response = await self.request(address, key, message)
             error = bucket_error(response)
             if error is not None:

@@ -82,6 +82,11 @@ class _ResponseProtocol(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
+    @property
+    def paused(self) -> bool:
+        """The transport's write buffer is over its high-water mark: writers wait in :meth:`drain`."""
+        return self._paused
+
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark (back pressure)."""
         if self._paused and self._connection._closed_error is None:
@@ -195,7 +200,8 @@ class RpcConnection:
         if self._sweeper is None:
             self._sweeper = loop.call_later(SWEEP_INTERVAL_S, self._sweep)
         try:
-            await self._protocol.drain()
+            if self._protocol.paused:
+                await self._protocol.drain()
             response_type, response_body = await future
         except TimeoutError as exc:
             raise RequestTimeoutError(f"{key.name} to {self.address} timed out after {timeout_ms} ms") from exc
