@@ -462,7 +462,6 @@ def bucket_ids(keys: Sequence[bytes], bucket_count: int) -> list[int]:
 _PLAIN_KINDS = frozenset(range(_BOOLEAN, _BYTES + 1))
 
 
-
 def _plain_specs(field_types: Sequence[DataType]) -> tuple[tuple[int, int, bool], ...] | None:
     """C specs of fields whose Python values the C code reads and writes (not CHAR: Python pads it)."""
     if native is None:

@@ -254,9 +254,10 @@ class RpcServer:
     def route(self, frame: bytes, connection: _Connection) -> tuple[_Route, Message, RequestContext] | bytes:
         """Parse and validate one request frame: its route, request and context, or an error frame."""
         self.stats.requests += 1
-        api_key, api_version, request_id = framing.REQUEST_HEADER.unpack_from(frame, 0)
+        header = framing.decode_request_header(frame)
+        api_key, api_version, request_id = header
         if api_key == ApiKey.AUTHENTICATE or (connection.principal is None and api_key != ApiKey.API_VERSIONS):
-            return self._authenticate(framing.RequestHeader(api_key, api_version, request_id), frame, connection)
+            return self._authenticate(header, frame, connection)
         route = self._routes.get(api_key)
         if route is None:
             try:
