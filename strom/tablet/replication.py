@@ -14,7 +14,10 @@ for ``log.replica.max-lag-time`` leaves the ISR; one that reaches the high water
 registration vanished out of every ISR (:mod:`strom.coordinator.leader_election`). ISR changes
 are written to ZooKeeper by compare-and-set under the leader epoch (:mod:`strom.zk.bucket_state`)
 *before* the leader acts on them: a leader replaced while it was paused fails that write, cannot shrink the
-ISR to itself, so it cannot acknowledge anything alone; it reads the new state and follows.
+ISR to itself, so it cannot acknowledge anything alone; it reads the new state and follows. While a write
+that adds followers is in flight, the high watermark waits for them too: ZooKeeper may name them already,
+and the coordinator elects from what it names (Kafka's "maximal ISR"). A fetch offset past the leader's log
+end is refused, never counted (the follower truncates and fetches again).
 
 On becoming a follower a replica truncates its log to its high watermark: batches above it may never have
 been committed (a former leader's writes no follower took). Limits: without leader epochs in the batches
@@ -39,6 +42,7 @@ from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.rpc.peers import PeerConnections, ServerNode
 from strom.tablet.replica import Replica, ReplicaManager
+from strom.tablet.tablet_service import OFFSET_EARLIEST, OFFSET_LATEST
 from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 from strom.zk.registry import TabletServerRegistry
 
@@ -68,6 +72,9 @@ class _Leading:
     followers: dict[int, _Follower]
     changing: bool = False
     """An ISR write to ZooKeeper is in flight."""
+    joining: tuple[int, ...] = ()
+    """Followers that the ISR write in flight adds: ZooKeeper may hold them in the ISR already (the
+    coordinator could elect one), so the high watermark waits for them too until the write is settled."""
 
 
 @dataclass
@@ -280,23 +287,26 @@ class ReplicationManager:
                          bucket, following.leader, diverged.base_offset)
                 await log_tablet.truncate_to(diverged.base_offset)
             except LogOffsetOutOfRangeError:
-                leader_start = await self._leader_log_start(node, bucket)
+                leader_start = await self._leader_offset(node, bucket, OFFSET_EARLIEST)
                 if leader_start is not None and log_tablet.log_end_offset < leader_start:
                     # the leader copied what this log lacks to remote storage and deleted it: start over there
                     await log_tablet.reset_to(leader_start)
-                else:
-                    # this log runs past the leader's (batches a former leader wrote and nobody took)
-                    await log_tablet.truncate_to(min(log_tablet.high_watermark, following.leader_high_watermark or 0))
+                    continue
+                # this log runs past the leader's (batches a former leader wrote and nobody took): keep what
+                # the leader has committed, all of it when this leadership has not said yet how far that is
+                committed = following.leader_high_watermark or await self._leader_offset(node, bucket, OFFSET_LATEST)
+                await log_tablet.truncate_to(min(log_tablet.high_watermark, committed or 0))
             except Exception as exc:
                 following.errors += 1
                 if following.errors in (1, 50):
                     log.info("%s: fetching from server %d failed: %s", bucket, following.leader, exc)
                 await asyncio.sleep(RETRY_S)
 
-    async def _leader_log_start(self, node: ServerNode, bucket: TableBucket) -> int | None:
-        """The leader's local log start (ListOffsets EARLIEST as a follower); None when it cannot be asked."""
-        request = pb.ListOffsetsRequest(follower_server_id=self._me, offset_type=0, table_id=bucket.table_id,
-                                        bucket_id=[bucket.bucket])
+    async def _leader_offset(self, node: ServerNode, bucket: TableBucket, offset_type: int) -> int | None:
+        """The leader's local log start (EARLIEST) or high watermark (LATEST), asked as a follower; None
+        when it cannot be asked."""
+        request = pb.ListOffsetsRequest(follower_server_id=self._me, offset_type=offset_type,
+                                        table_id=bucket.table_id, bucket_id=[bucket.bucket])
         if bucket.partition_id is not None:
             request.partition_id = bucket.partition_id
         try:
@@ -317,6 +327,13 @@ class ReplicationManager:
         if progress is None:
             raise NotLeaderOrFollowerError(f"server {follower} is not a replica of {bucket}")
         log_tablet = lead.replica.log
+        if fetch_offset > log_tablet.log_end_offset:
+            # it holds batches this log never had (a former leader's): counted, they would let the high
+            # watermark pass writes it lacks; it truncates and fetches again
+            raise LogOffsetOutOfRangeError(
+                f"fetch offset {fetch_offset} of server {follower} is past the end {log_tablet.log_end_offset} "
+                f"of {bucket}'s log at its leader"
+            )
         progress.fetch_offset = fetch_offset
         progress.fetched_ms = _now_ms()
         if fetch_offset >= log_tablet.durable_end:
@@ -330,11 +347,16 @@ class ReplicationManager:
         return False
 
     def _update_limit(self, lead: _Leading) -> None:
-        offsets = [lead.followers[r].fetch_offset for r in lead.state.isr if r != self._me and r in lead.followers]
+        """The high watermark may reach what every member of the ISR holds: the ISR as the leader acts on
+        it, and while a write adds followers, those too (the largest ISR ZooKeeper may hold)."""
+        offsets = [lead.followers[r].fetch_offset for r in (*lead.state.isr, *lead.joining)
+                   if r != self._me and r in lead.followers]
         lead.replica.log.set_replication_limit(min(offsets) if offsets else None)
 
     def _change_isr(self, bucket: TableBucket, lead: _Leading, isr: tuple[int, ...]) -> None:
         lead.changing = True
+        lead.joining = tuple(r for r in isr if r not in lead.state.isr)
+        self._update_limit(lead)
         task = asyncio.create_task(self._write_isr(bucket, lead, tuple(sorted(set(isr)))))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
@@ -343,11 +365,13 @@ class ReplicationManager:
         try:
             new = lead.state.with_isr(isr)
             written = await asyncio.to_thread(self._states.compare_and_set, bucket, new, lead.version)
+            lead.joining = ()  # settled either way (after a failed call, ZooKeeper may hold them: they stay)
             if written:
                 lead.state, lead.version = new, lead.version + 1
                 self._update_limit(lead)
                 log.info("%s: ISR is now %s", bucket, list(isr))
                 return
+            self._update_limit(lead)
             # someone else changed the bucket: the coordinator moved its leadership; take the new state
             table = self._table_of(bucket.table_id)
             if table is not None:

@@ -1,0 +1,129 @@
+"""The leader's side of replication (ReplicationManager): the high watermark passes only what every replica
+ZooKeeper may name in the ISR holds, and a follower's fetch offset counts only inside the leader's log.
+
+The bucket states are kept in memory here, with a gate on the ISR write, so the test can hold that write in
+flight (the state ZooKeeper would hold is then already the new one, as after a slow write): the cluster
+tests run the same code against a real ZooKeeper, but cannot stop a write half way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from strom.config import Configuration
+from strom.errors import LogOffsetOutOfRangeError
+from strom.ids import TableBucket, TablePath
+from strom.metadata.table_info import TableInfo
+from strom.records.schema import Schema, TableDescriptor
+from strom.records.types import BigIntType
+from strom.tablet.replica import Replica, ReplicaManager
+from strom.tablet.replication import ReplicationManager
+from strom.zk.bucket_state import LeaderAndIsr
+from tests.log.test_log_tablet import append, batch_bytes
+
+pytestmark = pytest.mark.asyncio
+
+ME, SECOND, THIRD = 1, 2, 3
+TABLE = TableInfo(
+    9, TablePath("db", "events"), 1,
+    TableDescriptor(Schema.of([("id", BigIntType())]), bucket_count=1).to_json(), 0, 0,
+)
+BUCKET = TableBucket(TABLE.table_id, 0)
+
+
+class GatedStates:
+    """A bucket's state with its version, as BucketStates keeps them; an ISR write may be held open."""
+
+    def __init__(self, state: LeaderAndIsr) -> None:
+        self.state, self.version = state, 0
+        self.gate = threading.Event()
+        self.gate.set()
+        self.writing = threading.Event()
+
+    def get(self, _bucket: TableBucket) -> tuple[LeaderAndIsr, int]:
+        return self.state, self.version
+
+    def compare_and_set(self, _bucket: TableBucket, state: LeaderAndIsr, version: int) -> bool:
+        if version != self.version:
+            return False
+        self.state, self.version = state, version + 1  # stored: an election would read it from here on
+        self.writing.set()
+        assert self.gate.wait(10), "the test never released the ISR write"
+        return True
+
+
+@dataclass
+class Leader:
+    manager: ReplicationManager
+    states: GatedStates
+    replica: Replica
+
+
+@pytest_asyncio.fixture
+async def leader(tmp_path: Path) -> AsyncIterator[Leader]:
+    replicas = ReplicaManager(tmp_path, Configuration())
+    states = GatedStates(LeaderAndIsr(ME, 1, (ME, SECOND, THIRD), (ME, SECOND)))
+    manager = ReplicationManager(
+        ME, replicas, states, registry=None, peers=None, table_of=lambda _table_id: TABLE,  # type: ignore[arg-type]
+        lag_max_ms=60_000, silence_max_ms=60_000,
+    )
+    await manager.apply(TABLE, BUCKET)
+    replica = replicas.replica(BUCKET)
+    try:
+        yield Leader(manager, states, replica)
+    finally:
+        states.gate.set()
+        await asyncio.gather(*manager._writes, return_exceptions=True)
+        await replicas.stop_bucket(BUCKET)
+
+
+async def append_durable(replica: Replica, ids: list[int]) -> int:
+    result = append(replica.log, batch_bytes(ids))
+    await replica.log.flushed(result.next_offset)
+    return result.next_offset
+
+
+async def test_a_follower_joining_the_isr_holds_the_high_watermark_while_its_write_is_in_flight(leader: Leader) -> None:
+    first = await append_durable(leader.replica, [1, 2])
+    leader.manager.on_follower_fetch(BUCKET, SECOND, first)
+    leader.manager.on_follower_fetch(BUCKET, THIRD, first)  # caught up: it joins the ISR
+    assert leader.replica.log.high_watermark == first
+    leader.states.gate.clear()
+    await asyncio.sleep(0.05)  # the write that adds it starts and is held open
+    assert leader.states.writing.is_set() and THIRD in leader.states.state.isr, "ZooKeeper names it already"
+
+    second = await append_durable(leader.replica, [3])
+    leader.manager.on_follower_fetch(BUCKET, SECOND, second)
+    assert leader.replica.log.high_watermark == first, "not acknowledged: the joining follower lacks it"
+
+    leader.states.gate.set()
+    await asyncio.gather(*leader.manager._writes)
+    assert leader.replica.log.high_watermark == first
+    leader.manager.on_follower_fetch(BUCKET, THIRD, second)
+    assert leader.replica.log.high_watermark == second
+
+
+async def test_a_follower_that_joins_nothing_does_not_hold_the_high_watermark(leader: Leader) -> None:
+    first = await append_durable(leader.replica, [1, 2])
+    leader.manager.on_follower_fetch(BUCKET, SECOND, first)
+    leader.manager.on_follower_fetch(BUCKET, THIRD, 0)  # behind the high watermark: it stays outside
+    second = await append_durable(leader.replica, [3])
+    leader.manager.on_follower_fetch(BUCKET, SECOND, second)
+    assert not leader.manager._writes and leader.replica.log.high_watermark == second
+
+
+async def test_a_fetch_offset_past_the_leaders_log_is_refused_and_not_counted(leader: Leader) -> None:
+    first = await append_durable(leader.replica, [1, 2])
+    with pytest.raises(LogOffsetOutOfRangeError, match="past the end"):
+        leader.manager.on_follower_fetch(BUCKET, SECOND, first + 5)  # batches a former leader wrote
+    second = await append_durable(leader.replica, [3, 4, 5])
+    assert leader.replica.log.high_watermark == 0, "the second replica has not fetched anything here"
+    leader.manager.on_follower_fetch(BUCKET, SECOND, first)
+    assert leader.replica.log.high_watermark == first < second
