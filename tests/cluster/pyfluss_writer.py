@@ -1,8 +1,8 @@
 """pyfluss upserting in a process of its own, so that a writer waiting on an unreachable leader holds up
 nothing else in a test. Each key is upserted and flushed alone and printed once pyfluss reports it
-acknowledged; a failed flush is retried (an upsert repeated with the same value changes nothing). At the end
-the last key is looked up through pyfluss and printed as ``read <value>``; failed attempts are printed
-as ``attempt ...`` lines. (What the process printed is its result: pyfluss 1.0.0 may end the interpreter
+acknowledged: the flush ended and the record's own result handle says it was written. A failed attempt is
+retried (an upsert repeated with the same value changes nothing) and printed as an ``attempt ...`` line.
+At the end the last key is looked up through pyfluss and printed as ``read <value>``. (What the process printed is its result: pyfluss 1.0.0 may end the interpreter
 with status 255 after a leader died under it, after everything here has run.)
 
 Usage: python pyfluss_writer.py BOOTSTRAP DATABASE TABLE FIRST COUNT TAG
@@ -24,9 +24,10 @@ async def write(bootstrap: str, database: str, table_name: str, first: int, coun
         for key in range(first, first + count):
             for attempt in range(100):
                 try:
-                    writer.upsert({"id": key, "v": tag})
+                    acknowledged = writer.upsert({"id": key, "v": tag})
                     await writer.flush()
-                    break
+                    await acknowledged.wait()  # this record's own answer: a flush alone does not report a
+                    break  # batch that failed before the flush began
                 except fluss.FlussError as error:
                     print(f"attempt {attempt} for {key}: {error}", flush=True)
                     await asyncio.sleep(0.2)
