@@ -23,7 +23,7 @@ run: install
 	$(BIN)/strom server --bind 127.0.0.1:9123 --data-dir strom-data
 
 test: install
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25
 
 lint: install
 	$(BIN)/ruff check strom tests bench
