@@ -147,8 +147,28 @@ def test_acknowledged_writes_survive_repeated_leader_kills(three: LocalCluster) 
         stored, logged = asyncio.run(_read_back(three, kv, log_table))
     finally:
         states.close()
-    assert stored == acknowledged, "every acknowledged upsert is there, with its last value"
+    differing = {key: (value, stored.get(key)) for key, value in acknowledged.items() if stored.get(key) != value}
+    assert not differing, (f"acknowledged upserts missing or stale (key: acknowledged, stored): {differing}\n"
+                           + replication_events(three))
+    assert set(stored) == set(acknowledged), "nothing stored that was never written"
     assert sorted(logged) == sorted(appended) and len(set(logged)) == len(logged), "each append exactly once"
+
+
+REPLICATION_EVENTS = ("leading at", "following server", "ISR is now", "truncated", "diverges", "starts over",
+                      "holding", "replayed")
+
+
+def replication_events(local: LocalCluster, most: int = 120) -> str:
+    """The tablet servers' leadership, ISR and truncation log lines, in time order: what a failure of an
+    acknowledged write needs explained."""
+    lines = []
+    for member in local.state.members:
+        if member.role == "tablet-server" and member.log:
+            text = Path(member.log).read_text(errors="replace")
+            lines += [f"[{member.server_id}] {line}" for line in text.splitlines()
+                      if any(event in line for event in REPLICATION_EVENTS)]
+    lines.sort(key=lambda line: line.split("] ", 1)[1][:23])
+    return "\n".join(lines[-most:])
 
 
 async def _write_round(local: LocalCluster, kv: TablePath, log_table: TablePath, round_: int, leader: int,
