@@ -9,7 +9,7 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +140,17 @@ def test_acknowledged_writes_survive_repeated_leader_kills(three: LocalCluster) 
     try:
         states.wait_full_isr(TableBucket(kv_table_id, 0))
         for round_ in range(KILLS):
-            leader = states.get(TableBucket(kv_table_id, 0)).leader
-            asyncio.run(_write_round(three, kv, log_table, round_, leader, acknowledged, appended))
-            three.start_member("tablet-server", leader)  # back with its data, as a follower
-            states.wait_full_isr(TableBucket(kv_table_id, 0))
+            bucket = TableBucket(kv_table_id, 0)
+            leader = states.get(bucket).leader
+
+            def rejoin(killed: int = leader, bucket: TableBucket = bucket) -> None:
+                """Once another replica leads, the killed one comes back with its data as a follower while the
+                writes go on: it truncates, catches up and rejoins the ISR under load."""
+                states.wait_leader_change(bucket, killed)
+                three.start_member("tablet-server", killed)
+
+            asyncio.run(_write_round(three, kv, log_table, round_, leader, acknowledged, appended, rejoin))
+            states.wait_full_isr(bucket)
         stored, logged = asyncio.run(_read_back(three, kv, log_table))
     finally:
         states.close()
@@ -172,9 +179,9 @@ def replication_events(local: LocalCluster, most: int = 120) -> str:
 
 
 async def _write_round(local: LocalCluster, kv: TablePath, log_table: TablePath, round_: int, leader: int,
-                       acknowledged: dict[int, str], appended: list[int]) -> None:
-    """Upserts and appends by strom's client and upserts by pyfluss while the bucket's leader is SIGKILLed;
-    then each client reads back its last acknowledged write."""
+                       acknowledged: dict[int, str], appended: list[int], rejoin: Callable[[], None]) -> None:
+    """Upserts and appends by strom's client and upserts by pyfluss while the bucket's leader is SIGKILLed
+    and then restarted (``rejoin``, in a thread); then each client reads back its last acknowledged write."""
     first = round_ * 1000
     async with await Connection.create(local.bootstrap) as connection:
         table = await connection.get_table(kv)
@@ -227,6 +234,7 @@ async def _write_round(local: LocalCluster, kv: TablePath, log_table: TablePath,
         async def kill() -> None:
             await asyncio.sleep(0.3)
             local.signal_member(local.member("tablet-server", leader), signal.SIGKILL)
+            await asyncio.to_thread(rejoin)
 
         await asyncio.wait_for(asyncio.gather(strom_writes(), official_writes(), kill()), ROUND_S)
 
