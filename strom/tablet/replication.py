@@ -355,7 +355,8 @@ class ReplicationManager:
 
     def _change_isr(self, bucket: TableBucket, lead: _Leading, isr: tuple[int, ...]) -> None:
         lead.changing = True
-        lead.joining = tuple(r for r in isr if r not in lead.state.isr)
+        # followers this write adds, and any whose earlier write never answered, count until it is settled
+        lead.joining = tuple({*lead.joining, *(r for r in isr if r not in lead.state.isr)})
         self._update_limit(lead)
         task = asyncio.create_task(self._write_isr(bucket, lead, tuple(sorted(set(isr)))))
         self._writes.add(task)
@@ -365,18 +366,19 @@ class ReplicationManager:
         try:
             new = lead.state.with_isr(isr)
             written = await asyncio.to_thread(self._states.compare_and_set, bucket, new, lead.version)
-            lead.joining = ()  # settled either way (after a failed call, ZooKeeper may hold them: they stay)
             if written:
-                lead.state, lead.version = new, lead.version + 1
+                lead.state, lead.version, lead.joining = new, lead.version + 1, ()
                 self._update_limit(lead)
                 log.info("%s: ISR is now %s", bucket, list(isr))
                 return
-            self._update_limit(lead)
-            # someone else changed the bucket: the coordinator moved its leadership; take the new state
+            # someone else changed the bucket (the coordinator moved its leadership, or an earlier write of
+            # ours whose answer was lost landed): take the state ZooKeeper holds, then nothing is unknown
             table = self._table_of(bucket.table_id)
             if table is not None:
                 await self.apply(table, bucket)
-        except Exception as exc:
+            lead.joining = ()
+            self._update_limit(lead)
+        except Exception as exc:  # the write may or may not have landed: whoever it added still counts
             log.warning("%s: changing the ISR failed: %s", bucket, exc)
         finally:
             lead.changing = False
@@ -390,7 +392,9 @@ class ReplicationManager:
             for bucket, lead in list(self._leading.items()):
                 if lead.changing:
                     continue
-                lagging = [r for r in lead.state.isr if r != self._me and r in lead.followers
+                # a follower still counted as joining (its ISR write failed without an answer) is dropped
+                # like an ISR member, or a dead one would hold the high watermark for good
+                lagging = [r for r in (*lead.state.isr, *lead.joining) if r != self._me and r in lead.followers
                            and (now - lead.followers[r].caught_up_ms > self._lag_max_ms
                                 or now - lead.followers[r].fetched_ms > self._silence_max_ms)]
                 if lagging:

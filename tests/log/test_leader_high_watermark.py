@@ -9,6 +9,7 @@ tests run the same code against a real ZooKeeper, but cannot stop a write half w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -56,7 +57,11 @@ class GatedStates:
         self.state, self.version = state, version + 1  # stored: an election would read it from here on
         self.writing.set()
         assert self.gate.wait(10), "the test never released the ISR write"
+        if self.answer_lost:
+            raise ConnectionError("the connection to ZooKeeper was lost before the answer came")
         return True
+
+    answer_lost = False
 
 
 @dataclass
@@ -66,13 +71,14 @@ class Leader:
     replica: Replica
 
 
-@pytest_asyncio.fixture
-async def leader(tmp_path: Path) -> AsyncIterator[Leader]:
+@contextlib.asynccontextmanager
+async def leading(tmp_path: Path, silence_max_ms: int = 60_000) -> AsyncIterator[Leader]:
+    """This server (ME) leading BUCKET with SECOND in the ISR and THIRD outside it."""
     replicas = ReplicaManager(tmp_path, Configuration())
     states = GatedStates(LeaderAndIsr(ME, 1, (ME, SECOND, THIRD), (ME, SECOND)))
     manager = ReplicationManager(
         ME, replicas, states, registry=None, peers=None, table_of=lambda _table_id: TABLE,  # type: ignore[arg-type]
-        lag_max_ms=60_000, silence_max_ms=60_000,
+        lag_max_ms=60_000, silence_max_ms=silence_max_ms,
     )
     await manager.apply(TABLE, BUCKET)
     replica = replicas.replica(BUCKET)
@@ -80,8 +86,15 @@ async def leader(tmp_path: Path) -> AsyncIterator[Leader]:
         yield Leader(manager, states, replica)
     finally:
         states.gate.set()
+        await manager.stop()
         await asyncio.gather(*manager._writes, return_exceptions=True)
         await replicas.stop_bucket(BUCKET)
+
+
+@pytest_asyncio.fixture
+async def leader(tmp_path: Path) -> AsyncIterator[Leader]:
+    async with leading(tmp_path) as started:
+        yield started
 
 
 async def append_durable(replica: Replica, ids: list[int]) -> int:
@@ -127,3 +140,27 @@ async def test_a_fetch_offset_past_the_leaders_log_is_refused_and_not_counted(le
     assert leader.replica.log.high_watermark == 0, "the second replica has not fetched anything here"
     leader.manager.on_follower_fetch(BUCKET, SECOND, first)
     assert leader.replica.log.high_watermark == first < second
+
+
+async def test_a_joining_follower_whose_isr_write_went_unanswered_counts_until_it_falls_silent(tmp_path: Path) -> None:
+    async with leading(tmp_path, silence_max_ms=300) as leader:
+        leader.manager.start()
+        first = await append_durable(leader.replica, [1, 2])
+        leader.manager.on_follower_fetch(BUCKET, SECOND, first)
+        leader.states.answer_lost = True
+        leader.manager.on_follower_fetch(BUCKET, THIRD, first)  # joins; ZooKeeper stores it, the answer is lost
+        await asyncio.gather(*leader.manager._writes)
+        assert THIRD in leader.states.state.isr
+
+        second = await append_durable(leader.replica, [3])
+        leader.manager.on_follower_fetch(BUCKET, SECOND, second)
+        assert leader.replica.log.high_watermark == first, "it may be in the ISR: its write is not acknowledged"
+
+        leader.states.answer_lost = False
+        for _ in range(50):  # the second replica keeps fetching; the third has gone silent
+            await asyncio.sleep(0.1)
+            leader.manager.on_follower_fetch(BUCKET, SECOND, second)
+            if leader.replica.log.high_watermark == second:
+                assert THIRD not in leader.states.state.isr, "acknowledged only once ZooKeeper no longer names it"
+                break
+        assert leader.replica.log.high_watermark == second, "the silent follower stops holding writes back"
