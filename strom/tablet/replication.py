@@ -16,8 +16,9 @@ are written to ZooKeeper by compare-and-set under the leader epoch (:mod:`strom.
 *before* the leader acts on them: a leader replaced while it was paused fails that write, cannot shrink the
 ISR to itself, so it cannot acknowledge anything alone; it reads the new state and follows. While a write
 that adds followers is in flight, the high watermark waits for them too: ZooKeeper may name them already,
-and the coordinator elects from what it names (Kafka's "maximal ISR"). A fetch offset past the leader's log
-end is refused, never counted (the follower truncates and fetches again).
+and the coordinator elects from what it names (Kafka's "maximal ISR"); after an unanswered write, until a
+later one settles it or the follower falls silent. A fetch offset past the leader's log end is refused,
+never counted (the follower truncates and fetches again).
 
 On becoming a follower a replica truncates its log to its high watermark: batches above it may never have
 been committed (a former leader's writes no follower took). Limits: without leader epochs in the batches
