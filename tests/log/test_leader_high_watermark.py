@@ -2,8 +2,8 @@
 ZooKeeper may name in the ISR holds, and a follower's fetch offset counts only inside the leader's log.
 
 The bucket states are kept in memory here, with a gate on the ISR write, so the test can hold that write in
-flight (the state ZooKeeper would hold is then already the new one, as after a slow write): the cluster
-tests run the same code against a real ZooKeeper, but cannot stop a write half way.
+flight (the state ZooKeeper would hold is then already the new one, as after a slow write) or lose its
+answer: the cluster tests run the same code against a real ZooKeeper, but cannot stop a write half way.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ class GatedStates:
         self.gate = threading.Event()
         self.gate.set()
         self.writing = threading.Event()
+        self.answer_lost = False
+        """The next writes land but their caller gets an error (a connection lost before the answer)."""
 
     def get(self, _bucket: TableBucket) -> tuple[LeaderAndIsr, int]:
         return self.state, self.version
@@ -60,8 +62,6 @@ class GatedStates:
         if self.answer_lost:
             raise ConnectionError("the connection to ZooKeeper was lost before the answer came")
         return True
-
-    answer_lost = False
 
 
 @dataclass
