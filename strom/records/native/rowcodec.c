@@ -1711,11 +1711,17 @@ fail:
 /* 8. One row or key of plain kinds as Python values (a single lookup's client side).          */
 /* ========================================================================================== */
 
-/* Kinds whose Python values are plain objects (bool, int, float, str, bytes), read and written here. */
+/* A field spec of a kind whose Python values are plain objects (bool, int, float, str, bytes), read and
+ * written here; -1 with ValueError for any other. */
 static int
-is_plain_kind(int kind)
+parse_plain_spec(PyObject *item, FieldSpec *spec)
 {
-    return kind >= KIND_BOOLEAN && kind <= KIND_BYTES;
+    if (parse_spec(item, spec) < 0) return -1;
+    if (spec->kind < KIND_BOOLEAN || spec->kind > KIND_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "not a plain kind");
+        return -1;
+    }
+    return 0;
 }
 
 /* One non-null value of a plain kind at *pos as a new Python object, as compacted.py reads it. */
@@ -1801,11 +1807,7 @@ decode_plain_row(PyObject *module, PyObject *args)
     if ((values = PyTuple_New(field_count)) == NULL) goto done;
     for (Py_ssize_t f = 0; f < field_count; f++) {
         FieldSpec spec;
-        if (parse_spec(PyTuple_GET_ITEM(specs_obj, f), &spec) < 0) goto fail;
-        if (!is_plain_kind(spec.kind)) {
-            PyErr_SetString(PyExc_ValueError, "not a plain kind");
-            goto fail;
-        }
+        if (parse_plain_spec(PyTuple_GET_ITEM(specs_obj, f), &spec) < 0) goto fail;
         PyObject *value;
         if (spec.nullable && (p[f >> 3] >> (f & 7)) & 1) {
             value = Py_NewRef(Py_None);
@@ -1825,7 +1827,7 @@ done:
 /* Appends one key value of a plain kind to buf as compacted.py writes it; -1 with ValueError for a
  * value Python must handle (another type, out of range, unencodable text). */
 static int
-write_plain_value(Scratch *buf, int kind, PyObject *value)
+write_plain_value(Scratch *buf, int kind, PyObject *value, Py_ssize_t field)
 {
     uint8_t fixed[8];
     switch (kind) {
@@ -1893,10 +1895,7 @@ write_plain_value(Scratch *buf, int kind, PyObject *value)
             bytes = PyBytes_AS_STRING(value);
             size = PyBytes_GET_SIZE(value);
         }
-        if (size > INT32_MAX) break;
-        uint8_t varint[VARINT32_SIZE_MAX];
-        if (scratch_append(buf, varint, write_uvarint(varint, (uint32_t)size)) < 0) return -1;
-        return scratch_append(buf, (const uint8_t *)bytes, size);
+        return put_sized(buf, (const uint8_t *)bytes, size, 0, field); /* ValueError past 2 GiB */
     }
     }
     PyErr_SetString(PyExc_ValueError, "a key value Python must encode");
@@ -1920,12 +1919,8 @@ encode_plain_key(PyObject *module, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         FieldSpec spec;
-        if (parse_spec(PyTuple_GET_ITEM(specs_obj, i), &spec) < 0) goto done;
-        if (!is_plain_kind(spec.kind)) {
-            PyErr_SetString(PyExc_ValueError, "not a plain kind");
-            goto done;
-        }
-        if (write_plain_value(&buf, spec.kind, PyTuple_GET_ITEM(values, i)) < 0) goto done;
+        if (parse_plain_spec(PyTuple_GET_ITEM(specs_obj, i), &spec) < 0) goto done;
+        if (write_plain_value(&buf, spec.kind, PyTuple_GET_ITEM(values, i), i) < 0) goto done;
     }
     result = PyBytes_FromStringAndSize((const char *)buf.data, buf.len);
 done:
