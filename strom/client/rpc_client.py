@@ -84,9 +84,14 @@ class ClusterRpc:
         """Whether server connections log in (SASL)."""
         return self._credentials is not None
 
-    async def _server(self, address: str) -> RpcConnection:
+    def _open_connection(self, address: str) -> RpcConnection | None:
+        """The connection to ``address`` if it is open: found without a coroutine (every request asks)."""
         existing = self._connections.get(address)
-        if existing is not None and not existing.is_closed:
+        return existing if existing is not None and not existing.is_closed else None
+
+    async def _server(self, address: str) -> RpcConnection:
+        existing = self._open_connection(address)
+        if existing is not None:
             return existing
         pending = self._connecting.get(address)
         if pending is not None:
@@ -113,9 +118,7 @@ class ClusterRpc:
         if self._closed:
             raise NetworkError("the connection is closed")
         for attempt in range(2):
-            connection = self._connections.get(address)
-            if connection is None or connection.is_closed:
-                connection = await self._server(address)
+            connection = self._open_connection(address) or await self._server(address)
             try:
                 return await connection.request(key, message, timeout_ms=self.request_timeout_ms)
             except NetworkError:
