@@ -270,6 +270,42 @@ class LogTablet:
             self._last_commit_timestamp = max(self._last_commit_timestamp, header.commit_timestamp)
         return AppendResult(batches[0][1].base_offset, self.log_end_offset)
 
+    async def append_from_leader(self, data: bytes, now_ms: int) -> int:
+        """Take batches a follower fetched from its leader, which may overlap the end of this log; returns the
+        offset up to which this log now holds the leader's batches byte for byte (the end of the last one).
+
+        A fetched batch this log already holds at the same offset, byte for byte, is kept as it is; at the
+        first one it holds differently (or not at a batch boundary) the log is truncated there and the
+        leader's batches are appended from that point. This is the only way a follower gives up batches:
+        at the first offset where its log and its leader's differ. An acknowledged batch is on every in-sync
+        replica, the leader included, byte for byte (followers store batches as they are), so it is never
+        where the two differ (docs/cluster.md, "No acknowledged write is lost").
+        """
+        batches = list(log_batch.iter_batches(data))
+        if not batches:
+            return self.log_end_offset
+        matched = 0
+        for position, header in batches:
+            if header.base_offset >= self.log_end_offset:
+                break
+            if self._batch_at(header.base_offset) != data[position : position + header.size_bytes]:
+                log.warning("%s: the leader's batch at offset %d differs from this log's; truncating there",
+                            self.directory, header.base_offset)
+                await self.truncate_to(header.base_offset)
+                break
+            matched += 1
+        if matched < len(batches):
+            position, header = batches[matched]
+            if header.base_offset != self.log_end_offset:
+                return self.log_end_offset  # truncated below it (inside a batch of ours): fetch again from here
+            self.append_replicated(data[position:], now_ms)
+        return batches[-1][1].next_offset
+
+    def _batch_at(self, base_offset: int) -> bytes | None:
+        for segment in self._segments_from(base_offset):
+            return segment.batch_at(base_offset)
+        return None
+
     def _write(self, data: bytes | bytearray, index_entries: list[tuple[int, int, int, int]]) -> None:
         """Write whole batches to the active segment (rolling it when full); the next fsync covers them."""
         try:
@@ -283,8 +319,9 @@ class LogTablet:
         self._appends_since_flush += 1
 
     async def truncate_to(self, offset: int) -> None:
-        """Drop what lies at or after ``offset`` (a follower giving up batches its new leader may not have);
-        the writer state is rebuilt from what remains."""
+        """Drop what lies at or after ``offset`` (a follower giving up batches its leader does not have: only
+        where docs/cluster.md, "No acknowledged write is lost", allows); the writer state is rebuilt from what
+        remains."""
         if offset >= self.log_end_offset:
             return
         self._check_usable()
@@ -305,26 +342,38 @@ class LogTablet:
         self._high_watermark = min(self._high_watermark, end)
         log.warning("%s: truncated to offset %d", self.directory, end)
 
-    async def reset_to(self, offset: int) -> None:
-        """Start over, empty, at ``offset``: a follower whose log ends below its leader's log start (the
-        leader copied those segments to remote storage and deleted them) cannot fetch what lies between."""
-        assert offset > self.log_end_offset, (offset, self.log_end_offset)
+    async def start_at(self, offset: int) -> None:
+        """Make the log start at ``offset``: a follower whose leader's log now starts there (what lay before
+        was copied to remote storage and deleted) cannot compare or fetch what lies below. Batches this log
+        holds from ``offset`` on are kept (rewritten; held in memory meanwhile, a rare path) when a batch of
+        its starts there, so nothing it may be the last in-sync holder of is given up; otherwise (its log
+        ends before, or its batches straddle ``offset`` and so differ from the leader's) it starts empty
+        (docs/cluster.md, "No acknowledged write is lost")."""
+        assert offset > self.log_start_offset, (offset, self.log_start_offset)
+        kept = b""
+        if offset < self.log_end_offset and self._batch_at(offset) is not None:
+            kept = self.read_range(offset, self.log_end_offset, 1 << 62, unacknowledged=True)
+        await self._start_over(offset)
+        if kept:
+            self.append_replicated(kept, self._last_commit_timestamp)
+            await self.flushed(self.log_end_offset)
+        log.warning("%s: the log starts at offset %d now (the leader no longer has what lies before); %d "
+                    "bytes kept", self.directory, offset, len(kept))
+
+    async def _start_over(self, offset: int) -> None:
         self._check_usable()
         while self.flush_in_flight:
             with contextlib.suppress(LogStorageError):
                 await self.flushed(self.log_end_offset)
         (self.directory / WRITER_SNAPSHOT_FILE).unlink(missing_ok=True)  # it covers a log no longer here
-        fresh = LogSegment.create(self.directory, offset)
         for segment in self._segments:
-            segment.delete()
-        self._segments = [fresh]
+            segment.delete()  # first: one of them may bear the new segment's name
+        self._segments = [LogSegment.create(self.directory, offset)]
         self._unflushed_segments = []
         self.writer_state = WriterStateManager(self._config.writer_expiration_ms)
         self._durable_end = offset
         self._high_watermark = offset
         self.checkpoint_high_watermark()
-        log.warning("%s: the log starts over at offset %d (the leader no longer has what lies before)",
-                    self.directory, offset)
 
     def acknowledge_up_to(self, offset: int) -> None:
         """Raise the high watermark to ``offset`` (at most the durable end), known committed otherwise (a
@@ -337,8 +386,9 @@ class LogTablet:
         self._recompute_high_watermark()
 
     def checkpoint_high_watermark(self) -> None:
-        """Record the high watermark, so a replica restarted after a crash knows which of its batches may not
-        be committed (it truncates above it when it follows). A stale record is merely lower: safe."""
+        """Record the high watermark, so a replica restarted after a crash knows which of its batches surely
+        are committed: as a follower it compares what lies above with its leader's before claiming it. A
+        stale record is merely lower: safe."""
         path = self.directory / HIGH_WATERMARK_FILE
         temporary = path.with_suffix(".tmp")
         temporary.write_text(str(self._high_watermark))

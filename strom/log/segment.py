@@ -100,6 +100,8 @@ class LogSegment:
             if problem is not None:
                 if not is_last:
                     raise LogStorageError(f"log segment {self.path} is corrupt at byte {position}: {problem}")
+                # never acknowledged: an append is acknowledged after its fsync (docs/cluster.md, "No
+                # acknowledged write is lost")
                 log.warning("truncating %s at byte %d (%d bytes): %s", self.path, position, file_size - position, problem)
                 os.ftruncate(self._fd, position)
                 os.fsync(self._fd)
@@ -173,6 +175,14 @@ class LogSegment:
             fitting = bisect_right(self._positions, start + max_bytes, lo=batch_index + 1, hi=stop_index)
             end = self._position(max(fitting - 1, batch_index + 1))
         return os.pread(self._fd, end - start, start)
+
+    def batch_at(self, base_offset: int) -> bytes | None:
+        """The bytes of the batch that starts at ``base_offset``; None when no batch starts there."""
+        index = bisect_left(self._offsets, base_offset)
+        if index >= len(self._offsets) or self._offsets[index] != base_offset:
+            return None
+        start = self._positions[index]
+        return os.pread(self._fd, self._position(index + 1) - start, start)
 
     def batch_ends(self) -> list[tuple[int, int]]:
         """Every batch's ``(last offset, position)``, in order (what a remote offset index is built from)."""

@@ -20,10 +20,12 @@ and the coordinator elects from what it names (Kafka's "maximal ISR"); after an 
 later one settles it or the follower falls silent. A fetch offset past the leader's log end is refused,
 never counted (the follower truncates and fetches again).
 
-On becoming a follower a replica truncates its log to its high watermark: batches above it may never have
-been committed (a former leader's writes no follower took). Limits: without leader epochs in the batches
-(Fluss's v1 format has them, strom writes v0), a second failure while a new follower is still re-fetching
-what it truncated can lose acknowledged writes (Kafka's KIP-101 case).
+Nothing is truncated on a change of role. A new leader keeps its whole log; a follower joins its ISR only
+once it holds what the leader's log held when the leadership began (a restarted leader's recorded high
+watermark may lag what it acknowledged). A new follower fetches from its recorded high watermark and
+compares what it holds above with the leader's batches, giving up its own only from the first that differs
+(:meth:`LogTablet.append_from_leader`) or past the leader's durable end. The rule, and why these keep it:
+docs/cluster.md, "No acknowledged write is lost".
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from dataclasses import dataclass, field
 
 from strom.errors import LogOffsetOutOfRangeError, NotLeaderOrFollowerError, StromError, error_for_code
 from strom.ids import TableBucket
-from strom.log.log_tablet import DivergedLogError
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -76,6 +77,9 @@ class _Leading:
     joining: tuple[int, ...] = ()
     """Followers that the ISR write in flight adds: ZooKeeper may hold them in the ISR already (the
     coordinator could elect one), so the high watermark waits for them too until the write is settled."""
+    epoch_start: int = 0
+    """This log's end when this leadership began: a follower joins the ISR only once it holds that much,
+    since a recorded high watermark may lag what was committed before (Kafka's leader epoch start offset)."""
 
 
 @dataclass
@@ -83,9 +87,17 @@ class _Following:
     replica: Replica
     leader: int
     leader_epoch: int
+    matched: int | None = None
+    """While set: only the log below it is known to equal the leader's (it is fetched from there and
+    compared); None once the whole log does."""
     task: asyncio.Task[None] | None = None
     leader_high_watermark: int = 0
     errors: int = field(default=0)
+
+    def fetch_offset(self) -> int:
+        """Where to fetch from: what this replica surely holds as the leader does (what it claims to hold)."""
+        end = self.replica.log.log_end_offset
+        return end if self.matched is None else min(self.matched, end)
 
 
 class ReplicationManager:
@@ -184,7 +196,8 @@ class ReplicationManager:
         now = _now_ms()
         start = replica.open_log().high_watermark  # what every in-sync replica surely has
         followers = {r: _Follower(start, now, now) for r in state.replicas if r != self._me}
-        self._leading[bucket] = lead = _Leading(replica, state, version, followers)
+        self._leading[bucket] = lead = _Leading(replica, state, version, followers,
+                                                epoch_start=replica.log.log_end_offset)
         self._update_limit(lead)  # alone in the ISR, everything durable here is acknowledged
         replica.log.checkpoint_high_watermark()  # from now on a restart finds a record, never "all committed"
         replica.open()  # the KV state catches up from the log, holding what the followers lack
@@ -204,10 +217,14 @@ class ReplicationManager:
         replica.close_kv()
         replica.open()
         replica.log.fail_unacknowledged(NotLeaderOrFollowerError(f"{bucket} is now led by server {state.leader}"))
-        await replica.log.truncate_to(replica.log.high_watermark)
+        # Nothing is truncated here: what lies above the recorded high watermark may have been acknowledged
+        # (the record lags, and this replica may be the last in-sync one: it may lead next). It is compared
+        # with the leader's log instead, and given up only where the two differ (LogTablet.append_from_leader).
         replica.log.set_replication_limit(replica.log.high_watermark)
         replica.log.checkpoint_high_watermark()
         following = self._following[bucket] = _Following(replica, state.leader, state.leader_epoch)
+        if replica.log.high_watermark < replica.log.log_end_offset:
+            following.matched = replica.log.high_watermark
         following.task = asyncio.create_task(self._fetch_loop(bucket, following))
         log.info("%s: following server %d at epoch %d", bucket, state.leader, state.leader_epoch)
 
@@ -255,16 +272,17 @@ class ReplicationManager:
         while True:
             node = self._registry.live().get(following.leader)
             if node is None:
-                await asyncio.sleep(RETRY_S)  # the leader is gone: the coordinator elects another
+                await asyncio.sleep(RETRY_S)  # the leader is gone (or there is none): the coordinator elects one
                 continue
             log_tablet = replica.log
+            fetch_offset = following.fetch_offset()
             request = pb.FetchLogRequest(
                 follower_server_id=self._me, max_bytes=self._fetch_bytes_max, max_wait_ms=self._fetch_wait_ms,
                 min_bytes=1,
             )
             table_request = request.tables_req.add(table_id=bucket.table_id, projection_pushdown_enabled=False)
             bucket_request = table_request.buckets_req.add(
-                bucket_id=bucket.bucket, fetch_offset=log_tablet.log_end_offset, max_fetch_bytes=self._fetch_bytes_max
+                bucket_id=bucket.bucket, fetch_offset=fetch_offset, max_fetch_bytes=self._fetch_bytes_max
             )
             if bucket.partition_id is not None:
                 bucket_request.partition_id = bucket.partition_id
@@ -274,29 +292,36 @@ class ReplicationManager:
                 if answer.HasField("error_code") and answer.error_code != 0:
                     raise error_for_code(answer.error_code, answer.error_message or None)
                 if answer.records:
-                    appended = log_tablet.append_replicated(answer.records, int(time.time() * 1000))
-                    await log_tablet.flushed(appended.next_offset)
+                    matched = await log_tablet.append_from_leader(answer.records, int(time.time() * 1000))
+                elif fetch_offset < log_tablet.log_end_offset:
+                    # the leader holds nothing durable from here on: what this log holds above was never
+                    # acknowledged (an acknowledgement needs the leader's high watermark past it); a
+                    # truncation site of docs/cluster.md, "No acknowledged write is lost"
+                    await log_tablet.truncate_to(fetch_offset)
+                    matched = fetch_offset
+                else:
+                    matched = fetch_offset
+                following.matched = None if matched >= log_tablet.log_end_offset else matched
+                await log_tablet.flushed(log_tablet.log_end_offset)
                 following.leader_high_watermark = answer.high_watermark
-                log_tablet.set_replication_limit(min(answer.high_watermark, log_tablet.durable_end))
+                log_tablet.set_replication_limit(min(answer.high_watermark, following.fetch_offset()))
                 following.errors = 0
             except asyncio.CancelledError:
                 raise
-            except DivergedLogError as diverged:
-                # this log kept batches the leader never had (a leader killed before its first high
-                # watermark record): drop them and fetch the leader's
-                log.info("%s: the log diverges from server %d's at offset %d; truncating there",
-                         bucket, following.leader, diverged.base_offset)
-                await log_tablet.truncate_to(diverged.base_offset)
             except LogOffsetOutOfRangeError:
                 leader_start = await self._leader_offset(node, bucket, OFFSET_EARLIEST)
-                if leader_start is not None and log_tablet.log_end_offset < leader_start:
-                    # the leader copied what this log lacks to remote storage and deleted it: start over there
-                    await log_tablet.reset_to(leader_start)
+                if leader_start is not None and fetch_offset < leader_start:
+                    # the leader copied what lies below its log start to remote storage and deleted it: this
+                    # log cannot be compared there, so it starts where the leader's does (keeping what it
+                    # holds from there on, compared next; docs/cluster.md, "No acknowledged write is lost")
+                    await log_tablet.start_at(leader_start)
+                    following.matched = None if log_tablet.log_end_offset <= leader_start else leader_start
                     continue
-                # this log runs past the leader's (batches a former leader wrote and nobody took): keep what
-                # the leader has committed, all of it when this leadership has not said yet how far that is
+                # the fetch offset is past the leader's log (a leader holding less than this replica was told
+                # is committed): compare from what the leader has committed instead, truncating nothing yet
                 committed = following.leader_high_watermark or await self._leader_offset(node, bucket, OFFSET_LATEST)
-                await log_tablet.truncate_to(min(log_tablet.high_watermark, committed or 0))
+                following.matched = min(fetch_offset, committed or 0)
+                await asyncio.sleep(RETRY_S)
             except Exception as exc:
                 following.errors += 1
                 if following.errors in (1, 50):
@@ -339,7 +364,8 @@ class ReplicationManager:
         progress.fetched_ms = _now_ms()
         if fetch_offset >= log_tablet.durable_end:
             progress.caught_up_ms = _now_ms()
-        if follower not in lead.state.isr and fetch_offset >= log_tablet.high_watermark and not lead.changing:
+        if (follower not in lead.state.isr and fetch_offset >= max(log_tablet.high_watermark, lead.epoch_start)
+                and not lead.changing):
             self._change_isr(bucket, lead, (*lead.state.isr, follower))  # it has everything committed
         self._update_limit(lead)
         if log_tablet.high_watermark > progress.told_high_watermark:

@@ -21,6 +21,7 @@ import pytest_asyncio
 from strom.config import Configuration
 from strom.errors import LogOffsetOutOfRangeError
 from strom.ids import TableBucket, TablePath
+from strom.log.log_tablet import LogTablet
 from strom.metadata.table_info import TableInfo
 from strom.records.schema import Schema, TableDescriptor
 from strom.records.types import BigIntType
@@ -164,3 +165,35 @@ async def test_a_joining_follower_whose_isr_write_went_unanswered_counts_until_i
                 assert THIRD not in leader.states.state.isr, "acknowledged only once ZooKeeper no longer names it"
                 break
         assert leader.replica.log.high_watermark == second, "the silent follower stops holding writes back"
+
+
+async def test_a_follower_joins_only_once_it_holds_what_the_leader_held_when_its_leadership_began(
+    tmp_path: Path,
+) -> None:
+    """A leader restarted after a crash may have recorded its high watermark before its last acknowledged
+    writes (the record is written once a second): a follower at that stale mark lacks them, so it may not
+    join the ISR (and become electable) until it holds the leader's log end as of the leadership's start."""
+    replicas = ReplicaManager(tmp_path, Configuration())
+    before = LogTablet.open(replicas.replica_directory(TABLE, BUCKET) / "log", replicas.log_config)
+    await before.durable(append(before, batch_bytes([1, 2])).next_offset)
+    before.checkpoint_high_watermark()  # records 2
+    await before.durable(append(before, batch_bytes([3])).next_offset)  # acknowledged alone, not recorded
+    before.close()
+
+    states = GatedStates(LeaderAndIsr(ME, 2, (ME, SECOND, THIRD), (ME, SECOND)))
+    manager = ReplicationManager(
+        ME, replicas, states, registry=None, peers=None, table_of=lambda _table_id: TABLE,  # type: ignore[arg-type]
+        lag_max_ms=60_000, silence_max_ms=60_000,
+    )
+    await manager.apply(TABLE, BUCKET)
+    replica = replicas.replica(BUCKET)
+    try:
+        assert (replica.log.high_watermark, replica.log.log_end_offset) == (2, 3)
+        manager.on_follower_fetch(BUCKET, THIRD, 2)  # at the recorded high watermark: it lacks offset 2
+        assert not manager._writes and THIRD not in states.state.isr
+        manager.on_follower_fetch(BUCKET, THIRD, 3)
+        await asyncio.gather(*manager._writes)
+        assert THIRD in states.state.isr
+    finally:
+        await manager.stop()
+        await replicas.stop_bucket(BUCKET)

@@ -125,3 +125,93 @@ async def test_a_follower_holding_a_batch_its_leader_never_had_learns_where_they
         leader.close()
         follower.close()
 
+
+
+async def _replicated(leader: LogTablet, follower: LogTablet, *batches: bytearray) -> int:
+    """Append ``batches`` on the leader and copy them to the follower as a fetch would."""
+    start = leader.log_end_offset
+    result = append(leader, *batches)
+    await leader.durable(result.next_offset)
+    appended = follower.append_replicated(leader.read(start, 1 << 20, for_follower=True).records, T0_MS)
+    await follower.flushed(appended.next_offset)
+    return appended.next_offset
+
+
+async def test_a_follower_keeps_what_it_holds_above_its_recorded_high_watermark_when_the_leader_holds_it_too(
+    tmp_path: Path,
+) -> None:
+    """The recorded high watermark lags (it is written once a second): what lies above it may have been
+    acknowledged. A follower compares it with its leader's log instead of dropping it."""
+    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
+    try:
+        recorded = await _replicated(leader, follower, batch_bytes([1, 2], writer_id=7, sequence=0))
+        follower.set_replication_limit(recorded)
+        follower.checkpoint_high_watermark()
+        end = await _replicated(leader, follower, batch_bytes([3], writer_id=7, sequence=1),
+                                batch_bytes([4, 5], writer_id=7, sequence=2))
+        await leader.durable(append(leader, batch_bytes([6], writer_id=7, sequence=3)).next_offset)
+        follower.close()
+        follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
+        assert (follower.high_watermark, follower.log_end_offset) == (recorded, end)
+
+        matched = await follower.append_from_leader(leader.read(recorded, 1 << 20, for_follower=True).records, T0_MS)
+        assert matched == leader.log_end_offset == follower.log_end_offset == 6
+        assert follower.read_range(0, 6, 1 << 20, unacknowledged=True) == leader.read(0, 1 << 20).records
+        with pytest.raises(DuplicateSequenceError):  # the kept batches still teach the writer state
+            follower.check_writers([(7, 2)], 6)
+    finally:
+        leader.close()
+        follower.close()
+
+
+async def test_a_follower_gives_up_its_batches_from_the_first_that_differs_from_the_leaders(tmp_path: Path) -> None:
+    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
+    try:
+        await _replicated(leader, follower, batch_bytes([1, 2]), batch_bytes([3]))  # offsets 0-2 on both
+        await follower.durable(append(follower, batch_bytes([40])).next_offset)  # never sent: offset 3
+        await follower.durable(append(follower, batch_bytes([50, 51])).next_offset)
+        await leader.durable(append(leader, batch_bytes([4, 5])).next_offset)  # the leader's offsets 3-4
+        matched = await follower.append_from_leader(leader.read(2, 1 << 20, for_follower=True).records, T0_MS)
+        assert matched == follower.log_end_offset == 5
+        assert ids_in(follower.read_range(0, 5, 1 << 20, unacknowledged=True)) == [1, 2, 3, 4, 5]
+    finally:
+        leader.close()
+        follower.close()
+
+
+async def test_a_follower_whose_batches_straddle_the_leaders_truncates_to_its_own_batch_start(tmp_path: Path) -> None:
+    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
+    try:
+        await _replicated(leader, follower, batch_bytes([1, 2]))
+        await follower.durable(append(follower, batch_bytes([30, 31, 32])).next_offset)  # offsets 2-4
+        await leader.durable(append(leader, batch_bytes([3])).next_offset)
+        await leader.durable(append(leader, batch_bytes([4, 5])).next_offset)  # the leader's batch starts at 3
+        matched = await follower.append_from_leader(leader.read(3, 1 << 20, for_follower=True).records, T0_MS)
+        assert matched == follower.log_end_offset == 2, "its batch at 2-4 went whole; fetch again from 2"
+        matched = await follower.append_from_leader(leader.read(2, 1 << 20, for_follower=True).records, T0_MS)
+        assert matched == 5 and ids_in(follower.read_range(0, 5, 1 << 20, unacknowledged=True)) == [1, 2, 3, 4, 5]
+    finally:
+        leader.close()
+        follower.close()
+
+
+async def test_a_log_started_at_a_later_offset_keeps_the_batches_from_there(tmp_path: Path) -> None:
+    tablet = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        for ids in ([1, 2], [3], [4, 5]):
+            await tablet.durable(append(tablet, batch_bytes(ids)).next_offset)
+        await tablet.start_at(2)  # a batch starts there: the batches from 2 on stay
+        assert (tablet.log_start_offset, tablet.log_end_offset) == (2, 5)
+        assert ids_in(tablet.read_range(2, 5, 1 << 20, unacknowledged=True)) == [3, 4, 5]
+        await tablet.start_at(4)  # inside the batch 3-4: nothing can be kept
+        assert (tablet.log_start_offset, tablet.log_end_offset) == (4, 4)
+    finally:
+        tablet.close()
+    reopened = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        assert (reopened.log_start_offset, reopened.log_end_offset) == (4, 4)
+    finally:
+        reopened.close()
