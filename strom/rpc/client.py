@@ -123,11 +123,11 @@ class RpcConnection:
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: connection._protocol, host, port, ssl=tls,
-                                       server_hostname=host if tls is not None else None),
-                timeout_ms / 1000,
-            )
+            # asyncio.timeout, not wait_for: before Python 3.12 wait_for returns the result instead of
+            # raising when it is cancelled just as the connection completes, and the cancelled caller goes on
+            async with asyncio.timeout(timeout_ms / 1000):
+                await loop.create_connection(lambda: connection._protocol, host, port, ssl=tls,
+                                             server_hostname=host if tls is not None else None)
         except (TimeoutError, OSError) as exc:
             raise ConnectionFailedError(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from exc
         try:

@@ -91,6 +91,9 @@ class _Following:
     """While set: only the log below it is known to equal the leader's (it is fetched from there and
     compared); None once the whole log does."""
     task: asyncio.Task[None] | None = None
+    stopped: bool = False
+    """Set before its fetch task is cancelled: the task touches the log no more even if a cancellation is
+    lost on the way (one that arrives as an awaited call completes can be swallowed by library code)."""
     leader_high_watermark: int = 0
     errors: int = field(default=0)
 
@@ -138,15 +141,16 @@ class ReplicationManager:
         self._maintenance = asyncio.create_task(self._maintain())
 
     async def stop(self) -> None:
+        for following in self._following.values():
+            following.stopped = True
         tasks = [f.task for f in self._following.values() if f.task is not None] + list(self._writes)
         if self._maintenance is not None:
             tasks.append(self._maintenance)
         for task in tasks:
             task.cancel()
         if tasks:
-            # bounded: a fetch cancelled while its peer connection is being set up may not end (seen after a
-            # controlled shutdown turned this server into a follower); the process is stopping, so it is
-            # abandoned rather than waited for
+            # bounded: the process is stopping, so a task that does not end (a lost cancellation: a stopped
+            # fetch task still ends at its next turn) is abandoned rather than waited for
             _done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT_S)
             if pending:
                 log.warning("%d replication tasks did not end within %.0f s of the stop; leaving them",
@@ -154,7 +158,7 @@ class ReplicationManager:
         self._checkpoint()
 
     def _checkpoint(self) -> None:
-        """Record every replicated bucket's high watermark (where a restart truncates a follower to)."""
+        """Record every replicated bucket's high watermark (what a restart knows to be committed)."""
         for replica in [*(lead.replica for lead in self._leading.values()),
                         *(following.replica for following in self._following.values())]:
             with contextlib.suppress(OSError, StromError):
@@ -245,9 +249,8 @@ class ReplicationManager:
 
     async def _stop_following(self, bucket: TableBucket) -> None:
         following = self._following.pop(bucket, None)
-        if following is not None and following.task is not None:
-            following.task.cancel()
-            await asyncio.gather(following.task, return_exceptions=True)
+        if following is not None:
+            await _stop_fetching(following)
 
     async def refresh_leading(self) -> None:
         """Take the current state of every bucket led here from ZooKeeper (after a ControlledShutdown moved
@@ -263,13 +266,14 @@ class ReplicationManager:
                        and (partition_id is None or b.partition_id == partition_id)]:
             following = self._following.pop(bucket, None)
             if following is not None and following.task is not None:
+                following.stopped = True
                 following.task.cancel()
             self._leading.pop(bucket, None)
 
     # ---- following ----
     async def _fetch_loop(self, bucket: TableBucket, following: _Following) -> None:
         replica = following.replica
-        while True:
+        while not following.stopped:
             node = self._registry.live().get(following.leader)
             if node is None:
                 await asyncio.sleep(RETRY_S)  # the leader is gone (or there is none): the coordinator elects one
@@ -288,6 +292,8 @@ class ReplicationManager:
                 bucket_request.partition_id = bucket.partition_id
             try:
                 response = await self._peers.request(node.host, node.port, ApiKey.FETCH_LOG, request)
+                if following.stopped:
+                    return  # this replica leads or follows another leader now: its log is not ours to touch
                 answer = response.tables_resp[0].buckets_resp[0]  # type: ignore[attr-defined]
                 if answer.HasField("error_code") and answer.error_code != 0:
                     raise error_for_code(answer.error_code, answer.error_message or None)
@@ -310,6 +316,8 @@ class ReplicationManager:
                 raise
             except LogOffsetOutOfRangeError:
                 leader_start = await self._leader_offset(node, bucket, OFFSET_EARLIEST)
+                if following.stopped:
+                    return
                 if leader_start is not None and fetch_offset < leader_start:
                     # the leader copied what lies below its log start to remote storage and deleted it: this
                     # log cannot be compared there, so it starts where the leader's does (keeping what it
@@ -429,6 +437,17 @@ class ReplicationManager:
             if time.monotonic() - last_checkpoint > CHECKPOINT_S:
                 last_checkpoint = time.monotonic()
                 self._checkpoint()
+
+
+async def _stop_fetching(following: _Following) -> None:
+    """Stop a follower's fetch task and wait until it ended, cancelling again should a cancellation be lost."""
+    following.stopped = True
+    task = following.task
+    while task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=STOP_WAIT_S)
+        if not task.done():
+            log.warning("a fetch task did not end within %.0f s of its cancellation; cancelling again", STOP_WAIT_S)
 
 
 def _now_ms() -> float:

@@ -1,0 +1,77 @@
+"""A follower's fetch task ends when its replica changes role, even when a cancellation is lost on the way.
+
+Before Python 3.12, ``asyncio.wait_for`` returns its result instead of raising when it is cancelled just as
+the awaited call completes (strom's peer connections used it to connect). A follower's fetch loop that
+swallowed its cancellation that way kept running; the replica's role change waited for it for ever, holding
+the bucket's lock, so the server never took up a leadership it was elected to (found by the nemesis: a
+bucket stayed on a leader that did not know it led). The fake peer connection here swallows the first
+cancellation exactly so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.config import Configuration
+from strom.rpc.messages import pb
+from strom.rpc.peers import ServerNode
+from strom.tablet.replica import ReplicaManager
+from strom.tablet.replication import ReplicationManager
+from strom.zk.bucket_state import LeaderAndIsr
+from tests.log.test_leader_high_watermark import BUCKET, ME, SECOND, TABLE, GatedStates
+
+pytestmark = pytest.mark.asyncio
+
+
+class SwallowingPeers:
+    """A leader that never answers a fetch, and a connection that swallows the first cancellation."""
+
+    def __init__(self) -> None:
+        self.swallowed = False
+        self.fetches = 0
+
+    async def request(self, _host: str, _port: int, _key: object, _message: object) -> Any:
+        self.fetches += 1
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed = True  # as wait_for did: the call completed, the cancellation is gone
+        response = pb.FetchLogResponse()
+        response.tables_resp.add(table_id=TABLE.table_id).buckets_resp.add(bucket_id=0, high_watermark=0)
+        return response
+
+
+class Registry:
+    def live(self) -> dict[int, ServerNode]:
+        return {SECOND: ServerNode(SECOND, "127.0.0.1", 1)}
+
+
+async def test_a_follower_elected_leader_leads_although_its_fetch_swallowed_the_cancellation(tmp_path: Path) -> None:
+    replicas = ReplicaManager(tmp_path, Configuration())
+    states = GatedStates(LeaderAndIsr(SECOND, 1, (ME, SECOND), (ME, SECOND)))
+    peers = SwallowingPeers()
+    manager = ReplicationManager(
+        ME, replicas, states, registry=Registry(), peers=peers,  # type: ignore[arg-type]
+        table_of=lambda _table_id: TABLE, lag_max_ms=60_000, silence_max_ms=60_000,
+    )
+    await manager.apply(TABLE, BUCKET)  # following SECOND
+    try:
+        for _ in range(100):
+            if peers.fetches:
+                break
+            await asyncio.sleep(0.01)
+        states.state, states.version = LeaderAndIsr(ME, 2, (ME, SECOND), (ME,)), states.version + 1
+        await asyncio.wait_for(manager.apply(TABLE, BUCKET), 10)  # elected: it must take up the leadership
+        replica = replicas.replica(BUCKET)
+        assert peers.swallowed and replica.is_leader and replica.leader_epoch == 2
+        await asyncio.sleep(0.1)
+        assert peers.fetches == 1, "the fetch loop ended: it fetched nothing after its replica began to lead"
+    finally:
+        await manager.stop()
+        await replicas.stop_bucket(BUCKET)
