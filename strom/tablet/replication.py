@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 RETRY_S = 0.2
 ISR_CHECK_S = 0.25
 CHECKPOINT_S = 1.0
+RECHECK_ROLES_S = 2.0
+"""How often each replica's role is checked against ZooKeeper's state (a notice of the coordinator's may be
+lost: the coordinator killed between writing a new leader and telling it, the notice cut off)."""
 STOP_WAIT_S = 5.0
 
 
@@ -418,11 +421,36 @@ class ReplicationManager:
         finally:
             lead.changing = False
 
+    async def _recheck_roles(self) -> None:
+        """Lead or follow each hosted bucket as ZooKeeper says, where this server's role or epoch differs."""
+        buckets = [*self._leading, *self._following]
+        if not buckets:
+            return
+        found = await asyncio.to_thread(self._states.get_many, buckets)
+        for bucket, state in found.items():
+            lead, following = self._leading.get(bucket), self._following.get(bucket)
+            if lead is not None and state.leader == self._me and state.leader_epoch == lead.state.leader_epoch:
+                continue
+            if following is not None and state.leader != self._me and state.leader_epoch == following.leader_epoch:
+                continue
+            table = self._table_of(bucket.table_id)
+            if table is not None:
+                log.info("%s: ZooKeeper names leader %d at epoch %d, unlike this replica's role; taking it up",
+                         bucket, state.leader, state.leader_epoch)
+                await self.apply(table, bucket)
+
     async def _maintain(self) -> None:
-        """Shrink the ISR of followers that fell behind or fell silent, and keep the high watermark recorded."""
-        last_checkpoint = 0.0
+        """Shrink the ISR of followers that fell behind or fell silent, keep the high watermark recorded, and
+        take up role changes whose notice never came."""
+        last_checkpoint = last_recheck = time.monotonic()
         while True:
             await asyncio.sleep(ISR_CHECK_S)
+            if time.monotonic() - last_recheck > RECHECK_ROLES_S:
+                last_recheck = time.monotonic()
+                try:
+                    await self._recheck_roles()
+                except Exception as exc:  # ZooKeeper unreachable for now: the next round tries again
+                    log.info("checking the replicas' roles against ZooKeeper failed: %s", exc)
             now = _now_ms()
             for bucket, lead in list(self._leading.items()):
                 if lead.changing:

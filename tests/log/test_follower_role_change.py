@@ -75,3 +75,26 @@ async def test_a_follower_elected_leader_leads_although_its_fetch_swallowed_the_
     finally:
         await manager.stop()
         await replicas.stop_bucket(BUCKET)
+
+
+async def test_a_role_change_whose_notice_never_came_is_taken_up_from_zookeeper(tmp_path: Path) -> None:
+    """The coordinator may be killed between writing a new leader to ZooKeeper and telling it: the replica
+    finds the change itself within a few seconds."""
+    replicas = ReplicaManager(tmp_path, Configuration())
+    states = GatedStates(LeaderAndIsr(SECOND, 1, (ME, SECOND), (ME, SECOND)))
+    manager = ReplicationManager(
+        ME, replicas, states, registry=Registry(), peers=SwallowingPeers(),  # type: ignore[arg-type]
+        table_of=lambda _table_id: TABLE, lag_max_ms=60_000, silence_max_ms=60_000,
+    )
+    await manager.apply(TABLE, BUCKET)
+    manager.start()
+    try:
+        states.state, states.version = LeaderAndIsr(ME, 2, (ME, SECOND), (ME,)), states.version + 1  # no notice
+        for _ in range(100):
+            if replicas.replica(BUCKET).is_leader:
+                break
+            await asyncio.sleep(0.1)
+        assert replicas.replica(BUCKET).is_leader and replicas.replica(BUCKET).leader_epoch == 2
+    finally:
+        await manager.stop()
+        await replicas.stop_bucket(BUCKET)

@@ -54,6 +54,9 @@ class GatedStates:
     def get(self, _bucket: TableBucket) -> tuple[LeaderAndIsr, int]:
         return self.state, self.version
 
+    def get_many(self, buckets: list[TableBucket]) -> dict[TableBucket, LeaderAndIsr]:
+        return dict.fromkeys(buckets, self.state)
+
     def compare_and_set(self, _bucket: TableBucket, state: LeaderAndIsr, version: int) -> bool:
         if version != self.version:
             return False
