@@ -7,7 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 BUILD_INPUTS := pyproject.toml setup.py scripts/install-zookeeper.sh $(wildcard strom/rpc/proto/*.proto) $(wildcard strom/*/native/*.c)
 
-.PHONY: install run test lint bench clean
+NEMESIS_SEEDS ?= 1-100
+NEMESIS_FAULTS ?= 12
+
+.PHONY: install run test lint bench nemesis clean
 
 install: $(STAMP)
 
@@ -28,6 +31,10 @@ test: install
 lint: install
 	$(BIN)/ruff check strom tests bench
 	$(BIN)/mypy strom
+
+# the nemesis's long profile (docs/reliability.md): a cluster per seed under random faults; hours for 100 seeds
+nemesis: install
+	$(BIN)/python -m tests.nemesis.run --seeds $(NEMESIS_SEEDS) --faults $(NEMESIS_FAULTS) --report nemesis-report.json
 
 bench: install
 	$(BIN)/python bench/run_all.py

@@ -20,7 +20,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -127,14 +127,18 @@ class LocalCluster:
         detached: bool = False,
         secure: bool = False,
         racks: Sequence[str] = (),
+        member_config: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """``coordinators``: one active, the others standbys that take over when it is gone. ``secure``:
         clients must log in (SASL/PLAIN) and ACLs are enforced; the super user ``admin`` gets a generated
         password (:meth:`admin_password`). ``racks``: tablet server i's ``tablet-server.rack`` is
-        ``racks[i - 1]`` (none given: no racks)."""
+        ``racks[i - 1]`` (none given: no racks). ``member_config``: settings for one member alone, by its name
+        (``tablet-server-2``), over the common ones (a fault-injection harness routes a member's traffic
+        through proxies this way)."""
         if racks and len(racks) != tablet_servers:
             raise ValueError(f"{len(racks)} racks for {tablet_servers} tablet servers")
         self.racks = tuple(racks)
+        self.member_config = {name: dict(values) for name, values in (member_config or {}).items()}
         self.secure = secure
         if tablet_servers < 1 or coordinators < 1:
             raise ValueError("a cluster needs at least one coordinator and one tablet server")
@@ -230,6 +234,8 @@ class LocalCluster:
             command += ["--server-id", str(server_id)]
             if self.racks:
                 command += ["-D", f"{TABLET_SERVER_RACK.key}={self.racks[server_id - 1]}"]
+        for key, value in self.member_config.get(name, {}).items():
+            command += ["-D", f"{key}={value}"]
         log_path = self.data_dir / f"{name}.log"
         with log_path.open("ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

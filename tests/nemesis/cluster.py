@@ -1,0 +1,128 @@
+"""The cluster a nemesis run attacks: ZooKeeper, two coordinators and N tablet servers as real processes, each
+tablet server behind a proxy for everything that reaches it and a proxy of its own to ZooKeeper."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from strom.server.local_cluster import LocalCluster, Member, alive
+from strom.zk.bucket_state import BucketStates, LeaderAndIsr
+from strom.zk.metadata_store import connect_kazoo, parse_location
+from tests.nemesis.proxy import FaultyProxy
+from tests.server_process import free_port
+
+CONFIG = {
+    "zookeeper.client.session-timeout": "4s",
+    "log.replica.max-silence-time": "2s",
+    "log.replica.max-lag-time": "6s",
+    "kv.snapshot.interval": "0s",
+}
+"""Short bounds, so a fault runs its course (ISR shrink, session expiry, election) within seconds."""
+
+
+class NemesisCluster(LocalCluster):
+    """A LocalCluster whose tablet servers the nemesis can cut off, slow down, pause, kill and restart."""
+
+    def __init__(self, data_dir: Path, tablet_servers: int = 3, coordinators: int = 2,
+                 config: dict[str, str] | None = None) -> None:
+        super().__init__(data_dir, tablet_servers, {**CONFIG, **(config or {})}, coordinators=coordinators)
+        self.server_proxies: dict[int, FaultyProxy] = {}
+        self.zookeeper_proxies: dict[int, FaultyProxy] = {}
+        self._states_client: Any = None
+
+    def start_member(self, role: str, server_id: int, port: int | None = None) -> Member:
+        if role == "tablet-server" and server_id not in self.server_proxies:
+            port = port or free_port()
+            zk_host, _, zk_rest = self.zookeeper_address.partition(":")
+            zk_port, slash, root = zk_rest.partition("/")
+            self.server_proxies[server_id] = served = FaultyProxy("127.0.0.1", port, candidates=self.pids)
+            self.zookeeper_proxies[server_id] = zookeeper = FaultyProxy(zk_host, int(zk_port))
+            self.member_config[f"tablet-server-{server_id}"] = {
+                "advertised.listeners": f"FLUSS://{served.address}",
+                "zookeeper.address": f"{zookeeper.address}{slash}{root}",
+            }
+        return super().start_member(role, server_id, port)
+
+    # ---- processes ----
+    def pids(self) -> list[int]:
+        """Every member's process (a proxy tells their connections apart by these)."""
+        return [m.pid for m in self.state.members]
+
+    def pid(self, role: str, server_id: int | None) -> int:
+        return self.member(role, server_id).pid
+
+    def tablet_server_ids(self) -> list[int]:
+        return sorted(m.server_id for m in self.state.members if m.role == "tablet-server" and m.server_id)
+
+    def signal(self, role: str, server_id: int | None, sig: int) -> None:
+        member = self.member(role, server_id)
+        if alive(member.pid):
+            os.kill(member.pid, sig)
+
+    def is_running(self, role: str, server_id: int | None) -> bool:
+        return alive(self.member(role, server_id).pid)
+
+    def kill(self, role: str, server_id: int | None) -> None:
+        self.signal_member(self.member(role, server_id), signal.SIGKILL)
+
+    def restart(self, role: str, server_id: int) -> None:
+        if not self.is_running(role, server_id):
+            self.start_member(role, server_id)
+
+    def active_coordinator(self) -> int | None:
+        """The coordinator whose address ZooKeeper publishes as the active one."""
+        _, root = parse_location(self.zookeeper_address)
+        data, _ = self._zookeeper_client().get(f"{root}/coordinators/active")
+        address = data.decode()
+        for member in self.state.members:
+            if member.role == "coordinator" and member.address.rpartition(":")[2] in address:
+                return member.server_id
+        return None
+
+    # ---- bucket states ----
+    def _zookeeper_client(self) -> Any:
+        if self._states_client is None:
+            hosts, _ = parse_location(self.zookeeper_address)
+            self._states_client = connect_kazoo(hosts, 30_000)
+        return self._states_client
+
+    def bucket_states(self) -> BucketStates:
+        _, root = parse_location(self.zookeeper_address)
+        return BucketStates(self._zookeeper_client(), root)
+
+    def wait_settled(self, buckets: list[Any], timeout_s: float) -> dict[Any, LeaderAndIsr]:
+        """Until every bucket has a live leader and all its replicas in the ISR; returns the states (the
+        last seen ones when ``timeout_s`` runs out: the checker reports what is still wrong)."""
+        states = self.bucket_states()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = states.get_many(buckets)
+            live = {sid for sid in self.tablet_server_ids() if self.is_running("tablet-server", sid)}
+            if all(s.leader in live and set(s.isr) == set(s.replicas) for s in found.values()) \
+                    and len(found) == len(buckets):
+                return found
+            if time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
+
+    def heal_all(self) -> None:
+        for proxy in (*self.server_proxies.values(), *self.zookeeper_proxies.values()):
+            proxy.heal()
+        for member in self.state.members:
+            if alive(member.pid):
+                os.kill(member.pid, signal.SIGCONT)
+
+    def stop(self) -> dict[str, int | None]:
+        self.heal_all()
+        try:
+            return super().stop()
+        finally:
+            if self._states_client is not None:
+                self._states_client.stop()
+                self._states_client.close()
+            for proxy in (*self.server_proxies.values(), *self.zookeeper_proxies.values()):
+                proxy.close()
