@@ -281,6 +281,10 @@ class ReplicationManager:
             if node is None:
                 await asyncio.sleep(RETRY_S)  # the leader is gone (or there is none): the coordinator elects one
                 continue
+            if replica.storage_failure is not None:
+                # its disk filled up (or failed): reopened once there is room again, as a leader's is on its
+                # next request; until then the fetch fails and this replica falls out of the ISR
+                replica.recover_if_failed(self._replicas.before_reopen)
             log_tablet = replica.log
             fetch_offset = following.fetch_offset()
             request = pb.FetchLogRequest(

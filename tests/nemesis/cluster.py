@@ -3,8 +3,10 @@ tablet server behind a proxy for everything that reaches it and a proxy of its o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ CONFIG = {
     "kv.snapshot.interval": "0s",
 }
 """Short bounds, so a fault runs its course (ISR shrink, session expiry, election) within seconds."""
+DISK_SIZE = "192m"
 
 
 class NemesisCluster(LocalCluster):
@@ -32,6 +35,9 @@ class NemesisCluster(LocalCluster):
         super().__init__(data_dir, tablet_servers, {**CONFIG, **(config or {})}, coordinators=coordinators)
         self.server_proxies: dict[int, FaultyProxy] = {}
         self.zookeeper_proxies: dict[int, FaultyProxy] = {}
+        self.disks: dict[int, Path] = {}
+        """Each tablet server's data directory, a small tmpfs of its own that the nemesis fills (where
+        mounting is allowed: as root)."""
         self._states_client: Any = None
 
     def start_member(self, role: str, server_id: int, port: int | None = None) -> Member:
@@ -41,11 +47,37 @@ class NemesisCluster(LocalCluster):
             zk_port, slash, root = zk_rest.partition("/")
             self.server_proxies[server_id] = served = FaultyProxy("127.0.0.1", port, candidates=self.pids)
             self.zookeeper_proxies[server_id] = zookeeper = FaultyProxy(zk_host, int(zk_port))
+            self._mount_disk(server_id)
             self.member_config[f"tablet-server-{server_id}"] = {
                 "advertised.listeners": f"FLUSS://{served.address}",
                 "zookeeper.address": f"{zookeeper.address}{slash}{root}",
             }
         return super().start_member(role, server_id, port)
+
+    def _mount_disk(self, server_id: int) -> None:
+        directory = self.data_dir / f"tablet-server-{server_id}"
+        directory.mkdir(parents=True, exist_ok=True)
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(directory)],
+                                 capture_output=True, check=False)
+        if mounted.returncode == 0:
+            self.disks[server_id] = directory
+
+    def fill_disk(self, server_id: int) -> Path | None:
+        """Fill the server's disk with a ballast file (None: it has no disk of its own)."""
+        directory = self.disks.get(server_id)
+        if directory is None:
+            return None
+        ballast = directory / "ballast"
+        descriptor = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            for size in (1 << 20, 4096, 1):
+                chunk = b"\0" * size
+                with contextlib.suppress(OSError):
+                    while True:
+                        os.write(descriptor, chunk)
+        finally:
+            os.close(descriptor)
+        return ballast
 
     # ---- processes ----
     def pids(self) -> list[int]:
@@ -110,6 +142,8 @@ class NemesisCluster(LocalCluster):
             time.sleep(0.2)
 
     def heal_all(self) -> None:
+        for directory in self.disks.values():
+            (directory / "ballast").unlink(missing_ok=True)
         for proxy in (*self.server_proxies.values(), *self.zookeeper_proxies.values()):
             proxy.heal()
         for member in self.state.members:
@@ -126,3 +160,9 @@ class NemesisCluster(LocalCluster):
                 self._states_client.close()
             for proxy in (*self.server_proxies.values(), *self.zookeeper_proxies.values()):
                 proxy.close()
+
+    def unmount_disks(self) -> None:
+        """After the checkers read the replicas' logs: the tmpfs mounts go, and their data with them."""
+        for directory in self.disks.values():
+            subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
+        self.disks = {}

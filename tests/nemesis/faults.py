@@ -26,6 +26,7 @@ KINDS = (
     "partition-zookeeper",  # a tablet server cut off from ZooKeeper alone
     "isolate-clients",   # nobody reaches a tablet server; it still reaches ZooKeeper and its leaders
     "slow",              # a tablet server's traffic delayed
+    "disk-full",         # a tablet server's disk full (a small tmpfs), then freed
     "pause-follower-then-kill-leader",  # the sequence that once lost acknowledged appends
 )
 DURATIONS_S = (0.5, 1.5, 3.0, 6.0)
@@ -120,6 +121,11 @@ class Nemesis:
             c.server_proxies[sid].slow(0.2, loss=0.1)  # type: ignore[index]
             time.sleep(hold)
             c.server_proxies[sid].heal()  # type: ignore[index]
+        elif fault.kind == "disk-full":
+            ballast = c.fill_disk(sid)  # type: ignore[arg-type]
+            time.sleep(hold)
+            if ballast is not None:
+                ballast.unlink(missing_ok=True)
         elif fault.kind == "pause-follower-then-kill-leader":
             self._pause_follower_then_kill_leader(sid, hold)  # type: ignore[arg-type]
         else:

@@ -91,7 +91,11 @@ def run_seed(data_dir: Path, seed: int, fault_count: int, tablet_servers: int = 
                             if name != "zookeeper" and code not in (0, None)]
         report.problems += [f"{m.role} {m.server_id} logged a broken invariant" for m in cluster.state.members
                             if m.log and "AssertionError" in Path(m.log).read_text(errors="replace")]
-    replica_problems, report.buckets_compared = checker.check_replica_logs(cluster.data_dir, cluster.tablet_server_ids())
+    try:
+        replica_problems, report.buckets_compared = checker.check_replica_logs(cluster.data_dir,
+                                                                              cluster.tablet_server_ids())
+    finally:
+        cluster.unmount_disks()
     report.problems += replica_problems
     report.acknowledged_writes = history.acknowledged_writes
     report.indeterminate_writes = sum(len(s) for s in history.indeterminate.values()) + len(history.appends_indeterminate)

@@ -1,5 +1,8 @@
-"""A follower's fetch task ends when its replica changes role, even when a cancellation is lost on the way.
+"""A follower (ReplicationManager) against a fake leader: its fetch task ends when its replica changes role,
+even when a cancellation is lost on the way; a role change whose notice never came is taken up from
+ZooKeeper; a log that went offline (a full disk) is reopened once there is room, and fetching goes on.
 
+A lost cancellation:
 Before Python 3.12, ``asyncio.wait_for`` returns its result instead of raising when it is cancelled just as
 the awaited call completes (strom's peer connections used it to connect). A follower's fetch loop that
 swallowed its cancellation that way kept running; the replica's role change waited for it for ever, holding
@@ -11,18 +14,21 @@ cancellation exactly so.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from strom.config import Configuration
+from strom.log.log_tablet import LogTablet
 from strom.rpc.messages import pb
 from strom.rpc.peers import ServerNode
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
 from strom.zk.bucket_state import LeaderAndIsr
 from tests.log.test_leader_high_watermark import BUCKET, ME, SECOND, TABLE, GatedStates
+from tests.log.test_log_tablet import DURABLE_EACH_APPEND, append, batch_bytes
 
 pytestmark = pytest.mark.asyncio
 
@@ -98,3 +104,55 @@ async def test_a_role_change_whose_notice_never_came_is_taken_up_from_zookeeper(
     finally:
         await manager.stop()
         await replicas.stop_bucket(BUCKET)
+
+
+class LeaderLog:
+    """A leader answering follower fetches from a real log."""
+
+    def __init__(self, log_tablet: LogTablet) -> None:
+        self.log = log_tablet
+
+    async def request(self, _host: str, _port: int, _key: object, message: Any) -> Any:
+        offset = message.tables_req[0].buckets_req[0].fetch_offset
+        read = self.log.read(offset, 1 << 20, for_follower=True)
+        if not read.records:
+            await asyncio.sleep(0.05)  # a long poll, shortened
+        response = pb.FetchLogResponse()
+        response.tables_resp.add(table_id=TABLE.table_id).buckets_resp.add(
+            bucket_id=0, high_watermark=read.high_watermark, records=read.records)
+        return response
+
+
+async def test_a_follower_whose_disk_filled_up_fetches_on_once_there_is_room(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    leader_log = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    replicas = ReplicaManager(tmp_path / "follower", Configuration())
+    states = GatedStates(LeaderAndIsr(SECOND, 1, (ME, SECOND), (ME, SECOND)))
+    manager = ReplicationManager(
+        ME, replicas, states, registry=Registry(), peers=LeaderLog(leader_log),  # type: ignore[arg-type]
+        table_of=lambda _table_id: TABLE, lag_max_ms=60_000, silence_max_ms=60_000,
+    )
+    await manager.apply(TABLE, BUCKET)
+    try:
+        await leader_log.durable(append(leader_log, batch_bytes([1, 2])).next_offset)
+        replica = replicas.replica(BUCKET)
+        for _ in range(100):
+            if replica.log.log_end_offset == 2:
+                break
+            await asyncio.sleep(0.02)
+        disk = shutil.disk_usage(tmp_path)
+        monkeypatch.setattr(shutil, "disk_usage", lambda _path: disk._replace(free=0))  # full: no reopening yet
+        replica.log._fail(OSError(28, "No space left on device"))  # as a failed append leaves it
+        await leader_log.durable(append(leader_log, batch_bytes([3])).next_offset)
+        await asyncio.sleep(1.5)
+        assert replica.log.failed is not None and replica.log.log_end_offset == 2
+        monkeypatch.undo()  # room again
+        for _ in range(150):
+            if replica.storage_failure is None and replica.log.log_end_offset == 3:
+                break
+            await asyncio.sleep(0.02)
+        assert replica.storage_failure is None and replica.log.log_end_offset == 3, "reopened and fetching on"
+    finally:
+        await manager.stop()
+        await replicas.stop_bucket(BUCKET)
+        leader_log.close()
