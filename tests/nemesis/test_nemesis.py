@@ -16,7 +16,7 @@ from tests.nemesis.run import run_seed
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.xdist_group("nemesis")]
 
-SHORT_PROFILE = (31, 40, 105)
+SHORT_PROFILE = (10, 22, 44)
 FAULTS = 5
 
 
