@@ -634,7 +634,8 @@ class LogTablet:
     # ---- retention ----
     def delete_segments(self, *, older_than_ms: int | None, below_offset: int | None) -> int:
         """Delete whole closed segments that end below ``below_offset`` and whose last batch is older than
-        ``older_than_ms``; the active segment always stays. Returns the bytes freed."""
+        ``older_than_ms``; the active segment always stays. Returns the bytes freed. (Retention: data leaving
+        on purpose, docs/cluster.md, "No acknowledged write is lost".)"""
         return self._delete_oldest(
             lambda segment: (below_offset is None or segment.next_offset <= below_offset)
             and (older_than_ms is None or segment.last_timestamp < older_than_ms)
@@ -672,7 +673,8 @@ class LogTablet:
 
     def delete_tiered_segments(self, below_offset: int, keep: int) -> int:
         """Delete the oldest segments that end at or below ``below_offset`` (copied to remote storage, and
-        nothing local still needs them) while more than ``keep`` segments remain; returns the bytes freed."""
+        nothing local still needs them) while more than ``keep`` segments remain; returns the bytes freed.
+        (Remote storage holds them: docs/cluster.md, "No acknowledged write is lost".)"""
         return self._delete_oldest(lambda segment: segment.next_offset <= below_offset, keep)
 
     # ---- lifecycle ----

@@ -237,7 +237,9 @@ class ReplicationManager:
 
     async def _remove(self, bucket: TableBucket) -> None:
         """This server is no longer a replica of ``bucket``: stop leading or following it, fail what waits
-        for its acknowledgement (clients retry at the new leader), and delete its local data."""
+        for its acknowledgement (clients retry at the new leader), and delete its local data. ZooKeeper no
+        longer names it a replica, so it is not electable (docs/cluster.md, "No acknowledged write is lost";
+        a rebalance drops a replica only once its replacements are in the ISR)."""
         lead = self._leading.pop(bucket, None)
         await self._stop_following(bucket)
         try:
