@@ -300,11 +300,15 @@ class RpcServer:
         try:
             # also on a connection that authenticated before: new credentials are checked like the first
             principal = self._authenticator.authenticate(request.protocol, request.token)
-        except StromError as exc:
+        except Exception as exc:
+            # whatever a token does to an authenticator, it is a failed login: delayed, counted, logged at
+            # most once per interval, never a dropped connection with a traceback
+            failure = exc if isinstance(exc, StromError) else AuthenticationError("authentication failed: malformed token")
             self.stats.failed_authentications += 1
-            self._failure_log.warning("authentication from %s failed: %s", connection.peer, exc)
+            self._failure_log.warning("authentication from %s failed: %s", connection.peer,
+                                      exc if isinstance(exc, StromError) else repr(exc))
             connection.failed_authentication = True  # answered after a delay, then closed
-            return self._error_frame(header.request_id, exc)
+            return self._error_frame(header.request_id, failure)
         connection.authenticated(principal, self._frame_size_bytes_max)
         body = pb.AuthenticateResponse().SerializeToString()  # PLAIN completes in one round: no challenge
         return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)

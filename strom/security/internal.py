@@ -88,8 +88,11 @@ class InternalAuthenticator:
     def authenticate(self, mechanism: str, token: bytes) -> Principal:
         if mechanism != INTERNAL_MECHANISM or len(token) > _TOKEN_SIZE_BYTES_MAX:
             raise AuthenticationError("authentication failed: not a server login")
-        name, sep, proof = token.decode("ascii", errors="replace").partition("\0")
-        expected = _proof(self._secret, name)
+        raw_name, sep, proof = token.partition(b"\0")
+        name = raw_name.decode("ascii", errors="replace")
+        expected = _proof(self._secret, name).encode()
+        # bytes on both sides: compare_digest refuses a str with non-ASCII characters (a malformed proof
+        # must fail like a wrong one, not raise)
         if not sep or not _SERVER_NAME.fullmatch(name) or not hmac.compare_digest(proof, expected):
             raise AuthenticationError("authentication failed: invalid server credentials")
         return server_principal(name)
