@@ -5,8 +5,6 @@ restart — every acknowledged row is intact, and the server still shuts down cl
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +15,7 @@ import pytest
 
 from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.errors import StromError
+from tests.disk_support import fill
 from tests.server_process import ServerProcess
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]
@@ -39,21 +38,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def _fill(directory: Path) -> Path:
-    """Write a ballast file until the disk is full."""
-    ballast = directory / "ballast"
-    descriptor = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 20, 4096, 1):  # big chunks, then what is left
-            chunk = b"\0" * size
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(descriptor, chunk)
-    finally:
-        os.close(descriptor)
-    return ballast
 
 
 def _rows(ids: range, tag: str) -> pa.Table:
@@ -81,7 +65,7 @@ async def test_writes_resume_without_a_restart_once_a_full_disk_has_room_again(s
             await writer.upsert_batch(first)
             expected.update(zip(first["id"].to_pylist(), first["v"].to_pylist(), strict=True))
 
-            ballast = await asyncio.to_thread(_fill, small_disk)
+            ballast = await asyncio.to_thread(fill, small_disk)
             refused = None
             for round_ in range(20):  # the first writes may still fit in pages the log already holds
                 attempt = _rows(range(1_000 + 100 * round_, 1_100 + 100 * round_), "full")

@@ -3,7 +3,6 @@ tablet server behind a proxy for everything that reaches it and a proxy of its o
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from typing import Any
 from strom.server.local_cluster import LocalCluster, Member, alive
 from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 from strom.zk.metadata_store import connect_kazoo, parse_location
+from tests.disk_support import BALLAST_NAME, fill
 from tests.nemesis.proxy import FaultyProxy
 from tests.server_process import free_port
 
@@ -67,17 +67,7 @@ class NemesisCluster(LocalCluster):
         directory = self.disks.get(server_id)
         if directory is None:
             return None
-        ballast = directory / "ballast"
-        descriptor = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            for size in (1 << 20, 4096, 1):
-                chunk = b"\0" * size
-                with contextlib.suppress(OSError):
-                    while True:
-                        os.write(descriptor, chunk)
-        finally:
-            os.close(descriptor)
-        return ballast
+        return fill(directory)
 
     # ---- processes ----
     def pids(self) -> list[int]:
@@ -143,7 +133,7 @@ class NemesisCluster(LocalCluster):
 
     def heal_all(self) -> None:
         for directory in self.disks.values():
-            (directory / "ballast").unlink(missing_ok=True)
+            (directory / BALLAST_NAME).unlink(missing_ok=True)
         for proxy in (*self.server_proxies.values(), *self.zookeeper_proxies.values()):
             proxy.heal()
         for member in self.state.members:
