@@ -23,6 +23,7 @@ from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.rpc.peers import ALL_BUCKETS, PeerConnections, ServerNode
+from strom.security.internal import tablet_server_name
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,8 @@ class RemoteTabletServers:
             if partition_id is not None:
                 request.partition_id = partition_id
             node = nodes[leader]
-            response = await self._peers.request(node.host, node.port, ApiKey.LIST_OFFSETS, request)
+            response = await self._peers.request(node.host, node.port, ApiKey.LIST_OFFSETS, request,
+                                                 server_name=tablet_server_name(node.node_id))
             for answer in response.buckets_resp:  # type: ignore[attr-defined]
                 if answer.HasField("error_code") and answer.error_code != 0:
                     raise error_for_code(answer.error_code, answer.error_message or None)
@@ -125,7 +127,8 @@ class RemoteTabletServers:
 
     async def _send(self, node: ServerNode, key: ApiKey, request: object) -> None:
         try:
-            await self._peers.request(node.host, node.port, key, request)  # type: ignore[arg-type]
+            await self._peers.request(node.host, node.port, key, request,  # type: ignore[arg-type]
+                                     server_name=tablet_server_name(node.node_id))
         except Exception as exc:
             log.warning("%s to tablet server %d (%s:%d) failed: %s", key.name, node.node_id, node.host, node.port, exc)
             raise

@@ -8,6 +8,7 @@ handed :class:`ClientCredentials`, so this layer imports nothing of ``strom.secu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,25 +51,69 @@ ANONYMOUS = Principal("User", "ANONYMOUS")
 """The principal of a connection on a listener without authentication."""
 
 
-class Authenticator(Protocol):
-    """Checks one ``Authenticate`` request of a connection on a listener that requires authentication."""
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """A step of an exchange that needs another round: its data goes back as the Authenticate answer's
+    ``challenge`` and the client answers it."""
 
-    def authenticate(self, mechanism: str, token: bytes) -> Principal:
-        """The principal ``token`` proves, for the SASL ``mechanism``.
+    data: bytes
+
+
+class SaslServerExchange(Protocol):
+    """One connection's login on the server's side: a step per ``Authenticate`` request."""
+
+    def step(self, token: bytes) -> Principal | Challenge:
+        """The principal once the login is complete, else the challenge to send back.
 
         Raises:
-            AuthenticationError: unknown mechanism, malformed token or wrong credentials.
+            AuthenticationError: malformed token or wrong credentials (the exchange is over).
         """
         ...
 
 
+class Authenticator(Protocol):
+    """Begins the login of a connection on a listener that requires (or offers) authentication."""
+
+    def begin(self, mechanism: str) -> SaslServerExchange:
+        """Raises AuthenticationError for a SASL mechanism this listener does not enable."""
+        ...
+
+
+class OneStep:
+    """A login that completes in one round (SASL/PLAIN): the token is checked by ``check``."""
+
+    def __init__(self, check: Callable[[bytes], Principal]) -> None:
+        self._check = check
+
+    def step(self, token: bytes) -> Principal | Challenge:
+        return self._check(token)
+
+
+class SaslClientExchange(Protocol):
+    """One connection's login on the client's side."""
+
+    def first(self) -> bytes:
+        """The initial response (the first Authenticate token)."""
+        ...
+
+    def respond(self, challenge: bytes) -> bytes:
+        """The answer to the server's challenge. Raises AuthenticationError when the challenge shows the
+        server is not who it must be (a mutual login): nothing more is sent."""
+        ...
+
+    def finish(self) -> None:
+        """The server answered without a challenge: the login is complete for it. Raises
+        AuthenticationError when it is not complete for the client (the server never proved itself)."""
+        ...
+
+
 class ClientCredentials(Protocol):
-    """What a client sends to authenticate: a SASL mechanism and its initial response."""
+    """What a client authenticates with: a SASL mechanism and, per connection, its exchange."""
 
     @property
     def mechanism(self) -> str: ...
 
-    def token(self) -> bytes: ...
+    def exchange(self) -> SaslClientExchange: ...
 
 
 def unauthenticated_error() -> AuthenticationError:
@@ -79,4 +124,7 @@ def unauthenticated_error() -> AuthenticationError:
     )
 
 
-__all__ = ["ANONYMOUS", "WILDCARD", "Authenticator", "ClientCredentials", "Principal", "unauthenticated_error"]
+__all__ = [
+    "ANONYMOUS", "WILDCARD", "Authenticator", "Challenge", "ClientCredentials", "OneStep", "Principal",
+    "SaslClientExchange", "SaslServerExchange", "unauthenticated_error",
+]

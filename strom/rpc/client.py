@@ -150,15 +150,17 @@ class RpcConnection:
         return connection
 
     async def _authenticate(self, credentials: ClientCredentials, timeout_ms: int) -> None:
-        token = credentials.token()
+        exchange = credentials.exchange()
+        token = exchange.first()
         for _ in range(AUTHENTICATE_ROUNDS_MAX):
             response = await self._send(
                 ApiKey.AUTHENTICATE, 0, pb.AuthenticateRequest(protocol=credentials.mechanism, token=token),
                 pb.AuthenticateResponse, timeout_ms,
             )
             if not response.HasField("challenge"):
+                exchange.finish()  # a mutual login refuses a server that never proved itself
                 return
-            token = response.challenge  # PLAIN never challenges; other mechanisms answer the challenge
+            token = exchange.respond(response.challenge)
         raise AuthenticationError(f"{self.address} kept challenging after {AUTHENTICATE_ROUNDS_MAX} rounds")
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,29 +64,33 @@ class PeerConnections:
     """Owned by one event loop."""
 
     def __init__(
-        self, timeout_ms: int = PEER_REQUEST_TIMEOUT_MS, credentials: ClientCredentials | None = None,
-        tls: ssl.SSLContext | None = None,
+        self, timeout_ms: int = PEER_REQUEST_TIMEOUT_MS,
+        credentials: Callable[[str], ClientCredentials | None] | None = None, tls: ssl.SSLContext | None = None,
     ) -> None:
-        """``credentials``: how this server authenticates to the others (``strom.security.internal``);
-        ``tls``: how it reaches them when they listen with TLS."""
+        """``credentials(server_name)``: how this server logs in to the server it reaches by that name
+        (``strom.security.internal``: the login names the server it is meant for); ``tls``: how it reaches
+        them when they listen with TLS."""
         self._timeout_ms = timeout_ms
         self._credentials = credentials
         self._tls = tls
-        self._connections: dict[str, RpcConnection] = {}
-        self._opening: dict[str, asyncio.Lock] = {}
+        self._connections: dict[tuple[str, str], RpcConnection] = {}
+        self._opening: dict[tuple[str, str], asyncio.Lock] = {}
 
-    async def request(self, host: str, port: int, key: ApiKey, message: Message) -> Message:
-        connection = await self._connection(host, port)
+    async def request(self, host: str, port: int, key: ApiKey, message: Message, *, server_name: str) -> Message:
+        """Send ``message`` to the server ``server_name`` (``coordinator``, ``tablet-server-<id>``) at
+        ``host:port``."""
+        connection = await self._connection(host, port, server_name)
         return await connection.request(key, message, timeout_ms=self._timeout_ms)
 
-    async def _connection(self, host: str, port: int) -> RpcConnection:
-        address = f"{host}:{port}"
-        lock = self._opening.setdefault(address, asyncio.Lock())
+    async def _connection(self, host: str, port: int, server_name: str) -> RpcConnection:
+        key = (f"{host}:{port}", server_name)
+        lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
-            connection = self._connections.get(address)
+            connection = self._connections.get(key)
             if connection is None or connection.is_closed:
-                connection = self._connections[address] = await RpcConnection.connect(
-                    host, port, timeout_ms=self._timeout_ms, credentials=self._credentials, tls=self._tls
+                credentials = self._credentials(server_name) if self._credentials is not None else None
+                connection = self._connections[key] = await RpcConnection.connect(
+                    host, port, timeout_ms=self._timeout_ms, credentials=credentials, tls=self._tls
                 )
             return connection
 

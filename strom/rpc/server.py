@@ -34,7 +34,14 @@ from strom.errors import (
 )
 from strom.rpc import framing
 from strom.rpc.api_keys import EXTENSION_KEYS, STROM_CLIENT_NAME, ApiKey, version_range
-from strom.rpc.auth import ANONYMOUS, Authenticator, Principal, unauthenticated_error
+from strom.rpc.auth import (
+    ANONYMOUS,
+    Authenticator,
+    Challenge,
+    Principal,
+    SaslServerExchange,
+    unauthenticated_error,
+)
 from strom.rpc.budget import SMALL_FRAME_SIZE_BYTES, BufferedRequestBudget
 from strom.rpc.messages import DecodeError, Message, pb, request_class
 
@@ -299,8 +306,11 @@ class RpcServer:
             return self._error_frame(header.request_id, AuthenticationError("this listener does not use SASL"))
         try:
             # also on a connection that authenticated before: new credentials are checked like the first
-            principal = self._authenticator.authenticate(request.protocol, request.token)
+            if connection.login is None or connection.login[0] != request.protocol:
+                connection.login = (request.protocol, self._authenticator.begin(request.protocol))
+            result = connection.login[1].step(request.token)
         except Exception as exc:
+            connection.login = None
             # whatever a token does to an authenticator, it is a failed login: delayed, counted, logged at
             # most once per interval, never a dropped connection with a traceback
             failure = exc if isinstance(exc, StromError) else AuthenticationError("authentication failed: malformed token")
@@ -309,8 +319,12 @@ class RpcServer:
                                       exc if isinstance(exc, StromError) else repr(exc))
             connection.failed_authentication = True  # answered after a delay, then closed
             return self._error_frame(header.request_id, failure)
-        connection.authenticated(principal, self._frame_size_bytes_max)
-        body = pb.AuthenticateResponse().SerializeToString()  # PLAIN completes in one round: no challenge
+        if isinstance(result, Challenge):  # another round: the connection stays unauthenticated meanwhile
+            body = pb.AuthenticateResponse(challenge=result.data).SerializeToString()
+            return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)
+        connection.login = None
+        connection.authenticated(result, self._frame_size_bytes_max)
+        body = pb.AuthenticateResponse().SerializeToString()  # complete: no challenge
         return framing.encode_response(framing.RESPONSE_SUCCESS, header.request_id, body)
 
     def respond(self, context: RequestContext, response: Response | BaseException) -> bytes:
@@ -347,6 +361,8 @@ class _Connection(asyncio.Protocol):
         self.principal: Principal | None = None if server._authentication_required else ANONYMOUS
         self.failed_authentication = False
         """The last Authenticate failed: its answer goes out after the server's delay, then the connection closes."""
+        self.login: tuple[str, SaslServerExchange] | None = None
+        """A login under way (mechanism, exchange): a challenge was sent, its answer is awaited."""
         frame_limit = server._frame_size_bytes_max if self.principal is not None else server._unauthenticated_frame_size_bytes_max
         self._frames = framing.FrameBuffer(frame_limit, framing.REQUEST_HEADER_SIZE_BYTES)
         self._transport: asyncio.Transport | None = None

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from strom.errors import AuthenticationError, InvalidConfigError
-from strom.rpc.auth import ANONYMOUS, Principal
+from strom.rpc.auth import ANONYMOUS, OneStep, Principal
 
 PLAIN_MECHANISM = "PLAIN"
 SUPPORTED_MECHANISMS = frozenset({PLAIN_MECHANISM})
@@ -91,6 +91,17 @@ class PlainAuthenticator:
     users: Mapping[str, str]
     mechanisms: frozenset[str] = SUPPORTED_MECHANISMS
 
+    def begin(self, mechanism: str) -> OneStep:
+        """A connection's login: SASL/PLAIN completes in one round."""
+        self._check_mechanism(mechanism)
+        return OneStep(lambda token: self.authenticate(mechanism, token))
+
+    def _check_mechanism(self, mechanism: str) -> None:
+        if mechanism.upper() not in self.mechanisms:
+            raise AuthenticationError(
+                f"the server enables SASL mechanisms {sorted(self.mechanisms)}; the client asked for {mechanism!r}"
+            )
+
     def authenticate(self, mechanism: str, token: bytes) -> Principal:
         """The principal a token proves.
 
@@ -98,10 +109,7 @@ class PlainAuthenticator:
             AuthenticationError: a mechanism this listener does not enable, a malformed token, an unknown
                 user or a wrong password (one message for both, so it does not reveal which users exist).
         """
-        if mechanism.upper() not in self.mechanisms:
-            raise AuthenticationError(
-                f"the server enables SASL mechanisms {sorted(self.mechanisms)}; the client asked for {mechanism!r}"
-            )
+        self._check_mechanism(mechanism)
         if len(token) > PLAIN_TOKEN_SIZE_BYTES_MAX:
             raise AuthenticationError("the SASL/PLAIN token is too long")
         parts = token.split(b"\x00")

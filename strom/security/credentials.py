@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from strom.errors import AuthenticationError
 from strom.security.authenticator import PLAIN_MECHANISM, SUPPORTED_MECHANISMS
 from strom.security.tls import client_option, client_protocol, uses_sasl
 
@@ -34,6 +35,25 @@ class SaslCredentials:
     def token(self) -> bytes:
         """The SASL/PLAIN initial response: no authorization id, NUL, user name, NUL, password."""
         return b"\x00" + self.username.encode() + b"\x00" + self.password.encode()
+
+    def exchange(self) -> PlainExchange:
+        return PlainExchange(self.token())
+
+
+class PlainExchange:
+    """SASL/PLAIN on the client's side: the token, and no challenge ever."""
+
+    def __init__(self, token: bytes) -> None:
+        self._token = token
+
+    def first(self) -> bytes:
+        return self._token
+
+    def respond(self, challenge: bytes) -> bytes:
+        raise AuthenticationError("SASL/PLAIN completes in one round, but the server sent a challenge")
+
+    def finish(self) -> None:
+        return None
 
 
 def credentials_from_config(config: Mapping[str, str]) -> SaslCredentials | None:

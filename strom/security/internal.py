@@ -1,10 +1,20 @@
 """How the servers of a cluster authenticate to each other, and which requests only they may send.
 
 Fluss's servers trust whoever connects (its docs ask for network isolation); strom's do not. The servers
-of a cluster share one secret (``security.internal.secret``). Each authenticates its connections to the
-others with the SASL mechanism :data:`INTERNAL_MECHANISM`: its server name and an HMAC-SHA256 of that name
-under the secret, so the secret itself never travels and a server cannot name itself another without it.
-The connection's principal becomes ``Server:<name>`` (``Server:coordinator``, ``Server:tablet-server-<id>``),
+of a cluster share one secret (``security.internal.secret``) and log in to each other with the SASL
+mechanism :data:`INTERNAL_MECHANISM`, a mutual challenge-response over it (in the manner of SCRAM, RFC
+5802, with the shared secret as the key):
+
+1. the connecting server sends its name, the name of the server it means to reach and a fresh nonce;
+2. the server answers with a nonce of its own and a proof (an HMAC-SHA256 under the secret of both names
+   and both nonces): the connecting server checks it and goes no further with a server that cannot make it
+   (a fake registration learns nothing);
+3. the connecting server sends its own proof over the same fields; the server checks it, and that it is
+   the server meant.
+
+Nothing seen on the wire logs in again: every proof covers the other side's fresh nonce. The secret never
+travels. A login relayed to another server fails, since it names the server it was meant for. The
+connection's principal becomes ``Server:<name>`` (``Server:coordinator``, ``Server:tablet-server-<id>``),
 a principal type no client login can produce.
 
 The requests in :data:`SERVER_ONLY_KEYS`, and a FetchLog that names a follower, are refused with
@@ -19,14 +29,16 @@ import hashlib
 import hmac
 import inspect
 import re
-from collections.abc import Awaitable, Mapping
+import secrets
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from strom.errors import AuthenticationError, AuthorizationError
 from strom.rpc.api_keys import ApiKey
-from strom.rpc.auth import Authenticator, Principal
+from strom.rpc.auth import Challenge, Principal, SaslServerExchange
 from strom.rpc.messages import Message
 from strom.rpc.server import Handler, RequestContext
+from strom.security.authenticator import PlainAuthenticator
 
 INTERNAL_MECHANISM = "STROM-INTERNAL"
 """The SASL mechanism of server-to-server logins (never offered to clients)."""
@@ -63,57 +75,134 @@ def is_server(principal: Principal | None) -> bool:
     return principal is not None and principal.type == SERVER_PRINCIPAL_TYPE
 
 
-def _proof(secret: str, name: str) -> str:
-    return hmac.new(secret.encode(), b"strom-internal:" + name.encode(), hashlib.sha256).hexdigest()
+_NONCE_BYTES = 32
+_SERVER_LABEL = b"strom-internal-2 server"
+_CLIENT_LABEL = b"strom-internal-2 client"
+
+
+def _mac(secret: str, label: bytes, *fields: bytes) -> bytes:
+    """HMAC-SHA256 under the secret of the label and the fields, each length-prefixed (unambiguous)."""
+    message = label + b"".join(len(f).to_bytes(2, "big") + f for f in fields)
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest().encode()
+
+
+def _nonce() -> bytes:
+    return secrets.token_hex(_NONCE_BYTES).encode()
+
+
+def _is_nonce(data: bytes) -> bool:
+    return len(data) == 2 * _NONCE_BYTES and all(c in b"0123456789abcdef" for c in data)
+
+
+def _fields(token: bytes, count: int, what: str) -> list[bytes]:
+    fields = token.split(b"\0")
+    if len(token) > _TOKEN_SIZE_BYTES_MAX or len(fields) != count:
+        raise AuthenticationError(f"authentication failed: malformed server login ({what})")
+    return fields
 
 
 @dataclass(frozen=True, slots=True)
 class InternalCredentials:
-    """What a server sends to authenticate to another (``ClientCredentials`` of the RPC client)."""
+    """What a server logs in to another with (``ClientCredentials`` of the RPC client): its name and the
+    name of the server it means to reach (``target``)."""
 
     secret: str = field(repr=False)
     name: str
+    target: str = COORDINATOR_NAME
     mechanism: str = INTERNAL_MECHANISM
 
-    def token(self) -> bytes:
-        return f"{self.name}\0{_proof(self.secret, self.name)}".encode()
+    def toward(self, target: str) -> InternalCredentials:
+        return InternalCredentials(self.secret, self.name, target)
+
+    def exchange(self) -> InternalClientExchange:
+        return InternalClientExchange(self)
+
+
+class InternalClientExchange:
+    """The connecting server's side of one login."""
+
+    def __init__(self, credentials: InternalCredentials) -> None:
+        self._credentials = credentials
+        self._nonce = _nonce()
+        self._verified = False
+
+    def first(self) -> bytes:
+        c = self._credentials
+        return b"\0".join((c.name.encode(), c.target.encode(), self._nonce))
+
+    def respond(self, challenge: bytes) -> bytes:
+        c = self._credentials
+        server_nonce, proof = _fields(challenge, 2, "challenge")
+        expected = _mac(c.secret, _SERVER_LABEL, c.name.encode(), c.target.encode(), self._nonce, server_nonce)
+        if self._verified or not _is_nonce(server_nonce) or not hmac.compare_digest(proof, expected):
+            raise AuthenticationError(
+                f"the server reached as {c.target} could not prove it knows the cluster's secret: it is not a server "
+                "of this cluster (a stale or forged registration?); nothing more is sent to it"
+            )
+        self._verified = True
+        return _mac(c.secret, _CLIENT_LABEL, c.name.encode(), c.target.encode(), self._nonce, server_nonce)
+
+    def finish(self) -> None:
+        if not self._verified:
+            raise AuthenticationError(f"the server reached as {self._credentials.target} accepted a server login "
+                                      "without proving it knows the cluster's secret: it is not a server of this cluster")
 
 
 class InternalAuthenticator:
-    """Checks a server's login against the shared secret."""
+    """Checks servers' logins against the shared secret; ``names``: who this server is (a login meant for
+    another server is refused)."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, names: Iterable[str]) -> None:
         self._secret = secret
+        self._names = frozenset(names)
 
-    def authenticate(self, mechanism: str, token: bytes) -> Principal:
-        if mechanism != INTERNAL_MECHANISM or len(token) > _TOKEN_SIZE_BYTES_MAX:
+    def begin(self, mechanism: str) -> InternalServerExchange:
+        if mechanism != INTERNAL_MECHANISM:
             raise AuthenticationError("authentication failed: not a server login")
-        raw_name, sep, proof = token.partition(b"\0")
-        name = raw_name.decode("ascii", errors="replace")
-        expected = _proof(self._secret, name).encode()
-        # bytes on both sides: compare_digest refuses a str with non-ASCII characters (a malformed proof
-        # must fail like a wrong one, not raise)
-        if not sep or not _SERVER_NAME.fullmatch(name) or not hmac.compare_digest(proof, expected):
+        return InternalServerExchange(self._secret, self._names)
+
+
+class InternalServerExchange:
+    """The reached server's side of one login."""
+
+    def __init__(self, secret: str, names: frozenset[str]) -> None:
+        self._secret = secret
+        self._names = names
+        self._first: tuple[bytes, bytes, bytes, bytes] | None = None
+
+    def step(self, token: bytes) -> Principal | Challenge:
+        if self._first is None:
+            name, target, client_nonce = _fields(token, 3, "first message")
+            if (not _SERVER_NAME.fullmatch(name.decode("ascii", errors="replace"))
+                    or not _is_nonce(client_nonce) or target.decode("ascii", errors="replace") not in self._names):
+                raise AuthenticationError("authentication failed: invalid server login")
+            server_nonce = _nonce()
+            self._first = (name, target, client_nonce, server_nonce)
+            proof = _mac(self._secret, _SERVER_LABEL, name, target, client_nonce, server_nonce)
+            return Challenge(server_nonce + b"\0" + proof)
+        name, target, client_nonce, server_nonce = self._first
+        (proof,) = _fields(token, 1, "proof")
+        if not hmac.compare_digest(proof, _mac(self._secret, _CLIENT_LABEL, name, target, client_nonce, server_nonce)):
             raise AuthenticationError("authentication failed: invalid server credentials")
-        return server_principal(name)
+        return server_principal(name.decode())
 
 
 class ListenerAuthenticator:
     """A listener's logins: servers with :data:`INTERNAL_MECHANISM`, clients with the listener's SASL
     mechanisms (none on a PLAINTEXT listener)."""
 
-    def __init__(self, clients: Authenticator | None, servers: InternalAuthenticator | None) -> None:
+    def __init__(self, clients: PlainAuthenticator | None, servers: InternalAuthenticator | None) -> None:
         self._clients = clients
         self._servers = servers
 
-    def authenticate(self, mechanism: str, token: bytes) -> Principal:
+    def begin(self, mechanism: str) -> SaslServerExchange:
         if mechanism == INTERNAL_MECHANISM:
             if self._servers is None:
-                raise AuthenticationError("authentication failed: this server accepts no server logins")
-            return self._servers.authenticate(mechanism, token)
+                raise AuthenticationError("authentication failed: this listener accepts no server logins")
+            return self._servers.begin(mechanism)
         if self._clients is None:
             raise AuthenticationError("this listener does not use SASL")
-        return self._clients.authenticate(mechanism, token)
+        return self._clients.begin(mechanism)
 
 
 def _check(key: ApiKey, request: Message, context: RequestContext) -> None:

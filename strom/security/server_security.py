@@ -114,13 +114,18 @@ class ServerSecurity:
     internal_listener: str = ""
     """The listener the servers of a cluster reach each other on (``internal.listener.name``)."""
 
-    @property
-    def internal_authenticator(self) -> InternalAuthenticator | None:
-        return InternalAuthenticator(self.internal_secret) if self.internal_secret else None
+    def internal_authenticator(self, *server_names: str) -> InternalAuthenticator | None:
+        """How this server checks the logins of the others of its cluster (None without a secret);
+        ``server_names``: who it is (``coordinator``, ``tablet-server-<id>``)."""
+        return InternalAuthenticator(self.internal_secret, server_names) if self.internal_secret else None
 
-    def internal_credentials(self, server_name: str) -> InternalCredentials | None:
-        """What this server sends to the others of its cluster (None without a secret)."""
-        return InternalCredentials(self.internal_secret, server_name) if self.internal_secret else None
+    def internal_credentials(self, server_name: str) -> Callable[[str], InternalCredentials] | None:
+        """How this server, ``server_name``, logs in to another of its cluster, by the other's name (None
+        without a secret)."""
+        if not self.internal_secret:
+            return None
+        own = InternalCredentials(self.internal_secret, server_name)
+        return own.toward
 
     @property
     def protocol(self) -> str:

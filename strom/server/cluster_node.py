@@ -195,7 +195,8 @@ class _ClusterProcess:
     async def _serve(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService,
                      on_connection_closed: Callable[[int], None] | None = None) -> None:
         assert self.security is not None and self.listeners is not None
-        make_server = rpc_server_factory(self.config, on_connection_closed, self.security.internal_authenticator)
+        make_server = rpc_server_factory(self.config, on_connection_closed,
+                                           self.security.internal_authenticator(self.server_name))
         await self.listeners.start(self._guard(handlers, catalog), make_server)
         self._start_acl_refresh()
         self._start_config_refresh()
@@ -348,7 +349,8 @@ class CoordinatorNode(_ClusterProcess):
             state = found[0]
             nodes = {node.node_id: node for node in placement.tablet_servers()}
             followers = [nodes[r] for r in state.replicas if r != state.leader and r in nodes]
-            await asyncio.gather(*(peers.request(n.host, n.port, ApiKey.NOTIFY_REMOTE_LOG_OFFSETS, request)
+            await asyncio.gather(*(peers.request(n.host, n.port, ApiKey.NOTIFY_REMOTE_LOG_OFFSETS, request,
+                                                 server_name=tablet_server_name(n.node_id))
                                    for n in followers), return_exceptions=True)
 
         mover = ReplicaMover(placement.states, self.tablets.notify_bucket)
@@ -531,7 +533,7 @@ class TabletServerNode(_ClusterProcess):
             request.coordinator_epoch = self._coordinator_epoch()
             coordinator = self._coordinator_node()
             return await self.peers.request(coordinator.host, coordinator.port, ApiKey.COMMIT_REMOTE_LOG_MANIFEST,
-                                            request)
+                                            request, server_name=COORDINATOR_NAME)
 
         tablets.start_remote_logs(
             read_handle=handle_reader(store), commit=commit_remote_log_manifest,
@@ -579,7 +581,8 @@ class TabletServerNode(_ClusterProcess):
         for attempt in range(attempts):
             try:
                 coordinator = self._coordinator_node()
-                response = await self.peers.request(coordinator.host, coordinator.port, ApiKey.CONTROLLED_SHUTDOWN, request)
+                response = await self.peers.request(coordinator.host, coordinator.port, ApiKey.CONTROLLED_SHUTDOWN, request,
+                                                    server_name=COORDINATOR_NAME)
             except Exception as exc:
                 log.warning("controlled shutdown attempt %d failed: %s", attempt + 1, exc)
             else:

@@ -55,7 +55,7 @@ from strom.rpc.api_keys import ApiKey
 from strom.rpc.peers import ServerNode
 from strom.rpc.server import Handler, RpcServer
 from strom.security.authenticator import PlainAuthenticator
-from strom.security.internal import InternalAuthenticator, ListenerAuthenticator
+from strom.security.internal import COORDINATOR_NAME, InternalAuthenticator, ListenerAuthenticator
 from strom.security.server_security import ServerSecurity
 from strom.server.listeners import RpcServerFactory, ServerListeners
 from strom.server.metadata_stores import open_store
@@ -257,7 +257,8 @@ class StromServer:
             role.producer_offsets.stored_table_ids,
         )
 
-        rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed, self.security.internal_authenticator)
+        rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed,
+                                         self.security.internal_authenticator(COORDINATOR_NAME))
         await listeners.start(handlers, rpc_server)
         self.rpc = listeners.main
         metrics_port = config.get(METRICS_PORT)

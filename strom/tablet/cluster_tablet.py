@@ -22,6 +22,7 @@ from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.rpc.peers import ALL_BUCKETS, PeerConnections, ServerNode
+from strom.security.internal import COORDINATOR_NAME
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
 from strom.zk.bucket_state import BucketStates, LeaderAndIsr
@@ -129,7 +130,7 @@ class RemoteSnapshotCommitter:
             coordinator_epoch=self._coordinator_epoch(),
             bucket_leader_epoch=leader_epoch,
         )
-        return self._peers.request(node.host, node.port, ApiKey.COMMIT_KV_SNAPSHOT, request)
+        return self._peers.request(node.host, node.port, ApiKey.COMMIT_KV_SNAPSHOT, request, server_name=COORDINATOR_NAME)
 
     def _snapshots(self, bucket: TableBucket) -> dict[int, CompletedKvSnapshot]:
         return {

@@ -43,6 +43,7 @@ from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.rpc.peers import PeerConnections, ServerNode
+from strom.security.internal import tablet_server_name
 from strom.tablet.replica import Replica, ReplicaManager
 from strom.tablet.tablet_service import OFFSET_EARLIEST, OFFSET_LATEST
 from strom.zk.bucket_state import BucketStates, LeaderAndIsr
@@ -300,7 +301,8 @@ class ReplicationManager:
             if bucket.partition_id is not None:
                 bucket_request.partition_id = bucket.partition_id
             try:
-                response = await self._peers.request(node.host, node.port, ApiKey.FETCH_LOG, request)
+                response = await self._peers.request(node.host, node.port, ApiKey.FETCH_LOG, request,
+                                                     server_name=tablet_server_name(node.node_id))
                 if following.stopped:
                     return  # this replica leads or follows another leader now: its log is not ours to touch
                 answer = response.tables_resp[0].buckets_resp[0]  # type: ignore[attr-defined]
@@ -353,7 +355,8 @@ class ReplicationManager:
         if bucket.partition_id is not None:
             request.partition_id = bucket.partition_id
         try:
-            response = await self._peers.request(node.host, node.port, ApiKey.LIST_OFFSETS, request)
+            response = await self._peers.request(node.host, node.port, ApiKey.LIST_OFFSETS, request,
+                                                 server_name=tablet_server_name(node.node_id))
         except Exception:
             return None
         answer = response.buckets_resp[0]  # type: ignore[attr-defined]

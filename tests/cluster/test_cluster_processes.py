@@ -388,7 +388,8 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
                 stale.stop_replicas_req.add(leader_epoch=0, delete=True).table_bucket.CopyFrom(
                     pb.PbTableBucket(table_id=table.layout.info.table_id, bucket_id=-1))
                 # sent as a server would (a plain client's is refused before its epoch is looked at)
-                as_coordinator = InternalCredentials(cluster.settings()["security.internal.secret"], "coordinator")
+                as_coordinator = InternalCredentials(cluster.settings()["security.internal.secret"], "coordinator",
+                                                     target="tablet-server-1")
                 host, _, port = tablet.address.rpartition(":")
                 peer = await RpcConnection.connect(host, int(port), credentials=as_coordinator)
                 try:

@@ -109,12 +109,12 @@ def test_only_the_follower_itself_may_fetch_as_that_follower(cluster: LocalClust
             follower = 3 - leader
             leader_address = cluster.member("tablet-server", leader).address
             refused = []
-            for credentials in (None, InternalCredentials(secret, f"tablet-server-{leader}")):  # anyone, another server
+            for credentials in (None, InternalCredentials(secret, f"tablet-server-{leader}", f"tablet-server-{leader}")):  # anyone, another server
                 with pytest.raises(AuthorizationError) as error:
                     await _send(leader_address, ApiKey.FETCH_LOG, _follower_fetch(table_id, follower), credentials)
                 refused.append(str(error.value))
             # the follower's own login is served (its offset is past the end: a per-bucket error, not a refusal)
-            own = InternalCredentials(secret, f"tablet-server-{follower}")
+            own = InternalCredentials(secret, f"tablet-server-{follower}", f"tablet-server-{leader}")
             answer = await _send(leader_address, ApiKey.FETCH_LOG, _follower_fetch(table_id, follower), own)
             assert answer.tables_resp[0].buckets_resp[0].error_code != AuthorizationError.code  # type: ignore[attr-defined]
             await upsert(connection, path, range(5, 10), "b")
@@ -127,8 +127,11 @@ def test_only_the_follower_itself_may_fetch_as_that_follower(cluster: LocalClust
 
 def test_a_server_login_with_the_wrong_secret_is_refused(cluster: LocalCluster) -> None:
     host, _, port = cluster.member("tablet-server", 1).address.rpartition(":")
-    with pytest.raises(AuthenticationError, match="invalid server credentials"):
-        asyncio.run(RpcConnection.connect(host, int(port), credentials=InternalCredentials("guess", "coordinator")))
+    # the server proves itself first: a login with the wrong secret finds it cannot check that proof, and
+    # sends nothing the server could check
+    with pytest.raises(AuthenticationError, match="could not prove it knows the cluster's secret"):
+        asyncio.run(RpcConnection.connect(host, int(port),
+                                          credentials=InternalCredentials("guess", "coordinator", "tablet-server-1")))
 
 
 def test_the_secret_is_kept_out_of_command_lines_and_readable_by_its_owner_only(cluster: LocalCluster) -> None:
