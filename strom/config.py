@@ -370,6 +370,41 @@ SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED = bool_option(
     "INSECURE: let a cluster start without `security.internal.secret`; its servers then accept control "
     "requests from any client that can connect (as Fluss's do). For a trusted, isolated network only.",
 )
+MAX_CONNECTIONS = int_option(
+    "max.connections", 10_000,
+    "Connections the server holds at once, all listeners together (Kafka's key); further ones are closed as "
+    "they are accepted. 0: no limit.", minimum=0,
+)
+MAX_CONNECTIONS_PER_IP = int_option(
+    "max.connections.per.ip", 2_000,
+    "Connections one source address may hold at once (Kafka's key); 0: no limit.", minimum=0,
+)
+MAX_CONNECTIONS_PER_IP_OVERRIDES = string_option(
+    "max.connections.per.ip.overrides", None,
+    "Per-address exceptions to max.connections.per.ip, `ADDRESS:COUNT,ADDRESS:COUNT` (Kafka's key and form), "
+    "e.g. `10.0.0.7:10000` for a gateway.",
+)
+SECURITY_UNAUTHENTICATED_MAX_BUFFERED_BYTES = memory_option(
+    "security.unauthenticated.max-buffered-bytes", "64mb",
+    "Bytes of partial frames that connections which have not logged in may hold, all together (each may hold "
+    "512 KiB less a byte); a connection whose bytes would pass it is closed, and new connections are refused "
+    "while it is reached (strom extension).", minimum=1 << 20,
+)
+SECURITY_UNAUTHENTICATED_MAX_IDLE_TIME = duration_option(
+    "security.unauthenticated.max-idle-time", "10 s",
+    "On a listener that requires a login, a connection that has not logged in and sent no whole frame for "
+    "this long is closed (strom extension; netty.connection.max-idle-time applies after the login).",
+)
+SECURITY_FAILED_AUTHENTICATION_MAX_PER_ADDRESS = int_option(
+    "security.failed-authentication.max-per-address", 20,
+    "Failed logins one source address may make within a minute; then its connections are refused for "
+    "security.failed-authentication.block-time. Before that, each failed login of an address is answered "
+    "later than the one before (100 ms, doubling, at most 5 s). 0: no block (strom extension).", minimum=0,
+)
+SECURITY_FAILED_AUTHENTICATION_BLOCK_TIME = duration_option(
+    "security.failed-authentication.block-time", "60 s",
+    "How long an address that made too many failed logins is refused (strom extension).",
+)
 
 # ---- log ----
 LOG_SEGMENT_FILE_SIZE = memory_option(

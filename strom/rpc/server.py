@@ -33,6 +33,7 @@ from strom.errors import (
     code_for_exception,
 )
 from strom.rpc import framing
+from strom.rpc.admission import ConnectionAdmission
 from strom.rpc.api_keys import EXTENSION_KEYS, STROM_CLIENT_NAME, ApiKey, version_range
 from strom.rpc.auth import (
     ANONYMOUS,
@@ -161,6 +162,8 @@ class RpcServer:
         unauthenticated_frame_size_bytes_max: int = UNAUTHENTICATED_FRAME_SIZE_BYTES_MAX,
         failed_authentication_delay_ms: int = FAILED_AUTHENTICATION_DELAY_MS,
         listener: str | None = None,
+        admission: ConnectionAdmission | None = None,
+        unauthenticated_idle_timeout_ms: int | None = None,
     ) -> None:
         """``authenticator`` checks Authenticate requests. ``authentication_required`` (by default: whether
         there is an authenticator): a connection may send only ApiVersions and Authenticate until it has
@@ -190,6 +193,9 @@ class RpcServer:
         self._unauthenticated_frame_size_bytes_max = min(unauthenticated_frame_size_bytes_max, frame_size_bytes_max)
         self._failed_authentication_delay_s = failed_authentication_delay_ms / 1000
         self._failure_log = _RateLimitedLog(FAILURE_LOG_INTERVAL_S)
+        self.admission = admission
+        """Connection counts, unauthenticated memory and failed logins, shared by a process's listeners."""
+        self._unauthenticated_idle_timeout_ms = min(unauthenticated_idle_timeout_ms or idle_timeout_ms, idle_timeout_ms)
         assert authenticator is not None or not self._authentication_required
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[int, _Connection] = {}
@@ -221,12 +227,17 @@ class RpcServer:
         return _Connection(self, self._next_connection_id)
 
     async def _close_idle_connections(self) -> None:
-        interval_s = max(0.05, min(self._idle_timeout_ms / 1000 / 4, 30.0))
+        """Close connections idle past the idle timeout; those that have not logged in, past the shorter
+        unauthenticated one."""
+        interval_s = max(0.05, min(self._unauthenticated_idle_timeout_ms / 1000 / 4, 30.0))
         while True:
             await asyncio.sleep(interval_s)
-            deadline = time.monotonic() - self._idle_timeout_ms / 1000
+            now = time.monotonic()
+            deadline = now - self._idle_timeout_ms / 1000
+            unauthenticated_deadline = now - self._unauthenticated_idle_timeout_ms / 1000
             for connection in list(self._connections.values()):
-                if connection.in_flight_count == 0 and connection.last_active < deadline:
+                limit = deadline if connection.principal is not None else unauthenticated_deadline
+                if connection.in_flight_count == 0 and connection.last_active < limit and not connection.refusing:
                     log.info("closing idle connection %s", connection.peer)
                     connection.close()
 
@@ -311,6 +322,8 @@ class RpcServer:
             result = connection.login[1].step(request.token)
         except Exception as exc:
             connection.login = None
+            if self.admission is not None:
+                connection.failure_delay_s = self.admission.login_failed(connection.address)
             # whatever a token does to an authenticator, it is a failed login: delayed, counted, logged at
             # most once per interval, never a dropped connection with a traceback
             failure = exc if isinstance(exc, StromError) else AuthenticationError("authentication failed: malformed token")
@@ -363,6 +376,13 @@ class _Connection(asyncio.Protocol):
         """The last Authenticate failed: its answer goes out after the server's delay, then the connection closes."""
         self.login: tuple[str, SaslServerExchange] | None = None
         """A login under way (mechanism, exchange): a challenge was sent, its answer is awaited."""
+        self.failure_delay_s = server._failed_authentication_delay_s
+        self.refusing = False
+        """How long the answer to a failed login waits (longer for an address that failed before)."""
+        self.address = "?"
+        self._admitted = False
+        self._unauthenticated_bytes = 0
+        """Bytes of partial frames this connection holds of the server's budget for unauthenticated ones."""
         frame_limit = server._frame_size_bytes_max if self.principal is not None else server._unauthenticated_frame_size_bytes_max
         self._frames = framing.FrameBuffer(frame_limit, framing.REQUEST_HEADER_SIZE_BYTES)
         self._transport: asyncio.Transport | None = None
@@ -386,10 +406,23 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peername = transport.get_extra_info("peername")
         self.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        self.address = str(peername[0]) if peername else "?"
+        admission = self._server.admission
+        if admission is not None:
+            if admission.admit(self.address) is not None:
+                transport.abort()  # type: ignore[attr-defined]  # over a limit: closed before anything is read
+                return
+            self._admitted = True
         self._server._connections[self.connection_id] = self
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.pop(self.connection_id, None)
+        admission = self._server.admission
+        if admission is not None and self._admitted:
+            self._admitted = False
+            admission.release(self.address)
+            admission.hold_unauthenticated(-self._unauthenticated_bytes)
+            self._unauthenticated_bytes = 0
         self._transport = None
         self._waiting.clear()  # nobody can receive their answers; the client retries what it needs
         self._server.budget.forget(self.connection_id)
@@ -402,6 +435,9 @@ class _Connection(asyncio.Protocol):
     def authenticated(self, principal: Principal, frame_size_bytes_max: int) -> None:
         self.principal = principal
         self._frames.set_frame_size_bytes_max(frame_size_bytes_max)
+        if self._server.admission is not None and self._unauthenticated_bytes:
+            self._server.admission.hold_unauthenticated(-self._unauthenticated_bytes)
+            self._unauthenticated_bytes = 0
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -413,6 +449,13 @@ class _Connection(asyncio.Protocol):
             return
         if frames or self.principal is not None:  # before authentication only whole frames count as activity
             self.last_active = time.monotonic()
+        admission = self._server.admission
+        if admission is not None and self.principal is None:
+            held = self._frames.buffered_size_bytes
+            change, self._unauthenticated_bytes = held - self._unauthenticated_bytes, held
+            if not admission.hold_unauthenticated(change):
+                self.close()
+                return
         self._waiting.extend(frames)
         self._start_waiting()
         self.retry_reservation()
@@ -476,6 +519,7 @@ class _Connection(asyncio.Protocol):
     def _refuse_after_delay(self, answer: bytes) -> None:
         """Stop reading, answer the failed authentication after the server's delay, and close: a guesser
         gets one attempt per connection and a paced answer."""
+        self.refusing = True  # closed once answered: not an idle connection for the idle sweep
         self._waiting.clear()
         if self._transport is not None and not self._reading_paused:
             self._transport.pause_reading()
@@ -485,7 +529,7 @@ class _Connection(asyncio.Protocol):
             self._write(answer)
             self.close()
 
-        asyncio.get_running_loop().call_later(self._server._failed_authentication_delay_s, answer_and_close)
+        asyncio.get_running_loop().call_later(self.failure_delay_s, answer_and_close)
 
     def _schedule_start(self) -> None:
         if not self._start_scheduled:

@@ -29,9 +29,16 @@ from strom.config import (
     KV_SCANNER_MAX_PER_BUCKET,
     KV_SCANNER_MAX_PER_SERVER,
     KV_SCANNER_TTL,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    MAX_CONNECTIONS_PER_IP_OVERRIDES,
     MAX_REQUEST_SIZE,
     METRICS_PORT,
     REMOTE_DATA_DIR,
+    SECURITY_FAILED_AUTHENTICATION_BLOCK_TIME,
+    SECURITY_FAILED_AUTHENTICATION_MAX_PER_ADDRESS,
+    SECURITY_UNAUTHENTICATED_MAX_BUFFERED_BYTES,
+    SECURITY_UNAUTHENTICATED_MAX_IDLE_TIME,
     SERVER_MAX_BUFFERED_REQUEST_BYTES,
     SERVER_MAX_IN_FLIGHT_PER_CONNECTION,
     TABLET_SERVER_ID,
@@ -46,11 +53,13 @@ from strom.coordinator.lake_service import LakeTieringService
 from strom.coordinator.placement import SingleNodePlacement
 from strom.coordinator.role import CoordinatorRole
 from strom.coordinator.service import CoordinatorService
+from strom.errors import InvalidConfigError
 from strom.ids import TableBucket
 from strom.kv.scan import ScannerConfig
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
+from strom.rpc.admission import AdmissionLimits, ConnectionAdmission
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.peers import ServerNode
 from strom.rpc.server import Handler, RpcServer
@@ -93,6 +102,8 @@ def rpc_server_factory(
     listener's client authenticator (None: PLAINTEXT) and name and, with ``servers``, the logins of the
     cluster's servers on every listener."""
 
+    admission = ConnectionAdmission(admission_limits(config))  # one for every listener of the process
+
     def build(served: Mapping[ApiKey, Handler], clients: PlainAuthenticator | None, listener: str) -> RpcServer:
         logins = ListenerAuthenticator(clients, servers) if clients is not None or servers is not None else None
         return RpcServer(
@@ -105,9 +116,30 @@ def rpc_server_factory(
             buffered_request_bytes_max=config.get(SERVER_MAX_BUFFERED_REQUEST_BYTES),
             on_connection_closed=on_connection_closed,
             listener=listener,
+            admission=admission,
+            unauthenticated_idle_timeout_ms=config.get_ms(SECURITY_UNAUTHENTICATED_MAX_IDLE_TIME),
         )
 
     return build
+
+
+def admission_limits(config: Configuration) -> AdmissionLimits:
+    """The limits before login (``max.connections``, ``max.connections.per.ip`` and its overrides, the
+    unauthenticated memory cap, failed logins per address)."""
+    overrides: dict[str, int] = {}
+    for entry in filter(None, (e.strip() for e in (config.get(MAX_CONNECTIONS_PER_IP_OVERRIDES) or "").split(","))):
+        address, sep, count = entry.rpartition(":")
+        if not sep or not address or not count.isdigit():
+            raise InvalidConfigError(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES.key}: entries are ADDRESS:COUNT, got {entry!r}")
+        overrides[address] = int(count)
+    return AdmissionLimits(
+        connections_max=config.get(MAX_CONNECTIONS),
+        connections_per_address_max=config.get(MAX_CONNECTIONS_PER_IP),
+        per_address_overrides=overrides,
+        unauthenticated_bytes_max=config.get(SECURITY_UNAUTHENTICATED_MAX_BUFFERED_BYTES),
+        failed_logins_max=config.get(SECURITY_FAILED_AUTHENTICATION_MAX_PER_ADDRESS),
+        block_s=config.get_ms(SECURITY_FAILED_AUTHENTICATION_BLOCK_TIME) / 1000,
+    )
 
 
 def lake_warehouse(configured: str | None, paths: ServerPaths) -> str:
