@@ -105,6 +105,16 @@ class NemesisCluster(LocalCluster):
                 return member.server_id
         return None
 
+    def wait_registered(self, timeout_s: float) -> None:
+        """Until every tablet server is registered in ZooKeeper (a server answers RPCs just before it
+        registers: a table created in between would find too few servers for its replicas)."""
+        _, root = parse_location(self.zookeeper_address)
+        deadline = time.monotonic() + timeout_s
+        while len(self._zookeeper_client().get_children(f"{root}/tabletservers/ids")) < self.tablet_server_count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {self.tablet_server_count} tablet servers registered")
+            time.sleep(0.1)
+
     # ---- bucket states ----
     def _zookeeper_client(self) -> Any:
         if self._states_client is None:

@@ -64,6 +64,7 @@ def run_seed(data_dir: Path, seed: int, fault_count: int, tablet_servers: int = 
     history = History()
     try:
         cluster.start()
+        cluster.wait_registered(SETTLE_S)
         kv, events, official = asyncio.run(create_tables(cluster.bootstrap, f"nemesis_{seed}"))
         table_ids = asyncio.run(_table_ids(cluster.bootstrap, kv, events, official))
         buckets = [TableBucket(t, b) for t in table_ids for b in range(BUCKETS)]
