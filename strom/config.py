@@ -361,9 +361,16 @@ SECURITY_INTERNAL_SECRET = string_option(
     "security.internal.secret", None,
     "The secret the servers of a cluster share to authenticate to each other (strom's own key; Fluss's "
     "servers do not authenticate). Each server proves `Server:coordinator` or `Server:tablet-server-<id>` "
-    "with it, and requests only servers send (NotifyLeaderAndIsr, StopReplica, UpdateMetadata, "
-    "CommitKvSnapshot, a follower's FetchLog, …) are refused from anyone else, on every listener. "
+    "with it (a mutual challenge-response on the internal listener), and requests only servers send "
+    "(NotifyLeaderAndIsr, StopReplica, UpdateMetadata, CommitKvSnapshot, a follower's FetchLog, …) are "
+    "refused from anyone else, on every listener. "
     "`strom cluster start` generates one; keep it as secret as a password.",
+)
+SECURITY_INTERNAL_LOGIN_ON_ALL_LISTENERS = bool_option(
+    "security.internal.login-on-all-listeners", False,
+    "Accept the servers' logins (STROM-INTERNAL) on every listener, not only on the one internal.listener.name "
+    "names (strom's own key). Off, a server login sent to a client listener is refused, so the servers' "
+    "secret is of no use on a network that reaches only client listeners.",
 )
 SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED = bool_option(
     "security.internal.allow-unauthenticated", False,

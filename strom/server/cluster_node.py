@@ -196,7 +196,8 @@ class _ClusterProcess:
                      on_connection_closed: Callable[[int], None] | None = None) -> None:
         assert self.security is not None and self.listeners is not None
         make_server = rpc_server_factory(self.config, on_connection_closed,
-                                           self.security.internal_authenticator(self.server_name))
+                                           self.security.internal_authenticator(self.server_name),
+                                           self.security.internal_listener or None)
         await self.listeners.start(self._guard(handlers, catalog), make_server)
         self._start_acl_refresh()
         self._start_config_refresh()

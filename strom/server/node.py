@@ -37,6 +37,7 @@ from strom.config import (
     REMOTE_DATA_DIR,
     SECURITY_FAILED_AUTHENTICATION_BLOCK_TIME,
     SECURITY_FAILED_AUTHENTICATION_MAX_PER_ADDRESS,
+    SECURITY_INTERNAL_LOGIN_ON_ALL_LISTENERS,
     SECURITY_UNAUTHENTICATED_MAX_BUFFERED_BYTES,
     SECURITY_UNAUTHENTICATED_MAX_IDLE_TIME,
     SERVER_MAX_BUFFERED_REQUEST_BYTES,
@@ -97,15 +98,19 @@ def rpc_server_factory(
     config: Configuration,
     on_connection_closed: Callable[[int], None] | None = None,
     servers: InternalAuthenticator | None = None,
+    internal_listener: str | None = None,
 ) -> RpcServerFactory:
     """Builds the RPC servers of a process (one per listener) with the configured limits. Each takes its
     listener's client authenticator (None: PLAINTEXT) and name and, with ``servers``, the logins of the
-    cluster's servers on every listener."""
+    cluster's servers: on the ``internal_listener`` only, unless ``security.internal.login-on-all-listeners``
+    (or no listener is named internal)."""
+    everywhere = internal_listener is None or config.get(SECURITY_INTERNAL_LOGIN_ON_ALL_LISTENERS)
 
     admission = ConnectionAdmission(admission_limits(config))  # one for every listener of the process
 
     def build(served: Mapping[ApiKey, Handler], clients: PlainAuthenticator | None, listener: str) -> RpcServer:
-        logins = ListenerAuthenticator(clients, servers) if clients is not None or servers is not None else None
+        server_logins = servers if everywhere or listener == internal_listener else None
+        logins = ListenerAuthenticator(clients, server_logins) if clients is not None or server_logins is not None else None
         return RpcServer(
             served,
             authenticator=logins,
@@ -290,7 +295,8 @@ class StromServer:
         )
 
         rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed,
-                                         self.security.internal_authenticator(COORDINATOR_NAME))
+                                         self.security.internal_authenticator(COORDINATOR_NAME),
+                                         self.security.internal_listener or None)
         await listeners.start(handlers, rpc_server)
         self.rpc = listeners.main
         metrics_port = config.get(METRICS_PORT)

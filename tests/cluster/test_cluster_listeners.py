@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +18,10 @@ import pytest
 from kazoo.client import KazooClient
 
 from strom.client import Connection
-from strom.errors import ConnectionFailedError, NetworkError
+from strom.errors import AuthenticationError, ConnectionFailedError, NetworkError
 from strom.rpc.client import RpcConnection
 from strom.rpc.endpoints import Endpoint, parse_endpoints
+from strom.security.internal import InternalCredentials
 from strom.server.local_cluster import ADMIN, LocalCluster
 from strom.zk.metadata_store import parse_location
 from strom.zk.zookeeper_server import unavailable_reason
@@ -123,6 +125,24 @@ def test_servers_replicate_over_the_internal_listener_which_refuses_plain_client
     internal = _registrations(cluster)["tablet-server-1"]["INTERNAL"]
     with pytest.raises((ConnectionFailedError, NetworkError)):  # not TLS: the handshake never completes
         asyncio.run(RpcConnection.connect(internal.host, internal.port, timeout_ms=3_000))
+
+
+def test_servers_log_in_on_the_internal_listener_only(cluster: LocalCluster, certificates: Certificates) -> None:
+    """Even with the secret, a server login on a client listener is refused (no option asks otherwise):
+    the secret is of no use on a network that reaches only client listeners."""
+    secret = cluster.settings()["security.internal.secret"]
+    endpoints = _registrations(cluster)["tablet-server-1"]
+    as_coordinator = InternalCredentials(secret, "coordinator", "tablet-server-1")
+    with pytest.raises(AuthenticationError, match="accepts no server logins"):
+        asyncio.run(RpcConnection.connect(endpoints["PYFLUSS"].host, endpoints["PYFLUSS"].port, credentials=as_coordinator))
+
+    async def internal_login() -> None:
+        connection = await RpcConnection.connect(endpoints["INTERNAL"].host, endpoints["INTERNAL"].port,
+                                                 credentials=as_coordinator,
+                                                 tls=ssl.create_default_context(cafile=str(certificates.ca)))
+        await connection.close()
+
+    asyncio.run(internal_login())
 
 
 def test_pyfluss_writes_and_reads_through_its_own_listener(cluster: LocalCluster, certificates: Certificates) -> None:
