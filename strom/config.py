@@ -231,6 +231,14 @@ ZOOKEEPER_ADDRESS = string_option(
     "ACLs) in ZooKeeper at `HOST:PORT[,HOST:PORT…][/ROOT]` (the root is `/fluss` when none is given) "
     "instead of the SQLite file in `data.dir`; needs the `zookeeper` extra (kazoo). Unset: SQLite.",
 )
+ZOOKEEPER_AUTH_DIGEST = string_option(
+    "zookeeper.auth.digest", None,
+    "`user:password`: the identity strom's servers act as in ZooKeeper (its digest scheme). Every node they "
+    "create is then readable and writable by that identity alone, and ZooKeeper refuses strangers reads and "
+    "writes of strom's nodes (registrations, ACLs, leadership). `strom cluster start --secure` generates one; "
+    "`strom zookeeper secure` sets the ACLs on a tree created before. Keep it as secret as a password "
+    "(strom extension; Fluss's ZooKeeper client takes SASL through zookeeper.client.config-path).",
+)
 ZOOKEEPER_SESSION_TIMEOUT = duration_option(
     "zookeeper.client.session-timeout", "18s",
     "ZooKeeper session timeout of a cluster's servers: a tablet server or coordinator that stops answering "

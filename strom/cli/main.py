@@ -32,6 +32,8 @@ from strom.config import (
     BIND_LISTENERS,
     DATA_DIR,
     TABLET_SERVER_ID,
+    ZOOKEEPER_ADDRESS,
+    ZOOKEEPER_AUTH_DIGEST,
     Configuration,
     options_markdown,
 )
@@ -258,6 +260,35 @@ def _run_event_loop(main_coroutine: Any) -> None:
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main_coroutine)
+
+
+@main.group()
+def zookeeper() -> None:
+    """The cluster's ZooKeeper tree."""
+
+
+@zookeeper.command("secure")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="YAML file of config keys (a cluster's cluster.yaml).")
+@click.option("-D", "defines", multiple=True, metavar="KEY=VALUE",
+              help="A config key: zookeeper.address and zookeeper.auth.digest are read.")
+def zookeeper_secure(config_file: Path | None, defines: tuple[str, ...]) -> None:
+    """Close an existing tree to strangers: every node under zookeeper.address's root gets the ACL of
+    zookeeper.auth.digest alone (what servers started with that key give the nodes they create)."""
+    from strom.zk.metadata_store import connect_kazoo, parse_location, secure_tree
+
+    values = Configuration(_load_config(config_file, defines))
+    address, digest = values.get(ZOOKEEPER_ADDRESS), values.get(ZOOKEEPER_AUTH_DIGEST)
+    if not address or not digest:
+        raise click.UsageError("set zookeeper.address and zookeeper.auth.digest (-D or --config)")
+    hosts, root = parse_location(address)
+    client = connect_kazoo(hosts, 30_000, digest=digest)
+    try:
+        changed = secure_tree(client, root, digest)
+    finally:
+        client.stop()
+        client.close()
+    click.echo(f"{changed} nodes under {root} are now {digest.partition(':')[0]}'s alone")
 
 
 @main.group()

@@ -37,6 +37,7 @@ from strom.config import (
     TABLET_SERVER_ID,
     TABLET_SERVER_RACK,
     ZOOKEEPER_ADDRESS,
+    ZOOKEEPER_AUTH_DIGEST,
     ZOOKEEPER_SESSION_TIMEOUT,
     Configuration,
     DynamicConfig,
@@ -103,7 +104,7 @@ def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
     address = config.get(ZOOKEEPER_ADDRESS)
     if not address:
         raise InvalidConfigError("a cluster keeps its metadata in ZooKeeper: set zookeeper.address")
-    return open_store("zookeeper", address), address
+    return open_store("zookeeper", address, config.get(ZOOKEEPER_AUTH_DIGEST)), address
 
 
 T = TypeVar("T")
@@ -298,8 +299,9 @@ class CoordinatorNode(_ClusterProcess):
         store, zookeeper = self._open()
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         assert self.security is not None
-        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener)
-        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener)
+        digest = self.config.get(ZOOKEEPER_AUTH_DIGEST)
+        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, digest)
+        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, digest)
         placement = ClusterPlacement(store, self.registry, self._active_node, _bucket_states(self.registry))
         standby_catalog = CoordinatorService(
             store, _NoTablets(), self.config, self.clock, placement, LakeTableTieringManager(store, self.clock, 0, 0)
@@ -482,8 +484,9 @@ class TabletServerNode(_ClusterProcess):
         config = self.config  # with the cluster configs changed at run time
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         assert self.security is not None
-        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener)
-        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener)
+        digest = self.config.get(ZOOKEEPER_AUTH_DIGEST)
+        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, digest)
+        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, digest)
         coordinator = await asyncio.to_thread(self.address.wait, COORDINATOR_WAIT_S)
         if coordinator is None:
             raise InvalidConfigError(f"no coordinator published its address in ZooKeeper {zookeeper} within "

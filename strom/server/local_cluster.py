@@ -26,7 +26,12 @@ from pathlib import Path
 
 import yaml
 
-from strom.config import SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED, SECURITY_INTERNAL_SECRET, TABLET_SERVER_RACK
+from strom.config import (
+    SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
+    SECURITY_INTERNAL_SECRET,
+    TABLET_SERVER_RACK,
+    ZOOKEEPER_AUTH_DIGEST,
+)
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -184,6 +189,8 @@ class LocalCluster:
                 "authorizer.enabled": "true",
             }
             config = {**secured, **config}
+            # ZooKeeper closed to strangers: every node strom creates is its identity's alone
+            config.setdefault(ZOOKEEPER_AUTH_DIGEST.key, f"strom:{secrets.token_urlsafe(24)}")
             config["super.users"] = ";".join(filter(None, [f"User:{ADMIN}", self.config.get("super.users")]))
         return config
 
@@ -206,7 +213,8 @@ class LocalCluster:
         if existing is not None and any(alive(m.pid) for m in existing.members):
             raise RuntimeError(f"a cluster already runs from {self.data_dir}: `strom cluster stop` it first")
         try:
-            zookeeper = self._zookeeper = ZooKeeperServer(self.data_dir / "zookeeper", detached=self.detached).start()
+            zookeeper = self._zookeeper = ZooKeeperServer(self.data_dir / "zookeeper", detached=self.detached,
+                                                          require_auth=self.secure).start()
             assert zookeeper.pid is not None
             self.state.members.append(Member("zookeeper", zookeeper.pid, zookeeper.address, log=str(zookeeper.log_path)))
             self.state.save()

@@ -13,27 +13,27 @@ from strom.errors import NotInstalledError
 from strom.metadata.store import MetadataStore
 
 
-def _open_sqlite(location: str) -> MetadataStore:
+def _open_sqlite(location: str, digest: str | None = None) -> MetadataStore:
     from strom.metadata.sqlite_store import SqliteMetadataStore
 
     return SqliteMetadataStore(location)
 
 
-def _open_zookeeper(location: str) -> MetadataStore:
+def _open_zookeeper(location: str, digest: str | None = None) -> MetadataStore:
     try:
         from strom.zk.metadata_store import ZooKeeperMetadataStore
     except ImportError as exc:
         raise NotInstalledError("ZooKeeper support not installed: pip install 'strom[zookeeper]'") from exc
-    return ZooKeeperMetadataStore(location)
+    return ZooKeeperMetadataStore(location, digest=digest)
 
 
-STORES: dict[str, Callable[[str], MetadataStore]] = {"sqlite": _open_sqlite, "zookeeper": _open_zookeeper}
-"""Store name -> opener taking the store's location."""
+STORES: dict[str, Callable[[str, str | None], MetadataStore]] = {"sqlite": _open_sqlite, "zookeeper": _open_zookeeper}
+"""Store name -> opener taking the store's location (and, for ZooKeeper, its digest identity)."""
 
 
-def open_store(kind: str, location: str) -> MetadataStore:
+def open_store(kind: str, location: str, digest: str | None = None) -> MetadataStore:
     """Open the backend ``kind`` at ``location`` ("sqlite": a file path; "zookeeper": ``host:port[/root]``,
-    the root ``/fluss`` when none is given).
+    the root ``/fluss`` when none is given; ``digest``: ZooKeeper's digest identity, ``zookeeper.auth.digest``).
 
     Raises:
         ValueError: an unknown ``kind``.
@@ -43,7 +43,7 @@ def open_store(kind: str, location: str) -> MetadataStore:
         opener = STORES[kind]
     except KeyError:
         raise ValueError(f"unknown metadata store {kind!r}; choose one of {sorted(STORES)}") from None
-    return opener(location)
+    return opener(location, digest)
 
 
 __all__ = ["STORES", "open_store"]

@@ -55,7 +55,8 @@ def _decode(data: bytes) -> ActiveCoordinator:
 class CoordinatorAddress:
     """Campaign for (coordinators) or follow (tablet servers) the active coordinator. Thread-safe."""
 
-    def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME) -> None:
+    def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME,
+                 digest: str | None = None) -> None:
         """``internal_listener``: :meth:`current` names the active coordinator by its endpoint there."""
         hosts, root = parse_location(location)
         self._internal_listener = internal_listener
@@ -65,7 +66,7 @@ class CoordinatorAddress:
         self._changed = threading.Condition()
         self.on_deposed: Callable[[], None] | None = None
         """Called (on a ZooKeeper thread) when this process was active and no longer is."""
-        self._client = connect_kazoo(hosts, session_timeout_ms)
+        self._client = connect_kazoo(hosts, session_timeout_ms, digest=digest)
         try:
             self._client.ensure_path(self._path.rsplit("/", 1)[0])
             DataWatch(self._client, self._path, self._on_data)

@@ -56,12 +56,14 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.protocol.states import ZnodeStat
+from kazoo.security import ACL, make_digest_acl
 
 from strom.errors import (
     DatabaseAlreadyExistError,
     DatabaseNotEmptyError,
     DatabaseNotExistError,
     InvalidAlterTableError,
+    InvalidConfigError,
     PartitionAlreadyExistsError,
     StorageError,
     TableAlreadyExistError,
@@ -124,13 +126,22 @@ class _Conflict(Exception):
     """A transaction failed because another client changed what it read: read again and re-decide."""
 
 
-def connect_kazoo(hosts: str, session_timeout_ms: int, connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT) -> KazooClient:
+def connect_kazoo(hosts: str, session_timeout_ms: int, connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+                  digest: str | None = None) -> KazooClient:
     """A started ZooKeeper client that reconnects forever in the background (with a new session after an
-    expiry). Raises StorageError when ZooKeeper cannot be reached within ``connect_timeout_ms``."""
+    expiry). Raises StorageError when ZooKeeper cannot be reached within ``connect_timeout_ms``.
+
+    ``digest`` (``user:password``, ``zookeeper.auth.digest``): the client authenticates with ZooKeeper's
+    digest scheme (again on every new session) and creates every node readable and writable by that
+    identity alone, the world getting no right at all (ACLs and registrations are secrets)."""
+    auth: dict[str, object] = {}
+    if digest:
+        auth = {"auth_data": [("digest", digest)], "default_acl": [digest_acl(digest)]}
     client = KazooClient(
         hosts=hosts,
         timeout=session_timeout_ms / 1000,
         connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
+        **auth,  # type: ignore[arg-type]
     )
     try:
         client.start(timeout=connect_timeout_ms / 1000)
@@ -138,6 +149,37 @@ def connect_kazoo(hosts: str, session_timeout_ms: int, connect_timeout_ms: int =
         client.close()
         raise StorageError(f"cannot connect to ZooKeeper at {hosts}: {exc}") from exc
     return client
+
+
+def digest_acl(digest: str) -> ACL:
+    """All rights to the digest identity ``user:password``, none to anyone else.
+
+    Raises:
+        InvalidConfigError: not ``user:password``.
+    """
+    user, sep, password = digest.partition(":")
+    if not sep or not user or not password:
+        raise InvalidConfigError("zookeeper.auth.digest is user:password")
+    return make_digest_acl(user, password, all=True)
+
+
+def secure_tree(client: KazooClient, root: str, digest: str) -> int:
+    """Give every node under ``root`` (``root`` included) the ACL of :func:`digest_acl`: a tree created
+    before ``zookeeper.auth.digest`` was set (its nodes open to the world) closed to strangers. ``client``
+    must have authenticated as ``digest``. Returns how many nodes it changed."""
+    acl = [digest_acl(digest)]
+    changed = 0
+    pending = [root]
+    while pending:
+        path = pending.pop()
+        try:
+            children = client.get_children(path)
+            client.set_acls(path, acl)
+        except NoNodeError:
+            continue  # gone meanwhile (an ephemeral registration)
+        changed += 1
+        pending += [f"{path.rstrip('/')}/{child}" for child in children]
+    return changed
 
 
 def parse_location(location: str) -> tuple[str, str]:
@@ -225,14 +267,16 @@ class ZooKeeperMetadataStore(MetadataStore):
         session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT,
         operation_timeout_ms: int = OPERATION_TIMEOUT_MS_DEFAULT,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+        digest: str | None = None,
     ) -> None:
+        """``digest``: ZooKeeper's digest identity to act as (:func:`connect_kazoo`)."""
         assert session_timeout_ms > 0
         assert operation_timeout_ms > 0
         self._hosts, self._root = parse_location(location)
         self._operation_timeout_ms = operation_timeout_ms
         self._closed = False
         # reconnects forever in the background; each call bounds its own wait (operation_timeout_ms)
-        self._client = connect_kazoo(self._hosts, session_timeout_ms, connect_timeout_ms)
+        self._client = connect_kazoo(self._hosts, session_timeout_ms, connect_timeout_ms, digest)
         try:
             self._run(self._create_containers)
         except BaseException:

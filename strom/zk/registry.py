@@ -102,7 +102,8 @@ class TabletServerRegistry:
     Thread-safe; the watch and the re-registration run on kazoo's callback threads.
     """
 
-    def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME) -> None:
+    def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME,
+                 digest: str | None = None) -> None:
         """``internal_listener``: the listener the servers reach each other on; :meth:`live` names each
         server by its endpoint there."""
         assert session_timeout_ms > 0
@@ -117,7 +118,7 @@ class TabletServerRegistry:
         self._live: dict[int, ServerNode] = {}
         self._reregister_pending = False
         self._closed = False
-        self._client = connect_kazoo(self._hosts, session_timeout_ms)
+        self._client = connect_kazoo(self._hosts, session_timeout_ms, digest=digest)
         try:
             self._client.ensure_path(self._ids_path)
             self._client.add_listener(self._on_state)

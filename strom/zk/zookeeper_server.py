@@ -65,9 +65,13 @@ def four_letter_word(host: str, port: int, word: str, timeout_ms: int = 1_000) -
 class ZooKeeperServer:
     """One standalone ZooKeeper on ``127.0.0.1:port`` with its data under ``directory``."""
 
-    def __init__(self, directory: Path, port: int | None = None, *, detached: bool = False) -> None:
+    def __init__(self, directory: Path, port: int | None = None, *, detached: bool = False,
+                 require_auth: bool = False) -> None:
         """``detached``: the server runs in its own session, so it outlives the starting process (``strom
-        cluster start``) and a Ctrl-C in that terminal does not reach it; stop it by its pid."""
+        cluster start``) and a Ctrl-C in that terminal does not reach it; stop it by its pid.
+        ``require_auth``: a client must authenticate (digest) before anything else (ZooKeeper's
+        ``enforce.auth.enabled``); the nodes' ACLs then decide what it may do."""
+        self._require_auth = require_auth
         self.directory = directory.absolute()  # java runs in it: zoo.cfg's path must not be relative to it
         self.host = "127.0.0.1"
         self.port = port or free_port()
@@ -115,6 +119,7 @@ class ZooKeeperServer:
                     # a test run makes many small snapshots of nothing: keep the disk quiet
                     "snapCount=100000",
                     "autopurge.snapRetainCount=3",
+                    *(["enforce.auth.enabled=true", "enforce.auth.schemes=digest"] if self._require_auth else []),
                     "",
                 ]
             )

@@ -62,7 +62,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, certificates: Certificates
 def _registrations(local: LocalCluster) -> dict[str, dict[str, Endpoint]]:
     """What ZooKeeper holds: each tablet server's and the active coordinator's listeners by name."""
     hosts, root = parse_location(local.zookeeper_address)
-    client = KazooClient(hosts=hosts)
+    client = KazooClient(hosts=hosts, auth_data=[("digest", local.settings()["zookeeper.auth.digest"])])
     client.start(timeout=10)
     try:
         found = {}
