@@ -28,6 +28,7 @@ BENCHES = [
     ("bench.spark_pushdown_bench", [], ["--rows", "200000", "--repeat", "1"]),
     ("bench.tiering_bench", [], ["--rows", "200000", "--lag-seconds", "30", "--freshness", "5s"]),
     ("bench.memory_soak", [], ["--seconds", "30", "--sample-seconds", "5"]),
+    ("bench.login_bench", [], ["--logins", "300", "--rows", "50000", "--lookups", "10000"]),
 ]
 
 
