@@ -40,7 +40,7 @@ class SwallowingPeers:
         self.swallowed = False
         self.fetches = 0
 
-    async def request(self, _host: str, _port: int, _key: object, _message: object) -> Any:
+    async def request(self, _host: str, _port: int, _key: object, _message: object, *, server_name: str) -> Any:
         self.fetches += 1
         try:
             await asyncio.sleep(3600)
@@ -112,7 +112,7 @@ class LeaderLog:
     def __init__(self, log_tablet: LogTablet) -> None:
         self.log = log_tablet
 
-    async def request(self, _host: str, _port: int, _key: object, message: Any) -> Any:
+    async def request(self, _host: str, _port: int, _key: object, message: Any, *, server_name: str) -> Any:
         offset = message.tables_req[0].buckets_req[0].fetch_offset
         read = self.log.read(offset, 1 << 20, for_follower=True)
         if not read.records:

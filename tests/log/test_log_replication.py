@@ -4,6 +4,7 @@ with the leader's offsets, truncation of what a follower must give up, and a rec
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,18 @@ async def test_a_follower_holding_a_batch_its_leader_never_had_learns_where_they
 
 
 
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[LogTablet, LogTablet]]:
+    """A leader's and a follower's log (the follower's reopened by a test is closed by it)."""
+    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
+    try:
+        yield leader, follower
+    finally:
+        leader.close()
+        follower.close()
+
+
 async def _replicated(leader: LogTablet, follower: LogTablet, *batches: bytearray) -> int:
     """Append ``batches`` on the leader and copy them to the follower as a fetch would."""
     start = leader.log_end_offset
@@ -165,37 +178,31 @@ async def test_a_follower_keeps_what_it_holds_above_its_recorded_high_watermark_
         follower.close()
 
 
-async def test_a_follower_gives_up_its_batches_from_the_first_that_differs_from_the_leaders(tmp_path: Path) -> None:
-    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
-    follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
-    try:
-        await _replicated(leader, follower, batch_bytes([1, 2]), batch_bytes([3]))  # offsets 0-2 on both
-        await follower.durable(append(follower, batch_bytes([40])).next_offset)  # never sent: offset 3
-        await follower.durable(append(follower, batch_bytes([50, 51])).next_offset)
-        await leader.durable(append(leader, batch_bytes([4, 5])).next_offset)  # the leader's offsets 3-4
-        matched = await follower.append_from_leader(leader.read(2, 1 << 20, for_follower=True).records, T0_MS)
-        assert matched == follower.log_end_offset == 5
-        assert ids_in(follower.read_range(0, 5, 1 << 20, unacknowledged=True)) == [1, 2, 3, 4, 5]
-    finally:
-        leader.close()
-        follower.close()
+async def test_a_follower_gives_up_its_batches_from_the_first_that_differs_from_the_leaders(
+    pair: tuple[LogTablet, LogTablet],
+) -> None:
+    leader, follower = pair
+    await _replicated(leader, follower, batch_bytes([1, 2]), batch_bytes([3]))  # offsets 0-2 on both
+    await follower.durable(append(follower, batch_bytes([40])).next_offset)  # never sent: offset 3
+    await follower.durable(append(follower, batch_bytes([50, 51])).next_offset)
+    await leader.durable(append(leader, batch_bytes([4, 5])).next_offset)  # the leader's offsets 3-4
+    matched = await follower.append_from_leader(leader.read(2, 1 << 20, for_follower=True).records, T0_MS)
+    assert matched == follower.log_end_offset == 5
+    assert ids_in(follower.read_range(0, 5, 1 << 20, unacknowledged=True)) == [1, 2, 3, 4, 5]
 
 
-async def test_a_follower_whose_batches_straddle_the_leaders_truncates_to_its_own_batch_start(tmp_path: Path) -> None:
-    leader = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
-    follower = LogTablet.open(tmp_path / "follower", DURABLE_EACH_APPEND)
-    try:
-        await _replicated(leader, follower, batch_bytes([1, 2]))
-        await follower.durable(append(follower, batch_bytes([30, 31, 32])).next_offset)  # offsets 2-4
-        await leader.durable(append(leader, batch_bytes([3])).next_offset)
-        await leader.durable(append(leader, batch_bytes([4, 5])).next_offset)  # the leader's batch starts at 3
-        matched = await follower.append_from_leader(leader.read(3, 1 << 20, for_follower=True).records, T0_MS)
-        assert matched == follower.log_end_offset == 2, "its batch at 2-4 went whole; fetch again from 2"
-        matched = await follower.append_from_leader(leader.read(2, 1 << 20, for_follower=True).records, T0_MS)
-        assert matched == 5 and ids_in(follower.read_range(0, 5, 1 << 20, unacknowledged=True)) == [1, 2, 3, 4, 5]
-    finally:
-        leader.close()
-        follower.close()
+async def test_a_follower_whose_batches_straddle_the_leaders_truncates_to_its_own_batch_start(
+    pair: tuple[LogTablet, LogTablet],
+) -> None:
+    leader, follower = pair
+    await _replicated(leader, follower, batch_bytes([1, 2]))
+    await follower.durable(append(follower, batch_bytes([30, 31, 32])).next_offset)  # offsets 2-4
+    await leader.durable(append(leader, batch_bytes([3])).next_offset)
+    await leader.durable(append(leader, batch_bytes([4, 5])).next_offset)  # the leader's batch starts at 3
+    matched = await follower.append_from_leader(leader.read(3, 1 << 20, for_follower=True).records, T0_MS)
+    assert matched == follower.log_end_offset == 2, "its batch at 2-4 went whole; fetch again from 2"
+    matched = await follower.append_from_leader(leader.read(2, 1 << 20, for_follower=True).records, T0_MS)
+    assert matched == 5 and ids_in(follower.read_range(0, 5, 1 << 20, unacknowledged=True)) == [1, 2, 3, 4, 5]
 
 
 async def test_a_log_started_at_a_later_offset_keeps_the_batches_from_there(tmp_path: Path) -> None:
