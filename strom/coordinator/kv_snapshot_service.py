@@ -203,12 +203,20 @@ class KvSnapshotService:
 
     def _caller(self, lease_id: str, context: RequestContext | None) -> str:
         """The caller's principal; raises AuthorizationError if the lease is another principal's."""
-        principal: Principal = (context.principal if context is not None else None) or ANONYMOUS
+        principal = self._principal(context)
+        if self._foreign(lease_id, principal):
+            raise AuthorizationError(f"lease {lease_id!r} cannot be taken by {principal}: choose another lease id")
+        return str(principal)
+
+    @staticmethod
+    def _principal(context: RequestContext | None) -> Principal:
+        return (context.principal if context is not None else None) or ANONYMOUS
+
+    def _foreign(self, lease_id: str, principal: Principal) -> bool:
+        """Whether ``lease_id`` is another principal's lease (a super user's may be anyone's)."""
         lease = self._leases.get(lease_id)
         owner = lease.owner if lease is not None else None
-        if owner is not None and owner != str(principal) and not is_super_user(principal, self._super_users):
-            raise AuthorizationError(f"lease {lease_id!r} belongs to another principal; {principal} may not change it")
-        return str(principal)
+        return owner is not None and owner != str(principal) and not is_super_user(principal, self._super_users)
 
     def acquire_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
         owner = self._caller(request.lease_id, context)
@@ -224,7 +232,8 @@ class KvSnapshotService:
         return response
 
     def release_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
-        self._caller(request.lease_id, context)
+        if self._foreign(request.lease_id, self._principal(context)):
+            return pb.ReleaseKvSnapshotLeaseResponse()  # as for a lease that does not exist: nothing to release
         buckets = []
         for entry in request.buckets_to_release:
             table = self._catalog.table_info_by_id(entry.table_id)
@@ -236,7 +245,8 @@ class KvSnapshotService:
         return pb.ReleaseKvSnapshotLeaseResponse()
 
     def drop_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
-        self._caller(request.lease_id, context)
+        if self._foreign(request.lease_id, self._principal(context)):
+            return pb.DropKvSnapshotLeaseResponse()  # as for a lease that does not exist: nothing to drop
         self._after_change(self._leases.drop(request.lease_id))
         return pb.DropKvSnapshotLeaseResponse()
 

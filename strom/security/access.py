@@ -66,7 +66,7 @@ class AccessControl:
         self,
         authorizer: Authorizer,
         table_path_by_id: Callable[[int], TablePath | None],
-        lease_table_ids: Callable[[str], Iterable[int]],
+        lease_table_ids: Callable[[str, Principal], Iterable[int]],
         partition_table_id: Callable[[int], int | None] = lambda _partition_id: None,
         producer_table_ids: Callable[[str], Iterable[int]] = lambda _producer_id: (),
     ) -> None:
@@ -105,7 +105,11 @@ class AccessControl:
             ApiKey.RELEASE_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(
                 c, READ, (b.table_id for b in r.buckets_to_release)
             ),
-            ApiKey.DROP_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(c, READ, self._lease_table_ids(r.lease_id)),
+            # the tables of the caller's own lease only: another's lease is none of its business, and must
+            # answer like a missing one (no error naming a table it pins)
+            ApiKey.DROP_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(
+                c, READ, self._lease_table_ids(r.lease_id, c.principal)
+            ),
             ApiKey.LIST_KV_SNAPSHOT_LEASES: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
             ApiKey.DESCRIBE_LAKE_TIERING: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
             ApiKey.GET_LAKE_SNAPSHOT: lambda r, c: self._check_path(c, DESCRIBE, r.table_path),

@@ -33,6 +33,7 @@ from strom.errors import InvalidConfigError
 from strom.ids import TablePath
 from strom.metadata.store import MetadataStore
 from strom.rpc.api_keys import ApiKey
+from strom.rpc.auth import Principal
 from strom.rpc.endpoints import Endpoint, internal_listener, parse_endpoints
 from strom.rpc.server import Handler
 from strom.security.access import AccessControl
@@ -187,7 +188,7 @@ class ServerSecurity:
         self,
         handlers: Mapping[ApiKey, Handler],
         table_path_by_id: Callable[[int], TablePath | None],
-        lease_table_ids: Callable[[str], Iterable[int]],
+        lease_table_ids: Callable[[str, Principal], Iterable[int]],
         partition_table_id: Callable[[int], int | None],
         producer_table_ids: Callable[[str], Iterable[int]] = lambda _producer_id: (),
     ) -> dict[ApiKey, Handler]:

@@ -213,7 +213,8 @@ class _ClusterProcess:
         return self.security.guard(
             handlers,
             lambda table_id: table.path if (table := catalog.table_info_by_id(table_id)) else None,
-            lambda lease_id: {bucket.table_id for bucket in lease.pins} if (lease := lease_of(lease_id)) else (),
+            lambda lease_id, principal: {bucket.table_id for bucket in lease.pins}
+            if (lease := lease_of(lease_id)) and lease.owner in (None, str(principal)) else (),
             lambda partition_id: p.table_id if (p := catalog.partition_by_id(partition_id)) else None,
             role.producer_offsets.stored_table_ids if role is not None else lambda _producer_id: (),
         )

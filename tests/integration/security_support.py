@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.server_process import ServerProcess
 
-USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
 JAAS = (
     "org.apache.fluss.security.auth.sasl.plain.PlainLoginModule required "
     + " ".join(f'user_{name}="{password}"' for name, password in USERS.items())
