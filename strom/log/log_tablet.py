@@ -699,8 +699,12 @@ class LogTablet:
 
     def fail_unacknowledged(self, failure: Exception) -> None:
         """Fail every wait for the high watermark (this replica stopped leading: its followers will not
-        acknowledge through it any more)."""
+        acknowledge through it any more), those whose fsync is still running included: once it ends they
+        would otherwise wait on, and be answered by, a high watermark that follows another leader's log."""
         waiting, self._visible_waiters = self._visible_waiters, []
+        for pending in (self._flush_waiters, self._next_waiters):
+            waiting += [entry for entry in pending if entry.visible]
+            pending[:] = [entry for entry in pending if not entry.visible]
         for entry in waiting:
             if not entry.future.done():
                 entry.future.set_exception(failure)

@@ -45,6 +45,18 @@ with a large limit, so the row count is not), and a client that does not read it
 connection's write buffer."""
 
 
+def _acknowledgement(kv: KvTablet | None, result: AppendResult | None) -> asyncio.Future[None] | None:
+    """The wait for ``result``'s appends to be acknowledged (a future already failed when the log refuses)."""
+    if kv is None or result is None:
+        return None
+    try:
+        return kv.log.durable(result.next_offset)
+    except Exception as exc:
+        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        failed.set_exception(exc)
+        return failed
+
+
 def _bucket(table_id: int, request: Any) -> TableBucket:
     partition_id = request.partition_id if request.HasField("partition_id") else None
     return TableBucket(table_id, request.bucket_id, partition_id)
@@ -297,8 +309,10 @@ class TabletService:
 
     def _stage_put(
         self, table_id: int, bucket_request: Any, target_columns: list[int]
-    ) -> tuple[Any, KvTablet | None, AppendResult | None, BaseException | None]:
-        """Append one bucket's batches; returns its response, tablet, last append and first error."""
+    ) -> tuple[Any, KvTablet | None, asyncio.Future[None] | None, AppendResult | None, BaseException | None]:
+        """Append one bucket's batches; returns its response, tablet, the wait for their acknowledgement
+        (requested at once: should the replica stop leading before it is awaited, it fails), the last append
+        and the first error."""
         bucket = _bucket(table_id, bucket_request)
         response = pb.PbPutKvRespForBucket(bucket_id=bucket.bucket)
         _echo_partition(response, bucket)
@@ -322,18 +336,19 @@ class TabletService:
                     self._clock.now_ms(),
                 )
         except Exception as exc:
-            return response, kv, result, exc
-        return response, kv, result, None
+            return response, kv, _acknowledgement(kv, result), result, exc
+        return response, kv, _acknowledgement(kv, result), result, None
 
     async def _finish_put(
-        self, response: Any, kv: KvTablet | None, result: AppendResult | None, error: BaseException | None
+        self, response: Any, kv: KvTablet | None, acknowledged: asyncio.Future[None] | None,
+        result: AppendResult | None, error: BaseException | None,
     ) -> Any:
         """Wait until the bucket's appends are durable, apply them to RocksDB, and answer. Batches appended
         before a failing one still become durable and applied; the answer is then the failure."""
         try:
             if result is not None:
-                assert kv is not None
-                await kv.log.durable(result.next_offset)
+                assert kv is not None and acknowledged is not None
+                await acknowledged
                 kv.apply_durable()
                 if error is None:
                     response.log_end_offset = result.next_offset

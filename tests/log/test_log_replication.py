@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.errors import DuplicateSequenceError, LogStorageError
+from strom.errors import DuplicateSequenceError, LogStorageError, NotLeaderOrFollowerError
 from strom.log.log_tablet import HIGH_WATERMARK_FILE, DivergedLogError, LogTablet
 from tests.log.test_log_tablet import DURABLE_EACH_APPEND, T0_MS, append, batch_bytes, ids_in
 
@@ -222,3 +222,22 @@ async def test_a_log_started_at_a_later_offset_keeps_the_batches_from_there(tmp_
         assert (reopened.log_start_offset, reopened.log_end_offset) == (4, 4)
     finally:
         reopened.close()
+
+
+async def test_a_replica_that_stops_leading_fails_the_waits_whose_fsync_is_still_running(tmp_path: Path) -> None:
+    """A write whose fsync ran while its replica stopped leading is never acknowledged by the high watermark
+    that follows: as a follower that watermark tracks another leader's log, which may hold other batches at
+    those offsets (found by the nemesis: such a wait outlived the role change)."""
+    tablet = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        tablet.set_replication_limit(0)  # followers must acknowledge
+        result = append(tablet, batch_bytes([1, 2]))
+        acknowledged = tablet.durable(result.next_offset)  # its fsync is requested, not yet done
+        assert tablet.flush_in_flight
+        tablet.fail_unacknowledged(NotLeaderOrFollowerError("now led by another server"))
+        await tablet.flushed(result.next_offset)
+        tablet.set_replication_limit(None)  # the high watermark passes the offset, as a follower's may
+        with pytest.raises(NotLeaderOrFollowerError):
+            await asyncio.wait_for(acknowledged, 1)
+    finally:
+        tablet.close()
