@@ -86,7 +86,22 @@ class NemesisCluster(LocalCluster):
             os.kill(member.pid, sig)
 
     def is_running(self, role: str, server_id: int | None) -> bool:
-        return alive(self.member(role, server_id).pid)
+        """Whether the member's process runs (a child that exited is a zombie until reaped: asked by poll)."""
+        pid = self.member(role, server_id).pid
+        process = self.processes.get(pid)
+        return process.poll() is None if process is not None else alive(pid)
+
+    def supervise_coordinators(self) -> list[str]:
+        """Restart every coordinator that exited on its own, as the supervisor the docs ask for would (a
+        coordinator deposed while it was cut off from ZooKeeper stops with exit code 1); returns what it did."""
+        restarted = []
+        for index in range(1, self.coordinator_count + 1):
+            if not self.is_running("coordinator", index):
+                code = self.processes[self.member("coordinator", index).pid].poll() \
+                    if self.member("coordinator", index).pid in self.processes else None
+                self.start_member("coordinator", index)
+                restarted.append(f"supervisor restarted coordinator {index} (it had exited with {code})")
+        return restarted
 
     def kill(self, role: str, server_id: int | None) -> None:
         self.signal_member(self.member(role, server_id), signal.SIGKILL)

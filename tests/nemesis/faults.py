@@ -77,6 +77,7 @@ class Nemesis:
                 time.sleep(0.05)
             self.done.append(f"{time.monotonic() - started:6.1f}s {fault}")
             self.apply(fault)
+            self.done += [f"{time.monotonic() - started:6.1f}s   {event}" for event in self.cluster.supervise_coordinators()]
 
     def apply(self, fault: Fault) -> None:
         c, sid, hold = self.cluster, fault.target, fault.duration_s
