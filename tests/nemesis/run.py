@@ -56,7 +56,9 @@ class Report:
         return "\n".join(lines)
 
 
-def run_seed(data_dir: Path, seed: int, fault_count: int, tablet_servers: int = 3) -> Report:
+def run_seed(data_dir: Path, seed: int, fault_count: int, tablet_servers: int = 3, pace_s: float = 0.02) -> Report:
+    """One run; ``pace_s``: the pause between the strom client's write steps (longer: fewer writes, less
+    CPU taken from whatever else runs on the machine)."""
     started = time.monotonic()
     cluster = NemesisCluster(data_dir, tablet_servers)
     faults = schedule(seed, fault_count, list(range(1, tablet_servers + 1)))
@@ -70,7 +72,7 @@ def run_seed(data_dir: Path, seed: int, fault_count: int, tablet_servers: int = 
         buckets = [TableBucket(t, b) for t in table_ids for b in range(BUCKETS)]
         cluster.wait_settled(buckets, SETTLE_S)
         nemesis = Nemesis(cluster, lambda follower: _a_leader_followed_by(cluster, buckets, follower))
-        _run_workload_under(cluster, (kv, events, official), history, nemesis, faults)
+        _run_workload_under(cluster, (kv, events, official), history, nemesis, faults, pace_s)
         report.done = nemesis.done
         cluster.heal_all()
         for server_id in cluster.tablet_server_ids():
@@ -118,14 +120,14 @@ def _a_leader_followed_by(cluster: NemesisCluster, buckets: list[TableBucket], f
 
 
 def _run_workload_under(cluster: NemesisCluster, tables: tuple[TablePath, TablePath, TablePath], history: History,
-                        nemesis: Nemesis, faults: list[Fault]) -> None:
+                        nemesis: Nemesis, faults: list[Fault], pace_s: float) -> None:
     """The writers run on an event loop of their own while the nemesis does its faults here; the writes
     go on a few seconds past the last fault."""
 
     async def workload(stop: asyncio.Event, ready: threading.Event) -> None:
         ready.set()
         kv, events, official = tables
-        await asyncio.gather(write_until(cluster.bootstrap, kv, events, history, stop),
+        await asyncio.gather(write_until(cluster.bootstrap, kv, events, history, stop, pace_s),
                              pyfluss_until(cluster.bootstrap, official, history, stop))
 
     loop = asyncio.new_event_loop()

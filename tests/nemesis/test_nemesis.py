@@ -18,6 +18,8 @@ pytestmark = [pytest.mark.timeout(400), pytest.mark.xdist_group("nemesis")]
 
 SHORT_PROFILE = (10, 22, 44)
 FAULTS = 5
+PACE_S = 0.1
+"""Slower writes than the long profile's: the suite runs other tests beside these on two cores."""
 
 
 def test_the_short_profile_covers_every_kind_of_fault() -> None:
@@ -33,6 +35,6 @@ def test_no_acknowledged_write_is_lost_under_the_nemesis(tmp_path: Path, seed: i
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    report = run_seed(tmp_path / "cluster", seed, FAULTS)
+    report = run_seed(tmp_path / "cluster", seed, FAULTS, pace_s=PACE_S)
     assert report.ok, report.describe()
     assert report.acknowledged_writes > 1000, report.describe()

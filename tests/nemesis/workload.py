@@ -74,7 +74,7 @@ async def create_tables(bootstrap: str, name: str) -> tuple[TablePath, TablePath
 
 
 async def write_until(bootstrap: str, kv: TablePath, events: TablePath, history: History,
-                      stop: asyncio.Event) -> None:
+                      stop: asyncio.Event, pace_s: float = 0.02) -> None:
     """Upsert a batch of keys and append a batch of ids per step, until ``stop``; a failed write is
     recorded as indeterminate and the next step uses a new connection (the old one may be stuck)."""
     step, next_id = 0, 0
@@ -106,7 +106,7 @@ async def write_until(bootstrap: str, kv: TablePath, events: TablePath, history:
                         history.appends_indeterminate.update(ids)
                         raise
                     history.appended.extend(ids)
-                    await asyncio.sleep(0.02)
+                    await asyncio.sleep(pace_s)
         except Exception as exc:
             history.failures += 1
             log.info("a write failed (indeterminate), going on with a new connection: %s", exc)
