@@ -377,8 +377,9 @@ class _Connection(asyncio.Protocol):
         self.login: tuple[str, SaslServerExchange] | None = None
         """A login under way (mechanism, exchange): a challenge was sent, its answer is awaited."""
         self.failure_delay_s = server._failed_authentication_delay_s
-        self.refusing = False
         """How long the answer to a failed login waits (longer for an address that failed before)."""
+        self.refusing = False
+        """A failed login's answer is pending, then the connection closes (not idle for the idle sweep)."""
         self.address = "?"
         self._admitted = False
         self._unauthenticated_bytes = 0
@@ -421,8 +422,7 @@ class _Connection(asyncio.Protocol):
         if admission is not None and self._admitted:
             self._admitted = False
             admission.release(self.address)
-            admission.hold_unauthenticated(-self._unauthenticated_bytes)
-            self._unauthenticated_bytes = 0
+            self._give_back_unauthenticated_bytes()
         self._transport = None
         self._waiting.clear()  # nobody can receive their answers; the client retries what it needs
         self._server.budget.forget(self.connection_id)
@@ -435,6 +435,10 @@ class _Connection(asyncio.Protocol):
     def authenticated(self, principal: Principal, frame_size_bytes_max: int) -> None:
         self.principal = principal
         self._frames.set_frame_size_bytes_max(frame_size_bytes_max)
+        self._give_back_unauthenticated_bytes()
+
+    def _give_back_unauthenticated_bytes(self) -> None:
+        """Return what this connection holds of the server's budget for connections not logged in."""
         if self._server.admission is not None and self._unauthenticated_bytes:
             self._server.admission.hold_unauthenticated(-self._unauthenticated_bytes)
             self._unauthenticated_bytes = 0

@@ -336,8 +336,10 @@ class TabletService:
                     self._clock.now_ms(),
                 )
         except Exception as exc:
-            return response, kv, _acknowledgement(kv, result), result, exc
-        return response, kv, _acknowledgement(kv, result), result, None
+            error: BaseException | None = exc
+        else:
+            error = None
+        return response, kv, _acknowledgement(kv, result), result, error
 
     async def _finish_put(
         self, response: Any, kv: KvTablet | None, acknowledged: asyncio.Future[None] | None,
