@@ -133,6 +133,9 @@ async def test_one_round_of_the_protocol(server_factory: Any) -> None:
         assignment = await take_table(connection, info.table_id)
         assert (assignment.table_path, assignment.tiering_epoch) == (path, 1)
         assert (await admin.lake_tiering_heartbeat(tiering={info.table_id: 1})).errors == {}
+        # a long freshness keeps the table Scheduled once this round ends, so that its status can be read
+        # before the next round falls due
+        await admin.alter_table(path, set_properties={"table.datalake.freshness": "1 h"})
         offsets = {TableBucket(info.table_id, 0): 10, TableBucket(info.table_id, 1): 3}
         file = await admin.prepare_lake_table_snapshot(info.table_id, path, offsets, tiering_epoch=1)
         remote = (server.data_dir / "remote").resolve()
@@ -154,10 +157,12 @@ async def test_one_round_of_the_protocol(server_factory: Any) -> None:
             info.table_id, path, "Scheduled", 1)
         assert (status.lake_snapshot_id, status.bucket_offsets, status.file_size, status.record_count) == (
             7, offsets, 512, 13)
-        assert (status.failures, status.freshness_ms, status.newest_timestamp) == (0, 0, 1_234)
+        assert (status.failures, status.freshness_ms, status.newest_timestamp) == (0, 3_600_000, 1_234)
         assert status.last_tiered_time is not None and status.last_round_duration_ms is not None
         assert status.pending_since is None
 
+        # A shorter freshness re-arms the waiting table's timer: the next round is due at once.
+        await admin.alter_table(path, set_properties={"table.datalake.freshness": "0s"})
         # The next round merges its offsets into the previous ones; the older snapshot and its file go.
         second = await take_table(connection, info.table_id)
         assert second.tiering_epoch == 2
