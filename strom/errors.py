@@ -179,6 +179,18 @@ class UnknownTableOrBucketError(RetriableError):
     code = 21
     default_message = "This server does not host the table or bucket."
 
+    @classmethod
+    def not_hosted(cls, bucket: object) -> UnknownTableOrBucketError:
+        """What a tablet server answers for a bucket it does not host: one text, so that a bucket of a table
+        the caller may not DESCRIBE is answered exactly alike."""
+        return cls(f"{bucket} is not hosted by this server")
+
+    @classmethod
+    def unknown_table_id(cls, table_id: int) -> UnknownTableOrBucketError:
+        """What the coordinator answers for a table id it does not know (and, alike, for one of a table the
+        caller may not DESCRIBE)."""
+        return cls(f"Table id {table_id} does not exist.")
+
 
 class InvalidCoordinatorError(StromError):
     code = 23
@@ -235,6 +247,11 @@ class InvalidTargetColumnError(StromError):
 class PartitionNotExistError(StromError):
     code = 36
     default_message = "The partition does not exist."
+
+    @classmethod
+    def unknown_id(cls, partition_id: int) -> PartitionNotExistError:
+        """A partition id nobody knows (and, alike, one of a table the caller may not DESCRIBE)."""
+        return cls(f"Partition id {partition_id} does not exist.")
 
 
 class TableNotPartitionedError(StromError):

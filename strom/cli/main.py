@@ -187,28 +187,42 @@ def cluster() -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Where every process keeps its data.")
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE", help="A config key for every server process.")
 @click.option("--secure", is_flag=True,
-              help="Clients must log in (SASL/PLAIN) and ACLs are enforced; prints the super user admin's password.")
+              help="Clients log in (SASL/PLAIN) over TLS with a generated CA, the servers too, ACLs are enforced and "
+                   "ZooKeeper requires a login; prints the super user admin's password.")
+@click.option("--sasl-listener", is_flag=True,
+              help="With --secure: every server also listens with SASL but without TLS (for pyfluss, which has no "
+                   "TLS), on a port of its own; passwords cross it in clear.")
 @click.option("--racks", default=None, metavar="RACK,RACK,...",
               help="Each tablet server's tablet-server.rack, in server id order (as many as --tablet-servers).")
 def cluster_start(tablet_servers: int, coordinators: int, data_dir: Path, defines: tuple[str, ...], secure: bool,
-                  racks: str | None) -> None:
+                  sasl_listener: bool, racks: str | None) -> None:
     """Start the processes in the background; prints the addresses to bootstrap clients from."""
     from strom.server.local_cluster import LocalCluster
 
     rack_list = [rack.strip() for rack in racks.split(",")] if racks else []
     if rack_list and len(rack_list) != tablet_servers:
         raise click.BadParameter(f"{len(rack_list)} racks for {tablet_servers} tablet servers", param_hint="--racks")
-    local = LocalCluster(data_dir, tablet_servers, key_value_pairs(defines, "-D"), coordinators=coordinators,
-                         detached=True, secure=secure, racks=rack_list)
+    if sasl_listener and not secure:
+        raise click.BadParameter("goes with --secure (without it every listener is open anyway)",
+                                 param_hint="--sasl-listener")
     try:
+        local = LocalCluster(data_dir, tablet_servers, key_value_pairs(defines, "-D"), coordinators=coordinators,
+                             detached=True, secure=secure, sasl_listener=sasl_listener, racks=rack_list)
         local.start()
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"strom cluster running: bootstrap.servers={local.bootstrap}, ZooKeeper {local.zookeeper_address}, "
                f"{tablet_servers} tablet servers (stop: strom cluster stop --data-dir {data_dir})")
     if secure:
+        client = local.client_config()
         click.echo(f"clients log in: user admin (a super user), password {local.admin_password()} "
                    f"(also in {local.config_path}, readable by you only)")
+        if "client.security.ssl.truststore" in client:
+            click.echo(f"over TLS ({client['client.security.protocol']}), trusting the cluster's CA: "
+                       f"client.security.ssl.truststore={client['client.security.ssl.truststore']}")
+        if sasl_listener:
+            click.echo(f"pyfluss (no TLS) logs in with SASL on bootstrap.servers={local.pyfluss_bootstrap} "
+                       "(passwords cross that listener in clear)")
 
 
 @cluster.command("stop")
@@ -236,16 +250,19 @@ def cluster_status(data_dir: Path, as_json: bool) -> None:
     local = LocalCluster.attach(data_dir)
     if local is None:
         raise click.ClickException(f"no cluster was started from {data_dir}")
+    members = local.status()
     rows = [
-        {"role": member.role, "server_id": member.server_id, "address": member.address, "pid": member.pid, "up": up}
-        for member, up in local.status()
+        {"role": member.role, "server_id": member.server_id, "address": member.address, "pid": member.pid, "up": up,
+         "listeners": member.listeners}
+        for member, up in members
     ]
     if as_json:
         click.echo(json_module.dumps(rows))
         return
-    for row in rows:
+    for row, (member, _up) in zip(rows, members, strict=True):
         name = row["role"] if row["server_id"] is None else f"{row['role']} {row['server_id']}"
-        click.echo(f"{name:<18} {row['address']:<22} pid {row['pid']:<8} {'up' if row['up'] else 'DOWN'}")
+        others = "".join(f" ({listener} {address})" for listener, address in member.listeners.items())
+        click.echo(f"{name:<18} {row['address']:<22} pid {row['pid']:<8} {'up' if row['up'] else 'DOWN'}{others}")
     if not all(row["up"] for row in rows):
         sys.exit(1)
 

@@ -143,7 +143,7 @@ class KvSnapshotService:
     def _pk_table(self, table_id: int) -> TableInfo:
         table = self._catalog.table_info_by_id(table_id)
         if table is None:
-            raise UnknownTableOrBucketError(f"Table id {table_id} does not exist.")
+            raise UnknownTableOrBucketError.unknown_table_id(table_id)
         if not table.has_primary_key:
             raise NonPrimaryKeyTableError(f"Table '{table.path}' is not a primary key table.")
         return table
@@ -178,6 +178,8 @@ class KvSnapshotService:
     def get_kv_snapshot_metadata(self, request: Any, _context: object) -> Any:
         partition_id = request.partition_id if request.HasField("partition_id") else None
         bucket = TableBucket(request.table_id, request.bucket_id, partition_id)
+        if self._catalog.table_info_by_id(request.table_id) is None:
+            raise UnknownTableOrBucketError.unknown_table_id(request.table_id)
         try:
             snapshot = self._snapshots.get(bucket, request.snapshot_id)
         except KvSnapshotNotExistError:

@@ -26,12 +26,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from strom.clock import Clock
-from strom.errors import CorruptMessageError, InvalidConfigError, StromError
+from strom.errors import CorruptMessageError, InvalidConfigError, StromError, UnknownTableOrBucketError
 from strom.ids import TableBucket
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import validate_producer_id
@@ -172,12 +172,16 @@ class ProducerOffsetsManager:
 class ProducerOffsetsService:
     """The three RPCs over a :class:`ProducerOffsetsManager`."""
 
-    def __init__(self, manager: ProducerOffsetsManager) -> None:
+    def __init__(self, manager: ProducerOffsetsManager, table_exists: Callable[[int], bool] = lambda _id: True) -> None:
+        """``table_exists``: whether a table id is in the catalog (offsets of an unknown table are refused)."""
         self.manager = manager
+        self._table_exists = table_exists
 
     def register_producer_offsets(self, request: Any, _context: object) -> Any:
         offsets: dict[TableBucket, int] = {}
         for table in request.table_offsets:
+            if not self._table_exists(table.table_id):
+                raise UnknownTableOrBucketError.unknown_table_id(table.table_id)
             for entry in table.bucket_offsets:
                 if not entry.HasField("log_end_offset"):
                     raise CorruptMessageError(

@@ -53,7 +53,7 @@ class RemoteLogManifestService:
     def _bucket(self, table_id: int, partition_id: int | None, bucket_id: int) -> tuple[TableInfo, TableBucket]:
         table = self._catalog.table_info_by_id(table_id)
         if table is None:
-            raise UnknownTableOrBucketError(f"Table id {table_id} does not exist.")
+            raise UnknownTableOrBucketError.unknown_table_id(table_id)
         if partition_id is not None:
             partition = self._catalog.partition_by_id(partition_id)
             if partition is None or partition.table_id != table_id:
@@ -97,7 +97,7 @@ class RemoteLogManifestService:
         partition_id = request.partition_id if request.HasField("partition_id") else None
         table = self._catalog.table_info_by_id(request.table_id)
         if table is None:
-            raise UnknownTableOrBucketError(f"Table id {request.table_id} does not exist.")
+            raise UnknownTableOrBucketError.unknown_table_id(request.table_id)
         response = pb.ListRemoteLogManifestsResponse()
         for bucket_id, payload in self._store.list_remote_log_manifests(request.table_id, partition_id).items():
             handle = RemoteLogManifestHandle.from_bytes(payload)

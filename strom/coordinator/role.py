@@ -143,7 +143,8 @@ class CoordinatorRole:
             "start() first"
         assert self.health is not None and self.rebalance is not None
         rebalance = self.rebalance
-        producers = ProducerOffsetsService(self.producer_offsets)
+        producers = ProducerOffsetsService(self.producer_offsets,
+                                           lambda table_id: coordinator.table_info_by_id(table_id) is not None)
         configs = ClusterConfigService(self.store, self.dynamic)
         return {
             ApiKey.COMMIT_REMOTE_LOG_MANIFEST: remote_logs.commit_remote_log_manifest,

@@ -684,7 +684,7 @@ class CoordinatorService:
             partition = self._store.get_partition_by_id(partition_id)
             table_info = self.table_info_by_id(partition.table_id) if partition else None
             if partition is None or table_info is None:
-                raise PartitionNotExistError(f"Partition id {partition_id} does not exist.")
+                raise PartitionNotExistError.unknown_id(partition_id)
             self._add_partition(response, table_info, partition)
         return response
 

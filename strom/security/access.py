@@ -15,8 +15,16 @@ rules follow Fluss's services:
 - FetchLog, Lookup and PrefixLookup answer a denied table per bucket with the authorization error code, as
   Fluss does (the official client reports it per bucket); the others fail as a whole (code 48).
 
-Requests Fluss leaves unchecked are unchecked here too: ApiVersions, DatabaseExists, TableExists and
-GetFileSystemSecurityToken. Fluss leaves the tiering service's coordinator calls unchecked as well; here
+No oracles: a table the principal may not DESCRIBE does not exist for it. A request naming it by id is
+answered exactly as one naming an id nobody uses (an unknown table, or a bucket not hosted here; see
+:mod:`strom.security.unknown_answers`); TableExists and DatabaseExists answer false, ListTables of a database
+it may not DESCRIBE that does not exist answers an empty list, and a producer whose offsets cover such a
+table looks like no producer to GetProducerOffsets and DeleteProducerOffsets. An error naming a table is
+sent only to a principal that may DESCRIBE it; a request naming a table by path is refused with that path
+whether the table exists or not. (Fluss's errors name the table, and answer a missing one differently.)
+
+Requests Fluss leaves unchecked are unchecked here too (ApiVersions, GetFileSystemSecurityToken), but for
+DatabaseExists and TableExists, which answer false for what the principal may not DESCRIBE. Fluss leaves the tiering service's coordinator calls unchecked as well; here
 they need ALTER on the cluster (LakeTieringHeartbeat, PrepareLakeTableSnapshot, CommitLakeTableSnapshot):
 they hand out tables and move their lake offsets, which is the tiering service's privilege.
 """
@@ -28,12 +36,19 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from strom.errors import AuthorizationError
+from strom.errors import (
+    AuthorizationError,
+    DatabaseNotExistError,
+    PartitionNotExistError,
+    StromError,
+    UnknownTableOrBucketError,
+)
 from strom.ids import TablePath
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.auth import ANONYMOUS, Principal
 from strom.rpc.messages import Message, pb
 from strom.rpc.server import Handler, RequestContext
+from strom.security import unknown_answers
 from strom.security.acl import OperationType, Resource
 from strom.security.authorizer import Authorizer
 
@@ -56,6 +71,8 @@ Finish = Callable[[Any], Any]
 Rule = Callable[[Any, Caller], "Message | Finish | None"]
 """Checks a request: raises AuthorizationError, returns a response to send instead of calling the handler,
 a function that adjusts the handler's response, or None to let the handler answer as it would."""
+Recovery = Callable[[Any, Caller, StromError], "Message | None"]
+"""Turns a handler's error into the answer to send instead (None: the error stands)."""
 
 
 class AccessControl:
@@ -99,16 +116,17 @@ class AccessControl:
             ApiKey.GET_LATEST_KV_SNAPSHOTS: lambda r, c: self._check_path(c, DESCRIBE, r.table_path),
             ApiKey.GET_KV_SNAPSHOT_METADATA: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
             ApiKey.LIST_KV_SNAPSHOTS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
+            ApiKey.LIST_REMOTE_LOG_MANIFESTS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
+            ApiKey.TABLE_EXISTS: self._table_exists,
+            ApiKey.DATABASE_EXISTS: self._database_exists,
             ApiKey.ACQUIRE_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(
                 c, READ, (t.table_id for t in r.snapshots_to_lease)
             ),
-            ApiKey.RELEASE_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(
-                c, READ, (b.table_id for b in r.buckets_to_release)
-            ),
+            ApiKey.RELEASE_KV_SNAPSHOT_LEASE: self._release_lease,
             # the tables of the caller's own lease only: another's lease is none of its business, and must
             # answer like a missing one (no error naming a table it pins)
             ApiKey.DROP_KV_SNAPSHOT_LEASE: lambda r, c: self._check_ids(
-                c, READ, self._lease_table_ids(r.lease_id, c.principal)
+                c, READ, [t for t in self._lease_table_ids(r.lease_id, c.principal) if not self._hidden(c, t)]
             ),
             ApiKey.LIST_KV_SNAPSHOT_LEASES: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
             ApiKey.DESCRIBE_LAKE_TIERING: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
@@ -118,14 +136,18 @@ class AccessControl:
             ApiKey.COMMIT_LAKE_TABLE_SNAPSHOT: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
             ApiKey.REGISTER_PRODUCER_OFFSETS: lambda r, c: self._check_ids(c, WRITE, (t.table_id for t in r.table_offsets)),
             ApiKey.GET_PRODUCER_OFFSETS: self._get_producer_offsets,
-            ApiKey.DELETE_PRODUCER_OFFSETS: lambda r, c: self._check_ids(
-                c, WRITE, self._producer_table_ids(r.producer_id)
-            ),
-            ApiKey.PRODUCE_LOG: lambda r, c: self._check_id(c, WRITE, r.table_id),
-            ApiKey.PUT_KV: lambda r, c: self._check_id(c, WRITE, r.table_id),
-            ApiKey.LIST_OFFSETS: lambda r, c: self._check_id(c, DESCRIBE, r.table_id),
-            ApiKey.LIMIT_SCAN: lambda r, c: self._check_id(c, READ, r.table_id),
-            ApiKey.GET_TABLE_STATS: lambda r, c: self._check_id(c, READ, r.table_id),
+            ApiKey.DELETE_PRODUCER_OFFSETS: self._delete_producer_offsets,
+            ApiKey.PRODUCE_LOG: lambda r, c: self._unknown_or_check(
+                c, WRITE, r.table_id, lambda: unknown_answers.per_bucket(pb.ProduceLogResponse(), r.table_id, r.buckets_req)),
+            ApiKey.PUT_KV: lambda r, c: self._unknown_or_check(
+                c, WRITE, r.table_id, lambda: unknown_answers.per_bucket(pb.PutKvResponse(), r.table_id, r.buckets_req)),
+            ApiKey.LIST_OFFSETS: lambda r, c: self._unknown_or_check(
+                c, DESCRIBE, r.table_id, lambda: unknown_answers.list_offsets(r)),
+            ApiKey.LIMIT_SCAN: lambda r, c: self._unknown_or_check(
+                c, READ, r.table_id, lambda: unknown_answers.one_bucket(pb.LimitScanResponse(), r.table_id, r)),
+            ApiKey.GET_TABLE_STATS: lambda r, c: self._unknown_or_check(
+                c, READ, r.table_id,
+                lambda: unknown_answers.per_bucket(pb.GetTableStatsResponse(), r.table_id, r.buckets_req)),
             ApiKey.GET_CLUSTER_HEALTH: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
             ApiKey.DESCRIBE_CLUSTER_CONFIGS: lambda r, c: self._check(c, DESCRIBE, Resource.cluster()),
             ApiKey.ALTER_CLUSTER_CONFIGS: lambda r, c: self._check(c, OperationType.ALTER, Resource.cluster()),
@@ -140,9 +162,14 @@ class AccessControl:
             ApiKey.FETCH_LOG: self._fetch_log,
         }
 
+        self._recoveries: dict[ApiKey, Recovery] = {ApiKey.LIST_TABLES: self._list_tables_of_unknown}
+
     def guard(self, key: ApiKey, handler: Handler) -> Handler:
         """``handler`` behind ``key``'s rule (``handler`` itself when the key has none); a plain handler
         stays plain, so it still runs inline."""
+        recovery = self._recoveries.get(key)
+        if recovery is not None:
+            handler = _recovering(handler, recovery)
         rule = self._rules.get(key)
         if rule is None:
             return handler
@@ -189,14 +216,33 @@ class AccessControl:
         path = self._table_path_by_id(table_id)
         return None if path is None else Resource.table(path.database_name, path.table_name)
 
-    def _check_id(self, caller: Caller, operation: OperationType, table_id: int) -> None:
+    def _hidden(self, caller: Caller, table_id: int) -> bool:
+        """Whether ``table_id`` is a table the caller may not DESCRIBE, which therefore does not exist for it."""
         resource = self._table_resource(table_id)
-        if resource is not None:
-            self._check(caller, operation, resource)
+        return resource is not None and not self._allowed(caller, DESCRIBE, resource)
+
+    def _check_id(self, caller: Caller, operation: OperationType, table_id: int) -> None:
+        """``operation`` on a known table; a hidden one is refused as the coordinator refuses an unknown id,
+        an unknown one is left to the handler."""
+        resource = self._table_resource(table_id)
+        if resource is None:
+            return
+        if not self._allowed(caller, DESCRIBE, resource):
+            raise UnknownTableOrBucketError.unknown_table_id(table_id)
+        self._check(caller, operation, resource)
 
     def _check_ids(self, caller: Caller, operation: OperationType, table_ids: Iterable[int]) -> None:
         for table_id in sorted(set(table_ids)):
             self._check_id(caller, operation, table_id)
+
+    def _unknown_or_check(
+        self, caller: Caller, operation: OperationType, table_id: int, unknown: Callable[[], Message]
+    ) -> Message | None:
+        """A data-path request: ``unknown()`` (the not-hosted answer) for a hidden table, else the check."""
+        if self._hidden(caller, table_id):
+            return unknown()
+        self._check_id(caller, operation, table_id)
+        return None
 
     def _denied_id(self, caller: Caller, operation: OperationType, table_id: int | None) -> bool:
         """Whether a known table is denied (an unknown one is left to the handler's own error)."""
@@ -207,14 +253,48 @@ class AccessControl:
 
     # ---- rules that shape requests or responses ----
     def _get_producer_offsets(self, request: Any, caller: Caller) -> Finish:
-        """Only the tables the caller may READ (Fluss leaves the others out)."""
+        """Only the tables the caller may READ (Fluss leaves the others out); a producer left with none
+        answers as one that does not exist."""
         def finish(response: Any) -> Any:
             kept = [t for t in response.table_offsets if not self._denied_id(caller, READ, t.table_id)]
+            if response.table_offsets and not kept:
+                return pb.GetProducerOffsetsResponse()
             del response.table_offsets[:]
             response.table_offsets.extend(kept)
             return response
 
         return finish
+
+    def _delete_producer_offsets(self, request: Any, caller: Caller) -> Message | None:
+        """WRITE on every table the producer's offsets cover; one the caller may not DESCRIBE makes the
+        producer none of its business: answered as a producer that does not exist, nothing deleted."""
+        table_ids = set(self._producer_table_ids(request.producer_id))
+        if any(self._hidden(caller, table_id) for table_id in table_ids):
+            return pb.DeleteProducerOffsetsResponse()  # type: ignore[no-any-return]
+        self._check_ids(caller, WRITE, table_ids)
+        return None
+
+    def _release_lease(self, request: Any, caller: Caller) -> None:
+        """READ on the tables released; buckets of a table the caller may not DESCRIBE are left out, as
+        releasing a bucket of an unknown table changes nothing."""
+        _keep_only(request.buckets_to_release, lambda bucket: not self._hidden(caller, bucket.table_id))
+        self._check_ids(caller, READ, (bucket.table_id for bucket in request.buckets_to_release))
+
+    def _table_exists(self, request: Any, caller: Caller) -> Finish:
+        path = request.table_path
+        visible = self._allowed(caller, DESCRIBE, Resource.table(path.database_name, path.table_name))
+        return lambda response: response if visible else pb.TableExistsResponse(exists=False)
+
+    def _database_exists(self, request: Any, caller: Caller) -> Finish:
+        visible = self._allowed(caller, DESCRIBE, Resource.database(request.database_name))
+        return lambda response: response if visible else pb.DatabaseExistsResponse(exists=False)
+
+    def _list_tables_of_unknown(self, request: Any, caller: Caller, error: StromError) -> Message | None:
+        """A database the caller may not DESCRIBE lists no table to it, existing or not."""
+        if isinstance(error, DatabaseNotExistError) and not self._allowed(
+                caller, DESCRIBE, Resource.database(request.database_name)):
+            return pb.ListTablesResponse()  # type: ignore[no-any-return]
+        return None
 
     def _list_databases(self, request: Any, caller: Caller) -> Finish:
         def finish(response: Any) -> Any:
@@ -249,13 +329,9 @@ class AccessControl:
 
         for field in (request.table_path, request.partitions_path):
             _keep_only(field, visible)
-        if request.partitions_id:
-            kept_ids = [
-                partition_id for partition_id in request.partitions_id
-                if not self._denied_id(caller, DESCRIBE, self._partition_table_id(partition_id))
-            ]
-            del request.partitions_id[:]
-            request.partitions_id.extend(kept_ids)
+        for partition_id in request.partitions_id:  # by id: a hidden table's partition is an unknown id
+            if self._denied_id(caller, DESCRIBE, self._partition_table_id(partition_id)):
+                raise PartitionNotExistError.unknown_id(partition_id)
 
     def _init_writer(self, request: Any, caller: Caller) -> None:
         """WRITE on at least one of the tables the writer will write (Fluss's rule)."""
@@ -268,10 +344,13 @@ class AccessControl:
             tables = ", ".join(f"{p.database_name}.{p.table_name}" for p in paths)
             raise AuthorizationError(f"principal {caller.principal} may not WRITE any of: {tables}")
 
-    def _scan_kv(self, request: Any, caller: Caller) -> None:
+    def _scan_kv(self, request: Any, caller: Caller) -> Message | None:
         """A new scan needs READ; continuations carry the id of a scan that was authorized when opened."""
-        if request.HasField("bucket_scan_req"):
-            self._check_id(caller, READ, request.bucket_scan_req.table_id)
+        if not request.HasField("bucket_scan_req"):
+            return None
+        bucket = request.bucket_scan_req
+        return self._unknown_or_check(
+            caller, READ, bucket.table_id, lambda: unknown_answers.one_bucket(pb.ScanKvResponse(), bucket.table_id, bucket))
 
     def _denial_message(self, caller: Caller, table_id: int, operation: OperationType = READ) -> str:
         return f"principal {caller.principal} may not {operation.name} {self._table_resource(table_id)}"
@@ -287,7 +366,10 @@ class AccessControl:
     def _per_bucket(
         self, caller: Caller, request: Any, response_class: Any, operation: OperationType = READ
     ) -> Message | None:
-        """Lookup and PrefixLookup: one table per request; when it is denied every bucket says so."""
+        """Lookup and PrefixLookup: one table per request; when it is denied every bucket says so (as not
+        hosted when the caller may not DESCRIBE it)."""
+        if self._hidden(caller, request.table_id):
+            return unknown_answers.per_bucket(response_class(), request.table_id, request.buckets_req)  # type: ignore[no-any-return]
         if not self._denied_id(caller, operation, request.table_id):
             return None
         response = response_class()
@@ -307,6 +389,9 @@ class AccessControl:
             return None
         errors = pb.FetchLogResponse()
         for table in denied:
+            if self._hidden(caller, table.table_id):
+                unknown_answers.fetch_log_table(errors, table)
+                continue
             entry = errors.tables_resp.add(table_id=table.table_id)
             message = self._denial_message(caller, table.table_id)
             for bucket in table.buckets_req:
@@ -325,6 +410,21 @@ class AccessControl:
             return response
 
         return finish
+
+
+def _recovering(handler: Handler, recovery: Recovery) -> Handler:
+    """``handler`` whose StromError ``recovery`` may turn into an answer (async, as it awaits the handler)."""
+    async def recovered(request: Message, context: RequestContext) -> Message:
+        try:
+            response = handler(request, context)
+            return await response if inspect.isawaitable(response) else response  # type: ignore[no-any-return]
+        except StromError as exc:
+            answer = recovery(request, caller_of(context), exc)
+            if answer is None:
+                raise
+            return answer
+
+    return recovered
 
 
 def _keep_only(field: Any, keep: Callable[[Any], bool]) -> None:

@@ -9,6 +9,7 @@ listener; the servers of a cluster log in to each other on the internal one.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable, Mapping
 
@@ -17,6 +18,9 @@ from strom.rpc.endpoints import Endpoint, advertised_endpoints
 from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.authenticator import PlainAuthenticator
 from strom.security.server_security import ListenerSecurity, ServerSecurity
+from strom.security.tls import PLAINTEXT, SASL, SASL_SSL, SSL
+
+log = logging.getLogger(__name__)
 
 RpcServerFactory = Callable[[Mapping[ApiKey, Handler], PlainAuthenticator | None, str], RpcServer]
 """Builds the RPC server of one listener from its handlers, client authenticator and name."""
@@ -72,6 +76,25 @@ class ServerListeners:
             server = make_server(handlers, security.authenticator, security.listener.name)
             await server.start(sock, security.tls)
             self.servers.append(server)
+        self._log_protocols()
+
+    def _log_protocols(self) -> None:
+        """Say at start what each listener protects, and warn of one that is weaker than the others: SASL
+        without TLS sends passwords in clear, and a listener without login beside ones that require it
+        lets anyone in."""
+        any_login = any(security.authenticator is not None for security in self._listeners)
+        for security, bound in zip(self._listeners, self.bound, strict=True):
+            login, tls = security.authenticator is not None, security.tls is not None
+            protocol = {(False, False): PLAINTEXT, (True, False): SASL, (False, True): SSL, (True, True): SASL_SSL}[
+                (login, tls)]
+            if login and not tls:
+                log.warning("listener %s on %s:%d is SASL without TLS: passwords and data cross the network in "
+                            "clear", bound.name, bound.host, bound.port)
+            elif any_login and not login:
+                log.warning("listener %s on %s:%d takes no login (%s) while others require one: anyone who "
+                            "reaches it is let in", bound.name, bound.host, bound.port, protocol)
+            else:
+                log.info("listener %s on %s:%d: %s", bound.name, bound.host, bound.port, protocol)
 
     def set_handlers(self, handlers: Mapping[ApiKey, Handler]) -> None:
         """Serve ``handlers`` on every listener from now on (a standby coordinator that became active)."""

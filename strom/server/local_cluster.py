@@ -36,12 +36,18 @@ from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.security.authenticator import PLAIN_LOGIN_MODULE, parse_plain_jaas_users
-from strom.security.server_security import main_listener_protocol
+from strom.security.certificates import ClusterCertificates
+from strom.security.server_security import main_listener_protocol, parse_protocol_map
 from strom.security.tls import uses_tls
 from strom.zk.zookeeper_server import ZooKeeperServer, free_port
 
 ADMIN = "admin"
 """The super user of a ``secure`` local cluster."""
+MAIN_LISTENER = "FLUSS"
+PYFLUSS_LISTENER = "PYFLUSS"
+"""The SASL listener without TLS that ``sasl_listener`` adds for pyfluss (which has no TLS)."""
+TLS_DIR = "tls"
+"""Where a ``secure`` cluster's generated CA and server certificate go, under its data directory."""
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.yaml"
 READY_TIMEOUT_S = 60.0
@@ -57,12 +63,16 @@ class Member:
     address: str
     server_id: int | None = None
     log: str = ""
+    listeners: dict[str, str] = field(default_factory=dict)
+    """Its listeners beside the main one (``address``), by name: ``{"PYFLUSS": "127.0.0.1:41234"}``."""
 
 
 @dataclass
 class LocalClusterState:
     data_dir: str
     members: list[Member] = field(default_factory=list)
+    secure: bool = False
+    sasl_listener: bool = False
 
     @property
     def zookeeper(self) -> str:
@@ -74,7 +84,7 @@ class LocalClusterState:
 
     def save(self) -> None:
         path = Path(self.data_dir) / STATE_FILE
-        path.write_text(json.dumps({"data_dir": self.data_dir, "members": [asdict(m) for m in self.members]}, indent=2))
+        path.write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, data_dir: Path) -> LocalClusterState | None:
@@ -82,7 +92,8 @@ class LocalClusterState:
         if not path.exists():
             return None
         document = json.loads(path.read_text())
-        return cls(document["data_dir"], [Member(**member) for member in document["members"]])
+        return cls(document["data_dir"], [Member(**member) for member in document["members"]],
+                   document.get("secure", False), document.get("sasl_listener", False))
 
 
 def answers_rpc(address: str, timeout_s: float = 2.0, tls: bool | ssl.SSLContext = False) -> bool:
@@ -131,12 +142,16 @@ class LocalCluster:
         coordinators: int = 1,
         detached: bool = False,
         secure: bool = False,
+        sasl_listener: bool = False,
         racks: Sequence[str] = (),
         member_config: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """``coordinators``: one active, the others standbys that take over when it is gone. ``secure``:
-        clients must log in (SASL/PLAIN) and ACLs are enforced; the super user ``admin`` gets a generated
-        password (:meth:`admin_password`). ``racks``: tablet server i's ``tablet-server.rack`` is
+        clients must log in (SASL/PLAIN) over TLS (SASL_SSL, with a generated private CA unless
+        ``security.ssl.certificate`` is given), the servers log in to each other over TLS too, ACLs are
+        enforced, ZooKeeper requires a login, and the super user ``admin`` gets a generated password
+        (:meth:`admin_password`). ``sasl_listener`` (with ``secure``): every server also listens with SASL
+        but without TLS, for pyfluss, on a port of its own (:meth:`pyfluss_config`). ``racks``: tablet server i's ``tablet-server.rack`` is
         ``racks[i - 1]`` (none given: no racks). ``member_config``: settings for one member alone, by its name
         (``tablet-server-2``), over the common ones (a fault-injection harness routes a member's traffic
         through proxies this way)."""
@@ -145,6 +160,11 @@ class LocalCluster:
         self.racks = tuple(racks)
         self.member_config = {name: dict(values) for name, values in (member_config or {}).items()}
         self.secure = secure
+        if sasl_listener and not secure:
+            raise ValueError("a SASL listener without TLS goes with a secure cluster (a plain one is open anyway)")
+        if sasl_listener and config and "bind.listeners" in config:
+            raise ValueError("give either a SASL listener or your own bind.listeners")
+        self.sasl_listener = sasl_listener
         if tablet_servers < 1 or coordinators < 1:
             raise ValueError("a cluster needs at least one coordinator and one tablet server")
         self.coordinator_count = coordinators
@@ -152,7 +172,7 @@ class LocalCluster:
         self.tablet_server_count = tablet_servers
         self.config = dict(config or {})
         self.detached = detached
-        self.state = LocalClusterState(str(self.data_dir))
+        self.state = LocalClusterState(str(self.data_dir), secure=secure, sasl_listener=sasl_listener)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self._zookeeper: ZooKeeperServer | None = None
 
@@ -181,8 +201,9 @@ class LocalCluster:
         if not config.get(SECURITY_INTERNAL_SECRET.key) and not insecure:
             config[SECURITY_INTERNAL_SECRET.key] = secrets.token_urlsafe(32)
         if self.secure:  # the start's own settings win, but admin stays a super user
+            protocols = f"{MAIN_LISTENER}:SASL_SSL" + (f",{PYFLUSS_LISTENER}:SASL" if self.sasl_listener else "")
             secured = {
-                "security.protocol.map": "FLUSS:SASL",
+                "security.protocol.map": protocols,
                 "security.sasl.enabled.mechanisms": "PLAIN",
                 "security.sasl.plain.jaas.config":
                     f'{PLAIN_LOGIN_MODULE} required user_{ADMIN}="{secrets.token_urlsafe(16)}";',
@@ -192,6 +213,51 @@ class LocalCluster:
             # ZooKeeper closed to strangers: every node strom creates is its identity's alone
             config.setdefault(ZOOKEEPER_AUTH_DIGEST.key, f"strom:{secrets.token_urlsafe(24)}")
             config["super.users"] = ";".join(filter(None, [f"User:{ADMIN}", self.config.get("super.users")]))
+            if self.sasl_listener:
+                config["internal.listener.name"] = MAIN_LISTENER
+            if any(uses_tls(protocol) for protocol in parse_protocol_map(config["security.protocol.map"]).values()) and not config.get("security.ssl.certificate"):
+                config.update(self.certificates.server_config())
+        return config
+
+    @property
+    def certificates(self) -> ClusterCertificates:
+        """Where a ``secure`` cluster's generated CA and server certificate are (made at :meth:`start`)."""
+        return ClusterCertificates(self.data_dir / TLS_DIR)
+
+    def client_config(self, user: str = ADMIN, password: str | None = None) -> dict[str, str]:
+        """The options of a strom client (or Spark's ``fluss`` source) of this cluster: its bootstrap servers
+        and, on a secure cluster, TLS trusting the cluster's CA and a login as ``user`` (``admin`` and its
+        generated password unless given)."""
+        config = {"bootstrap.servers": self.bootstrap}
+        if not self.secure:
+            return config
+        settings = self.settings()
+        tls = uses_tls(main_listener_protocol(settings.get("bind.listeners"), settings.get("security.protocol.map")))
+        config.update({
+            "client.security.protocol": "SASL_SSL" if tls else "SASL",
+            "client.security.sasl.mechanism": "PLAIN",
+            "client.security.sasl.username": user,
+            "client.security.sasl.password": self.admin_password() if password is None else password,
+        })
+        if tls:
+            config["client.security.ssl.truststore"] = settings["security.ssl.truststore"]
+        return config
+
+    @property
+    def pyfluss_bootstrap(self) -> str:
+        """The coordinators' SASL listeners without TLS (``sasl_listener``), else their main ones."""
+        coordinators = [m for m in self.state.members if m.role == "coordinator"]
+        return ",".join(m.listeners.get(PYFLUSS_LISTENER, m.address) for m in coordinators)
+
+    def pyfluss_config(self, user: str = ADMIN, password: str | None = None) -> dict[str, str]:
+        """pyfluss's options (its names, without ``client.``) for this cluster: on a secure cluster, a login
+        as ``user`` on the SASL listener without TLS."""
+        config = {"bootstrap.servers": self.pyfluss_bootstrap}
+        if self.secure:
+            config.update({
+                "security.protocol": "sasl", "security.sasl.mechanism": "PLAIN", "security.sasl.username": user,
+                "security.sasl.password": self.admin_password() if password is None else password,
+            })
         return config
 
     def admin_password(self) -> str:
@@ -199,13 +265,13 @@ class LocalCluster:
         jaas = self.settings()["security.sasl.plain.jaas.config"]
         return parse_plain_jaas_users(jaas)[ADMIN]
 
-    def _write_config(self) -> None:
+    def _write_config(self, config: Mapping[str, str]) -> None:
         """``cluster.yaml``, created readable by its owner only (it holds the servers' secret)."""
         path = self.config_path
         path.unlink(missing_ok=True)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as file:
-            yaml.safe_dump(self.common_config(), file, sort_keys=True)
+            yaml.safe_dump(dict(config), file, sort_keys=True)
 
     def start(self) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -218,7 +284,11 @@ class LocalCluster:
             assert zookeeper.pid is not None
             self.state.members.append(Member("zookeeper", zookeeper.pid, zookeeper.address, log=str(zookeeper.log_path)))
             self.state.save()
-            self._write_config()
+            config = self.common_config()
+            generated = self.certificates
+            if config.get("security.ssl.certificate") == str(generated.certificate) and not generated.exists():
+                ClusterCertificates.create(generated.directory)
+            self._write_config(config)
             for index in range(1, self.coordinator_count + 1):
                 self.start_member("coordinator", index)
             for server_id in range(1, self.tablet_server_count + 1):
@@ -238,6 +308,12 @@ class LocalCluster:
         address = f"127.0.0.1:{port or free_port()}"
         command = [sys.executable, "-m", "strom.cli.main", role, "--bind", address,
                    "--data-dir", str(self.data_dir / name), "--config", str(self.config_path)]
+        listeners: dict[str, str] = {}
+        if self.sasl_listener:
+            old = previous.listeners.get(PYFLUSS_LISTENER) if previous is not None else None
+            listeners[PYFLUSS_LISTENER] = old or f"127.0.0.1:{free_port()}"
+            command += ["-D", f"bind.listeners={MAIN_LISTENER}://{address},"
+                              f"{PYFLUSS_LISTENER}://{listeners[PYFLUSS_LISTENER]}"]
         if role == "tablet-server":
             command += ["--server-id", str(server_id)]
             if self.racks:
@@ -248,7 +324,7 @@ class LocalCluster:
         with log_path.open("ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=self.detached)
-        member = Member(role, process.pid, address, server_id, str(log_path))
+        member = Member(role, process.pid, address, server_id, str(log_path), listeners)
         if previous is not None:
             self.state.members.remove(previous)
         self.state.members.append(member)
@@ -305,7 +381,8 @@ class LocalCluster:
         if state is None:
             return None
         cluster = cls(Path(state.data_dir), max(1, sum(m.role == "tablet-server" for m in state.members)),
-                      coordinators=max(1, sum(m.role == "coordinator" for m in state.members)))
+                      coordinators=max(1, sum(m.role == "coordinator" for m in state.members)),
+                      secure=state.secure, sasl_listener=state.sasl_listener)
         cluster.state = state
         return cluster
 

@@ -344,7 +344,7 @@ class ReplicaManager:
         sets its role first). Raises UnknownTableOrBucketError."""
         replica = self._replicas.get(bucket)
         if replica is None or replica.stopped:
-            raise UnknownTableOrBucketError(f"{bucket} is not hosted by this server")
+            raise UnknownTableOrBucketError.not_hosted(bucket)
         return replica
 
     def get_hosted(self, bucket: TableBucket) -> Replica:
@@ -356,7 +356,7 @@ class ReplicaManager:
                 self.become_leader(table, [bucket])
                 replica = self._replicas.get(bucket)
         if replica is None or replica.stopped:
-            raise UnknownTableOrBucketError(f"{bucket} is not hosted by this server")
+            raise UnknownTableOrBucketError.not_hosted(bucket)
         replica.open()  # a follower's log only
         replica.recover_if_failed(self.before_reopen)
         return replica

@@ -6,18 +6,25 @@ At the end the last key is looked up through pyfluss and printed as ``read <valu
 with status 255 after a leader died under it, after everything here has run.)
 
 Usage: python pyfluss_writer.py BOOTSTRAP DATABASE TABLE FIRST COUNT TAG
+(pyfluss's further options, a login on a secure cluster, as a JSON object in the environment variable
+PYFLUSS_OPTIONS, so that no password shows in the process list)
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 
 import fluss
 
+OPTIONS_VARIABLE = "PYFLUSS_OPTIONS"
+
 
 async def write(bootstrap: str, database: str, table_name: str, first: int, count: int, tag: str) -> None:
-    connection = await fluss.FlussConnection.create(fluss.Config({"bootstrap.servers": bootstrap}))
+    options = {**json.loads(os.environ.get(OPTIONS_VARIABLE, "{}")), "bootstrap.servers": bootstrap}
+    connection = await fluss.FlussConnection.create(fluss.Config(options))
     try:
         table = await connection.get_table(fluss.TablePath(database, table_name))
         writer = table.new_upsert().create_writer()

@@ -44,23 +44,35 @@ FAST_SESSIONS = {"zookeeper.client.session-timeout": "4s"}
 """For the tests that crash or pause a server: it counts as gone after 4 s instead of 18 s."""
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+SECURITY = ["plain", "secure"]
+"""Each cluster test that takes its cluster from a fixture parametrized with these runs on a plain cluster
+and on a ``--secure --sasl-listener`` one (TLS, logins, ACLs, ZooKeeper with authentication): securing a
+cluster must not change what it does."""
+
+
+@pytest.fixture(scope="module", params=SECURITY)
+def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """Two tablet servers shared by the tests that leave no server down."""
-    yield from _cluster(tmp_path_factory.mktemp("cluster"), 2, {"kv.snapshot.interval": "300ms"})
+    yield from _cluster(tmp_path_factory.mktemp("cluster"), 2, {"kv.snapshot.interval": "300ms"},
+                        secure=request.param == "secure")
 
 
-@pytest.fixture
-def own_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+@pytest.fixture(params=SECURITY)
+def own_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A cluster this test may break (restarts, kills)."""
-    yield from _cluster(tmp_path / "cluster", 2, {"kv.snapshot.interval": "0s", **FAST_SESSIONS})
+    yield from _cluster(tmp_path / "cluster", 2, {"kv.snapshot.interval": "0s", **FAST_SESSIONS},
+                        secure=request.param == "secure")
 
 
-def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str], coordinators: int = 1) -> Iterator[LocalCluster]:
+def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str], coordinators: int = 1,
+             secure: bool = False) -> Iterator[LocalCluster]:
+    """A started cluster (``secure``: with a SASL listener for pyfluss), stopped after the test with a check
+    of its members' exit codes and logs."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    local = LocalCluster(data_dir, tablet_servers, config, coordinators=coordinators).start()
+    local = LocalCluster(data_dir, tablet_servers, config, coordinators=coordinators, secure=secure,
+                         sasl_listener=secure).start()
     try:
         _wait_for_servers(local, tablet_servers)
         yield local
@@ -78,7 +90,7 @@ def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str], coordi
 
 def _wait_for_servers(local: LocalCluster, count: int) -> None:
     async def registered() -> int:
-        async with await Connection.create(local.bootstrap) as connection:
+        async with await Connection.create(local.client_config()) as connection:
             return sum(node.server_type == "TabletServer" for node in await connection.get_admin().get_server_nodes())
 
     deadline = time.monotonic() + WAIT_S
@@ -123,11 +135,11 @@ async def bucket_leaders(connection: Connection, path: TablePath, partition_id: 
 
 def test_buckets_spread_over_the_tablet_servers_and_both_clients_read_and_write(cluster: LocalCluster) -> None:
     async def scenario() -> tuple[dict[int, str], Any, list[int]]:
-        async with await Connection.create(cluster.bootstrap) as connection:
+        async with await Connection.create(cluster.client_config()) as connection:
             path = await create_table(connection)
             await upsert(connection, path, range(1000), "s")
             placed = await bucket_leaders(connection, path)
-        client = await pyfluss.FlussConnection.create(pyfluss.Config({"bootstrap.servers": cluster.bootstrap}))
+        client = await pyfluss.FlussConnection.create(pyfluss.Config(cluster.pyfluss_config()))
         try:
             table = await client.get_table(pyfluss.TablePath(path.database_name, path.table_name))
             writer = table.new_upsert().create_writer()
@@ -138,7 +150,7 @@ def test_buckets_spread_over_the_tablet_servers_and_both_clients_read_and_write(
             found = [await lookuper.lookup({"id": i}) for i in (5, 1005)]
         finally:
             await client.close()
-        async with await Connection.create(cluster.bootstrap) as connection:
+        async with await Connection.create(cluster.client_config()) as connection:
             return await rows(connection, path), found, placed
 
     stored, found, placed = asyncio.run(scenario())
@@ -153,7 +165,7 @@ def test_buckets_spread_over_the_tablet_servers_and_both_clients_read_and_write(
 
 def test_log_tables_and_partitions_spread_too(cluster: LocalCluster) -> None:
     async def scenario() -> tuple[list[int], int]:
-        async with await Connection.create(cluster.bootstrap) as connection:
+        async with await Connection.create(cluster.client_config()) as connection:
             admin = connection.get_admin()
             path = TablePath("fluss", unique_name("events"))
             schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("day", pa.string())]))
@@ -180,7 +192,7 @@ def test_log_tables_and_partitions_spread_too(cluster: LocalCluster) -> None:
 
 def test_a_tablet_server_killed_and_restarted_keeps_every_acknowledged_write(own_cluster: LocalCluster) -> None:
     async def write_some() -> tuple[TablePath, list[int]]:
-        async with await Connection.create(own_cluster.bootstrap) as connection:
+        async with await Connection.create(own_cluster.client_config()) as connection:
             path = await create_table(connection)
             await upsert(connection, path, range(500), "a")
             return path, await bucket_leaders(connection, path)
@@ -192,7 +204,7 @@ def test_a_tablet_server_killed_and_restarted_keeps_every_acknowledged_write(own
     _wait_for_servers(own_cluster, 2)
 
     async def after() -> tuple[dict[int, str], dict[int, str]]:
-        async with await Connection.create(own_cluster.bootstrap) as connection:
+        async with await Connection.create(own_cluster.client_config()) as connection:
             before = await rows(connection, path)
             await upsert(connection, path, range(250, 750), "b")
             return before, await rows(connection, path)
@@ -205,7 +217,7 @@ def test_a_tablet_server_killed_and_restarted_keeps_every_acknowledged_write(own
 
 def test_changes_and_drops_reach_every_tablet_server_even_one_that_was_down(own_cluster: LocalCluster) -> None:
     async def scenario() -> tuple[dict[str, Any], list[Path]]:
-        async with await Connection.create(own_cluster.bootstrap) as connection:
+        async with await Connection.create(own_cluster.client_config()) as connection:
             admin = connection.get_admin()
             altered = await create_table(connection)
             await upsert(connection, altered, range(100), "a")
@@ -235,7 +247,7 @@ def test_changes_and_drops_reach_every_tablet_server_even_one_that_was_down(own_
 
 def test_kv_snapshots_are_committed_through_the_coordinator(cluster: LocalCluster) -> None:
     async def scenario() -> dict[int, Any]:
-        async with await Connection.create(cluster.bootstrap) as connection:
+        async with await Connection.create(cluster.client_config()) as connection:
             path = await create_table(connection)
             await upsert(connection, path, range(200), "s")
             deadline = time.monotonic() + WAIT_S
@@ -255,7 +267,7 @@ def test_a_snapshot_interval_set_at_run_time_reaches_every_tablet_server(own_clu
     """AlterClusterConfigs goes to the active coordinator; each tablet server rereads the cluster configs
     from ZooKeeper and starts taking snapshots (off at start) of the buckets it leads."""
     async def scenario() -> tuple[dict[int, Any], list[int], TablePath]:
-        async with await Connection.create(own_cluster.bootstrap) as connection:
+        async with await Connection.create(own_cluster.client_config()) as connection:
             admin = connection.get_admin()
             path = await create_table(connection)
             await upsert(connection, path, range(200), "s")
@@ -283,7 +295,7 @@ def test_a_snapshot_interval_set_at_run_time_reaches_every_tablet_server(own_clu
     _wait_for_servers(own_cluster, 2)
 
     async def after_restart() -> None:
-        async with await Connection.create(own_cluster.bootstrap) as connection:
+        async with await Connection.create(own_cluster.client_config()) as connection:
             admin = connection.get_admin()
             await upsert(connection, table_path, range(200, 400), "t")
             deadline = time.monotonic() + WAIT_S
@@ -299,7 +311,7 @@ def test_a_snapshot_interval_set_at_run_time_reaches_every_tablet_server(own_clu
 
 def test_a_table_wanting_more_replicas_than_tablet_servers_is_refused(cluster: LocalCluster) -> None:
     async def scenario() -> None:
-        async with await Connection.create(cluster.bootstrap) as connection:
+        async with await Connection.create(cluster.client_config()) as connection:
             with pytest.raises(InvalidReplicationFactorError, match="larger than available tablet servers: 2"):
                 await create_table(connection, **{"table.replication.factor": "3"})
 
@@ -341,7 +353,7 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
         first, second = (cluster.member("coordinator", index) for index in (1, 2))
 
         async def before() -> tuple[TablePath, int]:
-            async with await Connection.create(cluster.bootstrap) as connection:
+            async with await Connection.create(cluster.client_config()) as connection:
                 admin = connection.get_admin()
                 with pytest.raises(NotCoordinatorLeaderError):  # the standby refuses catalog changes
                     async with await Connection.create(second.address) as direct:
@@ -361,7 +373,7 @@ def test_a_standby_coordinator_takes_over_and_keeps_leases_snapshots_and_expiry(
         cluster.signal_member(first, signal.SIGKILL)
 
         async def after() -> tuple[str, list[str], int, bool, dict[TableBucket, int] | None]:
-            async with await Connection.create(cluster.bootstrap) as connection:
+            async with await Connection.create(cluster.client_config()) as connection:
                 admin = connection.get_admin()
                 deadline = time.monotonic() + WAIT_S
                 while True:  # the killed coordinator's node lives until its ZooKeeper session times out
@@ -477,12 +489,12 @@ def test_racks_spread_every_bucket_over_both_racks(tmp_path: Path) -> None:
         from tests.cluster.test_replication import States
 
         async def scenario() -> tuple[dict[int, str | None], list[tuple[int, ...]]]:
-            async with await Connection.create(local.bootstrap) as connection:
+            async with await Connection.create(local.client_config()) as connection:
                 admin = connection.get_admin()
                 racks = {n.id: n.rack for n in await admin.get_server_nodes() if n.server_type == "TabletServer"}
                 path = await create_table(connection, 8, **{"table.replication.factor": "2"})
                 table_id = (await admin.get_table_info(path)).table_id
-            states = States(local.zookeeper_address)
+            states = States(local)
             try:
                 return racks, [states.get(TableBucket(table_id, b)).replicas for b in range(8)]
             finally:

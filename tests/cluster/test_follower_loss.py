@@ -55,7 +55,7 @@ def _kill_a_follower_and_write(local: LocalCluster) -> tuple[float, int, tuple[i
             return path, TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
 
     path, bucket = asyncio.run(setup())
-    states = States(local.zookeeper_address)
+    states = States(local)
     try:
         state = states.wait_full_isr(bucket)
         follower = next(r for r in state.replicas if r != state.leader)
@@ -98,7 +98,7 @@ def test_the_coordinator_drops_a_gone_server_from_the_isr_and_it_rejoins(registr
     assert gone.active_leader_replicas == gone.num_leader_replicas > 0
     assert gone.in_sync_replicas < gone.num_replicas == 3 * gone.num_leader_replicas
     registration_bound.start_member("tablet-server", follower)
-    states = States(registration_bound.zookeeper_address)
+    states = States(registration_bound)
     try:
         assert follower in states.wait_full_isr(bucket).isr
     finally:

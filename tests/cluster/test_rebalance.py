@@ -63,7 +63,7 @@ async def _create(connection: Connection, fields: pa.Schema, primary_key: list[s
 
 
 def _layout(local: LocalCluster, table_ids: list[int]) -> dict[TableBucket, LeaderAndIsr]:
-    states = States(local.zookeeper_address)
+    states = States(local)
     try:
         return {bucket: states.get(bucket) for table_id in table_ids
                 for bucket in (TableBucket(table_id, b) for b in range(BUCKETS))}
@@ -112,7 +112,7 @@ def test_a_grown_cluster_is_rebalanced_and_a_tagged_server_drained_under_pyfluss
             return path, table_ids
 
     path, table_ids = asyncio.run(setup())
-    states = States(three.zookeeper_address)
+    states = States(three)
     for bucket in _layout(three, table_ids):
         states.wait_full_isr(bucket)
     writer = _Writer(three, path, replace_silent_after_s=WRITER_SILENCE_S)

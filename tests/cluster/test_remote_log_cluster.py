@@ -109,7 +109,7 @@ def test_a_new_leader_goes_on_from_the_manifest_after_the_old_one_is_killed(clus
     wait_until(lambda: manifest(cluster, table_id) is not None, "a first manifest")
     first = manifest(cluster, table_id)
     assert first is not None
-    states = States(cluster.zookeeper_address)
+    states = States(cluster)
     try:
         old_leader = states.get(TableBucket(table_id, 0)).leader
         cluster.signal_member(cluster.member("tablet-server", old_leader), signal.SIGKILL)  # uploads under way

@@ -6,6 +6,8 @@ session cannot acknowledge alone and comes back as a follower."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import sys
 import time
@@ -37,7 +39,7 @@ from strom.server.local_cluster import LocalCluster
 from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 from strom.zk.metadata_store import connect_kazoo, parse_location
 from strom.zk.zookeeper_server import unavailable_reason
-from tests.cluster.test_cluster_processes import bucket_leaders, snapshot_after
+from tests.cluster.test_cluster_processes import SECURITY, bucket_leaders, snapshot_after
 from tests.conftest import unique_name
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("cluster")]
@@ -50,16 +52,26 @@ PYFLUSS_WRITES = 30
 PYFLUSS_PROCESSES_MAX = 6
 STALL_S = 6.0
 PYFLUSS_WRITER = Path(__file__).with_name("pyfluss_writer.py")
+
+
+def pyfluss_writer_environment(local: LocalCluster) -> dict[str, str]:
+    """The environment of a ``pyfluss_writer.py`` process for ``local``: pyfluss's login on a secure
+    cluster (its bootstrap servers, ``local.pyfluss_bootstrap``, go on the command line)."""
+    options = {key: value for key, value in local.pyfluss_config().items() if key != "bootstrap.servers"}
+    return {**os.environ, "PYFLUSS_OPTIONS": json.dumps(options)}
 ROUND_S = 60.0
 WAIT_S = 60.0
 
 
 @pytest.fixture
-def three(tmp_path: Path) -> Iterator[LocalCluster]:
+def three(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """Three tablet servers; a plain cluster unless a test asks for ``secure`` too (indirect
+    parametrization)."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    local = LocalCluster(tmp_path / "cluster", 3, CONFIG).start()
+    secure = getattr(request, "param", "plain") == "secure"
+    local = LocalCluster(tmp_path / "cluster", 3, CONFIG, secure=secure, sasl_listener=secure).start()
     try:
         yield local
     finally:
@@ -73,9 +85,9 @@ def three(tmp_path: Path) -> Iterator[LocalCluster]:
 class States:
     """The buckets' leadership as ZooKeeper holds it (what the test waits on)."""
 
-    def __init__(self, zookeeper: str) -> None:
-        hosts, root = parse_location(zookeeper)
-        self._client = connect_kazoo(hosts, 10_000)
+    def __init__(self, local: LocalCluster) -> None:
+        hosts, root = parse_location(local.zookeeper_address)
+        self._client = connect_kazoo(hosts, 10_000, digest=local.settings().get("zookeeper.auth.digest"))
         self._states = BucketStates(self._client, root)
 
     def get(self, bucket: TableBucket) -> LeaderAndIsr:
@@ -115,7 +127,7 @@ def wait_for_servers(local: LocalCluster, count: int, login: dict[str, str] | No
     """Until the coordinator's metadata lists ``count`` tablet servers (``login``: the client's options on a
     secured cluster)."""
     async def registered() -> int:
-        async with await Connection.create(login or local.bootstrap) as connection:
+        async with await Connection.create(login or local.client_config()) as connection:
             return sum(n.server_type == "TabletServer" for n in await connection.get_admin().get_server_nodes())
 
     deadline = time.monotonic() + WAIT_S
@@ -128,13 +140,13 @@ def test_acknowledged_writes_survive_repeated_leader_kills(three: LocalCluster) 
     wait_for_servers(three, 3)
 
     async def setup() -> tuple[TablePath, TablePath, int]:
-        async with await Connection.create(three.bootstrap) as connection:
+        async with await Connection.create(three.client_config()) as connection:
             kv = await create(connection, PK_FIELDS, ["id"])
             log_table = await create(connection, LOG_FIELDS, None)
             return kv, log_table, (await connection.get_admin().get_table_info(kv)).table_id
 
     kv, log_table, kv_table_id = asyncio.run(setup())
-    states = States(three.zookeeper_address)
+    states = States(three)
     acknowledged: dict[int, str] = {}
     appended: list[int] = []
     try:
@@ -183,7 +195,7 @@ async def _write_round(local: LocalCluster, kv: TablePath, log_table: TablePath,
     """Upserts and appends by strom's client and upserts by pyfluss while the bucket's leader is SIGKILLed
     and then restarted (``rejoin``, in a thread); then each client reads back its last acknowledged write."""
     first = round_ * 1000
-    async with await Connection.create(local.bootstrap) as connection:
+    async with await Connection.create(local.client_config()) as connection:
         table = await connection.get_table(kv)
         events = await connection.get_table(log_table)
         writer = table.new_upsert().create_writer()
@@ -208,8 +220,8 @@ async def _write_round(local: LocalCluster, kv: TablePath, log_table: TablePath,
             next_key, end = first + 900, first + 900 + PYFLUSS_WRITES
             for _attempt in range(PYFLUSS_PROCESSES_MAX):
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, str(PYFLUSS_WRITER), local.bootstrap, kv.database_name, kv.table_name,
-                    str(next_key), str(end - next_key), f"p{round_}",
+                    sys.executable, str(PYFLUSS_WRITER), local.pyfluss_bootstrap, kv.database_name, kv.table_name,
+                    str(next_key), str(end - next_key), f"p{round_}", env=pyfluss_writer_environment(local),
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
                 assert process.stdout is not None
                 read_back, failures = None, []
@@ -248,7 +260,7 @@ async def _read_line(stream: asyncio.StreamReader, timeout_s: float) -> str:
 
 
 async def _read_back(local: LocalCluster, kv: TablePath, log_table: TablePath) -> tuple[dict[int, str], list[int]]:
-    async with await Connection.create(local.bootstrap) as connection:
+    async with await Connection.create(local.client_config()) as connection:
         table = await connection.get_table(kv)
         rows = await (await table.new_scan().create_batch_scanner()).to_arrow()
         stored = dict(zip(rows.column("id").to_pylist(), rows.column("v").to_pylist(), strict=True))
@@ -260,35 +272,37 @@ async def _read_back(local: LocalCluster, kv: TablePath, log_table: TablePath) -
         return stored, logged
 
 
+@pytest.mark.parametrize("three", SECURITY, indirect=True)
 def test_a_paused_leader_cannot_acknowledge_alone_and_rejoins_as_a_follower(three: LocalCluster) -> None:
     wait_for_servers(three, 3)
 
     async def setup() -> tuple[TablePath, int]:
-        async with await Connection.create(three.bootstrap) as connection:
+        async with await Connection.create(three.client_config()) as connection:
             path = await create(connection, PK_FIELDS, ["id"])
             await _upsert(connection, path, range(100), "before")
             return path, (await connection.get_admin().get_table_info(path)).table_id
 
     path, table_id = asyncio.run(setup())
     bucket = TableBucket(table_id, 0)
-    states = States(three.zookeeper_address)
+    states = States(three)
     try:
         paused = states.wait_full_isr(bucket)
         old = three.member("tablet-server", paused.leader)
         three.signal_member(old, signal.SIGSTOP)
         states.wait_leader_change(bucket, paused.leader)
-        asyncio.run(_upsert_through(three.bootstrap, path, range(100, 200), "after"))
+        asyncio.run(_upsert_through(three.client_config(), path, range(100, 200), "after"))
         three.signal_member(old, signal.SIGCONT)
         rejoined = states.wait_full_isr(bucket)  # the paused one caught up as a follower
         assert rejoined.leader != paused.leader and rejoined.leader_epoch > paused.leader_epoch
 
         async def stale_write() -> Any:
-            async with await Connection.create(old.address) as direct:  # straight to the former leader
+            direct_to_old = {**three.client_config(), "bootstrap.servers": old.address}
+            async with await Connection.create(direct_to_old) as direct:  # straight to the former leader
                 table = await direct.get_table(path)
                 return await table.new_lookup().create_lookuper().lookup({"id": 150})
 
         assert asyncio.run(stale_write()) == {"id": 150, "v": "after"}, "metadata routes to the new leader"
-        leaders = asyncio.run(_leaders(three.bootstrap, path))
+        leaders = asyncio.run(_leaders(three.client_config(), path))
         assert leaders == [rejoined.leader]
     finally:
         states.close()
@@ -299,13 +313,13 @@ async def _upsert(connection: Connection, path: TablePath, ids: range, tag: str)
     await writer.upsert_arrow_batch(pa.table({"id": list(ids), "v": [tag] * len(ids)})).wait()
 
 
-async def _upsert_through(bootstrap: str, path: TablePath, ids: range, tag: str) -> None:
-    async with await Connection.create(bootstrap) as connection:
+async def _upsert_through(client: dict[str, str], path: TablePath, ids: range, tag: str) -> None:
+    async with await Connection.create(client) as connection:
         await _upsert(connection, path, ids, tag)
 
 
-async def _leaders(bootstrap: str, path: TablePath) -> list[int]:
-    async with await Connection.create(bootstrap) as connection:
+async def _leaders(client: dict[str, str], path: TablePath) -> list[int]:
+    async with await Connection.create(client) as connection:
         return await bucket_leaders(connection, path)
 
 
@@ -316,12 +330,12 @@ def test_snapshots_carry_their_leader_epoch_and_a_deposed_leaders_is_refused(tmp
     if reason is not None:
         pytest.skip(reason)
     local = LocalCluster(tmp_path / "cluster", 3, {**CONFIG, "kv.snapshot.interval": "300ms"}).start()
-    states = States(local.zookeeper_address)
+    states = States(local)
     try:
         wait_for_servers(local, 3)
 
         async def before() -> tuple[TablePath, TableBucket, int]:
-            async with await Connection.create(local.bootstrap) as connection:
+            async with await Connection.create(local.client_config()) as connection:
                 path = await create(connection, PK_FIELDS, ["id"])
                 await _upsert(connection, path, range(100), "before")
                 bucket = TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
@@ -332,7 +346,7 @@ def test_snapshots_carry_their_leader_epoch_and_a_deposed_leaders_is_refused(tmp
         local.signal_member(local.member("tablet-server", deposed.leader), signal.SIGKILL)
 
         async def after() -> tuple[int, LeaderAndIsr, type[Exception] | None, type[Exception] | None]:
-            async with await Connection.create(local.bootstrap) as connection:
+            async with await Connection.create(local.client_config()) as connection:
                 await _upsert(connection, path, range(100, 200), "after")  # through the new leader
                 newest = await snapshot_after(connection.get_admin(), path, first)
                 stale = CompletedKvSnapshot(bucket, newest + 1000, 0, 0, (), "nowhere", 0, 0)
@@ -379,18 +393,18 @@ def test_a_scan_session_ends_when_its_leader_is_replaced_and_a_new_scan_reads_ev
     rows = 2000
 
     async def setup() -> tuple[TablePath, TableBucket]:
-        async with await Connection.create(three.bootstrap) as connection:
+        async with await Connection.create(three.client_config()) as connection:
             path = await create(connection, PK_FIELDS, ["id"])
             await _upsert(connection, path, range(rows), "x" * 20)
             return path, TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
 
     path, bucket = asyncio.run(setup())
-    states = States(three.zookeeper_address)
+    states = States(three)
     try:
         paused = states.wait_full_isr(bucket)
 
         async def scan() -> tuple[int, type[Exception] | None, int]:
-            async with await Connection.create(three.bootstrap) as connection:
+            async with await Connection.create(three.client_config()) as connection:
                 table = await connection.get_table(path)
                 lookuper = table.new_lookup().create_lookuper()
                 assert await lookuper.lookup({"id": 7}) is not None  # the client knows the old leader now
@@ -423,16 +437,17 @@ def test_a_scan_session_ends_when_its_leader_is_replaced_and_a_new_scan_reads_ev
 
 
 
+@pytest.mark.parametrize("three", SECURITY, indirect=True)
 def test_a_log_scanner_reads_on_across_a_leader_kill(three: LocalCluster) -> None:
     """A subscribed log scanner whose bucket's leader is SIGKILLed goes on reading from the new leader: every
     appended record once, in order, and no error surfaces while the bucket is elected anew. Offsets asked
     through a client that knew only the old leader come from the new one."""
     wait_for_servers(three, 3)
-    states = States(three.zookeeper_address)
+    states = States(three)
     try:
 
         async def scenario() -> tuple[list[int], int, int]:
-            async with await Connection.create(three.bootstrap) as connection:
+            async with await Connection.create(three.client_config()) as connection:
                 path = await create(connection, LOG_FIELDS, None)
                 table = await connection.get_table(path)
                 bucket = TableBucket(table.layout.info.table_id, 0)
@@ -443,7 +458,7 @@ def test_a_log_scanner_reads_on_across_a_leader_kill(three: LocalCluster) -> Non
                 scanner.subscribe(0, 0)
                 read: list[int] = []
                 await asyncio.wait_for(_poll_until(scanner, read, 500), WAIT_S)
-                async with await Connection.create(three.bootstrap) as other:  # knows only the old leader
+                async with await Connection.create(three.client_config()) as other:  # knows only the old leader
                     before = (await other.get_admin().list_offsets(path, [0], OffsetSpec.latest()))[0]
                     three.signal_member(three.member("tablet-server", leader.leader), signal.SIGKILL)
                     polls = asyncio.create_task(_poll_until(scanner, read, 1000))
@@ -470,7 +485,7 @@ def test_a_replayable_writer_s_batches_are_known_to_the_new_leader(three: LocalC
     leader, whose writer state came with the replicated log, acknowledges what was written and writes only the
     rest; every row is in the log once and summed once."""
     wait_for_servers(three, 3)
-    states = States(three.zookeeper_address)
+    states = States(three)
     identity = ReplayableWriterId(REPLAYABLE_WRITER_ID_MIN + 99, run=2)
     batches = [pa.table({"id": [i % 5 for i in range(s, s + 40)], "v": list(range(s, s + 40))})
                for s in range(0, 400, 40)]
@@ -485,7 +500,7 @@ def test_a_replayable_writer_s_batches_are_known_to_the_new_leader(three: LocalC
             await writer.flush()
 
         async def scenario() -> tuple[list[int], dict[int, int]]:
-            async with await Connection.create(three.bootstrap) as connection:
+            async with await Connection.create(three.client_config()) as connection:
                 log_path = await create(connection, fields, None)
                 path = TablePath("fluss", unique_name("replayed_sums"))
                 await connection.get_admin().create_table(path, TableDescriptor(
@@ -498,7 +513,7 @@ def test_a_replayable_writer_s_batches_are_known_to_the_new_leader(three: LocalC
                     await write(table, 6)  # the first run stops part-way
                 leader = states.get(TableBucket(log_table.layout.info.table_id, 0)).leader
                 three.signal_member(three.member("tablet-server", leader), signal.SIGKILL)
-            async with await Connection.create(three.bootstrap) as connection:
+            async with await Connection.create(three.client_config()) as connection:
                 log_table, sums_table = await connection.get_table(log_path), await connection.get_table(path)
                 for table in (log_table, sums_table):
                     await write(table, len(batches))  # the run again, whole, against the new leaders

@@ -20,8 +20,14 @@ import pytest
 
 from strom.client import Connection, TableBucket
 from strom.server.local_cluster import LocalCluster
-from tests.cluster.test_cluster_processes import _cluster, rows
-from tests.cluster.test_replication import PK_FIELDS, PYFLUSS_WRITER, States, create
+from tests.cluster.test_cluster_processes import SECURITY, _cluster, rows
+from tests.cluster.test_replication import (
+    PK_FIELDS,
+    PYFLUSS_WRITER,
+    States,
+    create,
+    pyfluss_writer_environment,
+)
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("cluster")]
 
@@ -33,9 +39,9 @@ GAP_MAX_S = 10.0
 stopped server's buckets leaderless for the 30 s session timeout."""
 
 
-@pytest.fixture
-def three(tmp_path: Path) -> Iterator[LocalCluster]:
-    yield from _cluster(tmp_path / "cluster", 3, CONFIG)
+@pytest.fixture(params=SECURITY)
+def three(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    yield from _cluster(tmp_path / "cluster", 3, CONFIG, secure=request.param == "secure")
 
 
 class _Writer:
@@ -58,9 +64,9 @@ class _Writer:
 
     def _start(self, first: int) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, str(PYFLUSS_WRITER), self._local.bootstrap, self._path.database_name,  # type: ignore[attr-defined]
+            [sys.executable, str(PYFLUSS_WRITER), self._local.pyfluss_bootstrap, self._path.database_name,  # type: ignore[attr-defined]
              self._path.table_name, str(first), str(WRITES_MAX - first), self.tag],  # type: ignore[attr-defined]
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env=pyfluss_writer_environment(self._local), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         self._started = time.monotonic()
         self._reader = threading.Thread(target=self._read, args=(self._process,), daemon=True)
@@ -114,12 +120,12 @@ class _Writer:
 
 def test_a_rolling_restart_under_pyfluss_writes_loses_nothing_and_never_stalls(three: LocalCluster) -> None:
     async def setup() -> tuple[object, TableBucket]:
-        async with await Connection.create(three.bootstrap) as connection:
+        async with await Connection.create(three.client_config()) as connection:
             path = await create(connection, PK_FIELDS, ["id"])
             return path, TableBucket((await connection.get_admin().get_table_info(path)).table_id, 0)
 
     path, bucket = asyncio.run(setup())
-    states = States(three.zookeeper_address)
+    states = States(three)
     writer = _Writer(three, path)
     try:
         states.wait_full_isr(bucket)
@@ -141,6 +147,6 @@ def test_a_rolling_restart_under_pyfluss_writes_loses_nothing_and_never_stalls(t
 
 
 async def _rows(local: LocalCluster, path: object) -> dict[int, str]:
-    async with await Connection.create(local.bootstrap) as connection:
+    async with await Connection.create(local.client_config()) as connection:
         return await rows(connection, path)  # type: ignore[arg-type]
 

@@ -75,7 +75,7 @@ def test_appends_acknowledged_by_a_lone_leader_survive_its_kill_and_restart(two:
 
     table_id = asyncio.run(create_and_append())
     bucket = TableBucket(table_id, 0)
-    states = States(two.zookeeper_address)
+    states = States(two)
     try:
         state = states.wait_full_isr(bucket)
         leader = state.leader

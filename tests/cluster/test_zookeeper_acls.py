@@ -20,11 +20,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError, NoAuthError, SessionClosedRequireSaslError
 
 from strom.cli.main import main
-from strom.server.local_cluster import ADMIN, LocalCluster
+from strom.server.local_cluster import LocalCluster
 from strom.zk.metadata_store import ZooKeeperMetadataStore, parse_location
 from strom.zk.zookeeper_server import ZooKeeperServer, unavailable_reason
 from tests.cluster.test_cluster_processes import create_table, rows, upsert
-from tests.cluster.test_secured_cluster import _login
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]
 
@@ -56,7 +55,7 @@ def test_a_secure_cluster_s_zookeeper_refuses_strangers_and_the_cluster_works(se
     async def write_and_read() -> dict[int, str]:
         from strom.client import Connection
 
-        async with await Connection.create(_login(secured, ADMIN, secured.admin_password())) as connection:
+        async with await Connection.create(secured.client_config()) as connection:
             path = await create_table(connection, buckets=1)
             await upsert(connection, path, range(5), "z")
             return await rows(connection, path)

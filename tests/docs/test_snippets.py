@@ -136,6 +136,8 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
         "test_cluster_processes_started_by_hand", "each line started in the background, stopped by pid"),
     ("docs/cluster.md", "A secured cluster", 0): _doc(
         "test_secured_cluster_start_acl_stop", "start with a tmp data dir; the acl line with what start printed; stop"),
+    ("docs/cluster.md", "A secured cluster", 1): _doc(
+        "test_secured_cluster_start_acl_stop", "script, with the PYFLUSS bootstrap and password start printed"),
     ("docs/cluster.md", "Listeners", 0): _doc(
         "test_cluster_listeners_settings",
         "every member of a `--secure` LocalCluster started with them (loopback hosts, port 0, localhost as "
@@ -427,7 +429,8 @@ def test_cluster_start_status_stop(tmp_path: Path) -> None:
 
 
 def test_secured_cluster_start_acl_stop(tmp_path: Path) -> None:
-    """`start --secure` prints the bootstrap servers and the admin password; a client logs in with them."""
+    """`start --secure --sasl-listener` prints the bootstrap servers, the admin password, the CA file and
+    pyfluss's listener; strom's CLI logs in over TLS with them, pyfluss on its SASL listener."""
     _needs_zookeeper()
     start, acl, stop = shell_lines(snippet("docs/cluster.md", "A secured cluster", 0))
     cwd = tmp_path / "work"
@@ -437,9 +440,17 @@ def test_secured_cluster_start_acl_stop(tmp_path: Path) -> None:
         output = run_command(start, cwd, timeout_s=90)
         bootstrap = re.search(r"bootstrap\.servers=(\S+),", output).group(1)  # type: ignore[union-attr]
         password = re.search(r"user admin \(a super user\), password (\S+)", output).group(1)  # type: ignore[union-attr]
+        truststore = re.search(r"client\.security\.ssl\.truststore=(\S+)", output).group(1)  # type: ignore[union-attr]
+        assert Path(truststore) == (cwd / "strom-secured/tls/ca.pem").resolve()
+        pyfluss_bootstrap = re.search(r"pyfluss \(no TLS\) logs in with SASL on bootstrap\.servers=(\S+) ",
+                                      output).group(1)  # type: ignore[union-attr]
         run_command(acl, cwd, {"BOOTSTRAP": bootstrap, "PASSWORD": password})
         refused = run_command(acl, cwd, {"BOOTSTRAP": bootstrap, "PASSWORD": "wrong"}, expect_code=1)
         assert refused == ""
+        no_tls = acl.replace(" --truststore strom-secured/tls/ca.pem", "")
+        run_command(no_tls, cwd, {"BOOTSTRAP": bootstrap, "PASSWORD": password}, expect_code=1)
+        pyfluss_login = snippet("docs/cluster.md", "A secured cluster", 1)
+        assert run_script(pyfluss_login, cwd, {"PYFLUSS_BOOTSTRAP": pyfluss_bootstrap, "PASSWORD": password}) == ["True"]
     finally:
         if state.exists():
             pids = [member["pid"] for member in json.loads(state.read_text())["members"]]
@@ -456,15 +467,15 @@ def test_cluster_listeners_settings(tmp_path: Path) -> None:
     _needs_zookeeper()
     import yaml
 
-    from strom.server.local_cluster import ADMIN, LocalCluster
+    from strom.server.local_cluster import LocalCluster
 
     on_loopback = {"0.0.0.0:9123": "127.0.0.1:0", "10.0.0.5:9124": "127.0.0.1:0", "strom-1.example.com:9123": "localhost:0"}
     settings = yaml.safe_load(substituted(snippet("docs/cluster.md", "Listeners", 0).code, on_loopback))
     local = LocalCluster(tmp_path / "cluster", 3, {key: str(value) for key, value in settings.items()}, secure=True)
     local.start()
     try:
-        login = {"bootstrap.servers": local.bootstrap, "client.security.protocol": "SASL",
-                 "client.security.sasl.username": ADMIN, "client.security.sasl.password": local.admin_password()}
+        login = local.client_config()
+        assert login["client.security.protocol"] == "SASL"  # the snippet's listeners: no TLS
         from tests.cluster.test_replication import wait_for_servers
 
         wait_for_servers(local, 3, login)  # the table below has three replicas

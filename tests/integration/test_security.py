@@ -17,7 +17,14 @@ import pytest
 import pytest_asyncio
 
 from strom.client import Connection, Schema, TableBucket, TableDescriptor, TablePath
-from strom.errors import AuthenticationError, AuthorizationError, SecurityDisabledError, TableNotExistError
+from strom.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    PartitionNotExistError,
+    SecurityDisabledError,
+    TableNotExistError,
+    UnknownTableOrBucketError,
+)
 from strom.records.types import IntType, StringType
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
@@ -256,25 +263,35 @@ async def test_tiering_needs_alter_on_the_cluster(secure_server: ServerProcess, 
 
 
 @pytest.mark.asyncio
-async def test_one_fetch_of_two_tables_answers_the_denied_one_per_bucket_and_reads_the_other(
+async def test_one_fetch_answers_a_denied_table_per_bucket_a_hidden_one_as_unknown_and_reads_the_other(
     secure_server: ServerProcess, admin: Connection
 ) -> None:
+    """bob may READ one table, DESCRIBE another and do nothing with a third: one FetchLog reads the first,
+    answers the second's buckets with the authorization code, and the third's as buckets this server does
+    not host, exactly as for a table id nobody uses (its name appears nowhere)."""
     readable = await create_pk_table(admin, TablePath(DATABASE, unique_name("fetch_ok")), buckets=1)
+    denied_table = await create_pk_table(admin, TablePath(DATABASE, unique_name("fetch_denied")), buckets=1)
     hidden = await create_pk_table(admin, TablePath(DATABASE, unique_name("fetch_no")), buckets=1)
-    await write_round(readable, range(3), "r")
-    await write_round(hidden, range(3), "h")
+    for table in (readable, denied_table, hidden):
+        await write_round(table, range(3), "r")
     await grant(admin, "bob", OperationType.READ, Resource.table(DATABASE, readable.table_path.table_name))
+    await grant(admin, "bob", OperationType.DESCRIBE, Resource.table(DATABASE, denied_table.table_path.table_name))
     host, port = secure_server.address.split(":")
     connection = await RpcConnection.connect(host, int(port), credentials=SaslCredentials("bob", USERS["bob"]))
     try:
         request = pb.FetchLogRequest(follower_server_id=-1, max_bytes=1 << 20, max_wait_ms=0, min_bytes=1)
-        for table in (hidden, readable):
+        for table in (hidden, denied_table, readable):
             entry = request.tables_req.add(table_id=table.table_info.table_id, projection_pushdown_enabled=False)
             entry.buckets_req.add(bucket_id=0, fetch_offset=0, max_fetch_bytes=1 << 20)
         response = await connection.request(ApiKey.FETCH_LOG, request)
         by_table = {t.table_id: t.buckets_resp[0] for t in response.tables_resp}
-        denied, allowed = by_table[hidden.table_info.table_id], by_table[readable.table_info.table_id]
+        unknown = by_table[hidden.table_info.table_id]
+        denied = by_table[denied_table.table_info.table_id]
+        allowed = by_table[readable.table_info.table_id]
+        assert (unknown.error_code, unknown.error_message, unknown.records) == (
+            21, f"TableBucket(table_id={hidden.table_info.table_id}, bucket=0) is not hosted by this server", b"")
         assert denied.error_code == AUTHORIZATION_FAILED and not denied.records
+        assert denied_table.table_path.table_name in denied.error_message  # bob may describe that one
         assert not allowed.error_code and allowed.high_watermark == 3 and allowed.records
 
         metadata = await connection.request(ApiKey.GET_METADATA, pb.MetadataRequest(table_path=[
@@ -288,7 +305,8 @@ async def test_one_fetch_of_two_tables_answers_the_denied_one_per_bucket_and_rea
         await admin.get_admin().create_partition(partitioned, {"day": "d1"})
         (partition,) = await admin.get_admin().list_partition_infos(partitioned)
         by_id = pb.MetadataRequest(partitions_id=[partition.partition_id])
-        assert not (await connection.request(ApiKey.GET_METADATA, by_id)).partition_metadata
+        with pytest.raises(PartitionNotExistError, match=f"^Partition id {partition.partition_id} does not exist"):
+            await connection.request(ApiKey.GET_METADATA, by_id)  # as for an id nobody uses
         await grant(admin, "bob", OperationType.DESCRIBE, Resource.table(DATABASE, partitioned.table_name))
         assert len((await connection.request(ApiKey.GET_METADATA, by_id)).partition_metadata) == 1
     finally:
@@ -539,21 +557,25 @@ async def test_producer_offsets_need_write_to_register_or_delete_and_read_to_see
     try:
         async with await Connection.create(strom_config(secure_server, "alice")) as connection:
             alice = connection.get_admin()
-            with pytest.raises(AuthorizationError):
+            # tables alice may not DESCRIBE are unknown ids to her
+            with pytest.raises(UnknownTableOrBucketError, match=f"^Table id {readable_id} does not exist"):
+                await alice.register_producer_offsets(producer, offsets)
+            await grant(admin, "alice", OperationType.DESCRIBE, readable_resource)
+            with pytest.raises(AuthorizationError, match=readable.table_name):  # WRITE on every table is needed
                 await alice.register_producer_offsets(producer, offsets)
             await grant(admin, "alice", OperationType.WRITE, readable_resource)
-            with pytest.raises(AuthorizationError):  # WRITE on every table named is needed
+            with pytest.raises(UnknownTableOrBucketError, match=f"^Table id {hidden_id} does not exist"):
                 await alice.register_producer_offsets(producer, offsets)
             await grant(admin, "alice", OperationType.WRITE, Resource.table(hidden.database_name, hidden.table_name))
             await alice.register_producer_offsets(producer, offsets)
-            found = await alice.get_producer_offsets(producer)
-            assert found is not None and found.offsets == {}  # READ on neither table: both left out
+            assert await alice.get_producer_offsets(producer) is None  # READ on neither table: as no producer
             await grant(admin, "alice", OperationType.READ, readable_resource)
             found = await alice.get_producer_offsets(producer)
             assert found is not None and found.offsets == {TableBucket(readable_id, 0): 4}
         async with await Connection.create(strom_config(secure_server, "bob")) as connection:
-            with pytest.raises(AuthorizationError):  # bob may not write the tables the offsets cover
-                await connection.get_admin().delete_producer_offsets(producer)
+            # bob may not even describe the tables the offsets cover: answered as a producer that does not
+            # exist, and nothing is deleted
+            assert await connection.get_admin().delete_producer_offsets(producer) is None
         assert (await catalog.get_producer_offsets(producer)).offsets == offsets  # type: ignore[union-attr]
         async with await Connection.create(strom_config(secure_server, "alice")) as connection:
             await connection.get_admin().delete_producer_offsets(producer)

@@ -16,7 +16,7 @@ import pytest
 from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.errors import ConnectionFailedError, NetworkError, NotCoordinatorLeaderError
 from strom.records.types import BigIntType, IntType, StringType
-from strom.server.local_cluster import ADMIN, LocalCluster
+from strom.server.local_cluster import LocalCluster
 from strom.tiering.driver import TieringDriver, TieringOptions
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.conftest import unique_name
@@ -84,16 +84,17 @@ def _wait_for_new_coordinator(bootstrap: str) -> None:
 
 
 def test_the_tiering_service_tiers_a_table_of_a_secured_cluster(spark: Any, tmp_path: Path) -> None:
-    """A cluster where clients log in and ACLs are enforced (`strom cluster start --secure`): the service,
-    given its credentials (client.* options), tiers a table into Delta, which DuckDB reads back."""
+    """A cluster where clients log in over TLS and ACLs are enforced (`strom cluster start --secure`): the
+    service, given its credentials and the cluster's CA (client.* options), tiers a table into Delta, which
+    DuckDB reads back."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
     config = tiering_config("delta", **{"datalake.delta.warehouse": str(tmp_path / "lake")})
     local = LocalCluster(tmp_path / "cluster", 2, config, secure=True).start()
     try:
-        login = {"client.security.protocol": "SASL", "client.security.sasl.mechanism": "PLAIN",
-                 "client.security.sasl.username": ADMIN, "client.security.sasl.password": local.admin_password()}
+        login = {key: value for key, value in local.client_config().items() if key != "bootstrap.servers"}
+        assert login["client.security.protocol"] == "SASL_SSL"  # --secure means TLS too
         path = TablePath("fluss", unique_name("secured_lake"))
 
         async def prepare() -> None:
