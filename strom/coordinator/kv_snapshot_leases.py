@@ -206,6 +206,21 @@ class KvSnapshotLeaseManager:
     def get(self, lease_id: str) -> KvSnapshotLease | None:
         return self._leases.get(lease_id)
 
+    def is_anothers(self, lease_id: str, principal: str) -> bool:
+        """Whether ``lease_id`` is a lease with an owner other than ``principal`` (a lease recorded before
+        owners were is nobody's). The one rule of lease ownership: requests touching another's lease are
+        answered as for a missing one."""
+        lease = self._leases.get(lease_id)
+        return lease is not None and lease.owner is not None and lease.owner != principal
+
+    def own_table_ids(self, lease_id: str, principal: str) -> set[int]:
+        """The tables ``lease_id`` pins, when it is not another principal's (none otherwise): what a
+        request on the lease by ``principal`` is authorized against."""
+        lease = self._leases.get(lease_id)
+        if lease is None or self.is_anothers(lease_id, principal):
+            return set()
+        return {bucket.table_id for bucket in lease.pins}
+
     def leases(self) -> list[KvSnapshotLease]:
         return [self._leases[lease_id] for lease_id in sorted(self._leases)]
 

@@ -216,9 +216,7 @@ class KvSnapshotService:
 
     def _foreign(self, lease_id: str, principal: Principal) -> bool:
         """Whether ``lease_id`` is another principal's lease (a super user's may be anyone's)."""
-        lease = self._leases.get(lease_id)
-        owner = lease.owner if lease is not None else None
-        return owner is not None and owner != str(principal) and not is_super_user(principal, self._super_users)
+        return self._leases.is_anothers(lease_id, str(principal)) and not is_super_user(principal, self._super_users)
 
     def acquire_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
         owner = self._caller(request.lease_id, context)

@@ -209,12 +209,10 @@ class _ClusterProcess:
         """``handlers`` behind the ACL checks when authorization is on (``role``: the active coordinator's,
         whose leases and producer offsets name the tables their requests touch)."""
         assert self.security is not None
-        lease_of = role.leases.get if role is not None else lambda _lease_id: None
         return self.security.guard(
             handlers,
             lambda table_id: table.path if (table := catalog.table_info_by_id(table_id)) else None,
-            lambda lease_id, principal: {bucket.table_id for bucket in lease.pins}
-            if (lease := lease_of(lease_id)) and lease.owner in (None, str(principal)) else (),
+            lambda lease_id, principal: role.leases.own_table_ids(lease_id, str(principal)) if role is not None else (),
             lambda partition_id: p.table_id if (p := catalog.partition_by_id(partition_id)) else None,
             role.producer_offsets.stored_table_ids if role is not None else lambda _producer_id: (),
         )

@@ -286,12 +286,10 @@ class StromServer:
             partition_name=lambda pid: p.name if (p := coordinator.partition_by_id(pid)) else None,
             oldest_snapshot=self.snapshots.oldest_snapshot,
         )
-        lease_of = role.leases.get
         handlers = self.security.guard(
             self._handlers(),
             lambda table_id: table.path if (table := coordinator.table_info_by_id(table_id)) else None,
-            lambda lease_id, principal: {bucket.table_id for bucket in lease.pins}
-            if (lease := lease_of(lease_id)) and lease.owner in (None, str(principal)) else (),
+            lambda lease_id, principal: role.leases.own_table_ids(lease_id, str(principal)),
             lambda partition_id: p.table_id if (p := coordinator.partition_by_id(partition_id)) else None,
             role.producer_offsets.stored_table_ids,
         )
