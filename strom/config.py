@@ -9,79 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+from strom.table_properties import DATALAKE_FRESHNESS, LOG_TTL
+from strom.units import parse_duration, parse_memory_size
+
 T = TypeVar("T")
-
-_DURATION = re.compile(r"^\s*(-?\d+)\s*([a-zµ]+)?\s*$", re.IGNORECASE)
-_DURATION_UNITS_US = {
-    # Fluss's (Flink's TimeUtils) labels: singular and plural forms of each unit
-    1_000 * 86_400_000: ("d", "day", "days"),
-    1_000 * 3_600_000: ("h", "hour", "hours"),
-    1_000 * 60_000: ("m", "min", "mins", "minute", "minutes"),
-    1_000 * 1_000: ("s", "sec", "secs", "second", "seconds"),
-    1_000: ("ms", "milli", "millis", "millisecond", "milliseconds"),
-    1: ("µs", "us", "micro", "micros", "microsecond", "microseconds"),
-}
-_DURATION_US = {label: size for size, labels in _DURATION_UNITS_US.items() for label in labels}
-_DURATION_NANO_LABELS = ("ns", "nano", "nanos", "nanosecond", "nanoseconds")
-_MEMORY = re.compile(r"^\s*(\d+)\s*([a-z]+)?\s*$", re.IGNORECASE)
-_MEMORY_UNITS = {
-    # Fluss's (Flink's MemorySize) labels
-    1: ("b", "bytes"),
-    1 << 10: ("k", "kb", "kib", "kibibytes"),
-    1 << 20: ("m", "mb", "mib", "mebibytes"),
-    1 << 30: ("g", "gb", "gib", "gibibytes"),
-    1 << 40: ("t", "tb", "tib", "tebibytes"),
-}
-_MEMORY_BYTES = {label: size for size, labels in _MEMORY_UNITS.items() for label in labels}
-
-
-def parse_duration(value: Any) -> timedelta:
-    """Fluss duration syntax: ``500ms``, ``1s``, ``10 min``, ``2 hours``, ``7d``; a bare number is milliseconds.
-
-    A negative value (``-1``) is accepted: options document what ``<= 0`` means for them.
-
-    Raises:
-        ValueError: not a whole number with a known unit.
-    """
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int):
-        return timedelta(milliseconds=value)
-    match = _DURATION.match(str(value))
-    unit = match.group(2).lower() if match and match.group(2) else "ms"
-    if not match or (unit not in _DURATION_US and unit not in _DURATION_NANO_LABELS):
-        raise ValueError(f"not a duration: {value!r} (examples: 500ms, 1s, 10 min, 2h, 7d)")
-    if unit in _DURATION_NANO_LABELS:
-        return timedelta(microseconds=int(match.group(1)) / 1000)
-    return timedelta(microseconds=int(match.group(1)) * _DURATION_US[unit])
-
-
-def parse_memory_size(value: Any) -> int:
-    """Fluss memory syntax: ``100mb``, ``8 kb``, ``1g``; a bare number is bytes.
-
-    Raises:
-        ValueError: not a non-negative whole number with a known unit.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"not a memory size: {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"a memory size cannot be negative: {value}")
-        return value
-    match = _MEMORY.match(str(value))
-    unit = match.group(2).lower() if match and match.group(2) else "b"
-    if not match or unit not in _MEMORY_BYTES:
-        raise ValueError(f"not a memory size: {value!r} (examples: 64kb, 100mb, 1gb)")
-    return int(match.group(1)) * _MEMORY_BYTES[unit]
-
 
 def _parse_bool(value: Any) -> bool:
     if isinstance(value, bool):
@@ -446,7 +382,7 @@ LOG_FLUSH_INTERVAL_MESSAGES = int_option(
     minimum=1,
 )
 TABLE_LOG_TTL = duration_option(
-    "table.log.ttl", "7d",
+    LOG_TTL, "7d",
     "Default for tables that do not set it: log segments older than this are deleted (a primary-key "
     "changelog only below its oldest stored KV snapshot, so leased snapshots keep the changelog after "
     "them); <= 0 keeps them forever.",
@@ -553,7 +489,7 @@ DATALAKE_ICEBERG_WAREHOUSE = string_option(
     "absolute at start. Other `datalake.iceberg.*` keys are passed to the catalog as its properties.",
 )
 TABLE_DATALAKE_FRESHNESS = duration_option(
-    "table.datalake.freshness", "3 min",
+    DATALAKE_FRESHNESS, "3 min",
     "Default for tables that do not set it: how stale a table's lake copy may get; the next tiering round "
     "is due this long after the last one ended, and a round is cut when it runs longer.",
 )

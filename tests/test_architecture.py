@@ -209,3 +209,32 @@ def test_package_inits_only_hand_names_on() -> None:
             if not (is_docstring or is_all or isinstance(node, (ast.Import, ast.ImportFrom))):
                 busy.append(f"{module}:{node.lineno}")
     assert busy == []
+
+
+TABLE_OPTION_NAMES = "strom.table_properties"
+"""The one module that spells a table option (``table.*``); every other reads the names from it."""
+
+
+def _string_literals(path: Path) -> Iterator[tuple[str, int]]:
+    """Every string constant of a module but its docstrings (f-string parts included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.value, node.lineno
+
+
+def test_table_options_are_spelled_in_one_module() -> None:
+    """A ``"table.…"`` literal outside :data:`TABLE_OPTION_NAMES` is a table option read around its typed
+    accessors (``TableInfo.options``) or a key name a second time."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} {text!r}"
+        for module, path in MODULES.items() if module != TABLE_OPTION_NAMES
+        for text, line in _string_literals(path) if text.startswith("table.")
+    ]
+    assert found == [], "table option names outside strom/table_properties.py:\n" + "\n".join(found)

@@ -33,8 +33,8 @@ class TableLayout:
         self.bucket_key_indexes = [self.column_names.index(k) for k in bucket_keys]
         self.partition_key_indexes = [self.column_names.index(k) for k in self.partition_keys]
         self.bucket_count = info.bucket_count
-        self.kv_format = info.properties.get("table.kv.format", "COMPACTED").upper()
-        compression = info.properties.get("table.log.arrow.compression.type", "ZSTD").upper()
+        self.kv_format = info.options.kv_format
+        compression = info.options.arrow_compression
         self.log_compression = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}[compression]
         self.log_format = indexed_log.log_format(info.properties)
         self.key_lake_format = keys.key_lake_format(info.properties)

@@ -25,6 +25,7 @@ from strom.config import ALL_OPTIONS, DYNAMIC_OPTIONS, DynamicConfig
 from strom.errors import InvalidConfigError
 from strom.metadata.store import MetadataStore
 from strom.rpc.messages import pb
+from strom.table_properties import AUTO_PARTITION_KEY
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ DYNAMIC_SERVER_CONFIG = "DYNAMIC_SERVER_CONFIG"
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 SECRET_WORDS = ("password", "secret", "key", "credential", "token", "jaas")
 """A key containing one of these is described without its value."""
-_NOT_SECRET = ("table.auto-partition.key",)
+_NOT_SECRET = (AUTO_PARTITION_KEY,)
 
 
 def is_secret(key: str) -> bool:

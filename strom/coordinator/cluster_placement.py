@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 from strom.coordinator.placement import BucketHealth, BucketLeadership, LiveServers, replica_assignment
 from strom.errors import InvalidReplicationFactorError
-from strom.metadata import table_options
 from strom.metadata.rebalance_plan import decode_tags
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
@@ -65,7 +64,7 @@ class ClusterPlacement:
         buckets = table.buckets(partition_id)
         states = self.states.get_many(buckets)
         live = self._servers.live()
-        factor = int(table.properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
+        factor = table.options.replication_factor
         found = []
         for bucket in buckets:
             state = states.get(bucket)
@@ -81,7 +80,7 @@ class ClusterPlacement:
         if existing is not None:
             return existing
         live = self._servers.live()
-        factor = int(table.properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
+        factor = table.options.replication_factor
         tagged = decode_tags(self._store.get_server_tags())
         untagged = {server: node for server, node in live.items() if server not in tagged}
         if len(untagged) >= factor:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from strom import table_properties
 from strom.clock import Clock
 from strom.config import (
     DATALAKE_FORMAT,
@@ -20,7 +21,6 @@ from strom.config import (
     MAX_PARTITION_NUM,
     TABLE_DATALAKE_FRESHNESS,
     Configuration,
-    parse_duration,
 )
 from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.lake_tiering import LakeTableTieringManager
@@ -57,29 +57,26 @@ from strom.records.schema import Column, DatabaseDescriptor, TableDescriptor
 from strom.records.types import MetadataJsonError
 from strom.rpc.messages import pb
 from strom.rpc.server import RequestContext
+from strom.table_properties import TableProperties
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DATABASE = "fluss"
 DEFAULT_DATABASE_JSON = b'{"custom_properties":{},"version":1}'
-DATALAKE_ENABLED = "table.datalake.enabled"
-DATALAKE_FORMAT_PROPERTY = "table.datalake.format"
-DATALAKE_FRESHNESS = "table.datalake.freshness"
-TABLE_OPTION_PREFIX = "table."
 ALTERABLE_TABLE_OPTIONS = frozenset({
-    table_options.DATALAKE_ENABLED,
-    table_options.DATALAKE_HISTORICAL_PARTITION,
-    table_options.DATALAKE_FRESHNESS,
-    table_options.DATALAKE_AUTO_COMPACTION,
-    table_options.LOG_TTL,
-    table_options.TIERED_LOCAL_SEGMENTS,
-    table_options.LOG_LOCAL_TTL,
-    table_options.AUTO_PARTITION_ENABLED,
-    table_options.AUTO_PARTITION_RETENTION,
-    table_options.AUTO_PARTITION_PRECREATE,
-    table_options.STATISTICS_COLUMNS,
-    table_options.STANDBY_REPLICA,
-    DATALAKE_FORMAT_PROPERTY,
+    table_properties.DATALAKE_ENABLED,
+    table_properties.DATALAKE_HISTORICAL_PARTITION,
+    table_properties.DATALAKE_FRESHNESS,
+    table_properties.DATALAKE_AUTO_COMPACTION,
+    table_properties.LOG_TTL,
+    table_properties.TIERED_LOCAL_SEGMENTS,
+    table_properties.LOG_LOCAL_TTL,
+    table_properties.AUTO_PARTITION_ENABLED,
+    table_properties.AUTO_PARTITION_RETENTION,
+    table_properties.AUTO_PARTITION_PRECREATE,
+    table_properties.STATISTICS_COLUMNS,
+    table_properties.STANDBY_REPLICA,
+    table_properties.DATALAKE_FORMAT,
 })
 """Table options AlterTable may change: Fluss's list (``FlussConfigUtils.ALTERABLE_TABLE_OPTIONS``), plus the
 lake format, which may only be set to the cluster's. The changed properties are checked as at creation
@@ -129,7 +126,7 @@ class CoordinatorService:
         self._lake_format = config.get(DATALAKE_FORMAT)
         prefix = f"datalake.{self._lake_format}."
         self._lake_options = {
-            f"table.{key}": str(value) for key, value in config.to_dict().items()
+            table_properties.table_option_key(key): str(value) for key, value in config.to_dict().items()
             if key.startswith(prefix) and not any(word in key.lower() for word in SENSITIVE_OPTION_WORDS)
         }
         """``table.datalake.<format>.<key>`` -> value: what a lake-enabled table's properties get."""
@@ -164,8 +161,8 @@ class CoordinatorService:
     def _sync_lake(self, table: TableInfo) -> None:
         """Register a lake-enabled table with the tiering manager (its freshness may have changed), or
         stop scheduling one whose lake was disabled."""
-        if _lake_enabled(table.properties):
-            self._lake_tiering.add_table(table.table_id, table.path, self._freshness_ms(table.properties))
+        if table.options.datalake_enabled:
+            self._lake_tiering.add_table(table.table_id, table.path, self._freshness_ms(table.options))
         else:
             self._lake_tiering.disable_table(table.table_id)
 
@@ -176,20 +173,13 @@ class CoordinatorService:
             return
         self._default_freshness_ms = freshness_ms
         for table in self.tables():
-            if _lake_enabled(table.properties) and DATALAKE_FRESHNESS not in table.properties:
+            if table.options.datalake_enabled and table.options.datalake_freshness_ms is None:
                 self._sync_lake(table)
 
-    def _freshness_ms(self, properties: dict[str, str]) -> int:
-        raw = properties.get(DATALAKE_FRESHNESS)
-        if raw is None:
-            return self._default_freshness_ms
-        try:
-            freshness_ms = int(parse_duration(raw).total_seconds() * 1000)
-        except ValueError as exc:
-            raise InvalidConfigError(f"{DATALAKE_FRESHNESS}: {exc}") from None
-        if freshness_ms < 0:
-            raise InvalidConfigError(f"{DATALAKE_FRESHNESS} must not be negative, got {raw!r}.")
-        return freshness_ms
+    def _freshness_ms(self, options: TableProperties) -> int:
+        """The table's own freshness, else the server's default."""
+        freshness_ms = options.datalake_freshness_ms
+        return self._default_freshness_ms if freshness_ms is None else freshness_ms
 
     # ---- lookups shared with other components ----
     def table_info(self, path: TablePath) -> TableInfo:
@@ -403,7 +393,7 @@ class CoordinatorService:
     def _check_replication_factor(self, properties: dict[str, str]) -> None:
         """InvalidReplicationFactorError (Fluss's message) when the table wants more replicas than there
         are tablet servers to hold them."""
-        factor = int(properties.get(table_options.REPLICATION_FACTOR, table_options.DEFAULT_REPLICATION_FACTOR))
+        factor = TableProperties(properties).replication_factor
         available = len(self._placement.tablet_servers())
         if factor > available:
             raise InvalidReplicationFactorError(
@@ -414,22 +404,23 @@ class CoordinatorService:
     def _with_lake_properties(self, properties: dict[str, str], creating: bool) -> dict[str, str]:
         """Check the ``table.datalake.*`` options. A lake-enabled table gets the cluster's format and its
         options (copied once: a table keeps its lake location when the server's options change later)."""
-        raw = properties.get(DATALAKE_ENABLED, "false").strip().lower()  # a boolean: table_options checked it
-        lake_format = properties.get(DATALAKE_FORMAT_PROPERTY)
-        if lake_format is not None and lake_format.strip().lower() != self._lake_format:
+        options = TableProperties(properties)
+        enabled, lake_format = options.datalake_enabled, options.datalake_format
+        if lake_format is not None and lake_format != self._lake_format:
             raise InvalidConfigError(
-                f"{DATALAKE_FORMAT_PROPERTY}={lake_format!r} is not the cluster's lake format: this server "
-                f"tiers into '{self._lake_format}' (datalake.format). Leave the option unset."
+                f"{table_properties.DATALAKE_FORMAT}={options.text(table_properties.DATALAKE_FORMAT)!r} is not the "
+                f"cluster's lake format: this server tiers into '{self._lake_format}' (datalake.format). Leave "
+                "the option unset."
             )
         completed = dict(properties)
-        if DATALAKE_ENABLED in completed:
-            completed[DATALAKE_ENABLED] = raw
+        if table_properties.DATALAKE_ENABLED in completed:  # stored as Fluss writes a boolean
+            completed[table_properties.DATALAKE_ENABLED] = "true" if enabled else "false"
         if lake_format is not None or (creating and self._lake_format == keys.ICEBERG):
             # Iceberg decides how keys are encoded and bucketed, so every table of an Iceberg cluster
             # carries it from its creation (as Fluss does): its buckets then match the lake's partitions
             # whenever its lake is enabled.
-            completed[DATALAKE_FORMAT_PROPERTY] = self._lake_format
-        if raw != "true":
+            completed[table_properties.DATALAKE_FORMAT] = self._lake_format
+        if not enabled:
             return completed
         if self._lake_format == keys.ICEBERG and lake_format is None and not creating:
             raise InvalidConfigError(
@@ -437,7 +428,7 @@ class CoordinatorService:
                 "by Fluss's hash, not Iceberg's, so its buckets cannot be the lake's partitions. Re-create it "
                 "to tier it into Iceberg."
             )
-        completed[DATALAKE_FORMAT_PROPERTY] = self._lake_format
+        completed[table_properties.DATALAKE_FORMAT] = self._lake_format
         for key, value in self._lake_options.items():
             completed.setdefault(key, value)
         return completed
@@ -480,28 +471,29 @@ class CoordinatorService:
         document = json.loads(table.table_json)
         schema_id = table.schema_id
         if request.add_columns:
-            if _lake_enabled(table.properties):
+            if table.options.datalake_enabled:
                 raise InvalidAlterTableError(
                     f"Adding columns to '{path}' is not supported while it is tiered into the lake "
-                    f"({DATALAKE_ENABLED}=true): its lake table keeps the schema it was created with."
+                    f"({table_properties.DATALAKE_ENABLED}=true): its lake table keeps the schema it was created with."
                 )
             document["schema"] = _with_added_columns(table, request.add_columns)
             schema_id += 1
         properties = dict(document.get("properties") or {})
         custom = dict(document.get("custom_properties") or {})
         changed = list(dict.fromkeys(change.config_key for change in request.config_changes))
-        unsupported = [k for k in changed if k.startswith(TABLE_OPTION_PREFIX) and k not in ALTERABLE_TABLE_OPTIONS]
+        unsupported = [k for k in changed
+                       if k.startswith(table_properties.TABLE_OPTION_PREFIX) and k not in ALTERABLE_TABLE_OPTIONS]
         if unsupported:  # Fluss's message, every such key at once
             raise InvalidAlterTableError(
                 f"The following options are not supported to alter yet: {', '.join(repr(k) for k in unsupported)}."
             )
-        if table_options.STANDBY_REPLICA in changed and not table.has_primary_key:
+        if table_properties.STANDBY_REPLICA in changed and not table.has_primary_key:
             raise InvalidAlterTableError(
-                f"'{table_options.STANDBY_REPLICA}' can only be altered on primary key tables."
+                f"'{table_properties.STANDBY_REPLICA}' can only be altered on primary key tables."
             )
         for change in request.config_changes:
             key = change.config_key
-            target = properties if key.startswith(TABLE_OPTION_PREFIX) else custom
+            target = properties if key.startswith(table_properties.TABLE_OPTION_PREFIX) else custom
             if change.op_type == ALTER_SET:
                 if not change.HasField("config_value"):
                     raise InvalidAlterTableError(f"Setting '{key}' needs a value.")
@@ -512,12 +504,13 @@ class CoordinatorService:
                 raise InvalidAlterTableError(
                     f"Alter operation {change.op_type} on '{key}' is not supported; use SET (0) or DELETE (1)."
                 )
-        if _lake_enabled(table.properties) and not _lake_enabled(properties):
+        if table.options.datalake_enabled and not TableProperties(properties).datalake_enabled:
             # Disabling forgets what enabling copied (the format and its options); enabling copies them
             # again. An Iceberg table keeps its format: its keys are encoded for it.
-            lake_prefix = f"table.datalake.{self._lake_format}."
+            lake_prefix = table_properties.datalake_option_prefix(self._lake_format)
             keep_format = keys.key_lake_format(properties) is not None
-            for key in [k for k in properties if (k == DATALAKE_FORMAT_PROPERTY and not keep_format) or k.startswith(lake_prefix)]:
+            for key in [k for k in properties
+                        if (k == table_properties.DATALAKE_FORMAT and not keep_format) or k.startswith(lake_prefix)]:
                 del properties[key]
         document["properties"] = properties
         document["custom_properties"] = custom
@@ -707,10 +700,6 @@ class CoordinatorService:
 
     def init_writer(self, _request: Any, _context: object) -> Any:
         return pb.InitWriterResponse(writer_id=self._store.next_id("writer"))
-
-
-def _lake_enabled(properties: dict[str, str]) -> bool:
-    return properties.get(DATALAKE_ENABLED, "false").strip().lower() == "true"
 
 
 def _database_changes(changes: Any) -> tuple[dict[str, str], set[str]]:

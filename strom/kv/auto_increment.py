@@ -21,8 +21,8 @@ from strom.metadata.table_info import TableInfo
 from strom.records import fastpath
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.types import IntType
+from strom.table_properties import AUTO_INCREMENT_CACHE_SIZE, TableProperties, parse_long
 
-CACHE_SIZE_OPTION = "table.auto-increment.cache-size"
 CACHE_SIZE_DEFAULT = 100_000
 INT_MAX = (1 << 31) - 1
 BIGINT_MAX = (1 << 63) - 1
@@ -50,15 +50,15 @@ def cache_size(properties: dict[str, str]) -> int:
     Raises:
         InvalidConfigError: not a positive integer.
     """
-    raw = properties.get(CACHE_SIZE_OPTION)
+    raw = TableProperties(properties).text(AUTO_INCREMENT_CACHE_SIZE)
     if raw is None:
         return CACHE_SIZE_DEFAULT
     try:
-        size = int(raw.strip())
+        size = parse_long(raw)
     except ValueError:
         size = 0
     if size <= 0:
-        raise InvalidConfigError(f"'{CACHE_SIZE_OPTION}' must be a positive integer, got '{raw}'.")
+        raise InvalidConfigError(f"'{AUTO_INCREMENT_CACHE_SIZE}' must be a positive integer, got '{raw}'.")
     return size
 
 

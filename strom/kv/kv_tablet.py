@@ -79,7 +79,7 @@ class KvConfig:
         return cls(
             rocksdb=rocksdb,
             delete_behavior=merge.delete_behavior.name,
-            changelog_image=table.properties.get("table.changelog.image", "FULL").strip().upper(),
+            changelog_image=table.options.changelog_image,
             merge=merge,
             auto_increment=AutoIncrementSpec.for_table(table),
         )

@@ -34,8 +34,8 @@ class TableRowFormat:
         physical = [name for name in (schema.primary_key or []) if name not in table.partition_keys]
         names = schema.column_names
         self.key_indexes = [names.index(name) for name in physical]
-        self.kv_format = table.properties.get("table.kv.format", "COMPACTED").upper()
-        self.log_compression = _COMPRESSION[table.properties.get("table.log.arrow.compression.type", "ZSTD").upper()]
+        self.kv_format = table.options.kv_format
+        self.log_compression = _COMPRESSION[table.options.arrow_compression]
         log_format = indexed_log.log_format(table.properties)
         self.log_decoder = indexed_log.LogBatchDecoder(log_format, self.row_type, self.arrow_schema)
         self._log_decoders = {

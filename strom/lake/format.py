@@ -29,9 +29,6 @@ COMMIT_USER = "__fluss_lake_tiering"
 COMMIT_USER_PROPERTY = "commit-user"
 OFFSETS_PROPERTY = "fluss-offsets"
 """Fluss's commit property: the path of the coordinator's offsets file this commit brings the lake to."""
-FORMAT_PROPERTY = "table.datalake.format"
-FORMAT_OPTION_PREFIX = "table.datalake."
-"""``table.datalake.<format>.<key>`` configures format ``<format>``."""
 
 
 class LakeCommitConflictError(StromError):

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from strom.errors import InvalidConfigError
-from strom.lake.format import FORMAT_OPTION_PREFIX, FORMAT_PROPERTY, LakeFormat
+from strom.lake.format import LakeFormat
 from strom.metadata.table_info import TableInfo
+from strom.table_properties import DATALAKE_FORMAT, datalake_option_prefix
 
 
 def _load_delta(options: Mapping[str, str]) -> LakeFormat:
@@ -37,14 +38,14 @@ def lake_format(info: TableInfo) -> LakeFormat:
         InvalidConfigError: no or an unknown format, or a format option missing (e.g. the warehouse).
     """
     properties = info.properties
-    name = properties.get(FORMAT_PROPERTY, "").strip().lower()
+    name = info.options.datalake_format or ""
     factory = FORMATS.get(name)
     if factory is None:
         raise InvalidConfigError(
-            f"table '{info.path}' names lake format {name or '(none)'!r} ({FORMAT_PROPERTY}); "
+            f"table '{info.path}' names lake format {name or '(none)'!r} ({DATALAKE_FORMAT}); "
             f"strom writes {', '.join(sorted(FORMATS))}"
         )
-    prefix = f"{FORMAT_OPTION_PREFIX}{name}."
+    prefix = datalake_option_prefix(name)
     return factory({key[len(prefix):]: value for key, value in properties.items() if key.startswith(prefix)})
 
 

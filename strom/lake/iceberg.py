@@ -68,7 +68,6 @@ from strom.lake.format import (
     COMMIT_USER,
     COMMIT_USER_PROPERTY,
     CURRENT,
-    FORMAT_OPTION_PREFIX,
     CommittedLakeSnapshot,
     LakeCommitConflictError,
     LakeFormat,
@@ -89,6 +88,7 @@ from strom.lake.iceberg_files import (
 )
 from strom.lake.layout import OFFSET_COLUMN, SYSTEM_COLUMNS, LakeLayout
 from strom.metadata.table_info import TableInfo
+from strom.table_properties import DATALAKE_OPTION_PREFIX
 
 __all__ = ["IcebergLakeFormat", "IcebergLakeTable", "IcebergLakeWriter"]
 
@@ -98,7 +98,6 @@ FLUSS_PROPERTY_PREFIX = "fluss."
 """Fluss copies its table properties into the Iceberg table's under this prefix."""
 ICEBERG_PROPERTY_PREFIX = "iceberg."
 """A strom table property ``iceberg.<key>`` becomes the Iceberg table property ``<key>`` (as in Fluss)."""
-AUTO_EXPIRE_PROPERTY = "table.datalake.auto-expire-snapshot"
 MAX_SNAPSHOT_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
 MAX_SNAPSHOT_AGE_DEFAULT_MS = 5 * 24 * 3600 * 1000
 MIN_SNAPSHOTS_PROPERTY = "history.expire.min-snapshots-to-keep"
@@ -180,7 +179,7 @@ class IcebergLakeTable(LakeTable):
         info = self.layout.info
         properties: dict[str, str] = {}
         for key, value in info.properties.items():
-            if key.startswith(FORMAT_OPTION_PREFIX) and key.count(".") > 2:
+            if key.startswith(DATALAKE_OPTION_PREFIX) and key.count(".") > 2:
                 continue  # table.datalake.<format>.<key>: catalog options, credentials perhaps; not table data
             if key.startswith(ICEBERG_PROPERTY_PREFIX):
                 properties[key[len(ICEBERG_PROPERTY_PREFIX):]] = value
@@ -308,7 +307,7 @@ class IcebergLakeTable(LakeTable):
             transaction.commit_transaction()
         except (CommitFailedException, ValidationException) as exc:
             raise LakeCommitConflictError(f"lake commit to {table.location()} (base {base}) refused: {exc}") from exc
-        if self.layout.info.properties.get(AUTO_EXPIRE_PROPERTY, "false").strip().lower() == "true":
+        if self.layout.info.options.datalake_auto_expire_snapshot:
             self.expire_snapshots()
         return snapshot_id
 

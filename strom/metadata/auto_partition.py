@@ -21,13 +21,23 @@ from enum import Enum
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from strom.errors import InvalidConfigError, InvalidTableError, PartitionSpecInvalidError
+from strom.table_properties import (
+    AUTO_PARTITION_ENABLED,
+    AUTO_PARTITION_KEY,
+    AUTO_PARTITION_PRECREATE,
+    AUTO_PARTITION_RETENTION,
+    AUTO_PARTITION_TIME_UNIT,
+    AUTO_PARTITION_TIME_ZONE,
+    TableProperties,
+    parse_int,
+)
 
-ENABLED = "table.auto-partition.enabled"
-KEY = "table.auto-partition.key"
-TIME_UNIT = "table.auto-partition.time-unit"
-TIME_ZONE = "table.auto-partition.time-zone"
-NUM_PRECREATE = "table.auto-partition.num-precreate"
-NUM_RETENTION = "table.auto-partition.num-retention"
+ENABLED = AUTO_PARTITION_ENABLED
+KEY = AUTO_PARTITION_KEY
+TIME_UNIT = AUTO_PARTITION_TIME_UNIT
+TIME_ZONE = AUTO_PARTITION_TIME_ZONE
+NUM_PRECREATE = AUTO_PARTITION_PRECREATE
+NUM_RETENTION = AUTO_PARTITION_RETENTION
 DEFAULT_NUM_PRECREATE = 2
 DEFAULT_NUM_RETENTION = 7
 
@@ -105,10 +115,11 @@ class AutoPartitionStrategy:
             InvalidConfigError: auto-partitioning on an unpartitioned table, an unknown time zone.
             InvalidTableError: several partition keys without a valid ``key``, or with pre-creation.
         """
-        enabled = properties.get(ENABLED, "false").strip().upper() == "TRUE"
-        unit = AutoPartitionTimeUnit[properties.get(TIME_UNIT, "DAY").strip().upper()]
-        precreate = int(properties.get(NUM_PRECREATE, DEFAULT_NUM_PRECREATE))
-        retention = int(properties.get(NUM_RETENTION, DEFAULT_NUM_RETENTION))
+        options = TableProperties(properties)
+        enabled = options.auto_partition_enabled
+        unit = AutoPartitionTimeUnit[options.upper(TIME_UNIT, AutoPartitionTimeUnit.DAY.name)]
+        precreate = options.parsed(NUM_PRECREATE, parse_int, DEFAULT_NUM_PRECREATE)
+        retention = options.parsed(NUM_RETENTION, parse_int, DEFAULT_NUM_RETENTION)
         zone_name = properties.get(TIME_ZONE)
         zone = parse_time_zone(zone_name) if zone_name is not None else server_time_zone()
         key = properties.get(KEY)

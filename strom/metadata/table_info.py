@@ -17,6 +17,7 @@ from strom.errors import (
 from strom.ids import TableBucket, TablePath
 from strom.metadata.store import TableRecord
 from strom.records.schema import Schema, TableDescriptor
+from strom.table_properties import TableProperties
 
 NAME_LENGTH_MAX = 200
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -132,6 +133,11 @@ class TableInfo:
     @property
     def properties(self) -> dict[str, str]:
         return dict(self.descriptor.properties)
+
+    @property
+    def options(self) -> TableProperties:
+        """Typed reads of the table's options (``table.*`` properties), with Fluss's defaults."""
+        return self.descriptor.options
 
     def buckets(self, partition_id: int | None = None) -> list[TableBucket]:
         return [TableBucket(self.table_id, bucket, partition_id) for bucket in range(self.bucket_count)]

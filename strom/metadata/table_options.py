@@ -21,56 +21,58 @@ module parses their values first, like every other option's.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from strom.config import parse_duration
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.metadata import auto_partition
 from strom.records.schema import Schema
+from strom.table_properties import (
+    ARROW_COMPRESSION_TYPE,
+    AUTO_INCREMENT_CACHE_SIZE,
+    AUTO_PARTITION_ENABLED,
+    AUTO_PARTITION_KEY,
+    AUTO_PARTITION_PRECREATE,
+    AUTO_PARTITION_RETENTION,
+    AUTO_PARTITION_TIME_FORMAT,
+    AUTO_PARTITION_TIME_UNIT,
+    AUTO_PARTITION_TIME_ZONE,
+    CHANGELOG_IMAGE,
+    DATALAKE_AUTO_COMPACTION,
+    DATALAKE_AUTO_EXPIRE_SNAPSHOT,
+    DATALAKE_ENABLED,
+    DATALAKE_FORMAT,
+    DATALAKE_FRESHNESS,
+    DATALAKE_HISTORICAL_PARTITION,
+    DEFAULT_REPLICATION_FACTOR,
+    DELETE_BEHAVIOR,
+    KV_FORMAT,
+    KV_FORMAT_VERSION,
+    LOG_FORMAT,
+    LOG_LOCAL_TTL,
+    LOG_TTL,
+    MERGE_ENGINE,
+    REPLICATION_FACTOR,
+    STANDBY_REPLICA,
+    STATISTICS_COLUMNS,
+    TABLE_OPTION_PREFIX,
+    TIERED_LOCAL_SEGMENTS,
+    VERSION_COLUMN,
+    ZSTD_LEVEL,
+    enum_parser,
+    parse_bool,
+    parse_int,
+    parse_long,
+    parse_string,
+    parse_table_duration,
+)
 
-TABLE_OPTION_PREFIX = "table."
-INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
-LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 CURRENT_KV_FORMAT_VERSION = 2
 """The kv format version Fluss gives new primary-key tables. Version 2 encodes a primary key with Fluss's
 own encoder when the bucket key differs from it; strom's tables behave as version 2 (and as version 1 too:
 the only lake key encoding strom has, Iceberg's, needs a single-column key, so bucket key = primary key)."""
-DEFAULT_REPLICATION_FACTOR = 1
-"""What a table gets when it does not set ``table.replication.factor`` (Fluss's ``default.replication.factor``)."""
-
-REPLICATION_FACTOR = "table.replication.factor"
-LOG_FORMAT = "table.log.format"
-ARROW_COMPRESSION_TYPE = "table.log.arrow.compression.type"
-ZSTD_LEVEL = "table.log.arrow.compression.zstd.level"
-KV_FORMAT = "table.kv.format"
-KV_FORMAT_VERSION = "table.kv.format-version"
-STANDBY_REPLICA = "table.kv.standby-replica.enabled"
-AUTO_PARTITION_ENABLED = auto_partition.ENABLED
-AUTO_PARTITION_KEY = auto_partition.KEY
-AUTO_PARTITION_TIME_UNIT = auto_partition.TIME_UNIT
-AUTO_PARTITION_TIME_FORMAT = "table.auto-partition.time-format"
-AUTO_PARTITION_TIME_ZONE = auto_partition.TIME_ZONE
-AUTO_PARTITION_PRECREATE = auto_partition.NUM_PRECREATE
-AUTO_PARTITION_RETENTION = auto_partition.NUM_RETENTION
-LOG_TTL = "table.log.ttl"
-TIERED_LOCAL_SEGMENTS = "table.log.tiered.local-segments"
-LOG_LOCAL_TTL = "table.log.local-ttl"
-DATALAKE_ENABLED = "table.datalake.enabled"
-DATALAKE_HISTORICAL_PARTITION = "table.datalake.historical-partition.enabled"
-DATALAKE_FORMAT = "table.datalake.format"
-DATALAKE_FRESHNESS = "table.datalake.freshness"
-DATALAKE_AUTO_COMPACTION = "table.datalake.auto-compaction"
-DATALAKE_AUTO_EXPIRE_SNAPSHOT = "table.datalake.auto-expire-snapshot"
-MERGE_ENGINE = "table.merge-engine"
-VERSION_COLUMN = "table.merge-engine.versioned.ver-column"
-DELETE_BEHAVIOR = "table.delete.behavior"
-AUTO_INCREMENT_CACHE_SIZE = "table.auto-increment.cache-size"
-CHANGELOG_IMAGE = "table.changelog.image"
-STATISTICS_COLUMNS = "table.statistics.columns"
 
 STATISTICS_TYPE_ROOTS = frozenset({
     "BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "FLOAT", "DOUBLE", "STRING", "CHAR", "DECIMAL",
@@ -104,56 +106,6 @@ class TableOption:
     """Text -> value, Fluss's parsing rules; ValueError with the expected form."""
 
 
-# ---- value parsers: Fluss's rules (Java's Integer/Long.parseInt, case-insensitive booleans and enums,
-# durations with a unit) ----
-
-_INTEGER = re.compile(r"^[+-]?\d+$")
-_DURATION_START = re.compile(r"^\s*\d+\s*\D")
-
-
-def _integer(minimum: int, maximum: int, kind: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        if not _INTEGER.match(text) or not minimum <= int(text) <= maximum:
-            raise ValueError(f"Expected {kind}.")
-        return int(text)
-
-    return parse
-
-
-_parse_int = _integer(INT_MIN, INT_MAX, "a 32-bit integer")
-_parse_long = _integer(LONG_MIN, LONG_MAX, "a 64-bit integer")
-
-
-def _parse_bool(text: str) -> bool:
-    upper = text.upper()
-    if upper not in ("TRUE", "FALSE"):
-        raise ValueError("Expected either true or false (case insensitive).")
-    return upper == "TRUE"
-
-
-def _parse_duration(text: str) -> timedelta:
-    """A whole number and a time unit (``500 ms``, ``10 min``, ``7d``): unlike strom's server options, Fluss
-    takes no bare number (and so no negative value) for a table's duration."""
-    if not _DURATION_START.match(text):
-        raise ValueError("Expected a whole number with a time unit, e.g. 500 ms, 10 min, 2 h, 7 d.")
-    return parse_duration(text)
-
-
-def _parse_string(text: str) -> str:
-    return text
-
-
-def _enum(*choices: str) -> Callable[[str], str]:
-    """An enum constant, case-insensitive (Fluss compares upper-cased); returns the upper-case name."""
-
-    def parse(text: str) -> str:
-        if text.upper() not in choices:
-            raise ValueError(f"Expected one of: [{', '.join(choices)}]")
-        return text.upper()
-
-    return parse
-
-
 def _option(
     key: str, type_name: str, default: str | None, description: str, support: Support, in_strom: str,
     parse: Callable[[str], Any],
@@ -174,7 +126,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.IMPLEMENTED,
         "The coordinator fills in 1 when unset (strom's default) and refuses a value above the number of "
         "tablet servers (InvalidReplicationFactorException, 17); a single-process server has one.",
-        _parse_int,
+        parse_int,
     ),
     _option(
         LOG_FORMAT, "Enum", "ARROW",
@@ -183,7 +135,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.PARTIAL,
         "ARROW for every table and INDEXED for log tables (`strom.records.indexed_log`). COMPACTED, and a "
         "primary-key table's changelog in another format than ARROW, are refused: strom writes neither.",
-        _enum(*_LOG_FORMATS),
+        enum_parser(*_LOG_FORMATS),
     ),
     _option(
         ARROW_COMPRESSION_TYPE, "Enum", "ZSTD",
@@ -191,7 +143,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.IMPLEMENTED,
         "The server compresses a primary-key table's changelog with it (`strom.kv.row_format`), strom's "
         "client its appends (`strom.client.table`).",
-        _enum("NONE", "LZ4_FRAME", "ZSTD"),
+        enum_parser("NONE", "LZ4_FRAME", "ZSTD"),
     ),
     _option(
         ZSTD_LEVEL, "Integer", "3",
@@ -199,14 +151,14 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.NO_EFFECT,
         "Checked (1 to 22), not applied: strom compresses at pyarrow's default ZSTD level. The level only "
         "trades CPU for size; every reader decompresses any level.",
-        _parse_int,
+        parse_int,
     ),
     _option(
         KV_FORMAT, "Enum", "COMPACTED",
         "Row format of a primary-key table's stored values: COMPACTED or INDEXED.",
         Support.IMPLEMENTED,
         "`strom.kv.row_format` (stored rows), `strom.client.table` (rows strom's client writes).",
-        _enum(*_KV_FORMATS),
+        enum_parser(*_KV_FORMATS),
     ),
     _option(
         KV_FORMAT_VERSION, "Integer", None,
@@ -217,7 +169,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Filled in as 2 for new primary-key tables, a value above 2 refused (Fluss's message). strom "
         "encodes keys as version 2, which for every key layout strom allows is also version 1 "
         "(`strom.records.keys`).",
-        _parse_int,
+        parse_int,
     ),
     _option(
         STANDBY_REPLICA, "Boolean", None,
@@ -227,7 +179,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Accepted, no effect (also by AlterTable): strom's followers (a cluster's replicated buckets, "
         "docs/cluster.md) keep the log only; a new leader brings its RocksDB up from its log. strom "
         "does not fill it in for new primary-key tables.",
-        _parse_bool,
+        parse_bool,
     ),
     _option(
         AUTO_PARTITION_ENABLED, "Boolean", "false",
@@ -239,7 +191,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "drops expired ones (their local data, KV snapshots and remote log files; a lake copy stays, read "
         "by Spark's union read). Partitions created by hand must have the time unit's format and not be "
         "expired (InvalidPartitionException). docs/auto-partitioning.md.",
-        _parse_bool,
+        parse_bool,
     ),
     _option(
         AUTO_PARTITION_KEY, "String", None,
@@ -247,14 +199,14 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.IMPLEMENTED,
         "Required with several partition keys (which then pre-create nothing: `num-precreate` must be 0); "
         "expiry compares that key's value.",
-        _parse_string,
+        parse_string,
     ),
     _option(
         AUTO_PARTITION_TIME_UNIT, "Enum", "DAY",
         "Granularity of auto-created partitions: YEAR, QUARTER, MONTH, DAY or HOUR.",
         Support.IMPLEMENTED,
         "Partition values yyyy, yyyyQ, yyyyMM, yyyyMMdd, yyyyMMddHH (`strom.metadata.auto_partition`).",
-        _enum(*_TIME_UNITS),
+        enum_parser(*_TIME_UNITS),
     ),
     _option(
         AUTO_PARTITION_TIME_FORMAT, "String", None,
@@ -263,21 +215,21 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.PARTIAL,
         "Only the time unit's own pattern is accepted on an auto-partitioned table (other patterns are "
         "refused rather than ignored); without auto-partitioning it has no effect.",
-        _parse_string,
+        parse_string,
     ),
     _option(
         AUTO_PARTITION_TIME_ZONE, "String", "the server's time zone",
         "Time zone in which auto-created partitions are computed.",
         Support.IMPLEMENTED,
         "A region (Asia/Shanghai), UTC, or a fixed offset (+08:00); unset, the coordinator's local zone.",
-        _parse_string,
+        parse_string,
     ),
     _option(
         AUTO_PARTITION_PRECREATE, "Integer", "2",
         "How many future partitions each auto-partition check creates.",
         Support.IMPLEMENTED,
         "The current unit's partition and the next num-precreate - 1 (so 2: today and tomorrow).",
-        _parse_int,
+        parse_int,
     ),
     _option(
         AUTO_PARTITION_RETENTION, "Integer", "7",
@@ -285,7 +237,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.IMPLEMENTED,
         "Partitions whose time value sorts below the unit num-retention units back are dropped; a negative "
         "value keeps every partition.",
-        _parse_int,
+        parse_int,
     ),
     _option(
         LOG_TTL, "Duration", "7 d",
@@ -294,7 +246,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Log retention (`strom.tablet.kv_snapshot_scheduler`): a primary-key table's changelog is kept "
         "from its oldest KV snapshot on. Unset, the server's `table.log.ttl` applies (default 7 d). Read "
         "at every retention check, so a value set by AlterTable applies from the next check on.",
-        _parse_duration,
+        parse_table_duration,
     ),
     _option(
         TIERED_LOCAL_SEGMENTS, "Integer", "2",
@@ -302,7 +254,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.IMPLEMENTED,
         "Segments copied to remote storage are deleted locally but for the last N (a primary-key table's "
         "changelog also stays local from its oldest KV snapshot on, which recovery replays).",
-        _parse_int,
+        parse_int,
     ),
     _option(
         LOG_LOCAL_TTL, "Duration", None,
@@ -311,7 +263,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.NO_EFFECT,
         "Checked (not above `table.log.ttl`), no effect: strom has no remote log tiering, every segment "
         "stays local until `table.log.ttl` deletes it.",
-        _parse_duration,
+        parse_table_duration,
     ),
     _option(
         DATALAKE_ENABLED, "Boolean", "false",
@@ -319,7 +271,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.IMPLEMENTED,
         "The coordinator's lake tiering manager schedules the table (`strom.coordinator.lake_tiering`); see "
         "[tiering.md](tiering.md).",
-        _parse_bool,
+        parse_bool,
     ),
     _option(
         DATALAKE_HISTORICAL_PARTITION, "Boolean", "false",
@@ -328,7 +280,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.PARTIAL,
         "false is accepted; true is refused (at creation and by AlterTable) with Fluss's list of unmet "
         "requirements, which strom can never meet (it has no Paimon lake).",
-        _parse_bool,
+        parse_bool,
     ),
     _option(
         DATALAKE_FORMAT, "Enum", None,
@@ -337,7 +289,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.PARTIAL,
         "Only the cluster's `datalake.format` (delta or iceberg, strom's formats) is accepted; Iceberg "
         "clusters set it on every new table (`strom.records.keys`, `strom.lake.format`).",
-        _enum(*_LAKE_FORMATS),
+        enum_parser(*_LAKE_FORMATS),
     ),
     _option(
         DATALAKE_FRESHNESS, "Duration", "3 min",
@@ -345,7 +297,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.IMPLEMENTED,
         "`strom.coordinator.lake_tiering` (round schedule), `strom.tiering.driver`. Unset, the server's "
         "`table.datalake.freshness` applies.",
-        _parse_duration,
+        parse_table_duration,
     ),
     _option(
         DATALAKE_AUTO_COMPACTION, "Boolean", "false",
@@ -353,7 +305,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.NO_EFFECT,
         "Accepted, no effect: strom's tiering never compacts lake files; the lake table stays correct, "
         "only with more small files.",
-        _parse_bool,
+        parse_bool,
     ),
     _option(
         DATALAKE_AUTO_EXPIRE_SNAPSHOT, "Boolean", "false",
@@ -361,19 +313,19 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         Support.IMPLEMENTED,
         "Iceberg lakes expire snapshots after each commit (`strom.lake.iceberg`); a Delta lake keeps its "
         "versions (no effect there).",
-        _parse_bool,
+        parse_bool,
     ),
     _option(
         MERGE_ENGINE, "Enum", None,
         "How a primary-key table merges writes of one key: FIRST_ROW, VERSIONED or AGGREGATION (unset: the "
         "last write wins).",
         Support.IMPLEMENTED, "`strom.kv.merge`; see [merge-engines.md](merge-engines.md).",
-        _enum("FIRST_ROW", "VERSIONED", "AGGREGATION"),
+        enum_parser("FIRST_ROW", "VERSIONED", "AGGREGATION"),
     ),
     _option(
         VERSION_COLUMN, "String", None,
         "The version column (INT, BIGINT, TIMESTAMP or TIMESTAMP_LTZ) of the VERSIONED merge engine.",
-        Support.IMPLEMENTED, "`strom.kv.merge`; see [merge-engines.md](merge-engines.md).", _parse_string,
+        Support.IMPLEMENTED, "`strom.kv.merge`; see [merge-engines.md](merge-engines.md).", parse_string,
     ),
     _option(
         DELETE_BEHAVIOR, "Enum", "ALLOW",
@@ -381,19 +333,19 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "merge engine).",
         Support.IMPLEMENTED,
         "`strom.kv.merge`; set to IGNORE on new tables with a merge engine that leave it unset, as Fluss does.",
-        _enum("ALLOW", "IGNORE", "DISABLE"),
+        enum_parser("ALLOW", "IGNORE", "DISABLE"),
     ),
     _option(
         AUTO_INCREMENT_CACHE_SIZE, "Long", "100000",
         "How many auto-increment ids a bucket reserves at a time.",
         Support.IMPLEMENTED,
         "`strom.kv.auto_increment` (which also refuses a value below 1); see [auto-increment.md](auto-increment.md).",
-        _parse_long,
+        parse_long,
     ),
     _option(
         CHANGELOG_IMAGE, "Enum", "FULL",
         "Changelog of a primary-key table: FULL (update-before and update-after) or WAL (no update-before).",
-        Support.IMPLEMENTED, "`strom.kv.kv_tablet`.", _enum("FULL", "WAL"),
+        Support.IMPLEMENTED, "`strom.kv.kv_tablet`.", enum_parser("FULL", "WAL"),
     ),
     _option(
         STATISTICS_COLUMNS, "String", None,
@@ -403,7 +355,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Checked as Fluss does, at creation and by AlterTable against the table's current columns "
         "(refused for primary-key tables; listed columns must exist and have a supported type), no "
         "effect: strom's batches carry no statistics, so readers filter without them.",
-        _parse_string,
+        parse_string,
     ),
 )}
 """Every ``table.*`` option of Fluss, by key."""

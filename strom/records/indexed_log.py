@@ -21,8 +21,8 @@ from strom.records import log_batch, row_arrow
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.log_batch import ChangeType, LogBatchHeader
 from strom.records.types import RowType
+from strom.table_properties import LOG_FORMAT, TableProperties
 
-LOG_FORMAT_KEY = "table.log.format"
 ARROW = "ARROW"
 INDEXED = "INDEXED"
 LOG_FORMATS = (ARROW, INDEXED)
@@ -33,7 +33,7 @@ ARROW_CONTINUATION = b"\xff\xff\xff\xff"  # how every Arrow IPC message starts; 
 
 def log_format(properties: dict[str, str]) -> str:
     """The table's log format, upper case (ARROW unless the property says otherwise)."""
-    return properties.get(LOG_FORMAT_KEY, ARROW).strip().upper()
+    return TableProperties(properties).log_format
 
 
 def encode_records(rows: Sequence[bytes], change_types: bytes | None = None) -> bytes:
@@ -143,7 +143,7 @@ class LogBatchDecoder:
         if header.record_count and bytes(memoryview(buffer)[start : start + 4]) == ARROW_CONTINUATION:
             raise InvalidTableError(
                 f"The log batch at offset {header.base_offset} holds Arrow data, but the table's "
-                f"{LOG_FORMAT_KEY} is INDEXED: write it with a client that encodes INDEXED records."
+                f"{LOG_FORMAT} is INDEXED: write it with a client that encodes INDEXED records."
             )
         change_types, rows = split_records(buffer, position, header)
         try:

@@ -15,8 +15,8 @@ from strom.records.bucketing import bucket_for_key, iceberg_bucket_for_key
 from strom.records.compacted import CompactedKeyEncoder
 from strom.records.iceberg_key import IcebergKeyEncoder
 from strom.records.types import RowType
+from strom.table_properties import TableProperties
 
-DATALAKE_FORMAT_PROPERTY = "table.datalake.format"
 ICEBERG = "iceberg"
 
 KeyEncoder = CompactedKeyEncoder | IcebergKeyEncoder
@@ -25,8 +25,7 @@ BucketFunction = Callable[[bytes, int], int]
 
 def key_lake_format(properties: Mapping[str, str]) -> str | None:
     """The lake format that decides the table's key encoding and bucketing (None: Fluss's defaults)."""
-    name = properties.get(DATALAKE_FORMAT_PROPERTY, "").strip().lower()
-    return ICEBERG if name == ICEBERG else None
+    return ICEBERG if TableProperties(properties).datalake_format == ICEBERG else None
 
 
 def key_encoder(row_type: RowType, key_indexes: Sequence[int], lake_format: str | None) -> KeyEncoder:

@@ -32,10 +32,9 @@ from strom.records.types import (
     from_arrow_field,
     to_arrow_schema,
 )
+from strom.table_properties import TableProperties
 
 JSON_VERSION = 1
-KV_FORMAT_PROPERTY = "table.kv.format"
-KV_FORMAT_DEFAULT = "COMPACTED"
 _AUTO_INCREMENT_ROOTS = (IntType.type_root, BigIntType.type_root)
 
 
@@ -392,8 +391,13 @@ class TableDescriptor:
         return tuple(k for k in self.schema.primary_key or () if k not in self.partition_keys)
 
     @property
+    def options(self) -> TableProperties:
+        """Typed reads of the table options among the properties, with Fluss's defaults."""
+        return TableProperties(self.properties)
+
+    @property
     def kv_format(self) -> str:
-        return self.properties.get(KV_FORMAT_PROPERTY, KV_FORMAT_DEFAULT).upper()
+        return self.options.kv_format
 
     def with_bucket_count(self, bucket_count: int) -> TableDescriptor:
         return TableDescriptor(

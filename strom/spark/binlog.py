@@ -24,6 +24,7 @@ from strom.records.log_batch import ChangeType
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import BINLOG_SUFFIX
 from strom.spark.type_mapping import metadata_type, to_spark_batch, to_spark_type
+from strom.table_properties import CHANGELOG_IMAGE
 
 if TYPE_CHECKING:
     from pyspark.sql import types as st
@@ -39,7 +40,6 @@ INSERT, UPDATE, DELETE = "insert", "update", "delete"
 _NAMES = pa.array([INSERT, UPDATE, DELETE], pa.string())
 _INSERT_CODE, _UPDATE_CODE, _DELETE_CODE = 0, 1, 2
 
-CHANGELOG_IMAGE = "table.changelog.image"
 
 
 def check_binlog_table(layout: TableLayout) -> None:
@@ -55,7 +55,7 @@ def check_binlog_table(layout: TableLayout) -> None:
             f"'{path}{BINLOG_SUFFIX}': the $binlog form exists only for primary-key tables; '{path}' is a log table "
             "(read it without the suffix)"
         )
-    if layout.info.properties.get(CHANGELOG_IMAGE, "FULL").strip().upper() == "WAL":
+    if layout.info.options.changelog_image == "WAL":
         raise FlussConnectorError(
             f"'{path}{BINLOG_SUFFIX}': table '{path}' has {CHANGELOG_IMAGE}=WAL, whose changelog keeps no old rows "
             "and logs inserts as updates; read its changelog instead (no suffix, scan.startup.mode=earliest)"

@@ -16,6 +16,7 @@ from enum import Enum
 from strom.config import parse_duration
 from strom.ids import TablePath
 from strom.spark.errors import FlussConnectorError
+from strom.table_properties import TABLE_OPTION_PREFIX
 
 LEASE_ID_PREFIX = "spark-"
 CLIENT_OPTION_PREFIX = "client."
@@ -131,7 +132,6 @@ AUTO_INCREMENT_FIELDS = ConnectorOption(
     "Writes that create a primary-key table: its auto-increment column (one INT or BIGINT non-key column, "
     "filled by the server for every new key; Fluss's Flink option name).",
 )
-TABLE_PROPERTY_PREFIX = "table."
 """Options ``table.<key>`` (other than ``table`` itself) of a write that creates the table become its table
 options, e.g. ``table.log.format``, ``table.datalake.enabled``."""
 FIELD_PROPERTY_PREFIX = "fields."
@@ -422,7 +422,7 @@ class TableCreation:
         properties = tuple(
             sorted(
                 (key, value) for key, value in raw.items()
-                if key.startswith((TABLE_PROPERTY_PREFIX, FIELD_PROPERTY_PREFIX))
+                if key.startswith((TABLE_OPTION_PREFIX, FIELD_PROPERTY_PREFIX))
             )
         )
         return cls(

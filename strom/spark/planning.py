@@ -45,8 +45,8 @@ from strom.spark.partitions import (
     split_log_range,
 )
 from strom.spark.pushdown import PushedFilters, key_chunks
+from strom.table_properties import DATALAKE_ENABLED
 
-DATALAKE_ENABLED = "table.datalake.enabled"
 LEASE_ATTEMPTS_MAX = 3
 """Rounds of pick-and-lease; each lost round means a snapshot was deleted within one RPC round trip."""
 
@@ -342,7 +342,7 @@ async def plan_batch(
 async def lake_snapshot_to_read(admin: Admin, layout: TableLayout, options: ReadOptions) -> LakeSnapshot | None:
     """The lake snapshot a batch read starts from: None for tables without a lake (or ``read.source=strom``)
     and for lake tables not tiered yet, which strom alone serves."""
-    lake_enabled = layout.info.properties.get(DATALAKE_ENABLED, "false").lower() == "true"
+    lake_enabled = layout.info.options.datalake_enabled
     if options.source is ReadSource.STROM or not lake_enabled:
         if options.source is ReadSource.LAKE:
             raise FlussConnectorError(

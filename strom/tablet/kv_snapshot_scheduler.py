@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from strom.clock import Clock
-from strom.config import parse_duration
 from strom.ids import TableBucket
 from strom.kv.snapshot import (
     CompletedKvSnapshot,
@@ -247,9 +246,8 @@ class KvSnapshotScheduler:
         for replica in self._replicas.hosted():
             if not replica.is_open or replica.stopped:
                 continue
-            override = replica.table.properties.get("table.log.ttl")
-            ttl = parse_duration(override) if override is not None else self._default_log_ttl
-            ttl_ms = int(ttl.total_seconds() * 1000)
+            override_ms = replica.table.options.log_ttl_ms
+            ttl_ms = override_ms if override_ms is not None else int(self._default_log_ttl.total_seconds() * 1000)
             if ttl_ms <= 0:
                 continue
             below: int | None = None

@@ -26,12 +26,10 @@ from datetime import timedelta
 from typing import Any
 
 from strom.clock import Clock
-from strom.config import parse_duration
 from strom.errors import StromError
 from strom.ids import TableBucket
 from strom.kv.snapshot import CompletedKvSnapshot
 from strom.log.segment import LogSegment
-from strom.metadata import table_options
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote import log_layout
@@ -228,9 +226,8 @@ class RemoteLogManager:
         self._delete_local(replica, state)
 
     def _expired(self, table: TableInfo, manifest: RemoteLogManifest) -> list[RemoteLogSegment]:
-        override = table.properties.get(table_options.LOG_TTL)
-        ttl = parse_duration(override) if override is not None else self._settings.default_ttl
-        ttl_ms = int(ttl.total_seconds() * 1000)
+        override_ms = table.options.log_ttl_ms
+        ttl_ms = override_ms if override_ms is not None else int(self._settings.default_ttl.total_seconds() * 1000)
         if ttl_ms <= 0:
             return []
         cutoff = self._clock.now_ms() - ttl_ms
@@ -345,7 +342,7 @@ class RemoteLogManager:
             if oldest is None:
                 return  # recovery replays the whole changelog
             bound = min(bound, oldest.log_offset)
-        keep = int(replica.table.properties.get(table_options.TIERED_LOCAL_SEGMENTS, 2))
+        keep = replica.table.options.tiered_local_segments
         freed = replica.log.delete_tiered_segments(bound, keep)
         if freed:
             log.info("%s: deleted %d bytes of local log held in remote storage", replica.bucket, freed)

@@ -305,8 +305,9 @@ class TieringDriver:
         splits = self._plan_and_lease(current, table, known)
         if not splits:
             return RoundOutcome(None, {}, False, None, 0, 0, 0)
-        freshness_ms = int(parse_duration(table.properties.get("table.datalake.freshness", DEFAULT_FRESHNESS))
-                           .total_seconds() * 1000)
+        own_freshness_ms = table.options.datalake_freshness_ms
+        freshness_ms = own_freshness_ms if own_freshness_ms is not None else int(
+            parse_duration(DEFAULT_FRESHNESS).total_seconds() * 1000)
         context = RoundContext(
             self._options.bootstrap_servers, table, base_snapshot_id,
             int(time.time() * 1000) + max(freshness_ms, self._options.min_round_duration_ms), self._options.gate_dir,

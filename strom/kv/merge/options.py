@@ -18,11 +18,14 @@ from typing import Any
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.kv.merge import aggregators
 from strom.records.schema import Schema
+from strom.table_properties import (
+    CHANGELOG_IMAGE,
+    DELETE_BEHAVIOR,
+    MERGE_ENGINE,
+    VERSION_COLUMN,
+    TableProperties,
+)
 
-MERGE_ENGINE = "table.merge-engine"
-VERSION_COLUMN = "table.merge-engine.versioned.ver-column"
-DELETE_BEHAVIOR = "table.delete.behavior"
-CHANGELOG_IMAGE = "table.changelog.image"
 FIELD_OPTION_PREFIX = "fields."
 FIELD_FUNCTION_SUFFIX = ".agg"
 VERSION_TYPE_ROOTS = ("INTEGER", "BIGINT", "TIMESTAMP_WITHOUT_TIME_ZONE", "TIMESTAMP_WITH_LOCAL_TIME_ZONE")
@@ -182,7 +185,7 @@ def validate(schema: Schema, properties: Mapping[str, str]) -> MergeOptions:
     version_index = _version_column(schema, properties) if engine is MergeEngine.VERSIONED else None
     resolved: tuple[AggFunction, ...] = ()
     if engine is MergeEngine.AGGREGATION:
-        if properties.get(CHANGELOG_IMAGE, "FULL").strip().upper() == "WAL":
+        if TableProperties(properties).changelog_image == "WAL":
             raise InvalidConfigError(
                 "Table with 'AGGREGATION' merge engine does not support 'WAL' changelog image mode. "
                 "Aggregation merge engine tables require FULL changelog image mode for correct UNDO recovery. "
