@@ -189,7 +189,7 @@ class CoordinatorRole:
             ApiKey.CREATE_ACLS: acls.create_acls,
             ApiKey.LIST_ACLS: acls.list_acls,
             ApiKey.DROP_ACLS: acls.drop_acls,
-            **metadata_handlers(coordinator),
+            **coordinator.handlers(),
         }
 
     async def stop(self) -> None:
@@ -206,14 +206,4 @@ class CoordinatorRole:
             await self.lake.stop()
 
 
-def metadata_handlers(coordinator: CoordinatorService) -> dict[ApiKey, Handler]:
-    """What every server of a cluster answers from the metadata store: clients ask whichever they know."""
-    return {
-        ApiKey.GET_METADATA: coordinator.metadata,
-        ApiKey.GET_TABLE_INFO: coordinator.get_table_info,
-        ApiKey.GET_TABLE_SCHEMA: coordinator.get_table_schema,
-        ApiKey.INIT_WRITER: coordinator.init_writer,
-    }
-
-
-__all__ = ["CoordinatorRole", "metadata_handlers"]
+__all__ = ["CoordinatorRole"]

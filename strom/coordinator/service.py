@@ -22,6 +22,7 @@ from strom.config import (
     TABLE_DATALAKE_FRESHNESS,
     Configuration,
 )
+from strom.coordinator.catalog import FIRST_SCHEMA_ID, CatalogReader
 from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.lake_tiering import LakeTableTieringManager
 from strom.coordinator.placement import BucketPlacement
@@ -49,14 +50,13 @@ from strom.kv import auto_increment
 from strom.kv.merge import options as merge_options
 from strom.metadata import table_options
 from strom.metadata.auto_partition import AutoPartitionStrategy
-from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord, TableRecord
+from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
 from strom.records import keys
 from strom.records import types as fluss_types
 from strom.records.schema import Column, DatabaseDescriptor, TableDescriptor
 from strom.records.types import MetadataJsonError
 from strom.rpc.messages import pb
-from strom.rpc.server import RequestContext
 from strom.table_properties import TableProperties
 
 log = logging.getLogger(__name__)
@@ -93,14 +93,14 @@ ALTER_SET, ALTER_DELETE = 0, 1
 for list-valued options, which strom's tables do not have)."""
 TableDroppedHook = Callable[[TableInfo, int | None], Awaitable[None]]
 TableChangedHook = Callable[[TableInfo], Awaitable[None]]
-FIRST_SCHEMA_ID = 1
 COLUMN_POSITION_LAST = 0
 """PbAddColumn.column_position_type of a column added at the end (FIRST is 1, AFTER 3), the only one
 Fluss accepts."""
 
 
-class CoordinatorService:
-    """Catalog and metadata RPCs. Runs on the event loop; the store calls are short SQLite transactions."""
+class CoordinatorService(CatalogReader):
+    """Catalog and metadata RPCs: the catalog's reads (:class:`CatalogReader`) and every change to it. Runs on
+    the event loop; the store calls are short SQLite transactions (or ZooKeeper requests)."""
 
     def __init__(
         self,
@@ -114,11 +114,10 @@ class CoordinatorService:
     ) -> None:
         """``on_table_dropped(table, partition_id)`` is awaited after a table (partition_id None) or one
         partition is dropped: KV snapshots, leases and lake offsets files of it are released there."""
-        self._store = store
+        super().__init__(store, placement)
         self._tablets = tablets
         self._on_table_dropped = on_table_dropped
         self._clock = clock
-        self._placement = placement
         self._default_bucket_count = config.get(DEFAULT_BUCKET_NUMBER)
         self._bucket_count_max = config.get(MAX_BUCKET_NUM)
         self._partition_count_max = config.get(MAX_PARTITION_NUM)
@@ -180,36 +179,6 @@ class CoordinatorService:
         """The table's own freshness, else the server's default."""
         freshness_ms = options.datalake_freshness_ms
         return self._default_freshness_ms if freshness_ms is None else freshness_ms
-
-    # ---- lookups shared with other components ----
-    def table_info(self, path: TablePath) -> TableInfo:
-        record = self._store.get_table(path.database_name, path.table_name)
-        if record is None:
-            raise TableNotExistError(f"Table '{path}' does not exist.")
-        return self._with_versions(record)
-
-    def table_info_by_id(self, table_id: int) -> TableInfo | None:
-        record = self._store.get_table_by_id(table_id)
-        return self._with_versions(record) if record else None
-
-    def _with_versions(self, record: TableRecord) -> TableInfo:
-        """The table with its earlier schemas (read only for a table whose columns changed)."""
-        versions = self._store.table_versions(record.table_id) if record.schema_id > FIRST_SCHEMA_ID else None
-        return TableInfo.from_record(record, versions)
-
-    def partition(self, table: TableInfo, name: str) -> PartitionRecord:
-        if not table.is_partitioned:
-            raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
-        record = self._store.get_partition(table.table_id, name)
-        if record is None:
-            raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
-        return record
-
-    def partition_by_id(self, partition_id: int) -> PartitionRecord | None:
-        return self._store.get_partition_by_id(partition_id)
-
-    def list_partitions(self, table: TableInfo) -> list[PartitionRecord]:
-        return self._store.list_partitions(table.table_id)
 
     def _require_database(self, name: str) -> DatabaseRecord:
         record = self._store.get_database(name)
@@ -526,16 +495,6 @@ class CoordinatorService:
                  len(request.config_changes), len(request.add_columns), altered.schema_id)
         return pb.AlterTableResponse()
 
-    def get_table_info(self, request: Any, _context: object) -> Any:
-        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
-        return pb.GetTableInfoResponse(
-            table_id=table.table_id,
-            schema_id=table.schema_id,
-            table_json=table.table_json,
-            created_time=table.created_ms,
-            modified_time=table.modified_ms,
-        )
-
     def list_tables(self, request: Any, _context: object) -> Any:
         self._require_database(request.database_name)
         return pb.ListTablesResponse(table_name=self._store.list_tables(request.database_name))
@@ -543,15 +502,6 @@ class CoordinatorService:
     def table_exists(self, request: Any, _context: object) -> Any:
         record = self._store.get_table(request.table_path.database_name, request.table_path.table_name)
         return pb.TableExistsResponse(exists=record is not None)
-
-    def get_table_schema(self, request: Any, _context: object) -> Any:
-        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
-        schema_id = request.schema_id if request.HasField("schema_id") else table.schema_id
-        table.schema_of(schema_id)  # SchemaNotExistError
-        table_json = table.table_json if schema_id == table.schema_id else table.versions[schema_id]
-        document = json.loads(table_json)
-        schema_json = json.dumps(document["schema"], sort_keys=True, separators=(",", ":")).encode()
-        return pb.GetTableSchemaResponse(schema_id=schema_id, schema_json=schema_json)
 
     # ---- partitions ----
     def list_partition_infos(self, request: Any, _context: object) -> Any:
@@ -634,72 +584,6 @@ class CoordinatorService:
             await self._on_table_dropped(table, record.partition_id)
         log.info("dropped partition %s of %s (id %d)", record.name, table.path, record.partition_id)
 
-    def tables(self) -> list[TableInfo]:
-        """Every table of every database."""
-        return [
-            self.table_info(TablePath(database, name))
-            for database in self._store.list_databases()
-            for name in self._store.list_tables(database)
-        ]
-
-    # ---- cluster metadata ----
-    def metadata(self, request: Any, context: object) -> Any:
-        """Servers are named by their endpoints of the listener the request came in on; a server without
-        that listener is left out (as in Fluss)."""
-        listener = context.listener if isinstance(context, RequestContext) else None
-        response = pb.MetadataResponse()
-        coordinator = self._placement.coordinator().for_listener(listener)
-        if coordinator is not None:
-            response.coordinator_server.CopyFrom(coordinator.to_pb())
-        for tablet_server in self._placement.tablet_servers():
-            node = tablet_server.for_listener(listener)
-            if node is not None:
-                response.tablet_servers.append(node.to_pb())
-        tables: dict[int, TableInfo] = {}
-        for table_path in request.table_path:
-            table = self.table_info(TablePath(table_path.database_name, table_path.table_name))
-            tables[table.table_id] = table
-            metadata = response.table_metadata.add(
-                table_path=table_path,
-                table_id=table.table_id,
-                schema_id=table.schema_id,
-                table_json=table.table_json,
-                created_time=table.created_ms,
-                modified_time=table.modified_ms,
-            )
-            if not table.is_partitioned:  # partitioned tables carry buckets per partition
-                self._add_buckets(metadata.bucket_metadata, table)
-        for partition_path in request.partitions_path:
-            table = self.table_info(TablePath(partition_path.database_name, partition_path.table_name))
-            record = self.partition(table, partition_path.partition_name)
-            self._add_partition(response, table, record)
-        for partition_id in request.partitions_id:
-            partition = self._store.get_partition_by_id(partition_id)
-            table_info = self.table_info_by_id(partition.table_id) if partition else None
-            if partition is None or table_info is None:
-                raise PartitionNotExistError.unknown_id(partition_id)
-            self._add_partition(response, table_info, partition)
-        return response
-
-    def _add_partition(self, response: Any, table: TableInfo, record: PartitionRecord) -> None:
-        metadata = response.partition_metadata.add(
-            table_id=table.table_id, partition_name=record.name, partition_id=record.partition_id
-        )
-        self._add_buckets(metadata.bucket_metadata, table, record.partition_id)
-
-    def _add_buckets(self, target: Any, table: TableInfo, partition_id: int | None = None) -> None:
-        described = self._placement.describe(table, partition_id)
-        for bucket in range(table.bucket_count):
-            leadership = described.get(bucket)
-            if leadership is None:
-                target.add(bucket_id=bucket, leader_epoch=0)
-                continue
-            entry = target.add(bucket_id=bucket, replica_id=list(leadership.replicas), leader_epoch=leadership.leader_epoch)
-            if leadership.leader is not None:  # else its replicas are down: no leader until one is back
-                entry.leader_id = leadership.leader
-
-    def init_writer(self, _request: Any, _context: object) -> Any:
-        return pb.InitWriterResponse(writer_id=self._store.next_id("writer"))
 
 
 def _database_changes(changes: Any) -> tuple[dict[str, str], set[str]]:

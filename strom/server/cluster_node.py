@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,19 +43,18 @@ from strom.config import (
     DynamicConfig,
 )
 from strom.coordinator.acl_service import AclService
+from strom.coordinator.catalog import CatalogReader
 from strom.coordinator.cluster_configs import stored_dynamic
 from strom.coordinator.cluster_placement import ClusterPlacement
-from strom.coordinator.lake_tiering import LakeTableTieringManager
 from strom.coordinator.leader_election import LeaderElector
 from strom.coordinator.placement import placed_tables
 from strom.coordinator.remote_tablets import RemoteTabletServers
 from strom.coordinator.replica_mover import ReplicaMover
-from strom.coordinator.role import CoordinatorRole, metadata_handlers
+from strom.coordinator.role import CoordinatorRole
 from strom.coordinator.service import CoordinatorService
 from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
 from strom.ids import TableBucket
 from strom.metadata.store import MetadataStore
-from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.endpoints import Endpoint, internal_listener
@@ -193,7 +192,7 @@ class _ClusterProcess:
         assert self.security is not None and self.endpoints
         return next(e for e in self.endpoints if e.name == self.security.internal_listener)
 
-    async def _serve(self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService,
+    async def _serve(self, handlers: dict[ApiKey, Handler], catalog: CatalogReader,
                      on_connection_closed: Callable[[int], None] | None = None) -> None:
         assert self.security is not None and self.listeners is not None
         make_server = rpc_server_factory(self.config, on_connection_closed,
@@ -204,7 +203,7 @@ class _ClusterProcess:
         self._start_config_refresh()
 
     def _guard(
-        self, handlers: dict[ApiKey, Handler], catalog: CoordinatorService, role: CoordinatorRole | None = None
+        self, handlers: dict[ApiKey, Handler], catalog: CatalogReader, role: CoordinatorRole | None = None
     ) -> dict[ApiKey, Handler]:
         """``handlers`` behind the ACL checks when authorization is on (``role``: the active coordinator's,
         whose leases and producer offsets name the tables their requests touch)."""
@@ -302,11 +301,9 @@ class CoordinatorNode(_ClusterProcess):
         self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, digest)
         self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, digest)
         placement = ClusterPlacement(store, self.registry, self._active_node, _bucket_states(self.registry))
-        standby_catalog = CoordinatorService(
-            store, _NoTablets(), self.config, self.clock, placement, LakeTableTieringManager(store, self.clock, 0, 0)
-        )
+        standby_catalog = CatalogReader(store, placement)
         handlers: dict[ApiKey, Handler] = dict.fromkeys(COORDINATOR_ONLY_KEYS, _not_the_active_coordinator)
-        handlers.update(metadata_handlers(standby_catalog))
+        handlers.update(standby_catalog.handlers())
         await self._serve(handlers, standby_catalog)
         loop = asyncio.get_running_loop()
 
@@ -450,7 +447,7 @@ class TabletServerNode(_ClusterProcess):
         self.tablets: TabletRole | None = None
         self.replicas: ReplicaManager | None = None
         self.replication: ReplicationManager | None = None
-        self.catalog: CoordinatorService | None = None
+        self.catalog: CatalogReader | None = None
         self._last_coordinator: ServerNode | None = None
 
     @property
@@ -500,10 +497,7 @@ class TabletServerNode(_ClusterProcess):
         states = _bucket_states(self.registry)
         placement = ClusterPlacement(store, self.registry, self._coordinator_node, states)
         # the catalog answers metadata from the store; it never changes anything here
-        self.catalog = CoordinatorService(
-            store, _NoTablets(), config, self.clock, placement,
-            LakeTableTieringManager(store, self.clock, 0, 0),
-        )
+        self.catalog = CatalogReader(store, placement)
         tables = ClusterTables(store, states, self.server_id, self.catalog.table_info_by_id)
         self.replicas.resolve_bucket = tables.resolve
         self.replication = replication = ReplicationManager(
@@ -545,7 +539,7 @@ class TabletServerNode(_ClusterProcess):
         )
         handlers = {
             **tablets.handlers(),
-            **metadata_handlers(self.catalog),
+            **self.catalog.handlers(),
             ApiKey.NOTIFY_LEADER_AND_ISR: control.notify_leader_and_isr,
             ApiKey.STOP_REPLICA: control.stop_replica,
             ApiKey.UPDATE_METADATA: control.update_metadata,
@@ -620,22 +614,6 @@ class TabletServerNode(_ClusterProcess):
 def _bucket_states(registry: TabletServerRegistry) -> BucketStates:
     """The buckets' leadership nodes, read and written through the registry's ZooKeeper client."""
     return BucketStates(registry.client, registry.root)
-
-
-class _NoTablets:
-    """A tablet server's read-only catalog changes nothing, so it never tells tablet servers anything."""
-
-    def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
-        raise AssertionError("a tablet server's catalog does not place buckets")
-
-    def change_table(self, table: TableInfo) -> None:
-        raise AssertionError("a tablet server's catalog does not change tables")
-
-    async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
-        raise AssertionError("a tablet server's catalog does not drop tables")
-
-    async def high_watermarks(self, table: TableInfo, buckets: Sequence[TableBucket]) -> dict[TableBucket, int]:
-        raise AssertionError("a tablet server's catalog serves no lake requests")
 
 
 __all__ = ["CoordinatorNode", "TabletServerNode"]
