@@ -175,6 +175,22 @@ ZOOKEEPER_AUTH_DIGEST = string_option(
     "`strom zookeeper secure` sets the ACLs on a tree created before. Keep it as secret as a password "
     "(strom extension; Fluss's ZooKeeper client takes SASL through zookeeper.client.config-path).",
 )
+ZOOKEEPER_SSL_CLIENT_ENABLE = bool_option(
+    "zookeeper.ssl.client.enable", False,
+    "Reach ZooKeeper over TLS (its `secureClientPort`): the server's certificate is checked against "
+    "`zookeeper.ssl.truststore.location` and its host name. `strom cluster start --secure` turns it on for its "
+    "own ZooKeeper (Kafka's key).",
+)
+ZOOKEEPER_SSL_TRUSTSTORE = string_option(
+    "zookeeper.ssl.truststore.location", None,
+    "PEM file of the CAs that sign ZooKeeper's certificate (the system's CAs when unset); a PEM file where "
+    "Kafka takes a Java trust store.",
+)
+ZOOKEEPER_SSL_KEYSTORE = string_option(
+    "zookeeper.ssl.keystore.location", None,
+    "PEM file holding the certificate chain and private key presented to a ZooKeeper that wants client "
+    "certificates (`ssl.clientAuth`); a PEM file where Kafka takes a Java key store.",
+)
 ZOOKEEPER_SESSION_TIMEOUT = duration_option(
     "zookeeper.client.session-timeout", "18s",
     "ZooKeeper session timeout of a cluster's servers: a tablet server or coordinator that stops answering "

@@ -188,7 +188,7 @@ def cluster() -> None:
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE", help="A config key for every server process.")
 @click.option("--secure", is_flag=True,
               help="Clients log in (SASL/PLAIN) over TLS with a generated CA, the servers too, ACLs are enforced and "
-                   "ZooKeeper requires a login; prints the super user admin's password.")
+                   "ZooKeeper speaks TLS and requires a login; prints the super user admin's password.")
 @click.option("--sasl-listener", is_flag=True,
               help="With --secure: every server also listens with SASL but without TLS (for pyfluss, which has no "
                    "TLS), on a port of its own; passwords cross it in clear.")
@@ -288,10 +288,11 @@ def zookeeper() -> None:
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="YAML file of config keys (a cluster's cluster.yaml).")
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE",
-              help="A config key: zookeeper.address and zookeeper.auth.digest are read.")
+              help="A config key: zookeeper.address, zookeeper.auth.digest and zookeeper.ssl.* are read.")
 def zookeeper_secure(config_file: Path | None, defines: tuple[str, ...]) -> None:
     """Close an existing tree to strangers: every node under zookeeper.address's root gets the ACL of
     zookeeper.auth.digest alone (what servers started with that key give the nodes they create)."""
+    from strom.zk.login import ZooKeeperLogin
     from strom.zk.metadata_store import connect_kazoo, parse_location, secure_tree
 
     values = Configuration(_load_config(config_file, defines))
@@ -299,7 +300,7 @@ def zookeeper_secure(config_file: Path | None, defines: tuple[str, ...]) -> None
     if not address or not digest:
         raise click.UsageError("set zookeeper.address and zookeeper.auth.digest (-D or --config)")
     hosts, root = parse_location(address)
-    client = connect_kazoo(hosts, 30_000, digest=digest)
+    client = connect_kazoo(hosts, 30_000, login=ZooKeeperLogin.from_config(values))
     try:
         changed = secure_tree(client, root, digest)
     finally:

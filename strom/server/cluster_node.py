@@ -37,7 +37,6 @@ from strom.config import (
     TABLET_SERVER_ID,
     TABLET_SERVER_RACK,
     ZOOKEEPER_ADDRESS,
-    ZOOKEEPER_AUTH_DIGEST,
     ZOOKEEPER_SESSION_TIMEOUT,
     Configuration,
     DynamicConfig,
@@ -86,6 +85,7 @@ from strom.tablet.replication import ReplicationManager
 from strom.tablet.role import TabletRole
 from strom.zk.bucket_state import BucketStates
 from strom.zk.coordinator_address import CoordinatorAddress
+from strom.zk.login import ZooKeeperLogin
 from strom.zk.registry import RegisteredServer, TabletServerRegistry
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
     address = config.get(ZOOKEEPER_ADDRESS)
     if not address:
         raise InvalidConfigError("a cluster keeps its metadata in ZooKeeper: set zookeeper.address")
-    return open_store("zookeeper", address, config.get(ZOOKEEPER_AUTH_DIGEST)), address
+    return open_store("zookeeper", address, ZooKeeperLogin.from_config(config)), address
 
 
 T = TypeVar("T")
@@ -297,9 +297,9 @@ class CoordinatorNode(_ClusterProcess):
         store, zookeeper = self._open()
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         assert self.security is not None
-        digest = self.config.get(ZOOKEEPER_AUTH_DIGEST)
-        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, digest)
-        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, digest)
+        login = ZooKeeperLogin.from_config(self.config)
+        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, login)
+        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, login)
         placement = ClusterPlacement(store, self.registry, self._active_node, _bucket_states(self.registry))
         standby_catalog = CatalogReader(store, placement)
         handlers: dict[ApiKey, Handler] = dict.fromkeys(COORDINATOR_ONLY_KEYS, _not_the_active_coordinator)
@@ -480,9 +480,9 @@ class TabletServerNode(_ClusterProcess):
         config = self.config  # with the cluster configs changed at run time
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         assert self.security is not None
-        digest = self.config.get(ZOOKEEPER_AUTH_DIGEST)
-        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, digest)
-        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, digest)
+        login = ZooKeeperLogin.from_config(self.config)
+        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, login)
+        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, login)
         coordinator = await asyncio.to_thread(self.address.wait, COORDINATOR_WAIT_S)
         if coordinator is None:
             raise InvalidConfigError(f"no coordinator published its address in ZooKeeper {zookeeper} within "

@@ -31,6 +31,9 @@ from strom.config import (
     SECURITY_INTERNAL_SECRET,
     TABLET_SERVER_RACK,
     ZOOKEEPER_AUTH_DIGEST,
+    ZOOKEEPER_SSL_CLIENT_ENABLE,
+    ZOOKEEPER_SSL_TRUSTSTORE,
+    Configuration,
 )
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
@@ -39,6 +42,7 @@ from strom.security.authenticator import PLAIN_LOGIN_MODULE, parse_plain_jaas_us
 from strom.security.certificates import ClusterCertificates
 from strom.security.server_security import main_listener_protocol, parse_protocol_map
 from strom.security.tls import uses_tls
+from strom.zk.login import ZooKeeperLogin
 from strom.zk.zookeeper_server import ZooKeeperServer, free_port
 
 ADMIN = "admin"
@@ -149,7 +153,7 @@ class LocalCluster:
         """``coordinators``: one active, the others standbys that take over when it is gone. ``secure``:
         clients must log in (SASL/PLAIN) over TLS (SASL_SSL, with a generated private CA unless
         ``security.ssl.certificate`` is given), the servers log in to each other over TLS too, ACLs are
-        enforced, ZooKeeper requires a login, and the super user ``admin`` gets a generated password
+        enforced, ZooKeeper speaks only TLS and requires a login, and the super user ``admin`` gets a generated password
         (:meth:`admin_password`). ``sasl_listener`` (with ``secure``): every server also listens with SASL
         but without TLS, for pyfluss, on a port of its own (:meth:`pyfluss_config`). ``racks``: tablet server i's ``tablet-server.rack`` is
         ``racks[i - 1]`` (none given: no racks). ``member_config``: settings for one member alone, by its name
@@ -212,6 +216,9 @@ class LocalCluster:
             config = {**secured, **config}
             # ZooKeeper closed to strangers: every node strom creates is its identity's alone
             config.setdefault(ZOOKEEPER_AUTH_DIGEST.key, f"strom:{secrets.token_urlsafe(24)}")
+            # and reached over TLS only, its certificate from the cluster's CA
+            config[ZOOKEEPER_SSL_CLIENT_ENABLE.key] = "true"
+            config[ZOOKEEPER_SSL_TRUSTSTORE.key] = str(self.certificates.ca)
             config["super.users"] = ";".join(filter(None, [f"User:{ADMIN}", self.config.get("super.users")]))
             if self.sasl_listener:
                 config["internal.listener.name"] = MAIN_LISTENER
@@ -249,6 +256,11 @@ class LocalCluster:
         coordinators = [m for m in self.state.members if m.role == "coordinator"]
         return ",".join(m.listeners.get(PYFLUSS_LISTENER, m.address) for m in coordinators)
 
+    def zookeeper_login(self) -> ZooKeeperLogin:
+        """How a client reaches this cluster's ZooKeeper as strom's servers do (its digest identity, and
+        TLS on a secure cluster)."""
+        return ZooKeeperLogin.from_config(Configuration(self.settings()))
+
     def pyfluss_config(self, user: str = ADMIN, password: str | None = None) -> dict[str, str]:
         """pyfluss's options (its names, without ``client.``) for this cluster: on a secure cluster, a login
         as ``user`` on the SASL listener without TLS."""
@@ -279,16 +291,15 @@ class LocalCluster:
         if existing is not None and any(alive(m.pid) for m in existing.members):
             raise RuntimeError(f"a cluster already runs from {self.data_dir}: `strom cluster stop` it first")
         try:
-            zookeeper = self._zookeeper = ZooKeeperServer(self.data_dir / "zookeeper", detached=self.detached,
-                                                          require_auth=self.secure).start()
+            if self.secure and not self.certificates.exists():
+                ClusterCertificates.create(self.certificates.directory)
+            zookeeper = self._zookeeper = ZooKeeperServer(
+                self.data_dir / "zookeeper", detached=self.detached, require_auth=self.secure,
+                tls=self.certificates if self.secure else None).start()
             assert zookeeper.pid is not None
             self.state.members.append(Member("zookeeper", zookeeper.pid, zookeeper.address, log=str(zookeeper.log_path)))
             self.state.save()
-            config = self.common_config()
-            generated = self.certificates
-            if config.get("security.ssl.certificate") == str(generated.certificate) and not generated.exists():
-                ClusterCertificates.create(generated.directory)
-            self._write_config(config)
+            self._write_config(self.common_config())
             for index in range(1, self.coordinator_count + 1):
                 self.start_member("coordinator", index)
             for server_id in range(1, self.tablet_server_count + 1):

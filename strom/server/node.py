@@ -44,7 +44,6 @@ from strom.config import (
     SERVER_MAX_IN_FLIGHT_PER_CONNECTION,
     TABLET_SERVER_ID,
     ZOOKEEPER_ADDRESS,
-    ZOOKEEPER_AUTH_DIGEST,
     Configuration,
     DynamicConfig,
 )
@@ -249,7 +248,9 @@ class StromServer:
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
         zookeeper_address = config.get(ZOOKEEPER_ADDRESS)
         if zookeeper_address:
-            self.store = store = open_store("zookeeper", zookeeper_address, config.get(ZOOKEEPER_AUTH_DIGEST))
+            from strom.zk.login import ZooKeeperLogin  # the ZooKeeper room loads only for a ZooKeeper store
+
+            self.store = store = open_store("zookeeper", zookeeper_address, ZooKeeperLogin.from_config(config))
         else:
             self.store = store = open_store("sqlite", str(self.paths.metadata_db))
         self.security = ServerSecurity.from_config(config, store)  # a bad security setting stops the start here

@@ -24,6 +24,7 @@ from kazoo.recipe.watchers import DataWatch
 from strom.errors import InvalidConfigError, StorageError
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, format_endpoints
 from strom.rpc.peers import ServerNode
+from strom.zk.login import ZooKeeperLogin
 from strom.zk.metadata_store import connect_kazoo, parse_location
 from strom.zk.registry import RegisteredServer, registration_from
 
@@ -56,7 +57,7 @@ class CoordinatorAddress:
     """Campaign for (coordinators) or follow (tablet servers) the active coordinator. Thread-safe."""
 
     def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME,
-                 digest: str | None = None) -> None:
+                 login: ZooKeeperLogin | None = None) -> None:
         """``internal_listener``: :meth:`current` names the active coordinator by its endpoint there."""
         hosts, root = parse_location(location)
         self._internal_listener = internal_listener
@@ -66,7 +67,7 @@ class CoordinatorAddress:
         self._changed = threading.Condition()
         self.on_deposed: Callable[[], None] | None = None
         """Called (on a ZooKeeper thread) when this process was active and no longer is."""
-        self._client = connect_kazoo(hosts, session_timeout_ms, digest=digest)
+        self._client = connect_kazoo(hosts, session_timeout_ms, login=login)
         try:
             self._client.ensure_path(self._path.rsplit("/", 1)[0])
             DataWatch(self._client, self._path, self._on_data)

@@ -79,6 +79,7 @@ from strom.metadata.store import (
     PartitionRecord,
     TableRecord,
 )
+from strom.zk.login import ZooKeeperLogin
 
 T = TypeVar("T")
 
@@ -127,21 +128,23 @@ class _Conflict(Exception):
 
 
 def connect_kazoo(hosts: str, session_timeout_ms: int, connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
-                  digest: str | None = None) -> KazooClient:
+                  login: ZooKeeperLogin | None = None) -> KazooClient:
     """A started ZooKeeper client that reconnects forever in the background (with a new session after an
     expiry). Raises StorageError when ZooKeeper cannot be reached within ``connect_timeout_ms``.
 
-    ``digest`` (``user:password``, ``zookeeper.auth.digest``): the client authenticates with ZooKeeper's
-    digest scheme (again on every new session) and creates every node readable and writable by that
-    identity alone, the world getting no right at all (ACLs and registrations are secrets)."""
-    auth: dict[str, object] = {}
-    if digest:
-        auth = {"auth_data": [("digest", digest)], "default_acl": [digest_acl(digest)]}
+    ``login.digest`` (``user:password``, ``zookeeper.auth.digest``): the client authenticates with
+    ZooKeeper's digest scheme (again on every new session) and creates every node readable and writable by
+    that identity alone, the world getting no right at all (ACLs and registrations are secrets).
+    ``login.tls``: it speaks TLS to ZooKeeper's secure port and checks ZooKeeper's certificate."""
+    login = login or ZooKeeperLogin()
+    options: dict[str, object] = dict(login.tls_options())
+    if login.digest:
+        options.update(auth_data=[("digest", login.digest)], default_acl=[digest_acl(login.digest)])
     client = KazooClient(
         hosts=hosts,
         timeout=session_timeout_ms / 1000,
         connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
-        **auth,  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
     )
     try:
         client.start(timeout=connect_timeout_ms / 1000)
@@ -267,16 +270,16 @@ class ZooKeeperMetadataStore(MetadataStore):
         session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT,
         operation_timeout_ms: int = OPERATION_TIMEOUT_MS_DEFAULT,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
-        digest: str | None = None,
+        login: ZooKeeperLogin | None = None,
     ) -> None:
-        """``digest``: ZooKeeper's digest identity to act as (:func:`connect_kazoo`)."""
+        """``login``: the identity to act as, and TLS (:func:`connect_kazoo`)."""
         assert session_timeout_ms > 0
         assert operation_timeout_ms > 0
         self._hosts, self._root = parse_location(location)
         self._operation_timeout_ms = operation_timeout_ms
         self._closed = False
         # reconnects forever in the background; each call bounds its own wait (operation_timeout_ms)
-        self._client = connect_kazoo(self._hosts, session_timeout_ms, connect_timeout_ms, digest)
+        self._client = connect_kazoo(self._hosts, session_timeout_ms, connect_timeout_ms, login)
         try:
             self._run(self._create_containers)
         except BaseException:

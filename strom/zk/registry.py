@@ -25,6 +25,7 @@ from kazoo.recipe.watchers import ChildrenWatch
 from strom.errors import InvalidConfigError, StorageError
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, Endpoint, format_endpoints, parse_endpoints
 from strom.rpc.peers import ServerNode
+from strom.zk.login import ZooKeeperLogin
 from strom.zk.metadata_store import connect_kazoo, parse_location
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class TabletServerRegistry:
     """
 
     def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME,
-                 digest: str | None = None) -> None:
+                 login: ZooKeeperLogin | None = None) -> None:
         """``internal_listener``: the listener the servers reach each other on; :meth:`live` names each
         server by its endpoint there."""
         assert session_timeout_ms > 0
@@ -118,7 +119,7 @@ class TabletServerRegistry:
         self._live: dict[int, ServerNode] = {}
         self._reregister_pending = False
         self._closed = False
-        self._client = connect_kazoo(self._hosts, session_timeout_ms, digest=digest)
+        self._client = connect_kazoo(self._hosts, session_timeout_ms, login=login)
         try:
             self._client.ensure_path(self._ids_path)
             self._client.add_listener(self._on_state)

@@ -3,7 +3,9 @@
 It runs Debian's ``zookeeper`` package (``scripts/install-zookeeper.sh`` installs it) as one ``java``
 process: its own data directory, a free loopback port, no admin HTTP server, and the ``ruok`` four-letter
 word enabled so readiness is checked without a client library. The caller owns the process: ``start()``
-returns once the server answers ``imok``; ``stop()`` ends exactly that process (by its pid).
+returns once the server answers ``imok``; ``stop()`` ends exactly that process (by its pid). With ``tls``
+its only port speaks TLS (ZooKeeper's ``secureClientPort``, on Netty), presenting a certificate of the
+cluster's CA in PEM files.
 """
 
 from __future__ import annotations
@@ -12,13 +14,18 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
 
+from strom.security.certificates import ClusterCertificates
+
 # Debian installs the server jar here; its manifest's Class-Path names every dependency jar.
 ZOOKEEPER_JARS = (Path("/usr/share/java/zookeeper.jar"),)
 ZOOKEEPER_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+NETTY_JARS = (Path("/usr/share/java/netty-codec.jar"), Path("/usr/share/java/netty-resolver.jar"))
+"""What ZooKeeper's Netty server (its TLS port) needs beyond the jars Debian's manifest names."""
 
 START_TIMEOUT_MS = 30_000
 STOP_TIMEOUT_MS = 10_000
@@ -52,9 +59,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def four_letter_word(host: str, port: int, word: str, timeout_ms: int = 1_000) -> str:
-    """Send a ZooKeeper four-letter command (``ruok``, ``srvr``) and return the reply."""
-    with socket.create_connection((host, port), timeout=timeout_ms / 1000) as connection:
+def four_letter_word(host: str, port: int, word: str, timeout_ms: int = 1_000,
+                     tls: ssl.SSLContext | None = None) -> str:
+    """Send a ZooKeeper four-letter command (``ruok``, ``srvr``) and return the reply (over TLS with ``tls``)."""
+    with socket.create_connection((host, port), timeout=timeout_ms / 1000) as raw:
+        connection = tls.wrap_socket(raw, server_hostname=host) if tls is not None else raw
         connection.sendall(word.encode("ascii"))
         chunks = []
         while chunk := connection.recv(4096):
@@ -66,12 +75,14 @@ class ZooKeeperServer:
     """One standalone ZooKeeper on ``127.0.0.1:port`` with its data under ``directory``."""
 
     def __init__(self, directory: Path, port: int | None = None, *, detached: bool = False,
-                 require_auth: bool = False) -> None:
+                 require_auth: bool = False, tls: ClusterCertificates | None = None) -> None:
         """``detached``: the server runs in its own session, so it outlives the starting process (``strom
         cluster start``) and a Ctrl-C in that terminal does not reach it; stop it by its pid.
         ``require_auth``: a client must authenticate (digest) before anything else (ZooKeeper's
-        ``enforce.auth.enabled``); the nodes' ACLs then decide what it may do."""
+        ``enforce.auth.enabled``); the nodes' ACLs then decide what it may do. ``tls``: the port speaks
+        only TLS, with these files' server certificate (clients trust their CA)."""
         self._require_auth = require_auth
+        self.tls = tls
         self.directory = directory.absolute()  # java runs in it: zoo.cfg's path must not be relative to it
         self.host = "127.0.0.1"
         self.port = port or free_port()
@@ -111,8 +122,8 @@ class ZooKeeperServer:
                 [
                     f"tickTime={TICK_TIME_MS}",
                     f"dataDir={data_dir}",
-                    f"clientPort={self.port}",
-                    f"clientPortAddress={self.host}",
+                    *(self._tls_settings() if self.tls is not None else
+                      [f"clientPort={self.port}", f"clientPortAddress={self.host}"]),
                     "maxClientCnxns=0",
                     "admin.enableServer=false",
                     "4lw.commands.whitelist=ruok,srvr,stat",
@@ -130,7 +141,7 @@ class ZooKeeperServer:
             "-XX:+UseSerialGC",
             "-XX:TieredStopAtLevel=1",
             "-cp",
-            str(jar),
+            ":".join([str(jar), *(str(extra) for extra in NETTY_JARS if self.tls is not None and extra.is_file())]),
             ZOOKEEPER_MAIN_CLASS,
             str(config_path),
         ]
@@ -146,13 +157,36 @@ class ZooKeeperServer:
                     f"ZooKeeper exited with {self._process.returncode} at start:\n{self.log_text()[-2000:]}"
                 )
             try:
-                if four_letter_word(self.host, self.port, "ruok") == "imok":
+                if four_letter_word(self.host, self.port, "ruok", tls=self.client_tls()) == "imok":
                     return self
-            except OSError:
+            except (OSError, ssl.SSLError):
                 pass
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"ZooKeeper did not answer ruok within {START_TIMEOUT_MS} ms:\n{self.log_text()[-2000:]}")
+
+    def _tls_settings(self) -> list[str]:
+        """zoo.cfg's lines for a TLS-only port; ZooKeeper reads its key and certificate from one PEM file."""
+        assert self.tls is not None
+        keystore = self.directory / "keystore.pem"
+        keystore.unlink(missing_ok=True)
+        descriptor = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(self.tls.key.read_bytes() + self.tls.certificate.read_bytes())
+        return [
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"secureClientPort={self.port}",
+            f"secureClientPortAddress={self.host}",
+            f"ssl.keyStore.location={keystore}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.tls.ca}",
+            "ssl.trustStore.type=PEM",
+            "ssl.clientAuth=none",
+        ]
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """How a client reaches the TLS port (trusting the CA), or None for a plain one."""
+        return None if self.tls is None else ssl.create_default_context(cafile=str(self.tls.ca))
 
     def stop(self) -> int | None:
         """SIGTERM the server (SIGKILL after STOP_TIMEOUT_MS); returns its exit code."""

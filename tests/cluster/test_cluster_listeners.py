@@ -15,7 +15,6 @@ from pathlib import Path
 
 import fluss as pyfluss
 import pytest
-from kazoo.client import KazooClient
 
 from strom.client import Connection
 from strom.errors import AuthenticationError, ConnectionFailedError, NetworkError
@@ -23,7 +22,7 @@ from strom.rpc.client import RpcConnection
 from strom.rpc.endpoints import Endpoint, parse_endpoints
 from strom.security.internal import InternalCredentials
 from strom.server.local_cluster import ADMIN, LocalCluster
-from strom.zk.metadata_store import parse_location
+from strom.zk.metadata_store import connect_kazoo, parse_location
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_cluster_processes import rows, upsert
 from tests.cluster.test_replication import PK_FIELDS, create, wait_for_servers
@@ -62,8 +61,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, certificates: Certificates
 def _registrations(local: LocalCluster) -> dict[str, dict[str, Endpoint]]:
     """What ZooKeeper holds: each tablet server's and the active coordinator's listeners by name."""
     hosts, root = parse_location(local.zookeeper_address)
-    client = KazooClient(hosts=hosts, auth_data=[("digest", local.settings()["zookeeper.auth.digest"])])
-    client.start(timeout=10)
+    client = connect_kazoo(hosts, 10_000, login=local.zookeeper_login())
     try:
         found = {}
         for server_id in client.get_children(f"{root}/tabletservers/ids"):

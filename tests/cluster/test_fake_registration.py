@@ -39,7 +39,7 @@ from strom.rpc.messages import pb
 from strom.rpc.server import RpcServer, bind_listener
 from strom.security.internal import INTERNAL_MECHANISM, InternalAuthenticator
 from strom.server.local_cluster import LocalCluster
-from strom.zk.metadata_store import parse_location
+from strom.zk.metadata_store import connect_kazoo, parse_location
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.conftest import unique_name
 from tests.tls_support import make_certificates
@@ -66,8 +66,7 @@ def _register_fake(local: LocalCluster, port: int) -> KazooClient:
     """Register tablet server 99 at ``port`` with the cluster's own ZooKeeper credentials (the session
     holds the ephemeral node: close it to take the registration away)."""
     hosts, root = parse_location(local.zookeeper_address)
-    client = KazooClient(hosts=hosts, timeout=10, auth_data=[("digest", local.settings()["zookeeper.auth.digest"])])
-    client.start(timeout=10)
+    client = connect_kazoo(hosts, 10_000, login=local.zookeeper_login())
     document = {"version": 3, "listeners": f"FLUSS://127.0.0.1:{port}", "register_timestamp": int(time.time() * 1000)}
     client.create(f"{root}/tabletservers/ids/{FAKE_ID}", json.dumps(document).encode(), ephemeral=True)
     return client

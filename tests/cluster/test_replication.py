@@ -87,7 +87,7 @@ class States:
 
     def __init__(self, local: LocalCluster) -> None:
         hosts, root = parse_location(local.zookeeper_address)
-        self._client = connect_kazoo(hosts, 10_000, digest=local.settings().get("zookeeper.auth.digest"))
+        self._client = connect_kazoo(hosts, 10_000, login=local.zookeeper_login())
         self._states = BucketStates(self._client, root)
 
     def get(self, bucket: TableBucket) -> LeaderAndIsr:

@@ -1,6 +1,6 @@
-"""ZooKeeper closed to strangers: a ``--secure`` cluster's ZooKeeper requires a login, and every node strom
-creates is readable and writable by strom's own identity (``zookeeper.auth.digest``) alone; a tree created
-open is closed by ``strom zookeeper secure``.
+"""ZooKeeper closed to strangers: a ``--secure`` cluster's ZooKeeper speaks only TLS and requires a login,
+and every node strom creates is readable and writable by strom's own identity (``zookeeper.auth.digest``)
+alone; a tree created open is closed by ``strom zookeeper secure``.
 
 The attacks these stand for worked against an open ZooKeeper: registering a fake
 ``/fluss/tabletservers/ids/99`` made the servers log in to it; writing ``/fluss/fluss-acls/…`` directly gave a
@@ -18,9 +18,11 @@ import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError, NoAuthError, SessionClosedRequireSaslError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from strom.cli.main import main
 from strom.server.local_cluster import LocalCluster
+from strom.zk.login import ZooKeeperLogin
 from strom.zk.metadata_store import ZooKeeperMetadataStore, parse_location
 from strom.zk.zookeeper_server import ZooKeeperServer, unavailable_reason
 from tests.cluster.test_cluster_processes import create_table, rows, upsert
@@ -30,8 +32,10 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("cluster")]
 REFUSED = (NoAuthError, AuthFailedError, SessionClosedRequireSaslError)
 
 
-def _client(hosts: str, digest: str | None) -> KazooClient:
-    client = KazooClient(hosts=hosts, timeout=10, auth_data=[("digest", digest)] if digest else None)
+def _client(hosts: str, digest: str | None, tls: ZooKeeperLogin | None = None) -> KazooClient:
+    """A started client logged in as ``digest`` (none: anonymous), over TLS as ``tls`` says."""
+    client = KazooClient(hosts=hosts, timeout=10, auth_data=[("digest", digest)] if digest else None,
+                         **(tls.tls_options() if tls is not None else {}))  # type: ignore[arg-type]
     client.start(timeout=10)
     return client
 
@@ -51,6 +55,8 @@ def secured(tmp_path: Path) -> Iterator[LocalCluster]:
 def test_a_secure_cluster_s_zookeeper_refuses_strangers_and_the_cluster_works(secured: LocalCluster) -> None:
     hosts, root = parse_location(secured.zookeeper_address)
     digest = secured.settings()["zookeeper.auth.digest"]
+    tls = secured.zookeeper_login()
+    assert tls.tls and tls.truststore == str(secured.certificates.ca)
 
     async def write_and_read() -> dict[int, str]:
         from strom.client import Connection
@@ -62,7 +68,14 @@ def test_a_secure_cluster_s_zookeeper_refuses_strangers_and_the_cluster_works(se
 
     assert asyncio.run(write_and_read()) == {i: f"z{i}" for i in range(5)}
 
-    stranger = _client(hosts, "someone:else")  # logged in, but not as strom
+    plain = KazooClient(hosts=hosts, timeout=3, connection_retry={"max_tries": 2})
+    try:
+        with pytest.raises(KazooTimeoutError):  # the port speaks only TLS: nothing without it gets a session
+            plain.start(timeout=3)
+    finally:
+        plain.close()
+
+    stranger = _client(hosts, "someone:else", tls)  # logged in, but not as strom
     try:
         for read in (lambda: stranger.get_children(f"{root}/tabletservers/ids"),
                      lambda: stranger.get(f"{root}/tabletservers/ids/1"),
@@ -78,8 +91,7 @@ def test_a_secure_cluster_s_zookeeper_refuses_strangers_and_the_cluster_works(se
         stranger.stop()
         stranger.close()
 
-    anonymous = KazooClient(hosts=hosts, timeout=10)
-    anonymous.start(timeout=10)
+    anonymous = _client(hosts, None, tls)
     try:
         with pytest.raises(REFUSED):  # the server requires a login before anything else
             anonymous.get_children(root)
@@ -87,7 +99,7 @@ def test_a_secure_cluster_s_zookeeper_refuses_strangers_and_the_cluster_works(se
         anonymous.stop()
         anonymous.close()
 
-    strom = _client(hosts, digest)
+    strom = _client(hosts, digest, tls)
     try:
         assert strom.get_children(f"{root}/tabletservers/ids") == ["1"]
     finally:
@@ -115,6 +127,6 @@ def test_an_open_tree_is_closed_by_strom_zookeeper_secure(tmp_path: Path) -> Non
         finally:
             stranger.stop()
             stranger.close()
-        ZooKeeperMetadataStore(location, digest=digest).close()  # strom's servers go on with the tree
+        ZooKeeperMetadataStore(location, login=ZooKeeperLogin(digest)).close()  # strom's servers go on with the tree
     finally:
         server.stop()
