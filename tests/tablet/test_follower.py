@@ -27,8 +27,8 @@ from strom.rpc.peers import ServerNode
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
 from strom.zk.bucket_state import LeaderAndIsr
-from tests.log.test_leader_high_watermark import BUCKET, ME, SECOND, TABLE, GatedStates
 from tests.log.test_log_tablet import DURABLE_EACH_APPEND, append, batch_bytes
+from tests.tablet.test_leader_high_watermark import BUCKET, ME, SECOND, TABLE, GatedStates
 
 pytestmark = pytest.mark.asyncio
 
