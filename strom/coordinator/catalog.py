@@ -23,9 +23,42 @@ FIRST_SCHEMA_ID = 1
 class CatalogReader:
     """Reads of the metadata store. Runs on the event loop."""
 
-    def __init__(self, store: MetadataStore, placement: BucketPlacement) -> None:
+    def __init__(self, store: MetadataStore, placement: BucketPlacement, *, remember: bool = False) -> None:
+        """``remember``: keep the tables and partitions read, and answer from them without reading the store
+        again — for the one process that makes every change to the catalog (the active coordinator), which
+        calls :meth:`forget_table` and :meth:`forget_partition` as it changes them. With ZooKeeper slow or
+        briefly unreachable, GetMetadata is then answered from memory."""
         self._store = store
         self._placement = placement
+        self._remember = remember
+        self._tables_by_path: dict[TablePath, TableInfo] = {}
+        self._tables_by_id: dict[int, TableInfo] = {}
+        self._partitions_by_name: dict[tuple[int, str], PartitionRecord] = {}
+        self._partitions_by_id: dict[int, PartitionRecord] = {}
+
+    def forget_table(self, table_id: int) -> None:
+        """A table changed or is gone (its partitions with it): read it from the store next time."""
+        table = self._tables_by_id.pop(table_id, None)
+        if table is not None:
+            self._tables_by_path.pop(table.path, None)
+        for key in [key for key in self._partitions_by_name if key[0] == table_id]:
+            self._partitions_by_id.pop(self._partitions_by_name.pop(key).partition_id, None)
+
+    def forget_partition(self, table_id: int, name: str) -> None:
+        record = self._partitions_by_name.pop((table_id, name), None)
+        if record is not None:
+            self._partitions_by_id.pop(record.partition_id, None)
+
+    def forget_all(self) -> None:
+        self._tables_by_path.clear()
+        self._tables_by_id.clear()
+        self._partitions_by_name.clear()
+        self._partitions_by_id.clear()
+
+    def _remembered(self, table: TableInfo) -> TableInfo:
+        if self._remember:
+            self._tables_by_path[table.path] = self._tables_by_id[table.table_id] = table
+        return table
 
     def handlers(self) -> dict[ApiKey, Handler]:
         """What every server of a cluster answers from the metadata store: clients ask whichever they know."""
@@ -37,14 +70,20 @@ class CatalogReader:
         }
 
     def table_info(self, path: TablePath) -> TableInfo:
+        known = self._tables_by_path.get(path)
+        if known is not None:
+            return known
         record = self._store.get_table(path.database_name, path.table_name)
         if record is None:
             raise TableNotExistError(f"Table '{path}' does not exist.")
-        return self._with_versions(record)
+        return self._remembered(self._with_versions(record))
 
     def table_info_by_id(self, table_id: int) -> TableInfo | None:
+        known = self._tables_by_id.get(table_id)
+        if known is not None:
+            return known
         record = self._store.get_table_by_id(table_id)
-        return self._with_versions(record) if record else None
+        return self._remembered(self._with_versions(record)) if record else None
 
     def _with_versions(self, record: TableRecord) -> TableInfo:
         """The table with its earlier schemas (read only for a table whose columns changed)."""
@@ -54,13 +93,19 @@ class CatalogReader:
     def partition(self, table: TableInfo, name: str) -> PartitionRecord:
         if not table.is_partitioned:
             raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
-        record = self._store.get_partition(table.table_id, name)
+        record = self._partitions_by_name.get((table.table_id, name)) or self._store.get_partition(table.table_id, name)
         if record is None:
             raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
-        return record
+        return self._remembered_partition(record)
 
     def partition_by_id(self, partition_id: int) -> PartitionRecord | None:
-        return self._store.get_partition_by_id(partition_id)
+        record = self._partitions_by_id.get(partition_id) or self._store.get_partition_by_id(partition_id)
+        return self._remembered_partition(record) if record is not None else None
+
+    def _remembered_partition(self, record: PartitionRecord) -> PartitionRecord:
+        if self._remember:
+            self._partitions_by_name[(record.table_id, record.name)] = self._partitions_by_id[record.partition_id] = record
+        return record
 
     def list_partitions(self, table: TableInfo) -> list[PartitionRecord]:
         return self._store.list_partitions(table.table_id)
@@ -124,7 +169,7 @@ class CatalogReader:
             record = self.partition(table, partition_path.partition_name)
             self._add_partition(response, table, record)
         for partition_id in request.partitions_id:
-            partition = self._store.get_partition_by_id(partition_id)
+            partition = self.partition_by_id(partition_id)
             table_info = self.table_info_by_id(partition.table_id) if partition else None
             if partition is None or table_info is None:
                 raise PartitionNotExistError.unknown_id(partition_id)

@@ -47,7 +47,7 @@ class ClusterPlacement:
 
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         buckets = table.buckets(partition_id)
-        states = self.states.get_many(buckets)
+        states = self.states.leaderships(buckets)  # the active coordinator's without a ZooKeeper read
         live = self._servers.live()
         described = {}
         for bucket in buckets:

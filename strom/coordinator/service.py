@@ -114,7 +114,7 @@ class CoordinatorService(CatalogReader):
     ) -> None:
         """``on_table_dropped(table, partition_id)`` is awaited after a table (partition_id None) or one
         partition is dropped: KV snapshots, leases and lake offsets files of it are released there."""
-        super().__init__(store, placement)
+        super().__init__(store, placement, remember=True)  # every change of the catalog is made here
         self._tablets = tablets
         self._on_table_dropped = on_table_dropped
         self._clock = clock
@@ -415,6 +415,7 @@ class CoordinatorService(CatalogReader):
 
     async def _drop_table(self, table: TableInfo) -> None:
         self._store.drop_table(table.table_id)
+        self.forget_table(table.table_id)
         await self._tablets.stop_replicas(table.table_id, None, delete=True)
         if self._on_table_dropped is not None:
             await self._on_table_dropped(table, None)
@@ -487,6 +488,7 @@ class CoordinatorService(CatalogReader):
         if table_json == table.table_json:
             return pb.AlterTableResponse()
         record = self._store.update_table(table.table_id, table_json, self._clock.now_ms(), schema_id=schema_id)
+        self.forget_table(table.table_id)
         altered = self._with_versions(record)
         self._tablets.change_table(altered)
         self._sync_lake(altered)
@@ -579,6 +581,7 @@ class CoordinatorService(CatalogReader):
         """Drop a partition: its record, its replicas' local data, then (the dropped hook) its KV
         snapshots, leases and remote log files. A lake copy is not touched."""
         self._store.drop_partition(record.partition_id)
+        self.forget_partition(table.table_id, record.name)
         await self._tablets.stop_replicas(table.table_id, record.partition_id, delete=True)
         if self._on_table_dropped is not None:
             await self._on_table_dropped(table, record.partition_id)

@@ -333,6 +333,7 @@ class CoordinatorNode(_ClusterProcess):
 
     async def _become_active(self, store: MetadataStore, placement: ClusterPlacement, epoch: int) -> None:
         """Load the cluster's state from the store and serve every coordinator request."""
+        placement.states.remember_leadership()  # the only writer of leaders from now on: GetMetadata reads no ZooKeeper
         self.role = role = CoordinatorRole(store, self.config, self.clock, RemoteStorage(self.remote_root), self.dynamic)
         self.tablets = RemoteTabletServers(placement, self.peers, epoch)
         peers = self.peers

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient
@@ -50,6 +51,34 @@ class BucketStates:
     def __init__(self, client: KazooClient, root: str) -> None:
         self._client = client
         self._root = root
+        self._lock = threading.Lock()
+        self._known: dict[TableBucket, LeaderAndIsr] | None = None
+        """Each bucket's state as last read or written here, once :meth:`remember_leadership` was called."""
+
+    def remember_leadership(self) -> None:
+        """Keep each bucket's state as last read or written here, so that :meth:`leaderships` answers
+        without reading ZooKeeper. For the active coordinator alone: it is the only writer of leaders,
+        epochs and replicas (a leader changes nothing but the ISR), so what it read or wrote last is their
+        current value. Forgets what it knew (a coordinator that just became active)."""
+        with self._lock:
+            self._known = {}
+
+    def _remember(self, states: dict[TableBucket, LeaderAndIsr]) -> None:
+        if self._known is not None:
+            with self._lock:
+                self._known.update(states)
+
+    def leaderships(self, buckets: list[TableBucket]) -> dict[TableBucket, LeaderAndIsr]:
+        """The states of ``buckets`` that have one, their leader, epoch and replicas current (the ISR may
+        lag): remembered ones without a ZooKeeper read, once :meth:`remember_leadership` was called."""
+        if self._known is None:
+            return self.get_many(buckets)
+        with self._lock:
+            found = {bucket: state for bucket in buckets if (state := self._known.get(bucket)) is not None}
+        missing = [bucket for bucket in buckets if bucket not in found]
+        if missing:
+            found.update(self.get_many(missing))
+        return found
 
     def path(self, bucket: TableBucket) -> str:
         if bucket.partition_id is None:
@@ -62,6 +91,7 @@ class BucketStates:
         """Create the node (an existing one, from a retried creation, is kept)."""
         with contextlib.suppress(NodeExistsError):
             self._client.create(self.path(bucket), state.to_json(), makepath=True)
+            self._remember({bucket: state})
 
     def get(self, bucket: TableBucket) -> tuple[LeaderAndIsr, int] | None:
         """The state and its node version, None for a bucket without one (not replicated by a cluster)."""
@@ -69,7 +99,9 @@ class BucketStates:
             data, stat = self._client.get(self.path(bucket))
         except NoNodeError:
             return None
-        return LeaderAndIsr.from_json(bytes(data)), stat.version
+        state = LeaderAndIsr.from_json(bytes(data))
+        self._remember({bucket: state})
+        return state, stat.version
 
     def get_many(self, buckets: list[TableBucket]) -> dict[TableBucket, LeaderAndIsr]:
         """The states of ``buckets`` that have one, in one pipelined round."""
@@ -81,6 +113,7 @@ class BucketStates:
             except NoNodeError:
                 continue
             found[bucket] = LeaderAndIsr.from_json(bytes(data))
+        self._remember(found)
         return found
 
     def compare_and_set(self, bucket: TableBucket, state: LeaderAndIsr, version: int) -> bool:
@@ -89,6 +122,7 @@ class BucketStates:
             self._client.set(self.path(bucket), state.to_json(), version=version)
         except (BadVersionError, NoNodeError):
             return False
+        self._remember({bucket: state})
         return True
 
 
