@@ -29,6 +29,7 @@ BENCHES = [
     ("bench.tiering_bench", [], ["--rows", "200000", "--lag-seconds", "30", "--freshness", "5s"]),
     ("bench.memory_soak", [], ["--seconds", "30", "--sample-seconds", "5"]),
     ("bench.login_bench", [], ["--logins", "300", "--rows", "50000", "--lookups", "10000"]),
+    ("bench.metadata_bench", [], ["--coordinator-requests", "50", "--tablet-server-requests", "2"]),
 ]
 
 

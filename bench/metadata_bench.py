@@ -1,0 +1,107 @@
+"""GetMetadata with ZooKeeper slowed down: the active coordinator (answering from memory) against a tablet
+server (reading the metadata store for each request), in one run, through the same slow ZooKeeper.
+
+A local cluster of one coordinator and one tablet server, both reaching ZooKeeper through one proxy; a table
+of 4 buckets. The proxy then delays every chunk it forwards by ``--delay-ms`` (500: a ZooKeeper round trip
+takes about a second), and a client asks each server GetMetadata for the table, one request at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import report
+from strom.client import Connection, TablePath
+from strom.rpc.api_keys import ApiKey
+from strom.rpc.client import RpcConnection
+from strom.rpc.messages import pb
+from strom.server.local_cluster import LocalCluster, Member
+from tests.cluster.test_cluster_processes import create_table
+from tests.nemesis.proxy import FaultyProxy
+
+
+class SlowZooKeeperCluster(LocalCluster):
+    """Every member reaches ZooKeeper through one proxy."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir, 1, {"kv.snapshot.interval": "0s"})
+        self.proxy: FaultyProxy | None = None
+
+    def start_member(self, role: str, server_id: int, port: int | None = None) -> Member:
+        if self.proxy is None:
+            host, _, rest = self.zookeeper_address.partition(":")
+            zk_port, slash, root = rest.partition("/")
+            self.proxy = FaultyProxy(host, int(zk_port))
+            for name in ("coordinator-1", "tablet-server-1"):
+                self.member_config[name] = {"zookeeper.address": f"{self.proxy.address}{slash}{root}"}
+        return super().start_member(role, server_id, port)
+
+
+def _percentile(samples: list[float], share: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+async def _latencies(address: str, path: TablePath, count: int) -> list[float]:
+    host, _, port = address.rpartition(":")
+    connection = await RpcConnection.connect(host, int(port))
+    request = pb.MetadataRequest()
+    request.table_path.add(database_name=path.database_name, table_name=path.table_name)
+    samples = []
+    try:
+        for _ in range(count):
+            started = time.perf_counter()
+            answer = await connection.request(ApiKey.GET_METADATA, request, timeout_ms=60_000)
+            samples.append(time.perf_counter() - started)
+            assert len(answer.table_metadata) == 1
+    finally:
+        await connection.close()
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--delay-ms", type=int, default=500)
+    parser.add_argument("--coordinator-requests", type=int, default=200)
+    parser.add_argument("--tablet-server-requests", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        local = SlowZooKeeperCluster(Path(directory) / "cluster")
+        try:
+            local.start()
+
+            async def prepare() -> TablePath:
+                async with await Connection.create(local.bootstrap) as connection:
+                    deadline = time.monotonic() + 30
+                    while not any(n.server_type == "TabletServer" for n in await connection.get_admin().get_server_nodes()):
+                        assert time.monotonic() < deadline
+                        await asyncio.sleep(0.2)
+                    return await create_table(connection, buckets=4)
+
+            path = asyncio.run(prepare())
+            coordinator = local.member("coordinator", 1).address
+            tablet_server = local.member("tablet-server", 1).address
+            asyncio.run(_latencies(coordinator, path, 3))  # what the coordinator remembers: read once
+            assert local.proxy is not None
+            local.proxy.slow(args.delay_ms / 1000)
+            from_memory = asyncio.run(_latencies(coordinator, path, args.coordinator_requests))
+            from_store = asyncio.run(_latencies(tablet_server, path, args.tablet_server_requests))
+            local.proxy.heal()
+        finally:
+            local.stop()
+            if local.proxy is not None:
+                local.proxy.close()
+    rows = []
+    for name, samples in (("coordinator, from memory", from_memory), ("tablet server, from the store", from_store)):
+        rows.append((name, f"{len(samples)} requests, p50 {_percentile(samples, 0.5) * 1000:.2f} ms, "
+                           f"p99 {_percentile(samples, 0.99) * 1000:.2f} ms"))
+    ratio = _percentile(from_store, 0.99) / _percentile(from_memory, 0.99)
+    rows.append(("p99 store / memory", f"{ratio:.0f}x"))
+    report(f"GetMetadata with ZooKeeper delayed {args.delay_ms} ms per chunk", rows)
+
+if __name__ == "__main__":
+    main()
