@@ -10,7 +10,7 @@ the options a bucket opens with):
 * whether ``db.write`` and a multi-get release the GIL: the progress a spinning Python thread makes
   during each, as a share of its progress alone.
 
-Part 2, one bucket in-process (``KvTablet.prepare_put`` + the log's fsync + ``apply_durable``, the server's
+Part 2, one bucket in-process (``KvTablet.prepare_put`` + the log's fsync + the apply it triggers, the server's
 per-batch work without the network; cache-hot, default ``FULL`` image): load of new keys, update of every
 key, and ``lookup`` of 1 000 keys, each with the compiled kv loops (``strom.kv._kvloops``) and with their
 Python references, alternating, in the same run.
@@ -189,8 +189,7 @@ async def bucket_run(directory: Path, rows: int) -> dict[str, float]:
             begin = time.perf_counter()
             for start in range(0, rows, BATCH):
                 result = kv.prepare_put(keys[start:start + BATCH], values[start:start + BATCH], 1, None, -1, -1, 0)
-                await log.wait_durable(result.next_offset)
-                kv.apply_durable()
+                await kv.acknowledgement(result)  # committed, and applied as the high watermark passed it
             rates[name] = rows / (time.perf_counter() - begin)
         begin = time.perf_counter()
         for start in range(0, rows, LOOKUP_KEYS):

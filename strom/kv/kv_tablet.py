@@ -13,6 +13,8 @@ anyway; the only blocking I/O, the log fsync, runs in a worker thread inside Log
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import shutil
@@ -39,7 +41,7 @@ from strom.log.log_tablet import AppendResult, LogTablet
 from strom.log.writer_state import NO_WRITER_ID
 from strom.metadata.table_info import TableInfo
 from strom.records import fastpath, log_batch
-from strom.records.kv_batch import SCHEMA_ID
+from strom.records.kv_batch import SCHEMA_ID, KvBatch
 from strom.records.log_batch import ChangeType
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,33 @@ def reset_instance_id(path: Path) -> None:
         db.close()
 
 
+@dataclass
+class StagedPut:
+    """A bucket's PutKv batches in the changelog. Batches appended before a failing one still become
+    committed and applied; the put is answered once they are, with the first failure if there was one."""
+
+    result: AppendResult | None
+    """The last append (None: the first batch failed, nothing was appended)."""
+    acknowledged: asyncio.Future[None] | None
+    error: BaseException | None
+
+    async def finish(self) -> AppendResult:
+        """Wait until the appended batches are committed and applied; raises the first failure.
+
+        Raises:
+            the batch's error, or what failed the commit or the apply.
+        """
+        if self.acknowledged is not None:
+            try:
+                await self.acknowledged
+            except Exception as exc:
+                raise self.error or exc from None
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
 class KvTablet:
     """One primary-key bucket. Owned by the event loop."""
 
@@ -155,6 +184,10 @@ class KvTablet:
         except BaseException:
             self._close_db()
             raise
+        # what becomes committed is applied the moment the high watermark passes it, before any put waiting
+        # for it is answered: reads never apply writes, and an acknowledged put is in RocksDB
+        self.log.add_high_watermark_listener(self._apply_committed)
+        self._apply_committed()
 
     # ---- recovery ----
     def _read_meta_int(self, key: bytes) -> int:
@@ -297,7 +330,7 @@ class KvTablet:
         now_ms: int,
     ) -> AppendResult:
         """Turn one request's records into a changelog batch and append it; values wait in the pre-write
-        buffer until :meth:`apply_durable` runs after the log is durable.
+        buffer until the log's high watermark passes them (:meth:`acknowledgement` waits for that).
 
         Raises DuplicateSequenceError / OutOfOrderSequenceError (nothing written) for a replayed or
         skipped writer sequence, RequestTimeoutError (retriable) for a replay whose original is not applied
@@ -310,7 +343,6 @@ class KvTablet:
                 "(for a full disk: once space is freed)"
             )
         self._check_open()
-        self._apply_before_read()  # what the followers acknowledged since (a new leader's held batches)
         # a retry is acknowledged (DUPLICATE_SEQUENCE) only once the original is visible in RocksDB
         self.log.check_writers([(writer_id, batch_sequence)], self._applied_offset)
         if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
@@ -571,25 +603,62 @@ class KvTablet:
         self._applied_offset = applied_to
         self._row_count = row_count
 
-    # ---- reads ----
-    def _apply_before_read(self) -> None:
-        """Apply durable pending batches so a read sees them; if RocksDB refuses, read what it holds (every
-        acknowledged write: a write is acknowledged only after it reached RocksDB)."""
-        if self.failed is None:
-            try:  # noqa: SIM105 (not contextlib.suppress: every lookup comes here, and a try costs nothing)
-                self.apply_durable()
-            except KvStorageError:
-                pass  # logged once by apply_durable; the replica reopens the tablet when storage works again
+    def stage_put(self, batches: Sequence[KvBatch], target_columns: Sequence[int] | None, now_ms: int) -> StagedPut:
+        """One PutKv's batches of this bucket, appended in order up to the first that fails; the wait for
+        them to be committed and applied is requested at once (:meth:`acknowledgement`)."""
+        result: AppendResult | None = None
+        try:
+            for batch in batches:
+                result = self.prepare_put(batch.keys, batch.values, batch.schema_id, target_columns,
+                                          batch.writer_id, batch.batch_sequence, now_ms)
+        except Exception as exc:
+            error: BaseException | None = exc
+        else:
+            error = None
+        return StagedPut(result, self.acknowledgement(result) if result is not None else None, error)
 
+    def _apply_committed(self) -> None:
+        """The log's high watermark moved: apply what it passed. A failed RocksDB write is logged once by
+        :meth:`apply_durable` and fails the puts it held (:meth:`acknowledgement`); reads go on from what
+        RocksDB holds, every acknowledged write."""
+        with contextlib.suppress(KvStorageError):
+            self.apply_durable()
+
+    def acknowledgement(self, result: AppendResult) -> asyncio.Future[None]:
+        """A future done once the batches appended up to ``result`` are committed and applied to RocksDB
+        (the moment a put is answered); failed with the log's error, or KvStorageError when RocksDB did not
+        take them. Requested at once (the wait is registered now: a replica that stops leading fails it)."""
+        applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            committed = self.log.durable(result.next_offset)
+        except Exception as exc:
+            applied.set_exception(exc)
+            return applied
+
+        def settle(done: asyncio.Future[None]) -> None:
+            if applied.done():
+                return
+            failure = done.exception() if not done.cancelled() else asyncio.CancelledError()
+            if failure is not None:
+                applied.set_exception(failure)
+            elif self._applied_offset < result.next_offset:  # committed, but RocksDB refused the write
+                applied.set_exception(KvStorageError(
+                    f"RocksDB of {self.directory} did not take the write ({self.failed}); it is retried once "
+                    "storage works again"))
+            else:
+                applied.set_result(None)
+
+        committed.add_done_callback(settle)
+        return applied
+
+    # ---- reads ----
     def lookup(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Stored values (schema id + row) of durable writes; None for missing keys."""
         self._check_open()
-        self._apply_before_read()  # a put whose handler never applied (it failed on a later batch) still shows
         return self._format.current_values(self._read_values(keys))
 
     def prefix_lookup(self, prefixes: Sequence[bytes], limit_per_prefix: int) -> list[list[bytes]]:
         self._check_open()
-        self._apply_before_read()
         results: list[list[bytes]] = []
         for prefix in prefixes:
             matches: list[bytes] = []
@@ -610,7 +679,6 @@ class KvTablet:
     def limit_scan(self, limit: int, bytes_max: int | None = None) -> tuple[list[bytes], bool]:
         """The first ``limit`` values in key order, and whether ``bytes_max`` cut them short."""
         self._check_open()
-        self._apply_before_read()
         values: list[bytes] = []
         size = 0
         iterator = self._db.iter()
@@ -634,7 +702,6 @@ class KvTablet:
         is the applied offset at this same instant: every change below it is in the view, none above.
         """
         self._check_open()
-        self._apply_before_read()  # durable writes no put applied yet (a new leader's held batches) included
         values: Iterator[bytes] = self._db.values()
         first = next(values, None)
         if first is None:
@@ -694,6 +761,7 @@ class KvTablet:
         if self._closed:
             return
         self._closed = True
+        self.log.remove_high_watermark_listener(self._apply_committed)
         try:
             self._flush_memtables()
         except Exception as exc:  # the changelog still covers whatever did not reach an SST

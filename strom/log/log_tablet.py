@@ -153,6 +153,7 @@ class LogTablet:
         self._visible_waiters: list[_Waiter] = []
         """Flushed, waiting for the high watermark (the followers) to pass their offset."""
         self._hw_advanced = asyncio.Event()
+        self._hw_listeners: list[Callable[[], None]] = []
         self._durable_advanced = asyncio.Event()
         self._last_commit_timestamp = max(s.last_timestamp for s in segments)
         self._failed: Exception | None = None
@@ -553,6 +554,8 @@ class LogTablet:
         self._high_watermark = limit
         self._hw_advanced.set()
         self._hw_advanced = asyncio.Event()
+        for listener in list(self._hw_listeners):  # before any waiter hears of it: a put is applied, then answered
+            listener()
         if self._visible_waiters:
             waiting = []
             for entry in self._visible_waiters:
@@ -562,6 +565,15 @@ class LogTablet:
                 else:
                     waiting.append(entry)
             self._visible_waiters = waiting
+
+    def add_high_watermark_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` each time the high watermark moves, before the waiters for it are told (the
+        KV tablet applies what became committed there, so an acknowledged put is always applied)."""
+        self._hw_listeners.append(listener)
+
+    def remove_high_watermark_listener(self, listener: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._hw_listeners.remove(listener)
 
     def high_watermark_event(self) -> asyncio.Event:
         """An event set the next time the high watermark moves (or the tablet closes)."""

@@ -24,8 +24,8 @@ from strom.errors import (
     code_for_exception,
 )
 from strom.ids import TableBucket
-from strom.kv.kv_tablet import KvTablet
-from strom.log.log_tablet import EARLIEST_OFFSET, AppendResult, LogTablet
+from strom.kv.kv_tablet import StagedPut
+from strom.log.log_tablet import EARLIEST_OFFSET, LogTablet
 from strom.records import log_batch
 from strom.records.kv_batch import build_value_batch, parse_kv_batches
 from strom.rpc import lookup_wire
@@ -43,18 +43,6 @@ LIMIT_SCAN_BYTES_MAX = 64 << 20
 """LimitScan is answered in one response, inline: its size is bounded (clients read whole small tables
 with a large limit, so the row count is not), and a client that does not read its answers is paced by the
 connection's write buffer."""
-
-
-def _acknowledgement(kv: KvTablet | None, result: AppendResult | None) -> asyncio.Future[None] | None:
-    """The wait for ``result``'s appends to be acknowledged (a future already failed when the log refuses)."""
-    if kv is None or result is None:
-        return None
-    try:
-        return kv.log.durable(result.next_offset)
-    except Exception as exc:
-        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        failed.set_exception(exc)
-        return failed
 
 
 def _bucket(table_id: int, request: Any) -> TableBucket:
@@ -307,16 +295,12 @@ class TabletService:
         staged = [self._stage_put(request.table_id, b, target_columns) for b in request.buckets_req]
         return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry) for entry in staged])
 
-    def _stage_put(
-        self, table_id: int, bucket_request: Any, target_columns: list[int]
-    ) -> tuple[Any, KvTablet | None, asyncio.Future[None] | None, AppendResult | None, BaseException | None]:
-        """Append one bucket's batches; returns its response, tablet, the wait for their acknowledgement
-        (requested at once: should the replica stop leading before it is awaited, it fails), the last append
-        and the first error."""
+    def _stage_put(self, table_id: int, bucket_request: Any, target_columns: list[int]) -> tuple[Any, StagedPut]:
+        """One bucket's answer-to-be and its batches handed to the tablet (which appends them and drives
+        their commit and apply)."""
         bucket = _bucket(table_id, bucket_request)
         response = pb.PbPutKvRespForBucket(bucket_id=bucket.bucket)
         _echo_partition(response, bucket)
-        kv = result = None
         try:
             replica = self._replicas.get(bucket)
             kv = replica.kv
@@ -325,39 +309,15 @@ class TabletService:
             batches = parse_kv_batches(bucket_request.records)
             if not batches:
                 raise CorruptRecordError("PutKv carried no kv record batch")
-            for batch in batches:
-                result = kv.prepare_put(
-                    batch.keys,
-                    batch.values,
-                    batch.schema_id,
-                    target_columns,
-                    batch.writer_id,
-                    batch.batch_sequence,
-                    self._clock.now_ms(),
-                )
         except Exception as exc:
-            error: BaseException | None = exc
-        else:
-            error = None
-        return response, kv, _acknowledgement(kv, result), result, error
+            return response, StagedPut(None, None, exc)
+        return response, kv.stage_put(batches, target_columns, self._clock.now_ms())
 
-    async def _finish_put(
-        self, response: Any, kv: KvTablet | None, acknowledged: asyncio.Future[None] | None,
-        result: AppendResult | None, error: BaseException | None,
-    ) -> Any:
-        """Wait until the bucket's appends are durable, apply them to RocksDB, and answer. Batches appended
-        before a failing one still become durable and applied; the answer is then the failure."""
+    async def _finish_put(self, response: Any, staged: StagedPut) -> Any:
         try:
-            if result is not None:
-                assert kv is not None and acknowledged is not None
-                await acknowledged
-                kv.apply_durable()
-                if error is None:
-                    response.log_end_offset = result.next_offset
+            response.log_end_offset = (await staged.finish()).next_offset
         except Exception as exc:
-            error = error or exc
-        if error is not None:
-            _set_error(response, error)
+            _set_error(response, exc)
         return response
 
     def lookup(self, request: Any, _context: object) -> Any:
@@ -389,8 +349,7 @@ class TabletService:
                 missing = list(dict.fromkeys(key for key, value in zip(keys, values, strict=True) if value is None))
                 if missing:
                     result = kv.prepare_insert_missing(missing, self._clock.now_ms())
-                    await kv.log.durable(result.next_offset)
-                    kv.apply_durable()
+                    await kv.acknowledgement(result)
                     inserted = dict(zip(missing, kv.lookup(missing), strict=True))
                     values = [inserted[key] if value is None else value for key, value in zip(keys, values, strict=True)]
             except Exception as exc:
