@@ -42,7 +42,13 @@ from strom.log.writer_state import NO_WRITER_ID
 from strom.metadata.table_info import TableInfo
 from strom.records import fastpath, log_batch
 from strom.records.kv_batch import SCHEMA_ID, KvBatch
-from strom.records.log_batch import ChangeType
+from strom.records.log_batch import (
+    CHANGE_DELETE,
+    CHANGE_INSERT,
+    CHANGE_UPDATE_AFTER,
+    CHANGE_UPDATE_PAIR,
+    ChangeType,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +56,6 @@ APPLIED_OFFSET_KEY = b"applied_log_offset"
 ROW_COUNT_KEY = b"row_count"
 INSTANCE_ID_KEY = b"instance_id"
 _OFFSET = struct.Struct("<q")
-_INSERT = bytes([ChangeType.INSERT])
-_UPDATE_PAIR = bytes([ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER])
-_UPDATE_AFTER = bytes([ChangeType.UPDATE_AFTER])
-_DELETE = bytes([ChangeType.DELETE])
 _SORTED_READ_MIN_KEYS = 32
 
 
@@ -419,7 +421,7 @@ class KvTablet:
         not the key existed, so no old value is read; only a delete reads one (-D carries the old row)."""
         if None not in values:  # upserts only (the common case): one pass, no per-row branching
             stored_rows = [prefix + value for value in values]  # type: ignore[operator]
-            return _UPDATE_AFTER * len(stored_rows), stored_rows, list(keys), list(stored_rows)
+            return CHANGE_UPDATE_AFTER * len(stored_rows), stored_rows, list(keys), list(stored_rows)
         latest: dict[bytes, bytes | None] = {}
         change_types = bytearray()
         rows: list[bytes] = []
@@ -432,12 +434,12 @@ class KvTablet:
                 old = latest[key] if key in latest else self._current_values([key])[0]
                 if old is None:
                     continue  # deleting a missing key changes nothing
-                change_types += _DELETE
+                change_types += CHANGE_DELETE
                 rows.append(old)
                 stored: bytes | None = None
             else:
                 stored = prefix + value
-                change_types += _UPDATE_AFTER
+                change_types += CHANGE_UPDATE_AFTER
                 rows.append(stored)
             latest[key] = stored
             new_keys.append(key)
@@ -476,13 +478,13 @@ class KvTablet:
                     if self._format.null_out(old, owned) is None:
                         remaining = None
                 if remaining is None:
-                    change_types += _DELETE
+                    change_types += CHANGE_DELETE
                     rows.append(old)
                 elif self._wal:
-                    change_types += _UPDATE_AFTER
+                    change_types += CHANGE_UPDATE_AFTER
                     rows.append(remaining)
                 else:
-                    change_types += _UPDATE_PAIR
+                    change_types += CHANGE_UPDATE_PAIR
                     rows += (old, remaining)
                 local[key] = remaining
                 new_keys.append(key)
@@ -490,13 +492,13 @@ class KvTablet:
                 continue
             new = prefix + value if old is None else self._format.merge_partial(old, prefix + value, target_columns)
             if old is None:
-                change_types += _INSERT
+                change_types += CHANGE_INSERT
                 rows.append(new)
             elif self._wal:
-                change_types += _UPDATE_AFTER
+                change_types += CHANGE_UPDATE_AFTER
                 rows.append(new)
             else:
-                change_types += _UPDATE_PAIR
+                change_types += CHANGE_UPDATE_PAIR
                 rows += (old, new)
             local[key] = new
             new_keys.append(key)

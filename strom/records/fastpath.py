@@ -71,6 +71,7 @@ from strom.records.compacted import (
     _field,
 )
 from strom.records.keys import KeyEncoder
+from strom.records.log_batch import CHANGE_DELETE, CHANGE_INSERT, CHANGE_UPDATE_PAIR
 from strom.records.types import (
     ArrayType,
     BigIntType,
@@ -553,7 +554,7 @@ def plan_upserts_python(
         if value is None:
             if old is None or ignore_deletes:
                 continue
-            change_types.append(4)
+            change_types += CHANGE_DELETE
             rows.append(old)
             local[key] = None
             new_keys.append(key)
@@ -561,10 +562,10 @@ def plan_upserts_python(
             continue
         new = prefix + value
         if old is None:
-            change_types.append(1)
+            change_types += CHANGE_INSERT
             rows.append(new)
         else:
-            change_types += b"\x02\x03"
+            change_types += CHANGE_UPDATE_PAIR
             rows.append(old)
             rows.append(new)
         local[key] = new

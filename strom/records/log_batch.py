@@ -57,6 +57,14 @@ class ChangeType(IntEnum):
     DELETE = 4
 
 
+CHANGE_INSERT = bytes([ChangeType.INSERT])
+CHANGE_UPDATE_PAIR = bytes([ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER])
+"""``-U old`` then ``+U new``: an update under the FULL changelog image."""
+CHANGE_UPDATE_AFTER = bytes([ChangeType.UPDATE_AFTER])
+CHANGE_DELETE = bytes([ChangeType.DELETE])
+"""A changelog's change types as the bytes its planners append, one per record."""
+
+
 @dataclass(frozen=True, slots=True)
 class LogBatchHeader:
     base_offset: int

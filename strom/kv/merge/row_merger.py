@@ -25,12 +25,12 @@ from strom.kv.merge import aggregators
 from strom.kv.merge.options import MergeEngine, MergeOptions
 from strom.kv.row_format import SCHEMA_ID_SIZE_BYTES, TableRowFormat
 from strom.records.fastpath import PlannedPut
-from strom.records.log_batch import ChangeType
-
-_INSERT = bytes([ChangeType.INSERT])
-_UPDATE_PAIR = bytes([ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER])
-_UPDATE_AFTER = bytes([ChangeType.UPDATE_AFTER])
-_DELETE = bytes([ChangeType.DELETE])
+from strom.records.log_batch import (
+    CHANGE_DELETE,
+    CHANGE_INSERT,
+    CHANGE_UPDATE_AFTER,
+    CHANGE_UPDATE_PAIR,
+)
 
 
 class RowMerge(Protocol):
@@ -69,7 +69,7 @@ class RowMerger:
         them. ``olds[i]`` is the key's value before the batch; a key written earlier in the batch sees that
         write. ``wal_image``: updates write only +U (``table.changelog.image=WAL``)."""
         rule = self.configure(target_columns)
-        update = _UPDATE_AFTER if wal_image else _UPDATE_PAIR
+        update = CHANGE_UPDATE_AFTER if wal_image else CHANGE_UPDATE_PAIR
         latest: dict[bytes, bytes | None] = {}
         change_types = bytearray()
         rows: list[bytes] = []
@@ -84,14 +84,14 @@ class RowMerger:
                     continue
                 new = rule.delete(old)
                 if new is None:
-                    change_types += _DELETE
+                    change_types += CHANGE_DELETE
                     rows.append(old)
                 else:
                     change_types += update
                     rows += (new,) if wal_image else (old, new)
             elif old is None:
                 new = prefix + value
-                change_types += _INSERT
+                change_types += CHANGE_INSERT
                 rows.append(new)
             else:
                 new = rule.merge(old, prefix + value)
