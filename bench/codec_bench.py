@@ -1,4 +1,4 @@
-"""Micro-benchmark: pure-Python vs native CompactedRow codec (strom.records.fastpath).
+"""Micro-benchmark: pure-Python vs native CompactedRow codec (strom.records.row_batches).
 
 Rows of (BIGINT NOT NULL, STRING, DOUBLE, BIGINT, STRING) with 16- and 18-character strings, the
 shape of the ingest benchmarks. Prints rows/s of each path and the speed-up, best of ``--repeat``
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from strom.records import fastpath
+from strom.records import row_batches
 from strom.records.compacted import CompactedRowEncoder
 from strom.records.types import BigIntType, DoubleType, RowType, StringType
 
@@ -70,33 +70,33 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    if not fastpath.NATIVE_AVAILABLE:
+    if not row_batches.NATIVE_AVAILABLE:
         raise SystemExit("strom.records._rowcodec is not built: run `pip install -e .`")
     count, repeat = args.rows, args.repeat
     rows = make_rows(count)
     stored = [b"\x01\x00" + row for row in rows]  # schema id + row, as RocksDB holds them
     print(f"{count:,} rows of {ROW_TYPE}, best of {repeat}")
 
-    py_s, py_batch = best_time(lambda: fastpath.decode_rows_python(rows, ROW_TYPE), repeat)
-    c_s, c_batch = best_time(lambda: fastpath.decode_rows(rows, ROW_TYPE), repeat)
+    py_s, py_batch = best_time(lambda: row_batches.decode_rows_python(rows, ROW_TYPE), repeat)
+    c_s, c_batch = best_time(lambda: row_batches.decode_rows(rows, ROW_TYPE), repeat)
     assert c_batch.equals(py_batch), "decode differs"
     report("decode rows -> Arrow", count, py_s, c_s)
 
-    py_s, py_stored = best_time(lambda: fastpath.decode_rows_python(stored, ROW_TYPE, offset=2), repeat)
-    c_s, c_stored = best_time(lambda: fastpath.decode_rows(stored, ROW_TYPE, offset=2), repeat)
+    py_s, py_stored = best_time(lambda: row_batches.decode_rows_python(stored, ROW_TYPE, offset=2), repeat)
+    c_s, c_stored = best_time(lambda: row_batches.decode_rows(stored, ROW_TYPE, offset=2), repeat)
     assert c_stored.equals(py_stored), "decode of stored values differs"
     report("decode stored values (offset 2)", count, py_s, c_s)
 
-    py_s, py_rows = best_time(lambda: fastpath.encode_batch_python(py_batch, ROW_TYPE)[0], repeat)
-    c_s, c_rows = best_time(lambda: fastpath.encode_batch(py_batch, ROW_TYPE)[0], repeat)
+    py_s, py_rows = best_time(lambda: row_batches.encode_batch_python(py_batch, ROW_TYPE)[0], repeat)
+    c_s, c_rows = best_time(lambda: row_batches.encode_batch(py_batch, ROW_TYPE)[0], repeat)
     assert c_rows == py_rows == rows, "encode differs"
     report("encode Arrow -> rows", count, py_s, c_s)
 
     def python_encode() -> Any:
-        return fastpath.encode_batch_python(py_batch, ROW_TYPE, KEY_INDEXES, KEY_INDEXES, BUCKETS)
+        return row_batches.encode_batch_python(py_batch, ROW_TYPE, KEY_INDEXES, KEY_INDEXES, BUCKETS)
 
     def native_encode() -> Any:
-        return fastpath.encode_batch(py_batch, ROW_TYPE, KEY_INDEXES, KEY_INDEXES, BUCKETS)
+        return row_batches.encode_batch(py_batch, ROW_TYPE, KEY_INDEXES, KEY_INDEXES, BUCKETS)
 
     py_s, py_full = best_time(python_encode, repeat)
     c_s, c_full = best_time(native_encode, repeat)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import rocksdict
 
-from strom.records import fastpath
+from strom.records import row_batches
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.schema import Schema
 
@@ -118,7 +118,7 @@ def load_raw_rocksdb(rows: pa.Table, schema: Schema, directory: str) -> tuple[ro
     options.create_if_missing(True)
     db = rocksdict.Rdict(f"{directory}/db", options)
     batch = rows.combine_chunks().to_batches()[0]
-    values, keys, _ = fastpath.encode_batch(batch, schema.row_type, key_indexes=[0], value_prefix=SCHEMA_ID.pack(1))
+    values, keys, _ = row_batches.encode_batch(batch, schema.row_type, key_indexes=[0], value_prefix=SCHEMA_ID.pack(1))
     assert keys is not None
     start = time.perf_counter()
     for offset in range(0, len(keys), RAW_BATCH_ROWS):

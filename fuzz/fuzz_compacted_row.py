@@ -1,7 +1,7 @@
 """Fuzz target: CompactedRow decoding, the C batch decoder against the Python reference.
 
 Input: two bytes seeding a random schema (fuzz/rows.py), then the row. Allowed outcome: ValueError (the
-documented error; MalformedRowError at the server). ``fastpath.decode_rows`` (C) and
+documented error; MalformedRowError at the server). ``row_batches.decode_rows`` (C) and
 ``decode_rows_python`` must give identical batches or the same error and message; a row that decodes,
 re-encoded, decodes to the same values.
 """
@@ -15,7 +15,7 @@ from fuzz.common import batches_identical, instrumented, main
 
 with instrumented():
     from fuzz.rows import split
-    from strom.records import fastpath
+    from strom.records import row_batches
     from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder, field_spans
 
 
@@ -33,8 +33,8 @@ def test_one_input(data: bytes) -> None:
     row_type, row = case
     decoded = _outcome(lambda: CompactedRowDecoder(row_type).decode(row))
     _outcome(lambda: field_spans(row_type, row))
-    fast = _outcome(lambda: fastpath.decode_rows([row], row_type))
-    reference = _outcome(lambda: fastpath.decode_rows_python([row], row_type))
+    fast = _outcome(lambda: row_batches.decode_rows([row], row_type))
+    reference = _outcome(lambda: row_batches.decode_rows_python([row], row_type))
     assert fast[0] == reference[0], (fast, reference)
     if fast[0] == "error":
         assert fast[1] == reference[1], (fast, reference)

@@ -17,7 +17,7 @@ from fuzz.common import instrumented, main
 
 with instrumented():
     from strom.errors import CorruptRecordError
-    from strom.records import fastpath, kv_batch
+    from strom.records import kv_batch
 
 
 def fix_crc(data: bytes) -> bytes:
@@ -37,12 +37,12 @@ def _outcome(call: Any) -> tuple[str, Any]:
 
 
 def _value_batch_python(data: bytes) -> list[bytes]:
-    saved = fastpath.native
-    fastpath.native = None
+    saved = kv_batch.native
+    kv_batch.native = None
     try:
         return kv_batch.parse_value_batch(data)
     finally:
-        fastpath.native = saved
+        kv_batch.native = saved
 
 
 def test_one_input(data: bytes) -> None:
@@ -61,8 +61,8 @@ def test_one_input(data: bytes) -> None:
         view = memoryview(records)
         start = kv_batch.KV_HEADER_SIZE_BYTES
         reference = _outcome(lambda: kv_batch._parse_records_python(view, start, len(records), count))
-        if fastpath.native is not None:
-            fast = _outcome(lambda: fastpath.parse_kv_records(view, start, len(records), count))
+        if kv_batch.native is not None:
+            fast = _outcome(lambda: kv_batch.parse_kv_records(view, start, len(records), count))
             assert fast == reference, (fast, reference)
 
 

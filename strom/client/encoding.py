@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from strom.client.layout import TableLayout
-from strom.records import fastpath, row_arrow
+from strom.records import row_arrow, row_batches
 
 
 @dataclass(slots=True)
@@ -65,7 +65,7 @@ def _table_to_batch(table: pa.Table) -> pa.RecordBatch:
 def encode(layout: TableLayout, batch: pa.RecordBatch, *, with_rows: bool, with_keys: bool) -> EncodedRows:
     """Encode a conformed batch; buckets come from the bucket key (or are left to the caller when none)."""
     if layout.kv_format == "COMPACTED" and layout.key_lake_format is None:  # the C path knows Fluss's keys only
-        fast_rows, fast_keys, fast_buckets = fastpath.encode_batch(
+        fast_rows, fast_keys, fast_buckets = row_batches.encode_batch(
             batch,
             layout.row_type,
             key_indexes=layout.key_indexes if with_keys else None,

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from strom.errors import SchemaNotExistError
 from strom.metadata.table_info import TableInfo
-from strom.records import fastpath, indexed_log, keys
+from strom.records import indexed_log, keys, row_batches
 from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.kv_batch import SCHEMA_ID
@@ -92,18 +92,18 @@ class TableLayout:
         return keys.key_encoder(self.row_type, self.bucket_key_indexes, self.key_lake_format)
 
     @cached_property
-    def key_writer(self) -> fastpath.KeyWriter:
+    def key_writer(self) -> row_batches.KeyWriter:
         """``key_encoder`` one key at a time, compiled where it can be (a single lookup)."""
-        return fastpath.KeyWriter(self.key_encoder)
+        return row_batches.KeyWriter(self.key_encoder)
 
     @cached_property
-    def bucket_key_writer(self) -> fastpath.KeyWriter:
-        return fastpath.KeyWriter(self.bucket_key_encoder)
+    def bucket_key_writer(self) -> row_batches.KeyWriter:
+        return row_batches.KeyWriter(self.bucket_key_encoder)
 
     @cached_property
-    def row_reader(self) -> fastpath.RowReader:
+    def row_reader(self) -> row_batches.RowReader:
         """Decodes one stored COMPACTED row to Python values, compiled where it can be (a single lookup)."""
-        return fastpath.RowReader(self.row_type)
+        return row_batches.RowReader(self.row_type)
 
     def column_indexes(self, columns: Sequence[int | str]) -> list[int]:
         indexes = []

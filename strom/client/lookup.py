@@ -14,7 +14,7 @@ from strom.client import encoding
 from strom.client.table_handle import TableHandle
 from strom.errors import CorruptMessageError, PartitionNotExistError, StromError, error_for_code
 from strom.ids import TableBucket
-from strom.records import fastpath, row_arrow, types
+from strom.records import bucketing, row_arrow, types
 from strom.records.compacted import CompactedKeyEncoder
 from strom.rpc import lookup_wire
 from strom.rpc.api_keys import ApiKey
@@ -94,7 +94,7 @@ class _KeyedReader:
         partition = "$".join(str(row[i]) for i in layout.partition_key_indexes) if layout.partition_keys else None
         if layout.key_lake_format is not None:
             return key_bytes, layout.bucket_of(bucket_key, layout.bucket_count), partition
-        return key_bytes, fastpath.bucket_ids([bucket_key], layout.bucket_count)[0], partition
+        return key_bytes, bucketing.bucket_ids([bucket_key], layout.bucket_count)[0], partition
 
     async def _partition_id(self, name: str | None) -> int | None:
         if name is None:

@@ -18,7 +18,7 @@ import pyarrow as pa
 from strom.errors import InvalidConfigError, InvalidTargetColumnError, UnknownServerError
 from strom.kv.row_format import TableRowFormat
 from strom.metadata.table_info import TableInfo
-from strom.records import fastpath
+from strom.records import row_batches
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.types import IntType
 from strom.table_properties import AUTO_INCREMENT_CACHE_SIZE, TableProperties, parse_long
@@ -174,4 +174,4 @@ class AutoIncrementAssigner:
         batch = self._format.stored_values_to_batch([self._prefix + row for row in rows])
         field = batch.schema.field(index)
         batch = batch.set_column(index, field, pa.array(ids, field.type))
-        return fastpath.encode_batch(batch, self._format.row_type)[0]
+        return row_batches.encode_batch(batch, self._format.row_type)[0]

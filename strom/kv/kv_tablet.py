@@ -27,7 +27,7 @@ from pathlib import Path
 import rocksdict
 
 from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError, MalformedRowError
-from strom.kv import kv_loops
+from strom.kv import changelog, kv_loops
 from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, IdAllocator, IdCounter
 from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
@@ -40,7 +40,7 @@ from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
 from strom.log.writer_state import NO_WRITER_ID
 from strom.metadata.table_info import TableInfo
-from strom.records import fastpath, log_batch
+from strom.records import log_batch
 from strom.records.kv_batch import SCHEMA_ID, KvBatch
 from strom.records.log_batch import (
     CHANGE_DELETE,
@@ -374,7 +374,7 @@ class KvTablet:
             )
         else:
             old_values = self._current_values(keys)
-            change_types, rows, new_keys, new_values = fastpath.plan_upserts(
+            change_types, rows, new_keys, new_values = changelog.plan_upserts(
                 keys, values, old_values, prefix, ignore_deletes
             )
         try:
@@ -416,7 +416,7 @@ class KvTablet:
 
     def _plan_wal_upserts(
         self, keys: Sequence[bytes], values: Sequence[bytes | None], prefix: bytes, ignore_deletes: bool
-    ) -> fastpath.PlannedPut:
+    ) -> changelog.PlannedPut:
         """The changelog of full-row upserts with a WAL image: each upsert is +U of the new row, whether or
         not the key existed, so no old value is read; only a delete reads one (-D carries the old row)."""
         if None not in values:  # upserts only (the common case): one pass, no per-row branching
@@ -454,7 +454,7 @@ class KvTablet:
         prefix: bytes,
         target_columns: Sequence[int],
         ignore_deletes: bool,
-    ) -> fastpath.PlannedPut:
+    ) -> changelog.PlannedPut:
         """The changelog of a partial update: target columns merge into the old row; a partial delete
         nulls them and deletes the row only when nothing but the key would remain."""
         local: dict[bytes, bytes | None] = {}

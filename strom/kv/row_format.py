@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from strom.errors import SchemaNotExistError
 from strom.metadata.table_info import TableInfo
-from strom.records import compacted, fastpath, indexed, indexed_log, keys, log_batch, row_arrow
+from strom.records import compacted, indexed, indexed_log, keys, log_batch, row_arrow, row_batches
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.log_batch import ChangeType, LogBatchHeader
 from strom.records.schema_evolution import RowUpgrader
@@ -138,7 +138,7 @@ class TableRowFormat:
         for -U, which changes nothing on its own) and the value to store (None for -D)."""
         prefix = SCHEMA_ID.pack(self.schema_id)
         if self.kv_format == "COMPACTED" and self.key_lake_format is None:
-            rows, all_keys, _buckets = fastpath.encode_batch(
+            rows, all_keys, _buckets = row_batches.encode_batch(
                 batch, self.row_type, key_indexes=self.key_indexes, value_prefix=prefix
             )
             assert all_keys is not None

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from strom.clock import Clock
 from strom.errors import ScannerExpiredError, TooManyScannersError, UnknownScannerIdError
 from strom.ids import TableBucket
-from strom.records import fastpath
+from strom.records import kv_batch
 from strom.records.kv_batch import VALUE_HEADER
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class ScanSession:
         """Pull rows until ``batch_size_bytes`` is reached (at least one row while any remain)."""
         assert not self.closed and self.values is not None
         lookahead = self._lookahead.pop() if self._lookahead else None
-        records, count, following = fastpath.fill_value_batch(
+        records, count, following = kv_batch.fill_value_batch(
             self.values, lookahead, batch_size_bytes, self.remaining_limit
         )
         if self.remaining_limit > 0:

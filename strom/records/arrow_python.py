@@ -1,6 +1,6 @@
 """Encoded rows (CompactedRow / IndexedRow) to Arrow and back in pure Python, column by column.
 
-This is the reference the C fast path (``fastpath`` + ``native/rowcodec.c``) must equal, and the code that
+This is the reference the C fast path (``row_batches`` + ``native/rowcodec.c``) must equal, and the code that
 serves what it does not (IndexedRows, nested and wide types). ``row_arrow`` picks between the two;
 callers use ``row_arrow``.
 """

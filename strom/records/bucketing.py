@@ -11,6 +11,9 @@ or Iceberg lake format use the functions of those formats instead.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+
+from strom.records.rowcodec_native import native
 
 FLUSS_MURMUR_SEED = 42
 ICEBERG_MURMUR_SEED = 0
@@ -104,3 +107,18 @@ def iceberg_bucket_for_key(key_bytes: bytes, num_buckets: int) -> int:
     """Bucket for tables whose lake format is Iceberg: standard murmur3, seed 0."""
     _check(key_bytes, num_buckets)
     return (murmur3_32(key_bytes) & 0x7FFFFFFF) % num_buckets
+
+
+def bucket_ids(keys: Sequence[bytes], bucket_count: int) -> list[int]:
+    """``bucketing.bucket_for_key(key, bucket_count)`` of every key.
+
+    Raises:
+        ValueError: an empty key or a non-positive bucket count.
+    """
+    if native is not None and type(bucket_count) is int and 0 < bucket_count < 1 << 31:
+        try:
+            result: list[int] = native.bucket_ids(keys, bucket_count)
+            return result
+        except Exception:
+            pass  # the reference raises its own error
+    return [bucket_for_key(key, bucket_count) for key in keys]

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c
 
 from strom.errors import CorruptRecordError
-from strom.records import fastpath
 from strom.records.compacted import write_varint32
+from strom.records.rowcodec_native import NATIVE_AVAILABLE, native
 
 KV_HEADER = struct.Struct("<ibIhbqii")
 KV_HEADER_SIZE_BYTES = 28
@@ -32,6 +32,7 @@ KV_CRC_START = 9
 KV_MAGIC = 0
 VALUE_HEADER = struct.Struct("<ibi")
 VALUE_HEADER_SIZE_BYTES = 9
+_VALUE_LENGTH = struct.Struct("<i")
 assert VALUE_HEADER.size == VALUE_HEADER_SIZE_BYTES
 SCHEMA_ID = struct.Struct("<h")
 _INT32 = struct.Struct("<i")
@@ -76,8 +77,8 @@ def parse_kv_batches(buffer: bytes | memoryview) -> list[KvBatch]:
 
 def _parse_records(view: memoryview, position: int, end: int, count: int) -> tuple[list[bytes], list[bytes | None]]:
     """The records of one batch body; the native parser when built, else ``_parse_records_python``."""
-    if fastpath.NATIVE_AVAILABLE:
-        return fastpath.parse_kv_records(view, position, end, count)
+    if NATIVE_AVAILABLE:
+        return parse_kv_records(view, position, end, count)
     return _parse_records_python(view, position, end, count)
 
 
@@ -158,7 +159,6 @@ def build_kv_batch(
     """Encode a KvRecordBatch (what a client sends in PutKv); ``None`` values are deletes."""
     if len(keys) != len(values):
         raise ValueError("keys and values differ in length")
-    native = fastpath.native
     records = _kv_records_python(keys, values) if native is None else native.build_kv_records(keys, values)
     buffer = bytearray(KV_HEADER_SIZE_BYTES) + records
     KV_HEADER.pack_into(buffer, 0, len(buffer) - 4, KV_MAGIC, 0, schema_id, 0, writer_id, batch_sequence, len(keys))
@@ -189,9 +189,9 @@ def parse_value_batch(buffer: bytes | memoryview) -> list[bytes]:
     end = 4 + length
     if end > len(view):
         raise CorruptRecordError("value batch overruns its buffer")
-    if fastpath.native is not None:
+    if native is not None:
         try:
-            values: list[bytes] = fastpath.native.parse_value_records(view, VALUE_HEADER_SIZE_BYTES, end, count)
+            values: list[bytes] = native.parse_value_records(view, VALUE_HEADER_SIZE_BYTES, end, count)
         except ValueError as exc:
             raise CorruptRecordError(str(exc)) from exc
         return values
@@ -211,3 +211,68 @@ def parse_value_batch(buffer: bytes | memoryview) -> list[bytes]:
     if position != end:
         raise CorruptRecordError("value batch length disagrees with its records")
     return values
+
+
+# ---- record bodies in C (the references are the Python above and below) ----
+
+
+def parse_kv_records(
+    buffer: bytes | memoryview, position: int, end: int, count: int
+) -> tuple[list[bytes], list[bytes | None]]:
+    """Keys and values (None: delete) of the records in ``buffer[position:end]``, parsed in C;
+    ``kv_batch`` parses them in Python where the native module is not built.
+
+    Raises:
+        CorruptRecordError: the records do not fill the range exactly.
+        RuntimeError: the native module is not built.
+    """
+    if native is None:
+        raise RuntimeError("the native row codec is not built; use kv_batch.parse_kv_batches")
+    try:
+        keys, values = native.parse_kv_records(buffer, position, end, count)
+    except ValueError as e:
+        raise CorruptRecordError(str(e)) from None
+    return keys, values
+
+
+
+
+def fill_value_batch_python(
+    values: Iterator[bytes], lookahead: bytes | None, batch_size_bytes: int, limit: int
+) -> tuple[bytes, int, bytes | None]:
+    """The reference of ``fill_value_batch``: one value record batch from ``values``.
+
+    ``lookahead`` (a value pulled earlier) comes first; values are taken until the batch reaches
+    ``batch_size_bytes`` (at least one), ``limit`` values were taken (negative: no limit) or the
+    iterator ends. Returns the batch, its record count, and the first value of the next batch (None
+    when the scan is complete).
+    """
+    parts = [b""]
+    size = VALUE_HEADER.size
+    taken = 0
+    pending = lookahead
+    following: bytes | None = None
+    while limit < 0 or taken < limit:
+        value = pending if pending is not None else next(values, None)
+        pending = None
+        if value is None:
+            break
+        if taken and size >= batch_size_bytes:
+            following = value
+            break
+        parts.append(_VALUE_LENGTH.pack(len(value)))
+        parts.append(value)
+        size += 4 + len(value)
+        taken += 1
+    parts[0] = VALUE_HEADER.pack(size - 4, 0, taken)
+    return b"".join(parts), taken, following
+
+
+def fill_value_batch(
+    values: Iterator[bytes], lookahead: bytes | None, batch_size_bytes: int, limit: int
+) -> tuple[bytes, int, bytes | None]:
+    """``fill_value_batch_python`` in C when built (the per-row loop of every ScanKv response)."""
+    if native is not None:
+        result: tuple[bytes, int, bytes | None] = native.fill_value_batch(values, lookahead, batch_size_bytes, limit)
+        return result
+    return fill_value_batch_python(values, lookahead, batch_size_bytes, limit)

@@ -6,7 +6,7 @@ client decodes it with the schema it derives itself, so batches always carry the
 list per column and each list becomes an Arrow array in one call, which keeps the per-column
 structure a native fast path can replace.
 
-CompactedRows go through ``fastpath`` (a C extension whose fallback and reference is the pure-Python
+CompactedRows go through ``row_batches`` (a C extension whose fallback and reference is the pure-Python
 ``arrow_python``); IndexedRows and other decoders use the pure-Python code directly. This module picks
 between the two and hands the pure-Python names on, so callers import one module.
 """
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from strom.records import fastpath
+from strom.records import row_batches
 from strom.records.arrow_python import (
     RowDecoder,
     RowEncoder,
@@ -49,9 +49,9 @@ def rows_to_record_batch(
         ValueError: a row does not decode with the given type.
     """
     if isinstance(decoder_or_row_type, RowType):
-        return fastpath.decode_rows(rows, decoder_or_row_type, offset=offset, arrow_schema=arrow_schema)
+        return row_batches.decode_rows(rows, decoder_or_row_type, offset=offset, arrow_schema=arrow_schema)
     if type(decoder_or_row_type) is CompactedRowDecoder:
-        return fastpath.decode_rows(
+        return row_batches.decode_rows(
             rows, decoder_or_row_type.row_type, offset=offset, arrow_schema=arrow_schema
         )
     return rows_to_record_batch_python(rows, decoder_or_row_type, arrow_schema, offset=offset)
@@ -60,7 +60,7 @@ def rows_to_record_batch(
 def record_batch_to_rows(batch: pa.RecordBatch, encoder: RowEncoder) -> list[bytes]:
     """Encode every row of a batch (columns in the encoder's field order)."""
     if type(encoder) is CompactedRowEncoder:
-        return fastpath.encode_rows(batch, encoder)
+        return row_batches.encode_rows(batch, encoder)
     return record_batch_to_rows_python(batch, encoder)
 
 

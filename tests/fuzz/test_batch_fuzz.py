@@ -24,7 +24,7 @@ from fuzz.fuzz_kv_batch import fix_crc as fix_kv_crc
 from fuzz.fuzz_log_batch import SCHEMA as LOG_SCHEMA
 from fuzz.fuzz_log_batch import fix_crc as fix_log_crc
 from strom.errors import CorruptRecordError
-from strom.records import fastpath, kv_batch, log_batch
+from strom.records import kv_batch, log_batch, row_batches
 from strom.records.compacted import CompactedRowEncoder
 from strom.records.types import to_arrow_schema
 from tests.fuzz.mutations import (
@@ -178,7 +178,7 @@ def test_changelog_batches_of_every_fluss_type_round_trip(rng: random.Random) ->
     row_type = random_row_type(rng, depth_max=2)
     encoder = CompactedRowEncoder(row_type)
     rows = [encoder.encode(random_row(rng, row_type)) for _ in range(rng.randint(1, 4))]
-    batch = fastpath.decode_rows(rows, row_type)
+    batch = row_batches.decode_rows(rows, row_type)
     data = log_batch.build_arrow_batch(batch, schema_id=1, change_types=b"\x01" * batch.num_rows)
     ((position, header),) = list(log_batch.iter_batches(data))
     _change_types, decoded = log_batch.read_arrow(data, position, header, to_arrow_schema(row_type))
@@ -223,7 +223,7 @@ def _parse_records_both(data: bytes, context: str) -> None:
     (count,) = struct.unpack_from("<i", data, 24)
     view = memoryview(data)
     for end in {len(data), max(kv_batch.KV_HEADER_SIZE_BYTES, len(data) - 1)}:
-        fast = outcome(lambda end=end: fastpath.parse_kv_records(view, kv_batch.KV_HEADER_SIZE_BYTES, end, count))
+        fast = outcome(lambda end=end: kv_batch.parse_kv_records(view, kv_batch.KV_HEADER_SIZE_BYTES, end, count))
         reference = outcome(
             lambda end=end: kv_batch._parse_records_python(view, kv_batch.KV_HEADER_SIZE_BYTES, end, count)
         )
@@ -260,12 +260,12 @@ def test_mutated_kv_batches_raise_corrupt_record_error_alike_in_c_and_python(
 
 
 def _parse_value_batch_python(data: bytes) -> list[bytes]:
-    saved = fastpath.native
-    fastpath.native = None
+    saved = kv_batch.native
+    kv_batch.native = None
     try:
         return kv_batch.parse_value_batch(data)
     finally:
-        fastpath.native = saved
+        kv_batch.native = saved
 
 
 @FUZZ_SETTINGS

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strom.records import fastpath
+from strom.kv import changelog
+from strom.records import bucketing, kv_batch, row_batches
 from strom.records.bucketing import bucket_for_key
 from strom.records.compacted import CompactedRowEncoder
 from strom.records.types import MapType, RowType
@@ -21,7 +22,7 @@ from tests.records.row_values import random_row, random_row_type
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(fastpath.native is None, reason="the C module is not built"),
+    pytest.mark.skipif(row_batches.native is None, reason="the C module is not built"),
 ]
 
 
@@ -38,14 +39,14 @@ def test_encode_batch_equals_the_reference(rng: random.Random, row_count: int, b
     row_type = random_row_type(rng, depth_max=2)
     null_rate = rng.choice((0.0, 0.2, 0.9))  # a null key value is an error both must report alike
     rows = [CompactedRowEncoder(row_type).encode(random_row(rng, row_type, null_rate)) for _ in range(row_count)]
-    batch = fastpath.decode_rows_python(rows, row_type)
+    batch = row_batches.decode_rows_python(rows, row_type)
     keys = _key_indexes(rng, row_type)
     bucket_keys = _key_indexes(rng, row_type) if bucket_count is not None else None
     prefix = rng.choice((b"", b"\x01\x00"))
     context = f"type={row_type} keys={keys} bucket_keys={bucket_keys} buckets={bucket_count}"
     assert_same_outcome(
-        outcome(lambda: fastpath.encode_batch(batch, row_type, keys, bucket_keys, bucket_count, value_prefix=prefix)),
-        outcome(lambda: fastpath.encode_batch_python(batch, row_type, keys, bucket_keys, bucket_count, value_prefix=prefix)),
+        outcome(lambda: row_batches.encode_batch(batch, row_type, keys, bucket_keys, bucket_count, value_prefix=prefix)),
+        outcome(lambda: row_batches.encode_batch_python(batch, row_type, keys, bucket_keys, bucket_count, value_prefix=prefix)),
         context,
     )
 
@@ -54,7 +55,7 @@ def test_encode_batch_equals_the_reference(rng: random.Random, row_count: int, b
 @given(st.lists(st.binary(max_size=40), max_size=8), st.sampled_from((1, 2, 7, 1024, 2**31 - 1)))
 def test_bucket_ids_equal_the_reference(keys: list[bytes], bucket_count: int) -> None:
     assert_same_outcome(
-        outcome(lambda: fastpath.bucket_ids(keys, bucket_count)),
+        outcome(lambda: bucketing.bucket_ids(keys, bucket_count)),
         outcome(lambda: [bucket_for_key(key, bucket_count) for key in keys]),
         f"keys={keys} buckets={bucket_count}",
     )
@@ -73,8 +74,8 @@ def test_plan_upserts_equals_the_reference(
     values = [v for _, v, _ in records]
     olds = [o for _, _, o in records]
     assert_same_outcome(
-        outcome(lambda: fastpath.plan_upserts(keys, values, olds, prefix, ignore_deletes)),
-        outcome(lambda: fastpath.plan_upserts_python(keys, values, olds, prefix, ignore_deletes)),
+        outcome(lambda: changelog.plan_upserts(keys, values, olds, prefix, ignore_deletes)),
+        outcome(lambda: changelog.plan_upserts_python(keys, values, olds, prefix, ignore_deletes)),
         f"records={records} prefix={prefix!r} ignore_deletes={ignore_deletes}",
     )
 
@@ -95,7 +96,7 @@ def test_fill_value_batch_equals_the_reference(
         return batch, count, following, list(iterator)  # what is left must match too
 
     assert_same_outcome(
-        outcome(lambda: run(fastpath.fill_value_batch)),
-        outcome(lambda: run(fastpath.fill_value_batch_python)),
+        outcome(lambda: run(kv_batch.fill_value_batch)),
+        outcome(lambda: run(kv_batch.fill_value_batch_python)),
         f"values={values} lookahead={lookahead!r} size={batch_size_bytes} limit={limit}",
     )

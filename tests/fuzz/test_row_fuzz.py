@@ -6,7 +6,7 @@ Properties, over random schemas (every Fluss type, nested up to two levels) and 
 * any mutation of an encoded row (bit flips, truncation, insertion, length-field lies) either decodes or
   raises ValueError, the decoders' documented error (the server turns it into MalformedRowError), never
   IndexError, struct.error, OverflowError, SystemError or a crash;
-* the native batch decoder (``fastpath.decode_rows``, ``native/rowcodec.c``) and the Python reference give
+* the native batch decoder (``row_batches.decode_rows``, ``native/rowcodec.c``) and the Python reference give
   the same batch, or raise the same error with the same message, for valid and mutated rows alike.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strom.records import fastpath, row_arrow
+from strom.records import row_arrow, row_batches
 from strom.records.binary_array import array_codec, map_codec
 from strom.records.compacted import _RUST_NESTING, CompactedRowDecoder, CompactedRowEncoder, field_spans
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
@@ -47,15 +47,15 @@ def schema_and_rows(draw: st.DrawFn) -> tuple[RowType, list[tuple]]:
 
 def _decode_both(rows: list[bytes], row_type: RowType, offset: int = 0) -> None:
     context = f"type={row_type} offset={offset} rows={[r.hex() for r in rows]}"
-    fast = outcome(lambda: fastpath.decode_rows(rows, row_type, offset=offset))
-    reference = outcome(lambda: fastpath.decode_rows_python(rows, row_type, offset=offset))
+    fast = outcome(lambda: row_batches.decode_rows(rows, row_type, offset=offset))
+    reference = outcome(lambda: row_batches.decode_rows_python(rows, row_type, offset=offset))
     assert_clean_error(fast, ROW_ERRORS, context)
     assert_same_outcome(fast, reference, context)
-    if fastpath.native is not None:  # the C decoder alone: ValueError or columns, never a crash
-        plan = fastpath._plan(row_type)
+    if row_batches.native is not None:  # the C decoder alone: ValueError or columns, never a crash
+        plan = row_batches._plan(row_type)
         if plan is not None:
             with contextlib.suppress(ValueError):
-                fastpath.native.decode_columns(rows, offset, plan.specs)
+                row_batches.native.decode_columns(rows, offset, plan.specs)
 
 
 # ---- round trips ----
@@ -71,8 +71,8 @@ def test_compacted_rows_round_trip_through_both_decoders(case: tuple[RowType, li
         assert decoder.decode(data) == values, f"type={row_type}"
         spans = field_spans(row_type, data)
         assert [s is None for s in spans] == [v is None for v in values]
-    reference = fastpath.decode_rows_python(encoded, row_type)
-    assert_same_outcome(("ok", fastpath.decode_rows(encoded, row_type)), ("ok", reference), f"type={row_type}")
+    reference = row_batches.decode_rows_python(encoded, row_type)
+    assert_same_outcome(("ok", row_batches.decode_rows(encoded, row_type)), ("ok", reference), f"type={row_type}")
     prefixed = [b"\x01\x00" + data for data in encoded]  # stored values: schema id, then the row
     _decode_both(prefixed, row_type, offset=2)
 
@@ -171,7 +171,7 @@ def test_a_timestamp_beyond_the_arrow_range_is_a_value_error_not_overflow_error(
     row_type = RowType.of(("f0", TimestampType(4)))
     row = bytes.fromhex("008ea2b7bce9b8a05ef63494a4dd29b0a219")
     with pytest.raises(ValueError, match="does not fit"):
-        fastpath.decode_rows_python([row], row_type)
+        row_batches.decode_rows_python([row], row_type)
     with pytest.raises(ValueError, match="does not fit"):
-        fastpath.decode_rows([row], row_type)
+        row_batches.decode_rows([row], row_type)
     _decode_both([row], row_type)

@@ -13,7 +13,7 @@ from strom.kv import auto_increment
 from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, IdAllocator
 from strom.kv.row_format import TableRowFormat
 from strom.metadata.table_info import TableInfo
-from strom.records import fastpath
+from strom.records import row_batches
 from strom.records.schema import Schema, TableDescriptor
 
 FIELDS = pa.schema([
@@ -45,7 +45,7 @@ def rows(count: int, row_format: TableRowFormat) -> list[bytes]:
          "at": at if i % 2 else None, "tags": [f"t{i}", None] if i % 4 else None}
         for i in range(count)
     ], schema=row_format.arrow_schema)
-    return fastpath.encode_batch(batch, row_format.row_type)[0]
+    return row_batches.encode_batch(batch, row_format.row_type)[0]
 
 
 def test_only_rows_inserting_their_key_get_ids_in_order() -> None:

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from strom.errors import InvalidTargetColumnError, UnsupportedMergeOperationError
+from strom.kv.changelog import PlannedPut
 from strom.kv.merge import aggregators
 from strom.kv.merge.options import MergeEngine, MergeOptions
 from strom.kv.row_format import SCHEMA_ID_SIZE_BYTES, TableRowFormat
-from strom.records.fastpath import PlannedPut
 from strom.records.log_batch import (
     CHANGE_DELETE,
     CHANGE_INSERT,
@@ -65,7 +65,7 @@ class RowMerger:
         ignore_deletes: bool,
         wal_image: bool,
     ) -> PlannedPut:
-        """The changelog of one PutKv batch and the values to store, as ``fastpath.plan_upserts`` returns
+        """The changelog of one PutKv batch and the values to store, as ``changelog.plan_upserts`` returns
         them. ``olds[i]`` is the key's value before the batch; a key written earlier in the batch sees that
         write. ``wal_image``: updates write only +U (``table.changelog.image=WAL``)."""
         rule = self.configure(target_columns)

@@ -1,7 +1,7 @@
 /*
  * strom.records._rowcodec: the per-row hot loops of the CompactedRow codec, in C.
  *
- * Python (strom/records/fastpath.py) owns every decision about types and fallbacks; this module
+ * Python (strom/records/row_batches.py (and the callers of the kv and bucket loops)) owns every decision about types and fallbacks; this module
  * only moves bytes. It is byte-for-byte equivalent to the pure-Python codecs in
  * strom/records/compacted.py, kv_batch.py and bucketing.py, and whenever a value cannot be handled
  * exactly as Python would (an integer overflow, invalid UTF-8, a null where none is allowed, a
@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Field kinds shared with fastpath.py (exported as module constants of the same names). */
+/* Field kinds shared with row_batches.py (exported as module constants of the same names). */
 enum {
     KIND_BOOLEAN = 1,
     KIND_TINYINT = 2,
@@ -595,7 +595,7 @@ done:
 }
 
 /* ========================================================================================== */
-/* Field specs: (kind, param, nullable) tuples built by fastpath.py                           */
+/* Field specs: (kind, param, nullable) tuples built by row_batches.py                           */
 /* ========================================================================================== */
 
 typedef struct {
@@ -2001,7 +2001,7 @@ static PyModuleDef_Slot rowcodec_slots[] = {
 static struct PyModuleDef rowcodec_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "strom.records._rowcodec",
-    .m_doc = "Native CompactedRow codec hot loops; use strom.records.fastpath, not this module.",
+    .m_doc = "Native CompactedRow codec hot loops; use strom.records.row_batches (and kv_batch, bucketing, kv.changelog), not this module.",
     .m_size = 0,
     .m_methods = rowcodec_methods,
     .m_slots = rowcodec_slots,

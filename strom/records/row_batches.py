@@ -53,14 +53,12 @@ value_prefix=b"", java_decimal_layout=False) -> (rows, keys | None, buckets | No
 from __future__ import annotations
 
 import functools
-import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from strom.errors import CorruptRecordError
 from strom.records import arrow_python
 from strom.records.bucketing import bucket_for_key
 from strom.records.compacted import (
@@ -71,7 +69,10 @@ from strom.records.compacted import (
     _field,
 )
 from strom.records.keys import KeyEncoder
-from strom.records.log_batch import CHANGE_DELETE, CHANGE_INSERT, CHANGE_UPDATE_PAIR
+from strom.records.rowcodec_native import (
+    NATIVE_AVAILABLE as NATIVE_AVAILABLE,  # what callers ask before a native-only path
+)
+from strom.records.rowcodec_native import native
 from strom.records.types import (
     ArrayType,
     BigIntType,
@@ -95,13 +96,6 @@ from strom.records.types import (
     TinyIntType,
     to_arrow_schema,
 )
-
-try:
-    import strom.records._rowcodec as native
-except ImportError:  # built without a C compiler: the reference handles everything
-    native = None
-
-NATIVE_AVAILABLE = native is not None
 
 RowBytes = bytes | bytearray | memoryview
 EncodedBatch = tuple[list[bytes], list[bytes] | None, list[int] | None]
@@ -418,45 +412,6 @@ def _encode_columns(
 
 
 # ---------------------------------------------------------------------------------------------
-# KV records and buckets
-# ---------------------------------------------------------------------------------------------
-
-
-def parse_kv_records(
-    buffer: bytes | memoryview, position: int, end: int, count: int
-) -> tuple[list[bytes], list[bytes | None]]:
-    """Keys and values (None: delete) of the records in ``buffer[position:end]``, parsed in C;
-    ``kv_batch`` parses them in Python where the native module is not built.
-
-    Raises:
-        CorruptRecordError: the records do not fill the range exactly.
-        RuntimeError: the native module is not built.
-    """
-    if native is None:
-        raise RuntimeError("the native row codec is not built; use kv_batch.parse_kv_batches")
-    try:
-        keys, values = native.parse_kv_records(buffer, position, end, count)
-    except ValueError as e:
-        raise CorruptRecordError(str(e)) from None
-    return keys, values
-
-
-def bucket_ids(keys: Sequence[bytes], bucket_count: int) -> list[int]:
-    """``bucketing.bucket_for_key(key, bucket_count)`` of every key.
-
-    Raises:
-        ValueError: an empty key or a non-positive bucket count.
-    """
-    if native is not None and type(bucket_count) is int and 0 < bucket_count < 1 << 31:
-        try:
-            result: list[int] = native.bucket_ids(keys, bucket_count)
-            return result
-        except Exception:
-            pass  # the reference raises its own error
-    return [bucket_for_key(key, bucket_count) for key in keys]
-
-
-# ---------------------------------------------------------------------------------------------
 # One row, one key: Python values (a single lookup)
 # ---------------------------------------------------------------------------------------------
 
@@ -527,104 +482,3 @@ class KeyWriter:
             except ValueError:
                 pass  # another type or a value out of range: the reference decides
         return self._encoder.encode(row)
-
-
-PlannedPut = tuple[bytes, list[bytes], list[bytes], list["bytes | None"]]
-
-
-def plan_upserts_python(
-    keys: Sequence[bytes], values: Sequence[bytes | None], olds: Sequence[bytes | None], prefix: bytes,
-    ignore_deletes: bool,
-) -> PlannedPut:
-    """The reference of ``plan_upserts``: the changelog of one PutKv batch of full-row writes.
-
-    ``olds[i]`` is the key's value before the batch (a key written earlier in the batch sees that
-    write). Upsert of an absent key: +I new; of a present one: -U old, +U new; delete of a present key:
-    -D old (unless ``ignore_deletes``); delete of an absent key: nothing. Returns the change-type bytes,
-    the changelog images in order, and the keys and values to write (None deletes).
-    """
-    local: dict[bytes, bytes | None] = {}
-    change_types = bytearray()
-    rows: list[bytes] = []
-    new_keys: list[bytes] = []
-    new_values: list[bytes | None] = []
-    for key, value, old in zip(keys, values, olds, strict=True):
-        if key in local:
-            old = local[key]
-        if value is None:
-            if old is None or ignore_deletes:
-                continue
-            change_types += CHANGE_DELETE
-            rows.append(old)
-            local[key] = None
-            new_keys.append(key)
-            new_values.append(None)
-            continue
-        new = prefix + value
-        if old is None:
-            change_types += CHANGE_INSERT
-            rows.append(new)
-        else:
-            change_types += CHANGE_UPDATE_PAIR
-            rows.append(old)
-            rows.append(new)
-        local[key] = new
-        new_keys.append(key)
-        new_values.append(new)
-    return bytes(change_types), rows, new_keys, new_values
-
-
-def plan_upserts(
-    keys: Sequence[bytes], values: Sequence[bytes | None], olds: Sequence[bytes | None], prefix: bytes,
-    ignore_deletes: bool,
-) -> PlannedPut:
-    """``plan_upserts_python`` in C when the module is built (the per-record loop of every PutKv)."""
-    if native is not None:
-        result: PlannedPut = native.plan_upserts(keys, values, olds, prefix, ignore_deletes)
-        return result
-    return plan_upserts_python(keys, values, olds, prefix, ignore_deletes)
-
-
-_VALUE_HEADER = struct.Struct("<ibi")  # as kv_batch.VALUE_HEADER (kv_batch imports this module, not the reverse)
-_VALUE_LENGTH = struct.Struct("<i")
-
-
-def fill_value_batch_python(
-    values: Iterator[bytes], lookahead: bytes | None, batch_size_bytes: int, limit: int
-) -> tuple[bytes, int, bytes | None]:
-    """The reference of ``fill_value_batch``: one value record batch from ``values``.
-
-    ``lookahead`` (a value pulled earlier) comes first; values are taken until the batch reaches
-    ``batch_size_bytes`` (at least one), ``limit`` values were taken (negative: no limit) or the
-    iterator ends. Returns the batch, its record count, and the first value of the next batch (None
-    when the scan is complete).
-    """
-    parts = [b""]
-    size = _VALUE_HEADER.size
-    taken = 0
-    pending = lookahead
-    following: bytes | None = None
-    while limit < 0 or taken < limit:
-        value = pending if pending is not None else next(values, None)
-        pending = None
-        if value is None:
-            break
-        if taken and size >= batch_size_bytes:
-            following = value
-            break
-        parts.append(_VALUE_LENGTH.pack(len(value)))
-        parts.append(value)
-        size += 4 + len(value)
-        taken += 1
-    parts[0] = _VALUE_HEADER.pack(size - 4, 0, taken)
-    return b"".join(parts), taken, following
-
-
-def fill_value_batch(
-    values: Iterator[bytes], lookahead: bytes | None, batch_size_bytes: int, limit: int
-) -> tuple[bytes, int, bytes | None]:
-    """``fill_value_batch_python`` in C when built (the per-row loop of every ScanKv response)."""
-    if native is not None:
-        result: tuple[bytes, int, bytes | None] = native.fill_value_batch(values, lookahead, batch_size_bytes, limit)
-        return result
-    return fill_value_batch_python(values, lookahead, batch_size_bytes, limit)

@@ -1,4 +1,4 @@
-"""The native row codec (strom.records._rowcodec via fastpath) against the pure-Python reference.
+"""The native row codec (strom.records._rowcodec via row_batches, kv_batch, bucketing and kv.changelog) against the pure-Python reference.
 
 Every test compares the fast path with the reference on the same input: equal bytes, equal
 batches (floats compared bit for bit), equal buckets, or the same exception with the same message.
@@ -18,7 +18,8 @@ import pyarrow as pa
 import pytest
 
 from strom.errors import CorruptRecordError
-from strom.records import fastpath, kv_batch, row_arrow
+from strom.kv import changelog
+from strom.records import bucketing, kv_batch, row_arrow, row_batches
 from strom.records.bucketing import bucket_for_key
 from strom.records.compacted import CompactedKeyEncoder, CompactedRowDecoder, CompactedRowEncoder
 from strom.records.types import (
@@ -46,8 +47,8 @@ from strom.records.types import (
     to_arrow_schema,
 )
 
-pytestmark = pytest.mark.skipif(not fastpath.NATIVE_AVAILABLE, reason="native row codec not built")
-native = fastpath.native
+pytestmark = pytest.mark.skipif(not row_batches.NATIVE_AVAILABLE, reason="native row codec not built")
+native = row_batches.native
 
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -221,8 +222,8 @@ def _refuse(*args: Any, **kwargs: Any) -> Any:
 def native_only() -> Iterator[None]:
     """Fail if the fast path hands a batch to the reference (valid data must stay native)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fastpath, "decode_rows_python", _refuse)
-        patch.setattr(fastpath, "_encode_python", _refuse)
+        patch.setattr(row_batches, "decode_rows_python", _refuse)
+        patch.setattr(row_batches, "_encode_python", _refuse)
         yield
 
 
@@ -255,18 +256,18 @@ def test_decode_equals_reference_for_random_flat_rows(seed, no_fallback):
     row_type, _, rows = random_case(seed)
     expected = reference_decode(rows, row_type)
     context = f"seed={seed} type={row_type}"
-    assert_identical(fastpath.decode_rows(rows, row_type), expected, context)
+    assert_identical(row_batches.decode_rows(rows, row_type), expected, context)
     assert_identical(row_arrow.rows_to_record_batch(rows, row_type), expected, context)
     assert_identical(row_arrow.rows_to_record_batch(rows, CompactedRowDecoder(row_type)), expected, context)
     # stored values: a 2-byte schema id before each row, skipped rather than sliced off
     stored = [b"\x07\x00" + row for row in rows]
-    assert_identical(fastpath.decode_rows(stored, row_type, offset=2), expected, context)
+    assert_identical(row_batches.decode_rows(stored, row_type, offset=2), expected, context)
     assert_identical(row_arrow.rows_to_record_batch(stored, row_type, offset=2), expected, context)
     # every buffer-protocol flavour
     views = [memoryview(bytearray(b"xyz" + row))[3:] for row in rows]
-    assert_identical(fastpath.decode_rows(views, row_type), expected, context)
-    assert_identical(fastpath.decode_rows([bytearray(r) for r in rows], row_type), expected, context)
-    assert_identical(fastpath.decode_rows(iter(rows), row_type), expected, context)
+    assert_identical(row_batches.decode_rows(views, row_type), expected, context)
+    assert_identical(row_batches.decode_rows([bytearray(r) for r in rows], row_type), expected, context)
+    assert_identical(row_batches.decode_rows(iter(rows), row_type), expected, context)
 
 
 def test_decode_of_float_bit_patterns_matches_reference(no_fallback):
@@ -283,7 +284,7 @@ def test_decode_of_float_bit_patterns_matches_reference(no_fallback):
     rows = [
         b"\x00" + struct.pack("<I", f) + struct.pack("<Q", d) for f in floats for d in doubles
     ]  # fmt: skip
-    assert_identical(fastpath.decode_rows(rows, row_type), reference_decode(rows, row_type), "float bits")
+    assert_identical(row_batches.decode_rows(rows, row_type), reference_decode(rows, row_type), "float bits")
 
 
 def test_not_null_fields_ignore_their_null_bit(no_fallback):
@@ -293,7 +294,7 @@ def test_not_null_fields_ignore_their_null_bit(no_fallback):
     rows = [b"\x07\x05\x02hi", b"\x00\x2a\x00\x05"]  # first: every null bit set
     expected = reference_decode(rows, row_type)
     assert expected.to_pylist() == [{"k": 5, "s": "hi", "n": None}, {"k": 42, "s": "", "n": 5}]
-    assert_identical(fastpath.decode_rows(rows, row_type), expected, "not null")
+    assert_identical(row_batches.decode_rows(rows, row_type), expected, "not null")
 
 
 def test_binary_values_are_padded_and_cut_like_the_reference(no_fallback):
@@ -302,7 +303,7 @@ def test_binary_values_are_padded_and_cut_like_the_reference(no_fallback):
         CompactedRowEncoder(row_type).encode([v])
         for v in (b"", b"\x01", b"\x01\x02\x03\x04", b"abcdefgh", None)
     ]
-    batch = fastpath.decode_rows(rows, row_type)
+    batch = row_batches.decode_rows(rows, row_type)
     assert batch.column(0).to_pylist() == [b"\0\0\0\0", b"\x01\0\0\0", b"\x01\x02\x03\x04", b"abcd", None]
     assert_identical(batch, reference_decode(rows, row_type), "binary")
 
@@ -321,12 +322,12 @@ def test_values_only_python_represents_fall_back_to_identical_results():
     ]
     for row_type, rows in cases:
         assert_same_outcome(
-            lambda rows=rows, row_type=row_type: fastpath.decode_rows(rows, row_type),
+            lambda rows=rows, row_type=row_type: row_batches.decode_rows(rows, row_type),
             lambda rows=rows, row_type=row_type: reference_decode(rows, row_type),
             f"{row_type} {rows}",
         )
     # invalid UTF-8 decodes with replacement characters, as the reference does
-    assert fastpath.decode_rows(cases[-1][1], text).column(0).to_pylist()[0] == "\ufffd\ufffd"
+    assert row_batches.decode_rows(cases[-1][1], text).column(0).to_pylist()[0] == "\ufffd\ufffd"
 
 
 def test_nested_columns_decode_in_python_alongside_native_columns(no_fallback):
@@ -346,9 +347,9 @@ def test_nested_columns_decode_in_python_alongside_native_columns(no_fallback):
         encoder.encode([3, [], "", Decimal(0), [], {"x": None, "y": []}]),
     ]  # fmt: skip
     expected = reference_decode(rows, row_type)
-    assert_identical(fastpath.decode_rows(rows, row_type), expected, "nested")
+    assert_identical(row_batches.decode_rows(rows, row_type), expected, "nested")
     stored = [b"\x01\x00" + row for row in rows]
-    assert_identical(fastpath.decode_rows(stored, row_type, offset=2), expected, "nested, offset")
+    assert_identical(row_batches.decode_rows(stored, row_type, offset=2), expected, "nested, offset")
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -360,28 +361,28 @@ def test_random_nested_schemas_still_match_the_reference(seed):
     encoder = CompactedRowEncoder(row_type)
     rows = [encoder.encode(random_row(rng, row_type)) for _ in range(rng.randint(0, 8))]
     expected = reference_decode(rows, row_type)
-    assert_identical(fastpath.decode_rows(rows, row_type), expected, f"seed={seed} type={row_type}")
+    assert_identical(row_batches.decode_rows(rows, row_type), expected, f"seed={seed} type={row_type}")
     reencoded = row_arrow.record_batch_to_rows(expected, encoder)
     assert reencoded == row_arrow.record_batch_to_rows_python(expected, encoder), f"seed={seed}"
-    assert fastpath.encode_batch(expected, row_type) == fastpath.encode_batch_python(expected, row_type)
+    assert row_batches.encode_batch(expected, row_type) == row_batches.encode_batch_python(expected, row_type)
 
 
 def test_decode_falls_back_when_the_caller_asks_for_other_arrow_types():
     row_type = RowType.of(("s", StringType()))
     schema = pa.schema([pa.field("s", pa.large_string())])
     rows = [b"\x00\x01a"]
-    batch = fastpath.decode_rows(rows, row_type, arrow_schema=schema)
+    batch = row_batches.decode_rows(rows, row_type, arrow_schema=schema)
     assert batch.schema == schema and batch.column(0).to_pylist() == ["a"]
 
 
 def test_decode_without_the_native_module_is_the_reference(monkeypatch):
     row_type, _, rows = random_case(7)
-    monkeypatch.setattr(fastpath, "native", None)
-    fastpath._plan.cache_clear()
+    monkeypatch.setattr(row_batches, "native", None)
+    row_batches._plan.cache_clear()
     try:
-        assert_identical(fastpath.decode_rows(rows, row_type), reference_decode(rows, row_type), "no native")
+        assert_identical(row_batches.decode_rows(rows, row_type), reference_decode(rows, row_type), "no native")
     finally:
-        fastpath._plan.cache_clear()
+        row_batches._plan.cache_clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,12 +420,12 @@ def mutations(rng: random.Random, row: bytes) -> list[bytes]:
 def test_malformed_rows_raise_like_the_reference(seed):
     rng = random.Random(seed)
     row_type, _, rows = random_case(seed)
-    specs = fastpath._plan(row_type).specs
+    specs = row_batches._plan(row_type).specs
     for row in rows[:4] or [b"\x00" * 4]:
         for bad in mutations(rng, row):
             context = f"seed={seed} type={row_type} row={bad.hex()}"
             assert_same_outcome(
-                lambda bad=bad: fastpath.decode_rows([bad], row_type),
+                lambda bad=bad: row_batches.decode_rows([bad], row_type),
                 lambda bad=bad: reference_decode([bad], row_type),
                 context,
             )
@@ -437,26 +438,26 @@ def test_rows_shorter_than_their_prefix_or_bitset_raise():
     row_type = RowType.of(*((f"f{i}", IntType()) for i in range(9)))
     for rows, offset in (([b""], 0), ([b"\x00"], 0), ([b"\x00"], 2), ([b"\x00\x00"], 3)):
         with pytest.raises(ValueError):
-            native.decode_columns(rows, offset, fastpath._plan(row_type).specs)
+            native.decode_columns(rows, offset, row_batches._plan(row_type).specs)
         with pytest.raises(ValueError):
-            fastpath.decode_rows(rows, row_type, offset=offset)
+            row_batches.decode_rows(rows, row_type, offset=offset)
 
 
 def test_native_decode_rejects_bad_arguments_cleanly():
     with pytest.raises(ValueError):
         native.decode_columns([b"\x00\x00"], 0, ((99, 0, True),))
     with pytest.raises(ValueError):
-        native.decode_columns([b"\x00\x00"], 0, ((fastpath._DECIMAL, 19, True),))
+        native.decode_columns([b"\x00\x00"], 0, ((row_batches._DECIMAL, 19, True),))
     with pytest.raises(ValueError):
-        native.decode_columns([b"\x00\x00"], -1, ((fastpath._INT, 0, True),))
+        native.decode_columns([b"\x00\x00"], -1, ((row_batches._INT, 0, True),))
     with pytest.raises(TypeError):
         native.decode_columns([b"\x00\x00"], 0, ("nope",))
     with pytest.raises(TypeError):
-        native.decode_columns(["not bytes"], 0, ((fastpath._INT, 0, True),))
+        native.decode_columns(["not bytes"], 0, ((row_batches._INT, 0, True),))
     with pytest.raises(TypeError):
-        native.decode_columns(None, 0, ((fastpath._INT, 0, True),))
+        native.decode_columns(None, 0, ((row_batches._INT, 0, True),))
     assert (
-        fastpath.decode_rows(
+        row_batches.decode_rows(
             [memoryview(b"\x00\x00\x01\x00\x05")[::2]], RowType.of(("i", IntType()))
         ).num_rows
         == 1
@@ -491,11 +492,11 @@ def test_encode_equals_reference_for_random_flat_batches(seed):
     context = f"seed={seed} type={row_type} keys={keys} bucket_keys={bucket_keys}"
     sliced = batch.slice(3, max(0, batch.num_rows - 4))  # non-zero Arrow offsets, validity mid-byte
     with native_only():
-        fast = fastpath.encode_batch(batch, row_type, keys, bucket_keys, buckets)
-        prefixed = fastpath.encode_batch(batch, row_type, value_prefix=b"\x03\x00")[0]
+        fast = row_batches.encode_batch(batch, row_type, keys, bucket_keys, buckets)
+        prefixed = row_batches.encode_batch(batch, row_type, value_prefix=b"\x03\x00")[0]
         via_row_arrow = row_arrow.record_batch_to_rows(batch, CompactedRowEncoder(row_type))
-        fast_sliced = fastpath.encode_batch(sliced, row_type, keys, bucket_keys, buckets)
-    assert fast == fastpath.encode_batch_python(batch, row_type, keys, bucket_keys, buckets), context
+        fast_sliced = row_batches.encode_batch(sliced, row_type, keys, bucket_keys, buckets)
+    assert fast == row_batches.encode_batch_python(batch, row_type, keys, bucket_keys, buckets), context
     # the reference of the reference: the row and key encoders themselves
     values = row_arrow.record_batch_to_values(batch, row_type)
     assert fast[0] == [CompactedRowEncoder(row_type).encode(v) for v in values], context
@@ -504,9 +505,9 @@ def test_encode_equals_reference_for_random_flat_batches(seed):
     assert fast[2] == [bucket_for_key(bucket_encoder.encode(v), buckets) for v in values], context
     assert via_row_arrow == fast[0], context
     assert prefixed == [b"\x03\x00" + r for r in fast[0]], context
-    assert fast_sliced == fastpath.encode_batch_python(sliced, row_type, keys, bucket_keys, buckets), context
+    assert fast_sliced == row_batches.encode_batch_python(sliced, row_type, keys, bucket_keys, buckets), context
     # and the round trip through the fast decoder
-    assert_identical(fastpath.decode_rows(fast[0], row_type), reference_decode(fast[0], row_type), context)
+    assert_identical(row_batches.decode_rows(fast[0], row_type), reference_decode(fast[0], row_type), context)
 
 
 def test_encode_of_float_bit_patterns_matches_reference():
@@ -518,8 +519,8 @@ def test_encode_of_float_bit_patterns_matches_reference():
     d = pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(struct.pack(f"<{n}Q", *doubles, 0))])
     batch = pa.RecordBatch.from_arrays([f, d], schema=to_arrow_schema(row_type))
     with native_only():
-        fast = fastpath.encode_batch(batch, row_type)
-    assert fast == fastpath.encode_batch_python(batch, row_type)
+        fast = row_batches.encode_batch(batch, row_type)
+    assert fast == row_batches.encode_batch_python(batch, row_type)
 
 
 def test_encode_casts_other_arrow_types_like_the_reference():
@@ -534,8 +535,8 @@ def test_encode_casts_other_arrow_types_like_the_reference():
         names=["s", "d", "t", "i"],
     )
     with native_only():
-        fast = fastpath.encode_batch(batch, row_type)
-    assert fast == fastpath.encode_batch_python(batch, row_type)
+        fast = row_batches.encode_batch(batch, row_type)
+    assert fast == row_batches.encode_batch_python(batch, row_type)
 
 
 def test_encode_of_nested_columns_splices_python_encodings():
@@ -549,21 +550,21 @@ def test_encode_of_nested_columns_splices_python_encodings():
     for java in (False, True):
         encoder = CompactedRowEncoder(row_type, java_decimal_layout=java)
         with native_only():  # ARRAY keys are allowed; MAP keys are not
-            fast = fastpath.encode_batch(batch, row_type, [0, 1], [1], 5, java_decimal_layout=java)
+            fast = row_batches.encode_batch(batch, row_type, [0, 1], [1], 5, java_decimal_layout=java)
             rows = row_arrow.record_batch_to_rows(batch, encoder)
-        assert fast == fastpath.encode_batch_python(batch, row_type, [0, 1], [1], 5, java_decimal_layout=java)
+        assert fast == row_batches.encode_batch_python(batch, row_type, [0, 1], [1], 5, java_decimal_layout=java)
         assert rows == [encoder.encode(v) for v in values]
 
 
 def test_encode_errors_are_the_reference_errors():
     def check(batch: pa.RecordBatch, row_type: RowType, *args: Any) -> None:
         assert_same_outcome(
-            lambda: fastpath.encode_batch(batch, row_type, *args),
-            lambda: fastpath.encode_batch_python(batch, row_type, *args),
+            lambda: row_batches.encode_batch(batch, row_type, *args),
+            lambda: row_batches.encode_batch_python(batch, row_type, *args),
             f"{row_type} {batch}",
         )
         with pytest.raises(Exception):  # noqa: B017 - whatever the reference raises
-            fastpath.encode_batch(batch, row_type, *args)
+            row_batches.encode_batch(batch, row_type, *args)
 
     not_null = RowType.of(("k", IntType(nullable=False)))
     check(pa.record_batch([pa.array([1, None], pa.int32())], names=["k"]), not_null)
@@ -594,14 +595,14 @@ def test_encode_errors_are_the_reference_errors():
 
 
 def test_native_encode_rejects_buffers_that_do_not_cover_the_array():
-    long_ = fastpath._BIGINT, 0, True
+    long_ = row_batches._BIGINT, 0, True
     with pytest.raises(ValueError, match="data buffer"):
         native.encode_rows(3, ((*long_, None, 0, b"\x00" * 16, None),), None, None, 0, b"")
     with pytest.raises(ValueError, match="data buffer"):
         native.encode_rows(2, ((*long_, None, 1, b"\x00" * 16, None),), None, None, 0, b"")
     with pytest.raises(ValueError, match="validity buffer"):
         native.encode_rows(9, ((*long_, b"\xff", 0, b"\x00" * 72, None),), None, None, 0, b"")
-    string = fastpath._STRING, 0, True
+    string = row_batches._STRING, 0, True
     with pytest.raises(ValueError, match="offsets buffer"):
         native.encode_rows(2, ((*string, None, 0, b"ab", struct.pack("<ii", 0, 1)),), None, None, 0, b"")
     for offsets in ((0, 3), (2, 1), (-1, 1)):
@@ -615,7 +616,7 @@ def test_native_encode_rejects_buffers_that_do_not_cover_the_array():
         native.encode_rows(1, ((*long_, None, -1, b"\x00" * 8, None),), None, None, 0, b"")
     with pytest.raises(TypeError):
         native.encode_rows(
-            1, ((fastpath._OPAQUE, 0, True, None, 0, ["not bytes"], None),), None, None, 0, b""
+            1, ((row_batches._OPAQUE, 0, True, None, 0, ["not bytes"], None),), None, None, 0, b""
         )
     rows, keys, buckets = native.encode_rows(
         1, ((*string, None, 0, None, struct.pack("<ii", 0, 0)),), (0,), (0,), 3, b""
@@ -640,7 +641,7 @@ def _parse_both(body: bytes, position: int, end: int, count: int, context: str) 
         return kv_batch._parse_records_python(memoryview(body), position, end, count)
 
     assert_same_outcome(
-        lambda: fastpath.parse_kv_records(memoryview(body), position, end, count), reference, context
+        lambda: kv_batch.parse_kv_records(memoryview(body), position, end, count), reference, context
     )
     assert_same_outcome(
         lambda: kv_batch._parse_records(memoryview(body), position, end, count), reference, context
@@ -681,10 +682,10 @@ def test_kv_record_errors_carry_the_reference_messages():
     ]
     for body, count, message in cases:
         with pytest.raises(CorruptRecordError, match=f"^{message}$"):
-            fastpath.parse_kv_records(body, 0, len(body), count)
+            kv_batch.parse_kv_records(body, 0, len(body), count)
         with pytest.raises(CorruptRecordError, match=f"^{message}$"):
             kv_batch._parse_records_python(memoryview(body), 0, len(body), count)
-    assert fastpath.parse_kv_records(b"\x02\x00\x00\x00\x01k", 0, 6, 1) == ([b"k"], [None])
+    assert kv_batch.parse_kv_records(b"\x02\x00\x00\x00\x01k", 0, 6, 1) == ([b"k"], [None])
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -696,7 +697,7 @@ def test_kv_records_build_like_the_reference(seed):
     built = native.build_kv_records(keys, values)
     assert built == kv_batch._kv_records_python(keys, values)
     expected_values = [value or None for value in values]  # an empty value is a delete on the wire
-    assert fastpath.parse_kv_records(built, 0, len(built), count) == (keys, expected_values)
+    assert kv_batch.parse_kv_records(built, 0, len(built), count) == (keys, expected_values)
 
 
 def test_kv_records_refuse_what_is_not_bytes():
@@ -725,12 +726,12 @@ def test_bucket_ids_match_bucketing():
     rng = random.Random(5)
     keys = [rng.randbytes(rng.randint(1, 40)) for _ in range(500)]
     for count in (1, 2, 7, 16, 1000, 2**31 - 1):
-        assert fastpath.bucket_ids(keys, count) == [bucket_for_key(k, count) for k in keys]
+        assert bucketing.bucket_ids(keys, count) == [bucket_for_key(k, count) for k in keys]
     # vectors from the Rust client, via the bucketing docs
-    assert fastpath.bucket_ids([b"The quick brown fox jumps over the lazy dog"], 8) == [6]
+    assert bucketing.bucket_ids([b"The quick brown fox jumps over the lazy dog"], 8) == [6]
     for keys, count in (([b""], 3), ([b"a"], 0), ([b"a"], -2)):
         assert_same_outcome(
-            lambda keys=keys, count=count: fastpath.bucket_ids(keys, count),
+            lambda keys=keys, count=count: bucketing.bucket_ids(keys, count),
             lambda keys=keys, count=count: [bucket_for_key(k, count) for k in keys],
             f"{keys} {count}",
         )
@@ -745,12 +746,12 @@ def test_plan_upserts_in_c_equals_the_reference(seed: int) -> None:
     state = {k: (None if rng.random() < 0.5 else b"\x01\x00" + rng.randbytes(3)) for k in pool}
     olds = [state[k] for k in keys]
     for ignore_deletes in (False, True):
-        expected = fastpath.plan_upserts_python(keys, values, olds, b"\x01\x00", ignore_deletes)
-        assert fastpath.plan_upserts(keys, values, olds, b"\x01\x00", ignore_deletes) == expected, f"seed {seed}"
+        expected = changelog.plan_upserts_python(keys, values, olds, b"\x01\x00", ignore_deletes)
+        assert changelog.plan_upserts(keys, values, olds, b"\x01\x00", ignore_deletes) == expected, f"seed {seed}"
 
 
 def test_plan_upserts_follows_the_changelog_rules() -> None:
-    change_types, rows, keys, values = fastpath.plan_upserts(
+    change_types, rows, keys, values = changelog.plan_upserts(
         [b"a", b"b", b"a", b"c", b"d"], [b"1", b"2", b"3", None, None],
         [None, b"\x01\x00old", None, b"\x01\x00c", None], b"\x01\x00", False,
     )
@@ -768,8 +769,8 @@ def test_fill_value_batch_in_c_equals_the_reference(seed: int) -> None:
     native_iter, python_iter = iter(values), iter(values)
     native_next = python_next = None
     while True:
-        native_batch = fastpath.fill_value_batch(native_iter, native_next, size, limit)
-        python_batch = fastpath.fill_value_batch_python(python_iter, python_next, size, limit)
+        native_batch = kv_batch.fill_value_batch(native_iter, native_next, size, limit)
+        python_batch = kv_batch.fill_value_batch_python(python_iter, python_next, size, limit)
         assert native_batch == python_batch, f"seed {seed}"
         _records, _count, native_next = native_batch
         python_next = python_batch[2]
@@ -801,14 +802,14 @@ def bitwise(values: tuple[Any, ...]) -> tuple[Any, ...]:
 def test_single_rows_decode_to_the_reference_values(seed):
     rng = random.Random(seed)
     row_type = random_plain_row_type(rng)
-    specs = fastpath._row_specs(row_type)
+    specs = row_batches._row_specs(row_type)
     assert specs is not None
     for _ in range(5):
         row = CompactedRowEncoder(row_type).encode(edge_row(rng, row_type))
         expected = bitwise(CompactedRowDecoder(row_type).decode(row))
         stored = b"\x07\x00" + row
         assert bitwise(native.decode_plain_row(stored, 2, specs)) == expected, f"seed={seed} row={row.hex()}"
-        assert bitwise(fastpath.RowReader(row_type).decode(stored, 2)) == expected
+        assert bitwise(row_batches.RowReader(row_type).decode(stored, 2)) == expected
         assert bitwise(native.decode_plain_row(bytearray(row), 0, specs)) == expected
 
 
@@ -816,11 +817,11 @@ def test_single_rows_decode_to_the_reference_values(seed):
 def test_malformed_single_rows_raise_like_the_reference(seed):
     rng = random.Random(seed)
     row_type = random_plain_row_type(rng)
-    specs = fastpath._row_specs(row_type)
+    specs = row_batches._row_specs(row_type)
     row = CompactedRowEncoder(row_type).encode(edge_row(rng, row_type))
     for bad in mutations(rng, row):
         assert_same_outcome(
-            lambda bad=bad: bitwise(fastpath.RowReader(row_type).decode(b"\x00\x00" + bad, 2)),
+            lambda bad=bad: bitwise(row_batches.RowReader(row_type).decode(b"\x00\x00" + bad, 2)),
             lambda bad=bad: bitwise(CompactedRowDecoder(row_type).decode(bad)),
             f"seed={seed} type={row_type} row={bad.hex()}",
         )
@@ -831,15 +832,15 @@ def test_malformed_single_rows_raise_like_the_reference(seed):
 def test_single_rows_of_other_types_or_invalid_text_decode_through_the_reference():
     text = RowType.of(("s", StringType()))
     invalid = b"\x00\x02\xff\xfe"  # no nulls, a 2-byte string that is not UTF-8
-    assert fastpath.RowReader(text).decode(invalid) == CompactedRowDecoder(text).decode(invalid)
+    assert row_batches.RowReader(text).decode(invalid) == CompactedRowDecoder(text).decode(invalid)
     with pytest.raises(ValueError):
-        native.decode_plain_row(invalid, 0, fastpath._row_specs(text))
+        native.decode_plain_row(invalid, 0, row_batches._row_specs(text))
     char = RowType.of(("c", CharType(4)), ("i", IntType()))
-    assert fastpath._row_specs(char) is None
+    assert row_batches._row_specs(char) is None
     row = CompactedRowEncoder(char).encode(("ab", 7))
-    assert fastpath.RowReader(char).decode(b"xy" + row, 2) == CompactedRowDecoder(char).decode(row)
+    assert row_batches.RowReader(char).decode(b"xy" + row, 2) == CompactedRowDecoder(char).decode(row)
     with pytest.raises(ValueError):
-        native.decode_plain_row(b"\x00", 5, fastpath._row_specs(text))  # offset past the end
+        native.decode_plain_row(b"\x00", 5, row_batches._row_specs(text))  # offset past the end
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -848,13 +849,13 @@ def test_single_keys_encode_to_the_reference_bytes(seed):
     row_type = random_plain_row_type(rng)
     key_indexes = sorted(rng.sample(range(row_type.field_count), rng.randint(1, row_type.field_count)))
     encoder = CompactedKeyEncoder(row_type, key_indexes)
-    specs = fastpath._key_specs(row_type, tuple(key_indexes))
+    specs = row_batches._key_specs(row_type, tuple(key_indexes))
     assert specs is not None
     for _ in range(5):
         row = edge_row(rng, row_type, null_rate=0)
         expected = encoder.encode(row)
         assert native.encode_plain_key([row[i] for i in key_indexes], specs) == expected, f"seed={seed} row={row}"
-        assert fastpath.KeyWriter(encoder).encode(row) == expected
+        assert row_batches.KeyWriter(encoder).encode(row) == expected
 
 
 @pytest.mark.parametrize(("data_type", "value"), [
@@ -866,6 +867,6 @@ def test_single_keys_encode_to_the_reference_bytes(seed):
 def test_key_values_the_c_code_does_not_take_get_the_reference_outcome(data_type, value):
     row_type = RowType.of(("k", data_type))
     encoder = CompactedKeyEncoder(row_type, [0])
-    assert_same_outcome(lambda: fastpath.KeyWriter(encoder).encode([value]), lambda: encoder.encode([value]), repr(value))
+    assert_same_outcome(lambda: row_batches.KeyWriter(encoder).encode([value]), lambda: encoder.encode([value]), repr(value))
     with pytest.raises(ValueError):
-        native.encode_plain_key([value], fastpath._key_specs(row_type, (0,)))
+        native.encode_plain_key([value], row_batches._key_specs(row_type, (0,)))
