@@ -490,17 +490,16 @@ class TabletServerNode(_ClusterProcess):
                                      f"{COORDINATOR_WAIT_S:.0f} s: start `strom coordinator` first")
         remote = RemoteStorage(self.remote_root)
         committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node, self._coordinator_epoch)
-        self.tablets = tablets = TabletRole(
-            self.paths.tablets, config, self.clock, remote, scanner_config(config), committer.latest_snapshot,
-            store.next_id,
-        )
-        self.replicas = tablets.replicas
         states = _bucket_states(self.registry)
         placement = ClusterPlacement(store, self.registry, self._coordinator_node, states)
         # the catalog answers metadata from the store; it never changes anything here
         self.catalog = CatalogReader(store, placement)
         tables = ClusterTables(store, states, self.server_id, self.catalog.table_info_by_id)
-        self.replicas.resolve_bucket = tables.resolve
+        self.tablets = tablets = TabletRole(
+            self.paths.tablets, config, self.clock, remote, scanner_config(config), committer.latest_snapshot,
+            store.next_id, resolve_bucket=tables.resolve,
+        )
+        self.replicas = tablets.replicas
         self.replication = replication = ReplicationManager(
             self.server_id, self.replicas, states, self.registry, self.peers, self.catalog.table_info_by_id,
             config.get_ms(LOG_REPLICA_MAX_LAG_TIME),

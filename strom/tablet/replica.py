@@ -247,9 +247,15 @@ class ReplicaManager:
         remote: RemoteStorage | None = None,
         latest_snapshot: Callable[[TableBucket], CompletedKvSnapshot | None] = lambda bucket: None,
         id_counter: IdCounter | None = None,
+        *,
+        before_reopen: Callable[[TableBucket], object] | None = None,
+        resolve_bucket: Callable[[TableBucket], TableInfo | None] | None = None,
     ) -> None:
         """``remote`` and ``latest_snapshot`` (the coordinator's view) let a bucket be restored from its
-        latest KV snapshot; without them a bucket can only be recovered from its local changelog."""
+        latest KV snapshot; without them a bucket can only be recovered from its local changelog.
+        ``before_reopen(bucket)`` runs before a failed bucket is reopened (the scan sessions on it end
+        there); ``resolve_bucket(bucket)``, in a cluster, is the table of a bucket assigned to this server
+        that it does not host yet (else None)."""
         self._data_dir = data_dir
         self._config = config
         self._remote = remote
@@ -274,10 +280,8 @@ class ReplicaManager:
         """Current rows of every primary-key bucket hosted here (``kv.row-cache.size``)."""
         self._replicas: dict[TableBucket, Replica] = {}
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
-        self.before_reopen: Callable[[TableBucket], object] | None = None
-        """Called before a failed bucket is reopened (the node closes its scan sessions there)."""
-        self.resolve_bucket: Callable[[TableBucket], TableInfo | None] | None = None
-        """In a cluster: the table of a bucket assigned to this server that it does not host yet (else None)."""
+        self.before_reopen = before_reopen
+        self.resolve_bucket = resolve_bucket
 
     def replica_directory(self, table: TableInfo, bucket: TableBucket) -> Path:
         table_dir = self._data_dir / table.path.database_name / f"{table.path.table_name}-{table.table_id}"

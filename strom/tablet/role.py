@@ -23,6 +23,7 @@ from strom.ids import TableBucket
 from strom.kv.auto_increment import IdCounter
 from strom.kv.scan import ScannerConfig, ScannerManager
 from strom.kv.snapshot import CompletedKvSnapshot
+from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -54,14 +55,18 @@ class TabletRole:
         scanner_config: ScannerConfig,
         latest_snapshot: Callable[[TableBucket], CompletedKvSnapshot | None],
         id_counter: IdCounter,
+        resolve_bucket: Callable[[TableBucket], TableInfo | None] | None = None,
     ) -> None:
+        """``resolve_bucket``: in a cluster, the table of a bucket assigned to this server it does not host
+        yet (:class:`~strom.tablet.replica.ReplicaManager`)."""
         self.config = config
         self.clock = clock
         self.remote = remote
-        self.replicas = ReplicaManager(tablets_dir, config, remote, latest_snapshot, id_counter)
+        scanners = ScannerManager(scanner_config, clock)
+        self.replicas = ReplicaManager(tablets_dir, config, remote, latest_snapshot, id_counter,
+                                       before_reopen=scanners.close_scanners_for_bucket, resolve_bucket=resolve_bucket)
         self.tablet = TabletService(self.replicas, config, clock)
-        self.scans = ScanKvService(self.replicas, ScannerManager(scanner_config, clock), clock)
-        self.replicas.before_reopen = self.scans.scanners.close_scanners_for_bucket
+        self.scans = ScanKvService(self.replicas, scanners, clock)
         self.scans.start()
         self.snapshot_scheduler: KvSnapshotScheduler | None = None
         self.remote_logs: RemoteLogManager | None = None
