@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from strom.clock import Clock
 from strom.errors import InvalidConfigError
 from strom.ids import TableBucket
-from strom.metadata.store import MetadataStore
+from strom.metadata.store import LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def validate_lease_request(lease_id: str, duration_ms: int) -> None:
 class KvSnapshotLeaseManager:
     """Every lease of the cluster, persisted in the metadata store."""
 
-    def __init__(self, store: MetadataStore, clock: Clock) -> None:
+    def __init__(self, store: LeaseStore, clock: Clock) -> None:
         self._store = store
         self._clock = clock
         self._leases: dict[str, KvSnapshotLease] = {}

@@ -40,7 +40,7 @@ from typing import Any
 from strom.clock import Clock
 from strom.errors import FencedTieringEpochError, StromError, TableNotExistError
 from strom.ids import TablePath
-from strom.metadata.store import MetadataStore
+from strom.metadata.store import LakeTieringStateStore
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _not_exist(table_id: int) -> TableNotExistError:
 class LakeTableTieringManager:
     """Every lake-enabled table's place in the tiering schedule (see the module docstring)."""
 
-    def __init__(self, store: MetadataStore, clock: Clock, heartbeat_timeout_ms: int, check_interval_ms: int) -> None:
+    def __init__(self, store: LakeTieringStateStore, clock: Clock, heartbeat_timeout_ms: int, check_interval_ms: int) -> None:
         """Recovers the persisted tables; the coordinator then registers (or removes) each table it knows."""
         self._store = store
         self._clock = clock

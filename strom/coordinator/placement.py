@@ -15,7 +15,7 @@ from typing import Protocol
 
 from strom.errors import FencedLeaderEpochError, UnknownTableOrBucketError
 from strom.ids import TableBucket
-from strom.metadata.store import MetadataStore
+from strom.metadata.store import CatalogStore
 from strom.metadata.table_info import TableInfo
 from strom.rpc.peers import ServerNode
 
@@ -156,7 +156,7 @@ def replica_assignment(
     return assignment
 
 
-def placed_tables(store: MetadataStore, table_of: Callable[[int], TableInfo | None]) -> list[tuple[TableInfo, int | None]]:
+def placed_tables(store: CatalogStore, table_of: Callable[[int], TableInfo | None]) -> list[tuple[TableInfo, int | None]]:
     """Every table with each of its partitions (None for an unpartitioned table): what has buckets."""
     found: list[tuple[TableInfo, int | None]] = []
     for database in store.list_databases():

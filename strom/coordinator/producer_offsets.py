@@ -33,7 +33,7 @@ from typing import Any
 from strom.clock import Clock
 from strom.errors import CorruptMessageError, InvalidConfigError, StromError, UnknownTableOrBucketError
 from strom.ids import TableBucket
-from strom.metadata.store import MetadataStore
+from strom.metadata.store import ProducerOffsetStore
 from strom.metadata.table_info import validate_producer_id
 from strom.rpc.messages import add_producer_offsets, pb
 
@@ -84,7 +84,7 @@ class ProducerOffsets:
 class ProducerOffsetsManager:
     """Registers, reads, deletes and expires producer offsets in the metadata store."""
 
-    def __init__(self, store: MetadataStore, clock: Clock, default_ttl_ms: int, cleanup_interval_ms: int) -> None:
+    def __init__(self, store: ProducerOffsetStore, clock: Clock, default_ttl_ms: int, cleanup_interval_ms: int) -> None:
         self._store = store
         self._clock = clock
         self.default_ttl_ms = default_ttl_ms

@@ -81,8 +81,8 @@ class AclRecord:
     permission: int
 
 
-class MetadataStore(ABC):
-    """Durable cluster metadata. Names are case-sensitive; ids are never reused."""
+class CatalogStore(ABC):
+    """Databases, tables (with their earlier schemas) and partitions: what the catalog reads and the coordinator changes."""
 
     # ---- databases ----
     @abstractmethod
@@ -153,6 +153,10 @@ class MetadataStore(ABC):
     @abstractmethod
     def drop_partition(self, partition_id: int) -> None: ...
 
+
+class BucketAssignmentStore(ABC):
+    """Each bucket's replicas as placed at creation or moved by a rebalance."""
+
     # ---- bucket assignment ----
     @abstractmethod
     def put_bucket_assignment(self, table_id: int, partition_id: int | None, leaders: Mapping[int, int]) -> None:
@@ -162,6 +166,10 @@ class MetadataStore(ABC):
     @abstractmethod
     def get_bucket_assignment(self, table_id: int, partition_id: int | None) -> dict[int, int] | None:
         """The recorded assignment (bucket id -> server id), None when there is none."""
+
+
+class RemoteLogManifestStore(ABC):
+    """One remote-log manifest handle per bucket; dropping the table or partition drops them."""
 
     # ---- remote log manifests (one handle per bucket; dropping the table or partition drops them) ----
     @abstractmethod
@@ -175,11 +183,19 @@ class MetadataStore(ABC):
     def list_remote_log_manifests(self, table_id: int, partition_id: int | None) -> dict[int, bytes]:
         """The handles of the table's (or partition's) buckets that have a remote log, by bucket."""
 
+
+class SequenceStore(ABC):
+    """Id sequences (tables, partitions, writers): never reused."""
+
     # ---- sequences ----
     @abstractmethod
     def next_id(self, sequence: str, count: int = 1) -> int:
         """The next value of a named counter (0, 1, 2, ...), durable before it is returned; ``count``
         reserves that many values at once (the next call returns the value after them)."""
+
+
+class KvSnapshotRecordStore(ABC):
+    """The records of completed KV snapshots."""
 
     # ---- KV snapshots ----
     @abstractmethod
@@ -196,6 +212,10 @@ class MetadataStore(ABC):
     @abstractmethod
     def delete_kv_snapshot(self, table_id: int, partition_id: int | None, bucket: int, snapshot_id: int) -> None: ...
 
+
+class LeaseStore(ABC):
+    """KV snapshot leases, one document each."""
+
     # ---- KV snapshot leases ----
     @abstractmethod
     def put_lease(self, lease_id: str, payload: bytes) -> None:
@@ -206,6 +226,10 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def list_leases(self) -> dict[str, bytes]: ...
+
+
+class ProducerOffsetStore(ABC):
+    """Producer offsets: one document per producer id, what an exactly-once writer registered."""
 
     # ---- producer offsets (one document per producer id: what an exactly-once writer registered) ----
     @abstractmethod
@@ -222,6 +246,10 @@ class MetadataStore(ABC):
     @abstractmethod
     def list_producer_ids(self) -> list[str]: ...
 
+
+class ClusterConfigStore(ABC):
+    """The one document of the settings AlterClusterConfigs changed at run time."""
+
     # ---- cluster configs (one document: the settings AlterClusterConfigs changed at run time) ----
     @abstractmethod
     def get_cluster_configs(self) -> bytes | None:
@@ -230,6 +258,10 @@ class MetadataStore(ABC):
     @abstractmethod
     def put_cluster_configs(self, payload: bytes) -> None:
         """Create or replace the encoded dynamic cluster configs."""
+
+
+class RebalanceStore(ABC):
+    """Fluss's server tags and rebalance task, one document each."""
 
     # ---- rebalance (Fluss's server tags and rebalance task, one document each) ----
     @abstractmethod
@@ -246,6 +278,10 @@ class MetadataStore(ABC):
     @abstractmethod
     def put_rebalance_task(self, payload: bytes) -> None: ...
 
+
+class LakeTieringStateStore(ABC):
+    """One small document per lake table the tiering manager knows."""
+
     # ---- lake tiering state (one small document per lake table the tiering manager knows) ----
     @abstractmethod
     def put_lake_tiering_state(self, table_id: int, payload: bytes) -> None:
@@ -256,6 +292,10 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def list_lake_tiering_states(self) -> dict[int, bytes]: ...
+
+
+class LakeSnapshotStore(ABC):
+    """Lake snapshots per table, in commit order."""
 
     # ---- lake snapshots (per table, in commit order) ----
     @abstractmethod
@@ -275,6 +315,10 @@ class MetadataStore(ABC):
     ) -> LakeSnapshotRecord | None:
         """The snapshot with ``snapshot_id``, else the newest one (the newest readable one if ``readable``)."""
 
+
+class AclStore(ABC):
+    """The ACL entries."""
+
     # ---- ACLs ----
     @abstractmethod
     def add_acls(self, records: Collection[AclRecord]) -> None:
@@ -288,16 +332,37 @@ class MetadataStore(ABC):
     def list_acls(self) -> list[AclRecord]:
         """Every stored entry, sorted."""
 
+
+class MetadataStore(
+    CatalogStore, BucketAssignmentStore, RemoteLogManifestStore, SequenceStore, KvSnapshotRecordStore, LeaseStore,
+    ProducerOffsetStore, ClusterConfigStore, RebalanceStore, LakeTieringStateStore, LakeSnapshotStore, AclStore,
+):
+    """Durable cluster metadata, every concern of it: each component is handed the one it uses (the lease
+    manager a :class:`LeaseStore`, the ACL authorizer an :class:`AclStore`, …). Names are case-sensitive;
+    ids are never reused."""
+
     @abstractmethod
     def close(self) -> None: ...
 
 
 __all__ = [
     "AclRecord",
+    "AclStore",
+    "BucketAssignmentStore",
+    "CatalogStore",
+    "ClusterConfigStore",
     "DatabaseRecord",
     "KvSnapshotRecord",
+    "KvSnapshotRecordStore",
     "LakeSnapshotRecord",
+    "LakeSnapshotStore",
+    "LakeTieringStateStore",
+    "LeaseStore",
     "MetadataStore",
     "PartitionRecord",
+    "ProducerOffsetStore",
+    "RebalanceStore",
+    "RemoteLogManifestStore",
+    "SequenceStore",
     "TableRecord",
 ]

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable
 
 from strom.errors import AuthorizationError
-from strom.metadata.store import AclRecord, MetadataStore
+from strom.metadata.store import AclRecord, AclStore
 from strom.security.acl import (
     DESCRIBE_IMPLIED_BY,
     WILDCARD,
@@ -67,7 +67,7 @@ def _from_record(record: AclRecord) -> AclBinding:
 class Authorizer:
     """Decides requests and keeps the ACLs (``store`` is their durable copy)."""
 
-    def __init__(self, store: MetadataStore, super_users: Collection[Principal]) -> None:
+    def __init__(self, store: AclStore, super_users: Collection[Principal]) -> None:
         self._store = store
         self._super_users = tuple(super_users)
         self._acls: dict[Resource, set[AclBinding]] = defaultdict(set)  # guarded by: the event loop
@@ -85,7 +85,7 @@ class Authorizer:
         self._acls = acls
 
     @property
-    def store(self) -> MetadataStore:
+    def store(self) -> AclStore:
         return self._store
 
     # ---- decisions ----

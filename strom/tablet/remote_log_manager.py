@@ -30,7 +30,7 @@ from strom.errors import StromError
 from strom.ids import TableBucket
 from strom.kv.snapshot import CompletedKvSnapshot
 from strom.log.segment import LogSegment
-from strom.metadata.store import MetadataStore
+from strom.metadata.store import RemoteLogManifestStore
 from strom.metadata.table_info import TableInfo
 from strom.remote import log_layout
 from strom.remote.log_layout import RemoteLogManifest, RemoteLogManifestHandle, RemoteLogSegment
@@ -48,7 +48,7 @@ PartitionName = Callable[[int], "str | None"]
 OldestSnapshot = Callable[[TableBucket], "CompletedKvSnapshot | None"]
 
 
-def handle_reader(store: MetadataStore) -> ReadHandle:
+def handle_reader(store: RemoteLogManifestStore) -> ReadHandle:
     """Reads a bucket's manifest handle from the metadata store the coordinator writes it to."""
     return lambda bucket: store.get_remote_log_manifest(bucket.table_id, bucket.partition_id, bucket.bucket)
 
