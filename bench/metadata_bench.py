@@ -19,26 +19,8 @@ from strom.client import Connection, TablePath
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
-from strom.server.local_cluster import LocalCluster, Member
 from tests.cluster.test_cluster_processes import create_table
-from tests.nemesis.proxy import FaultyProxy
-
-
-class SlowZooKeeperCluster(LocalCluster):
-    """Every member reaches ZooKeeper through one proxy."""
-
-    def __init__(self, data_dir: Path) -> None:
-        super().__init__(data_dir, 1, {"kv.snapshot.interval": "0s"})
-        self.proxy: FaultyProxy | None = None
-
-    def start_member(self, role: str, server_id: int, port: int | None = None) -> Member:
-        if self.proxy is None:
-            host, _, rest = self.zookeeper_address.partition(":")
-            zk_port, slash, root = rest.partition("/")
-            self.proxy = FaultyProxy(host, int(zk_port))
-            for name in ("coordinator-1", "tablet-server-1"):
-                self.member_config[name] = {"zookeeper.address": f"{self.proxy.address}{slash}{root}"}
-        return super().start_member(role, server_id, port)
+from tests.cluster.test_metadata_cache import ZooKeeperProxiedCluster
 
 
 def _percentile(samples: list[float], share: float) -> float:
@@ -70,7 +52,8 @@ def main() -> None:
     parser.add_argument("--tablet-server-requests", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
-        local = SlowZooKeeperCluster(Path(directory) / "cluster")
+        local = ZooKeeperProxiedCluster(Path(directory) / "cluster", 1, {"kv.snapshot.interval": "0s"},
+                                        proxied=("coordinator-1", "tablet-server-1"))
         try:
             local.start()
 

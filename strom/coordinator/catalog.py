@@ -49,12 +49,6 @@ class CatalogReader:
         if record is not None:
             self._partitions_by_id.pop(record.partition_id, None)
 
-    def forget_all(self) -> None:
-        self._tables_by_path.clear()
-        self._tables_by_id.clear()
-        self._partitions_by_name.clear()
-        self._partitions_by_id.clear()
-
     def _remembered(self, table: TableInfo) -> TableInfo:
         if self._remember:
             self._tables_by_path[table.path] = self._tables_by_id[table.table_id] = table
@@ -150,10 +144,8 @@ class CatalogReader:
             node = tablet_server.for_listener(listener)
             if node is not None:
                 response.tablet_servers.append(node.to_pb())
-        tables: dict[int, TableInfo] = {}
         for table_path in request.table_path:
             table = self.table_info(TablePath(table_path.database_name, table_path.table_name))
-            tables[table.table_id] = table
             metadata = response.table_metadata.add(
                 table_path=table_path,
                 table_id=table.table_id,

@@ -32,7 +32,6 @@ KV_CRC_START = 9
 KV_MAGIC = 0
 VALUE_HEADER = struct.Struct("<ibi")
 VALUE_HEADER_SIZE_BYTES = 9
-_VALUE_LENGTH = struct.Struct("<i")
 assert VALUE_HEADER.size == VALUE_HEADER_SIZE_BYTES
 SCHEMA_ID = struct.Struct("<h")
 _INT32 = struct.Struct("<i")
@@ -247,12 +246,11 @@ def fill_value_batch_python(
     iterator ends. Returns the batch, its record count, and the first value of the next batch (None
     when the scan is complete).
     """
-    parts = [b""]
-    size = VALUE_HEADER.size
-    taken = 0
+    taken: list[bytes] = []
+    size = VALUE_HEADER_SIZE_BYTES
     pending = lookahead
     following: bytes | None = None
-    while limit < 0 or taken < limit:
+    while limit < 0 or len(taken) < limit:
         value = pending if pending is not None else next(values, None)
         pending = None
         if value is None:
@@ -260,12 +258,9 @@ def fill_value_batch_python(
         if taken and size >= batch_size_bytes:
             following = value
             break
-        parts.append(_VALUE_LENGTH.pack(len(value)))
-        parts.append(value)
+        taken.append(value)
         size += 4 + len(value)
-        taken += 1
-    parts[0] = VALUE_HEADER.pack(size - 4, 0, taken)
-    return b"".join(parts), taken, following
+    return build_value_batch(taken), len(taken), following
 
 
 def fill_value_batch(

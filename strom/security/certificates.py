@@ -109,7 +109,7 @@ class ClusterCertificates:
         directory.mkdir(parents=True, exist_ok=True)
         key_pem = server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption())
-        _write_private(files.key, key_pem)
+        write_secret_file(files.key, key_pem)
         files.certificate.write_bytes(server.public_bytes(serialization.Encoding.PEM))
         files.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
         return files
@@ -134,12 +134,13 @@ def _general_name(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
-def _write_private(path: Path, content: bytes) -> None:
-    """Write ``content`` to a file created readable by its owner only (never briefly readable by others)."""
+def write_secret_file(path: Path, content: bytes) -> None:
+    """Write ``content`` (a key, a password) to a file created readable by its owner only, never briefly
+    readable by others; an existing file is replaced."""
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "wb") as file:
         file.write(content)
 
 
-__all__ = ["DEFAULT_HOSTS", "ClusterCertificates"]
+__all__ = ["DEFAULT_HOSTS", "ClusterCertificates", "write_secret_file"]

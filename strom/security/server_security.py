@@ -45,7 +45,17 @@ from strom.security.authenticator import (
 )
 from strom.security.authorizer import Authorizer, parse_super_users
 from strom.security.internal import InternalAuthenticator, InternalCredentials, guard_server_requests
-from strom.security.tls import PLAINTEXT, PROTOCOLS, SASL, client_context, server_context, uses_sasl, uses_tls
+from strom.security.tls import (
+    PLAINTEXT,
+    PROTOCOLS,
+    SASL,
+    SASL_SSL,
+    SSL,
+    client_context,
+    server_context,
+    uses_sasl,
+    uses_tls,
+)
 
 
 def parse_listeners(text: str) -> list[Endpoint]:
@@ -96,6 +106,14 @@ class ListenerSecurity:
     tls: ssl.SSLContext | None = None
     """Set when the listener speaks TLS (SSL, SASL_SSL)."""
 
+    @property
+    def protocol(self) -> str:
+        """PLAINTEXT, SASL, SSL or SASL_SSL: what the listener asks of a client."""
+        sasl = self.authenticator is not None
+        if self.tls is not None:
+            return SASL_SSL if sasl else SSL
+        return SASL if sasl else PLAINTEXT
+
 
 @dataclass(frozen=True, slots=True)
 class ServerSecurity:
@@ -130,10 +148,8 @@ class ServerSecurity:
 
     @property
     def protocol(self) -> str:
-        sasl = self.authenticator is not None
-        if self.tls is not None:
-            return "SASL_SSL" if sasl else "SSL"
-        return SASL if sasl else PLAINTEXT
+        """The main listener's protocol."""
+        return ListenerSecurity(self.listener, self.authenticator, self.tls).protocol
 
     @property
     def listeners(self) -> tuple[Endpoint, ...]:

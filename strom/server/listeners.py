@@ -18,7 +18,6 @@ from strom.rpc.endpoints import Endpoint, advertised_endpoints
 from strom.rpc.server import Handler, RpcServer, bind_listener
 from strom.security.authenticator import PlainAuthenticator
 from strom.security.server_security import ListenerSecurity, ServerSecurity
-from strom.security.tls import PLAINTEXT, SASL, SASL_SSL, SSL
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +83,7 @@ class ServerListeners:
         lets anyone in."""
         any_login = any(security.authenticator is not None for security in self._listeners)
         for security, bound in zip(self._listeners, self.bound, strict=True):
-            login, tls = security.authenticator is not None, security.tls is not None
-            protocol = {(False, False): PLAINTEXT, (True, False): SASL, (False, True): SSL, (True, True): SASL_SSL}[
-                (login, tls)]
+            login, tls, protocol = security.authenticator is not None, security.tls is not None, security.protocol
             if login and not tls:
                 log.warning("listener %s on %s:%d is SASL without TLS: passwords and data cross the network in "
                             "clear", bound.name, bound.host, bound.port)

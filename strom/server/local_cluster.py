@@ -39,7 +39,7 @@ from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.security.authenticator import PLAIN_LOGIN_MODULE, parse_plain_jaas_users
-from strom.security.certificates import ClusterCertificates
+from strom.security.certificates import ClusterCertificates, write_secret_file
 from strom.security.server_security import main_listener_protocol, parse_protocol_map
 from strom.security.tls import uses_tls
 from strom.zk.login import ZooKeeperLogin
@@ -222,7 +222,8 @@ class LocalCluster:
             config["super.users"] = ";".join(filter(None, [f"User:{ADMIN}", self.config.get("super.users")]))
             if self.sasl_listener:
                 config["internal.listener.name"] = MAIN_LISTENER
-            if any(uses_tls(protocol) for protocol in parse_protocol_map(config["security.protocol.map"]).values()) and not config.get("security.ssl.certificate"):
+            protocols_used = parse_protocol_map(config["security.protocol.map"]).values()
+            if any(uses_tls(protocol) for protocol in protocols_used) and not config.get("security.ssl.certificate"):
                 config.update(self.certificates.server_config())
         return config
 
@@ -238,8 +239,7 @@ class LocalCluster:
         config = {"bootstrap.servers": self.bootstrap}
         if not self.secure:
             return config
-        settings = self.settings()
-        tls = uses_tls(main_listener_protocol(settings.get("bind.listeners"), settings.get("security.protocol.map")))
+        tls = self.uses_tls()
         config.update({
             "client.security.protocol": "SASL_SSL" if tls else "SASL",
             "client.security.sasl.mechanism": "PLAIN",
@@ -247,7 +247,7 @@ class LocalCluster:
             "client.security.sasl.password": self.admin_password() if password is None else password,
         })
         if tls:
-            config["client.security.ssl.truststore"] = settings["security.ssl.truststore"]
+            config["client.security.ssl.truststore"] = self.settings()["security.ssl.truststore"]
         return config
 
     @property
@@ -279,11 +279,7 @@ class LocalCluster:
 
     def _write_config(self, config: Mapping[str, str]) -> None:
         """``cluster.yaml``, created readable by its owner only (it holds the servers' secret)."""
-        path = self.config_path
-        path.unlink(missing_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            yaml.safe_dump(dict(config), file, sort_keys=True)
+        write_secret_file(self.config_path, yaml.safe_dump(dict(config), sort_keys=True).encode())
 
     def start(self) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)

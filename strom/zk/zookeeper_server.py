@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from strom.security.certificates import ClusterCertificates
+from strom.security.certificates import ClusterCertificates, write_secret_file
 
 # Debian installs the server jar here; its manifest's Class-Path names every dependency jar.
 ZOOKEEPER_JARS = (Path("/usr/share/java/zookeeper.jar"),)
@@ -151,13 +151,14 @@ class ZooKeeperServer:
                 start_new_session=self._detached,
             )
         deadline = time.monotonic() + START_TIMEOUT_MS / 1000
+        client_tls = self.client_tls()
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(
                     f"ZooKeeper exited with {self._process.returncode} at start:\n{self.log_text()[-2000:]}"
                 )
             try:
-                if four_letter_word(self.host, self.port, "ruok", tls=self.client_tls()) == "imok":
+                if four_letter_word(self.host, self.port, "ruok", tls=client_tls) == "imok":
                     return self
             except (OSError, ssl.SSLError):
                 pass
@@ -169,10 +170,7 @@ class ZooKeeperServer:
         """zoo.cfg's lines for a TLS-only port; ZooKeeper reads its key and certificate from one PEM file."""
         assert self.tls is not None
         keystore = self.directory / "keystore.pem"
-        keystore.unlink(missing_ok=True)
-        descriptor = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(self.tls.key.read_bytes() + self.tls.certificate.read_bytes())
+        write_secret_file(keystore, self.tls.key.read_bytes() + self.tls.certificate.read_bytes())
         return [
             "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
             f"secureClientPort={self.port}",

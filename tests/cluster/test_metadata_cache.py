@@ -31,28 +31,31 @@ REQUESTS = 50
 CONFIG = {"kv.snapshot.interval": "0s", "zookeeper.client.session-timeout": "18s"}
 
 
-class ProxiedCoordinatorCluster(LocalCluster):
-    """A cluster whose coordinator reaches ZooKeeper through a proxy the test can cut."""
+class ZooKeeperProxiedCluster(LocalCluster):
+    """A cluster whose ``proxied`` members (``coordinator-1``, ``tablet-server-1``, …) reach ZooKeeper
+    through one proxy that can be cut or slowed (:attr:`proxy`, made when the first member starts)."""
 
-    def __init__(self, data_dir: Path) -> None:
-        super().__init__(data_dir, 2, CONFIG)
+    def __init__(self, data_dir: Path, tablet_servers: int, config: dict[str, str], proxied: tuple[str, ...]) -> None:
+        super().__init__(data_dir, tablet_servers, config)
+        self.proxied = proxied
         self.proxy: FaultyProxy | None = None
 
     def start_member(self, role: str, server_id: int, port: int | None = None) -> Member:
-        if role == "coordinator" and self.proxy is None:
+        if self.proxy is None:
             host, _, rest = self.zookeeper_address.partition(":")
             zk_port, slash, root = rest.partition("/")
             self.proxy = FaultyProxy(host, int(zk_port))
-            self.member_config["coordinator-1"] = {"zookeeper.address": f"{self.proxy.address}{slash}{root}"}
+            for name in self.proxied:
+                self.member_config[name] = {"zookeeper.address": f"{self.proxy.address}{slash}{root}"}
         return super().start_member(role, server_id, port)
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ProxiedCoordinatorCluster]:
+def cluster(tmp_path: Path) -> Iterator[ZooKeeperProxiedCluster]:
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    local = ProxiedCoordinatorCluster(tmp_path / "cluster")
+    local = ZooKeeperProxiedCluster(tmp_path / "cluster", 2, CONFIG, proxied=("coordinator-1",))
     try:
         local.start()
         yield local
@@ -72,7 +75,7 @@ def _leaders(response: pb.MetadataResponse) -> dict[int, int]:
     return {b.bucket_id: b.leader_id for b in response.table_metadata[0].bucket_metadata}
 
 
-def test_get_metadata_is_answered_from_memory_while_zookeeper_is_cut_off(cluster: ProxiedCoordinatorCluster) -> None:
+def test_get_metadata_is_answered_from_memory_while_zookeeper_is_cut_off(cluster: ZooKeeperProxiedCluster) -> None:
     assert cluster.proxy is not None
     states = States(cluster)
 
