@@ -293,7 +293,7 @@ def zookeeper_secure(config_file: Path | None, defines: tuple[str, ...]) -> None
     """Close an existing tree to strangers: every node under zookeeper.address's root gets the ACL of
     zookeeper.auth.digest alone (what servers started with that key give the nodes they create)."""
     from strom.zk.login import ZooKeeperLogin
-    from strom.zk.metadata_store import connect_kazoo, parse_location, secure_tree
+    from strom.zk.session import connect_kazoo, parse_location, secure_tree
 
     values = Configuration(_load_config(config_file, defines))
     address, digest = values.get(ZOOKEEPER_ADDRESS), values.get(ZOOKEEPER_AUTH_DIGEST)

@@ -26,7 +26,7 @@ from strom.errors import InvalidConfigError, StorageError
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, Endpoint, format_endpoints, parse_endpoints
 from strom.rpc.peers import ServerNode
 from strom.zk.login import ZooKeeperLogin
-from strom.zk.metadata_store import connect_kazoo, parse_location
+from strom.zk.session import connect_kazoo, parse_location
 
 log = logging.getLogger(__name__)
 

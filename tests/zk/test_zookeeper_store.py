@@ -23,6 +23,7 @@ from strom.metadata.store import (
 )
 from strom.server.metadata_stores import open_store
 from strom.zk import metadata_store as zookeeper_store
+from strom.zk import session
 from strom.zk.metadata_store import (
     VALUE_SIZE_BYTES_MAX,
     MetadataValueTooLargeError,
@@ -171,7 +172,7 @@ def test_a_value_over_the_limit_is_refused_before_it_reaches_zookeeper(store: Zo
 def test_a_table_too_large_for_one_transaction_is_dropped_in_chunks(
     store: ZooKeeperMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(zookeeper_store, "TRANSACTION_DELETES_MAX", 10)
+    monkeypatch.setattr(session, "TRANSACTION_DELETES_MAX", 10)
     with_database(store)
     table = store.create_table("db", "t", TABLE_JSON, 1, T0_MS)
     kept = store.create_table("db", "kept", TABLE_JSON, 1, T0_MS)
