@@ -26,7 +26,7 @@ from pathlib import Path
 
 import rocksdict
 
-from strom.errors import DeletionDisabledError, InvalidTargetColumnError, KvStorageError, MalformedRowError
+from strom.errors import DeletionDisabledError, KvStorageError, MalformedRowError
 from strom.kv import changelog, kv_loops
 from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, IdAllocator, IdCounter
 from strom.kv.merge import options as merge_options
@@ -42,13 +42,7 @@ from strom.log.writer_state import NO_WRITER_ID
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
 from strom.records.kv_batch import SCHEMA_ID, KvBatch
-from strom.records.log_batch import (
-    CHANGE_DELETE,
-    CHANGE_INSERT,
-    CHANGE_UPDATE_AFTER,
-    CHANGE_UPDATE_PAIR,
-    ChangeType,
-)
+from strom.records.log_batch import ChangeType
 
 log = logging.getLogger(__name__)
 
@@ -359,22 +353,20 @@ class KvTablet:
             old_values = self._current_values(keys)
             values = self._auto_increment.assign(keys, values, old_values, deletes_remove=not ignore_deletes)
         prefix = SCHEMA_ID.pack(schema_id)
-        if self._merger is not None:  # a merge engine: rows are decoded and merged in Python
-            change_types, rows, new_keys, new_values = self._merger.plan(
-                keys, values, old_values if old_values is not None else self._current_values(keys), prefix,
-                target_columns, ignore_deletes=ignore_deletes, wal_image=self._wal,
+        if self._merger is not None or target_columns:  # rows decoded and merged per row, in Python
+            rule = (self._merger.configure(target_columns) if self._merger is not None
+                    else self._partial(target_columns or ()))
+            change_types, rows, new_keys, new_values = changelog.emit(
+                keys, values, old_values if old_values is not None else self._current_values(keys), prefix, rule,
+                ignore_deletes=ignore_deletes, wal_image=self._wal,
             )
-        elif self._wal and not target_columns:
-            change_types, rows, new_keys, new_values = self._plan_wal_upserts(keys, values, prefix, ignore_deletes)
-        elif target_columns:
-            if old_values is None:
-                old_values = self._current_values(keys)
-            change_types, rows, new_keys, new_values = self._plan_partial(
-                keys, values, old_values, prefix, target_columns, ignore_deletes
+        elif self._wal:
+            change_types, rows, new_keys, new_values = changelog.emit_wal_full_rows(
+                keys, values, prefix, ignore_deletes, lambda key: self._current_values([key])[0]
             )
         else:
             old_values = self._current_values(keys)
-            change_types, rows, new_keys, new_values = changelog.plan_upserts(
+            change_types, rows, new_keys, new_values = changelog.emit_full_rows(
                 keys, values, old_values, prefix, ignore_deletes
             )
         try:
@@ -414,96 +406,9 @@ class KvTablet:
             keys, rows, self._format.schema_id, self._missing_rows.target_columns, NO_WRITER_ID, NO_WRITER_ID, now_ms
         )
 
-    def _plan_wal_upserts(
-        self, keys: Sequence[bytes], values: Sequence[bytes | None], prefix: bytes, ignore_deletes: bool
-    ) -> changelog.PlannedPut:
-        """The changelog of full-row upserts with a WAL image: each upsert is +U of the new row, whether or
-        not the key existed, so no old value is read; only a delete reads one (-D carries the old row)."""
-        if None not in values:  # upserts only (the common case): one pass, no per-row branching
-            stored_rows = [prefix + value for value in values]  # type: ignore[operator]
-            return CHANGE_UPDATE_AFTER * len(stored_rows), stored_rows, list(keys), list(stored_rows)
-        latest: dict[bytes, bytes | None] = {}
-        change_types = bytearray()
-        rows: list[bytes] = []
-        new_keys: list[bytes] = []
-        new_values: list[bytes | None] = []
-        for key, value in zip(keys, values, strict=True):
-            if value is None:
-                if ignore_deletes:
-                    continue
-                old = latest[key] if key in latest else self._current_values([key])[0]
-                if old is None:
-                    continue  # deleting a missing key changes nothing
-                change_types += CHANGE_DELETE
-                rows.append(old)
-                stored: bytes | None = None
-            else:
-                stored = prefix + value
-                change_types += CHANGE_UPDATE_AFTER
-                rows.append(stored)
-            latest[key] = stored
-            new_keys.append(key)
-            new_values.append(stored)
-        return bytes(change_types), rows, new_keys, new_values
-
-    def _plan_partial(
-        self,
-        keys: Sequence[bytes],
-        values: Sequence[bytes | None],
-        old_values: Sequence[bytes | None],
-        prefix: bytes,
-        target_columns: Sequence[int],
-        ignore_deletes: bool,
-    ) -> changelog.PlannedPut:
-        """The changelog of a partial update: target columns merge into the old row; a partial delete
-        nulls them and deletes the row only when nothing but the key would remain."""
-        local: dict[bytes, bytes | None] = {}
-        change_types = bytearray()
-        rows: list[bytes] = []
-        new_keys: list[bytes] = []
-        new_values: list[bytes | None] = []
-        for key, value, old in zip(keys, values, old_values, strict=True):
-            if key in local:
-                old = local[key]
-            if value is None:
-                if old is None or ignore_deletes:
-                    continue
-                try:
-                    remaining = self._format.null_out(old, target_columns)
-                except ValueError as exc:  # a NOT NULL target column cannot be nulled
-                    raise InvalidTargetColumnError(f"Partial delete is not possible: {exc}.") from exc
-                if remaining is not None and self._auto_increment is not None:
-                    # the server-owned id goes with its key: a delete leaving only both removes the row
-                    owned = [*target_columns, self._auto_increment.spec.column_index]
-                    if self._format.null_out(old, owned) is None:
-                        remaining = None
-                if remaining is None:
-                    change_types += CHANGE_DELETE
-                    rows.append(old)
-                elif self._wal:
-                    change_types += CHANGE_UPDATE_AFTER
-                    rows.append(remaining)
-                else:
-                    change_types += CHANGE_UPDATE_PAIR
-                    rows += (old, remaining)
-                local[key] = remaining
-                new_keys.append(key)
-                new_values.append(remaining)
-                continue
-            new = prefix + value if old is None else self._format.merge_partial(old, prefix + value, target_columns)
-            if old is None:
-                change_types += CHANGE_INSERT
-                rows.append(new)
-            elif self._wal:
-                change_types += CHANGE_UPDATE_AFTER
-                rows.append(new)
-            else:
-                change_types += CHANGE_UPDATE_PAIR
-                rows += (old, new)
-            local[key] = new
-            new_keys.append(key)
-            new_values.append(new)
-        return bytes(change_types), rows, new_keys, new_values
+    def _partial(self, target_columns: Sequence[int]) -> changelog.PartialUpdate:
+        owned = self._auto_increment.spec.column_index if self._auto_increment is not None else None
+        return changelog.PartialUpdate(self._format, target_columns, owned)
 
     def _current_values(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Latest values including the pre-write buffer (what the changelog must compare against)."""

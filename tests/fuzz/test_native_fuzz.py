@@ -67,15 +67,16 @@ _VALUES = st.one_of(st.none(), st.binary(max_size=12))
 
 @FUZZ_SETTINGS
 @given(st.lists(st.tuples(_KEYS, _VALUES, _VALUES), max_size=10), st.binary(max_size=3), st.booleans())
-def test_plan_upserts_equals_the_reference(
+def test_full_rows_in_c_equal_the_one_emitter(
     records: list[tuple[bytes, bytes | None, bytes | None]], prefix: bytes, ignore_deletes: bool
 ) -> None:
     keys = [k for k, _, _ in records]
     values = [v for _, v, _ in records]
     olds = [o for _, _, o in records]
     assert_same_outcome(
-        outcome(lambda: changelog.plan_upserts(keys, values, olds, prefix, ignore_deletes)),
-        outcome(lambda: changelog.plan_upserts_python(keys, values, olds, prefix, ignore_deletes)),
+        outcome(lambda: changelog.emit_full_rows(keys, values, olds, prefix, ignore_deletes)),
+        outcome(lambda: changelog.emit(keys, values, olds, prefix, changelog.LAST_WRITE_WINS,
+                                       ignore_deletes=ignore_deletes, wal_image=False)),
         f"records={records} prefix={prefix!r} ignore_deletes={ignore_deletes}",
     )
 

@@ -738,7 +738,7 @@ def test_bucket_ids_match_bucketing():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_plan_upserts_in_c_equals_the_reference(seed: int) -> None:
+def test_full_rows_in_c_equal_the_one_emitter(seed: int) -> None:
     rng = random.Random(seed)
     pool = [bytes([k]) for k in range(8)]
     keys = [rng.choice(pool) for _ in range(rng.randint(0, 60))]
@@ -746,18 +746,55 @@ def test_plan_upserts_in_c_equals_the_reference(seed: int) -> None:
     state = {k: (None if rng.random() < 0.5 else b"\x01\x00" + rng.randbytes(3)) for k in pool}
     olds = [state[k] for k in keys]
     for ignore_deletes in (False, True):
-        expected = changelog.plan_upserts_python(keys, values, olds, b"\x01\x00", ignore_deletes)
-        assert changelog.plan_upserts(keys, values, olds, b"\x01\x00", ignore_deletes) == expected, f"seed {seed}"
+        expected = changelog.emit(keys, values, olds, b"\x01\x00", changelog.LAST_WRITE_WINS,
+                                  ignore_deletes=ignore_deletes, wal_image=False)
+        assert changelog.emit_full_rows(keys, values, olds, b"\x01\x00", ignore_deletes) == expected, f"seed {seed}"
 
 
-def test_plan_upserts_follows_the_changelog_rules() -> None:
-    change_types, rows, keys, values = changelog.plan_upserts(
+def test_full_rows_follow_the_changelog_rules() -> None:
+    change_types, rows, keys, values = changelog.emit_full_rows(
         [b"a", b"b", b"a", b"c", b"d"], [b"1", b"2", b"3", None, None],
         [None, b"\x01\x00old", None, b"\x01\x00c", None], b"\x01\x00", False,
     )
     assert change_types == bytes([1, 2, 3, 2, 3, 4])  # +I a, -U/+U b, -U/+U a (sees its own write), -D c
     assert rows == [b"\x01\x001", b"\x01\x00old", b"\x01\x002", b"\x01\x001", b"\x01\x003", b"\x01\x00c"]
     assert keys == [b"a", b"b", b"a", b"c"] and values == [b"\x01\x001", b"\x01\x002", b"\x01\x003", None]
+
+
+def test_a_wal_image_of_full_rows_reads_old_values_for_deletes_alone() -> None:
+    stored = {b"b": b"\x01\x00old", b"c": b"\x01\x00c"}
+    read: list[bytes] = []
+
+    def read_old(key: bytes) -> bytes | None:
+        read.append(key)
+        return stored.get(key)
+
+    change_types, rows, keys, values = changelog.emit_wal_full_rows(
+        [b"a", b"b", b"c", b"a", b"d"], [b"1", b"2", None, None, None], b"\x01\x00", False, read_old
+    )
+    assert read == [b"c", b"d"]  # an upsert reads nothing; a delete of a key written in the batch neither
+    assert change_types == bytes([3, 3, 4, 4])  # +U a, +U b (new or not), -D c, -D a (its own write)
+    assert rows == [b"\x01\x001", b"\x01\x002", b"\x01\x00c", b"\x01\x001"]
+    assert keys == [b"a", b"b", b"c", b"a"] and values == [b"\x01\x001", b"\x01\x002", None, None]
+    upserts_only = changelog.emit_wal_full_rows([b"a", b"a"], [b"1", b"2"], b"\x01\x00", False, read_old)
+    assert upserts_only == (bytes([3, 3]), [b"\x01\x001", b"\x01\x002"], [b"a", b"a"], [b"\x01\x001", b"\x01\x002"])
+
+
+def test_a_strategy_that_keeps_the_old_row_writes_no_changelog() -> None:
+    class KeepOld:
+        def merge(self, old: bytes, new: bytes) -> bytes:
+            return old
+
+        def delete(self, old: bytes) -> bytes | None:
+            return old[:2] + b"kept"
+
+    change_types, rows, keys, values = changelog.emit(
+        [b"a", b"b", b"b"], [b"1", b"2", None], [b"\x01\x00a", None, None], b"\x01\x00", KeepOld(),
+        ignore_deletes=False, wal_image=False,
+    )
+    assert change_types == bytes([1, 2, 3])  # a unchanged: nothing; +I b; a delete keeping a row: -U/+U
+    assert rows == [b"\x01\x002", b"\x01\x002", b"\x01\x00kept"]
+    assert keys == [b"b", b"b"] and values == [b"\x01\x002", b"\x01\x00kept"]
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -1,7 +1,7 @@
 """Merge engines: how a write to an existing key becomes the key's new row, and the changelog of a batch.
 
-The default engine (last write wins) is not here: KvTablet plans it with the C fast path. The engines
-here decode rows, so they run per row in Python. Their rules are Fluss's (``server/kv/rowmerger``):
+The default engine (last write wins) is not here: :mod:`strom.kv.changelog` has it, with its C loop. The
+engines here decode rows, so they run per row in Python, as strategies of the one changelog emitter. Their rules are Fluss's (``server/kv/rowmerger``):
 
 - ``first_row``: the first row of a key stays; later writes change nothing and write no changelog.
 - ``versioned``: a row replaces the stored one if its version column is >= the stored version (a null
@@ -18,91 +18,22 @@ partial one nulls the target columns and removes the row once nothing else is le
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from strom.errors import InvalidTargetColumnError, UnsupportedMergeOperationError
-from strom.kv.changelog import PlannedPut
+from strom.kv.changelog import RowMerge
 from strom.kv.merge import aggregators
 from strom.kv.merge.options import MergeEngine, MergeOptions
 from strom.kv.row_format import SCHEMA_ID_SIZE_BYTES, TableRowFormat
-from strom.records.log_batch import (
-    CHANGE_DELETE,
-    CHANGE_INSERT,
-    CHANGE_UPDATE_AFTER,
-    CHANGE_UPDATE_PAIR,
-)
-
-
-class RowMerge(Protocol):
-    """The merge rule for one batch (full rows, or one set of target columns). Stored values are
-    ``schema id + row``."""
-
-    def merge(self, old: bytes, new: bytes) -> bytes:
-        """The key's row after writing ``new`` over ``old``; ``old`` itself (the same object) when the
-        write changes nothing."""
-        ...
-
-    def delete(self, old: bytes) -> bytes | None:
-        """The key's row after a delete; None removes the row."""
-        ...
 
 
 class RowMerger:
-    """One table's merge engine; shared by the table's buckets, called on the event loop only."""
+    """One table's merge engine; shared by the table's buckets, called on the event loop only. Its rule for a
+    batch is a per-row strategy of the changelog emitter (:func:`strom.kv.changelog.emit`)."""
 
     def configure(self, target_columns: Sequence[int] | None) -> RowMerge:
         """The rule for a batch writing ``target_columns`` (None or empty: full rows)."""
         raise NotImplementedError
-
-    def plan(
-        self,
-        keys: Sequence[bytes],
-        values: Sequence[bytes | None],
-        olds: Sequence[bytes | None],
-        prefix: bytes,
-        target_columns: Sequence[int] | None,
-        *,
-        ignore_deletes: bool,
-        wal_image: bool,
-    ) -> PlannedPut:
-        """The changelog of one PutKv batch and the values to store, as ``changelog.plan_upserts`` returns
-        them. ``olds[i]`` is the key's value before the batch; a key written earlier in the batch sees that
-        write. ``wal_image``: updates write only +U (``table.changelog.image=WAL``)."""
-        rule = self.configure(target_columns)
-        update = CHANGE_UPDATE_AFTER if wal_image else CHANGE_UPDATE_PAIR
-        latest: dict[bytes, bytes | None] = {}
-        change_types = bytearray()
-        rows: list[bytes] = []
-        new_keys: list[bytes] = []
-        new_values: list[bytes | None] = []
-        for key, value, old in zip(keys, values, olds, strict=True):
-            if key in latest:
-                old = latest[key]
-            new: bytes | None
-            if value is None:
-                if old is None or ignore_deletes:
-                    continue
-                new = rule.delete(old)
-                if new is None:
-                    change_types += CHANGE_DELETE
-                    rows.append(old)
-                else:
-                    change_types += update
-                    rows += (new,) if wal_image else (old, new)
-            elif old is None:
-                new = prefix + value
-                change_types += CHANGE_INSERT
-                rows.append(new)
-            else:
-                new = rule.merge(old, prefix + value)
-                if new is old:
-                    continue
-                change_types += update
-                rows += (new,) if wal_image else (old, new)
-            latest[key] = new
-            new_keys.append(key)
-            new_values.append(new)
-        return bytes(change_types), rows, new_keys, new_values
 
 
 def _no_partial_update(engine: MergeEngine, target_columns: Sequence[int] | None) -> None:
