@@ -1,5 +1,7 @@
 """GetMetadata with ZooKeeper slowed down: the active coordinator (answering from memory) against a tablet
-server (reading the metadata store for each request), in one run, through the same slow ZooKeeper.
+server (reading the metadata store for each request), in one run, through the same slow ZooKeeper; and the
+coordinator's answers while a table creation waits on that ZooKeeper (its store calls run on store threads,
+so the event loop goes on answering).
 
 A local cluster of one coordinator and one tablet server, both reaching ZooKeeper through one proxy; a table
 of 4 buckets. The proxy then delays every chunk it forwards by ``--delay-ms`` (500: a ZooKeeper round trip
@@ -45,6 +47,27 @@ async def _latencies(address: str, path: TablePath, count: int) -> list[float]:
     return samples
 
 
+async def _latencies_during_creation(bootstrap: str, coordinator: str, path: TablePath) -> list[float]:
+    """GetMetadata of ``path`` from the coordinator, one request at a time, for as long as the creation of
+    another table takes."""
+    host, _, port = coordinator.rpartition(":")
+    rpc = await RpcConnection.connect(host, int(port))
+    request = pb.MetadataRequest()
+    request.table_path.add(database_name=path.database_name, table_name=path.table_name)
+    samples = []
+    try:
+        async with await Connection.create(bootstrap) as connection:
+            creation = asyncio.ensure_future(create_table(connection, buckets=1))
+            while not creation.done():
+                started = time.perf_counter()
+                await rpc.request(ApiKey.GET_METADATA, request, timeout_ms=60_000)
+                samples.append(time.perf_counter() - started)
+            await creation
+    finally:
+        await rpc.close()
+    return samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--delay-ms", type=int, default=500)
@@ -73,18 +96,23 @@ def main() -> None:
             local.proxy.slow(args.delay_ms / 1000)
             from_memory = asyncio.run(_latencies(coordinator, path, args.coordinator_requests))
             from_store = asyncio.run(_latencies(tablet_server, path, args.tablet_server_requests))
+            creation_started = time.perf_counter()
+            during_creation = asyncio.run(_latencies_during_creation(local.bootstrap, coordinator, path))
+            creation_s = time.perf_counter() - creation_started
             local.proxy.heal()
         finally:
             local.stop()
             if local.proxy is not None:
                 local.proxy.close()
     rows = []
-    for name, samples in (("coordinator, from memory", from_memory), ("tablet server, from the store", from_store)):
+    for name, samples in (("coordinator, from memory", from_memory), ("tablet server, from the store", from_store),
+                          (f"coordinator, during a {creation_s:.1f} s table creation", during_creation)):
         rows.append((name, f"{len(samples)} requests, p50 {_percentile(samples, 0.5) * 1000:.2f} ms, "
                            f"p99 {_percentile(samples, 0.99) * 1000:.2f} ms"))
     ratio = _percentile(from_store, 0.99) / _percentile(from_memory, 0.99)
     rows.append(("p99 store / memory", f"{ratio:.0f}x"))
     report(f"GetMetadata with ZooKeeper delayed {args.delay_ms} ms per chunk", rows)
+
 
 if __name__ == "__main__":
     main()

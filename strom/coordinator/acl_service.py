@@ -32,7 +32,7 @@ class AclService:
             raise SecurityDisabledError("no authorizer is configured: set authorizer.enabled=true")
         return self._authorizer
 
-    def create_acls(self, request: Any, context: RequestContext) -> Any:
+    async def create_acls(self, request: Any, context: RequestContext) -> Any:
         authorizer = self._require()
         caller = caller_of(context)
         parsed: list[AclBinding | InvalidAclError] = []
@@ -43,7 +43,7 @@ class AclService:
                 parsed.append(binding)
             except ValueError as exc:
                 parsed.append(InvalidAclError(str(exc)))
-        authorizer.add_acls(caller.principal, caller.host, [b for b in parsed if isinstance(b, AclBinding)])
+        await authorizer.add_acls(caller.principal, caller.host, [b for b in parsed if isinstance(b, AclBinding)])
         response = pb.CreateAclsResponse()
         for info, outcome in zip(request.acl, parsed, strict=True):
             entry = response.aclRes.add()
@@ -65,7 +65,7 @@ class AclService:
             binding_to_pb(binding, response.acl.add())
         return response
 
-    def drop_acls(self, request: Any, context: RequestContext) -> Any:
+    async def drop_acls(self, request: Any, context: RequestContext) -> Any:
         authorizer = self._require()
         caller = caller_of(context)
         try:
@@ -73,7 +73,7 @@ class AclService:
         except ValueError as exc:
             raise InvalidAclError(str(exc)) from None
         response = pb.DropAclsResponse()
-        for matched in authorizer.drop_acls(caller.principal, caller.host, filters):
+        for matched in await authorizer.drop_acls(caller.principal, caller.host, filters):
             result = response.filter_results.add()
             for binding in matched:
                 binding_to_pb(binding, result.matching_acls.add().acl)

@@ -98,7 +98,7 @@ class AutoPartitionManager:
                     if not strategy.enabled:
                         continue
                     dropped = await self._drop_expired(table, strategy, now_ms)
-                    created = self._create_upcoming(table, strategy, now_ms)
+                    created = await self._create_upcoming(table, strategy, now_ms)
                 except TableNotExistError:
                     continue  # dropped meanwhile
                 except Exception:
@@ -125,12 +125,12 @@ class AutoPartitionManager:
                          record.name, table.path, earliest)
         return dropped
 
-    def _create_upcoming(self, table: TableInfo, strategy: AutoPartitionStrategy, now_ms: int) -> list[str]:
+    async def _create_upcoming(self, table: TableInfo, strategy: AutoPartitionStrategy, now_ms: int) -> list[str]:
         assert strategy.time_key is not None
         created = []
         for value in strategy.precreated(now_ms):  # pre-creation needs a single partition key (checked)
             try:
-                if self._coordinator.create_partition_of(table, {strategy.time_key: value}, ignore_if_exists=True):
+                if await self._coordinator.create_partition_of(table, {strategy.time_key: value}, ignore_if_exists=True):
                     created.append(value)
                     log.info("auto-partitioning created partition %s of %s", value, table.path)
             except PartitionMaxNumError:

@@ -18,11 +18,14 @@ active coordinator applies a change at once, a cluster's other servers within a 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from strom.config import ALL_OPTIONS, DYNAMIC_OPTIONS, DynamicConfig
 from strom.errors import InvalidConfigError
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.rpc.messages import pb
 from strom.table_properties import AUTO_PARTITION_KEY
@@ -61,9 +64,15 @@ def stored_dynamic(store: MetadataStore) -> dict[str, str]:
 class ClusterConfigService:
     """Served by the active coordinator."""
 
-    def __init__(self, store: MetadataStore, dynamic: DynamicConfig) -> None:
+    def __init__(
+        self, store: MetadataStore, dynamic: DynamicConfig, settled: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """``settled``: awaited after a change was applied, until what the change started has finished
+        (lake tables rescheduled with a new default freshness), before the request is answered."""
         self._store = store
         self._dynamic = dynamic
+        self._settled = settled
+        self._changing = asyncio.Lock()
 
     def describe_cluster_configs(self, _request: Any, _context: object) -> Any:
         response = pb.DescribeClusterConfigsResponse()
@@ -77,11 +86,15 @@ class ClusterConfigService:
                 entry.config_value = value
         return response
 
-    def alter_cluster_configs(self, request: Any, _context: object) -> Any:
+    async def alter_cluster_configs(self, request: Any, _context: object) -> Any:
         """Raises InvalidConfigError (nothing changed) for a key that cannot change at run time, a value
         that does not parse, a SET without a value, or APPEND/SUBTRACT."""
         if not request.alter_configs:
             return pb.AlterClusterConfigsResponse()
+        async with self._changing:  # each change applies to what the one before it stored
+            return await self._alter(request)
+
+    async def _alter(self, request: Any) -> Any:
         values = dict(self._dynamic.dynamic)
         for change in request.alter_configs:
             key = change.config_key
@@ -105,8 +118,11 @@ class ClusterConfigService:
             else:
                 raise InvalidConfigError(f"Unsupported config operation type {change.op_type}.")
         if values != self._dynamic.dynamic:
-            self._store.put_cluster_configs(DynamicConfig.encode(values))  # persisted first: applied only if stored
+            # persisted first: applied only if stored
+            await off_loop(self._store.put_cluster_configs, DynamicConfig.encode(values))
             self._dynamic.set_dynamic(values)
+            if self._settled is not None:
+                await self._settled()
             log.info("cluster configs changed: %s", {k: v for k, v in values.items() if not is_secret(k)})
         return pb.AlterClusterConfigsResponse()
 

@@ -15,6 +15,7 @@ from typing import Any
 from strom.coordinator.placement import BucketPlacement, placed_tables
 from strom.coordinator.service import CoordinatorService
 from strom.metadata.cluster_health import ClusterHealth
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.rpc.messages import pb
 
@@ -26,6 +27,7 @@ class ClusterHealthService:
         self._placement = placement
 
     def health(self) -> ClusterHealth:
+        """Counted over every bucket (blocks: store and ZooKeeper reads; run it with :func:`off_loop`)."""
         replicas = in_sync = leaders = active = 0
         for table, partition_id in placed_tables(self._store, self._coordinator.table_info_by_id):
             for bucket in self._placement.health(table, partition_id):
@@ -35,8 +37,8 @@ class ClusterHealthService:
                 active += bucket.leader_active
         return ClusterHealth.counted(replicas, in_sync, leaders, active)
 
-    def get_cluster_health(self, _request: Any, _context: object) -> Any:
-        health = self.health()
+    async def get_cluster_health(self, _request: Any, _context: object) -> Any:
+        health = await off_loop(self.health)
         return pb.GetClusterHealthResponse(
             num_replicas=health.num_replicas, in_sync_replicas=health.in_sync_replicas,
             num_leader_replicas=health.num_leader_replicas, active_leader_replicas=health.active_leader_replicas,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from strom.coordinator.placement import BucketHealth, BucketLeadership, LiveServers, replica_assignment
 from strom.errors import InvalidReplicationFactorError
+from strom.ids import TableBucket
 from strom.metadata.rebalance_plan import decode_tags
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
@@ -47,7 +48,14 @@ class ClusterPlacement:
 
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         buckets = table.buckets(partition_id)
-        states = self.states.leaderships(buckets)  # the active coordinator's without a ZooKeeper read
+        return self._described(buckets, self.states.leaderships(buckets))
+
+    def describe_known(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership] | None:
+        buckets = table.buckets(partition_id)
+        states = self.states.remembered(buckets)  # the active coordinator's, without a ZooKeeper read
+        return None if states is None else self._described(buckets, states)
+
+    def _described(self, buckets: list[TableBucket], states: dict[TableBucket, LeaderAndIsr]) -> dict[int, BucketLeadership]:
         live = self._servers.live()
         described = {}
         for bucket in buckets:

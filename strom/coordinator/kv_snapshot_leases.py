@@ -18,6 +18,7 @@ Owned by the event loop. ``refcounts`` maps (bucket, snapshot id) to the number 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import zlib
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from strom.clock import Clock
 from strom.errors import InvalidConfigError
 from strom.ids import TableBucket
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import LeaseStore
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,8 @@ class KvSnapshotLeaseManager:
         self._leases: dict[str, KvSnapshotLease] = {}
         self._refcounts: dict[tuple[TableBucket, int], int] = {}
         self._unreadable: dict[str, int | None] = {}
+        self._changing = asyncio.Lock()
+        """One change at a time: each decides on the state the one before it left (and stored)."""
         for lease_id, payload in store.list_leases().items():
             try:
                 lease = decode_lease(lease_id, payload)
@@ -177,12 +181,13 @@ class KvSnapshotLeaseManager:
             else:
                 del self._refcounts[key]
 
-    def _replace(self, lease_id: str, new: KvSnapshotLease | None) -> None:
-        """Persist, then swap memory: a store failure leaves the old state in memory and in the store."""
+    async def _replace(self, lease_id: str, new: KvSnapshotLease | None) -> None:
+        """Persist (on a store thread), then swap memory: a store failure leaves the old state in memory and
+        in the store."""
         if new is None:
-            self._store.delete_lease(lease_id)
+            await off_loop(self._store.delete_lease, lease_id)
         else:
-            self._store.put_lease(lease_id, encode_lease(new))
+            await off_loop(self._store.put_lease, lease_id, encode_lease(new))
         old = self._leases.pop(lease_id, None)
         old_pins = old.pins if old is not None else {}
         new_pins = new.pins if new is not None else {}
@@ -233,7 +238,7 @@ class KvSnapshotLeaseManager:
         return sum(len(lease.pins) for lease in self._leases.values())
 
     # ---- changes ----
-    def acquire(
+    async def acquire(
         self,
         lease_id: str,
         duration_ms: int,
@@ -244,6 +249,17 @@ class KvSnapshotLeaseManager:
         """Pin ``pins`` (an empty mapping renews), setting the expiry to now + ``duration_ms``; a new lease
         belongs to ``owner``, an existing one keeps its owner."""
         validate_lease_request(lease_id, duration_ms)
+        async with self._changing:
+            return await self._acquire(lease_id, duration_ms, pins, snapshot_exists, owner)
+
+    async def _acquire(
+        self,
+        lease_id: str,
+        duration_ms: int,
+        pins: Mapping[TableBucket, int],
+        snapshot_exists: Callable[[TableBucket, int], bool],
+        owner: str | None,
+    ) -> LeaseChange:
         old = self._leases.get(lease_id)
         new = KvSnapshotLease(
             lease_id, self._clock.now_ms() + duration_ms, dict(old.pins) if old else {}, old.owner if old else owner
@@ -258,14 +274,18 @@ class KvSnapshotLeaseManager:
             if previous is not None and previous != snapshot_id:
                 released.append((bucket, previous))
             new.pins[bucket] = snapshot_id
-        self._replace(lease_id, new)
+        await self._replace(lease_id, new)
         if self._unreadable.pop(lease_id, False) is not False:  # its holder re-stated it: the new state rules
             log.warning("unreadable lease %r replaced by a new acquire", lease_id)
             return LeaseChange(released, unavailable, released_all=not self._unreadable)
         return LeaseChange(released, unavailable)
 
-    def release(self, lease_id: str, buckets: Iterable[TableBucket]) -> LeaseChange:
+    async def release(self, lease_id: str, buckets: Iterable[TableBucket]) -> LeaseChange:
         """Unpin ``buckets``; an unknown lease or bucket is a no-op; an emptied lease is deleted."""
+        async with self._changing:
+            return await self._release(lease_id, buckets)
+
+    async def _release(self, lease_id: str, buckets: Iterable[TableBucket]) -> LeaseChange:
         old = self._leases.get(lease_id)
         if old is None:
             return LeaseChange([], {})
@@ -276,45 +296,57 @@ class KvSnapshotLeaseManager:
             if snapshot_id is not None:
                 released.append((bucket, snapshot_id))
         if released:
-            self._replace(lease_id, new if new.pins else None)
+            await self._replace(lease_id, new if new.pins else None)
         return LeaseChange(released, {})
 
-    def drop(self, lease_id: str) -> LeaseChange:
+    async def drop(self, lease_id: str) -> LeaseChange:
         """Delete a lease; dropping an unknown lease succeeds and changes nothing. Dropping an unreadable
         lease lifts the hold it put on every snapshot."""
+        async with self._changing:
+            return await self._drop(lease_id)
+
+    async def _drop(self, lease_id: str) -> LeaseChange:
         if lease_id in self._unreadable:
-            self._store.delete_lease(lease_id)
+            await off_loop(self._store.delete_lease, lease_id)
             del self._unreadable[lease_id]
             log.warning("unreadable lease %r dropped", lease_id)
             return LeaseChange([], {}, released_all=not self._unreadable)
         old = self._leases.get(lease_id)
         if old is None:
             return LeaseChange([], {})
-        self._replace(lease_id, None)
+        await self._replace(lease_id, None)
         return LeaseChange(list(old.pins.items()), {})
 
-    def expire(self) -> LeaseChange:
+    async def expire(self) -> LeaseChange:
         """Drop every lease whose expiry has passed (strictly before now)."""
+        async with self._changing:
+            return await self._expire()
+
+    async def _expire(self) -> LeaseChange:
         now = self._clock.now_ms()
         released: list[tuple[TableBucket, int]] = []
         released_all = False
         for lease_id, expiration_ms in list(self._unreadable.items()):
             if expiration_ms is not None and expiration_ms < now:
                 try:
-                    released_all |= self.drop(lease_id).released_all
+                    released_all |= (await self._drop(lease_id)).released_all
                 except Exception:
                     log.exception("cannot drop expired unreadable lease %r; will retry", lease_id)
         for lease in [lease for lease in self._leases.values() if lease.expiration_ms < now]:
             try:
-                released += self.drop(lease.lease_id).released
+                released += (await self._drop(lease.lease_id)).released
             except Exception:
                 log.exception("cannot drop expired lease %r; will retry", lease.lease_id)
             else:
                 log.info("lease %r expired", lease.lease_id)
         return LeaseChange(released, {}, released_all=released_all)
 
-    def drop_table(self, table_id: int, partition_id: int | None = None) -> LeaseChange:
+    async def drop_table(self, table_id: int, partition_id: int | None = None) -> LeaseChange:
         """Remove a dropped table's (or partition's) pins from every lease."""
+        async with self._changing:
+            return await self._drop_table(table_id, partition_id)
+
+    async def _drop_table(self, table_id: int, partition_id: int | None) -> LeaseChange:
         released: list[tuple[TableBucket, int]] = []
         for lease in list(self._leases.values()):
             gone = [
@@ -322,5 +354,5 @@ class KvSnapshotLeaseManager:
                 if b.table_id == table_id and (partition_id is None or b.partition_id == partition_id)
             ]
             if gone:
-                released += self.release(lease.lease_id, gone).released
+                released += (await self._release(lease.lease_id, gone)).released
         return LeaseChange(released, {})

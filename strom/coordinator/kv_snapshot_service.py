@@ -62,6 +62,9 @@ class KvSnapshotService:
         self._clock = clock
         self._expiration_check_interval_ms = expiration_check_interval_ms
         self._expiry_task: asyncio.Task[None] | None = None
+        self._changing = asyncio.Lock()
+        """A commit, or a lease change, with the retention it causes, as one step: a lease taken while a
+        commit runs sees the snapshots its retention left, as it did when a commit never yielded."""
 
     def start(self) -> None:
         self._expiry_task = asyncio.ensure_future(self._expire_periodically())
@@ -76,24 +79,25 @@ class KvSnapshotService:
         while True:
             await asyncio.sleep(self._expiration_check_interval_ms / 1000)
             try:
-                self.expire_leases()
+                await self.expire_leases()
             except Exception:
                 log.exception("lease expiry check failed")
 
-    def expire_leases(self) -> None:
-        self._after_change(self._leases.expire())
+    async def expire_leases(self) -> None:
+        async with self._changing:
+            await self._after_change(await self._leases.expire())
 
-    def _after_change(self, change: LeaseChange) -> None:
+    async def _after_change(self, change: LeaseChange) -> None:
         if change.released_all:
-            self._snapshots.apply_retention(self._snapshots.buckets())
+            await self._snapshots.apply_retention(self._snapshots.buckets())
         elif change.released:
-            self._snapshots.apply_retention(bucket for bucket, _snapshot_id in change.released)
+            await self._snapshots.apply_retention(bucket for bucket, _snapshot_id in change.released)
 
     # ---- the tablet servers' side ----
-    def next_snapshot_id(self, bucket: TableBucket) -> int:
-        return self._snapshots.next_snapshot_id(bucket)
+    async def next_snapshot_id(self, bucket: TableBucket) -> int:
+        return await self._snapshots.next_snapshot_id(bucket)
 
-    def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int = 0) -> None:
+    async def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int = 0) -> None:
         """Record a snapshot a tablet server uploaded. Raises UnknownTableOrBucketError if its table or
         partition was dropped while it was uploading (the uploader then removes its files). In one process
         the replica that took it is the bucket's only leader, so ``leader_epoch`` needs no check here; a
@@ -105,9 +109,10 @@ class KvSnapshotService:
             partition = self._catalog.partition_by_id(bucket.partition_id)
             if partition is None or partition.table_id != bucket.table_id:
                 raise UnknownTableOrBucketError(f"partition {bucket.partition_id} of table {bucket.table_id} no longer exists")
-        self._snapshots.add(snapshot)
+        async with self._changing:
+            await self._snapshots.add(snapshot)
 
-    def commit_kv_snapshot(self, request: Any, leader_epoch_of: Callable[[TableBucket], int | None]) -> Any:
+    async def commit_kv_snapshot(self, request: Any, leader_epoch_of: Callable[[TableBucket], int | None]) -> Any:
         """CommitKvSnapshot (1022) from a cluster's tablet server: the snapshot it uploaded, as the
         ``_METADATA`` document strom writes. ``leader_epoch_of`` gives a bucket's current leader epoch (None:
         no such bucket). A snapshot taken under an older epoch is refused with FencedLeaderEpochError, as
@@ -119,7 +124,7 @@ class KvSnapshotService:
             raise CorruptMessageError(f"CommitKvSnapshot carries no valid snapshot document: {exc}") from exc
         fence_leader_epoch(snapshot.bucket, leader_epoch_of, request.bucket_leader_epoch,
                            f"snapshot {snapshot.snapshot_id} of {snapshot.bucket}")
-        self.commit_snapshot(snapshot, request.bucket_leader_epoch)
+        await self.commit_snapshot(snapshot, request.bucket_leader_epoch)
         return pb.CommitKvSnapshotResponse()
 
     def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
@@ -131,10 +136,11 @@ class KvSnapshotService:
     def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
         return self._snapshots.oldest(bucket)
 
-    def on_table_dropped(self, table: TableInfo, partition_id: int | None = None) -> None:
+    async def on_table_dropped(self, table: TableInfo, partition_id: int | None = None) -> None:
         """Drop the pins and the snapshots of a dropped table (or partition), and its whole remote
         snapshot directory: that also takes shared files an upload in flight sent before the drop."""
-        self._leases.drop_table(table.table_id, partition_id)
+        async with self._changing:
+            await self._leases.drop_table(table.table_id, partition_id)
         self._snapshots.drop_table(
             table.table_id, partition_id, table_remote_dir(table.path, table.table_id, partition_id)
         )
@@ -218,20 +224,22 @@ class KvSnapshotService:
         """Whether ``lease_id`` is another principal's lease (a super user's may be anyone's)."""
         return self._leases.is_anothers(lease_id, str(principal)) and not is_super_user(principal, self._super_users)
 
-    def acquire_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
+    async def acquire_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
         owner = self._caller(request.lease_id, context)
         for table_request in request.snapshots_to_lease:
             self._pk_table(table_request.table_id)
         pins = read_snapshot_pins(request.snapshots_to_lease)
-        change = self._leases.acquire(
-            request.lease_id, request.lease_duration_ms, pins, snapshot_exists=self._snapshots.exists, owner=owner
-        )
-        self._after_change(change)
+        async with self._changing:
+            change = await self._leases.acquire(
+                request.lease_id, request.lease_duration_ms, pins, snapshot_exists=self._snapshots.exists,
+                owner=owner,
+            )
+            await self._after_change(change)
         response = pb.AcquireKvSnapshotLeaseResponse()
         add_snapshot_pins(response.unavailable_snapshots, change.unavailable)
         return response
 
-    def release_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
+    async def release_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
         if self._foreign(request.lease_id, self._principal(context)):
             return pb.ReleaseKvSnapshotLeaseResponse()  # as for a lease that does not exist: nothing to release
         buckets = []
@@ -241,13 +249,15 @@ class KvSnapshotService:
                 raise NonPrimaryKeyTableError(f"Table '{table.path}' is not a primary key table.")
             partition_id = entry.partition_id if entry.HasField("partition_id") else None
             buckets.append(TableBucket(entry.table_id, entry.bucket_id, partition_id))
-        self._after_change(self._leases.release(request.lease_id, buckets))
+        async with self._changing:
+            await self._after_change(await self._leases.release(request.lease_id, buckets))
         return pb.ReleaseKvSnapshotLeaseResponse()
 
-    def drop_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
+    async def drop_kv_snapshot_lease(self, request: Any, context: RequestContext | None) -> Any:
         if self._foreign(request.lease_id, self._principal(context)):
             return pb.DropKvSnapshotLeaseResponse()  # as for a lease that does not exist: nothing to drop
-        self._after_change(self._leases.drop(request.lease_id))
+        async with self._changing:
+            await self._after_change(await self._leases.drop(request.lease_id))
         return pb.DropKvSnapshotLeaseResponse()
 
     def list_kv_snapshot_leases(self, request: Any, _context: object) -> Any:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from strom.errors import KvSnapshotNotExistError
 from strom.ids import TableBucket
 from strom.kv.snapshot import KV_ROOT, CompletedKvSnapshot, snapshot_sequence_name
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import KvSnapshotRecord, MetadataStore
 from strom.remote.storage import RemoteStorage
 
@@ -48,6 +49,7 @@ class KvSnapshotStore:
         self._is_leased = is_leased
         self._buckets: dict[TableBucket, _BucketSnapshots] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._retention = asyncio.Lock()
         for record in store.list_kv_snapshots():
             snapshot = CompletedKvSnapshot.from_json(record.snapshot_json)
             self._bucket(snapshot.bucket).snapshots[snapshot.snapshot_id] = snapshot
@@ -96,12 +98,13 @@ class KvSnapshotStore:
         return sorted(found, key=lambda s: (s.bucket.partition_id or -1, s.bucket.bucket, s.snapshot_id))
 
     # ---- writes ----
-    def next_snapshot_id(self, bucket: TableBucket) -> int:
-        return self._store.next_id(snapshot_sequence_name(bucket))
+    async def next_snapshot_id(self, bucket: TableBucket) -> int:
+        return await off_loop(self._store.next_id, snapshot_sequence_name(bucket))
 
-    def add(self, snapshot: CompletedKvSnapshot) -> None:
+    async def add(self, snapshot: CompletedKvSnapshot) -> None:
         """Record a committed snapshot, then apply retention to its bucket."""
-        self._store.add_kv_snapshot(
+        await off_loop(
+            self._store.add_kv_snapshot,
             KvSnapshotRecord(
                 snapshot.bucket.table_id,
                 snapshot.bucket.partition_id,
@@ -113,15 +116,20 @@ class KvSnapshotStore:
         self._bucket(snapshot.bucket).snapshots[snapshot.snapshot_id] = snapshot
         # The snapshot is committed from here on: a retention failure must not make the caller treat
         # the commit as failed (and delete the files of what is now the latest snapshot).
-        self.apply_retention([snapshot.bucket])
+        await self.apply_retention([snapshot.bucket])
 
-    def apply_retention(self, buckets: Iterable[TableBucket]) -> None:
+    async def apply_retention(self, buckets: Iterable[TableBucket]) -> None:
         """Delete snapshots of ``buckets`` that are outside the retention window and not leased.
 
         Never raises: a snapshot whose metadata cannot be deleted stays (in memory and in the store),
-        and retention tries again at the bucket's next commit or pin change.
+        and retention tries again at the bucket's next commit or pin change. One pass at a time, so two
+        never pick the same victims.
         """
-        for bucket in set(buckets):
+        async with self._retention:
+            await self._apply_retention(set(buckets))
+
+    async def _apply_retention(self, buckets: set[TableBucket]) -> None:
+        for bucket in buckets:
             entry = self._buckets.get(bucket)
             if entry is None:
                 continue
@@ -133,11 +141,14 @@ class KvSnapshotStore:
             private_dirs = []
             for snapshot_id in victims:
                 try:
-                    self._store.delete_kv_snapshot(bucket.table_id, bucket.partition_id, bucket.bucket, snapshot_id)
+                    await off_loop(self._store.delete_kv_snapshot, bucket.table_id, bucket.partition_id, bucket.bucket,
+                                   snapshot_id)
                 except Exception as exc:
                     log.warning("cannot delete snapshot %d of %s (will retry): %s", snapshot_id, bucket, exc)
                     break
-                victim = entry.snapshots.pop(snapshot_id)
+                victim = entry.snapshots.pop(snapshot_id, None)
+                if victim is None:
+                    continue  # the bucket's table was dropped meanwhile
                 entry.orphaned_files.update(f.remote_path for f in victim.files)
                 entry.orphaned_files.add(victim.metadata_path)
                 private_dirs.append(victim.metadata_path.rsplit("/", 1)[0])

@@ -50,6 +50,7 @@ from strom.errors import (
     code_for_exception,
 )
 from strom.ids import TableBucket, TablePath
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
@@ -91,13 +92,14 @@ class LakeTieringService:
         self._store = store
         self._remote = remote
         self._ticker: asyncio.Task[None] | None = None
+        self._committing = asyncio.Lock()
 
     def start(self) -> None:
         async def tick() -> None:
             while True:
                 await asyncio.sleep(TICK_INTERVAL_MS / 1000)
                 try:
-                    self._manager.tick()
+                    await self._manager.tick()
                 except StromError as exc:  # e.g. a store write; the timers fire again next tick
                     log.warning("lake tiering timers: %s", exc)
                 except Exception:
@@ -112,13 +114,13 @@ class LakeTieringService:
                 await self._ticker
 
     # ---- LakeTieringHeartbeat ----
-    def lake_tiering_heartbeat(self, request: Any, _context: object) -> Any:
+    async def lake_tiering_heartbeat(self, request: Any, _context: object) -> Any:
         """Fluss's order: failed rounds, renewals, finished rounds, then (if asked) one table to tier."""
         manager = self._manager
         response = pb.LakeTieringHeartbeatResponse(coordinator_epoch=COORDINATOR_EPOCH)
         forced = set(request.force_finished_tables)
 
-        def each(tables: Any, target: Any, action: Any) -> None:
+        async def each(tables: Any, target: Any, action: Any) -> None:
             for table in tables:
                 entry = target.add(table_id=table.table_id)
                 try:
@@ -127,23 +129,27 @@ class LakeTieringService:
                             f"The coordinator epoch {table.coordinator_epoch} is not the current "
                             f"{COORDINATOR_EPOCH}."
                         )
-                    action(table)
+                    done = action(table)
+                    if done is not None:
+                        await done
                 except StromError as exc:
                     _set_error(entry.error, exc)
 
-        def finish(table: Any) -> None:
+        def finish(table: Any) -> Any:
             stats = _optional(table, "lake_tiering_stats")
-            manager.finish(
+            return manager.finish(
                 table.table_id, table.tiering_epoch, table.table_id in forced,
                 _optional(stats, "file_size") if stats is not None else None,
                 _optional(stats, "record_count") if stats is not None else None,
             )
 
-        each(request.failed_tables, response.failed_table_resp, lambda t: manager.fail(t.table_id, t.tiering_epoch))
-        each(request.tiering_tables, response.tiering_table_resp, lambda t: manager.renew(t.table_id, t.tiering_epoch))
-        each(request.finished_tables, response.finished_table_resp, finish)
+        await each(request.failed_tables, response.failed_table_resp,
+                   lambda t: manager.fail(t.table_id, t.tiering_epoch))
+        await each(request.tiering_tables, response.tiering_table_resp,
+                   lambda t: manager.renew(t.table_id, t.tiering_epoch))
+        await each(request.finished_tables, response.finished_table_resp, finish)
         if request.request_table:
-            assignment = manager.request_table()
+            assignment = await manager.request_table()
             if assignment is not None:
                 response.tiering_table.table_id = assignment.table_id
                 response.tiering_table.table_path.database_name = assignment.path.database_name
@@ -201,8 +207,8 @@ class LakeTieringService:
         self._check_buckets(table, offsets)
         return offsets
 
-    def _latest(self, table_id: int) -> LakeSnapshot | None:
-        record = self._store.get_lake_snapshot(table_id)
+    async def _latest(self, table_id: int) -> LakeSnapshot | None:
+        record = await off_loop(self._store.get_lake_snapshot, table_id)
         return LakeSnapshot.from_record(record) if record is not None else None
 
     # ---- PrepareLakeTableSnapshot ----
@@ -230,7 +236,7 @@ class LakeTieringService:
         await self._check_reached(table, new)
         table = self._table(entry.table_id, path, epoch)  # the high watermarks' requests yielded the loop
         offsets: dict[TableBucket, int] = {}
-        latest = self._latest(table.table_id)
+        latest = await self._latest(table.table_id)
         if latest is not None and not ignore_previous:
             offsets.update(latest.tiered_offsets)
         offsets.update(new)
@@ -270,11 +276,7 @@ class LakeTieringService:
         the snapshots retention just discarded and those of prepares never committed (failed rounds, or
         requests that were not rounds at all)."""
         self._uncommitted.pop(table.table_id, None)
-        in_use: set[str] = set()
-        for snapshot_id in self._store.list_lake_snapshot_ids(table.table_id):
-            record = self._store.get_lake_snapshot(table.table_id, snapshot_id)
-            if record is not None:
-                in_use |= LakeSnapshot.from_record(record).paths
+        in_use = await off_loop(self._paths_in_use, table.table_id)
         directory = self._remote.url(offsets_file_dir(table.path, table.table_id))
         try:
             listed = await asyncio.to_thread(self._remote.list_files, directory)
@@ -283,6 +285,15 @@ class LakeTieringService:
             return
         for location in sorted(set(listed) - in_use):
             await self._delete_quietly(location)
+
+    def _paths_in_use(self, table_id: int) -> set[str]:
+        """The offsets files the table's recorded lake snapshots refer to (blocks: store reads)."""
+        in_use: set[str] = set()
+        for snapshot_id in self._store.list_lake_snapshot_ids(table_id):
+            record = self._store.get_lake_snapshot(table_id, snapshot_id)
+            if record is not None:
+                in_use |= LakeSnapshot.from_record(record).paths
+        return in_use
 
     # ---- CommitLakeTableSnapshot ----
     async def commit_lake_table_snapshot(self, request: Any, _context: object) -> Any:
@@ -322,9 +333,17 @@ class LakeTieringService:
         readable = None
         if readable_path is not None:
             readable = tiered if readable_path == tiered_path else await self._read_offsets(table, readable_path)
-        # The reads yielded the loop: check again, then write without yielding.
+        async with self._committing:  # the reads yielded the loop: check again, and one commit at a time
+            table = await self._record(metadata, epoch, tiered_path, readable_path, tiered, readable, max_timestamps)
+        await self._delete_unreferenced(table)  # the discarded snapshots' files and never-committed prepares
+
+    async def _record(
+        self, metadata: Any, epoch: int | None, tiered_path: str, readable_path: str | None,
+        tiered: dict[TableBucket, int], readable: dict[TableBucket, int] | None, max_timestamps: dict[TableBucket, int],
+    ) -> TableInfo:
+        """Check the snapshot against the latest one and record it; returns the table."""
         table = self._table(metadata.table_id, None, epoch)
-        latest = self._latest(table.table_id)
+        latest = await self._latest(table.table_id)
         if latest is not None:
             self._check_forward(table, metadata.snapshot_id, latest.tiered_offsets, tiered)
         merged_timestamps = dict(latest.max_timestamps) if latest is not None else {}
@@ -333,17 +352,18 @@ class LakeTieringService:
         names = self._partition_names(table, [*tiered, *(readable or {})], latest)
         snapshot = LakeSnapshot(table.table_id, metadata.snapshot_id, tiered_path, readable_path, tiered, readable,
                                 merged_timestamps, names)
-        committed_ids = [i for i in self._store.list_lake_snapshot_ids(table.table_id) if i != snapshot.snapshot_id]
+        stored_ids = await off_loop(self._store.list_lake_snapshot_ids, table.table_id)
+        committed_ids = [i for i in stored_ids if i != snapshot.snapshot_id]
         discard = snapshots_to_discard(committed_ids, snapshot.snapshot_id,
                                        _optional(metadata, "earliest_snapshot_id_to_keep"))
-        self._store.commit_lake_snapshot(snapshot.to_record(), discard)
+        await off_loop(self._store.commit_lake_snapshot, snapshot.to_record(), discard)
         if max_timestamps:
             try:  # the commit is recorded; a failed write of this statistic must not report it as failed
-                self._manager.record_newest_timestamp(table.table_id, max(max_timestamps.values()))
+                await self._manager.record_newest_timestamp(table.table_id, max(max_timestamps.values()))
             except StromError as exc:
                 log.warning("table %s: cannot record the lake's newest timestamp: %s", table.path, exc)
         log.info("table %s: lake snapshot %d committed (%d buckets)", table.path, snapshot.snapshot_id, len(tiered))
-        await self._delete_unreferenced(table)  # the discarded snapshots' files and never-committed prepares
+        return table
 
     def _partition_names(
         self, table: TableInfo, buckets: list[TableBucket], latest: LakeSnapshot | None
@@ -378,11 +398,11 @@ class LakeTieringService:
                 )
 
     # ---- GetLakeSnapshot ----
-    def get_lake_snapshot(self, request: Any, _context: object) -> Any:
+    async def get_lake_snapshot(self, request: Any, _context: object) -> Any:
         path = TablePath(request.table_path.database_name, request.table_path.table_name)
-        table = self._coordinator.table_info(path)
+        table = await self._coordinator.resolve_table(path)
         snapshot_id = _optional(request, "snapshot_id")
-        record = self._store.get_lake_snapshot(table.table_id, snapshot_id, readable=request.readable)
+        record = await off_loop(self._store.get_lake_snapshot, table.table_id, snapshot_id, readable=request.readable)
         if record is None:
             if snapshot_id is not None:
                 raise LakeSnapshotNotExistError(f"Lake snapshot {snapshot_id} of table '{path}' does not exist.")
@@ -405,12 +425,12 @@ class LakeTieringService:
                     entry.partition_name = names[bucket.partition_id]
 
     # ---- DescribeLakeTiering (strom extension) ----
-    def describe_lake_tiering(self, request: Any, _context: object) -> Any:
+    async def describe_lake_tiering(self, request: Any, _context: object) -> Any:
         wanted = None
         if request.HasField("table_path"):
-            wanted = self._coordinator.table_info(
+            wanted = (await self._coordinator.resolve_table(
                 TablePath(request.table_path.database_name, request.table_path.table_name)
-            ).table_id
+            )).table_id
         response = ext.DescribeLakeTieringResponse()
         for tiering in self._manager.tables():
             if wanted is not None and tiering.table_id != wanted:
@@ -429,7 +449,7 @@ class LakeTieringService:
             status.table_path.table_name = table.path.table_name
             if tiering.newest_timestamp_ms != UNKNOWN:
                 status.newest_timestamp = tiering.newest_timestamp_ms
-            latest = self._latest(tiering.table_id)
+            latest = await self._latest(tiering.table_id)
             if latest is not None:
                 status.lake_snapshot_id = latest.snapshot_id
                 self._add_bucket_offsets(status.bucket_offsets, latest.tiered_offsets, latest.partition_names)
@@ -439,7 +459,7 @@ class LakeTieringService:
     async def drop_table(self, table: TableInfo) -> None:
         """Forget a dropped table's tiering state (the store already dropped its records with the table)
         and delete its offsets files; the lake table itself is left alone."""
-        self._manager.drop_table(table.table_id)
+        await self._manager.drop_table(table.table_id)
         try:
             await asyncio.to_thread(self._remote.delete_tree, lake_table_dir(table.path, table.table_id))
         except OSError as exc:

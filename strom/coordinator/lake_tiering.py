@@ -28,6 +28,7 @@ request) fires due timers and times out silent jobs; nothing here runs on a thre
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import heapq
 import json
@@ -40,6 +41,7 @@ from typing import Any
 from strom.clock import Clock
 from strom.errors import FencedTieringEpochError, StromError, TableNotExistError
 from strom.ids import TablePath
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import LakeTieringStateStore
 
 log = logging.getLogger(__name__)
@@ -150,6 +152,8 @@ class LakeTableTieringManager:
         self._heartbeats_ms: dict[int, int] = {}
         """Tiering table id -> last heartbeat (the round's start counts as one)."""
         self._round_started_ms: dict[int, int] = {}
+        self._changing = asyncio.Lock()
+        """One change at a time: each decides on the state the one before it left (and stored)."""
         for table_id, payload in store.list_lake_tiering_states().items():
             try:
                 self._tables[table_id] = LakeTableTiering.decode(payload)
@@ -164,20 +168,27 @@ class LakeTableTieringManager:
         for table in list(self._tables.values()):
             if not table.registered or table.state is TieringState.PENDING:
                 continue
+            # Stored at once (the manager is built before the coordinator serves, not on its event loop);
+            # shown as a state the table moves into, so its timer is armed or it is queued.
+            del self._tables[table.table_id]
             if table.state in (TieringState.TIERING, TieringState.FAILED):
                 # The round in flight when the coordinator stopped: its holder is fenced by the next epoch.
-                self._to_pending(dataclasses.replace(table, state=TieringState.FAILED))
+                self._show(self._put_now(self._pending_state(dataclasses.replace(table, state=TieringState.FAILED))))
             else:  # New, Scheduled, Tiered: the next round is due one freshness after the stored base
-                self._to_scheduled(dataclasses.replace(table, state=TieringState.NEW))
+                self._show(self._put_now(self._scheduled_state(dataclasses.replace(table, state=TieringState.NEW))))
 
     # ---- registration (the coordinator calls these on create, alter, drop and start) ----
-    def add_table(self, table_id: int, path: TablePath, freshness_ms: int) -> None:
+    async def add_table(self, table_id: int, path: TablePath, freshness_ms: int) -> None:
         """A table is lake-enabled: a new one is due one freshness from now; a known one takes the new
         freshness (a Scheduled table's timer is re-armed)."""
         assert freshness_ms >= 0
+        async with self._changing:
+            await self._add_table(table_id, path, freshness_ms)
+
+    async def _add_table(self, table_id: int, path: TablePath, freshness_ms: int) -> None:
         known = self._tables.get(table_id)
         if known is not None and known.registered:
-            self.update_freshness(table_id, freshness_ms)
+            await self._update_freshness(table_id, freshness_ms)
             return
         now = self._clock.now_ms()
         epoch = known.tiering_epoch if known is not None else 0
@@ -185,41 +196,49 @@ class LakeTableTieringManager:
         if known is not None:  # re-enabled: keep the history, never reuse an epoch
             table = dataclasses.replace(known, freshness_ms=freshness_ms, state=TieringState.NEW,
                                         registered=True, schedule_base_ms=now, pending_since_ms=UNKNOWN)
-        self._to_scheduled(table)
+        await self._to_scheduled(table)
         log.info("lake tiering of %s (table %d) registered, freshness %d ms", path, table_id, freshness_ms)
 
-    def disable_table(self, table_id: int) -> None:
+    async def disable_table(self, table_id: int) -> None:
         """The lake was disabled: stop scheduling the table; its holder (if any) gets TableNotExist."""
-        table = self._tables.get(table_id)
-        if table is None or not table.registered:
-            return
-        self._put(dataclasses.replace(table, registered=False, state=TieringState.NEW, pending_since_ms=UNKNOWN))
-        self._forget_schedule(table_id)
+        async with self._changing:
+            table = self._tables.get(table_id)
+            if table is None or not table.registered:
+                return
+            await self._put(dataclasses.replace(table, registered=False, state=TieringState.NEW,
+                                                pending_since_ms=UNKNOWN))
+            self._forget_schedule(table_id)
 
-    def drop_table(self, table_id: int) -> None:
+    async def drop_table(self, table_id: int) -> None:
         """The table was dropped: forget it entirely (its id is never reused)."""
+        async with self._changing:
+            await self._drop_table(table_id)
+
+    async def _drop_table(self, table_id: int) -> None:
         if table_id not in self._tables:
             return
-        self._store.delete_lake_tiering_state(table_id)
-        del self._tables[table_id]
+        await off_loop(self._store.delete_lake_tiering_state, table_id)
+        self._tables.pop(table_id, None)
         self._forget_schedule(table_id)
 
-    def retain_tables(self, table_ids: Iterable[int]) -> None:
+    async def retain_tables(self, table_ids: Iterable[int]) -> None:
         """Drop the state of every table not in ``table_ids`` (tables the catalog no longer has)."""
         keep = set(table_ids)
-        for table_id in [t for t in self._tables if t not in keep]:
-            self.drop_table(table_id)
+        async with self._changing:
+            for table_id in [t for t in self._tables if t not in keep]:
+                await self._drop_table(table_id)
 
-    def update_freshness(self, table_id: int, freshness_ms: int) -> None:
+    async def update_freshness(self, table_id: int, freshness_ms: int) -> None:
         assert freshness_ms >= 0
+        async with self._changing:
+            await self._update_freshness(table_id, freshness_ms)
+
+    async def _update_freshness(self, table_id: int, freshness_ms: int) -> None:
         table = self._registered(table_id)
         if table.freshness_ms == freshness_ms:
             return
         updated = dataclasses.replace(table, freshness_ms=freshness_ms)
-        self._put(updated)
-        if updated.state is TieringState.SCHEDULED:
-            heapq.heappush(self._timers, (updated.due_ms, table_id))
-            self._compact_timers()
+        await self._put(updated)  # a Scheduled table's timer re-armed at its new due time
 
     def _forget_schedule(self, table_id: int) -> None:
         self._pending.pop(table_id, None)
@@ -227,29 +246,47 @@ class LakeTableTieringManager:
         self._round_started_ms.pop(table_id, None)
 
     # ---- the state machine ----
-    def _put(self, table: LakeTableTiering) -> None:
-        """Persist, then show in memory: a failed write leaves both as they were."""
+    async def _put(self, table: LakeTableTiering) -> LakeTableTiering:
+        """Persist (on a store thread), then show in memory: a failed write leaves both as they were."""
+        await off_loop(self._put_now, table)
+        self._show(table)
+        return table
+
+    def _put_now(self, table: LakeTableTiering) -> LakeTableTiering:
         self._store.put_lake_tiering_state(table.table_id, table.encode())
+        return table
+
+    def _show(self, table: LakeTableTiering) -> None:
+        """A stored state becomes the table's: a table newly Scheduled (or due at a new time) gets its
+        timer, a table newly Pending joins the queue."""
+        previous = self._tables.get(table.table_id)
         self._tables[table.table_id] = table
+        moved = previous is None or previous.state is not table.state
+        if table.state is TieringState.SCHEDULED and (moved or previous is None or previous.due_ms != table.due_ms):
+            heapq.heappush(self._timers, (table.due_ms, table.table_id))
+            self._compact_timers()
+        elif table.state is TieringState.PENDING and moved:
+            self._pending[table.table_id] = None
+            self._heartbeats_ms.pop(table.table_id, None)
+            self._round_started_ms.pop(table.table_id, None)
 
     def _transition(self, table: LakeTableTiering, target: TieringState, **changes: Any) -> LakeTableTiering:
         assert table.state in _ALLOWED_FROM[target], f"table {table.table_id}: {table.state} -> {target}"
         return dataclasses.replace(table, state=target, **changes)
 
-    def _to_scheduled(self, table: LakeTableTiering) -> None:
-        scheduled = self._transition(table, TieringState.SCHEDULED, pending_since_ms=UNKNOWN)
-        self._put(scheduled)
-        heapq.heappush(self._timers, (scheduled.due_ms, table.table_id))
-        self._compact_timers()
+    def _scheduled_state(self, table: LakeTableTiering) -> LakeTableTiering:
+        return self._transition(table, TieringState.SCHEDULED, pending_since_ms=UNKNOWN)
 
-    def _to_pending(self, table: LakeTableTiering) -> None:
-        pending = self._transition(
+    def _pending_state(self, table: LakeTableTiering) -> LakeTableTiering:
+        return self._transition(
             table, TieringState.PENDING, tiering_epoch=table.tiering_epoch + 1, pending_since_ms=self._clock.now_ms()
         )
-        self._put(pending)
-        self._pending[table.table_id] = None
-        self._heartbeats_ms.pop(table.table_id, None)
-        self._round_started_ms.pop(table.table_id, None)
+
+    async def _to_scheduled(self, table: LakeTableTiering) -> None:
+        await self._put(self._scheduled_state(table))
+
+    async def _to_pending(self, table: LakeTableTiering) -> None:
+        await self._put(self._pending_state(table))
 
     def _compact_timers(self) -> None:
         """Bound the heap: rebuild it from the live timers when stale entries dominate."""
@@ -259,15 +296,19 @@ class LakeTableTieringManager:
                         if t.registered and t.state is TieringState.SCHEDULED]
         heapq.heapify(self._timers)
 
-    def tick(self) -> None:
+    async def tick(self) -> None:
         """Make due Scheduled tables Pending and, every check interval, fail rounds whose job went silent."""
+        async with self._changing:
+            await self._tick()
+
+    async def _tick(self) -> None:
         now = self._clock.now_ms()
         while self._timers and self._timers[0][0] <= now:
             due_ms, table_id = self._timers[0]
             table = self._tables.get(table_id)
             if (table is not None and table.registered and table.state is TieringState.SCHEDULED
                     and table.due_ms == due_ms):
-                self._to_pending(table)  # may raise (store): the timer stays for the next tick
+                await self._to_pending(table)  # may raise (store): the timer stays for the next tick
             heapq.heappop(self._timers)
         if now < self._next_check_ms:
             return
@@ -278,14 +319,18 @@ class LakeTableTieringManager:
                 log.warning("tiering of %s (epoch %d) timed out: no heartbeat for %d ms",
                             table.path, table.tiering_epoch, now - heartbeat_ms)
                 try:
-                    self._fail(table)
+                    await self._fail(table)
                 except StromError as exc:  # one table's failed write must not spare the others
                     log.warning("cannot end the timed-out round of %s now (%s); trying at the next check",
                                 table.path, exc)
 
-    def request_table(self) -> Assignment | None:
+    async def request_table(self) -> Assignment | None:
         """The longest-pending table, now Tiering under its epoch; None when no table is due."""
-        self.tick()
+        async with self._changing:
+            return await self._request_table()
+
+    async def _request_table(self) -> Assignment | None:
+        await self._tick()
         while self._pending:
             table_id = next(iter(self._pending))
             table = self._tables.get(table_id)
@@ -293,7 +338,7 @@ class LakeTableTieringManager:
                 del self._pending[table_id]
                 continue
             now = self._clock.now_ms()
-            self._put(self._transition(table, TieringState.TIERING, pending_since_ms=UNKNOWN))
+            await self._put(self._transition(table, TieringState.TIERING, pending_since_ms=UNKNOWN))
             del self._pending[table_id]
             self._heartbeats_ms[table_id] = now
             self._round_started_ms[table_id] = now
@@ -328,13 +373,19 @@ class LakeTableTieringManager:
         self._validated(table_id, tiering_epoch)
         self._heartbeats_ms[table_id] = self._clock.now_ms()
 
-    def finish(
+    async def finish(
         self, table_id: int, tiering_epoch: int, force_finished: bool,
         file_size: int | None = None, record_count: int | None = None,
     ) -> None:
         """End a round: the next one is due one freshness later, or at once if the round was cut short.
 
         As in Fluss, stats replace the previous ones when any is given (a missing one becomes unknown)."""
+        async with self._changing:
+            await self._finish(table_id, tiering_epoch, force_finished, file_size, record_count)
+
+    async def _finish(
+        self, table_id: int, tiering_epoch: int, force_finished: bool, file_size: int | None, record_count: int | None,
+    ) -> None:
         table = self._validated(table_id, tiering_epoch)
         now = self._clock.now_ms()
         if file_size is not None or record_count is not None:
@@ -344,26 +395,28 @@ class LakeTableTieringManager:
         tiered = self._transition(table, TieringState.TIERED, last_tiered_ms=now, schedule_base_ms=now,
                                   last_round_duration_ms=now - started_ms)
         if force_finished:
-            self._to_pending(tiered)
+            await self._to_pending(tiered)
         else:
-            self._to_scheduled(tiered)
+            await self._to_scheduled(tiered)
         # only once the new state is stored: a failed write leaves the round Tiering, and its heartbeat
         # deadline still ends it if the job never reports again
         self._heartbeats_ms.pop(table_id, None)
         self._round_started_ms.pop(table_id, None)
 
-    def fail(self, table_id: int, tiering_epoch: int) -> None:
+    async def fail(self, table_id: int, tiering_epoch: int) -> None:
         """A job gave up on its round: the table is Pending again at once, with the next epoch."""
-        self._fail(self._validated(table_id, tiering_epoch))
+        async with self._changing:
+            await self._fail(self._validated(table_id, tiering_epoch))
 
-    def _fail(self, table: LakeTableTiering) -> None:
-        self._to_pending(self._transition(table, TieringState.FAILED, failures=table.failures + 1))
+    async def _fail(self, table: LakeTableTiering) -> None:
+        await self._to_pending(self._transition(table, TieringState.FAILED, failures=table.failures + 1))
 
-    def record_newest_timestamp(self, table_id: int, timestamp_ms: int) -> None:
+    async def record_newest_timestamp(self, table_id: int, timestamp_ms: int) -> None:
         """A commit brought records up to ``timestamp_ms`` into the lake (for the data lag)."""
-        table = self._tables.get(table_id)
-        if table is not None and timestamp_ms > table.newest_timestamp_ms:
-            self._put(dataclasses.replace(table, newest_timestamp_ms=timestamp_ms))
+        async with self._changing:
+            table = self._tables.get(table_id)
+            if table is not None and timestamp_ms > table.newest_timestamp_ms:
+                await self._put(dataclasses.replace(table, newest_timestamp_ms=timestamp_ms))
 
     # ---- views ----
     def get(self, table_id: int) -> LakeTableTiering | None:

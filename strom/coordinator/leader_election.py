@@ -19,6 +19,7 @@ from collections.abc import Callable
 from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.placement import placed_tables
 from strom.ids import TableBucket
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.zk.bucket_state import NO_LEADER, BucketStates, LeaderAndIsr
@@ -94,8 +95,8 @@ class LeaderElector:
         self._shutting_down.add(server_id)
         await self.reconcile()
         remaining = []
-        for table, partition_id in await asyncio.to_thread(placed_tables, self._store, self._table_of):
-            states = await asyncio.to_thread(self._states.get_many, table.buckets(partition_id))
+        for table, partition_id in await off_loop(placed_tables, self._store, self._table_of):
+            states = await off_loop(self._states.get_many, table.buckets(partition_id))
             remaining += [bucket for bucket, state in states.items() if state.leader == server_id]
         return remaining
 
@@ -105,21 +106,21 @@ class LeaderElector:
         self._shutting_down &= registered  # a stopped server's registration is gone; when it returns it leads again
         live = registered - self._shutting_down
         changed = 0
-        for table, partition_id in await asyncio.to_thread(placed_tables, self._store, self._table_of):
+        for table, partition_id in await off_loop(placed_tables, self._store, self._table_of):
             buckets = table.buckets(partition_id)
-            states = await asyncio.to_thread(self._states.get_many, buckets)
+            states = await off_loop(self._states.get_many, buckets)
             moved: list[TableBucket] = []
             for bucket, state in states.items():
                 if elected(state, live) is None:
                     continue
-                found = await asyncio.to_thread(self._states.get, bucket)
+                found = await off_loop(self._states.get, bucket)
                 if found is None:
                     continue
                 current, version = found
                 new = elected(current, live)
                 if new is None:
                     continue
-                if await asyncio.to_thread(self._states.compare_and_set, bucket, new, version):
+                if await off_loop(self._states.compare_and_set, bucket, new, version):
                     log.info("%s: leader %d -> %d at epoch %d (ISR %s)", bucket, current.leader, new.leader,
                              new.leader_epoch, list(new.isr))
                     moved.append(bucket)

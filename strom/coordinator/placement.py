@@ -76,7 +76,10 @@ class BucketPlacement(Protocol):
         """The live tablet servers, by id."""
 
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
-        """Every bucket's leader and replicas."""
+        """Every bucket's leader and replicas (may read ZooKeeper: blocks)."""
+
+    def describe_known(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership] | None:
+        """:meth:`describe` from memory alone, None when that would need a read (safe on an event loop)."""
 
     def health(self, table: TableInfo, partition_id: int | None = None) -> list[BucketHealth]:
         """Every bucket's replica, ISR and leader counts."""
@@ -101,6 +104,9 @@ class SingleNodePlacement:
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         me = self._node.node_id
         return {bucket: BucketLeadership(me, (me,)) for bucket in range(table.bucket_count)}
+
+    def describe_known(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
+        return self.describe(table, partition_id)
 
     def health(self, table: TableInfo, partition_id: int | None = None) -> list[BucketHealth]:
         return [BucketHealth(1, 1, True)] * table.bucket_count  # this process leads every bucket it serves

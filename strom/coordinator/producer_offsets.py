@@ -16,8 +16,9 @@ Where strom differs from Fluss:
   registration would replace them anyway, so a restart must not trust them;
 * a negative ``ttl_ms`` is refused (InvalidConfigError) rather than stored already expired.
 
-Owned by the event loop (only the active coordinator serves these requests); the store's create is
-atomic on its own, so two coordinators racing through a failover still store one registration.
+Owned by the event loop (only the active coordinator serves these requests); every store call runs on a
+store thread (:func:`off_loop`). The store's create is atomic on its own, so two coordinators racing
+through a failover still store one registration.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 from strom.clock import Clock
 from strom.errors import CorruptMessageError, InvalidConfigError, StromError, UnknownTableOrBucketError
 from strom.ids import TableBucket
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import ProducerOffsetStore
 from strom.metadata.table_info import validate_producer_id
 from strom.rpc.messages import add_producer_offsets, pb
@@ -104,11 +106,11 @@ class ProducerOffsetsManager:
         while True:
             await asyncio.sleep(self._cleanup_interval_ms / 1000)
             try:
-                self.clean_up()
+                await self.clean_up()
             except Exception:
                 log.exception("cleaning up expired producer offsets failed; trying again next interval")
 
-    def register(self, producer_id: str, offsets: Mapping[TableBucket, int], ttl_ms: int | None = None) -> bool:
+    async def register(self, producer_id: str, offsets: Mapping[TableBucket, int], ttl_ms: int | None = None) -> bool:
         """Store ``offsets`` unless the producer has unexpired ones: True if stored (CREATED).
 
         Raises: InvalidProducerIdError, InvalidConfigError (a negative TTL)."""
@@ -116,6 +118,9 @@ class ProducerOffsetsManager:
         if ttl_ms is not None and ttl_ms < 0:
             raise InvalidConfigError(f"ttl_ms must not be negative, got {ttl_ms}")
         ttl = self.default_ttl_ms if ttl_ms is None else ttl_ms
+        return await off_loop(self._register, producer_id, dict(offsets), ttl)
+
+    def _register(self, producer_id: str, offsets: dict[TableBucket, int], ttl: int) -> bool:
         for _attempt in range(_REGISTER_ATTEMPTS):
             now = self._clock.now_ms()
             payload = ProducerOffsets(producer_id, now + ttl, dict(offsets)).encode()
@@ -127,26 +132,29 @@ class ProducerOffsetsManager:
             self._store.delete_producer_offsets(producer_id)  # expired (or unreadable): replace it
         return False
 
-    def get(self, producer_id: str) -> ProducerOffsets | None:
+    async def get(self, producer_id: str) -> ProducerOffsets | None:
         """The producer's unexpired offsets, None when it has none."""
         validate_producer_id(producer_id)
-        found = self._read(producer_id)
+        found = await off_loop(self._read, producer_id)
         return None if found is None or found.is_expired(self._clock.now_ms()) else found
 
-    def delete(self, producer_id: str) -> None:
+    async def delete(self, producer_id: str) -> None:
         validate_producer_id(producer_id)
-        self._store.delete_producer_offsets(producer_id)
+        await off_loop(self._store.delete_producer_offsets, producer_id)
 
-    def stored_table_ids(self, producer_id: str) -> set[int]:
+    async def stored_table_ids(self, producer_id: str) -> set[int]:
         """The tables a producer's stored offsets (expired or not) cover; empty for an unknown or invalid id."""
         try:
-            found = self._read(producer_id)
+            found = await off_loop(self._read, producer_id)
         except StromError:
             return set()
         return set() if found is None else found.table_ids()
 
-    def clean_up(self) -> int:
+    async def clean_up(self) -> int:
         """Delete every expired registration; returns how many."""
+        return await off_loop(self._clean_up)
+
+    def _clean_up(self) -> int:
         now = self._clock.now_ms()
         deleted = 0
         for producer_id in self._store.list_producer_ids():
@@ -177,7 +185,7 @@ class ProducerOffsetsService:
         self.manager = manager
         self._table_exists = table_exists
 
-    def register_producer_offsets(self, request: Any, _context: object) -> Any:
+    async def register_producer_offsets(self, request: Any, _context: object) -> Any:
         offsets: dict[TableBucket, int] = {}
         for table in request.table_offsets:
             if not self._table_exists(table.table_id):
@@ -190,11 +198,11 @@ class ProducerOffsetsService:
                 partition_id = entry.partition_id if entry.HasField("partition_id") else None
                 offsets[TableBucket(table.table_id, entry.bucket_id, partition_id)] = entry.log_end_offset
         ttl_ms = request.ttl_ms if request.HasField("ttl_ms") else None
-        created = self.manager.register(request.producer_id, offsets, ttl_ms)
+        created = await self.manager.register(request.producer_id, offsets, ttl_ms)
         return pb.RegisterProducerOffsetsResponse(result=CREATED if created else ALREADY_EXISTS)
 
-    def get_producer_offsets(self, request: Any, _context: object) -> Any:
-        found = self.manager.get(request.producer_id)
+    async def get_producer_offsets(self, request: Any, _context: object) -> Any:
+        found = await self.manager.get(request.producer_id)
         response = pb.GetProducerOffsetsResponse()
         if found is None:
             return response
@@ -203,8 +211,8 @@ class ProducerOffsetsService:
         add_producer_offsets(response.table_offsets, found.offsets)
         return response
 
-    def delete_producer_offsets(self, request: Any, _context: object) -> Any:
-        self.manager.delete(request.producer_id)
+    async def delete_producer_offsets(self, request: Any, _context: object) -> Any:
+        await self.manager.delete(request.producer_id)
         return pb.DeleteProducerOffsetsResponse()
 
 

@@ -30,6 +30,7 @@ from strom.errors import (
     ServerTagNotExistError,
 )
 from strom.ids import TableBucket
+from strom.metadata.off_loop import off_loop
 from strom.metadata.rebalance_plan import (
     BucketLayout,
     BucketMove,
@@ -78,6 +79,8 @@ class RebalanceManager:
         self._moves: list[BucketMove] = []
         self._cancelled = False
         self._task: asyncio.Task[None] | None = None
+        self._changing = asyncio.Lock()
+        """One change at a time (tags, a new plan, a cancel): each decides on what the one before it stored."""
         stored = store.get_rebalance_task()
         if stored is not None:
             self._rebalance_id, self._status, self._moves = decode_task(stored)
@@ -98,9 +101,13 @@ class RebalanceManager:
         return self._status is not None and not self._status.is_final
 
     # ---- server tags ----
-    def add_server_tag(self, request: Any, _context: object) -> Any:
+    async def add_server_tag(self, request: Any, _context: object) -> Any:
+        async with self._changing:
+            return await self._add_server_tag(request)
+
+    async def _add_server_tag(self, request: Any) -> Any:
         tag = _tag(request.server_tag)
-        known = self._known_servers(request.server_ids)
+        known = await self._known_servers(request.server_ids)
         for server in request.server_ids:
             if server not in known:
                 raise ServerNotExistError(f"Server {server} does not exist; it cannot be tagged {tag.name}.")
@@ -110,34 +117,39 @@ class RebalanceManager:
                     f"Server {server} is tagged {existing.name}; remove that tag before tagging it {tag.name}."
                 )
         tags = {**self.tags, **dict.fromkeys(request.server_ids, tag)}
-        self._store.put_server_tags(encode_tags(tags))
+        await off_loop(self._store.put_server_tags, encode_tags(tags))
         self.tags = tags
         log.info("servers %s tagged %s", list(request.server_ids), tag.name)
         return pb.AddServerTagResponse()
 
-    def remove_server_tag(self, request: Any, _context: object) -> Any:
+    async def remove_server_tag(self, request: Any, _context: object) -> Any:
         tag = _tag(request.server_tag)
-        for server in request.server_ids:
-            existing = self.tags.get(server)
-            if existing is not None and existing != tag:
-                raise ServerTagNotExistError(f"Server {server} is tagged {existing.name}, not {tag.name}.")
-        tags = {server: t for server, t in self.tags.items() if server not in set(request.server_ids)}
-        self._store.put_server_tags(encode_tags(tags))
-        self.tags = tags
+        async with self._changing:
+            for server in request.server_ids:
+                existing = self.tags.get(server)
+                if existing is not None and existing != tag:
+                    raise ServerTagNotExistError(f"Server {server} is tagged {existing.name}, not {tag.name}.")
+            tags = {server: t for server, t in self.tags.items() if server not in set(request.server_ids)}
+            await off_loop(self._store.put_server_tags, encode_tags(tags))
+            self.tags = tags
         log.info("tag %s removed from servers %s", tag.name, list(request.server_ids))
         return pb.RemoveServerTagResponse()
 
-    def _known_servers(self, asked: Iterable[int]) -> set[int]:
+    async def _known_servers(self, asked: Iterable[int]) -> set[int]:
         """The live tablet servers and, so that a server lost for good can be drained, those holding
         replicas (the buckets are read only when ``asked`` names a server that is not live)."""
         known = {node.node_id for node in self._placement.tablet_servers()}
         if not known.issuperset(asked):
-            for layout in self._layout().values():
+            for layout in (await off_loop(self._layout)).values():
                 known.update(layout.replicas)
         return known
 
     # ---- rebalance ----
-    def rebalance(self, request: Any, _context: object) -> Any:
+    async def rebalance(self, request: Any, _context: object) -> Any:
+        async with self._changing:
+            return await self._rebalance(request)
+
+    async def _rebalance(self, request: Any) -> Any:
         if self.in_progress:
             raise RebalanceFailureError(
                 f"Rebalance {self._rebalance_id} is in progress: wait for it to finish or cancel it first."
@@ -148,14 +160,14 @@ class RebalanceManager:
             raise RebalanceFailureError(f"unknown rebalance goal: {exc}") from None
         servers = {node.node_id: node.rack for node in self._placement.tablet_servers()}
         try:
-            moves = plan_rebalance(self._layout(), servers, self.tags, goals)
+            moves = plan_rebalance(await off_loop(self._layout), servers, self.tags, goals)
         except PlanningError as exc:
             raise RebalanceFailureError(f"Cannot plan the rebalance: {exc}") from None
         if moves and self._mover is None:
             raise RebalanceFailureError("This server hosts every bucket itself; there is nowhere to move one.")
         rebalance_id = uuid.uuid4().hex
         status = RebalanceStatus.REBALANCING if moves else RebalanceStatus.COMPLETED
-        self._store.put_rebalance_task(encode_task(rebalance_id, status, moves))
+        await off_loop(self._store.put_rebalance_task, encode_task(rebalance_id, status, moves))
         self._rebalance_id, self._status, self._moves, self._cancelled = rebalance_id, status, moves, False
         log.info("rebalance %s: %d buckets to move (goals %s)", rebalance_id, len(moves),
                  [g.name for g in goals] or "default")
@@ -186,14 +198,14 @@ class RebalanceManager:
             plan.new_replicas.extend(move.new_replicas)
         return response
 
-    def cancel_rebalance(self, request: Any, _context: object) -> Any:
+    async def cancel_rebalance(self, request: Any, _context: object) -> Any:
         self._check_id(request)
         if self._rebalance_id is None:
             raise NoRebalanceInProgressError("No rebalance was ever started.")
         if self.in_progress:
             self._cancelled = True
             self._moves = [m if m.status.is_final else m.with_status(RebalanceStatus.CANCELED) for m in self._moves]
-            self._finish(RebalanceStatus.CANCELED)
+            await self._finish(RebalanceStatus.CANCELED)
         return pb.CancelRebalanceResponse()
 
     def _check_id(self, request: Any) -> None:
@@ -211,7 +223,7 @@ class RebalanceManager:
             if move.status.is_final:
                 continue
             self._moves[index] = move.with_status(RebalanceStatus.REBALANCING)
-            self._save()
+            await self._save()
             table = self._table_of(move.bucket.table_id)
             try:
                 status = RebalanceStatus.FAILED if table is None else await self._mover.move(table, move)
@@ -221,22 +233,23 @@ class RebalanceManager:
                 log.exception("%s: moving replicas failed", move.bucket)
                 status = RebalanceStatus.FAILED
             self._moves[index] = move.with_status(status)  # after a cancel too: the bucket finished its move
-            self._save()
+            await self._save()
             if self._cancelled:
                 return
         failed = any(m.status is not RebalanceStatus.COMPLETED for m in self._moves)
-        self._finish(RebalanceStatus.FAILED if failed else RebalanceStatus.COMPLETED)
+        await self._finish(RebalanceStatus.FAILED if failed else RebalanceStatus.COMPLETED)
 
-    def _finish(self, status: RebalanceStatus) -> None:
+    async def _finish(self, status: RebalanceStatus) -> None:
         self._status = status
-        self._save()
+        await self._save()
         log.info("rebalance %s: %s", self._rebalance_id, status.name)
 
-    def _save(self) -> None:
+    async def _save(self) -> None:
         assert self._rebalance_id is not None and self._status is not None
-        self._store.put_rebalance_task(encode_task(self._rebalance_id, self._status, self._moves))
+        await off_loop(self._store.put_rebalance_task, encode_task(self._rebalance_id, self._status, list(self._moves)))
 
     def _layout(self) -> dict[TableBucket, BucketLayout]:
+        """Where every bucket's replicas are (blocks: store reads; run it with :func:`off_loop`)."""
         layout = {}
         for table, partition_id in placed_tables(self._store, self._table_of):
             for bucket_id, leadership in self._placement.describe(table, partition_id).items():

@@ -19,6 +19,7 @@ from strom.coordinator.placement import LeaderEpochOf, fence_leader_epoch
 from strom.coordinator.service import CoordinatorService
 from strom.errors import PartitionNotExistError, UnknownTableOrBucketError
 from strom.ids import TableBucket
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.log_layout import RemoteLogManifestHandle, table_log_dir
@@ -64,7 +65,7 @@ class RemoteLogManifestService:
             raise UnknownTableOrBucketError(f"Table '{table.path}' has no bucket {bucket_id}.")
         return table, TableBucket(table_id, bucket_id, partition_id)
 
-    def commit_remote_log_manifest(self, request: Any, _context: object) -> Any:
+    async def commit_remote_log_manifest(self, request: Any, _context: object) -> Any:
         partition_id = request.partition_id if request.HasField("partition_id") else None
         _table, bucket = self._bucket(request.table_id, partition_id, request.bucket_id)
         if self._leader_epoch_of is not None:
@@ -73,7 +74,8 @@ class RemoteLogManifestService:
         handle = RemoteLogManifestHandle(
             request.remote_log_manifest_path, request.remote_log_end_offset, request.remote_log_start_offset
         )
-        self._store.put_remote_log_manifest(bucket.table_id, bucket.partition_id, bucket.bucket, handle.to_bytes())
+        await off_loop(self._store.put_remote_log_manifest, bucket.table_id, bucket.partition_id, bucket.bucket,
+                       handle.to_bytes())
         if self._notify_followers is not None:
             notice = pb.NotifyRemoteLogOffsetsRequest(
                 table_id=bucket.table_id, bucket_id=bucket.bucket, coordinator_epoch=request.coordinator_epoch,
@@ -93,13 +95,14 @@ class RemoteLogManifestService:
         except Exception as exc:  # followers also reread the handle on their own schedule
             log.info("could not tell the followers of %s its remote log offsets: %s", bucket, exc)
 
-    def list_remote_log_manifests(self, request: Any, _context: object) -> Any:
+    async def list_remote_log_manifests(self, request: Any, _context: object) -> Any:
         partition_id = request.partition_id if request.HasField("partition_id") else None
         table = self._catalog.table_info_by_id(request.table_id)
         if table is None:
             raise UnknownTableOrBucketError.unknown_table_id(request.table_id)
         response = pb.ListRemoteLogManifestsResponse()
-        for bucket_id, payload in self._store.list_remote_log_manifests(request.table_id, partition_id).items():
+        stored = await off_loop(self._store.list_remote_log_manifests, request.table_id, partition_id)
+        for bucket_id, payload in stored.items():
             handle = RemoteLogManifestHandle.from_bytes(payload)
             entry = response.manifests.add(remote_log_manifest_path=handle.manifest_path,
                                            remote_log_end_offset=handle.end_offset)

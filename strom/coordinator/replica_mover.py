@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from strom.ids import TableBucket
+from strom.metadata.off_loop import off_loop
 from strom.metadata.rebalance_plan import BucketMove, RebalanceStatus
 from strom.metadata.table_info import TableInfo
 from strom.zk.bucket_state import BucketStates, LeaderAndIsr
@@ -103,7 +104,7 @@ class ReplicaMover:
 
     async def _current(self, bucket: TableBucket) -> tuple[LeaderAndIsr, int]:
         """The bucket's state and its node version."""
-        found = await asyncio.to_thread(self._states.get, bucket)
+        found = await off_loop(self._states.get, bucket)
         if found is None:
             raise MoveAborted("the bucket has no state (its table was dropped)")
         return found
@@ -116,7 +117,7 @@ class ReplicaMover:
             new = change(state)
             if new is None:
                 return state
-            if await asyncio.to_thread(self._states.compare_and_set, bucket, new, version):
+            if await off_loop(self._states.compare_and_set, bucket, new, version):
                 return new
             await asyncio.sleep(POLL_S / 4)
         raise MoveAborted(f"its state kept changing under {CAS_ATTEMPTS_MAX} attempts")

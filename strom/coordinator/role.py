@@ -10,6 +10,9 @@ bucket from its latest snapshot) before the catalog hands it its buckets.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from strom.clock import Clock
 from strom.config import (
     AUTO_PARTITION_CHECK_INTERVAL,
@@ -39,11 +42,14 @@ from strom.coordinator.producer_offsets import ProducerOffsetsManager, ProducerO
 from strom.coordinator.rebalance import BucketMover, RebalanceManager
 from strom.coordinator.remote_log_manifests import LeaderEpochOf, NotifyFollowers, RemoteLogManifestService
 from strom.coordinator.service import CoordinatorService
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.server import Handler
+
+log = logging.getLogger(__name__)
 
 
 class CoordinatorRole:
@@ -78,6 +84,7 @@ class CoordinatorRole:
         self.auto_partitions: AutoPartitionManager | None = None
         self.health: ClusterHealthService | None = None
         self.rebalance: RebalanceManager | None = None
+        self._applying: list[asyncio.Task[None]] = []
 
     async def start(
         self,
@@ -95,7 +102,7 @@ class CoordinatorRole:
         self.coordinator = coordinator = CoordinatorService(
             self.store, tablets, self.config, self.clock, placement, self.lake_tiering, self._on_table_dropped
         )
-        coordinator.start()
+        await coordinator.start()
         self.health = ClusterHealthService(coordinator, self.store, placement)
         self.lake = LakeTieringService(coordinator, self.lake_tiering, self.store, self.remote, tablets)
         self.lake.start()
@@ -112,7 +119,7 @@ class CoordinatorRole:
         )
         await self.auto_partitions.catch_up()
         self.auto_partitions.start()
-        self.rebalance = RebalanceManager(self.store, placement, coordinator.table_info_by_id, mover)
+        self.rebalance = await off_loop(RebalanceManager, self.store, placement, coordinator.table_info_by_id, mover)
         self.rebalance.start()
         await self.snapshot_store.sweep_unreferenced()
         return coordinator
@@ -125,12 +132,22 @@ class CoordinatorRole:
         if self.auto_partitions is not None:
             self.auto_partitions.check_interval_ms = config.get_ms(AUTO_PARTITION_CHECK_INTERVAL)
         if self.coordinator is not None:
-            self.coordinator.set_default_freshness_ms(config.get_ms(TABLE_DATALAKE_FRESHNESS))
+            self._applying.append(asyncio.ensure_future(
+                self.coordinator.set_default_freshness_ms(config.get_ms(TABLE_DATALAKE_FRESHNESS))
+            ))
+
+    async def settled(self) -> None:
+        """Wait until what :meth:`apply` started has finished (lake tables rescheduled: store writes)."""
+        while self._applying:
+            try:
+                await self._applying.pop(0)
+            except Exception:
+                log.exception("applying the changed cluster configs to the lake tables failed")
 
     async def _on_table_dropped(self, table: TableInfo, partition_id: int | None) -> None:
         """Release a dropped table's (or partition's) KV snapshots, leases and lake offsets files."""
         assert self.snapshots is not None and self.remote_logs is not None
-        self.snapshots.on_table_dropped(table, partition_id)
+        await self.snapshots.on_table_dropped(table, partition_id)
         await self.remote_logs.drop_table(table, partition_id)
         if partition_id is None and self.lake is not None:
             await self.lake.drop_table(table)
@@ -145,7 +162,7 @@ class CoordinatorRole:
         rebalance = self.rebalance
         producers = ProducerOffsetsService(self.producer_offsets,
                                            lambda table_id: coordinator.table_info_by_id(table_id) is not None)
-        configs = ClusterConfigService(self.store, self.dynamic)
+        configs = ClusterConfigService(self.store, self.dynamic, self.settled)
         return {
             ApiKey.COMMIT_REMOTE_LOG_MANIFEST: remote_logs.commit_remote_log_manifest,
             ApiKey.LIST_REMOTE_LOG_MANIFESTS: remote_logs.list_remote_log_manifests,

@@ -7,6 +7,7 @@ the matching Fluss error code.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -50,6 +51,7 @@ from strom.kv import auto_increment
 from strom.kv.merge import options as merge_options
 from strom.metadata import table_options
 from strom.metadata.auto_partition import AutoPartitionStrategy
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import DatabaseRecord, MetadataStore, PartitionRecord
 from strom.metadata.table_info import TableInfo, partition_name, validate_database_name, validate_table_name
 from strom.records import keys
@@ -100,7 +102,8 @@ Fluss accepts."""
 
 class CoordinatorService(CatalogReader):
     """Catalog and metadata RPCs: the catalog's reads (:class:`CatalogReader`) and every change to it. Runs on
-    the event loop; the store calls are short SQLite transactions (or ZooKeeper requests)."""
+    the event loop; its store calls run on store threads (:func:`off_loop`), and what it changed it keeps in
+    memory (the catalog is complete once :meth:`start` loaded it)."""
 
     def __init__(
         self,
@@ -114,7 +117,7 @@ class CoordinatorService(CatalogReader):
     ) -> None:
         """``on_table_dropped(table, partition_id)`` is awaited after a table (partition_id None) or one
         partition is dropped: KV snapshots, leases and lake offsets files of it are released there."""
-        super().__init__(store, placement, remember=True)  # every change of the catalog is made here
+        super().__init__(store, placement)
         self._tablets = tablets
         self._on_table_dropped = on_table_dropped
         self._clock = clock
@@ -131,6 +134,9 @@ class CoordinatorService(CatalogReader):
         """``table.datalake.<format>.<key>`` -> value: what a lake-enabled table's properties get."""
         self._default_freshness_ms = config.get_ms(TABLE_DATALAKE_FRESHNESS)
         self._table_changed_hooks: list[TableChangedHook] = []
+        self._read_modify_write = asyncio.Lock()
+        """Held by a change decided on what it read (an alter, a partition counted against its maximum) from
+        the read to the write, so two such changes never decide on the same old state."""
 
     def on_table_changed(self, hook: TableChangedHook) -> None:
         """Await ``hook(table)`` after a table is created or altered, before the request is answered (the
@@ -141,31 +147,35 @@ class CoordinatorService(CatalogReader):
         for hook in self._table_changed_hooks:
             await hook(table)
 
-    def start(self) -> None:
-        """Create the default database and hand every stored bucket to the tablet server."""
-        if self._store.get_database(DEFAULT_DATABASE) is None:
-            now = self._clock.now_ms()
-            self._store.create_database(DatabaseRecord(DEFAULT_DATABASE, DEFAULT_DATABASE_JSON, now, now))
+    async def start(self) -> None:
+        """Create the default database, load the catalog and hand every stored bucket to the tablet server."""
+        await off_loop(self._create_default_database)
+        await self.load()
         table_ids: list[int] = []
         for table in self.tables():
             if table.is_partitioned:
-                for partition in self._store.list_partitions(table.table_id):
+                for partition in self.list_partitions(table):
                     self._tablets.become_leader(table, table.buckets(partition.partition_id))
             else:
                 self._tablets.become_leader(table, table.buckets())
-            self._sync_lake(table)
+            await self._sync_lake(table)
             table_ids.append(table.table_id)
-        self._lake_tiering.retain_tables(table_ids)
+        await self._lake_tiering.retain_tables(table_ids)
 
-    def _sync_lake(self, table: TableInfo) -> None:
+    def _create_default_database(self) -> None:
+        if self._store.get_database(DEFAULT_DATABASE) is None:
+            now = self._clock.now_ms()
+            self._store.create_database(DatabaseRecord(DEFAULT_DATABASE, DEFAULT_DATABASE_JSON, now, now))
+
+    async def _sync_lake(self, table: TableInfo) -> None:
         """Register a lake-enabled table with the tiering manager (its freshness may have changed), or
         stop scheduling one whose lake was disabled."""
         if table.options.datalake_enabled:
-            self._lake_tiering.add_table(table.table_id, table.path, self._freshness_ms(table.options))
+            await self._lake_tiering.add_table(table.table_id, table.path, self._freshness_ms(table.options))
         else:
-            self._lake_tiering.disable_table(table.table_id)
+            await self._lake_tiering.disable_table(table.table_id)
 
-    def set_default_freshness_ms(self, freshness_ms: int) -> None:
+    async def set_default_freshness_ms(self, freshness_ms: int) -> None:
         """A new ``table.datalake.freshness`` server default: lake tables that do not set their own are
         rescheduled with it."""
         if freshness_ms == self._default_freshness_ms:
@@ -173,15 +183,15 @@ class CoordinatorService(CatalogReader):
         self._default_freshness_ms = freshness_ms
         for table in self.tables():
             if table.options.datalake_enabled and table.options.datalake_freshness_ms is None:
-                self._sync_lake(table)
+                await self._sync_lake(table)
 
     def _freshness_ms(self, options: TableProperties) -> int:
         """The table's own freshness, else the server's default."""
         freshness_ms = options.datalake_freshness_ms
         return self._default_freshness_ms if freshness_ms is None else freshness_ms
 
-    def _require_database(self, name: str) -> DatabaseRecord:
-        record = self._store.get_database(name)
+    async def _require_database(self, name: str) -> DatabaseRecord:
+        record = await off_loop(self._store.get_database, name)
         if record is None:
             raise DatabaseNotExistError(f"Database '{name}' does not exist.")
         return record
@@ -194,7 +204,7 @@ class CoordinatorService(CatalogReader):
         _parse_json_object(database_json, "database_json")
         now = self._clock.now_ms()
         try:
-            self._store.create_database(DatabaseRecord(name, database_json, now, now))
+            await off_loop(self._store.create_database, DatabaseRecord(name, database_json, now, now))
         except DatabaseAlreadyExistError:
             if not request.ignore_if_exists:
                 raise
@@ -202,16 +212,19 @@ class CoordinatorService(CatalogReader):
 
     async def drop_database(self, request: Any, _context: object) -> Any:
         name = request.database_name
-        if self._store.get_database(name) is None:
+        if await off_loop(self._store.get_database, name) is None:
             if request.ignore_if_not_exists:
                 return pb.DropDatabaseResponse()
             raise DatabaseNotExistError(f"Database '{name}' does not exist.")
-        tables = self._store.list_tables(name)
+        tables = await off_loop(self._store.list_tables, name)
         if tables and not request.cascade:
             raise DatabaseNotEmptyError(f"Database '{name}' is not empty: it has {len(tables)} tables.")
         for table_name in tables:
-            await self._drop_table(self.table_info(TablePath(name, table_name)))
-        self._store.drop_database(name)
+            path = TablePath(name, table_name)
+            table = self._tables_by_path.get(path) or await off_loop(self._read_table, path)
+            if table is not None:  # else dropped meanwhile
+                await self._drop_table(table)
+        await off_loop(self._store.drop_database, name)
         return pb.DropDatabaseResponse()
 
     async def alter_database(self, request: Any, _context: object) -> Any:
@@ -223,9 +236,15 @@ class CoordinatorService(CatalogReader):
         comment = request.comment if request.HasField("comment") else None
         if comment is not None and not isinstance(comment, str):
             raise InvalidAlterDatabaseError("The comment is not valid UTF-8.")
-        record = self._store.get_database(name) if isinstance(name, str) else None
+        async with self._read_modify_write:
+            return await self._alter_database(name, to_set, to_delete, comment, request.ignore_if_not_exists)
+
+    async def _alter_database(
+        self, name: Any, to_set: dict[str, str], to_delete: set[str], comment: str | None, ignore_if_not_exists: bool,
+    ) -> Any:
+        record = await off_loop(self._store.get_database, name) if isinstance(name, str) else None
         if record is None:
-            if request.ignore_if_not_exists:
+            if ignore_if_not_exists:
                 return pb.AlterDatabaseResponse()
             raise DatabaseNotExistError(f"Database '{name}' does not exist.")
         try:
@@ -240,28 +259,33 @@ class CoordinatorService(CatalogReader):
         altered = DatabaseDescriptor(new_comment, properties)
         if altered == current:
             return pb.AlterDatabaseResponse()
-        self._store.update_database(name, altered.to_json(), self._clock.now_ms())
+        await off_loop(self._store.update_database, name, altered.to_json(), self._clock.now_ms())
         changed = "properties" if comment is None else "properties and comment"
         log.info("altered database %s (%s)", name, changed)
         return pb.AlterDatabaseResponse()
 
-    def list_databases(self, request: Any, _context: object) -> Any:
+    async def list_databases(self, request: Any, _context: object) -> Any:
+        return await off_loop(self._list_databases, request.include_summary)
+
+    def _list_databases(self, include_summary: bool) -> Any:
         response = pb.ListDatabasesResponse()
         for name in self._store.list_databases():
+            record = self._store.get_database(name) if include_summary else None
+            if include_summary and record is None:
+                continue  # dropped meanwhile
             response.database_name.append(name)
-            if request.include_summary:
-                record = self._store.get_database(name)
-                assert record is not None
+            if record is not None:
                 response.database_summary.add(
                     database_name=name, created_time=record.created_ms, table_count=len(self._store.list_tables(name))
                 )
         return response
 
-    def database_exists(self, request: Any, _context: object) -> Any:
-        return pb.DatabaseExistsResponse(exists=self._store.get_database(request.database_name) is not None)
+    async def database_exists(self, request: Any, _context: object) -> Any:
+        found = await off_loop(self._store.get_database, request.database_name)
+        return pb.DatabaseExistsResponse(exists=found is not None)
 
-    def get_database_info(self, request: Any, _context: object) -> Any:
-        record = self._require_database(request.database_name)
+    async def get_database_info(self, request: Any, _context: object) -> Any:
+        record = await self._require_database(request.database_name)
         return pb.GetDatabaseInfoResponse(
             database_json=record.database_json, created_time=record.created_ms, modified_time=record.modified_ms
         )
@@ -271,21 +295,23 @@ class CoordinatorService(CatalogReader):
         path = TablePath(request.table_path.database_name, request.table_path.table_name)
         validate_database_name(path.database_name)
         validate_table_name(path.table_name)
-        self._require_database(path.database_name)
+        await self._require_database(path.database_name)
         table_json = self._validated_table_json(request.table_json)
         try:
-            record = self._store.create_table(
-                path.database_name, path.table_name, table_json, FIRST_SCHEMA_ID, self._clock.now_ms()
+            record = await off_loop(
+                self._store.create_table,
+                path.database_name, path.table_name, table_json, FIRST_SCHEMA_ID, self._clock.now_ms(),
             )
         except TableAlreadyExistError:
+            await self._heal(path)
             if request.ignore_if_exists:
                 return pb.CreateTableResponse()
             raise
-        table = TableInfo.from_record(record)
+        table = self.remember_table(TableInfo.from_record(record))
         if not table.is_partitioned:
-            self._placement.assign(table)
+            await off_loop(self._placement.assign, table)
             self._tablets.become_leader(table, table.buckets())
-        self._sync_lake(table)
+        await self._sync_lake(table)
         log.info("created table %s (id %d, %d buckets)", path, table.table_id, table.bucket_count)
         await self._table_changed(table)
         return pb.CreateTableResponse()
@@ -405,7 +431,7 @@ class CoordinatorService(CatalogReader):
     async def drop_table(self, request: Any, _context: object) -> Any:
         path = TablePath(request.table_path.database_name, request.table_path.table_name)
         try:
-            table = self.table_info(path)
+            table = await self.resolve_table(path)
         except TableNotExistError:
             if request.ignore_if_not_exists:
                 return pb.DropTableResponse()
@@ -413,8 +439,16 @@ class CoordinatorService(CatalogReader):
         await self._drop_table(table)
         return pb.DropTableResponse()
 
+    async def _heal(self, path: TablePath) -> None:
+        """The store has a table memory lacks (a creation whose answer was lost to a store failure, and
+        which the store made all the same): remember it, as a retried creation finds it."""
+        if path not in self._tables_by_path:
+            found = await off_loop(self._read_table, path)
+            if found is not None:
+                self.remember_table(found)
+
     async def _drop_table(self, table: TableInfo) -> None:
-        self._store.drop_table(table.table_id)
+        await off_loop(self._store.drop_table, table.table_id)
         self.forget_table(table.table_id)
         await self._tablets.stop_replicas(table.table_id, None, delete=True)
         if self._on_table_dropped is not None:
@@ -426,12 +460,24 @@ class CoordinatorService(CatalogReader):
         columns at the end (a new schema id; rows written before read with nulls there). Enabling the lake
         registers the table for tiering, disabling it stops its schedule, and a new freshness re-arms its
         timer. The hosted buckets serve the changed table from the next request on."""
+        async with self._read_modify_write:
+            altered = await self._alter_table(request)
+        if altered is not None:
+            self._tablets.change_table(altered)
+            await self._sync_lake(altered)
+            await self._table_changed(altered)
+            log.info("altered table %s: %d option changes, %d added columns (schema %d)", altered.path,
+                     len(request.config_changes), len(request.add_columns), altered.schema_id)
+        return pb.AlterTableResponse()
+
+    async def _alter_table(self, request: Any) -> TableInfo | None:
+        """The altered table, stored and remembered; None when the request changes nothing."""
         path = TablePath(request.table_path.database_name, request.table_path.table_name)
         try:
-            table = self.table_info(path)
+            table = await self.resolve_table(path)
         except TableNotExistError:
             if request.ignore_if_not_exists:
-                return pb.AlterTableResponse()
+                return None
             raise
         for refused, what in (
             (request.drop_columns, "drop"), (request.rename_columns, "rename"), (request.modify_columns, "modify")
@@ -486,28 +532,28 @@ class CoordinatorService(CatalogReader):
         document["custom_properties"] = custom
         table_json = self._validated_table_json(json.dumps(document).encode(), creating=False)
         if table_json == table.table_json:
-            return pb.AlterTableResponse()
-        record = self._store.update_table(table.table_id, table_json, self._clock.now_ms(), schema_id=schema_id)
-        self.forget_table(table.table_id)
-        altered = self._with_versions(record)
-        self._tablets.change_table(altered)
-        self._sync_lake(altered)
-        await self._table_changed(altered)
-        log.info("altered table %s: %d option changes, %d added columns (schema %d)", path,
-                 len(request.config_changes), len(request.add_columns), altered.schema_id)
-        return pb.AlterTableResponse()
+            return None
+        record = await off_loop(self._store.update_table, table.table_id, table_json, self._clock.now_ms(),
+                                schema_id=schema_id)
+        return self.remember_table(await off_loop(self._with_versions, record))
 
-    def list_tables(self, request: Any, _context: object) -> Any:
-        self._require_database(request.database_name)
-        return pb.ListTablesResponse(table_name=self._store.list_tables(request.database_name))
+    async def list_tables(self, request: Any, _context: object) -> Any:
+        await self._require_database(request.database_name)
+        return pb.ListTablesResponse(table_name=await off_loop(self._store.list_tables, request.database_name))
 
-    def table_exists(self, request: Any, _context: object) -> Any:
-        record = self._store.get_table(request.table_path.database_name, request.table_path.table_name)
-        return pb.TableExistsResponse(exists=record is not None)
+    async def table_exists(self, request: Any, _context: object) -> Any:
+        path = TablePath(request.table_path.database_name, request.table_path.table_name)
+        try:
+            await self.resolve_table(path)
+        except TableNotExistError:
+            return pb.TableExistsResponse(exists=False)
+        return pb.TableExistsResponse(exists=True)
 
     # ---- partitions ----
-    def list_partition_infos(self, request: Any, _context: object) -> Any:
-        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+    async def list_partition_infos(self, request: Any, _context: object) -> Any:
+        table = await self.resolve_table(
+            TablePath(request.table_path.database_name, request.table_path.table_name)
+        )
         if not table.is_partitioned:
             raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
         wanted = {kv.key: kv.value for kv in request.partial_partition_spec.partition_key_values}
@@ -515,7 +561,7 @@ class CoordinatorService(CatalogReader):
         if unknown:
             raise PartitionSpecInvalidError(f"{sorted(unknown)} are not partition keys of '{table.path}'.")
         response = pb.ListPartitionInfosResponse()
-        for partition in self._store.list_partitions(table.table_id):
+        for partition in await self.resolve_partitions(table):
             spec = dict(partition.spec)
             if any(spec.get(key) != value for key, value in wanted.items()):
                 continue
@@ -526,17 +572,19 @@ class CoordinatorService(CatalogReader):
         return response
 
     async def create_partition(self, request: Any, _context: object) -> Any:
-        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        table = await self.resolve_table(
+            TablePath(request.table_path.database_name, request.table_path.table_name)
+        )
         spec = {kv.key: kv.value for kv in request.partition_spec.partition_key_values}
         if table.is_partitioned:
             AutoPartitionStrategy.of(table.properties, table.partition_keys).check_new_partition(
                 spec, self._clock.now_ms()
             )
         # Fluss's name for "ignore if it already exists" is ignore_if_not_exists
-        self.create_partition_of(table, spec, ignore_if_exists=request.ignore_if_not_exists)
+        await self.create_partition_of(table, spec, ignore_if_exists=request.ignore_if_not_exists)
         return pb.CreatePartitionResponse()
 
-    def create_partition_of(self, table: TableInfo, spec: dict[str, str], *, ignore_if_exists: bool) -> bool:
+    async def create_partition_of(self, table: TableInfo, spec: dict[str, str], *, ignore_if_exists: bool) -> bool:
         """Create a partition and hand its buckets to the tablet servers; False if it existed (and
         ``ignore_if_exists``).
 
@@ -547,7 +595,11 @@ class CoordinatorService(CatalogReader):
         if not table.is_partitioned:
             raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
         name = partition_name(spec, table.partition_keys)
-        existing = self._store.list_partitions(table.table_id)
+        async with self._read_modify_write:  # the count checked is the count the new partition joins
+            return await self._create_partition(table, spec, name, ignore_if_exists)
+
+    async def _create_partition(self, table: TableInfo, spec: dict[str, str], name: str, ignore_if_exists: bool) -> bool:
+        existing = await self.resolve_partitions(table)
         if any(p.name == name for p in existing):
             if ignore_if_exists:
                 return False
@@ -558,29 +610,41 @@ class CoordinatorService(CatalogReader):
             )
         self._check_replication_factor(table.properties)
         ordered = tuple((key, spec[key]) for key in table.partition_keys)
-        record = self._store.create_partition(table.table_id, name, ordered, self._clock.now_ms())
-        self._placement.assign(table, record.partition_id)
+        try:
+            record = await off_loop(self._store.create_partition, table.table_id, name, ordered, self._clock.now_ms())
+        except PartitionAlreadyExistsError:  # made by a creation whose answer a store failure lost
+            found = await off_loop(self._store.get_partition, table.table_id, name)
+            if found is not None:
+                self.remember_partition(found)
+            if ignore_if_exists:
+                return False
+            raise
+        self.remember_partition(record)
+        await off_loop(self._placement.assign, table, record.partition_id)
         self._tablets.become_leader(table, table.buckets(record.partition_id))
         return True
 
     async def drop_partition(self, request: Any, _context: object) -> Any:
-        table = self.table_info(TablePath(request.table_path.database_name, request.table_path.table_name))
+        table = await self.resolve_table(
+            TablePath(request.table_path.database_name, request.table_path.table_name)
+        )
         if not table.is_partitioned:
             raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
         spec = {kv.key: kv.value for kv in request.partition_spec.partition_key_values}
         name = partition_name(spec, table.partition_keys)
-        record = self._store.get_partition(table.table_id, name)
-        if record is None:
+        try:
+            record = await self.resolve_partition(table, name)
+        except PartitionNotExistError:
             if request.ignore_if_not_exists:
                 return pb.DropPartitionResponse()
-            raise PartitionNotExistError(f"Partition '{name}' of table '{table.path}' does not exist.")
+            raise
         await self.drop_partition_of(table, record)
         return pb.DropPartitionResponse()
 
     async def drop_partition_of(self, table: TableInfo, record: PartitionRecord) -> None:
         """Drop a partition: its record, its replicas' local data, then (the dropped hook) its KV
         snapshots, leases and remote log files. A lake copy is not touched."""
-        self._store.drop_partition(record.partition_id)
+        await off_loop(self._store.drop_partition, record.partition_id)
         self.forget_partition(table.table_id, record.name)
         await self._tablets.stop_replicas(table.table_id, record.partition_id, delete=True)
         if self._on_table_dropped is not None:

@@ -4,7 +4,9 @@ lake tiering state and lake snapshots of lake-enabled tables, and ACLs.
 ``MetadataStore`` is the contract; backends implement it in their own modules (``sqlite_store`` here,
 ``strom.zk.metadata_store``) and :func:`strom.server.metadata_stores.open_store` picks one by name, above
 them, so this contract imports none of its backends.
-Every method is atomic: it either applies completely or raises and changes nothing.
+Every method is atomic: it either applies completely or raises and changes nothing. Every method may
+block (a ZooKeeper round trip, an SQLite commit): code on an event loop calls it through
+:func:`strom.metadata.off_loop.off_loop`.
 """
 
 from __future__ import annotations

@@ -68,9 +68,17 @@ def caller_of(context: RequestContext) -> Caller:
 
 
 Finish = Callable[[Any], Any]
-Rule = Callable[[Any, Caller], "Message | Finish | None"]
+Rule = Callable[[Any, Caller], "Message | Finish | Awaitable[Message | Finish | None] | None"]
 """Checks a request: raises AuthorizationError, returns a response to send instead of calling the handler,
-a function that adjusts the handler's response, or None to let the handler answer as it would."""
+a function that adjusts the handler's response, or None to let the handler answer as it would. A rule that
+reads the metadata store is a coroutine (the read runs off the event loop)."""
+ProducerTableIds = Callable[[str], Awaitable[Iterable[int]]]
+"""The tables a producer's stored offsets cover (read from the metadata store)."""
+
+
+async def no_producer_tables(_producer_id: str) -> Iterable[int]:
+    """For a server that stores no producer offsets."""
+    return ()
 Recovery = Callable[[Any, Caller, StromError], "Message | None"]
 """Turns a handler's error into the answer to send instead (None: the error stands)."""
 
@@ -85,7 +93,7 @@ class AccessControl:
         table_path_by_id: Callable[[int], TablePath | None],
         lease_table_ids: Callable[[str, Principal], Iterable[int]],
         partition_table_id: Callable[[int], int | None] = lambda _partition_id: None,
-        producer_table_ids: Callable[[str], Iterable[int]] = lambda _producer_id: (),
+        producer_table_ids: ProducerTableIds = no_producer_tables,
     ) -> None:
         self._authorizer = authorizer
         self._producer_table_ids = producer_table_ids
@@ -173,13 +181,17 @@ class AccessControl:
         rule = self._rules.get(key)
         if rule is None:
             return handler
-        if inspect.iscoroutinefunction(handler):
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(rule):
             async def guarded_async(request: Message, context: RequestContext) -> Message:
                 outcome = rule(request, caller_of(context))
+                if inspect.isawaitable(outcome):  # a rule that reads the metadata store
+                    outcome = await outcome
                 if isinstance(outcome, Message):
                     return outcome
-                response = await handler(request, context)  # type: ignore[misc]
-                return outcome(response) if outcome is not None else response
+                response = handler(request, context)
+                if inspect.isawaitable(response):
+                    response = await response
+                return outcome(response) if outcome is not None else response  # type: ignore[no-any-return]
 
             return guarded_async
 
@@ -190,6 +202,7 @@ class AccessControl:
             response = handler(request, context)
             if outcome is None:
                 return response
+            assert not inspect.isawaitable(outcome), "a coroutine rule guards through guarded_async"
             if inspect.isawaitable(response):  # a plain handler that had to wait this time
                 finish = outcome
 
@@ -265,10 +278,10 @@ class AccessControl:
 
         return finish
 
-    def _delete_producer_offsets(self, request: Any, caller: Caller) -> Message | None:
+    async def _delete_producer_offsets(self, request: Any, caller: Caller) -> Message | None:
         """WRITE on every table the producer's offsets cover; one the caller may not DESCRIBE makes the
         producer none of its business: answered as a producer that does not exist, nothing deleted."""
-        table_ids = set(self._producer_table_ids(request.producer_id))
+        table_ids = set(await self._producer_table_ids(request.producer_id))
         if any(self._hidden(caller, table_id) for table_id in table_ids):
             return pb.DeleteProducerOffsetsResponse()  # type: ignore[no-any-return]
         self._check_ids(caller, WRITE, table_ids)

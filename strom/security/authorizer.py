@@ -13,10 +13,12 @@ alone calls it.
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 
 from strom.errors import AuthorizationError
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import AclRecord, AclStore
 from strom.security.acl import (
     DESCRIBE_IMPLIED_BY,
@@ -71,6 +73,8 @@ class Authorizer:
         self._store = store
         self._super_users = tuple(super_users)
         self._acls: dict[Resource, set[AclBinding]] = defaultdict(set)  # guarded by: the event loop
+        self._changing = asyncio.Lock()
+        """One change at a time: each decides on what the one before it stored."""
         for record in store.list_acls():
             binding = _from_record(record)
             self._acls[binding.resource].add(binding)
@@ -135,21 +139,27 @@ class Authorizer:
         for resource in resources:
             self.authorize(principal, host, OperationType.ALL, self._managed_by(resource))
 
-    def add_acls(self, principal: Principal, host: str, bindings: Collection[AclBinding]) -> None:
+    async def add_acls(self, principal: Principal, host: str, bindings: Collection[AclBinding]) -> None:
         """Store ``bindings`` (valid ones: see :meth:`AclBinding.validate`).
 
         Raises:
             AuthorizationError: ``principal`` lacks ALL on one of the resources; nothing is added.
         """
         self._authorize_acl_management(principal, host, {binding.resource for binding in bindings})
-        new = [binding for binding in bindings if binding not in self._acls.get(binding.resource, ())]
-        if not new:
-            return
-        self._store.add_acls([_to_record(binding) for binding in new])
+        async with self._changing:
+            new = [binding for binding in bindings if binding not in self._acls.get(binding.resource, ())]
+            if not new:
+                return
+            await off_loop(self._store.add_acls, [_to_record(binding) for binding in new])
+            self._show_added(new)
+
+    def _show_added(self, new: Iterable[AclBinding]) -> None:
         for binding in new:
             self._acls[binding.resource].add(binding)
 
-    def drop_acls(self, principal: Principal, host: str, filters: Collection[AclFilter]) -> list[list[AclBinding]]:
+    async def drop_acls(
+        self, principal: Principal, host: str, filters: Collection[AclFilter],
+    ) -> list[list[AclBinding]]:
         """Remove every entry a filter matches; per filter, the entries it matched (sorted).
 
         The answer never depends on entries the caller may not manage, so it tells someone without the
@@ -164,11 +174,15 @@ class Authorizer:
             if acl_filter.resource_type is not ResourceType.ANY and acl_filter.resource_name is not None:
                 named = Resource(acl_filter.resource_type, acl_filter.resource_name)
                 self._authorize_acl_management(principal, host, {named})
+        async with self._changing:
+            return await self._drop_acls(principal, host, filters)
+
+    async def _drop_acls(self, principal: Principal, host: str, filters: Collection[AclFilter]) -> list[list[AclBinding]]:
         manageable = [binding for binding in self.bindings() if self._may_manage(principal, host, binding.resource)]
         matched = [sorted(binding for binding in manageable if acl_filter.matches(binding)) for acl_filter in filters]
         doomed = {binding for bindings in matched for binding in bindings}
         if doomed:
-            self._store.delete_acls([_to_record(binding) for binding in sorted(doomed)])
+            await off_loop(self._store.delete_acls, [_to_record(binding) for binding in sorted(doomed)])
             for binding in doomed:
                 entries = self._acls.get(binding.resource)
                 if entries is not None:

@@ -36,7 +36,7 @@ from strom.rpc.api_keys import ApiKey
 from strom.rpc.auth import Principal
 from strom.rpc.endpoints import Endpoint, internal_listener, parse_endpoints
 from strom.rpc.server import Handler
-from strom.security.access import AccessControl
+from strom.security.access import AccessControl, ProducerTableIds, no_producer_tables
 from strom.security.authenticator import (
     SUPPORTED_MECHANISMS,
     PlainAuthenticator,
@@ -206,7 +206,7 @@ class ServerSecurity:
         table_path_by_id: Callable[[int], TablePath | None],
         lease_table_ids: Callable[[str, Principal], Iterable[int]],
         partition_table_id: Callable[[int], int | None],
-        producer_table_ids: Callable[[str], Iterable[int]] = lambda _producer_id: (),
+        producer_table_ids: ProducerTableIds = no_producer_tables,
     ) -> dict[ApiKey, Handler]:
         """``handlers`` behind their authorization rules: requests only servers send are refused to anyone
         else (unless ``trust_any_server``), and the ACL rules apply when authorization is on."""

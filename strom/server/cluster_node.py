@@ -42,7 +42,7 @@ from strom.config import (
     DynamicConfig,
 )
 from strom.coordinator.acl_service import AclService
-from strom.coordinator.catalog import CatalogReader
+from strom.coordinator.catalog import TABLET_SERVER_METADATA_MAX_AGE_S, CatalogReader
 from strom.coordinator.cluster_configs import stored_dynamic
 from strom.coordinator.cluster_placement import ClusterPlacement
 from strom.coordinator.leader_election import LeaderElector
@@ -53,6 +53,7 @@ from strom.coordinator.role import CoordinatorRole
 from strom.coordinator.service import CoordinatorService
 from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
 from strom.ids import TableBucket
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
@@ -62,6 +63,7 @@ from strom.rpc.peers import PeerConnections, ServerNode
 from strom.rpc.server import Handler
 from strom.security.internal import COORDINATOR_NAME, tablet_server_name
 from strom.security.server_security import ServerSecurity, parse_listeners
+from strom.server.catalog_access import guard_with_catalog
 from strom.server.listeners import ServerListeners
 from strom.server.metadata_stores import open_store
 from strom.server.node import (
@@ -122,7 +124,7 @@ def _reread_every(interval_s: float, read: Callable[[], T], apply: Callable[[T],
         while True:
             await asyncio.sleep(interval_s)
             try:
-                apply(await asyncio.to_thread(read))
+                apply(await off_loop(read))
             except Exception as exc:
                 log.warning("could not reread %s: %s", what, exc)
 
@@ -208,13 +210,7 @@ class _ClusterProcess:
         """``handlers`` behind the ACL checks when authorization is on (``role``: the active coordinator's,
         whose leases and producer offsets name the tables their requests touch)."""
         assert self.security is not None
-        return self.security.guard(
-            handlers,
-            lambda table_id: table.path if (table := catalog.table_info_by_id(table_id)) else None,
-            lambda lease_id, principal: role.leases.own_table_ids(lease_id, str(principal)) if role is not None else (),
-            lambda partition_id: p.table_id if (p := catalog.partition_by_id(partition_id)) else None,
-            role.producer_offsets.stored_table_ids if role is not None else lambda _producer_id: (),
-        )
+        return guard_with_catalog(self.security, handlers, catalog, role)
 
     @property
     def node(self) -> ServerNode:
@@ -250,7 +246,7 @@ class _ClusterProcess:
             await self.listeners.stop()
         await self.peers.close()
         if self.store is not None:
-            self.store.close()
+            await off_loop(self.store.close)
 
 
 class CoordinatorNode(_ClusterProcess):
@@ -294,23 +290,22 @@ class CoordinatorNode(_ClusterProcess):
 
     async def start(self) -> None:
         """Serve as a standby and campaign in the background; :attr:`epoch` is set once active."""
-        store, zookeeper = self._open()
+        store, zookeeper = await off_loop(self._open)  # opens the store: blocks
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         assert self.security is not None
         login = ZooKeeperLogin.from_config(self.config)
         self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, login)
-        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, login)
-        placement = ClusterPlacement(store, self.registry, self._active_node, _bucket_states(self.registry))
-        standby_catalog = CatalogReader(store, placement)
-        handlers: dict[ApiKey, Handler] = dict.fromkeys(COORDINATOR_ONLY_KEYS, _not_the_active_coordinator)
-        handlers.update(standby_catalog.handlers())
-        await self._serve(handlers, standby_catalog)
         loop = asyncio.get_running_loop()
 
         def on_deposed() -> None:  # on a ZooKeeper thread
             loop.call_soon_threadsafe(self._deposed)
 
-        self.address.on_deposed = on_deposed
+        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, login, on_deposed)
+        placement = ClusterPlacement(store, self.registry, self._active_node, _bucket_states(self.registry))
+        standby_catalog = CatalogReader(store, placement)
+        handlers: dict[ApiKey, Handler] = dict.fromkeys(COORDINATOR_ONLY_KEYS, _not_the_active_coordinator)
+        handlers.update(standby_catalog.handlers())
+        await self._serve(handlers, standby_catalog)
         self._campaign_task = asyncio.create_task(self._campaign(store, zookeeper, placement))
         log.info("strom coordinator on %s:%d (ZooKeeper %s): standby until elected", self.host, self.port, zookeeper)
 
@@ -334,12 +329,18 @@ class CoordinatorNode(_ClusterProcess):
     async def _become_active(self, store: MetadataStore, placement: ClusterPlacement, epoch: int) -> None:
         """Load the cluster's state from the store and serve every coordinator request."""
         placement.states.remember_leadership()  # the only writer of leaders from now on: GetMetadata reads no ZooKeeper
-        self.role = role = CoordinatorRole(store, self.config, self.clock, RemoteStorage(self.remote_root), self.dynamic)
+        # built on a store thread: it loads leases, snapshot records and tiering states from the store
+        self.role = role = await off_loop(
+            CoordinatorRole, store, self.config, self.clock, RemoteStorage(self.remote_root), self.dynamic
+        )
         self.tablets = RemoteTabletServers(placement, self.peers, epoch)
         peers = self.peers
 
         def leader_epoch_of(bucket: TableBucket) -> int | None:
-            found = placement.states.get(bucket)
+            known = placement.states.remembered([bucket])  # no ZooKeeper read on the event loop
+            if known is not None:
+                return known[bucket].leader_epoch
+            found = placement.states.get(bucket)  # a bucket this coordinator has not seen since it became active
             return None if found is None else found[0].leader_epoch
 
         async def notify_followers(bucket: TableBucket, request: Any) -> None:
@@ -363,12 +364,12 @@ class CoordinatorNode(_ClusterProcess):
         assert self.security is not None and self.listeners is not None and role.snapshots is not None
         snapshots = role.snapshots
 
-        def commit_kv_snapshot(request: Any, context: object) -> Any:
+        async def commit_kv_snapshot(request: Any, context: object) -> Any:
             if request.coordinator_epoch != epoch:  # sent to a coordinator that is no longer (or not yet) active
                 raise InvalidCoordinatorError(
                     f"CommitKvSnapshot for coordinator epoch {request.coordinator_epoch}; the active one is {epoch}"
                 )
-            return snapshots.commit_kv_snapshot(request, leader_epoch_of)
+            return await snapshots.commit_kv_snapshot(request, leader_epoch_of)
 
         elector = self.elector
 
@@ -477,7 +478,7 @@ class TabletServerNode(_ClusterProcess):
 
     async def start(self) -> None:
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
-        store, zookeeper = self._open()
+        store, zookeeper = await off_loop(self._open)  # opens the store: blocks
         config = self.config  # with the cluster configs changed at run time
         session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
         assert self.security is not None
@@ -492,8 +493,9 @@ class TabletServerNode(_ClusterProcess):
         committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node, self._coordinator_epoch)
         states = _bucket_states(self.registry)
         placement = ClusterPlacement(store, self.registry, self._coordinator_node, states)
-        # the catalog answers metadata from the store; it never changes anything here
-        self.catalog = CatalogReader(store, placement)
+        # the catalog answers metadata through a cache the coordinator's notices keep current; it never
+        # changes anything here
+        self.catalog = CatalogReader(store, placement, cache_max_age_s=TABLET_SERVER_METADATA_MAX_AGE_S)
         tables = ClusterTables(store, states, self.server_id, self.catalog.table_info_by_id)
         self.tablets = tablets = TabletRole(
             self.paths.tablets, config, self.clock, remote, scanner_config(config), committer.latest_snapshot,
@@ -507,7 +509,7 @@ class TabletServerNode(_ClusterProcess):
             config.get(LOG_REPLICA_FETCH_MAX_BYTES_FOR_BUCKET),
             config.get_ms(LOG_REPLICA_FETCH_WAIT_MAX_TIME),
         )
-        tablets.tablet.on_follower_fetch = replication.on_follower_fetch
+        tablets.tablet.serve_followers(replication.on_follower_fetch)
         placed = placed_tables(store, self.catalog.table_info_by_id)
         removed = remove_dropped_table_data(self.paths.tablets, {table.table_id for table, _ in placed})
         if removed:
@@ -520,7 +522,7 @@ class TabletServerNode(_ClusterProcess):
                 await replication.apply(table, bucket)
         replication.start()
         control = TabletControlService(
-            self.replicas, self.catalog.table_info_by_id, tablets.stop_replicas, replication
+            self.replicas, self.catalog.resolve_table_by_id, tablets.stop_replicas, replication, self.catalog
         )
         tablets.start_snapshots(committer, self.paths.snapshot_staging)
         self.dynamic.on_change(tablets.apply)

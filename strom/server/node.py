@@ -57,6 +57,7 @@ from strom.coordinator.service import CoordinatorService
 from strom.errors import InvalidConfigError
 from strom.ids import TableBucket
 from strom.kv.scan import ScannerConfig
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
@@ -67,6 +68,7 @@ from strom.rpc.server import Handler, RpcServer
 from strom.security.authenticator import PlainAuthenticator
 from strom.security.internal import COORDINATOR_NAME, InternalAuthenticator, ListenerAuthenticator
 from strom.security.server_security import ServerSecurity
+from strom.server.catalog_access import guard_with_catalog
 from strom.server.listeners import RpcServerFactory, ServerListeners
 from strom.server.metadata_stores import open_store
 from strom.server.metrics import StromCollector, serve_metrics
@@ -250,15 +252,20 @@ class StromServer:
         if zookeeper_address:
             from strom.zk.login import ZooKeeperLogin  # the ZooKeeper room loads only for a ZooKeeper store
 
-            self.store = store = open_store("zookeeper", zookeeper_address, ZooKeeperLogin.from_config(config))
+            self.store = store = await off_loop(
+                open_store, "zookeeper", zookeeper_address, ZooKeeperLogin.from_config(config)
+            )
         else:
-            self.store = store = open_store("sqlite", str(self.paths.metadata_db))
-        self.security = ServerSecurity.from_config(config, store)  # a bad security setting stops the start here
+            self.store = store = await off_loop(open_store, "sqlite", str(self.paths.metadata_db))
+        # a bad security setting stops the start here
+        self.security = await off_loop(ServerSecurity.from_config, config, store)
         self.dynamic = dynamic = DynamicConfig(config)
-        dynamic.set_dynamic(stored_dynamic(store))  # the cluster configs set at run time before, over the initial ones
+        # the cluster configs set at run time before, over the initial ones
+        dynamic.set_dynamic(await off_loop(stored_dynamic, store))
         self.config = config = dynamic.current
         remote = RemoteStorage(self.remote_root)
-        self.role = role = CoordinatorRole(store, config, self.clock, remote, dynamic)
+        # built on a store thread: it loads leases, snapshot records and tiering states from the store
+        self.role = role = await off_loop(CoordinatorRole, store, config, self.clock, remote, dynamic)
         self.tablets = tablets = TabletRole(
             self.paths.tablets, config, self.clock, remote, scanner_config(config), role.snapshot_store.latest,
             store.next_id,
@@ -280,20 +287,14 @@ class StromServer:
         assert remote_logs is not None
 
         async def commit_remote_log_manifest(request: Any) -> Any:
-            return remote_logs.commit_remote_log_manifest(request, None)
+            return await remote_logs.commit_remote_log_manifest(request, None)
 
         tablets.start_remote_logs(
             read_handle=handle_reader(store), commit=commit_remote_log_manifest,
             partition_name=lambda pid: p.name if (p := coordinator.partition_by_id(pid)) else None,
             oldest_snapshot=self.snapshots.oldest_snapshot,
         )
-        handlers = self.security.guard(
-            self._handlers(),
-            lambda table_id: table.path if (table := coordinator.table_info_by_id(table_id)) else None,
-            lambda lease_id, principal: role.leases.own_table_ids(lease_id, str(principal)),
-            lambda partition_id: p.table_id if (p := coordinator.partition_by_id(partition_id)) else None,
-            role.producer_offsets.stored_table_ids,
-        )
+        handlers = guard_with_catalog(self.security, self._handlers(), coordinator, role)
 
         rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed,
                                          self.security.internal_authenticator(COORDINATOR_NAME),
@@ -340,5 +341,5 @@ class StromServer:
         if self.role is not None:
             await self.role.stop()
         if self.store is not None:
-            self.store.close()
+            await off_loop(self.store.close)
         log.info("strom stopped")

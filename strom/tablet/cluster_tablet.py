@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from strom.errors import InvalidCoordinatorError, StromError
 from strom.ids import TableBucket
 from strom.kv.snapshot import CompletedKvSnapshot, snapshot_sequence_name
+from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
@@ -30,6 +31,18 @@ from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 log = logging.getLogger(__name__)
 
 TableOf = Callable[[int], TableInfo | None]
+ResolveTable = Callable[[int], Awaitable[TableInfo | None]]
+"""A table by id, read off the event loop when the metadata cache does not hold it."""
+
+
+class MetadataCache(Protocol):
+    """The tablet server's catalog cache, told by the coordinator's requests what changed."""
+
+    def forget_table(self, table_id: int) -> None: ...
+
+    def forget_partition_id(self, partition_id: int) -> None: ...
+
+    def forget_all(self) -> None: ...
 
 
 class StopReplicas(Protocol):
@@ -120,8 +133,8 @@ class RemoteSnapshotCommitter:
         self._coordinator = coordinator
         self._coordinator_epoch = coordinator_epoch
 
-    def next_snapshot_id(self, bucket: TableBucket) -> int:
-        return self._store.next_id(snapshot_sequence_name(bucket))
+    async def next_snapshot_id(self, bucket: TableBucket) -> int:
+        return await off_loop(self._store.next_id, snapshot_sequence_name(bucket))
 
     def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int) -> Awaitable[Any]:
         node = self._coordinator()
@@ -156,15 +169,19 @@ class TabletControlService:
     def __init__(
         self,
         replicas: ReplicaManager,
-        table_of: TableOf,
+        resolve_table: ResolveTable,
         stop_replicas: StopReplicas,
         replication: ReplicationManager,
+        cache: MetadataCache,
     ) -> None:
-        """``stop_replicas(table_id, partition_id, delete)`` closes scan sessions and stops the buckets."""
+        """``stop_replicas(table_id, partition_id, delete)`` closes scan sessions and stops the buckets.
+        ``cache``: forgets a table the coordinator changed (UpdateMetadata) or dropped (StopReplica with
+        delete), and everything when a new coordinator takes over."""
         self._replicas = replicas
-        self._table_of = table_of
+        self._resolve_table = resolve_table
         self._stop_replicas = stop_replicas
         self._replication = replication
+        self._cache = cache
         self._coordinator_epoch = -1
         """The highest coordinator epoch seen: requests of an older (deposed) coordinator are refused."""
 
@@ -173,6 +190,8 @@ class TabletControlService:
             raise InvalidCoordinatorError(
                 f"The request comes from coordinator epoch {epoch}, but epoch {self._coordinator_epoch} is active."
             )
+        if epoch > self._coordinator_epoch >= 0:  # notices the deposed one sent may have been lost
+            self._cache.forget_all()
         self._coordinator_epoch = epoch
 
     async def notify_leader_and_isr(self, request: Any, _context: object) -> Any:
@@ -182,7 +201,7 @@ class TabletControlService:
         for entry in request.notify_buckets_leader_req:
             result = response.notify_buckets_leader_resp.add()
             bucket = _answered_bucket(result, entry.table_bucket)
-            table = self._table_of(bucket.table_id)
+            table = await self._resolve_table(bucket.table_id)
             if table is None:
                 result.error_code, result.error_message = 7, f"table {bucket.table_id} does not exist"
                 continue
@@ -201,6 +220,11 @@ class TabletControlService:
             if entry.table_bucket.bucket_id != ALL_BUCKETS:
                 result.error_code, result.error_message = -1, "only whole tables or partitions are stopped"
                 continue
+            if entry.delete:  # dropped (or moved away): what the cache holds of it is read again when used
+                if partition_id is None:
+                    self._cache.forget_table(entry.table_bucket.table_id)
+                else:
+                    self._cache.forget_partition_id(partition_id)
             try:
                 self._replication.forget(entry.table_bucket.table_id, partition_id)
                 await self._stop_replicas(entry.table_bucket.table_id, partition_id, delete=entry.delete)
@@ -208,11 +232,12 @@ class TabletControlService:
                 result.error_code, result.error_message = exc.code, str(exc)
         return response
 
-    def update_metadata(self, request: Any, _context: object) -> Any:
+    async def update_metadata(self, request: Any, _context: object) -> Any:
         if request.HasField("coordinator_epoch"):
             self._check_epoch(request.coordinator_epoch)
         for metadata in request.table_metadata:
-            table = self._table_of(metadata.table_id)
+            self._cache.forget_table(metadata.table_id)  # altered: read it again
+            table = await self._resolve_table(metadata.table_id)
             if table is not None:
                 self._replicas.change_table(table)
         return pb.UpdateMetadataResponse()

@@ -40,11 +40,10 @@ log = logging.getLogger(__name__)
 class SnapshotCommitter(Protocol):
     """The coordinator side a tablet server talks to about snapshots."""
 
-    def next_snapshot_id(self, bucket: TableBucket) -> int: ...
+    async def next_snapshot_id(self, bucket: TableBucket) -> int: ...
 
-    def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int) -> Awaitable[Any] | None:
-        """Record the snapshot, taken while its replica led the bucket under ``leader_epoch``; a committer in
-        another process returns the request to await."""
+    def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int) -> Awaitable[Any]:
+        """Record the snapshot, taken while its replica led the bucket under ``leader_epoch``."""
 
     def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool: ...
 
@@ -65,9 +64,7 @@ async def commit_uploaded(
     partition dropped meanwhile, its replica no longer the leader, a metadata error) leaves nothing behind,
     the shared SSTs it sent included. Re-raises the failure."""
     try:
-        pending = committer.commit_snapshot(completed, leader_epoch)
-        if pending is not None:
-            await pending
+        await committer.commit_snapshot(completed, leader_epoch)
     except BaseException:
         if not committer.snapshot_exists(completed.bucket, completed.snapshot_id):
             await asyncio.to_thread(discard_upload, remote, completed, reused_shared)
@@ -193,7 +190,7 @@ class KvSnapshotScheduler:
         if kv.applied_offset <= state.last_log_offset or (kv.applied_offset == 0 and state.last_log_offset < 0):
             return None
         try:
-            snapshot_id = self._committer.next_snapshot_id(replica.bucket)
+            snapshot_id = await self._committer.next_snapshot_id(replica.bucket)
         except Exception as exc:  # the metadata store cannot hand out an id (a full disk): try next time
             state.errors += 1
             log.warning("snapshot of %s cannot start (attempt %d): %s", replica.bucket, state.errors, exc)

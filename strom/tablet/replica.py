@@ -16,6 +16,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from strom.config import (
     KV_ROCKSDB_BLOCK_CACHE_SIZE,
@@ -59,15 +60,31 @@ RECOVERY_FREE_BYTES_MIN = 16 << 20
 it while the disk is still full would stop its reads too."""
 
 
+class ReplicaStorage(Protocol):
+    """What a replica takes from the server that hosts it to open its log and KV state (the
+    :class:`ReplicaManager`): settings shared by every bucket, one row format per table, the row cache,
+    and a restore from the bucket's latest snapshot."""
+
+    log_config: LogConfig
+    id_counter: IdCounter | None
+    row_cache: RowCache
+
+    def row_format(self, table: TableInfo) -> TableRowFormat: ...
+
+    def kv_config(self, table: TableInfo) -> KvConfig: ...
+
+    def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool: ...
+
+
 class Replica:
     """One bucket this server leads. Owned by the event loop."""
 
-    def __init__(self, table: TableInfo, bucket: TableBucket, directory: Path, manager: ReplicaManager) -> None:
+    def __init__(self, table: TableInfo, bucket: TableBucket, directory: Path, storage: ReplicaStorage) -> None:
         assert bucket.table_id == table.table_id
         self.table = table
         self.bucket = bucket
         self.directory = directory
-        self._manager = manager
+        self._storage = storage
         self._log: LogTablet | None = None
         self._kv: KvTablet | None = None
         self.stopped = False
@@ -105,7 +122,7 @@ class Replica:
     def open_log(self) -> LogTablet:
         """Open the log alone (a leader sets its replication limit before its KV state catches up)."""
         if self._log is None:
-            self._log = LogTablet.open(self.directory / "log", self._manager.log_config)
+            self._log = LogTablet.open(self.directory / "log", self._storage.log_config)
         return self._log
 
     def close_kv(self) -> None:
@@ -158,16 +175,16 @@ class Replica:
 
         def open_tablet() -> KvTablet:
             return KvTablet(
-                kv_dir, log_tablet, self._manager.row_format(self.table), self._manager.kv_config(self.table),
-                self._manager.id_counter, self._manager.row_cache,
+                kv_dir, log_tablet, self._storage.row_format(self.table), self._storage.kv_config(self.table),
+                self._storage.id_counter, self._storage.row_cache,
             )
 
-        if not (kv_dir / "rocksdb").exists() and self._manager.restore_from_snapshot(self, log_tablet, kv_dir):
+        if not (kv_dir / "rocksdb").exists() and self._storage.restore_from_snapshot(self, log_tablet, kv_dir):
             return open_tablet()
         try:
             return open_tablet()
         except KvRestoreNeededError:
-            if not self._manager.restore_from_snapshot(self, log_tablet, kv_dir):
+            if not self._storage.restore_from_snapshot(self, log_tablet, kv_dir):
                 raise
             return open_tablet()
 
@@ -190,22 +207,22 @@ class Replica:
 
     def log_decoder(self) -> LogBatchDecoder:
         """Decodes this table's log batches (ARROW or INDEXED) of its current schema into Arrow."""
-        return self._manager.row_format(self.table).log_decoder
+        return self._storage.row_format(self.table).log_decoder
 
     def check_produced(self, data: bytes | bytearray, batches: Sequence[tuple[int, LogBatchHeader]]) -> None:
         """Refuse produced batches that do not decode in the table's format and one of its schemas (a
         writer may still use the schema it knew before columns were added)."""
-        row_format = self._manager.row_format(self.table)
+        row_format = self._storage.row_format(self.table)
         for position, header in batches:
             row_format.read_log_batch(data, position, header)
 
     def upgrade_log(self, records: bytes) -> bytes:
         """Fetched batches with those of earlier schemas re-encoded in the current one."""
-        return self._manager.row_format(self.table).upgrade_log(records)
+        return self._storage.row_format(self.table).upgrade_log(records)
 
     def project_records(self, records: bytes, columns: list[int]) -> bytes:
         """Re-encode fetched batches with only ``columns`` (FetchLog projection pushdown, ARROW logs only)."""
-        row_format = self._manager.row_format(self.table)
+        row_format = self._storage.row_format(self.table)
         field_count = len(row_format.arrow_schema)
         if not columns or any(c < 0 or c >= field_count for c in columns) or len(set(columns)) != len(columns):
             raise InvalidColumnProjectionError(
@@ -219,7 +236,7 @@ class Replica:
 
     def validate_target_columns(self, columns: list[int]) -> None:
         """Partial updates must name existing columns and include the whole primary key."""
-        row_format = self._manager.row_format(self.table)
+        row_format = self._storage.row_format(self.table)
         field_count = len(row_format.arrow_schema)
         if any(c < 0 or c >= field_count for c in columns):
             raise InvalidTargetColumnError(f"Target columns {columns} are out of range for {field_count} columns.")

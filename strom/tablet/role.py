@@ -114,7 +114,7 @@ class TabletRole:
             partition_name=partition_name, oldest_snapshot=oldest_snapshot, coordinator_epoch=coordinator_epoch,
         )
         if self.remote_logs.enabled:
-            self.tablet.remote_logs = self.remote_logs
+            self.tablet.read_remote_logs(self.remote_logs)
             self.remote_logs.start()
         return self.remote_logs
 

@@ -83,6 +83,10 @@ def _echo_partition(response: Any, bucket: TableBucket) -> None:
         response.partition_id = bucket.partition_id
 
 
+FollowerFetch = Callable[[TableBucket, int, int], bool]
+"""A follower's fetch seen by the leader: (bucket, follower id, fetch offset) -> answer at once."""
+
+
 class TabletService:
     """Data-path RPCs. Runs on the event loop."""
 
@@ -90,11 +94,21 @@ class TabletService:
         self._replicas = replicas
         self._clock = clock
         self._fetch_wait_ms_max = config.get_ms(LOG_FETCH_WAIT_MAX)
-        self.on_follower_fetch: Callable[[TableBucket, int, int], bool] | None = None
+        self._on_follower_fetch: FollowerFetch | None = None
         self.remote_logs: RemoteLogManager | None = None
-        """Set when remote log storage is on: reads below the local log start go to remote segments."""
-        """In a cluster: records a follower's fetch (bucket, follower id, fetch offset) on the leader; True
-        when the follower must be answered at once (it has not heard of the current high watermark)."""
+        """Set when remote log storage is on (:meth:`read_remote_logs`)."""
+
+    def serve_followers(self, on_follower_fetch: FollowerFetch) -> None:
+        """In a cluster, once replication runs (it needs this server's replicas, made with this service):
+        ``on_follower_fetch(bucket, follower id, fetch offset)`` records a follower's fetch on the leader and
+        says whether the follower must be answered at once (it has not heard of the current high watermark).
+        Without it a follower's fetch is refused."""
+        assert self._on_follower_fetch is None, "replication is attached once"
+        self._on_follower_fetch = on_follower_fetch
+
+    def read_remote_logs(self, remote_logs: RemoteLogManager) -> None:
+        """Remote log storage is on: reads below the local log start go to its segments."""
+        self.remote_logs = remote_logs
 
     # ---- log tables ----
     async def produce_log(self, request: Any, _context: object) -> Any:
@@ -166,10 +180,10 @@ class TabletService:
                     )
                     moved = False
                     if follower is not None:
-                        if self.on_follower_fetch is None:
+                        if self._on_follower_fetch is None:
                             raise NotLeaderOrFollowerError("this server has no followers")
                         # a new high watermark goes back at once: the follower must know what is committed
-                        moved = self.on_follower_fetch(bucket, follower, bucket_request.fetch_offset)
+                        moved = self._on_follower_fetch(bucket, follower, bucket_request.fetch_offset)
                     if follower is None:
                         remote = self._remote_read(bucket, log_tablet, bucket_request.fetch_offset)
                         if remote is not None:  # the client reads these segments from remote storage itself

@@ -80,6 +80,15 @@ class BucketStates:
             found.update(self.get_many(missing))
         return found
 
+    def remembered(self, buckets: list[TableBucket]) -> dict[TableBucket, LeaderAndIsr] | None:
+        """The states of ``buckets`` from memory alone (no ZooKeeper read: safe on an event loop); None when
+        one of them is not remembered, or nothing is."""
+        if self._known is None:
+            return None
+        with self._lock:
+            found = {bucket: state for bucket in buckets if (state := self._known.get(bucket)) is not None}
+        return found if len(found) == len(buckets) else None
+
     def path(self, bucket: TableBucket) -> str:
         if bucket.partition_id is None:
             owner = f"{self._root}/tabletservers/tables/{bucket.table_id}"

@@ -25,8 +25,8 @@ from strom.errors import InvalidConfigError, StorageError
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, format_endpoints
 from strom.rpc.peers import ServerNode
 from strom.zk.login import ZooKeeperLogin
-from strom.zk.metadata_store import connect_kazoo, parse_location
 from strom.zk.registry import RegisteredServer, registration_from
+from strom.zk.session import connect_kazoo, parse_location
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +57,16 @@ class CoordinatorAddress:
     """Campaign for (coordinators) or follow (tablet servers) the active coordinator. Thread-safe."""
 
     def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME,
-                 login: ZooKeeperLogin | None = None) -> None:
-        """``internal_listener``: :meth:`current` names the active coordinator by its endpoint there."""
+                 login: ZooKeeperLogin | None = None, on_deposed: Callable[[], None] | None = None) -> None:
+        """``internal_listener``: :meth:`current` names the active coordinator by its endpoint there.
+        ``on_deposed``: called (on a ZooKeeper thread) when this process was active and no longer is."""
         hosts, root = parse_location(location)
         self._internal_listener = internal_listener
         self._path = root + ACTIVE_PATH
         self._won: ActiveCoordinator | None = None
         self._current: ActiveCoordinator | None = None
         self._changed = threading.Condition()
-        self.on_deposed: Callable[[], None] | None = None
-        """Called (on a ZooKeeper thread) when this process was active and no longer is."""
+        self._on_deposed = on_deposed
         self._client = connect_kazoo(hosts, session_timeout_ms, login=login)
         try:
             self._client.ensure_path(self._path.rsplit("/", 1)[0])
@@ -129,8 +129,8 @@ class CoordinatorAddress:
             self._changed.notify_all()
         if deposed:
             log.error("this coordinator is no longer the active one (its ZooKeeper node is gone or taken over)")
-            if self.on_deposed is not None:
-                self.on_deposed()
+            if self._on_deposed is not None:
+                self._on_deposed()
 
     def close(self) -> None:
         """Stop following; an active coordinator's node goes with the session."""

@@ -129,3 +129,40 @@ def test_get_metadata_is_answered_from_memory_while_zookeeper_is_cut_off(cluster
         asyncio.run(scenario())
     finally:
         states.close()
+
+
+ZOOKEEPER_DELAY_S = 0.5
+
+
+def test_a_slow_zookeeper_holds_up_no_answer_the_coordinator_has_in_memory(cluster: ZooKeeperProxiedCluster) -> None:
+    """With every ZooKeeper exchange of the coordinator delayed 500 ms, a table creation takes seconds (its
+    store calls run on store threads); GetMetadata of a known table is answered meanwhile, from memory, as
+    fast as ever — a store call on the event loop would hold each answer until the creation's call ends."""
+    assert cluster.proxy is not None
+
+    async def scenario() -> None:
+        async with await Connection.create(cluster.client_config()) as connection:
+            known = await create_table(connection, buckets=2)
+            expected = await connection.bootstrap_request(ApiKey.GET_METADATA, _request(known))
+            cluster.proxy.slow(ZOOKEEPER_DELAY_S)  # type: ignore[union-attr]
+            try:
+                creation = asyncio.ensure_future(create_table(connection, buckets=1))
+                latencies: list[float] = []
+                while not creation.done():
+                    started = time.perf_counter()
+                    answer = await asyncio.wait_for(
+                        connection.bootstrap_request(ApiKey.GET_METADATA, _request(known)), 5)
+                    latencies.append(time.perf_counter() - started)
+                    assert _leaders(answer) == _leaders(expected)
+                    await asyncio.sleep(0.01)
+                await creation
+            finally:
+                cluster.proxy.heal()  # type: ignore[union-attr]
+            # the creation waited on ZooKeeper for several delays; the answers did not wait on it at all
+            assert len(latencies) >= 20, f"{len(latencies)} GetMetadata answers while the creation ran"
+            latencies.sort()
+            print(f"GetMetadata while a creation waits on a ZooKeeper slowed {ZOOKEEPER_DELAY_S * 1000:.0f} ms: "
+                  f"{len(latencies)} answers, p50 {latencies[len(latencies) // 2] * 1000:.1f} ms, "
+                  f"p99 {latencies[max(0, int(len(latencies) * 0.99) - 1)] * 1000:.1f} ms")
+
+    asyncio.run(scenario())

@@ -45,9 +45,9 @@ def remote(tmp_path: Path) -> RemoteStorage:
 def test_retention_keeps_the_newest_and_deletes_files_no_snapshot_references(tmp_path: Path, remote: RemoteStorage) -> None:
     async def scenario() -> None:
         store = KvSnapshotStore(SqliteMetadataStore(str(tmp_path / "m.sqlite")), remote, 2, lambda b, s: False)
-        store.add(make_snapshot(remote, 0, ["a.sst", "b.sst"]))
-        store.add(make_snapshot(remote, 1, ["b.sst", "c.sst"]))
-        store.add(make_snapshot(remote, 2, ["c.sst", "d.sst"]))
+        await store.add(make_snapshot(remote, 0, ["a.sst", "b.sst"]))
+        await store.add(make_snapshot(remote, 1, ["b.sst", "c.sst"]))
+        await store.add(make_snapshot(remote, 2, ["c.sst", "d.sst"]))
         await store.wait_for_cleanups()
         assert [s.snapshot_id for s in store.snapshots(5)] == [1, 2]
         files = existing(tmp_path / "remote")
@@ -68,16 +68,16 @@ def test_a_leased_snapshot_outside_the_window_keeps_all_its_files_until_released
         store = KvSnapshotStore(
             SqliteMetadataStore(str(tmp_path / "m.sqlite")), remote, 1, lambda b, s: (b, s) in leased
         )
-        store.add(make_snapshot(remote, 0, ["a.sst", "b.sst"]))
-        store.add(make_snapshot(remote, 1, ["b.sst", "c.sst"]))
-        store.add(make_snapshot(remote, 2, ["c.sst", "d.sst"]))
+        await store.add(make_snapshot(remote, 0, ["a.sst", "b.sst"]))
+        await store.add(make_snapshot(remote, 1, ["b.sst", "c.sst"]))
+        await store.add(make_snapshot(remote, 2, ["c.sst", "d.sst"]))
         await store.wait_for_cleanups()
         assert [s.snapshot_id for s in store.snapshots(5)] == [0, 2]
         files = existing(tmp_path / "remote")
         assert {"b/shared/a.sst", "b/shared/b.sst", "b/snap-0/MANIFEST", "b/snap-0/_METADATA"} <= files
         assert not any(f.startswith("b/snap-1/") for f in files)
         leased.clear()
-        store.apply_retention([B])  # what a release triggers, without waiting for another commit
+        await store.apply_retention([B])  # what a release triggers, without waiting for another commit
         await store.wait_for_cleanups()
         assert [s.snapshot_id for s in store.snapshots(5)] == [2]
         assert existing(tmp_path / "remote") == {
@@ -91,12 +91,12 @@ def test_the_store_reloads_its_snapshots_after_a_restart(tmp_path: Path, remote:
     async def scenario() -> None:
         metadata = SqliteMetadataStore(str(tmp_path / "m.sqlite"))
         store = KvSnapshotStore(metadata, remote, 2, lambda b, s: False)
-        first = make_snapshot(remote, store.next_snapshot_id(B), ["a.sst"])
-        store.add(first)
+        first = make_snapshot(remote, await store.next_snapshot_id(B), ["a.sst"])
+        await store.add(first)
         metadata.close()
         reopened = KvSnapshotStore(SqliteMetadataStore(str(tmp_path / "m.sqlite")), remote, 2, lambda b, s: False)
         assert reopened.latest(B) == first
-        assert reopened.next_snapshot_id(B) == 1  # ids are never reused
+        assert await reopened.next_snapshot_id(B) == 1  # ids are never reused
 
     asyncio.run(scenario())
 
@@ -104,8 +104,8 @@ def test_the_store_reloads_its_snapshots_after_a_restart(tmp_path: Path, remote:
 def test_dropping_a_table_deletes_every_snapshot_file(tmp_path: Path, remote: RemoteStorage) -> None:
     async def scenario() -> None:
         store = KvSnapshotStore(SqliteMetadataStore(str(tmp_path / "m.sqlite")), remote, 2, lambda b, s: False)
-        store.add(make_snapshot(remote, 0, ["a.sst"]))
-        store.add(make_snapshot(remote, 1, ["a.sst", "b.sst"]))
+        await store.add(make_snapshot(remote, 0, ["a.sst"]))
+        await store.add(make_snapshot(remote, 1, ["a.sst", "b.sst"]))
         store.drop_table(5)
         await store.wait_for_cleanups()
         assert store.snapshots(5) == []
@@ -129,12 +129,12 @@ def test_an_unreadable_lease_keeps_every_snapshot_until_dropped(tmp_path: Path, 
         leases = KvSnapshotLeaseManager(metadata, ManualClock())
         store = KvSnapshotStore(metadata, remote, 1, leases.is_leased)
         for snapshot_id in range(3):
-            store.add(make_snapshot(remote, snapshot_id, [f"{snapshot_id}.sst"]))
+            await store.add(make_snapshot(remote, snapshot_id, [f"{snapshot_id}.sst"]))
         await store.wait_for_cleanups()
         assert [s.snapshot_id for s in store.snapshots(5)] == [0, 1, 2]
         assert {"b/snap-0/_METADATA", "b/shared/0.sst"} <= existing(tmp_path / "remote")
-        assert leases.drop("garbled").released_all
-        store.apply_retention(store.buckets())
+        assert (await leases.drop("garbled")).released_all
+        await store.apply_retention(store.buckets())
         await store.wait_for_cleanups()
         assert [s.snapshot_id for s in store.snapshots(5)] == [2]
         assert "b/snap-0/_METADATA" not in existing(tmp_path / "remote")

@@ -37,9 +37,10 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-def test_acquire_pins_and_sets_expiry_from_the_duration(store: SqliteMetadataStore, clock: ManualClock) -> None:
+@pytest.mark.asyncio
+async def test_acquire_pins_and_sets_expiry_from_the_duration(store: SqliteMetadataStore, clock: ManualClock) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    change = leases.acquire("l1", 1000, {T0: 0, T1: 0}, everything_exists)
+    change = await leases.acquire("l1", 1000, {T0: 0, T1: 0}, everything_exists)
     assert change.unavailable == {}
     lease = leases.get("l1")
     assert lease is not None
@@ -49,97 +50,105 @@ def test_acquire_pins_and_sets_expiry_from_the_duration(store: SqliteMetadataSto
     assert not leases.is_leased(T0, 1)
 
 
-def test_acquiring_a_bucket_again_moves_its_pin(store: SqliteMetadataStore, clock: ManualClock) -> None:
+@pytest.mark.asyncio
+async def test_acquiring_a_bucket_again_moves_its_pin(store: SqliteMetadataStore, clock: ManualClock) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("l1", 1000, {T0: 0}, everything_exists)
-    change = leases.acquire("l1", 1000, {T0: 3}, everything_exists)
+    await leases.acquire("l1", 1000, {T0: 0}, everything_exists)
+    change = await leases.acquire("l1", 1000, {T0: 3}, everything_exists)
     assert change.released == [(T0, 0)]
     assert not leases.is_leased(T0, 0)
     assert leases.is_leased(T0, 3)
     assert leases.pin_count == 1
 
 
-def test_two_leases_pinning_one_snapshot_keep_it_until_both_are_gone(
+@pytest.mark.asyncio
+async def test_two_leases_pinning_one_snapshot_keep_it_until_both_are_gone(
     store: SqliteMetadataStore, clock: ManualClock
 ) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("a", 1000, {T0: 5}, everything_exists)
-    leases.acquire("b", 1000, {T0: 5}, everything_exists)
-    leases.drop("a")
+    await leases.acquire("a", 1000, {T0: 5}, everything_exists)
+    await leases.acquire("b", 1000, {T0: 5}, everything_exists)
+    await leases.drop("a")
     assert leases.is_leased(T0, 5)
-    leases.release("b", [T0])
+    await leases.release("b", [T0])
     assert not leases.is_leased(T0, 5)
 
 
-def test_missing_snapshots_are_reported_unavailable_and_not_pinned(
+@pytest.mark.asyncio
+async def test_missing_snapshots_are_reported_unavailable_and_not_pinned(
     store: SqliteMetadataStore, clock: ManualClock
 ) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
     existing = {(T0, 1), (T1, 1)}
-    change = leases.acquire("l1", 1000, {T0: 1, T1: 1, T2: 9}, lambda b, s: (b, s) in existing)
+    change = await leases.acquire("l1", 1000, {T0: 1, T1: 1, T2: 9}, lambda b, s: (b, s) in existing)
     assert change.unavailable == {T2: 9}
     lease = leases.get("l1")
     assert lease is not None and lease.pins == {T0: 1, T1: 1}
 
 
-def test_releasing_the_last_bucket_deletes_the_lease_in_memory_and_in_the_store(
+@pytest.mark.asyncio
+async def test_releasing_the_last_bucket_deletes_the_lease_in_memory_and_in_the_store(
     store: SqliteMetadataStore, clock: ManualClock
 ) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("l1", 1000, {T0: 0, T1: 0}, everything_exists)
-    leases.release("l1", [T0])
+    await leases.acquire("l1", 1000, {T0: 0, T1: 0}, everything_exists)
+    await leases.release("l1", [T0])
     assert leases.get("l1") is not None
     assert "l1" in store.list_leases()
-    leases.release("l1", [T1])
+    await leases.release("l1", [T1])
     assert leases.get("l1") is None
     assert "l1" not in store.list_leases()
 
 
-def test_releasing_or_dropping_unknown_things_succeeds_and_changes_nothing(
+@pytest.mark.asyncio
+async def test_releasing_or_dropping_unknown_things_succeeds_and_changes_nothing(
     store: SqliteMetadataStore, clock: ManualClock
 ) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("l1", 1000, {T0: 0}, everything_exists)
-    assert leases.release("nope", [T0]).released == []
-    assert leases.release("l1", [T2, TableBucket(99, 0)]).released == []
-    assert leases.drop("nope").released == []
+    await leases.acquire("l1", 1000, {T0: 0}, everything_exists)
+    assert (await leases.release("nope", [T0])).released == []
+    assert (await leases.release("l1", [T2, TableBucket(99, 0)])).released == []
+    assert (await leases.drop("nope")).released == []
     lease = leases.get("l1")
     assert lease is not None and lease.pins == {T0: 0}
 
 
-def test_renew_creates_an_empty_lease_and_pushes_the_expiry(store: SqliteMetadataStore, clock: ManualClock) -> None:
+@pytest.mark.asyncio
+async def test_renew_creates_an_empty_lease_and_pushes_the_expiry(store: SqliteMetadataStore, clock: ManualClock) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("l1", 1000, {}, everything_exists)
+    await leases.acquire("l1", 1000, {}, everything_exists)
     lease = leases.get("l1")
     assert lease is not None and lease.pins == {}
     clock.advance(ms=600)
-    leases.acquire("l1", 1000, {}, everything_exists)
+    await leases.acquire("l1", 1000, {}, everything_exists)
     lease = leases.get("l1")
     assert lease is not None and lease.expiration_ms == clock.now_ms() + 1000
 
 
-def test_expiry_drops_only_leases_whose_expiry_has_strictly_passed(
+@pytest.mark.asyncio
+async def test_expiry_drops_only_leases_whose_expiry_has_strictly_passed(
     store: SqliteMetadataStore, clock: ManualClock
 ) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("short", 1000, {T0: 0}, everything_exists)
-    leases.acquire("long", 2000, {T1: 0}, everything_exists)
+    await leases.acquire("short", 1000, {T0: 0}, everything_exists)
+    await leases.acquire("long", 2000, {T1: 0}, everything_exists)
     clock.advance(ms=1000)
-    assert leases.expire().released == []  # expiry == now is not yet expired
+    assert (await leases.expire()).released == []  # expiry == now is not yet expired
     clock.advance(ms=1)
-    assert leases.expire().released == [(T0, 0)]
+    assert (await leases.expire()).released == [(T0, 0)]
     assert leases.get("short") is None and leases.get("long") is not None
     assert "short" not in store.list_leases()
     clock.advance(ms=1000)
-    leases.expire()
+    await leases.expire()
     assert leases.lease_count == 0
 
 
-def test_dropping_a_table_removes_its_pins_from_every_lease(store: SqliteMetadataStore, clock: ManualClock) -> None:
+@pytest.mark.asyncio
+async def test_dropping_a_table_removes_its_pins_from_every_lease(store: SqliteMetadataStore, clock: ManualClock) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("a", 1000, {T0: 0, P0: 4}, everything_exists)
-    leases.acquire("b", 1000, {T1: 2}, everything_exists)
-    change = leases.drop_table(1)
+    await leases.acquire("a", 1000, {T0: 0, P0: 4}, everything_exists)
+    await leases.acquire("b", 1000, {T1: 2}, everything_exists)
+    change = await leases.drop_table(1)
     assert sorted(change.released) == [(T0, 0), (T1, 2)]
     lease_a = leases.get("a")
     assert lease_a is not None and lease_a.pins == {P0: 4}
@@ -149,9 +158,10 @@ def test_dropping_a_table_removes_its_pins_from_every_lease(store: SqliteMetadat
     assert reopened_a is not None and reopened_a.pins == {P0: 4}
 
 
-def test_leases_survive_a_restart(store: SqliteMetadataStore, clock: ManualClock, tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_leases_survive_a_restart(store: SqliteMetadataStore, clock: ManualClock, tmp_path: Path) -> None:
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("l1", 5000, {T0: 3, P0: 1}, everything_exists)
+    await leases.acquire("l1", 5000, {T0: 3, P0: 1}, everything_exists)
     store.close()
     reopened = KvSnapshotLeaseManager(SqliteMetadataStore(str(tmp_path / "meta.sqlite")), clock)
     lease = reopened.get("l1")
@@ -175,18 +185,19 @@ class FailingStore(SqliteMetadataStore):
         super().delete_lease(lease_id)
 
 
-def test_a_failed_persist_leaves_memory_and_store_unchanged(tmp_path: Path, clock: ManualClock) -> None:
+@pytest.mark.asyncio
+async def test_a_failed_persist_leaves_memory_and_store_unchanged(tmp_path: Path, clock: ManualClock) -> None:
     store = FailingStore(str(tmp_path / "meta.sqlite"))
     leases = KvSnapshotLeaseManager(store, clock)
-    leases.acquire("l1", 1000, {T0: 0}, everything_exists)
+    await leases.acquire("l1", 1000, {T0: 0}, everything_exists)
     before = store.list_leases()
     store.fail = True
     with pytest.raises(OSError):
-        leases.acquire("l1", 9000, {T0: 1, T1: 1}, everything_exists)
+        await leases.acquire("l1", 9000, {T0: 1, T1: 1}, everything_exists)
     with pytest.raises(OSError):
-        leases.release("l1", [T0])
+        await leases.release("l1", [T0])
     with pytest.raises(OSError):
-        leases.drop("l1")
+        await leases.drop("l1")
     lease = leases.get("l1")
     assert lease is not None and lease.pins == {T0: 0}
     assert lease.expiration_ms == clock.now_ms() + 1000
@@ -214,7 +225,8 @@ def test_a_lease_pinning_100k_buckets_is_stored_far_below_one_megabyte() -> None
     assert size < 300_000, size  # random snapshot ids: the worst case for the encoding
 
 
-def test_an_unreadable_lease_holds_every_snapshot_until_an_operator_drops_it(
+@pytest.mark.asyncio
+async def test_an_unreadable_lease_holds_every_snapshot_until_an_operator_drops_it(
     store: SqliteMetadataStore, clock: ManualClock
 ) -> None:
     store.put_lease("readable", encode_lease(KvSnapshotLease("readable", clock.now_ms() + 60_000, {T0: 3})))
@@ -225,31 +237,33 @@ def test_an_unreadable_lease_holds_every_snapshot_until_an_operator_drops_it(
     # it may pin anything: fail safe, nothing is released by retention
     assert manager.is_leased(T1, 1) and manager.is_leased(P0, 42)
     clock.advance(ms=10 * 365 * 86_400_000)
-    assert manager.expire().released_all is False  # its expiry is unreadable too: it never lapses by itself
+    assert (await manager.expire()).released_all is False  # its expiry is unreadable too: it never lapses by itself
     assert manager.is_leased(T2, 5)
-    change = manager.drop("garbled")
+    change = await manager.drop("garbled")
     assert change.released_all and manager.unreadable_lease_ids == []
     assert not manager.is_leased(T2, 5)
     assert "garbled" not in store.list_leases()
 
 
-def test_an_unreadable_lease_with_an_intact_header_expires_at_its_recorded_time(
+@pytest.mark.asyncio
+async def test_an_unreadable_lease_with_an_intact_header_expires_at_its_recorded_time(
     store: SqliteMetadataStore, clock: ManualClock
 ) -> None:
     payload = encode_lease(KvSnapshotLease("cut", clock.now_ms() + 1_000, {T0: 3, T1: 4}))
     store.put_lease("cut", payload[:-3])  # the body is cut short; the header with the expiry survives
     manager = KvSnapshotLeaseManager(store, clock)
     assert manager.unreadable_lease_ids == ["cut"] and manager.is_leased(T2, 9)
-    assert manager.expire().released_all is False
+    assert (await manager.expire()).released_all is False
     clock.advance(ms=1_001)
-    assert manager.expire().released_all is True
+    assert (await manager.expire()).released_all is True
     assert not manager.is_leased(T2, 9) and store.list_leases() == {}
 
 
-def test_acquiring_an_unreadable_lease_id_replaces_it(store: SqliteMetadataStore, clock: ManualClock) -> None:
+@pytest.mark.asyncio
+async def test_acquiring_an_unreadable_lease_id_replaces_it(store: SqliteMetadataStore, clock: ManualClock) -> None:
     store.put_lease("holder", b"\x02garbage")
     manager = KvSnapshotLeaseManager(store, clock)
-    change = manager.acquire("holder", 60_000, {T0: 1}, everything_exists)
+    change = await manager.acquire("holder", 60_000, {T0: 1}, everything_exists)
     assert change.released_all and manager.unreadable_lease_ids == []
     assert manager.is_leased(T0, 1) and not manager.is_leased(T0, 2)
     assert decode_lease("holder", store.list_leases()["holder"]).pins == {T0: 1}
@@ -263,11 +277,12 @@ def test_a_lease_keeps_its_owner_and_an_older_ownerless_lease_still_reads() -> N
     assert decode_lease("job", older) == KvSnapshotLease("job", 123, {T0: 3, T1: 4}, owner=None)
 
 
-def test_acquire_sets_the_owner_once_and_renewals_keep_it(tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_acquire_sets_the_owner_once_and_renewals_keep_it(tmp_path: Path) -> None:
     clock = ManualClock(1_000)
     manager = KvSnapshotLeaseManager(SqliteMetadataStore(str(tmp_path / "m.sqlite")), clock)
-    manager.acquire("job", 60_000, {T0: 1}, lambda _b, _s: True, owner="User:alice")
-    manager.acquire("job", 60_000, {}, lambda _b, _s: True, owner="User:bob")  # the service refuses this first
-    manager.release("job", [T1])
+    await manager.acquire("job", 60_000, {T0: 1}, lambda _b, _s: True, owner="User:alice")
+    await manager.acquire("job", 60_000, {}, lambda _b, _s: True, owner="User:bob")  # the service refuses this first
+    await manager.release("job", [T1])
     lease = manager.get("job")
     assert lease is not None and lease.owner == "User:alice"

@@ -34,64 +34,70 @@ def manager(store: MetadataStore, clock: ManualClock) -> ProducerOffsetsManager:
     return ProducerOffsetsManager(store, clock, default_ttl_ms=DAY_MS, cleanup_interval_ms=3600_000)
 
 
-def test_the_first_registration_is_kept_until_it_expires(store: MetadataStore) -> None:
+@pytest.mark.asyncio
+async def test_the_first_registration_is_kept_until_it_expires(store: MetadataStore) -> None:
     clock = ManualClock(T0_MS)
     producers = manager(store, clock)
-    assert producers.register("query-1", OFFSETS, ttl_ms=1000)
+    assert await producers.register("query-1", OFFSETS, ttl_ms=1000)
     again = {TableBucket(7, 0): 99}
-    assert not producers.register("query-1", again)  # ALREADY_EXISTS: nothing changes
-    assert producers.get("query-1") == ProducerOffsets("query-1", T0_MS + 1000, OFFSETS)
+    assert not await producers.register("query-1", again)  # ALREADY_EXISTS: nothing changes
+    assert await producers.get("query-1") == ProducerOffsets("query-1", T0_MS + 1000, OFFSETS)
     clock.advance(ms=999)
-    assert producers.get("query-1") is not None
+    assert await producers.get("query-1") is not None
     clock.advance(ms=1)
-    assert producers.get("query-1") is None  # expired offsets are not trusted
-    assert producers.stored_table_ids("query-1") == {7, 9}  # still stored until the cleanup
-    assert producers.register("query-1", again)  # an expired registration is replaced
-    assert producers.get("query-1") == ProducerOffsets("query-1", T0_MS + 1000 + DAY_MS, again)
+    assert await producers.get("query-1") is None  # expired offsets are not trusted
+    assert await producers.stored_table_ids("query-1") == {7, 9}  # still stored until the cleanup
+    assert await producers.register("query-1", again)  # an expired registration is replaced
+    assert await producers.get("query-1") == ProducerOffsets("query-1", T0_MS + 1000 + DAY_MS, again)
 
 
-def test_the_cleanup_deletes_only_expired_offsets_and_a_delete_is_idempotent(store: MetadataStore) -> None:
+@pytest.mark.asyncio
+async def test_the_cleanup_deletes_only_expired_offsets_and_a_delete_is_idempotent(store: MetadataStore) -> None:
     clock = ManualClock(T0_MS)
     producers = manager(store, clock)
-    producers.register("short", OFFSETS, ttl_ms=10)
-    producers.register("long", OFFSETS)
-    producers.register("empty", {})
+    await producers.register("short", OFFSETS, ttl_ms=10)
+    await producers.register("long", OFFSETS)
+    await producers.register("empty", {})
     clock.advance(ms=10)
-    assert producers.clean_up() == 1
+    assert await producers.clean_up() == 1
     assert store.list_producer_ids() == ["empty", "long"]
-    assert producers.get("empty") == ProducerOffsets("empty", T0_MS + DAY_MS, {})
-    producers.delete("long")
-    producers.delete("long")
-    producers.delete("never-registered")
+    assert await producers.get("empty") == ProducerOffsets("empty", T0_MS + DAY_MS, {})
+    await producers.delete("long")
+    await producers.delete("long")
+    await producers.delete("never-registered")
     assert store.list_producer_ids() == ["empty"]
     clock.advance(ms=DAY_MS)
-    assert producers.clean_up() == 1 and store.list_producer_ids() == []
+    assert await producers.clean_up() == 1 and store.list_producer_ids() == []
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("producer_id", ["", ".", "..", "a/b", "job 1", "x" * 201, "naïve"])
-def test_ids_that_are_not_names_are_refused(store: MetadataStore, producer_id: str) -> None:
+async def test_ids_that_are_not_names_are_refused(store: MetadataStore, producer_id: str) -> None:
     producers = manager(store, ManualClock(T0_MS))
     for call in (lambda: producers.register(producer_id, OFFSETS), lambda: producers.get(producer_id),
                  lambda: producers.delete(producer_id)):
         with pytest.raises(InvalidProducerIdError, match="Invalid producer ID"):
-            call()
+            await call()
     assert store.list_producer_ids() == []
 
 
-def test_a_negative_ttl_is_refused_and_a_zero_ttl_expires_at_once(store: MetadataStore) -> None:
+@pytest.mark.asyncio
+async def test_a_negative_ttl_is_refused_and_a_zero_ttl_expires_at_once(store: MetadataStore) -> None:
     producers = manager(store, ManualClock(T0_MS))
     with pytest.raises(InvalidConfigError, match="ttl_ms"):
-        producers.register("job", OFFSETS, ttl_ms=-1)
-    assert producers.register("job", OFFSETS, ttl_ms=0)
-    assert producers.get("job") is None
-    assert producers.register("job", OFFSETS, ttl_ms=0)  # replaced, again
+        await producers.register("job", OFFSETS, ttl_ms=-1)
+    assert await producers.register("job", OFFSETS, ttl_ms=0)
+    assert await producers.get("job") is None
+    assert await producers.register("job", OFFSETS, ttl_ms=0)  # replaced, again
 
 
-def test_offsets_that_do_not_decode_count_as_expired(store: MetadataStore) -> None:
+@pytest.mark.asyncio
+async def test_offsets_that_do_not_decode_count_as_expired(store: MetadataStore) -> None:
     producers = manager(store, ManualClock(T0_MS))
     assert store.create_producer_offsets("job", b"not json")
-    assert producers.get("job") is None
-    assert producers.clean_up() == 1
+    assert await producers.get("job") is None
+    assert await producers.clean_up() == 1
     assert store.create_producer_offsets("job", b'{"version":99}')
-    assert producers.register("job", OFFSETS)
-    assert producers.get("job") is not None and producers.get("job").offsets == OFFSETS  # type: ignore[union-attr]
+    assert await producers.register("job", OFFSETS)
+    registered = await producers.get("job")
+    assert registered is not None and registered.offsets == OFFSETS

@@ -78,7 +78,7 @@ async def test_cancel_lets_the_bucket_in_flight_finish_and_starts_no_other(tmp_p
     manager = RebalanceManager(store, None, lambda _table_id: TABLE, mover)  # type: ignore[arg-type]
     manager.start()
     await asyncio.wait_for(mover.started.wait(), 5)
-    manager.cancel_rebalance(pb.CancelRebalanceRequest(rebalance_id="r2"), None)
+    await manager.cancel_rebalance(pb.CancelRebalanceRequest(rebalance_id="r2"), None)
     assert decode_task(store.get_rebalance_task())[1] is RebalanceStatus.CANCELED  # type: ignore[arg-type]
     gate.set()
     for _ in range(WAIT_ROUNDS):
@@ -89,7 +89,7 @@ async def test_cancel_lets_the_bucket_in_flight_finish_and_starts_no_other(tmp_p
     await manager.stop()
     assert mover.moved == [TableBucket(1, 0)]
     assert [m.status for m in stored] == [RebalanceStatus.COMPLETED, RebalanceStatus.CANCELED, RebalanceStatus.CANCELED]
-    cancelled_again = manager.cancel_rebalance(pb.CancelRebalanceRequest(), None)  # a final one: nothing to do
+    cancelled_again = await manager.cancel_rebalance(pb.CancelRebalanceRequest(), None)  # a final one: nothing to do
     assert cancelled_again == pb.CancelRebalanceResponse()
 
 

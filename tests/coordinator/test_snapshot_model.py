@@ -145,12 +145,8 @@ class SnapshotModel(RuleBasedStateMachine):
         self.loop.run_until_complete(self.store.sweep_unreferenced())
 
     def _on_loop(self, function: Any, *args: Any) -> Any:
-        """Run a call on the event loop, as the server does (cleanups it starts are tasks of that loop)."""
-
-        async def call() -> Any:
-            return function(*args)
-
-        return self.loop.run_until_complete(call())
+        """Await a call on the event loop, as the server does (cleanups it starts are tasks of that loop)."""
+        return self.loop.run_until_complete(function(*args))
 
     def _settle(self) -> None:
         self.loop.run_until_complete(self.store.wait_for_cleanups())
@@ -217,7 +213,7 @@ class SnapshotModel(RuleBasedStateMachine):
                 remote=self.remote,
                 remote_dir=bucket_remote_dir(table.path, bucket),
                 bucket=bucket,
-                snapshot_id=self.store.next_snapshot_id(bucket),
+                snapshot_id=self._on_loop(self.store.next_snapshot_id, bucket),
                 reusable_shared=[f for f in latest.files if f.shared] if latest else [],
                 created_ms=self.clock.now_ms(),
             )

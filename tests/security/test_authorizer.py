@@ -40,9 +40,9 @@ def authorizer(store: SqliteMetadataStore) -> Authorizer:
     return Authorizer(store, parse_super_users("User:admin"))
 
 
-def grant(authorizer: Authorizer, principal: Principal, operation: OperationType, resource: Resource,
-          host: str = ANY_HOST) -> None:
-    authorizer.add_acls(ADMIN, "127.0.0.1", [AclBinding(resource, principal, host, operation)])
+async def grant(authorizer: Authorizer, principal: Principal, operation: OperationType, resource: Resource,
+                host: str = ANY_HOST) -> None:
+    await authorizer.add_acls(ADMIN, "127.0.0.1", [AclBinding(resource, principal, host, operation)])
 
 
 def test_nothing_is_allowed_without_an_acl_except_to_super_users(authorizer: Authorizer) -> None:
@@ -52,82 +52,89 @@ def test_nothing_is_allowed_without_an_acl_except_to_super_users(authorizer: Aut
         authorizer.authorize(ALICE, "10.0.0.1", READ, ORDERS)
 
 
-def test_an_acl_on_a_database_or_the_cluster_covers_its_tables(authorizer: Authorizer) -> None:
-    grant(authorizer, ALICE, READ, Resource.database("shop"))
-    grant(authorizer, BOB, WRITE, Resource.cluster())
+@pytest.mark.asyncio
+async def test_an_acl_on_a_database_or_the_cluster_covers_its_tables(authorizer: Authorizer) -> None:
+    await grant(authorizer, ALICE, READ, Resource.database("shop"))
+    await grant(authorizer, BOB, WRITE, Resource.cluster())
     assert authorizer.is_authorized(ALICE, "h", READ, ORDERS)
     assert not authorizer.is_authorized(ALICE, "h", READ, Resource.table("other", "orders"))
     assert not authorizer.is_authorized(ALICE, "h", WRITE, ORDERS)
     assert authorizer.is_authorized(BOB, "h", WRITE, Resource.table("any", "table"))
 
 
-def test_all_covers_every_operation_and_others_imply_describe(authorizer: Authorizer) -> None:
-    grant(authorizer, ALICE, OperationType.ALL, ORDERS)
-    grant(authorizer, BOB, WRITE, ORDERS)
+@pytest.mark.asyncio
+async def test_all_covers_every_operation_and_others_imply_describe(authorizer: Authorizer) -> None:
+    await grant(authorizer, ALICE, OperationType.ALL, ORDERS)
+    await grant(authorizer, BOB, WRITE, ORDERS)
     for operation in (READ, WRITE, OperationType.ALTER, OperationType.DROP, DESCRIBE):
         assert authorizer.is_authorized(ALICE, "h", operation, ORDERS)
     assert authorizer.is_authorized(BOB, "h", DESCRIBE, ORDERS)
     assert not authorizer.is_authorized(BOB, "h", READ, ORDERS)
 
 
-def test_wildcards_match_any_principal_resource_name_or_host(authorizer: Authorizer) -> None:
-    grant(authorizer, Principal("User", "*"), DESCRIBE, Resource(ResourceType.TABLE, "*"))
-    grant(authorizer, ALICE, READ, ORDERS, host="10.0.0.1")
+@pytest.mark.asyncio
+async def test_wildcards_match_any_principal_resource_name_or_host(authorizer: Authorizer) -> None:
+    await grant(authorizer, Principal("User", "*"), DESCRIBE, Resource(ResourceType.TABLE, "*"))
+    await grant(authorizer, ALICE, READ, ORDERS, host="10.0.0.1")
     assert authorizer.is_authorized(BOB, "h", DESCRIBE, Resource.table("x", "y"))
     assert authorizer.is_authorized(ALICE, "10.0.0.1", READ, ORDERS)
     assert not authorizer.is_authorized(ALICE, "10.0.0.2", READ, ORDERS)
 
 
-def test_managing_acls_needs_all_on_the_resource_or_a_tables_database(authorizer: Authorizer) -> None:
+@pytest.mark.asyncio
+async def test_managing_acls_needs_all_on_the_resource_or_a_tables_database(authorizer: Authorizer) -> None:
     entry = AclBinding(ORDERS, BOB, ANY_HOST, READ)
     with pytest.raises(AuthorizationError):
-        authorizer.add_acls(ALICE, "h", [entry])
-    grant(authorizer, ALICE, OperationType.ALL, Resource.database("shop"))
-    authorizer.add_acls(ALICE, "h", [entry])
+        await authorizer.add_acls(ALICE, "h", [entry])
+    await grant(authorizer, ALICE, OperationType.ALL, Resource.database("shop"))
+    await authorizer.add_acls(ALICE, "h", [entry])
     assert authorizer.is_authorized(BOB, "h", READ, ORDERS)
     # Bob may manage nothing: his filter drops nothing and says so, as it would with no entry at all
-    assert authorizer.drop_acls(BOB, "h", [AclFilter(principal=BOB)]) == [[]]
+    assert await authorizer.drop_acls(BOB, "h", [AclFilter(principal=BOB)]) == [[]]
     with pytest.raises(AuthorizationError):
-        authorizer.drop_acls(BOB, "h", [AclFilter(resource_type=ResourceType.TABLE, resource_name="shop.orders")])
-    assert authorizer.drop_acls(ALICE, "h", [AclFilter(principal=BOB)]) == [[entry]]
+        await authorizer.drop_acls(BOB, "h", [AclFilter(resource_type=ResourceType.TABLE, resource_name="shop.orders")])
+    assert await authorizer.drop_acls(ALICE, "h", [AclFilter(principal=BOB)]) == [[entry]]
     assert not authorizer.is_authorized(BOB, "h", READ, ORDERS)
 
 
-def test_dropping_acls_answers_the_same_whether_or_not_an_entry_exists(authorizer: Authorizer) -> None:
+@pytest.mark.asyncio
+async def test_dropping_acls_answers_the_same_whether_or_not_an_entry_exists(authorizer: Authorizer) -> None:
     """No oracle: a caller without the right learns nothing about which entries exist."""
     named = AclFilter(resource_type=ResourceType.TABLE, resource_name="shop.orders")
     pattern = AclFilter(principal=ALICE)
 
-    def answers() -> list[object]:
+    async def answers() -> list[object]:
         outcomes: list[object] = []
         for acl_filter in (named, pattern):
             try:
-                outcomes.append(authorizer.drop_acls(BOB, "h", [acl_filter]))
+                outcomes.append(await authorizer.drop_acls(BOB, "h", [acl_filter]))
             except AuthorizationError as exc:
                 outcomes.append(str(exc))
         return outcomes
 
-    without = answers()
-    grant(authorizer, ALICE, READ, ORDERS)
-    assert answers() == without
+    without = await answers()
+    await grant(authorizer, ALICE, READ, ORDERS)
+    assert await answers() == without
     assert authorizer.is_authorized(ALICE, "h", READ, ORDERS), "Bob's attempts removed nothing"
 
 
-def test_listing_shows_only_resources_the_caller_may_describe(authorizer: Authorizer) -> None:
-    grant(authorizer, ALICE, READ, ORDERS)
-    grant(authorizer, BOB, READ, Resource.table("hr", "salaries"))
+@pytest.mark.asyncio
+async def test_listing_shows_only_resources_the_caller_may_describe(authorizer: Authorizer) -> None:
+    await grant(authorizer, ALICE, READ, ORDERS)
+    await grant(authorizer, BOB, READ, Resource.table("hr", "salaries"))
     everything = AclFilter()
     assert [b.resource for b in authorizer.list_acls(ALICE, "h", everything)] == [ORDERS]
     assert len(authorizer.list_acls(ADMIN, "h", everything)) == 2
     assert authorizer.list_acls(ADMIN, "h", AclFilter(resource_type=ResourceType.TABLE, resource_name="hr.salaries"))[0].principal == BOB
 
 
-def test_acls_are_stored_once_and_survive_a_reopen(tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_acls_are_stored_once_and_survive_a_reopen(tmp_path: Path) -> None:
     path = str(tmp_path / "metadata.sqlite")
     store = SqliteMetadataStore(path)
     authorizer = Authorizer(store, [ADMIN])
-    grant(authorizer, ALICE, READ, ORDERS)
-    grant(authorizer, ALICE, READ, ORDERS)
+    await grant(authorizer, ALICE, READ, ORDERS)
+    await grant(authorizer, ALICE, READ, ORDERS)
     assert len(store.list_acls()) == 1
     store.close()
     reopened = SqliteMetadataStore(path)
