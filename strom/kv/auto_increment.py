@@ -11,12 +11,14 @@ target columns leave it out, and an existing key keeps its id.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from strom.errors import InvalidConfigError, InvalidTargetColumnError, UnknownServerError
 from strom.kv.row_format import TableRowFormat
+from strom.metadata.off_loop import submit
 from strom.metadata.table_info import TableInfo
 from strom.records import row_batches
 from strom.records.kv_batch import SCHEMA_ID
@@ -103,19 +105,40 @@ class AutoIncrementSpec:
 
 
 class IdAllocator:
-    """Ids for one bucket, one reserved segment at a time. Owned by the bucket's event loop."""
+    """Ids for one bucket, one reserved segment at a time. Owned by the bucket's event loop.
+
+    The next segment is reserved ahead, on a store thread, once half of the current one is used (the first
+    one when the allocator is made): a reservation is a metadata store round trip, which the event loop
+    does not wait for unless ids run out faster than one round trip. Segments are used in the order they
+    were reserved, so a bucket's ids only grow."""
 
     def __init__(self, spec: AutoIncrementSpec, counter: IdCounter) -> None:
         self._spec = spec
         self._counter = counter
         self._next = 1
         self._end = 0  # inclusive; below _next: no segment yet
+        self._ahead: Future[int] | None = None
+        self._reserve_ahead()
+
+    def _reserve_ahead(self) -> None:
+        if self._ahead is None:
+            self._ahead = submit(self._counter, self._spec.counter, self._spec.cache_size)
+
+    def _next_segment_start(self) -> int:
+        """The segment reserved ahead (waiting for the rest of its round trip if needed); raises what the
+        reservation raised, and the next call reserves again."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return self._counter(self._spec.counter, self._spec.cache_size)
+        return ahead.result()
 
     def next_id(self) -> int:
         """Raises: SequenceOverflowError when the column's type has no ids left."""
         if self._next > self._end:
-            start = self._counter(self._spec.counter, self._spec.cache_size)
+            start = self._next_segment_start()
             self._next, self._end = start + 1, start + self._spec.cache_size
+        if self._end - self._next < max(1, self._spec.cache_size // 2):
+            self._reserve_ahead()
         value = self._next
         if value > self._spec.max_value:
             raise SequenceOverflowError(

@@ -14,7 +14,7 @@ import asyncio
 import functools
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
@@ -41,6 +41,12 @@ async def off_loop(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T
     return await loop.run_in_executor(_store_executor(), functools.partial(call, *args, **kwargs))
 
 
+def submit(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+    """``call(*args, **kwargs)`` started on a store thread now, for code that is not a coroutine and wants
+    its result later (ahead of need: by then it is usually there)."""
+    return _store_executor().submit(call, *args, **kwargs)
+
+
 def on_event_loop() -> bool:
     """Whether the calling thread is running an event loop (where a store call must not block)."""
     try:
@@ -50,4 +56,4 @@ def on_event_loop() -> bool:
     return True
 
 
-__all__ = ["STORE_THREADS", "off_loop", "on_event_loop"]
+__all__ = ["STORE_THREADS", "off_loop", "on_event_loop", "submit"]

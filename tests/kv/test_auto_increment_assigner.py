@@ -3,6 +3,7 @@ large writes producing exactly the bytes of the per-row path."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import decimal
 
@@ -12,6 +13,7 @@ from strom.ids import TablePath
 from strom.kv import auto_increment
 from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, IdAllocator
 from strom.kv.row_format import TableRowFormat
+from strom.metadata.off_loop import on_event_loop
 from strom.metadata.table_info import TableInfo
 from strom.records import row_batches
 from strom.records.schema import Schema, TableDescriptor
@@ -69,3 +71,30 @@ def test_the_arrow_path_writes_the_same_bytes_as_the_per_row_path() -> None:
     for key, value in zip(keys, values, strict=True):  # one row per call: below the Arrow path's minimum
         slow += per_row.assign([key], [value], [None])
     assert fast == slow
+
+
+def test_the_next_segment_is_reserved_ahead_off_the_event_loop() -> None:
+    """A reservation is a metadata store round trip: made on a store thread before the ids run out, so the
+    event loop assigning them never waits on it; segments are used in reservation order."""
+    spec = AutoIncrementSpec(1, "id", "t/id", cache_size=10, max_value=2**31 - 1)
+    reservations: list[tuple[int, bool]] = []
+    reserved = 0
+
+    def reserve(_name: str, count: int) -> int:
+        nonlocal reserved
+        start, reserved = reserved, reserved + count
+        reservations.append((start, on_event_loop()))
+        return start
+
+    async def assign() -> list[int]:
+        allocator = IdAllocator(spec, reserve)
+        ids = []
+        for _ in range(35):
+            ids.append(allocator.next_id())
+            await asyncio.sleep(0.01)  # the loop serves others meanwhile; the reservation ahead completes
+        return ids
+
+    ids = asyncio.run(assign())
+    assert ids == list(range(1, 36))
+    assert [start for start, _ in reservations] == [0, 10, 20, 30]  # each made half a segment before needed
+    assert not any(on_loop for _, on_loop in reservations)
