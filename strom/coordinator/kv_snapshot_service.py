@@ -127,13 +127,13 @@ class KvSnapshotService:
         await self.commit_snapshot(snapshot, request.bucket_leader_epoch)
         return pb.CommitKvSnapshotResponse()
 
-    def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
+    async def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
         return self._snapshots.exists(bucket, snapshot_id)
 
-    def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+    async def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
         return self._snapshots.latest(bucket)
 
-    def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+    async def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
         return self._snapshots.oldest(bucket)
 
     async def on_table_dropped(self, table: TableInfo, partition_id: int | None = None) -> None:

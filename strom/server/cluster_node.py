@@ -498,7 +498,7 @@ class TabletServerNode(_ClusterProcess):
         self.catalog = CatalogReader(store, placement, cache_max_age_s=TABLET_SERVER_METADATA_MAX_AGE_S)
         tables = ClusterTables(store, states, self.server_id, self.catalog.table_info_by_id)
         self.tablets = tablets = TabletRole(
-            self.paths.tablets, config, self.clock, remote, scanner_config(config), committer.latest_snapshot,
+            self.paths.tablets, config, self.clock, remote, scanner_config(config), committer.latest_snapshot_now,
             store.next_id, resolve_bucket=tables.resolve,
         )
         self.replicas = tablets.replicas

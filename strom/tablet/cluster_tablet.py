@@ -151,15 +151,19 @@ class RemoteSnapshotCommitter:
             for record in self._store.list_bucket_kv_snapshots(bucket.table_id, bucket.partition_id, bucket.bucket)
         }
 
-    def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
-        return snapshot_id in self._snapshots(bucket)
+    async def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool:
+        return snapshot_id in await off_loop(self._snapshots, bucket)
 
-    def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+    async def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+        return await off_loop(self.latest_snapshot_now, bucket)
+
+    def latest_snapshot_now(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+        """Blocks (a store read): for a replica restoring its KV state as it opens, itself a blocking step."""
         snapshots = self._snapshots(bucket)
         return snapshots[max(snapshots)] if snapshots else None
 
-    def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
-        snapshots = self._snapshots(bucket)
+    async def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
+        snapshots = await off_loop(self._snapshots, bucket)
         return snapshots[min(snapshots)] if snapshots else None
 
 

@@ -45,11 +45,11 @@ class SnapshotCommitter(Protocol):
     def commit_snapshot(self, snapshot: CompletedKvSnapshot, leader_epoch: int) -> Awaitable[Any]:
         """Record the snapshot, taken while its replica led the bucket under ``leader_epoch``."""
 
-    def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool: ...
+    async def snapshot_exists(self, bucket: TableBucket, snapshot_id: int) -> bool: ...
 
-    def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
+    async def latest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
 
-    def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
+    async def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None: ...
 
 
 async def commit_uploaded(
@@ -66,7 +66,7 @@ async def commit_uploaded(
     try:
         await committer.commit_snapshot(completed, leader_epoch)
     except BaseException:
-        if not committer.snapshot_exists(completed.bucket, completed.snapshot_id):
+        if not await committer.snapshot_exists(completed.bucket, completed.snapshot_id):
             await asyncio.to_thread(discard_upload, remote, completed, reused_shared)
         raise
 
@@ -154,7 +154,7 @@ class KvSnapshotScheduler:
             for replica in self._replicas.hosted():
                 if not (replica.is_kv and replica.is_open and replica.is_leader and not replica.stopped):
                     continue
-                state = self._state(replica.bucket)
+                state = await self._state(replica.bucket)
                 if state.in_flight or now < state.next_due_ms:
                     continue
                 state.next_due_ms = now + self._interval_ms
@@ -167,12 +167,12 @@ class KvSnapshotScheduler:
         interval set at run time is noticed)."""
         return max(0.05, min(self._interval_ms / 1000 / 4, 5.0)) if self._interval_ms > 0 else 5.0
 
-    def _state(self, bucket: TableBucket) -> _BucketState:
+    async def _state(self, bucket: TableBucket) -> _BucketState:
         state = self._states.get(bucket)
         if state is None:
             state = self._states[bucket] = _BucketState()
         if not state.initialised:
-            latest = self._committer.latest_snapshot(bucket)
+            latest = await self._committer.latest_snapshot(bucket)
             if latest is not None:
                 state.last_log_offset = latest.log_offset
                 state.shared_files = tuple(f for f in latest.files if f.shared)
@@ -181,7 +181,7 @@ class KvSnapshotScheduler:
 
     async def snapshot(self, replica: Replica) -> CompletedKvSnapshot | None:
         """Take, upload and commit one snapshot of ``replica`` if it changed; None if nothing to do."""
-        state = self._state(replica.bucket)
+        state = await self._state(replica.bucket)
         if state.in_flight:
             return None
         kv = replica.kv
@@ -232,11 +232,11 @@ class KvSnapshotScheduler:
         while True:
             await asyncio.sleep(self._retention_check_interval_ms / 1000)
             try:
-                self.apply_log_retention()
+                await self.apply_log_retention()
             except Exception:
                 log.exception("log retention failed")
 
-    def apply_log_retention(self) -> int:
+    async def apply_log_retention(self) -> int:
         """Delete expired log segments of every open bucket; returns the bytes freed."""
         now = self._clock.now_ms()
         freed = 0
@@ -249,9 +249,11 @@ class KvSnapshotScheduler:
                 continue
             below: int | None = None
             if replica.is_kv:
-                oldest = self._committer.oldest_snapshot(replica.bucket)
+                oldest = await self._committer.oldest_snapshot(replica.bucket)
                 if oldest is None:
                     continue  # without a snapshot the whole changelog is needed to rebuild the bucket
+                if replica.stopped or not replica.is_open:
+                    continue  # stopped while the snapshot was read
                 below = oldest.log_offset
             freed += replica.log.delete_segments(older_than_ms=now - ttl_ms, below_offset=below)
         return freed

@@ -45,7 +45,7 @@ CommitManifest = Callable[[Any], Awaitable[Any]]
 ReadHandle = Callable[[TableBucket], "bytes | None"]
 """The bucket's manifest handle as the coordinator recorded it (from the metadata store)."""
 PartitionName = Callable[[int], "str | None"]
-OldestSnapshot = Callable[[TableBucket], "CompletedKvSnapshot | None"]
+OldestSnapshot = Callable[[TableBucket], "Awaitable[CompletedKvSnapshot | None]"]
 
 
 def handle_reader(store: RemoteLogManifestStore) -> ReadHandle:
@@ -223,7 +223,7 @@ class RemoteLogManager:
                 break
         if (uploaded or expired) and not await self._commit_manifest(replica, state, expired, uploaded):
             return
-        self._delete_local(replica, state)
+        await self._delete_local(replica, state)
 
     def _expired(self, table: TableInfo, manifest: RemoteLogManifest) -> list[RemoteLogSegment]:
         override_ms = table.options.log_ttl_ms
@@ -330,7 +330,7 @@ class RemoteLogManager:
                      added[0].start_offset, added[-1].end_offset, len(added))
         return True
 
-    def _delete_local(self, replica: Replica, state: RemoteLogTablet) -> None:
+    async def _delete_local(self, replica: Replica, state: RemoteLogTablet) -> None:
         """Delete local segments the remote log holds, keeping ``table.log.tiered.local-segments`` (and a
         primary-key bucket's changelog from its oldest KV snapshot on)."""
         end = state.manifest.end_offset
@@ -338,9 +338,11 @@ class RemoteLogManager:
             return
         bound = end
         if replica.is_kv:
-            oldest = self._oldest_snapshot(replica.bucket)
+            oldest = await self._oldest_snapshot(replica.bucket)
             if oldest is None:
                 return  # recovery replays the whole changelog
+            if replica.stopped or not replica.is_open:
+                return  # stopped while the snapshot was read
             bound = min(bound, oldest.log_offset)
         keep = replica.table.options.tiered_local_segments
         freed = replica.log.delete_tiered_segments(bound, keep)
@@ -351,7 +353,7 @@ class RemoteLogManager:
     async def _follow(self, replica: Replica) -> None:
         """A follower never uploads; it reads what its leader committed and deletes its own local copies."""
         state = await self._load(replica, sweep=False)
-        self._delete_local(replica, state)
+        await self._delete_local(replica, state)
 
     async def notify_remote_log_offsets(self, request: Any, _context: object) -> Any:
         """NotifyRemoteLogOffsets (1028): the leader of a bucket this server follows committed a manifest."""

@@ -146,7 +146,7 @@ async def test_log_retention_keeps_the_changelog_after_a_leased_snapshot(tmp_pat
                 await snapshot()
             await asyncio.sleep(0.01)  # every segment is now older than the 1 ms ttl
 
-            server.snapshot_scheduler.apply_log_retention()
+            await server.snapshot_scheduler.apply_log_retention()
             assert await earliest() <= leased_offset
             scanner = table.new_scan().create_log_scanner()  # type: ignore[attr-defined]
             scanner.subscribe(0, leased_offset)
@@ -154,7 +154,7 @@ async def test_log_retention_keeps_the_changelog_after_a_leased_snapshot(tmp_pat
             assert batches and batches[0].base_offset == leased_offset
 
             await lease.drop()  # snapshot 0 leaves retention; the changelog before snapshot 3 may go
-            server.snapshot_scheduler.apply_log_retention()
+            await server.snapshot_scheduler.apply_log_retention()
             assert await earliest() > leased_offset
         finally:
             await connection.close()
