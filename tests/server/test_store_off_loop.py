@@ -23,8 +23,11 @@ from strom.ids import TableBucket
 from strom.metadata.off_loop import on_event_loop
 from strom.metadata.rebalance_plan import ServerTag
 from strom.metadata.store import MetadataStore
+from strom.security.acl import AclBinding, AclFilter, OperationType, Principal, Resource
 from strom.server import node
 from strom.server.node import StromServer
+from tests.integration.security_support import SECURE_CONFIG, USERS
+from tests.server_process import free_port
 
 pytestmark = pytest.mark.asyncio
 
@@ -160,3 +163,42 @@ async def test_known_metadata_is_answered_while_a_slow_change_is_in_flight(
         await connection.close()
     finally:
         await server.stop()
+
+
+async def test_acl_changes_and_their_checks_make_no_store_call_on_the_event_loop(
+    tmp_path: Path, watched: list[SlowLoopWatchingStore]
+) -> None:
+    """With authorization on: ACL changes are stored off the loop, and the check of DeleteProducerOffsets
+    (which reads the producer's stored offsets to know the tables they cover) reads off the loop too."""
+    port = free_port()
+    config = {**SECURE_CONFIG, "bind.listeners": f"CLIENT://127.0.0.1:{port}"}
+    server = StromServer(tmp_path / "data", "127.0.0.1", port, Configuration(config))
+    await server.start()
+    try:
+        async with await Connection.create(strom_config_for(port, "admin")) as connection:
+            admin = connection.get_admin()
+            schema = Schema.from_arrow(pa.schema([("id", pa.int64())]), primary_key=["id"])
+            path = TablePath("fluss", "guarded")
+            await admin.create_table(path, TableDescriptor(schema, bucket_count=1))
+            table_id = (await admin.get_table_info(path)).table_id
+            bob = Principal("User", "bob")
+            await admin.create_acls([AclBinding(Resource.table("fluss", "guarded"), bob, "*", OperationType.READ)])
+            assert await admin.list_acls(AclFilter(principal=bob))
+            await admin.register_producer_offsets("job-2", {TableBucket(table_id, 0): 0})
+            await admin.delete_producer_offsets("job-2")
+            assert await admin.get_producer_offsets("job-2") is None
+            await admin.drop_acls([AclFilter(principal=bob)])
+    finally:
+        await server.stop()
+    (store,) = watched
+    assert store.on_loop == [], f"store calls made on the event loop: {sorted(set(store.on_loop))}"
+
+
+def strom_config_for(port: int, user: str) -> dict[str, str]:
+    return {
+        "bootstrap.servers": f"127.0.0.1:{port}",
+        "client.security.protocol": "SASL",
+        "client.security.sasl.mechanism": "PLAIN",
+        "client.security.sasl.username": user,
+        "client.security.sasl.password": USERS[user],
+    }
