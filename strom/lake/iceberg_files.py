@@ -25,8 +25,8 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -85,46 +85,85 @@ class _Ids:
         return value
 
 
-def iceberg_type(t: fluss.DataType, ids: _Ids) -> IcebergType:
-    """The Iceberg type Fluss maps a Fluss type to."""
-    if isinstance(t, fluss.BooleanType):
+class _IcebergTypes(fluss.DataTypeVisitor[IcebergType]):
+    """The Iceberg type Fluss maps each Fluss type to; nested fields take their ids from ``ids``."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: _Ids) -> None:
+        self.ids = ids
+
+    def default(self, t: fluss.DataType) -> IcebergType:
+        raise InvalidTableError(f"type {t} has no Iceberg type")
+
+    def visit_boolean(self, t: fluss.BooleanType) -> IcebergType:
         return BooleanType()
-    if isinstance(t, (fluss.TinyIntType, fluss.SmallIntType, fluss.IntType)):
+
+    def visit_tinyint(self, t: fluss.TinyIntType) -> IcebergType:
         return IntegerType()
-    if isinstance(t, fluss.BigIntType):
+
+    def visit_smallint(self, t: fluss.SmallIntType) -> IcebergType:
+        return IntegerType()
+
+    def visit_int(self, t: fluss.IntType) -> IcebergType:
+        return IntegerType()
+
+    def visit_bigint(self, t: fluss.BigIntType) -> IcebergType:
         return LongType()
-    if isinstance(t, fluss.FloatType):
+
+    def visit_float(self, t: fluss.FloatType) -> IcebergType:
         return FloatType()
-    if isinstance(t, fluss.DoubleType):
+
+    def visit_double(self, t: fluss.DoubleType) -> IcebergType:
         return DoubleType()
-    if isinstance(t, fluss.DecimalType):
+
+    def visit_decimal(self, t: fluss.DecimalType) -> IcebergType:
         return DecimalType(t.precision, t.scale)
-    if isinstance(t, (fluss.CharType, fluss.StringType)):
+
+    def visit_char(self, t: fluss.CharType) -> IcebergType:
         return StringType()
-    if isinstance(t, (fluss.BinaryType, fluss.BytesType)):
+
+    def visit_string(self, t: fluss.StringType) -> IcebergType:
+        return StringType()
+
+    def visit_binary(self, t: fluss.BinaryType) -> IcebergType:
         return BinaryType()
-    if isinstance(t, fluss.DateType):
+
+    def visit_bytes(self, t: fluss.BytesType) -> IcebergType:
+        return BinaryType()
+
+    def visit_date(self, t: fluss.DateType) -> IcebergType:
         return DateType()
-    if isinstance(t, fluss.TimeType):
+
+    def visit_time(self, t: fluss.TimeType) -> IcebergType:
         return TimeType()
-    if isinstance(t, fluss.TimestampType):
+
+    def visit_timestamp(self, t: fluss.TimestampType) -> IcebergType:
         return TimestampType()
-    if isinstance(t, fluss.TimestampLtzType):
+
+    def visit_timestamp_ltz(self, t: fluss.TimestampLtzType) -> IcebergType:
         return TimestamptzType()
-    if isinstance(t, fluss.ArrayType):
-        element_id = ids.next()
-        return ListType(element_id, iceberg_type(t.element, ids), element_required=not t.element.nullable)
-    if isinstance(t, fluss.MapType):
-        key_id, value_id = ids.next(), ids.next()  # consecutive, as the Iceberg spec asks
-        return MapType(key_id, iceberg_type(t.key, ids), value_id, iceberg_type(t.value, ids),
+
+    def visit_array(self, t: fluss.ArrayType) -> IcebergType:
+        element_id = self.ids.next()
+        return ListType(element_id, self.visit(t.element), element_required=not t.element.nullable)
+
+    def visit_map(self, t: fluss.MapType) -> IcebergType:
+        key_id, value_id = self.ids.next(), self.ids.next()  # consecutive, as the Iceberg spec asks
+        return MapType(key_id, self.visit(t.key), value_id, self.visit(t.value),
                        value_required=not t.value.nullable)
-    if isinstance(t, fluss.RowType):
+
+    def visit_row(self, t: fluss.RowType) -> IcebergType:
         fields = []
         for f in t.fields:
-            kind = iceberg_type(f.type, ids)
-            fields.append(NestedField(ids.next(), f.name, kind, required=not f.type.nullable))
+            kind = self.visit(f.type)
+            fields.append(NestedField(self.ids.next(), f.name, kind, required=not f.type.nullable))
         return StructType(*fields)
-    raise InvalidTableError(f"type {t} has no Iceberg type")
+
+
+def iceberg_type(t: fluss.DataType, ids: _Ids) -> IcebergType:
+    """The Iceberg type Fluss maps a Fluss type to."""
+    return _IcebergTypes(ids).visit(t)
 
 
 def iceberg_schema(layout: LakeLayout) -> Schema:
@@ -182,6 +221,52 @@ def partition_spec(layout: LakeLayout, schema: Schema) -> PartitionSpec:
     ])
 
 
+class _PartitionValue(NamedTuple):
+    """Between a partition key's value as the lake's partition text and as Iceberg's partition tuple holds it."""
+
+    parse: Callable[[str], Any]
+    format: Callable[[Any], str]
+
+
+_TEXT = _PartitionValue(str, str)
+_BOOLEAN = _PartitionValue(lambda text: text == "true", lambda value: "true" if value else "false")
+_INTEGER = _PartitionValue(int, str)
+_DATE = _PartitionValue(
+    lambda text: (dt.date.fromisoformat(text) - _EPOCH_DAY).days,
+    lambda days: (_EPOCH_DAY + dt.timedelta(days=days)).isoformat(),
+)
+
+
+class _PartitionValues(fluss.DataTypeVisitor[_PartitionValue]):
+    """The partition value conversion of each partition key type (text for the rest)."""
+
+    __slots__ = ()
+
+    def default(self, t: fluss.DataType) -> _PartitionValue:
+        return _TEXT
+
+    def visit_boolean(self, t: fluss.BooleanType) -> _PartitionValue:
+        return _BOOLEAN
+
+    def visit_tinyint(self, t: fluss.TinyIntType) -> _PartitionValue:
+        return _INTEGER
+
+    def visit_smallint(self, t: fluss.SmallIntType) -> _PartitionValue:
+        return _INTEGER
+
+    def visit_int(self, t: fluss.IntType) -> _PartitionValue:
+        return _INTEGER
+
+    def visit_bigint(self, t: fluss.BigIntType) -> _PartitionValue:
+        return _INTEGER
+
+    def visit_date(self, t: fluss.DateType) -> _PartitionValue:
+        return _DATE
+
+
+_PARTITION_VALUES = _PartitionValues()
+
+
 def partition_record(layout: LakeLayout, bucket: int, partition_name: str | None) -> Record:
     """The partition tuple of one strom (partition, bucket): typed partition values, then the bucket id."""
     values: list[Any] = []
@@ -189,15 +274,7 @@ def partition_record(layout: LakeLayout, bucket: int, partition_name: str | None
     for key, text in layout.partition_values(bucket, partition_name).items():
         if key == BUCKET_COLUMN:
             continue
-        kind = types[key]
-        if isinstance(kind, fluss.BooleanType):
-            values.append(text == "true")
-        elif isinstance(kind, (fluss.TinyIntType, fluss.SmallIntType, fluss.IntType, fluss.BigIntType)):
-            values.append(int(text))
-        elif isinstance(kind, fluss.DateType):
-            values.append((dt.date.fromisoformat(text) - _EPOCH_DAY).days)
-        else:
-            values.append(text)
+        values.append(_PARTITION_VALUES.visit(types[key]).parse(text))
     values.append(bucket)
     return Record(*values)
 
@@ -208,13 +285,7 @@ def record_partition(layout: LakeLayout, record: Record) -> tuple[str | None, in
     types = {f.name: f.type for f in layout.row_type.fields}
     values: dict[str, str | None] = {}
     for index, key in enumerate(keys):
-        value = record[index]
-        if isinstance(types[key], fluss.BooleanType):
-            values[key] = "true" if value else "false"
-        elif isinstance(types[key], fluss.DateType):
-            values[key] = (_EPOCH_DAY + dt.timedelta(days=value)).isoformat()
-        else:
-            values[key] = str(value)
+        values[key] = _PARTITION_VALUES.visit(types[key]).format(record[index])
     return layout.partition_name(values), int(record[len(keys)])
 
 

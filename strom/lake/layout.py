@@ -38,50 +38,81 @@ _PARTITION_KEY_TYPES = (
 """Types whose partition-name form (Python ``str`` of the value) is also a valid lake partition value."""
 
 
+class _ArrowTypes(fluss.DataTypeVisitor[pa.DataType]):
+    """Arrow types that differ from strom's own (``to_arrow_type``) for TIME and timestamps and are
+    rebuilt inside ARRAY, MAP and ROW; ``list_item`` names an ARRAY's element field."""
+
+    __slots__ = ("list_item",)
+
+    def __init__(self, list_item: str) -> None:
+        self.list_item = list_item
+
+    def default(self, t: fluss.DataType) -> pa.DataType:
+        return fluss.to_arrow_type(t)
+
+    def visit_time(self, t: fluss.TimeType) -> pa.DataType:
+        return pa.time64("us")
+
+    def visit_timestamp(self, t: fluss.TimestampType) -> pa.DataType:
+        return pa.timestamp("us")
+
+    def visit_timestamp_ltz(self, t: fluss.TimestampLtzType) -> pa.DataType:
+        return pa.timestamp("us", tz="UTC")
+
+    def visit_array(self, t: fluss.ArrayType) -> pa.DataType:
+        return pa.list_(pa.field(self.list_item, self.visit(t.element), nullable=t.element.nullable))
+
+    def visit_map(self, t: fluss.MapType) -> pa.DataType:
+        return pa.map_(
+            pa.field("key", self.visit(t.key), nullable=False),
+            pa.field("value", self.visit(t.value), nullable=t.value.nullable),
+        )
+
+    def visit_row(self, t: fluss.RowType) -> pa.DataType:
+        return pa.struct([pa.field(f.name, self.visit(f.type), nullable=f.type.nullable) for f in t.fields])
+
+
+class _LakeTypes(_ArrowTypes):
+    """The lake's types: also CHAR as string and BINARY(n) as variable binary; TIME as int64 unless
+    ``native_time``."""
+
+    __slots__ = ("native_time",)
+
+    def __init__(self, native_time: bool) -> None:
+        super().__init__("element")
+        self.native_time = native_time
+
+    def visit_time(self, t: fluss.TimeType) -> pa.DataType:
+        return pa.time64("us") if self.native_time else pa.int64()
+
+    def visit_binary(self, t: fluss.BinaryType) -> pa.DataType:
+        return pa.binary()
+
+    def visit_bytes(self, t: fluss.BytesType) -> pa.DataType:
+        return pa.binary()
+
+    def visit_char(self, t: fluss.CharType) -> pa.DataType:
+        return pa.string()
+
+    def visit_string(self, t: fluss.StringType) -> pa.DataType:
+        return pa.string()
+
+
+_LAKE_TYPES = _LakeTypes(native_time=False)
+_LAKE_TYPES_NATIVE_TIME = _LakeTypes(native_time=True)
+_MICROS_TYPES = _ArrowTypes("item")
+
+
 def lake_type(t: fluss.DataType, native_time: bool = False) -> pa.DataType:
     """The lake's Arrow type for a Fluss type (see the module docstring for what changes); with
     ``native_time`` (formats with a TIME type, such as Iceberg) TIME stays time64 microseconds."""
-    if isinstance(t, fluss.TimeType):
-        return pa.time64("us") if native_time else pa.int64()
-    if isinstance(t, fluss.TimestampType):
-        return pa.timestamp("us")
-    if isinstance(t, fluss.TimestampLtzType):
-        return pa.timestamp("us", tz="UTC")
-    if isinstance(t, (fluss.BinaryType, fluss.BytesType)):
-        return pa.binary()
-    if isinstance(t, (fluss.CharType, fluss.StringType)):
-        return pa.string()
-    if isinstance(t, fluss.ArrayType):
-        return pa.list_(pa.field("element", lake_type(t.element, native_time), nullable=t.element.nullable))
-    if isinstance(t, fluss.MapType):
-        return pa.map_(
-            pa.field("key", lake_type(t.key, native_time), nullable=False),
-            pa.field("value", lake_type(t.value, native_time), nullable=t.value.nullable),
-        )
-    if isinstance(t, fluss.RowType):
-        return pa.struct([pa.field(f.name, lake_type(f.type, native_time), nullable=f.type.nullable) for f in t.fields])
-    return fluss.to_arrow_type(t)
+    return (_LAKE_TYPES_NATIVE_TIME if native_time else _LAKE_TYPES).visit(t)
 
 
 def _micros_type(t: fluss.DataType) -> pa.DataType:
     """The strom Arrow type with every TIME and timestamp at microseconds: the step between strom's
     types and the lake's that Arrow can cast to and from both (time64[us] <-> int64 keeps the value)."""
-    if isinstance(t, fluss.TimeType):
-        return pa.time64("us")
-    if isinstance(t, fluss.TimestampType):
-        return pa.timestamp("us")
-    if isinstance(t, fluss.TimestampLtzType):
-        return pa.timestamp("us", tz="UTC")
-    if isinstance(t, fluss.ArrayType):
-        return pa.list_(pa.field("item", _micros_type(t.element), nullable=t.element.nullable))
-    if isinstance(t, fluss.MapType):
-        return pa.map_(
-            pa.field("key", _micros_type(t.key), nullable=False),
-            pa.field("value", _micros_type(t.value), nullable=t.value.nullable),
-        )
-    if isinstance(t, fluss.RowType):
-        return pa.struct([pa.field(f.name, _micros_type(f.type), nullable=f.type.nullable) for f in t.fields])
-    return fluss.to_arrow_type(t)
+    return _MICROS_TYPES.visit(t)
 
 
 def _cast(array: pa.Array | pa.ChunkedArray, *steps: pa.DataType) -> pa.Array | pa.ChunkedArray:

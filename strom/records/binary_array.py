@@ -24,29 +24,12 @@ import functools
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from strom.records import types
 from strom.records.types import (
-    ArrayType,
-    BigIntType,
-    BinaryType,
-    BooleanType,
-    BytesType,
-    CharType,
     DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntType,
-    MapType,
     RowType,
-    SmallIntType,
-    StringType,
-    TimestampLtzType,
-    TimestampType,
-    TimeType,
-    TinyIntType,
     decimal_from_unscaled,
     decimal_to_unscaled,
     time_from_millis,
@@ -100,6 +83,34 @@ class NestedRows(Protocol):
     def row_decoder(self, row_type: RowType) -> Callable[[bytes, int, int], dict[str, Any]]: ...
 
 
+C = TypeVar("C")
+
+
+class ContainerCodecs(types.DataTypeVisitor[C]):
+    """A per-type codec table whose ARRAY, MAP and ROW values are length-delimited blobs: a
+    BinaryArray, a BinaryMap or a row in the ``nested`` format. Subclasses say how such a blob
+    is stored (``container``) and how every other type is."""
+
+    __slots__ = ("nested",)
+
+    def __init__(self, nested: NestedRows) -> None:
+        self.nested = nested
+
+    def container(self, encode: Callable[[Any], bytes], decode: Callable[[bytes, int, int], Any]) -> C:
+        raise NotImplementedError
+
+    def visit_array(self, t: types.ArrayType) -> C:
+        codec = array_codec(t.element, self.nested)
+        return self.container(codec.encode, codec.decode)
+
+    def visit_map(self, t: types.MapType) -> C:
+        pair = map_codec(t.key, t.value, self.nested)
+        return self.container(pair.encode, pair.decode)
+
+    def visit_row(self, t: RowType) -> C:
+        return self.container(self.nested.row_encoder(t), self.nested.row_decoder(t))
+
+
 def header_size(element_count: int) -> int:
     """Bytes before the first slot: the count plus the 4-byte-aligned null bitset."""
     return 4 + ((element_count + 31) // 32) * 4
@@ -109,15 +120,42 @@ def round_to_word(size: int) -> int:
     return (size + 7) & ~7
 
 
+class _SlotSize(types.DataTypeVisitor[int]):
+    """Width of one element's fixed slot: 8 bytes unless the type is narrower."""
+
+    __slots__ = ()
+
+    def default(self, t: DataType) -> int:
+        return 8
+
+    def visit_boolean(self, t: types.BooleanType) -> int:
+        return 1
+
+    def visit_tinyint(self, t: types.TinyIntType) -> int:
+        return 1
+
+    def visit_smallint(self, t: types.SmallIntType) -> int:
+        return 2
+
+    def visit_int(self, t: types.IntType) -> int:
+        return 4
+
+    def visit_float(self, t: types.FloatType) -> int:
+        return 4
+
+    def visit_date(self, t: types.DateType) -> int:
+        return 4
+
+    def visit_time(self, t: types.TimeType) -> int:
+        return 4
+
+
+_SLOT_SIZE = _SlotSize()
+
+
 def slot_size(t: DataType) -> int:
     """Width of one element's fixed slot (Java ``BinaryArray.calculateFixLengthPartSize``)."""
-    if isinstance(t, (BooleanType, TinyIntType)):
-        return 1
-    if isinstance(t, SmallIntType):
-        return 2
-    if isinstance(t, (IntType, FloatType, DateType, TimeType)):
-        return 4
-    return 8
+    return _SLOT_SIZE.visit(t)
 
 
 class _Element:
@@ -199,7 +237,7 @@ def _float_element(codec: struct.Struct, nan_bytes: bytes) -> _Element:
     return _Element(codec.size, lambda data, base, slot: unpack_from(data, slot)[0], write)
 
 
-def _decimal_element(t: DecimalType, java_layout: bool) -> _Element:
+def _decimal_element(t: types.DecimalType, java_layout: bool) -> _Element:
     precision, scale = t.precision, t.scale
     if t.is_compact:
 
@@ -276,41 +314,69 @@ _BOOLEAN = _Element(
 )
 
 
+class _ElementCodecs(ContainerCodecs[_Element]):
+    """The ``_Element`` of each type, with ROW elements and decimal reservations per ``nested``."""
+
+    __slots__ = ()
+
+    def container(self, encode: Callable[[Any], bytes], decode: Callable[[bytes, int, int], Any]) -> _Element:
+        return _container_element(encode, decode)
+
+    def default(self, t: DataType) -> _Element:
+        raise TypeError(f"unsupported array element type {t!r}")
+
+    def visit_boolean(self, t: types.BooleanType) -> _Element:
+        return _BOOLEAN
+
+    def visit_tinyint(self, t: types.TinyIntType) -> _Element:
+        return _fixed(INT8)
+
+    def visit_smallint(self, t: types.SmallIntType) -> _Element:
+        return _fixed(INT16)
+
+    def visit_int(self, t: types.IntType) -> _Element:
+        return _fixed(INT32)
+
+    def visit_date(self, t: types.DateType) -> _Element:
+        return _fixed(INT32)
+
+    def visit_bigint(self, t: types.BigIntType) -> _Element:
+        return _fixed(INT64)
+
+    def visit_float(self, t: types.FloatType) -> _Element:
+        return _float_element(FLOAT32, _FLOAT32_NAN)
+
+    def visit_double(self, t: types.DoubleType) -> _Element:
+        return _float_element(FLOAT64, _FLOAT64_NAN)
+
+    def visit_string(self, t: types.StringType) -> _Element:
+        return _string_element()
+
+    def visit_char(self, t: types.CharType) -> _Element:
+        return _string_element()
+
+    def visit_bytes(self, t: types.BytesType) -> _Element:
+        return _bytes_element()
+
+    def visit_binary(self, t: types.BinaryType) -> _Element:
+        return _bytes_element()
+
+    def visit_decimal(self, t: types.DecimalType) -> _Element:
+        return _decimal_element(t, self.nested.java_decimal_layout)
+
+    def visit_time(self, t: types.TimeType) -> _Element:
+        return _time_element(t.precision)
+
+    def visit_timestamp(self, t: types.TimestampType) -> _Element:
+        return _timestamp_element(t.precision, t.is_compact)
+
+    def visit_timestamp_ltz(self, t: types.TimestampLtzType) -> _Element:
+        return _timestamp_element(t.precision, t.is_compact)
+
+
 @functools.lru_cache(maxsize=1024)
 def _element(t: DataType, nested: NestedRows) -> _Element:
-    if isinstance(t, BooleanType):
-        return _BOOLEAN
-    if isinstance(t, TinyIntType):
-        return _fixed(INT8)
-    if isinstance(t, SmallIntType):
-        return _fixed(INT16)
-    if isinstance(t, (IntType, DateType)):
-        return _fixed(INT32)
-    if isinstance(t, BigIntType):
-        return _fixed(INT64)
-    if isinstance(t, FloatType):
-        return _float_element(FLOAT32, _FLOAT32_NAN)
-    if isinstance(t, DoubleType):
-        return _float_element(FLOAT64, _FLOAT64_NAN)
-    if isinstance(t, (StringType, CharType)):
-        return _string_element()
-    if isinstance(t, (BytesType, BinaryType)):
-        return _bytes_element()
-    if isinstance(t, DecimalType):
-        return _decimal_element(t, nested.java_decimal_layout)
-    if isinstance(t, TimeType):
-        return _time_element(t.precision)
-    if isinstance(t, (TimestampType, TimestampLtzType)):
-        return _timestamp_element(t.precision, t.is_compact)
-    if isinstance(t, ArrayType):
-        codec = array_codec(t.element, nested)
-        return _container_element(codec.encode, codec.decode)
-    if isinstance(t, MapType):
-        pair = map_codec(t.key, t.value, nested)
-        return _container_element(pair.encode, pair.decode)
-    if isinstance(t, RowType):
-        return _container_element(nested.row_encoder(t), nested.row_decoder(t))
-    raise TypeError(f"unsupported array element type {t!r}")
+    return _ElementCodecs(nested).visit(t)
 
 
 class ArrayCodec:

@@ -27,35 +27,17 @@ import struct
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from strom.records import types
 from strom.records.binary_array import (
     FLOAT32,
     FLOAT64,
     INT8,
     INT16,
-    array_codec,
-    map_codec,
+    ContainerCodecs,
 )
 from strom.records.types import (
-    ArrayType,
-    BigIntType,
-    BinaryType,
-    BooleanType,
-    BytesType,
-    CharType,
     DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntType,
-    MapType,
     RowType,
-    SmallIntType,
-    StringType,
-    TimestampLtzType,
-    TimestampType,
-    TimeType,
-    TinyIntType,
     decimal_from_unscaled,
     decimal_to_unscaled,
     time_from_millis,
@@ -248,7 +230,7 @@ def _timestamp_field(precision: int, compact: bool) -> _Field:
     return _Field(read, write, lambda data, pos: skip_varint(data, skip_varint(data, pos)))
 
 
-def _decimal_field(t: DecimalType) -> _Field:
+def _decimal_field(t: types.DecimalType) -> _Field:
     precision, scale = t.precision, t.scale
     if t.is_compact:
         return _mapped_field(
@@ -278,17 +260,33 @@ def _container_field(encode: Callable[[Any], bytes], decode: Callable[[bytes, in
     return _Field(read, write, _skip_sized)
 
 
-@functools.lru_cache(maxsize=1024)
-def _field(t: DataType, nesting: _CompactedNesting) -> _Field:
-    if isinstance(t, BooleanType):
+class _FieldCodecs(ContainerCodecs[_Field]):
+    """The ``_Field`` of each type, with ROW values (nested or in arrays and maps) per ``nested``."""
+
+    __slots__ = ()
+
+    def container(self, encode: Callable[[Any], bytes], decode: Callable[[bytes, int, int], Any]) -> _Field:
+        return _container_field(encode, decode)
+
+    def default(self, t: DataType) -> _Field:
+        raise TypeError(f"unsupported type for CompactedRow: {t!r}")
+
+    def visit_boolean(self, t: types.BooleanType) -> _Field:
         return _BOOLEAN
-    if isinstance(t, TinyIntType):
+
+    def visit_tinyint(self, t: types.TinyIntType) -> _Field:
         return _fixed_field(INT8)
-    if isinstance(t, SmallIntType):
+
+    def visit_smallint(self, t: types.SmallIntType) -> _Field:
         return _fixed_field(INT16)
-    if isinstance(t, (IntType, DateType)):
+
+    def visit_int(self, t: types.IntType) -> _Field:
         return _INT
-    if isinstance(t, TimeType):
+
+    def visit_date(self, t: types.DateType) -> _Field:
+        return _INT
+
+    def visit_time(self, t: types.TimeType) -> _Field:
         p = t.precision
         return _mapped_field(
             read_varint32,
@@ -297,29 +295,41 @@ def _field(t: DataType, nesting: _CompactedNesting) -> _Field:
             lambda value: time_to_millis(value, p),
             skip_varint,
         )
-    if isinstance(t, BigIntType):
+
+    def visit_bigint(self, t: types.BigIntType) -> _Field:
         return _BIGINT
-    if isinstance(t, FloatType):
+
+    def visit_float(self, t: types.FloatType) -> _Field:
         return _fixed_field(FLOAT32)
-    if isinstance(t, DoubleType):
+
+    def visit_double(self, t: types.DoubleType) -> _Field:
         return _fixed_field(FLOAT64)
-    if isinstance(t, (StringType, CharType)):
+
+    def visit_string(self, t: types.StringType) -> _Field:
         return _STRING
-    if isinstance(t, (BytesType, BinaryType)):
+
+    def visit_char(self, t: types.CharType) -> _Field:
+        return _STRING
+
+    def visit_bytes(self, t: types.BytesType) -> _Field:
         return _BYTES
-    if isinstance(t, DecimalType):
+
+    def visit_binary(self, t: types.BinaryType) -> _Field:
+        return _BYTES
+
+    def visit_decimal(self, t: types.DecimalType) -> _Field:
         return _decimal_field(t)
-    if isinstance(t, (TimestampType, TimestampLtzType)):
+
+    def visit_timestamp(self, t: types.TimestampType) -> _Field:
         return _timestamp_field(t.precision, t.is_compact)
-    if isinstance(t, ArrayType):
-        codec = array_codec(t.element, nesting)
-        return _container_field(codec.encode, codec.decode)
-    if isinstance(t, MapType):
-        pair = map_codec(t.key, t.value, nesting)
-        return _container_field(pair.encode, pair.decode)
-    if isinstance(t, RowType):
-        return _container_field(nesting.row_encoder(t), nesting.row_decoder(t))
-    raise TypeError(f"unsupported type for CompactedRow: {t!r}")
+
+    def visit_timestamp_ltz(self, t: types.TimestampLtzType) -> _Field:
+        return _timestamp_field(t.precision, t.is_compact)
+
+
+@functools.lru_cache(maxsize=1024)
+def _field(t: DataType, nesting: _CompactedNesting) -> _Field:
+    return _FieldCodecs(nesting).visit(t)
 
 
 class _CompactedNesting:
@@ -385,28 +395,71 @@ _STRUCT_TEMPLATE = """\
 {var} = {unpack}(data, pos)[0]
 pos += {size}"""
 
-_INLINE_STRUCTS = {TinyIntType: INT8, SmallIntType: INT16, FloatType: FLOAT32, DoubleType: FLOAT64}
+class _InlineRead(types.DataTypeVisitor[str]):
+    """Source reading one non-null field into ``var`` and advancing ``pos``: the common flat
+    types inline, every other type through its ``_Field.read`` (bound in ``env``)."""
+
+    __slots__ = ("env", "index", "var")
+
+    def __init__(self, var: str, index: int, env: dict[str, Any]) -> None:
+        self.var = var
+        self.index = index
+        self.env = env
+
+    def default(self, t: DataType) -> str:
+        self.env[f"_read{self.index}"] = _field(t, _RUST_NESTING).read
+        return f"{self.var}, pos = _read{self.index}(data, pos)"
+
+    def _varint(self, slow: str) -> str:
+        return _VARINT_TEMPLATE.format(var=self.var, slow=slow)
+
+    def _sized(self, decode: str) -> str:
+        return _SIZED_TEMPLATE.format(var=self.var, decode=decode)
+
+    def _struct(self, codec: struct.Struct) -> str:
+        self.env[f"_unpack{self.index}"] = codec.unpack_from
+        return _STRUCT_TEMPLATE.format(var=self.var, unpack=f"_unpack{self.index}", size=codec.size)
+
+    def visit_boolean(self, t: types.BooleanType) -> str:
+        return f"{self.var} = data[pos] != 0\npos += 1"
+
+    def visit_int(self, t: types.IntType) -> str:
+        return self._varint("read_varint32")
+
+    def visit_date(self, t: types.DateType) -> str:
+        return self._varint("read_varint32")
+
+    def visit_bigint(self, t: types.BigIntType) -> str:
+        return self._varint("read_varint64")
+
+    def visit_string(self, t: types.StringType) -> str:
+        return self._sized(".decode('utf-8', 'replace')")
+
+    def visit_char(self, t: types.CharType) -> str:
+        return self._sized(".decode('utf-8', 'replace')")
+
+    def visit_bytes(self, t: types.BytesType) -> str:
+        return self._sized("")
+
+    def visit_binary(self, t: types.BinaryType) -> str:
+        return self._sized("")
+
+    def visit_tinyint(self, t: types.TinyIntType) -> str:
+        return self._struct(INT8)
+
+    def visit_smallint(self, t: types.SmallIntType) -> str:
+        return self._struct(INT16)
+
+    def visit_float(self, t: types.FloatType) -> str:
+        return self._struct(FLOAT32)
+
+    def visit_double(self, t: types.DoubleType) -> str:
+        return self._struct(FLOAT64)
 
 
 def _inline_read(t: DataType, var: str, index: int, env: dict[str, Any]) -> str:
     """Source reading one non-null field into ``var`` and advancing ``pos``."""
-    kind = type(t)
-    if kind is BooleanType:
-        return f"{var} = data[pos] != 0\npos += 1"
-    if kind in (IntType, DateType):
-        return _VARINT_TEMPLATE.format(var=var, slow="read_varint32")
-    if kind is BigIntType:
-        return _VARINT_TEMPLATE.format(var=var, slow="read_varint64")
-    if kind in (StringType, CharType):
-        return _SIZED_TEMPLATE.format(var=var, decode=".decode('utf-8', 'replace')")
-    if kind in (BytesType, BinaryType):
-        return _SIZED_TEMPLATE.format(var=var, decode="")
-    codec = _INLINE_STRUCTS.get(kind)
-    if codec is not None:
-        env[f"_unpack{index}"] = codec.unpack_from
-        return _STRUCT_TEMPLATE.format(var=var, unpack=f"_unpack{index}", size=codec.size)
-    env[f"_read{index}"] = _field(t, _RUST_NESTING).read
-    return f"{var}, pos = _read{index}(data, pos)"
+    return _InlineRead(var, index, env).visit(t)
 
 
 def _fields_source(row_type: RowType, env: dict[str, Any]) -> list[str]:
@@ -581,7 +634,7 @@ class CompactedKeyEncoder:
         self._key_indexes = tuple(key_indexes)
         nesting = _nesting(java_decimal_layout)
         for index in self._key_indexes:
-            if isinstance(row_type.fields[index].type, MapType):
+            if isinstance(row_type.fields[index].type, types.MapType):
                 raise TypeError(f"MAP column {row_type.fields[index].name!r} cannot be a key")
         self._writers = tuple(_field(row_type.fields[i].type, nesting).write for i in key_indexes)
 

@@ -20,22 +20,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from strom.errors import InvalidTableError
+from strom.records import types
 from strom.records.binary_array import FLOAT32, FLOAT64, INT64
 from strom.records.types import (
-    BigIntType,
-    BinaryType,
-    BytesType,
-    CharType,
     DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntType,
     RowType,
-    StringType,
-    TimestampType,
-    TimeType,
     decimal_to_unscaled,
     time_to_millis,
     timestamp_to_parts,
@@ -52,13 +41,34 @@ def _wrap_long(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _writer(t: DataType) -> Callable[[Any], bytes]:
-    if isinstance(t, (IntType, DateType, BigIntType)):
+Write = Callable[[Any], bytes]
+
+
+class _Writers(types.DataTypeVisitor[Write]):
+    """The key bytes of one value of each type a key column may have."""
+
+    __slots__ = ()
+
+    def default(self, t: DataType) -> Write:
+        raise InvalidTableError(
+            f"a {t!r} column cannot be the key of a table whose lake format is Iceberg "
+            "(INT, BIGINT, DATE, TIME, TIMESTAMP, FLOAT, DOUBLE, DECIMAL, STRING, CHAR, BINARY or BYTES can)"
+        )
+
+    def visit_int(self, t: types.IntType) -> Write:
         return INT64.pack
-    if isinstance(t, TimeType):
+
+    def visit_date(self, t: types.DateType) -> Write:
+        return INT64.pack
+
+    def visit_bigint(self, t: types.BigIntType) -> Write:
+        return INT64.pack
+
+    def visit_time(self, t: types.TimeType) -> Write:
         precision = t.precision
         return lambda value: INT64.pack(_wrap_long(time_to_millis(value, precision) * _MICROS_PER_MILLI))
-    if isinstance(t, TimestampType):
+
+    def visit_timestamp(self, t: types.TimestampType) -> Write:
         precision = t.precision
 
         def timestamp(value: int) -> bytes:
@@ -66,21 +76,39 @@ def _writer(t: DataType) -> Callable[[Any], bytes]:
             return INT64.pack(_wrap_long(millis * _MICROS_PER_MILLI + nano_of_milli // _MICROS_PER_MILLI))
 
         return timestamp
-    if isinstance(t, FloatType):
+
+    def visit_float(self, t: types.FloatType) -> Write:
         return FLOAT32.pack
-    if isinstance(t, DoubleType):
+
+    def visit_double(self, t: types.DoubleType) -> Write:
         return FLOAT64.pack
-    if isinstance(t, (StringType, CharType)):
-        return lambda value: value.encode()
-    if isinstance(t, (BytesType, BinaryType)):
+
+    def visit_string(self, t: types.StringType) -> Write:
+        return _encode_text
+
+    def visit_char(self, t: types.CharType) -> Write:
+        return _encode_text
+
+    def visit_bytes(self, t: types.BytesType) -> Write:
         return bytes
-    if isinstance(t, DecimalType):
+
+    def visit_binary(self, t: types.BinaryType) -> Write:
+        return bytes
+
+    def visit_decimal(self, t: types.DecimalType) -> Write:
         precision, scale = t.precision, t.scale
         return lambda value: unscaled_to_bytes(decimal_to_unscaled(value, precision, scale))
-    raise InvalidTableError(
-        f"a {t!r} column cannot be the key of a table whose lake format is Iceberg "
-        "(INT, BIGINT, DATE, TIME, TIMESTAMP, FLOAT, DOUBLE, DECIMAL, STRING, CHAR, BINARY or BYTES can)"
-    )
+
+
+def _encode_text(value: str) -> bytes:
+    return value.encode()
+
+
+_WRITERS = _Writers()
+
+
+def _writer(t: DataType) -> Write:
+    return _WRITERS.visit(t)
 
 
 class IcebergKeyEncoder:

@@ -25,6 +25,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from strom.records import types
 from strom.records.binary_array import (
     FLOAT32,
     FLOAT64,
@@ -32,30 +33,11 @@ from strom.records.binary_array import (
     INT16,
     INT32,
     INT64,
-    array_codec,
-    map_codec,
+    ContainerCodecs,
 )
 from strom.records.types import (
-    ArrayType,
-    BigIntType,
-    BinaryType,
-    BooleanType,
-    BytesType,
-    CharType,
     DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntType,
-    MapType,
     RowType,
-    SmallIntType,
-    StringType,
-    TimestampLtzType,
-    TimestampType,
-    TimeType,
-    TinyIntType,
     decimal_from_unscaled,
     decimal_to_unscaled,
     time_from_millis,
@@ -145,38 +127,62 @@ def _read_bytes(data: bytes, pos: int, size: int) -> bytes:
     return data[pos : pos + size]
 
 
-@functools.lru_cache(maxsize=1024)
-def _field(t: DataType, nesting: _IndexedNesting) -> _Field:
-    if isinstance(t, BooleanType):
+class _FieldCodecs(ContainerCodecs[_Field]):
+    """The ``_Field`` of each type, with ROW values (nested or in arrays and maps) per ``nested``."""
+
+    __slots__ = ()
+
+    def container(self, encode: Callable[[Any], bytes], decode: Callable[[bytes, int, int], Any]) -> _Field:
+        return _var(decode, encode)
+
+    def default(self, t: DataType) -> _Field:
+        raise TypeError(f"unsupported type for IndexedRow: {t!r}")
+
+    def visit_boolean(self, t: types.BooleanType) -> _Field:
         return _Field(1, lambda data, pos, size: data[pos] != 0, lambda value: b"\x01" if value else b"\x00")
-    if isinstance(t, TinyIntType):
+
+    def visit_tinyint(self, t: types.TinyIntType) -> _Field:
         return _fixed(INT8)
-    if isinstance(t, SmallIntType):
+
+    def visit_smallint(self, t: types.SmallIntType) -> _Field:
         return _fixed(INT16)
-    if isinstance(t, (IntType, DateType)):
+
+    def visit_int(self, t: types.IntType) -> _Field:
         return _fixed(INT32)
-    if isinstance(t, TimeType):
+
+    def visit_date(self, t: types.DateType) -> _Field:
+        return _fixed(INT32)
+
+    def visit_time(self, t: types.TimeType) -> _Field:
         p = t.precision
         return _fixed(INT32, lambda millis: time_from_millis(millis, p), lambda v: time_to_millis(v, p))
-    if isinstance(t, BigIntType):
+
+    def visit_bigint(self, t: types.BigIntType) -> _Field:
         return _fixed(INT64)
-    if isinstance(t, FloatType):
+
+    def visit_float(self, t: types.FloatType) -> _Field:
         return _fixed(FLOAT32)
-    if isinstance(t, DoubleType):
+
+    def visit_double(self, t: types.DoubleType) -> _Field:
         return _fixed(FLOAT64)
-    if isinstance(t, CharType):
+
+    def visit_char(self, t: types.CharType) -> _Field:
         return _char_field(t.length)
-    if isinstance(t, StringType):
+
+    def visit_string(self, t: types.StringType) -> _Field:
         return _var(
             lambda data, pos, size: data[pos : pos + size].decode("utf-8", "replace"),
             lambda value: value.encode("utf-8"),
         )
-    if isinstance(t, BinaryType):
+
+    def visit_binary(self, t: types.BinaryType) -> _Field:
         pad = _padded(t.length, "BINARY")
         return _Field(t.length, _read_bytes, lambda value: pad(bytes(value)))
-    if isinstance(t, BytesType):
+
+    def visit_bytes(self, t: types.BytesType) -> _Field:
         return _var(_read_bytes, bytes)
-    if isinstance(t, DecimalType):
+
+    def visit_decimal(self, t: types.DecimalType) -> _Field:
         precision, scale = t.precision, t.scale
         if t.is_compact:
             return _fixed(
@@ -188,17 +194,17 @@ def _field(t: DataType, nesting: _IndexedNesting) -> _Field:
             lambda data, pos, size: decimal_from_unscaled(unscaled_from_bytes(data[pos : pos + size]), scale),
             lambda value: unscaled_to_bytes(decimal_to_unscaled(value, precision, scale)),
         )
-    if isinstance(t, (TimestampType, TimestampLtzType)):
+
+    def visit_timestamp(self, t: types.TimestampType) -> _Field:
         return _timestamp_field(t.precision, t.is_compact)
-    if isinstance(t, ArrayType):
-        codec = array_codec(t.element, nesting)
-        return _var(codec.decode, codec.encode)
-    if isinstance(t, MapType):
-        pair = map_codec(t.key, t.value, nesting)
-        return _var(pair.decode, pair.encode)
-    if isinstance(t, RowType):
-        return _var(nesting.row_decoder(t), nesting.row_encoder(t))
-    raise TypeError(f"unsupported type for IndexedRow: {t!r}")
+
+    def visit_timestamp_ltz(self, t: types.TimestampLtzType) -> _Field:
+        return _timestamp_field(t.precision, t.is_compact)
+
+
+@functools.lru_cache(maxsize=1024)
+def _field(t: DataType, nesting: _IndexedNesting) -> _Field:
+    return _FieldCodecs(nesting).visit(t)
 
 
 class _IndexedNesting:

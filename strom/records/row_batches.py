@@ -59,7 +59,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from strom.records import arrow_python
+from strom.records import arrow_python, types
 from strom.records.bucketing import bucket_for_key
 from strom.records.compacted import (
     _RUST_NESTING,
@@ -73,29 +73,7 @@ from strom.records.rowcodec_native import (
     NATIVE_AVAILABLE as NATIVE_AVAILABLE,  # what callers ask before a native-only path
 )
 from strom.records.rowcodec_native import native
-from strom.records.types import (
-    ArrayType,
-    BigIntType,
-    BinaryType,
-    BooleanType,
-    BytesType,
-    CharType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntType,
-    MapType,
-    RowType,
-    SmallIntType,
-    StringType,
-    TimestampLtzType,
-    TimestampType,
-    TimeType,
-    TinyIntType,
-    to_arrow_schema,
-)
+from strom.records.types import DataType, RowType, to_arrow_schema
 
 RowBytes = bytes | bytearray | memoryview
 EncodedBatch = tuple[list[bytes], list[bytes] | None, list[int] | None]
@@ -104,39 +82,82 @@ EncodedBatch = tuple[list[bytes], list[bytes] | None, list[int] | None]
 _BOOLEAN, _TINYINT, _SMALLINT, _INT, _BIGINT, _FLOAT, _DOUBLE = 1, 2, 3, 4, 5, 6, 7
 _STRING, _BYTES, _BINARY, _DECIMAL, _TIME, _TIMESTAMP, _OPAQUE = 8, 9, 10, 11, 12, 13, 14
 _VAR_WIDTH = (_STRING, _BYTES)
-_SIMPLE_KINDS: dict[type[DataType], int] = {
-    BooleanType: _BOOLEAN,
-    TinyIntType: _TINYINT,
-    SmallIntType: _SMALLINT,
-    IntType: _INT,
-    DateType: _INT,
-    BigIntType: _BIGINT,
-    FloatType: _FLOAT,
-    DoubleType: _DOUBLE,
-    StringType: _STRING,
-    CharType: _STRING,
-    BytesType: _BYTES,
-}
 if native is not None:
     assert (native.KIND_STRING, native.KIND_OPAQUE) == (_STRING, _OPAQUE), "rowcodec.c kinds changed"
 
 
+class _Kinds(types.DataTypeVisitor[tuple[int, int]]):
+    """The C module's (kind, parameter) of each field type."""
+
+    __slots__ = ()
+
+    def default(self, t: DataType) -> tuple[int, int]:
+        raise TypeError(f"unsupported type for CompactedRow: {t!r}")
+
+    def visit_boolean(self, t: types.BooleanType) -> tuple[int, int]:
+        return _BOOLEAN, 0
+
+    def visit_tinyint(self, t: types.TinyIntType) -> tuple[int, int]:
+        return _TINYINT, 0
+
+    def visit_smallint(self, t: types.SmallIntType) -> tuple[int, int]:
+        return _SMALLINT, 0
+
+    def visit_int(self, t: types.IntType) -> tuple[int, int]:
+        return _INT, 0
+
+    def visit_date(self, t: types.DateType) -> tuple[int, int]:
+        return _INT, 0
+
+    def visit_bigint(self, t: types.BigIntType) -> tuple[int, int]:
+        return _BIGINT, 0
+
+    def visit_float(self, t: types.FloatType) -> tuple[int, int]:
+        return _FLOAT, 0
+
+    def visit_double(self, t: types.DoubleType) -> tuple[int, int]:
+        return _DOUBLE, 0
+
+    def visit_string(self, t: types.StringType) -> tuple[int, int]:
+        return _STRING, 0
+
+    def visit_char(self, t: types.CharType) -> tuple[int, int]:
+        return _STRING, 0
+
+    def visit_bytes(self, t: types.BytesType) -> tuple[int, int]:
+        return _BYTES, 0
+
+    def visit_binary(self, t: types.BinaryType) -> tuple[int, int]:
+        return _BINARY, t.length
+
+    def visit_decimal(self, t: types.DecimalType) -> tuple[int, int]:
+        return (_DECIMAL, t.precision) if t.is_compact else (_OPAQUE, 0)
+
+    def visit_time(self, t: types.TimeType) -> tuple[int, int]:
+        return _TIME, t.precision
+
+    def visit_timestamp(self, t: types.TimestampType) -> tuple[int, int]:
+        return _TIMESTAMP, t.precision
+
+    def visit_timestamp_ltz(self, t: types.TimestampLtzType) -> tuple[int, int]:
+        return _TIMESTAMP, t.precision
+
+    def visit_array(self, t: types.ArrayType) -> tuple[int, int]:
+        return _OPAQUE, 0
+
+    def visit_map(self, t: types.MapType) -> tuple[int, int]:
+        return _OPAQUE, 0
+
+    def visit_row(self, t: RowType) -> tuple[int, int]:
+        return _OPAQUE, 0
+
+
+_KINDS = _Kinds()
+
+
 def _kind(t: DataType) -> tuple[int, int]:
     """(C kind, parameter) of a field type; nested and wide decimal types are OPAQUE."""
-    simple = _SIMPLE_KINDS.get(type(t))
-    if simple is not None:
-        return simple, 0
-    if isinstance(t, BinaryType):
-        return _BINARY, t.length
-    if isinstance(t, DecimalType):
-        return (_DECIMAL, t.precision) if t.is_compact else (_OPAQUE, 0)
-    if isinstance(t, TimeType):
-        return _TIME, t.precision
-    if isinstance(t, (TimestampType, TimestampLtzType)):
-        return _TIMESTAMP, t.precision
-    if isinstance(t, (ArrayType, MapType, RowType)):
-        return _OPAQUE, 0
-    raise TypeError(f"unsupported type for CompactedRow: {t!r}")
+    return _KINDS.visit(t)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,7 +395,7 @@ def _native_encodable(
         for index in indexes or ():
             if type(index) is not int or not 0 <= index < row_type.field_count:
                 return False
-            if isinstance(row_type.fields[index].type, MapType):
+            if isinstance(row_type.fields[index].type, types.MapType):
                 return False  # CompactedKeyEncoder refuses MAP keys
     return True
 
@@ -425,7 +446,7 @@ def _plain_specs(field_types: Sequence[DataType]) -> tuple[tuple[int, int, bool]
     specs = []
     for t in field_types:
         kind, param = _kind(t)
-        if kind not in _PLAIN_KINDS or isinstance(t, (CharType, DateType)):
+        if kind not in _PLAIN_KINDS or isinstance(t, (types.CharType, types.DateType)):
             return None
         specs.append((kind, param, t.nullable))
     return tuple(specs)

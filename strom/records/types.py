@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -241,6 +241,123 @@ class RowType(DataType):
         raise KeyError(f"no field {name!r} in {self}")
 
 
+# ---------------------------------------------------------------------------------------
+# Visitor (Java DataTypeVisitor)
+# ---------------------------------------------------------------------------------------
+
+R = TypeVar("R")
+
+
+class DataTypeVisitor(Generic[R]):
+    """One method per type, chosen by ``visit`` from the type's class (Fluss's ``DataTypeVisitor``).
+
+    Codecs and mappings subclass this rather than repeat ``isinstance`` ladders over the type
+    classes: the dispatch is one dict lookup, built once here, and a codec names only the types
+    it handles. A type it leaves out goes to ``default``, which raises TypeError unless the
+    subclass overrides it.
+    """
+
+    __slots__ = ()
+
+    def visit(self, t: DataType) -> R:
+        cls = type(t)
+        method = _VISIT_METHODS.get(cls) or _inherited_visit_method(cls)
+        visit: Callable[[DataType], R] = getattr(self, method)
+        return visit(t)
+
+    def default(self, t: DataType) -> R:
+        raise TypeError(f"unsupported type for {type(self).__name__}: {t!r}")
+
+    def visit_boolean(self, t: BooleanType) -> R:
+        return self.default(t)
+
+    def visit_tinyint(self, t: TinyIntType) -> R:
+        return self.default(t)
+
+    def visit_smallint(self, t: SmallIntType) -> R:
+        return self.default(t)
+
+    def visit_int(self, t: IntType) -> R:
+        return self.default(t)
+
+    def visit_bigint(self, t: BigIntType) -> R:
+        return self.default(t)
+
+    def visit_float(self, t: FloatType) -> R:
+        return self.default(t)
+
+    def visit_double(self, t: DoubleType) -> R:
+        return self.default(t)
+
+    def visit_char(self, t: CharType) -> R:
+        return self.default(t)
+
+    def visit_string(self, t: StringType) -> R:
+        return self.default(t)
+
+    def visit_decimal(self, t: DecimalType) -> R:
+        return self.default(t)
+
+    def visit_date(self, t: DateType) -> R:
+        return self.default(t)
+
+    def visit_time(self, t: TimeType) -> R:
+        return self.default(t)
+
+    def visit_timestamp(self, t: TimestampType) -> R:
+        return self.default(t)
+
+    def visit_timestamp_ltz(self, t: TimestampLtzType) -> R:
+        return self.default(t)
+
+    def visit_bytes(self, t: BytesType) -> R:
+        return self.default(t)
+
+    def visit_binary(self, t: BinaryType) -> R:
+        return self.default(t)
+
+    def visit_array(self, t: ArrayType) -> R:
+        return self.default(t)
+
+    def visit_map(self, t: MapType) -> R:
+        return self.default(t)
+
+    def visit_row(self, t: RowType) -> R:
+        return self.default(t)
+
+
+_VISIT_METHODS: dict[type[DataType], str] = {
+    BooleanType: "visit_boolean",
+    TinyIntType: "visit_tinyint",
+    SmallIntType: "visit_smallint",
+    IntType: "visit_int",
+    BigIntType: "visit_bigint",
+    FloatType: "visit_float",
+    DoubleType: "visit_double",
+    CharType: "visit_char",
+    StringType: "visit_string",
+    DecimalType: "visit_decimal",
+    DateType: "visit_date",
+    TimeType: "visit_time",
+    TimestampType: "visit_timestamp",
+    TimestampLtzType: "visit_timestamp_ltz",
+    BytesType: "visit_bytes",
+    BinaryType: "visit_binary",
+    ArrayType: "visit_array",
+    MapType: "visit_map",
+    RowType: "visit_row",
+}
+
+
+def _inherited_visit_method(cls: type[DataType]) -> str:
+    """The method of the nearest type class ``cls`` derives from (as ``isinstance`` would pick)."""
+    for base in cls.__mro__:
+        method = _VISIT_METHODS.get(base)
+        if method is not None:
+            return method
+    return "default"
+
+
 def is_compact(t: DataType) -> bool:
     """False only for DECIMAL(p > 18) and TIMESTAMP[_LTZ](p > 3), which change encoding."""
     if isinstance(t, (DecimalType, TimestampType, TimestampLtzType)):
@@ -253,28 +370,51 @@ def is_compact(t: DataType) -> bool:
 # ---------------------------------------------------------------------------------------
 
 
+class _Summary(DataTypeVisitor[str]):
+    """The summary string of a type, without its nullability."""
+
+    __slots__ = ()
+
+    def default(self, t: DataType) -> str:
+        return t.type_root
+
+    def visit_int(self, t: IntType) -> str:
+        return "INT"
+
+    def visit_char(self, t: CharType) -> str:
+        return f"{t.type_root}({t.length})"
+
+    def visit_binary(self, t: BinaryType) -> str:
+        return f"{t.type_root}({t.length})"
+
+    def visit_decimal(self, t: DecimalType) -> str:
+        return f"DECIMAL({t.precision}, {t.scale})"
+
+    def visit_time(self, t: TimeType) -> str:
+        return f"TIME({t.precision})"
+
+    def visit_timestamp(self, t: TimestampType) -> str:
+        return f"TIMESTAMP({t.precision})"
+
+    def visit_timestamp_ltz(self, t: TimestampLtzType) -> str:
+        return f"TIMESTAMP_LTZ({t.precision})"
+
+    def visit_array(self, t: ArrayType) -> str:
+        return f"ARRAY<{t.element}>"
+
+    def visit_map(self, t: MapType) -> str:
+        return f"MAP<{t.key}, {t.value}>"
+
+    def visit_row(self, t: RowType) -> str:
+        return "ROW<" + ", ".join(f"{f.name} {f.type}" for f in t.fields) + ">"
+
+
+_SUMMARY = _Summary()
+
+
 def type_to_string(t: DataType) -> str:
     """Human-readable form, e.g. ``MAP<STRING NOT NULL, INT>``."""
-    if isinstance(t, IntType):
-        text = "INT"
-    elif isinstance(t, (CharType, BinaryType)):
-        text = f"{t.type_root}({t.length})"
-    elif isinstance(t, DecimalType):
-        text = f"DECIMAL({t.precision}, {t.scale})"
-    elif isinstance(t, TimeType):
-        text = f"TIME({t.precision})"
-    elif isinstance(t, TimestampType):
-        text = f"TIMESTAMP({t.precision})"
-    elif isinstance(t, TimestampLtzType):
-        text = f"TIMESTAMP_LTZ({t.precision})"
-    elif isinstance(t, ArrayType):
-        text = f"ARRAY<{t.element}>"
-    elif isinstance(t, MapType):
-        text = f"MAP<{t.key}, {t.value}>"
-    elif isinstance(t, RowType):
-        text = "ROW<" + ", ".join(f"{f.name} {f.type}" for f in t.fields) + ">"
-    else:
-        text = t.type_root
+    text = _SUMMARY.visit(t)
     return text if t.nullable else text + " NOT NULL"
 
 
@@ -299,25 +439,51 @@ _SIMPLE_BY_ROOT: dict[str, type[DataType]] = {
 }
 
 
+class _JsonParameters(DataTypeVisitor[dict[str, Any]]):
+    """The keys after ``type`` and ``nullable`` in a type's JSON object, in Java's order."""
+
+    __slots__ = ()
+
+    def default(self, t: DataType) -> dict[str, Any]:
+        return {}
+
+    def visit_char(self, t: CharType) -> dict[str, Any]:
+        return {"length": t.length}
+
+    def visit_binary(self, t: BinaryType) -> dict[str, Any]:
+        return {"length": t.length}
+
+    def visit_decimal(self, t: DecimalType) -> dict[str, Any]:
+        return {"precision": t.precision, "scale": t.scale}
+
+    def visit_time(self, t: TimeType) -> dict[str, Any]:
+        return {"precision": t.precision}
+
+    def visit_timestamp(self, t: TimestampType) -> dict[str, Any]:
+        return {"precision": t.precision}
+
+    def visit_timestamp_ltz(self, t: TimestampLtzType) -> dict[str, Any]:
+        return {"precision": t.precision}
+
+    def visit_array(self, t: ArrayType) -> dict[str, Any]:
+        return {"element_type": data_type_to_json(t.element)}
+
+    def visit_map(self, t: MapType) -> dict[str, Any]:
+        return {"key_type": data_type_to_json(t.key), "value_type": data_type_to_json(t.value)}
+
+    def visit_row(self, t: RowType) -> dict[str, Any]:
+        return {"fields": [_data_field_to_json(f) for f in t.fields]}
+
+
+_JSON_PARAMETERS = _JsonParameters()
+
+
 def data_type_to_json(t: DataType) -> dict[str, Any]:
     """The JSON object Fluss writes for a type; key order follows Java's serializer."""
     obj: dict[str, Any] = {"type": t.type_root}
     if not t.nullable:
         obj["nullable"] = False
-    if isinstance(t, (CharType, BinaryType)):
-        obj["length"] = t.length
-    elif isinstance(t, DecimalType):
-        obj["precision"] = t.precision
-        obj["scale"] = t.scale
-    elif isinstance(t, (TimeType, TimestampType, TimestampLtzType)):
-        obj["precision"] = t.precision
-    elif isinstance(t, ArrayType):
-        obj["element_type"] = data_type_to_json(t.element)
-    elif isinstance(t, MapType):
-        obj["key_type"] = data_type_to_json(t.key)
-        obj["value_type"] = data_type_to_json(t.value)
-    elif isinstance(t, RowType):
-        obj["fields"] = [_data_field_to_json(f) for f in t.fields]
+    obj.update(_JSON_PARAMETERS.visit(t))
     return obj
 
 
@@ -404,49 +570,84 @@ def _data_field_from_json(obj: Mapping[str, Any]) -> DataField:
 # Arrow (Rust client record/arrow.rs `to_arrow_type` / `from_arrow_type`)
 # ---------------------------------------------------------------------------------------
 
-_ARROW_SIMPLE: dict[type[DataType], pa.DataType] = {
-    BooleanType: pa.bool_(),
-    TinyIntType: pa.int8(),
-    SmallIntType: pa.int16(),
-    IntType: pa.int32(),
-    BigIntType: pa.int64(),
-    FloatType: pa.float32(),
-    DoubleType: pa.float64(),
-    CharType: pa.utf8(),
-    StringType: pa.utf8(),
-    BytesType: pa.binary(),
-    DateType: pa.date32(),
-}
-
-
 def time_unit(precision: int) -> str:
     """Arrow unit for a TIME/TIMESTAMP precision: s, ms, us or ns."""
     return TIME_UNIT_BY_PRECISION[precision]
 
 
-def to_arrow_type(t: DataType) -> pa.DataType:
-    """The Arrow type the client decodes this Fluss type with (physical layout must match)."""
-    simple = _ARROW_SIMPLE.get(type(t))
-    if simple is not None:
-        return simple
-    if isinstance(t, BinaryType):
+class _ArrowTypes(DataTypeVisitor[pa.DataType]):
+    """The Arrow type the client decodes each Fluss type with."""
+
+    __slots__ = ()
+
+    def default(self, t: DataType) -> pa.DataType:
+        raise TypeError(f"no Arrow mapping for {t!r}")
+
+    def visit_boolean(self, t: BooleanType) -> pa.DataType:
+        return pa.bool_()
+
+    def visit_tinyint(self, t: TinyIntType) -> pa.DataType:
+        return pa.int8()
+
+    def visit_smallint(self, t: SmallIntType) -> pa.DataType:
+        return pa.int16()
+
+    def visit_int(self, t: IntType) -> pa.DataType:
+        return pa.int32()
+
+    def visit_bigint(self, t: BigIntType) -> pa.DataType:
+        return pa.int64()
+
+    def visit_float(self, t: FloatType) -> pa.DataType:
+        return pa.float32()
+
+    def visit_double(self, t: DoubleType) -> pa.DataType:
+        return pa.float64()
+
+    def visit_char(self, t: CharType) -> pa.DataType:
+        return pa.utf8()
+
+    def visit_string(self, t: StringType) -> pa.DataType:
+        return pa.utf8()
+
+    def visit_bytes(self, t: BytesType) -> pa.DataType:
+        return pa.binary()
+
+    def visit_date(self, t: DateType) -> pa.DataType:
+        return pa.date32()
+
+    def visit_binary(self, t: BinaryType) -> pa.DataType:
         return pa.binary(t.length)
-    if isinstance(t, DecimalType):
+
+    def visit_decimal(self, t: DecimalType) -> pa.DataType:
         return pa.decimal128(t.precision, t.scale)
-    if isinstance(t, TimeType):
+
+    def visit_time(self, t: TimeType) -> pa.DataType:
         unit = time_unit(t.precision)
         return pa.time32(unit) if unit in ("s", "ms") else pa.time64(unit)
-    if isinstance(t, TimestampType):
+
+    def visit_timestamp(self, t: TimestampType) -> pa.DataType:
         return pa.timestamp(time_unit(t.precision))
-    if isinstance(t, TimestampLtzType):
+
+    def visit_timestamp_ltz(self, t: TimestampLtzType) -> pa.DataType:
         return pa.timestamp(time_unit(t.precision), tz="UTC")
-    if isinstance(t, ArrayType):
+
+    def visit_array(self, t: ArrayType) -> pa.DataType:
         return pa.list_(to_arrow_field("item", t.element))
-    if isinstance(t, MapType):
+
+    def visit_map(self, t: MapType) -> pa.DataType:
         return pa.map_(to_arrow_field("key", t.key), to_arrow_field("value", t.value))
-    if isinstance(t, RowType):
+
+    def visit_row(self, t: RowType) -> pa.DataType:
         return pa.struct([to_arrow_field(f.name, f.type) for f in t.fields])
-    raise TypeError(f"no Arrow mapping for {t!r}")
+
+
+_ARROW_TYPES = _ArrowTypes()
+
+
+def to_arrow_type(t: DataType) -> pa.DataType:
+    """The Arrow type the client decodes this Fluss type with (physical layout must match)."""
+    return _ARROW_TYPES.visit(t)
 
 
 def to_arrow_field(name: str, t: DataType) -> pa.Field:

@@ -15,28 +15,8 @@ from typing import TYPE_CHECKING
 from strom.client import Connection
 from strom.client.table import TableLayout
 from strom.ids import TablePath
+from strom.records import types as fluss
 from strom.records.schema import Column, Schema, TableDescriptor
-from strom.records.types import (
-    ArrayType,
-    BigIntType,
-    BooleanType,
-    BytesType,
-    DataField,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntType,
-    MapType,
-    RowType,
-    SmallIntType,
-    StringType,
-    TimestampLtzType,
-    TimestampType,
-    TimeType,
-    TinyIntType,
-)
 from strom.spark.errors import FlussConnectorError
 from strom.spark.options import BUCKET_NUMBER, PRIMARY_KEY, TableCreation
 from strom.spark.type_mapping import to_spark_type
@@ -48,7 +28,7 @@ TIMESTAMP_PRECISION = 6
 """Spark keeps microseconds: tables created from Spark get TIMESTAMP(6) / TIMESTAMP_LTZ(6)."""
 
 
-def from_spark_type(t: st.DataType, nullable: bool = True) -> DataType:
+def from_spark_type(t: st.DataType, nullable: bool = True) -> fluss.DataType:
     """The Fluss type a Spark type is created as (the inverse of the read mapping where one exists).
 
     Raises:
@@ -56,29 +36,30 @@ def from_spark_type(t: st.DataType, nullable: bool = True) -> DataType:
     """
     from pyspark.sql import types as st
 
-    simple: dict[type[st.DataType], type[DataType]] = {
-        st.BooleanType: BooleanType, st.ByteType: TinyIntType, st.ShortType: SmallIntType, st.IntegerType: IntType,
-        st.LongType: BigIntType, st.FloatType: FloatType, st.DoubleType: DoubleType, st.StringType: StringType,
-        st.CharType: StringType, st.VarcharType: StringType, st.BinaryType: BytesType, st.DateType: DateType,
+    simple: dict[type[st.DataType], type[fluss.DataType]] = {
+        st.BooleanType: fluss.BooleanType, st.ByteType: fluss.TinyIntType, st.ShortType: fluss.SmallIntType,
+        st.IntegerType: fluss.IntType, st.LongType: fluss.BigIntType, st.FloatType: fluss.FloatType,
+        st.DoubleType: fluss.DoubleType, st.StringType: fluss.StringType, st.CharType: fluss.StringType,
+        st.VarcharType: fluss.StringType, st.BinaryType: fluss.BytesType, st.DateType: fluss.DateType,
     }
     mapped = simple.get(type(t))
     if mapped is not None:
         return mapped(nullable=nullable)
     if isinstance(t, st.TimestampType):
-        return TimestampLtzType(TIMESTAMP_PRECISION, nullable=nullable)
+        return fluss.TimestampLtzType(TIMESTAMP_PRECISION, nullable=nullable)
     if isinstance(t, st.TimestampNTZType):
-        return TimestampType(TIMESTAMP_PRECISION, nullable=nullable)
+        return fluss.TimestampType(TIMESTAMP_PRECISION, nullable=nullable)
     if isinstance(t, st.DecimalType):
-        return DecimalType(t.precision, t.scale, nullable=nullable)
+        return fluss.DecimalType(t.precision, t.scale, nullable=nullable)
     if type(t).__name__ == "TimeType":  # Spark 4.1+
-        return TimeType(getattr(t, "precision", 6), nullable=nullable)
+        return fluss.TimeType(getattr(t, "precision", 6), nullable=nullable)
     if isinstance(t, st.ArrayType):
-        return ArrayType(from_spark_type(t.elementType, t.containsNull), nullable=nullable)
+        return fluss.ArrayType(from_spark_type(t.elementType, t.containsNull), nullable=nullable)
     if isinstance(t, st.MapType):
-        return MapType(from_spark_type(t.keyType, False), from_spark_type(t.valueType, t.valueContainsNull), nullable=nullable)
+        return fluss.MapType(from_spark_type(t.keyType, False), from_spark_type(t.valueType, t.valueContainsNull), nullable=nullable)
     if isinstance(t, st.StructType):
-        fields = tuple(DataField(f.name, from_spark_type(f.dataType, f.nullable)) for f in t.fields)
-        return RowType(fields, nullable=nullable)
+        fields = tuple(fluss.DataField(f.name, from_spark_type(f.dataType, f.nullable)) for f in t.fields)
+        return fluss.RowType(fields, nullable=nullable)
     raise FlussConnectorError(f"the Spark type {t.simpleString()} has no Fluss type to create a column with")
 
 

@@ -36,35 +36,14 @@ that string form or a Spark TIME column. Fluss has no unsigned integer types, so
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from strom.records.types import (
-    ArrayType,
-    BigIntType,
-    BinaryType,
-    BooleanType,
-    BytesType,
-    CharType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntType,
-    MapType,
-    RowType,
-    SmallIntType,
-    StringType,
-    TimestampLtzType,
-    TimestampType,
-    TimeType,
-    TinyIntType,
-    time_unit,
-    to_arrow_type,
-)
+from strom.records import types as fluss
+from strom.records.types import DataType, RowType, time_unit, to_arrow_type
 from strom.spark.errors import FlussConnectorError
 
 if TYPE_CHECKING:
@@ -76,39 +55,85 @@ TIME_EPOCH_PREFIX = "1970-01-01 "
 NANOS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
+class _SparkTypes(fluss.DataTypeVisitor["st.DataType"]):
+    """The Spark type each Fluss type reads as; pyspark is imported on first use, not with this module."""
+
+    __slots__ = ("st",)
+
+    def __init__(self) -> None:
+        from pyspark.sql import types as st
+
+        self.st = st
+
+    def default(self, t: DataType) -> st.DataType:
+        raise FlussConnectorError(f"the Fluss type {t} has no Spark mapping")
+
+    def visit_boolean(self, t: fluss.BooleanType) -> st.DataType:
+        return self.st.BooleanType()
+
+    def visit_tinyint(self, t: fluss.TinyIntType) -> st.DataType:
+        return self.st.ByteType()
+
+    def visit_smallint(self, t: fluss.SmallIntType) -> st.DataType:
+        return self.st.ShortType()
+
+    def visit_int(self, t: fluss.IntType) -> st.DataType:
+        return self.st.IntegerType()
+
+    def visit_bigint(self, t: fluss.BigIntType) -> st.DataType:
+        return self.st.LongType()
+
+    def visit_float(self, t: fluss.FloatType) -> st.DataType:
+        return self.st.FloatType()
+
+    def visit_double(self, t: fluss.DoubleType) -> st.DataType:
+        return self.st.DoubleType()
+
+    def visit_char(self, t: fluss.CharType) -> st.DataType:
+        return self.st.StringType()
+
+    def visit_string(self, t: fluss.StringType) -> st.DataType:
+        return self.st.StringType()
+
+    def visit_bytes(self, t: fluss.BytesType) -> st.DataType:
+        return self.st.BinaryType()
+
+    def visit_binary(self, t: fluss.BinaryType) -> st.DataType:
+        return self.st.BinaryType()
+
+    def visit_date(self, t: fluss.DateType) -> st.DataType:
+        return self.st.DateType()
+
+    def visit_time(self, t: fluss.TimeType) -> st.DataType:
+        return self.st.StringType()
+
+    def visit_timestamp(self, t: fluss.TimestampType) -> st.DataType:
+        return self.st.TimestampNTZType()
+
+    def visit_timestamp_ltz(self, t: fluss.TimestampLtzType) -> st.DataType:
+        return self.st.TimestampType()
+
+    def visit_decimal(self, t: fluss.DecimalType) -> st.DataType:
+        return self.st.DecimalType(t.precision, t.scale)
+
+    def visit_array(self, t: fluss.ArrayType) -> st.DataType:
+        return self.st.ArrayType(self.visit(t.element), containsNull=t.element.nullable)
+
+    def visit_map(self, t: fluss.MapType) -> st.DataType:
+        return self.st.MapType(self.visit(t.key), self.visit(t.value), valueContainsNull=t.value.nullable)
+
+    def visit_row(self, t: RowType) -> st.DataType:
+        return self.st.StructType([self.st.StructField(f.name, self.visit(f.type), f.type.nullable) for f in t.fields])
+
+
+@functools.cache
+def _spark_types() -> _SparkTypes:
+    return _SparkTypes()
+
+
 def to_spark_type(t: DataType) -> st.DataType:
     """The Spark type a Fluss type reads as (see the module docstring)."""
-    from pyspark.sql import types as st
-
-    simple: dict[type[DataType], st.DataType] = {
-        BooleanType: st.BooleanType(),
-        TinyIntType: st.ByteType(),
-        SmallIntType: st.ShortType(),
-        IntType: st.IntegerType(),
-        BigIntType: st.LongType(),
-        FloatType: st.FloatType(),
-        DoubleType: st.DoubleType(),
-        CharType: st.StringType(),
-        StringType: st.StringType(),
-        BytesType: st.BinaryType(),
-        BinaryType: st.BinaryType(),
-        DateType: st.DateType(),
-        TimeType: st.StringType(),
-        TimestampType: st.TimestampNTZType(),
-        TimestampLtzType: st.TimestampType(),
-    }
-    mapped = simple.get(type(t))
-    if mapped is not None:
-        return mapped
-    if isinstance(t, DecimalType):
-        return st.DecimalType(t.precision, t.scale)
-    if isinstance(t, ArrayType):
-        return st.ArrayType(to_spark_type(t.element), containsNull=t.element.nullable)
-    if isinstance(t, MapType):
-        return st.MapType(to_spark_type(t.key), to_spark_type(t.value), valueContainsNull=t.value.nullable)
-    if isinstance(t, RowType):
-        return st.StructType([st.StructField(f.name, to_spark_type(f.type), f.type.nullable) for f in t.fields])
-    raise FlussConnectorError(f"the Fluss type {t} has no Spark mapping")
+    return _spark_types().visit(t)
 
 
 def to_spark_schema(row_type: RowType, change_type_column: str | None = None) -> st.StructType:
@@ -126,10 +151,10 @@ def metadata_type(name: str) -> st.DataType:
 a KV snapshot, a lake or a lookup have no log position)."""
     from pyspark.sql import types as st
 
-    types: dict[str, st.DataType] = {
+    by_name: dict[str, st.DataType] = {
         "_log_offset": st.LongType(), "_commit_timestamp": st.TimestampType(), "_bucket": st.IntegerType()
     }
-    return types[name]
+    return by_name[name]
 
 
 def read_schema(
@@ -151,25 +176,41 @@ def spark_arrow_schema(schema: st.StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def _contains_time(t: DataType) -> bool:
-    if isinstance(t, TimeType):
+class _ContainsTime(fluss.DataTypeVisitor[bool]):
+    """Whether a type is TIME or holds one in an ARRAY, MAP or ROW."""
+
+    __slots__ = ()
+
+    def default(self, t: DataType) -> bool:
+        return False
+
+    def visit_time(self, t: fluss.TimeType) -> bool:
         return True
-    if isinstance(t, ArrayType):
-        return _contains_time(t.element)
-    if isinstance(t, MapType):
-        return _contains_time(t.key) or _contains_time(t.value)
-    if isinstance(t, RowType):
-        return any(_contains_time(f.type) for f in t.fields)
-    return False
+
+    def visit_array(self, t: fluss.ArrayType) -> bool:
+        return self.visit(t.element)
+
+    def visit_map(self, t: fluss.MapType) -> bool:
+        return self.visit(t.key) or self.visit(t.value)
+
+    def visit_row(self, t: RowType) -> bool:
+        return any(self.visit(f.type) for f in t.fields)
 
 
-def _time_to_string(array: pa.Array, t: TimeType) -> pa.Array:
+_CONTAINS_TIME = _ContainsTime()
+
+
+def _contains_time(t: DataType) -> bool:
+    return _CONTAINS_TIME.visit(t)
+
+
+def _time_to_string(array: pa.Array, t: fluss.TimeType) -> pa.Array:
     unit = time_unit(t.precision)
     as_int = array.cast(pa.int64() if unit in ("us", "ns") else pa.int32()).cast(pa.int64())
     return pc.strftime(as_int.cast(pa.timestamp(unit)), format="%H:%M:%S")
 
 
-def _string_to_time(array: pa.Array, t: TimeType) -> pa.Array:
+def _string_to_time(array: pa.Array, t: fluss.TimeType) -> pa.Array:
     target = to_arrow_type(t)
     unit = time_unit(t.precision)
     if pa.types.is_time(array.type):
@@ -183,22 +224,49 @@ def _string_to_time(array: pa.Array, t: TimeType) -> pa.Array:
     return scaled.cast(physical).cast(target)
 
 
-def _convert_nested(array: pa.Array, t: DataType, target: pa.DataType, to_spark: bool) -> pa.Array:
-    """Convert an array whose type contains TIME, recursing through ARRAY, MAP and ROW."""
-    if isinstance(t, TimeType):
-        return _time_to_string(array, t) if to_spark else _string_to_time(array, t)
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    if isinstance(t, ArrayType) and isinstance(array, (pa.ListArray, pa.LargeListArray)):
+class _NestedConversion(fluss.DataTypeVisitor[pa.Array]):
+    """Converts ``array`` to ``target`` (to Spark's layout or from it), its type containing TIME."""
+
+    __slots__ = ("array", "target", "to_spark")
+
+    def __init__(self, array: pa.Array, target: pa.DataType, to_spark: bool) -> None:
+        self.array = array
+        self.target = target
+        self.to_spark = to_spark
+
+    def _combined(self) -> pa.Array:
+        if isinstance(self.array, pa.ChunkedArray):
+            self.array = self.array.combine_chunks()
+        return self.array
+
+    def default(self, t: DataType) -> pa.Array:
+        array = self._combined()
+        raise FlussConnectorError(f"cannot convert a {array.type} column to {self.target}")
+
+    def visit_time(self, t: fluss.TimeType) -> pa.Array:
+        return _time_to_string(self.array, t) if self.to_spark else _string_to_time(self.array, t)
+
+    def visit_array(self, t: fluss.ArrayType) -> pa.Array:
+        array, target, to_spark = self._combined(), self.target, self.to_spark
+        if not isinstance(array, (pa.ListArray, pa.LargeListArray)):
+            return self.default(t)
         values = _convert_nested(array.flatten(), t.element, target.value_type, to_spark)
         offsets = pc.subtract(array.offsets, array.offsets[0])
         return type(array).from_arrays(offsets, values, type=target, mask=array.is_null())
-    if isinstance(t, MapType) and isinstance(array, pa.MapArray):
+
+    def visit_map(self, t: fluss.MapType) -> pa.Array:
+        array, target, to_spark = self._combined(), self.target, self.to_spark
+        if not isinstance(array, pa.MapArray):
+            return self.default(t)
         keys = _convert_nested(array.keys, t.key, target.key_type, to_spark)
         items = _convert_nested(array.items, t.value, target.item_type, to_spark)
         offsets = pc.subtract(array.offsets, array.offsets[0])
         return pa.MapArray.from_arrays(offsets, keys, items, type=target, mask=array.is_null())
-    if isinstance(t, RowType) and isinstance(array, pa.StructArray):
+
+    def visit_row(self, t: RowType) -> pa.Array:
+        array, target, to_spark = self._combined(), self.target, self.to_spark
+        if not isinstance(array, pa.StructArray):
+            return self.default(t)
         children = []
         for index, f in enumerate(t.fields):
             child_target = target.field(index).type
@@ -208,7 +276,11 @@ def _convert_nested(array: pa.Array, t: DataType, target: pa.DataType, to_spark:
             else:
                 children.append(child.cast(child_target, safe=not to_spark))
         return pa.StructArray.from_arrays(children, fields=list(target), mask=array.is_null())
-    raise FlussConnectorError(f"cannot convert a {array.type} column to {target}")
+
+
+def _convert_nested(array: pa.Array, t: DataType, target: pa.DataType, to_spark: bool) -> pa.Array:
+    """Convert an array whose type contains TIME, recursing through ARRAY, MAP and ROW."""
+    return _NestedConversion(array, target, to_spark).visit(t)
 
 
 def to_spark_batch(batch: pa.RecordBatch, row_type: RowType, target: pa.Schema) -> pa.RecordBatch:
@@ -227,7 +299,7 @@ def to_spark_batch(batch: pa.RecordBatch, row_type: RowType, target: pa.Schema) 
 
 
 def _truncating(t: DataType) -> bool:
-    return isinstance(t, (TimestampType, TimestampLtzType, TimeType))
+    return isinstance(t, (fluss.TimestampType, fluss.TimestampLtzType, fluss.TimeType))
 
 
 def to_fluss_batch(batch: pa.RecordBatch, layout: TableLayout, ignored: tuple[str, ...] = ()) -> pa.RecordBatch:
