@@ -17,8 +17,10 @@ class TabletServerGateway(Protocol):
     def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
         """Host ``buckets`` of ``table`` as leader (storage opens lazily on first use)."""
 
-    def change_table(self, table: TableInfo) -> None:
-        """``table`` changed (columns added, options altered): serve its hosted buckets with it from now on."""
+    async def change_table(self, table: TableInfo) -> None:
+        """``table`` changed (columns added, options altered): serve its hosted buckets with it from now on.
+        Returns once the live tablet servers took it (or a bounded wait passed), so a writer told of the
+        change finds it there."""
 
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
         """Stop hosting a table's buckets (all partitions when ``partition_id`` is None); ``delete`` removes

@@ -27,6 +27,8 @@ from strom.security.internal import tablet_server_name
 
 log = logging.getLogger(__name__)
 
+CHANGE_TABLE_WAIT_S = 5.0
+"""How long AlterTable waits for the live tablet servers to take the changed table."""
 LATEST_OFFSET = 1
 """ListOffsets' ``offset_type`` for the latest offset: the high watermark (0 earliest, 2 by timestamp)."""
 
@@ -70,15 +72,26 @@ class RemoteTabletServers:
         await asyncio.gather(*(self._send(node, ApiKey.NOTIFY_LEADER_AND_ISR, request) for node in nodes),
                              return_exceptions=True)
 
-    def change_table(self, table: TableInfo) -> None:
+    async def change_table(self, table: TableInfo) -> None:
+        """UpdateMetadata to every live tablet server, awaited for at most CHANGE_TABLE_WAIT_S: a server
+        that does not answer in time (or is down) reads the table again from the store when it is next
+        told of it, or when its metadata cache's bound passes."""
         request = pb.UpdateMetadataRequest(coordinator_epoch=self._epoch)
         request.table_metadata.add(
             table_path=pb.PbTablePath(database_name=table.path.database_name, table_name=table.path.table_name),
             table_id=table.table_id, schema_id=table.schema_id, table_json=table.table_json,
             created_time=table.created_ms, modified_time=table.modified_ms,
         )
-        for node in self._placement.tablet_servers():
-            self._spawn(self._send(node, ApiKey.UPDATE_METADATA, request))
+        sends = [asyncio.ensure_future(self._send(node, ApiKey.UPDATE_METADATA, request))
+                 for node in self._placement.tablet_servers()]
+        if not sends:
+            return
+        _done, pending = await asyncio.wait(sends, timeout=CHANGE_TABLE_WAIT_S)
+        for send in pending:  # finishes in the background, logged by _send
+            self._spawn(send)
+        for send in sends:
+            if send.done() and not send.cancelled():
+                send.exception()  # retrieved: logged by _send already
 
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
         """Every live tablet server stops (and with ``delete`` removes) the table's or partition's buckets
@@ -133,7 +146,7 @@ class RemoteTabletServers:
             log.warning("%s to tablet server %d (%s:%d) failed: %s", key.name, node.node_id, node.host, node.port, exc)
             raise
 
-    def _spawn(self, work: object) -> None:
+    def _spawn(self, work: Any) -> None:
         async def quietly() -> None:
             with contextlib.suppress(Exception):  # logged by _send; the tablet server catches up from the store
                 await work  # type: ignore[misc]

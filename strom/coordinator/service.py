@@ -463,7 +463,7 @@ class CoordinatorService(CatalogReader):
         async with self._read_modify_write:
             altered = await self._alter_table(request)
         if altered is not None:
-            self._tablets.change_table(altered)
+            await self._tablets.change_table(altered)
             await self._sync_lake(altered)
             await self._table_changed(altered)
             log.info("altered table %s: %d option changes, %d added columns (schema %d)", altered.path,

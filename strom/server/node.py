@@ -203,7 +203,7 @@ class LocalTabletServer:
     def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
         self._tablets.replicas.become_leader(table, buckets)
 
-    def change_table(self, table: TableInfo) -> None:
+    async def change_table(self, table: TableInfo) -> None:
         self._tablets.replicas.change_table(table)
 
     async def stop_replicas(self, table_id: int, partition_id: int | None, *, delete: bool) -> None:
