@@ -35,7 +35,8 @@ def read_remote_batches(location: str, position: int, max_bytes: int) -> tuple[b
         file.seek(position)
         data = bytearray(file.read(max_bytes))
         end = 0
-        while end + log_batch.HEADER_SIZE_BYTES <= len(data):
+        while end + log_batch.MAGIC_OFFSET < len(data) and \
+                end + log_batch.header_size(data[end + log_batch.MAGIC_OFFSET]) <= len(data):
             size = log_batch.read_header(data, end).size_bytes
             if end + size > len(data):
                 if end:

@@ -75,27 +75,31 @@ class LogSegment:
         buffer = b""
         buffer_start = 0
         while position < file_size:
-            if position + log_batch.HEADER_SIZE_BYTES > buffer_start + len(buffer):
+            if position + log_batch.HEADER_SIZE_BYTES_MAX > buffer_start + len(buffer):
                 buffer = os.pread(self._fd, _READ_CHUNK_BYTES, position)
                 buffer_start = position
             relative = position - buffer_start
             problem = None
-            if len(buffer) - relative < log_batch.HEADER_SIZE_BYTES:
+            left = len(buffer) - relative
+            magic = buffer[relative + log_batch.MAGIC_OFFSET] if left > log_batch.MAGIC_OFFSET else None
+            if magic is not None and magic not in log_batch.MAGICS:
+                problem = "bad magic"
+            elif magic is None or left < log_batch.header_size(magic):
                 problem = "truncated header"
             else:
                 header = log_batch.read_header(buffer, relative)
                 size = header.size_bytes
-                if header.magic != log_batch.MAGIC_V0 or header.length < 36:
-                    problem = "bad magic or length"
-                elif position + size > file_size:
+                if position + size > file_size:
                     problem = "truncated batch"
+                elif size < header.records_offset or header.statistics_length < 0:
+                    problem = "bad length"
                 elif header.base_offset != expected_offset:
                     problem = f"offset {header.base_offset} where {expected_offset} was expected"
                 elif is_last:
                     data = buffer[relative : relative + size] if relative + size <= len(buffer) else os.pread(
                         self._fd, size, position
                     )
-                    if crc32c.crc32c(memoryview(data)[log_batch.SCHEMA_ID_OFFSET :]) != header.crc:
+                    if crc32c.crc32c(memoryview(data)[header.crc_start :]) != header.crc:
                         problem = "CRC mismatch"
             if problem is not None:
                 if not is_last:

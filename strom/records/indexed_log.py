@@ -76,7 +76,7 @@ def split_records(
     Raises CorruptRecordError when the records do not tile the body exactly, their count disagrees with the
     header, a change type is unknown, or an append-only batch holds a record other than ``+A``.
     """
-    body = memoryview(buffer)[position + log_batch.HEADER_SIZE_BYTES : position + header.size_bytes]
+    body = memoryview(buffer)[position + header.records_offset : position + header.size_bytes]
     change_types = bytearray()
     rows: list[memoryview] = []
     cursor = 0
@@ -139,7 +139,7 @@ class LogBatchDecoder:
         for an ARROW body sent to an INDEXED table (a writer that only knows ARROW, such as pyfluss)."""
         if self._row_decoder is None:
             return log_batch.read_arrow(buffer, position, header, self.arrow_schema)
-        start = position + log_batch.HEADER_SIZE_BYTES
+        start = position + header.records_offset
         if header.record_count and bytes(memoryview(buffer)[start : start + 4]) == ARROW_CONTINUATION:
             raise InvalidTableError(
                 f"The log batch at offset {header.base_offset} holds Arrow data, but the table's "

@@ -1,14 +1,20 @@
-"""Fluss log record batches, magic v0: the unit of ProduceLog, FetchLog and the on-disk log.
+"""Fluss log record batches, magic V0, V1 and V2: the unit of ProduceLog, FetchLog and the on-disk log.
 
-All integers are little-endian (unlike the RPC header). Layout, 48-byte header then the records:
+All integers are little-endian (unlike the RPC header). V0, a 48-byte header then the records:
 
     0 base_offset i64 | 8 length i32 (bytes after this field) | 12 magic i8 | 13 commit_timestamp i64
     21 crc u32 (CRC-32C of bytes [25, end)) | 25 schema_id i16 | 27 attributes i8 (bit 0: append-only)
     28 last_offset_delta i32 | 32 writer_id i64 | 40 batch_sequence i32 | 44 record_count i32 | 48 records
 
+V1 (Fluss 0.9, batch statistics) adds ``statistics_length i32`` at 48, then that many bytes of statistics
+(:mod:`strom.records.batch_statistics`), then the records. V2 adds ``leader_epoch i32`` at 21 (the epoch of
+the leader that appended the batch), moving the CRC to 25 and the fields after it by four bytes; its CRC
+covers [29, end). Every version's CRC covers the schema id to the end, statistics included.
+
 The records are one Arrow IPC encapsulated RecordBatch message (no schema, no end-of-stream marker); a
-changelog batch (append-only bit clear) puts ``record_count`` change-type bytes before it. The base offset
-and commit timestamp sit before the CRC'd range, so the server stamps them without recomputing the CRC.
+changelog batch (append-only bit clear) puts ``record_count`` change-type bytes before it. The base offset,
+commit timestamp and leader epoch sit before the CRC'd range, so the server stamps them without
+recomputing the CRC.
 """
 
 from __future__ import annotations
@@ -26,14 +32,23 @@ from strom.errors import CorruptRecordError
 
 HEADER = struct.Struct("<qibqIhbiqii")
 HEADER_SIZE_BYTES = 48
+"""V0's header: the smallest of every version's (what a reader needs before it can read the magic)."""
 assert HEADER.size == HEADER_SIZE_BYTES
+_HEADER_V1 = struct.Struct("<qibqIhbiqiii")
+_HEADER_V2 = struct.Struct("<qibqiIhbiqiii")
 LENGTH_OFFSET = 8
+MAGIC_OFFSET = 12
 LOG_OVERHEAD_BYTES = 12  # base_offset + length: the bytes not counted by `length`
 CRC_OFFSET = 21
 SCHEMA_ID_OFFSET = 25
 STAMP = struct.Struct("<q")
 COMMIT_TIMESTAMP_OFFSET = 13
-MAGIC_V0 = 0
+LEADER_EPOCH_OFFSET = 21
+"""V2 only: where the leader's epoch is stamped."""
+MAGIC_V0, MAGIC_V1, MAGIC_V2 = 0, 1, 2
+MAGICS = (MAGIC_V0, MAGIC_V1, MAGIC_V2)
+NO_LEADER_EPOCH = -1
+"""The leader epoch of a batch written before V2, or not yet stamped."""
 APPEND_ONLY_FLAG = 0x01
 NO_WRITER_ID = -1
 NO_BATCH_SEQUENCE = -1
@@ -78,10 +93,29 @@ class LogBatchHeader:
     writer_id: int
     batch_sequence: int
     record_count: int
+    statistics_length: int = 0
+    """V1 and V2: the bytes of statistics between the header and the records (0: none)."""
+    leader_epoch: int = NO_LEADER_EPOCH
+    """V2: the epoch of the leader that appended the batch."""
 
     @property
     def size_bytes(self) -> int:
         return self.length + LOG_OVERHEAD_BYTES
+
+    @property
+    def header_size(self) -> int:
+        """The fixed header's bytes (statistics excluded)."""
+        return _HEADER_SIZES[self.magic]
+
+    @property
+    def records_offset(self) -> int:
+        """Where the records start, from the batch's first byte (after the header and any statistics)."""
+        return _HEADER_SIZES[self.magic] + self.statistics_length
+
+    @property
+    def crc_start(self) -> int:
+        """Where the CRC'd range starts (the schema id), from the batch's first byte."""
+        return _CRC_STARTS[self.magic]
 
     @property
     def next_offset(self) -> int:
@@ -92,8 +126,53 @@ class LogBatchHeader:
         return bool(self.attributes & APPEND_ONLY_FLAG)
 
 
+_HEADER_SIZES = {MAGIC_V0: HEADER_SIZE_BYTES, MAGIC_V1: _HEADER_V1.size, MAGIC_V2: _HEADER_V2.size}
+HEADER_SIZE_BYTES_MAX = _HEADER_V2.size
+"""The largest fixed header (V2's): a reader holding this many bytes can read any batch's header."""
+_CRC_STARTS = {MAGIC_V0: SCHEMA_ID_OFFSET, MAGIC_V1: SCHEMA_ID_OFFSET, MAGIC_V2: SCHEMA_ID_OFFSET + 4}
+
+
+def header_size(magic: int) -> int:
+    """The fixed header's bytes of a batch of ``magic``; CorruptRecordError for a magic no version has."""
+    size = _HEADER_SIZES.get(magic)
+    if size is None:
+        raise CorruptRecordError(f"unsupported log batch magic {magic}")
+    return size
+
+
 def read_header(buffer: bytes | bytearray | memoryview, position: int = 0) -> LogBatchHeader:
-    return LogBatchHeader(*HEADER.unpack_from(buffer, position))
+    """The header of the batch at ``position``, whichever its version; the buffer must hold the whole
+    fixed header of that version (:func:`header_size` of the magic at ``position + MAGIC_OFFSET``)."""
+    magic = buffer[position + MAGIC_OFFSET]
+    if magic == MAGIC_V0:
+        return LogBatchHeader(*HEADER.unpack_from(buffer, position))
+    if magic == MAGIC_V1:
+        return LogBatchHeader(*_HEADER_V1.unpack_from(buffer, position))
+    if magic == MAGIC_V2:
+        (base_offset, length, magic, commit_timestamp, leader_epoch, crc, schema_id, attributes,
+         last_offset_delta, writer_id, batch_sequence, record_count, statistics_length) = _HEADER_V2.unpack_from(
+            buffer, position)
+        return LogBatchHeader(base_offset, length, magic, commit_timestamp, crc, schema_id, attributes,
+                              last_offset_delta, writer_id, batch_sequence, record_count, statistics_length,
+                              leader_epoch)
+    raise CorruptRecordError(f"unsupported log batch magic {magic} at byte {position}")
+
+
+def check_framing(header: LogBatchHeader, position: int, available: int) -> None:
+    """Raise CorruptRecordError unless the batch's fields agree with each other and its bytes are all
+    there (``available``: the bytes from ``position`` to the end of the buffer)."""
+    size = header.size_bytes
+    if header.length < header.header_size - LOG_OVERHEAD_BYTES or size > available:
+        raise CorruptRecordError(f"log batch at byte {position} claims {size} bytes, {available} present")
+    if header.statistics_length < 0 or header.records_offset > size:
+        raise CorruptRecordError(
+            f"log batch at byte {position}: {header.statistics_length} bytes of statistics do not fit its {size} bytes"
+        )
+    if header.record_count < 0 or header.last_offset_delta != max(header.record_count - 1, 0):
+        raise CorruptRecordError(
+            f"log batch at byte {position}: record_count {header.record_count} "
+            f"disagrees with last_offset_delta {header.last_offset_delta}"
+        )
 
 
 def iter_batches(
@@ -101,28 +180,22 @@ def iter_batches(
 ) -> Iterator[tuple[int, LogBatchHeader]]:
     """Yield ``(position, header)`` of each batch in ``buffer``, validating framing (and CRCs).
 
-    Raises CorruptRecordError for a truncated batch, a wrong magic, a length that disagrees with the
-    record count, or a bad CRC — a client's request is then rejected as a whole, so nothing is half-written.
+    Raises CorruptRecordError for a truncated batch, an unknown magic, a length that disagrees with the
+    record count or the statistics, or a bad CRC — a client's request is then rejected as a whole, so
+    nothing is half-written.
     """
     view = memoryview(buffer)
     position = 0
     end = len(view)
     while position < end:
-        if end - position < HEADER_SIZE_BYTES:
-            raise CorruptRecordError(f"truncated log batch header at byte {position} ({end - position} bytes left)")
+        left = end - position
+        if left <= MAGIC_OFFSET or left < _HEADER_SIZES.get(view[position + MAGIC_OFFSET], HEADER_SIZE_BYTES):
+            raise CorruptRecordError(f"truncated log batch header at byte {position} ({left} bytes left)")
         header = read_header(view, position)
-        if header.magic != MAGIC_V0:
-            raise CorruptRecordError(f"unsupported log batch magic {header.magic} at byte {position}")
+        check_framing(header, position, left)
         size = header.size_bytes
-        if header.length < HEADER_SIZE_BYTES - LOG_OVERHEAD_BYTES or position + size > end:
-            raise CorruptRecordError(f"log batch at byte {position} claims {size} bytes, {end - position} present")
-        if header.record_count < 0 or header.last_offset_delta != max(header.record_count - 1, 0):
-            raise CorruptRecordError(
-                f"log batch at byte {position}: record_count {header.record_count} "
-                f"disagrees with last_offset_delta {header.last_offset_delta}"
-            )
         if verify_crc:
-            actual = crc32c.crc32c(view[position + SCHEMA_ID_OFFSET : position + size])
+            actual = crc32c.crc32c(view[position + header.crc_start : position + size])
             if actual != header.crc:
                 raise CorruptRecordError(
                     f"log batch at byte {position}: CRC-32C {actual:#010x} != header {header.crc:#010x}"
@@ -132,7 +205,8 @@ def iter_batches(
 
 
 def stamp(buffer: bytearray | memoryview, position: int, base_offset: int, commit_timestamp: int) -> None:
-    """Write the server-assigned base offset and commit timestamp (outside the CRC'd range)."""
+    """Write the server-assigned base offset and commit timestamp (outside the CRC'd range, at the same
+    place in every version)."""
     STAMP.pack_into(buffer, position, base_offset)
     STAMP.pack_into(buffer, position + COMMIT_TIMESTAMP_OFFSET, commit_timestamp)
 
@@ -147,28 +221,31 @@ def build_batch(
     batch_sequence: int = NO_BATCH_SEQUENCE,
     base_offset: int = 0,
     commit_timestamp: int = 0,
+    magic: int = MAGIC_V0,
+    statistics: bytes = b"",
+    leader_epoch: int = NO_LEADER_EPOCH,
 ) -> bytes:
-    """Assemble a v0 batch around already encoded ``records`` (change-type bytes + Arrow message)."""
+    """Assemble a batch of ``magic`` around already encoded ``records`` (change-type bytes + Arrow
+    message); V1 and V2 carry ``statistics`` (empty: none), V2 ``leader_epoch``."""
     assert record_count >= 0
-    size = HEADER_SIZE_BYTES + len(records)
+    assert magic != MAGIC_V0 or not statistics, "V0 has no statistics"
+    head = _HEADER_SIZES[magic]
+    size = head + len(statistics) + len(records)
     buffer = bytearray(size)
-    HEADER.pack_into(
-        buffer,
-        0,
-        base_offset,
-        size - LOG_OVERHEAD_BYTES,
-        MAGIC_V0,
-        commit_timestamp,
-        0,
-        schema_id,
-        APPEND_ONLY_FLAG if append_only else 0,
-        max(record_count - 1, 0),
-        writer_id,
-        batch_sequence,
-        record_count,
-    )
-    buffer[HEADER_SIZE_BYTES:] = records
-    _CRC.pack_into(buffer, CRC_OFFSET, crc32c.crc32c(memoryview(buffer)[SCHEMA_ID_OFFSET:]))
+    fields = (schema_id, APPEND_ONLY_FLAG if append_only else 0, max(record_count - 1, 0), writer_id, batch_sequence,
+              record_count)
+    if magic == MAGIC_V0:
+        HEADER.pack_into(buffer, 0, base_offset, size - LOG_OVERHEAD_BYTES, magic, commit_timestamp, 0, *fields)
+    elif magic == MAGIC_V1:
+        _HEADER_V1.pack_into(buffer, 0, base_offset, size - LOG_OVERHEAD_BYTES, magic, commit_timestamp, 0, *fields,
+                             len(statistics))
+    else:
+        _HEADER_V2.pack_into(buffer, 0, base_offset, size - LOG_OVERHEAD_BYTES, magic, commit_timestamp, leader_epoch,
+                             0, *fields, len(statistics))
+    buffer[head : head + len(statistics)] = statistics
+    buffer[head + len(statistics) :] = records
+    crc_start = _CRC_STARTS[magic]
+    _CRC.pack_into(buffer, crc_start - 4, crc32c.crc32c(memoryview(buffer)[crc_start:]))
     return bytes(buffer)
 
 
@@ -225,7 +302,7 @@ def read_arrow(
     buffer: bytes | bytearray | memoryview, position: int, header: LogBatchHeader, schema: pa.Schema
 ) -> tuple[bytes | None, pa.RecordBatch]:
     """Decode one batch's change types (None for append-only) and rows with the table's Arrow schema."""
-    view = memoryview(buffer)[position + HEADER_SIZE_BYTES : position + header.size_bytes]
+    view = memoryview(buffer)[position + header.records_offset : position + header.size_bytes]
     if header.record_count == 0:
         return (None if header.is_append_only else b""), _empty(schema)
     change_types = None
@@ -294,7 +371,8 @@ def project(
     columns: list[int],
     compression: str | None,
 ) -> bytes:
-    """The batch with only ``columns`` (in that order), re-encoded with a fresh CRC; offsets are kept."""
+    """The batch with only ``columns`` (in that order), re-encoded with a fresh CRC; offsets are kept. The
+    projection is a V0 batch whatever the original's version: statistics name the full row's columns."""
     change_types, batch = read_arrow(buffer, position, header, schema)
     projected = batch.select(columns)
     body = b""
