@@ -1,12 +1,13 @@
 """V1 and V2 log batches through a real server: ProduceLog stores them as written (statistics kept), FetchLog
-serves them byte for byte but for the offsets and time the server stamps, strom's client reads their rows,
-and a restart recovers a log whose segments mix versions."""
+serves them byte for byte but for the offsets and time the server stamps, strom's client and pyfluss 1.0
+read their rows, and a restart recovers a log whose segments mix versions."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import fluss as pyfluss
 import pyarrow as pa
 import pytest
 
@@ -16,6 +17,7 @@ from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
 from tests.conftest import unique_name
+from tests.integration.pyfluss_support import poll_arrow
 from tests.records.test_log_batch_versions import STATISTICS, spec_batch
 
 pytestmark = pytest.mark.asyncio
@@ -95,3 +97,22 @@ async def test_v1_and_v2_batches_are_stored_served_and_recovered_as_written(serv
     restarted = server_factory(data_dir=server.data_dir, port=server.port)
     async with await Connection.create(restarted.address) as connection:
         assert await _rows(connection, path, 6) == [1, 2, 3, 4, 5, 6]
+
+
+async def test_pyfluss_reads_a_log_whose_batches_mix_versions(server: Any, fluss: Any) -> None:
+    path = TablePath("fluss", unique_name("pyfluss_versions"))
+    await fluss.get_admin().create_table(pyfluss.TablePath(path.database_name, path.table_name),
+                                         pyfluss.TableDescriptor(pyfluss.Schema(SCHEMA)), False)
+    table = await fluss.get_table(pyfluss.TablePath(path.database_name, path.table_name))
+    table_id = table.get_table_info().table_id
+    host, _, port = server.address.rpartition(":")
+    rpc = await RpcConnection.connect(host, int(port))
+    try:
+        for magic, ids in ((log_batch.MAGIC_V0, [1]), (log_batch.MAGIC_V1, [2, 3]), (log_batch.MAGIC_V2, [4])):
+            await _produce(rpc, table_id, _batch(magic, ids))
+    finally:
+        await rpc.close()
+    scanner = await table.new_scan().create_record_batch_log_scanner()
+    scanner.subscribe(0, 0)
+    rows = await poll_arrow(scanner, 4)
+    assert sorted(rows.column("id").to_pylist()) == [1, 2, 3, 4]
