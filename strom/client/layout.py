@@ -7,9 +7,10 @@ from functools import cached_property
 
 import pyarrow as pa
 
+from strom import table_properties
 from strom.errors import SchemaNotExistError
 from strom.metadata.table_info import TableInfo
-from strom.records import indexed_log, keys, row_batches
+from strom.records import batch_statistics, indexed_log, keys, row_batches
 from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.kv_batch import SCHEMA_ID
@@ -40,6 +41,10 @@ class TableLayout:
         self.key_lake_format = keys.key_lake_format(info.properties)
         """Iceberg changes how keys are encoded and bucketed (:mod:`strom.records.keys`); None: Fluss's way."""
         self.bucket_of: keys.BucketFunction = keys.bucket_function(self.key_lake_format)
+        self.statistics_columns = batch_statistics.statistics_columns(
+            self.row_type, info.properties.get(table_properties.STATISTICS_COLUMNS)
+        )
+        """The columns whose statistics appended ARROW batches carry (``table.statistics.columns``)."""
 
     def check_schema_id(self, schema_id: int) -> None:
         """Refuse rows of another schema than this layout's: the server sends rows in the table's current

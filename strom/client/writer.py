@@ -29,7 +29,7 @@ from strom.errors import (
     error_for_code,
 )
 from strom.ids import TableBucket
-from strom.records import indexed_log, log_batch
+from strom.records import batch_statistics, indexed_log, log_batch
 from strom.records.kv_batch import build_kv_batch
 from strom.records.log_batch import REPLAYABLE_RUNS_MAX, REPLAYABLE_WRITER_ID_MIN, RUN_SEQUENCE_SPAN
 from strom.rpc.api_keys import ApiKey
@@ -641,6 +641,7 @@ class AppendWriter(_Writer):
                     compression=layout.log_compression,
                     writer_id=writer_id,
                     batch_sequence=self._next_sequence(bucket),
+                    statistics=batch_statistics.collect(part, layout.row_type, layout.statistics_columns),
                 )
             result.append(_BucketBatch(bucket, records, [f for i in indexes if (f := futures[i]) is not None]))
         return result

@@ -28,6 +28,7 @@ from typing import Any
 
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.metadata import auto_partition
+from strom.records.batch_statistics import STATISTICS_TYPE_ROOTS
 from strom.records.schema import Schema
 from strom.table_properties import (
     ARROW_COMPRESSION_TYPE,
@@ -74,11 +75,6 @@ CURRENT_KV_FORMAT_VERSION = 2
 own encoder when the bucket key differs from it; strom's tables behave as version 2 (and as version 1 too:
 the only lake key encoding strom has, Iceberg's, needs a single-column key, so bucket key = primary key)."""
 
-STATISTICS_TYPE_ROOTS = frozenset({
-    "BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "FLOAT", "DOUBLE", "STRING", "CHAR", "DECIMAL",
-    "DATE", "TIME_WITHOUT_TIME_ZONE", "TIMESTAMP_WITHOUT_TIME_ZONE", "TIMESTAMP_WITH_LOCAL_TIME_ZONE",
-})
-"""Column types Fluss collects statistics for (``table.statistics.columns``)."""
 
 
 class Support(enum.Enum):

@@ -282,8 +282,10 @@ def build_arrow_batch(
     compression: str | None = None,
     writer_id: int = NO_WRITER_ID,
     batch_sequence: int = NO_BATCH_SEQUENCE,
+    statistics: bytes = b"",
 ) -> bytes:
-    """A log batch holding ``batch``: append-only when ``change_types`` is None, a changelog otherwise."""
+    """A log batch holding ``batch``: append-only when ``change_types`` is None, a changelog otherwise; a V1
+    batch carrying ``statistics`` when given (:mod:`strom.records.batch_statistics`), else V0."""
     body = arrow_message(batch, compression) if batch.num_rows or change_types is not None else b""
     if change_types is not None:
         assert len(change_types) == batch.num_rows
@@ -295,6 +297,8 @@ def build_arrow_batch(
         append_only=change_types is None,
         writer_id=writer_id,
         batch_sequence=batch_sequence,
+        magic=MAGIC_V1 if statistics else MAGIC_V0,
+        statistics=statistics,
     )
 
 

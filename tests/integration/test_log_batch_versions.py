@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from strom.client import Connection, Schema, TableDescriptor, TablePath
-from strom.records import log_batch
+from strom.records import batch_statistics, log_batch
+from strom.records.types import DataField, IntType, RowType, StringType
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
@@ -23,6 +24,7 @@ from tests.records.test_log_batch_versions import STATISTICS, spec_batch
 pytestmark = pytest.mark.asyncio
 
 SCHEMA = pa.schema([("id", pa.int32()), ("name", pa.string())])
+ROW_TYPE = RowType([DataField("id", IntType()), DataField("name", StringType())])
 
 
 def _batch(magic: int, ids: list[int]) -> bytes:
@@ -116,3 +118,32 @@ async def test_pyfluss_reads_a_log_whose_batches_mix_versions(server: Any, fluss
     scanner.subscribe(0, 0)
     rows = await poll_arrow(scanner, 4)
     assert sorted(rows.column("id").to_pylist()) == [1, 2, 3, 4]
+
+
+async def test_strom_client_writes_statistics_for_the_columns_the_table_names(server: Any, fluss: Any) -> None:
+    path = TablePath("fluss", unique_name("statistics"))
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        descriptor = TableDescriptor(Schema.from_arrow(SCHEMA), bucket_count=1,
+                                     properties={"table.statistics.columns": "id"})
+        await admin.create_table(path, descriptor)
+        table = await connection.get_table(path)
+        writer = table.new_append().create_writer()
+        writer.append_arrow_batch(pa.RecordBatch.from_pydict({"id": [7, 3, None], "name": ["a", "b", "c"]},
+                                                             schema=SCHEMA))
+        await writer.flush()
+        table_id = (await admin.get_table_info(path)).table_id
+        host, _, port = server.address.rpartition(":")
+        rpc = await RpcConnection.connect(host, int(port))
+        try:
+            served = await _fetched(rpc, table_id)
+        finally:
+            await rpc.close()
+    [(_position, header)] = list(log_batch.iter_batches(served))
+    assert header.magic == log_batch.MAGIC_V1
+    statistics = batch_statistics.parse(served[header.header_size : header.records_offset], ROW_TYPE)
+    assert statistics == batch_statistics.BatchStatistics((0,), (1,), (3,), (7,))
+    pyfluss_table = await fluss.get_table(pyfluss.TablePath(path.database_name, path.table_name))
+    scanner = await pyfluss_table.new_scan().create_record_batch_log_scanner()
+    scanner.subscribe(0, 0)
+    assert (await poll_arrow(scanner, 3)).column("name").to_pylist() == ["a", "b", "c"]  # pyfluss 1.0 reads V1
