@@ -349,9 +349,9 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "only.",
         Support.NO_EFFECT,
         "Checked as Fluss does, at creation and by AlterTable against the table's current columns "
-        "(refused for primary-key tables; listed columns must exist and have a supported type). The "
-        "V1 batches with statistics that the Java client then writes are stored and served as written "
-        "(docs/log-formats.md); strom's client writes none, and FetchLog does not skip batches by them yet.",
+        "(refused for primary-key tables; listed columns must exist and have a supported type). strom's "
+        "client, like the Java client, then appends V1 batches carrying the columns' min, max and null "
+        "counts; the server stores and serves them as written (docs/log-formats.md).",
         parse_string,
     ),
 )}
