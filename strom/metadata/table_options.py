@@ -347,7 +347,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         STATISTICS_COLUMNS, "String", None,
         "Columns whose min/max statistics log batches carry (`*` or a comma-separated list); log tables "
         "only.",
-        Support.NO_EFFECT,
+        Support.IMPLEMENTED,
         "Checked as Fluss does, at creation and by AlterTable against the table's current columns "
         "(refused for primary-key tables; listed columns must exist and have a supported type). strom's "
         "client, like the Java client, then appends V1 batches carrying the columns' min, max and null "
