@@ -11,6 +11,7 @@ from strom.client.admin import Admin, DatabaseInfo, OffsetSpec, PartitionInfo, S
 from strom.client.connection import Connection
 from strom.client.log_scanner import EARLIEST_OFFSET, LogScanner, ScanBatch
 from strom.client.lookup import Lookuper, PrefixLookuper
+from strom.client.predicates import Predicate, col
 from strom.client.producers import ProducerOffsets, RegisterResult
 from strom.client.rebalance import RebalanceProgress
 from strom.client.table import Table
@@ -32,6 +33,7 @@ __all__ = [
     "Lookuper",
     "OffsetSpec",
     "PartitionInfo",
+    "Predicate",
     "PrefixLookuper",
     "ProducerOffsets",
     "RebalanceProgress",
@@ -48,4 +50,5 @@ __all__ = [
     "TablePath",
     "UpsertWriter",
     "WriteResultHandle",
+    "col",
 ]

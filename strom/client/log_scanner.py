@@ -11,11 +11,13 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
+from strom.client.predicates import Predicate
 from strom.client.rpc_client import LEADER_RETRY_MS, LEADERSHIP_MOVED
 from strom.client.table_handle import TableHandle
 from strom.errors import CorruptRecordError, error_for_code
 from strom.ids import TableBucket
 from strom.records import log_batch
+from strom.records.batch_filter import BatchFilter
 from strom.records.indexed_log import LogBatchDecoder
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -82,10 +84,17 @@ loss waits for its ZooKeeper session to time out) before it raises the bucket's 
 class LogScanner:
     """Subscribe buckets at offsets, then :meth:`poll`. Not safe for concurrent polls."""
 
-    def __init__(self, table: TableHandle, projection: list[int] | None = None) -> None:
+    def __init__(self, table: TableHandle, projection: list[int] | None = None,
+                 predicate: Predicate | None = None) -> None:
+        """``predicate``: pushed down with each fetch; the server (and this scanner, for remote segments)
+        skips the batches whose statistics show no row matches. Returned batches are whole: rows of them
+        may not match (:meth:`Predicate.filter`)."""
         self._table = table
         layout = table.layout
         self._projection = projection
+        self._predicate = None if predicate is None else predicate.to_pb(layout.row_type)
+        self._batch_filter = None if self._predicate is None else BatchFilter.from_pb(
+            self._predicate, layout.row_type, layout.info.schema_id)
         self._decoder = layout.log_decoder
         # An INDEXED log cannot be projected on the server (as in Fluss): fetch whole rows and select here.
         self._pushdown = projection if self._decoder.supports_projection else None
@@ -174,6 +183,9 @@ class LogScanner:
         )
         if self._pushdown is not None:
             table_request.projected_fields.extend(self._pushdown)
+        if self._predicate is not None:
+            table_request.filter_predicate.CopyFrom(self._predicate)
+            table_request.filter_schema_id = self._table.layout.info.schema_id
         for bucket in buckets:
             entry = table_request.buckets_req.add(
                 bucket_id=bucket.bucket, fetch_offset=self._positions[bucket], max_fetch_bytes=FETCH_BUCKET_BYTES_MAX
@@ -205,6 +217,8 @@ class LogScanner:
                     remote[bucket] = bucket_response.remote_log_fetch_info
                     continue
                 batches.extend(self._decode(bucket, bucket_response.records))
+                if bucket_response.HasField("filtered_end_offset"):  # the server skipped batches up to there
+                    self._positions[bucket] = max(self._positions[bucket], bucket_response.filtered_end_offset)
         return batches
 
     async def _read_remote(self, bucket: TableBucket, info: Any) -> list[ScanBatch]:
@@ -247,6 +261,10 @@ class LogScanner:
             if position == EARLIEST_OFFSET:
                 position = header.base_offset
             if header.next_offset <= position:
+                continue
+            if remote and self._batch_filter is not None and not self._batch_filter.may_match(
+                    records, offset_in_buffer, header):
+                position = header.next_offset  # no row of it matches: skipped, as the server skips them
                 continue
             if remote or self._pushdown is None:  # projected columns exist in every later schema at the same place
                 self._table.layout.check_schema_id(header.schema_id)

@@ -10,6 +10,7 @@ from strom.client.blocking import BlockingLookuper
 from strom.client.layout import TableLayout
 from strom.client.log_scanner import LogScanner
 from strom.client.lookup import Lookuper, PrefixLookuper
+from strom.client.predicates import Predicate
 from strom.client.table_handle import TableHandle
 from strom.client.writer import AppendWriter, ReplayableWriterId, UpsertWriter
 from strom.ids import TableBucket
@@ -95,6 +96,7 @@ class TableScan:
         self.table = table
         self.projection: list[int] | None = None
         self.row_limit: int | None = None
+        self.predicate: Predicate | None = None
 
     def project(self, columns: Sequence[int | str]) -> TableScan:
         self.projection = sorted(set(self.table.layout.column_indexes(columns)))
@@ -108,8 +110,15 @@ class TableScan:
         self.row_limit = row_limit
         return self
 
+    def filter(self, predicate: Predicate) -> TableScan:
+        """Push ``predicate`` down: the server skips log batches no row of which matches (by their
+        statistics, ``table.statistics.columns``); the batches returned are whole (:meth:`Predicate.filter`
+        keeps their matching rows)."""
+        self.predicate = predicate
+        return self
+
     def create_log_scanner(self) -> LogScanner:
-        return LogScanner(self.table, self.projection)
+        return LogScanner(self.table, self.projection, self.predicate)
 
     def create_bucket_batch_scanner(self, bucket: TableBucket) -> BucketBatchScanner:
         """Scan one bucket's current rows (ScanKv)."""

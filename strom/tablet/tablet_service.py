@@ -25,8 +25,10 @@ from strom.errors import (
 )
 from strom.ids import TableBucket
 from strom.kv.kv_tablet import StagedPut
-from strom.log.log_tablet import EARLIEST_OFFSET, LogTablet
+from strom.log.log_tablet import EARLIEST_OFFSET, LogTablet, ReadResult
+from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
+from strom.records.batch_filter import BatchFilter
 from strom.records.kv_batch import build_value_batch, parse_kv_batches
 from strom.rpc import lookup_wire
 from strom.rpc.messages import pb
@@ -34,6 +36,11 @@ from strom.tablet.remote_log_manager import RemoteLogManager
 from strom.tablet.replica import ReplicaManager
 
 log = logging.getLogger(__name__)
+
+FILTERED_SCAN_READS_MAX = 16
+"""How many reads of ``max_fetch_bytes`` a filtered fetch of one bucket scans at most while the batches it
+finds are skipped: the server's work per request stays bounded, and ``filtered_end_offset`` tells the
+reader where to go on."""
 
 OFFSET_EARLIEST = 0
 OFFSET_LATEST = 1
@@ -166,6 +173,7 @@ class TabletService:
         for table_request in request.tables_req:
             table_response = response.tables_resp.add(table_id=table_request.table_id)
             projection = list(table_request.projected_fields) if table_request.projection_pushdown_enabled else None
+            batch_filter: BatchFilter | None = None
             for bucket_request in table_request.buckets_req:
                 bucket = _bucket(table_request.table_id, bucket_request)
                 bucket_response = table_response.buckets_resp.add(bucket_id=bucket.bucket)
@@ -192,7 +200,17 @@ class TabletService:
                             bucket_response.remote_log_fetch_info.CopyFrom(remote)
                             total_bytes += 1
                             continue
-                    read = log_tablet.read(bucket_request.fetch_offset, max_bytes, for_follower=follower is not None)
+                    if follower is None and table_request.HasField("filter_predicate") and batch_filter is None:
+                        batch_filter = _batch_filter(table_request, replica.table)
+                    if follower is None and batch_filter is not None:
+                        read, filtered_end = _filtered_read(log_tablet, bucket_request.fetch_offset, max_bytes,
+                                                            batch_filter)
+                        if filtered_end is not None:
+                            bucket_response.filtered_end_offset = filtered_end
+                            total_bytes += 1  # progress, even with no batch to send
+                    else:
+                        read = log_tablet.read(bucket_request.fetch_offset, max_bytes,
+                                               for_follower=follower is not None)
                     records = read.records
                     if records and follower is None:  # a follower stores the batches as they are
                         records = replica.upgrade_log(records)
@@ -205,7 +223,7 @@ class TabletService:
                     budget -= len(records)
                     if moved:
                         total_bytes += 1
-                    if not records:
+                    if not records and not bucket_response.HasField("filtered_end_offset"):
                         events.append(log_tablet.high_watermark_event())
                         if follower is not None:
                             events.append(log_tablet.durable_event())
@@ -415,3 +433,40 @@ class TabletService:
         # Remote files are plain paths readable by the client: no credentials needed.
         return pb.GetFileSystemSecurityTokenResponse(schema="file", token=b"")
 
+
+def _batch_filter(table_request: Any, table: TableInfo) -> BatchFilter | None:
+    """The request's filter, or None when it cannot apply (then the read is unfiltered, as in Fluss)."""
+    try:
+        schema_id = table_request.filter_schema_id if table_request.HasField("filter_schema_id") else table.schema_id
+        row_type = table.schema_of(schema_id).row_type
+        return BatchFilter.from_pb(table_request.filter_predicate, row_type, schema_id)
+    except Exception as exc:  # an unknown schema or field, a bad literal: read unfiltered
+        log.warning("FetchLog filter on %s cannot apply (%s); reading unfiltered", table.path, exc)
+        return None
+
+
+def _filtered_read(log_tablet: LogTablet, fetch_offset: int, max_bytes: int,
+                   batch_filter: BatchFilter) -> tuple[ReadResult, int | None]:
+    """Batches from ``fetch_offset`` that may match ``batch_filter``, about ``max_bytes`` of them, and the
+    ``filtered_end_offset`` to answer: the offset after the last batch scanned when batches after the last
+    one sent were skipped (None when none were)."""
+    read = log_tablet.read(fetch_offset, max_bytes)
+    kept: list[memoryview] = []
+    kept_bytes = 0
+    kept_end: int | None = None
+    scanned_end: int | None = None
+    for _ in range(FILTERED_SCAN_READS_MAX):
+        if not read.records:
+            break
+        matching, end = batch_filter.select(read.records)
+        assert end is not None
+        if matching:
+            kept += matching
+            kept_bytes += sum(len(batch) for batch in matching)
+            kept_end = log_batch.read_header(matching[-1]).next_offset
+        scanned_end = end
+        if kept_bytes >= max_bytes or end >= read.high_watermark:
+            break
+        read = log_tablet.read(end, max_bytes)
+    filtered_end = scanned_end if scanned_end is not None and scanned_end != kept_end else None
+    return ReadResult(b"".join(kept), read.high_watermark, read.log_start_offset), filtered_end

@@ -11,7 +11,7 @@ import fluss as pyfluss
 import pyarrow as pa
 import pytest
 
-from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.client import Connection, Predicate, ScanBatch, Schema, TableDescriptor, TablePath, col
 from strom.records import batch_statistics, log_batch
 from strom.records.types import DataField, IntType, RowType, StringType
 from strom.rpc.api_keys import ApiKey
@@ -147,3 +147,43 @@ async def test_strom_client_writes_statistics_for_the_columns_the_table_names(se
     scanner = await pyfluss_table.new_scan().create_record_batch_log_scanner()
     scanner.subscribe(0, 0)
     assert (await poll_arrow(scanner, 3)).column("name").to_pylist() == ["a", "b", "c"]  # pyfluss 1.0 reads V1
+
+
+async def test_a_filtered_scan_skips_the_batches_that_cannot_match(server: Any) -> None:
+    path = TablePath("fluss", unique_name("filtered"))
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        await admin.create_table(path, TableDescriptor(Schema.from_arrow(SCHEMA), bucket_count=1,
+                                                       properties={"table.statistics.columns": "*"}))
+        table = await connection.get_table(path)
+        writer = table.new_append().create_writer()
+        for first in range(0, 2000, 100):  # 20 batches of 100 ids each
+            await writer.write_arrow_batch(pa.RecordBatch.from_pydict(
+                {"id": list(range(first, first + 100)), "name": [f"n{i}" for i in range(first, first + 100)]},
+                schema=SCHEMA))
+        await writer.flush()
+
+        async def scan(predicate: Predicate | None) -> tuple[list[ScanBatch], int]:
+            builder = table.new_scan()
+            scanner = (builder.filter(predicate) if predicate is not None else builder).create_log_scanner()
+            scanner.subscribe(0, 0)
+            found: list[ScanBatch] = []
+            deadline = time.monotonic() + 30
+            while scanner.position(table.bucket(0)) < 2000:
+                assert time.monotonic() < deadline, scanner.position(table.bucket(0))
+                found += await scanner.poll(200)
+            return found, scanner.position(table.bucket(0))
+
+        wanted = (col("id") >= 1234) & (col("id") < 1240) | (col("name") == "n77")
+        everything, _ = await scan(None)
+        filtered, end = await scan(wanted)
+        assert end == 2000  # the scanner went past the skipped batches to the log's end
+        assert sum(b.batch.num_rows for b in everything) == 2000
+        # only the batches that may match come back: n77 also sorts inside [n700, n799]
+        assert [b.base_offset for b in filtered] == [0, 700, 1200]
+        matching = [row for b in filtered for row in wanted.filter(b.batch).column("id").to_pylist()]
+        assert matching == [77, 1234, 1235, 1236, 1237, 1238, 1239]
+        expected = [row for b in everything for row in wanted.filter(b.batch).column("id").to_pylist()]
+        assert matching == expected  # the same rows as filtering the whole log here
+        nothing, end = await scan(col("id") > 5000)
+        assert nothing == [] and end == 2000
