@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from strom.client import Connection, OffsetSpec
 from strom.client.changelog import ChangelogFold, KeyEncoder, change_type_column, merge_snapshot
 from strom.client.log_scanner import LogScanner, ScanBatch
+from strom.client.predicates import Predicate
 from strom.client.snapshots import KvSnapshotReader
 from strom.client.table import Table, TableLayout
 from strom.errors import KvSnapshotNotExistError
@@ -75,6 +76,8 @@ class ReadContext:
     """``read.metadata-columns``, in the order they follow the table's (and the change type) columns."""
     binlog: bool = False
     """Log ranges are read in the ``$binlog`` form (:mod:`strom.spark.binlog`)."""
+    log_predicate: Predicate | None = None
+    """Spark's filters a log table's reads push into FetchLog (batches that cannot match are skipped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +204,11 @@ def _log_metrics(context: ReadContext, what: str, output: _Output) -> None:
     _metrics_log.info("fluss read of %s, %s: %s", context.connection.table, what, output.metrics.describe())
 
 
-async def _changes(table: Table, bucket: TableBucket, start: int, end: int) -> AsyncIterator[ScanBatch]:
-    scanner: LogScanner = table.new_scan().create_log_scanner()
+async def _changes(
+    table: Table, bucket: TableBucket, start: int, end: int, predicate: Predicate | None = None,
+) -> AsyncIterator[ScanBatch]:
+    scan = table.new_scan()
+    scanner: LogScanner = (scan.filter(predicate) if predicate is not None else scan).create_log_scanner()
     async for scan_batch in scanner.read_range(bucket, start, end):
         yield scan_batch
 
@@ -256,7 +262,7 @@ def read_log_tail(context: ReadContext, partition: LogTailPartition) -> Iterator
 
 def _read_log(context: ReadContext, table: Table, partition: LogRangePartition) -> Iterator[pa.RecordBatch]:
     output = _Output(table.layout, context, partition.bucket)
-    changes = _changes(table, partition.bucket, partition.start_offset, partition.end_offset)
+    changes = _changes(table, partition.bucket, partition.start_offset, partition.end_offset, context.log_predicate)
     for scan_batch in runtime.iterate(changes):
         if not partition.in_window(scan_batch.commit_timestamp):
             continue

@@ -10,6 +10,10 @@ Spark must still evaluate. Two kinds are used:
   are then fully applied and are not returned to Spark.
 * **Partition pruning.** ``=`` / ``IN`` on a partition key column of type STRING keeps only the partitions
   whose value matches. The filters are still returned to Spark, which re-checks them row by row.
+* **Batch skipping.** On a log table, comparisons (``=``, ``<``, ``<=``, ``>``, ``>=``), ``IN``, ``IS [NOT]
+  NULL`` and ``LIKE 'prefix%'`` on top-level columns, with values exactly of the column's type, become one
+  predicate pushed into each FetchLog: the server skips log batches whose statistics
+  (``table.statistics.columns``) show no row can match. Spark still re-checks every row.
 
 Everything else (ranges, ``NOT``, string patterns, null tests, values that would need a conversion,
 ``NULL`` literals) is returned to Spark unchanged. The result is plain data and pickles with the reader.
@@ -23,8 +27,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql.datasource import EqualTo, Filter, In
+from pyspark.sql.datasource import (
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    StringStartsWith,
+)
 
+from strom.client.predicates import Predicate, col
 from strom.client.table import TableLayout
 from strom.records import types
 
@@ -49,6 +65,8 @@ class PushedFilters:
     """Primary-key values in ``TableLayout.primary_key`` order, or None when the read is not a lookup."""
     partition_values: tuple[tuple[str, frozenset[str]], ...] = field(default=())
     """Per pruned partition key column, the partition values a matching row can have."""
+    log_predicate: Predicate | None = None
+    """What a log table's FetchLogs carry to skip batches (None: nothing to push)."""
 
     def keeps_partition(self, spec: Mapping[str, str], unknown: bool = False) -> bool:
         """Whether a partition with these key values can hold matching rows (``unknown`` when the values
@@ -75,7 +93,42 @@ def exact_value(column_type: types.DataType, value: Any) -> tuple[bool, Any]:
         return True, value
     if kind is types.DateType and type(value) is datetime.date:
         return True, value
+    if kind is types.DoubleType and type(value) is float:
+        return True, value
     return False, None
+
+
+_COMPARISONS: Mapping[type, str] = {
+    EqualTo: "__eq__", LessThan: "__lt__", LessThanOrEqual: "__le__", GreaterThan: "__gt__",
+    GreaterThanOrEqual: "__ge__",
+}
+
+
+def _log_predicate(flt: Filter, column_types: Mapping[str, types.DataType]) -> Predicate | None:
+    """``flt`` as a predicate a FetchLog can carry, None when it cannot be one exactly."""
+    attribute: tuple[str, ...] = tuple(getattr(flt, "attribute", ()))
+    if len(attribute) != 1 or attribute[0] not in column_types:
+        return None
+    column = attribute[0]
+    column_type = column_types[column]
+    if isinstance(flt, IsNull):
+        return col(column).is_null()
+    if isinstance(flt, IsNotNull):
+        return col(column).is_not_null()
+    if isinstance(flt, StringStartsWith) and isinstance(column_type, types.StringType):
+        return col(column).starts_with(flt.value)
+    if isinstance(flt, In):
+        converted = [exact_value(column_type, value) for value in flt.value]
+        if converted and all(ok for ok, _ in converted):
+            return col(column).isin([value for _, value in converted])
+        return None
+    method = _COMPARISONS.get(type(flt))
+    if method is not None:
+        ok, value = exact_value(column_type, getattr(flt, "value", None))
+        if ok:
+            predicate: Predicate = getattr(col(column), method)(value)
+            return predicate
+    return None
 
 
 def _bound_values(flt: Filter) -> tuple[str, tuple[Any, ...]] | None:
@@ -122,7 +175,13 @@ def push(layout: TableLayout, filters: Sequence[Filter], allow_lookup: bool) -> 
         if column in allowed and isinstance(column_types[column], types.StringType)
     )
     kept = [flt for flt in filters if id(flt) not in handled]
-    return PushedFilters(lookup_keys, partition_values), kept
+    log_predicate: Predicate | None = None
+    if not key_columns:  # a log table: its batches may carry statistics
+        for flt in filters:
+            found = _log_predicate(flt, column_types)
+            if found is not None:
+                log_predicate = found if log_predicate is None else log_predicate & found
+    return PushedFilters(lookup_keys, partition_values, log_predicate), kept
 
 
 def key_chunks(keys: Iterable[tuple[Any, ...]]) -> list[tuple[tuple[Any, ...], ...]]:

@@ -8,6 +8,7 @@ pushes become key lookups or partition pruning (:mod:`strom.spark.pushdown`), th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
@@ -105,4 +106,6 @@ class FlussFilteringReader(FlussBatchReader):
             and options.time_range is None and not options.read_optimized
         )
         self._pushed, kept = pushdown.push(table_layout, filters, allow_lookup)
+        if self._pushed.log_predicate is not None:
+            self._context = dataclasses.replace(self._context, log_predicate=self._pushed.log_predicate)
         return kept

@@ -238,3 +238,27 @@ def test_a_session_without_the_pushdown_setting_reads_through_the_plain_source(s
         assert [r.name for r in load_plain(spark, cluster, table).where("id = 4").collect()] == ["n4"]
     finally:
         spark.conf.set(PUSHDOWN_SETTING, "true")
+
+
+def test_log_table_filters_skip_the_batches_that_cannot_match(spark: Any, cluster: Fluss) -> None:
+    from pyspark.sql.datasource import GreaterThanOrEqual, LessThan, StringStartsWith
+
+    from strom.spark.pushdown import push
+
+    columns = [("id", IntType()), ("name", StringType())]
+    table = cluster.create_table(columns, bucket_count=1, properties={"table.statistics.columns": "*"})
+    for first in range(0, 2000, 100):  # 20 log batches of 100 ids each, with their statistics
+        cluster.append(table, [{"id": i, "name": f"n{i:04d}"} for i in range(first, first + 100)])
+    frame = load(spark, cluster, table)
+    query = frame.where("id >= 1234 and id < 1240")
+    assert sorted(r.id for r in query.collect()) == list(range(1234, 1240))
+    assert rows_read(query) == 100  # one batch of the 20 reached Spark, which filters its rows
+    prefixed = frame.where("name like 'n199%'")
+    assert sorted(r.id for r in prefixed.collect()) == list(range(1990, 2000)) and rows_read(prefixed) == 100
+    assert frame.where("id > 5000").collect() == []
+    assert len(frame.where("id % 2 = 0").collect()) == 1000  # nothing to push: every batch is read
+
+    filters = [GreaterThanOrEqual(("id",), 5), LessThan(("id",), 9.5), StringStartsWith(("name",), "n")]
+    pushed, kept = push(cluster.describe(table), filters, allow_lookup=True)
+    assert kept == filters  # Spark still checks every row
+    assert pushed.log_predicate is not None  # id >= 5 and name starts with n; 9.5 is no INT: not pushed
