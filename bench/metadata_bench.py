@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.harness import report
@@ -30,14 +31,15 @@ def _percentile(samples: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
 
 
-async def _latencies(address: str, path: TablePath, count: int) -> list[float]:
+async def _timed_metadata(address: str, path: TablePath, more: Callable[[int], bool]) -> list[float]:
+    """Latencies of GetMetadata of ``path`` from ``address``, one request at a time while ``more(done)``."""
     host, _, port = address.rpartition(":")
     connection = await RpcConnection.connect(host, int(port))
     request = pb.MetadataRequest()
     request.table_path.add(database_name=path.database_name, table_name=path.table_name)
-    samples = []
+    samples: list[float] = []
     try:
-        for _ in range(count):
+        while more(len(samples)):
             started = time.perf_counter()
             answer = await connection.request(ApiKey.GET_METADATA, request, timeout_ms=60_000)
             samples.append(time.perf_counter() - started)
@@ -47,24 +49,17 @@ async def _latencies(address: str, path: TablePath, count: int) -> list[float]:
     return samples
 
 
+async def _latencies(address: str, path: TablePath, count: int) -> list[float]:
+    return await _timed_metadata(address, path, lambda done: done < count)
+
+
 async def _latencies_during_creation(bootstrap: str, coordinator: str, path: TablePath) -> list[float]:
     """GetMetadata of ``path`` from the coordinator, one request at a time, for as long as the creation of
     another table takes."""
-    host, _, port = coordinator.rpartition(":")
-    rpc = await RpcConnection.connect(host, int(port))
-    request = pb.MetadataRequest()
-    request.table_path.add(database_name=path.database_name, table_name=path.table_name)
-    samples = []
-    try:
-        async with await Connection.create(bootstrap) as connection:
-            creation = asyncio.ensure_future(create_table(connection, buckets=1))
-            while not creation.done():
-                started = time.perf_counter()
-                await rpc.request(ApiKey.GET_METADATA, request, timeout_ms=60_000)
-                samples.append(time.perf_counter() - started)
-            await creation
-    finally:
-        await rpc.close()
+    async with await Connection.create(bootstrap) as connection:
+        creation = asyncio.ensure_future(create_table(connection, buckets=1))
+        samples = await _timed_metadata(coordinator, path, lambda _done: not creation.done())
+        await creation
     return samples
 
 

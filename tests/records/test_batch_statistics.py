@@ -12,24 +12,7 @@ import pyarrow as pa
 import pytest
 
 from strom.records import aligned_row, batch_statistics, log_batch
-from strom.records.types import (
-    BigIntType,
-    BooleanType,
-    CharType,
-    DataField,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntType,
-    RowType,
-    SmallIntType,
-    StringType,
-    TimestampLtzType,
-    TimestampType,
-    TimeType,
-    TinyIntType,
-)
+from strom.records import types as t
 
 
 def _slot(row: bytes, arity: int, index: int) -> bytes:
@@ -38,8 +21,8 @@ def _slot(row: bytes, arity: int, index: int) -> bytes:
 
 
 def test_an_aligned_row_lays_out_each_kind_of_value_as_fluss_does() -> None:
-    field_types = [IntType(), StringType(), StringType(), DecimalType(10, 2), DecimalType(30, 4), TimestampType(3),
-                   TimestampType(6), BooleanType(), DoubleType(), BigIntType()]
+    field_types = [t.IntType(), t.StringType(), t.StringType(), t.DecimalType(10, 2), t.DecimalType(30, 4), t.TimestampType(3),
+                   t.TimestampType(6), t.BooleanType(), t.DoubleType(), t.BigIntType()]
     values = [5, "abc", "a longer string", 12345, -(10**20), (1_700_000_000_123, 0), (1_700_000_000_123, 456_000),
               True, 2.5, None]
     row = aligned_row.encode(field_types, values)
@@ -66,7 +49,7 @@ def test_an_aligned_row_lays_out_each_kind_of_value_as_fluss_does() -> None:
 
 
 def test_the_statistics_bytes_follow_fluss_field_list() -> None:
-    row_type = RowType([DataField("id", IntType()), DataField("name", StringType()), DataField("score", BigIntType())])
+    row_type = t.RowType([t.DataField("id", t.IntType()), t.DataField("name", t.StringType()), t.DataField("score", t.BigIntType())])
     batch = pa.RecordBatch.from_pydict({"id": [3, 1, 2], "name": ["c", "a", None], "score": [30, 10, 20]},
                                        schema=pa.schema([("id", pa.int32()), ("name", pa.string()), ("score", pa.int64())]))
     data = batch_statistics.collect(batch, row_type, [0, 1, 2])
@@ -84,7 +67,7 @@ def test_the_statistics_bytes_follow_fluss_field_list() -> None:
 
 
 def test_a_column_of_nulls_has_null_bounds_and_an_empty_batch_no_statistics() -> None:
-    row_type = RowType([DataField("v", IntType())])
+    row_type = t.RowType([t.DataField("v", t.IntType())])
     schema = pa.schema([("v", pa.int32())])
     data = batch_statistics.collect(pa.RecordBatch.from_pydict({"v": [None, None]}, schema=schema), row_type, [0])
     assert batch_statistics.parse(data, row_type) == batch_statistics.BatchStatistics((0,), (2,), (None,), (None,))
@@ -93,7 +76,7 @@ def test_a_column_of_nulls_has_null_bounds_and_an_empty_batch_no_statistics() ->
 
 
 def test_which_columns_the_option_names() -> None:
-    row_type = RowType([DataField("id", IntType()), DataField("blob", CharType(3)), DataField("at", TimestampType(6))])
+    row_type = t.RowType([t.DataField("id", t.IntType()), t.DataField("blob", t.CharType(3)), t.DataField("at", t.TimestampType(6))])
     assert batch_statistics.statistics_columns(row_type, None) == []
     assert batch_statistics.statistics_columns(row_type, "*") == [0, 1, 2]
     assert batch_statistics.statistics_columns(row_type, " at , id") == [2, 0]  # the option's order
@@ -102,27 +85,27 @@ def test_which_columns_the_option_names() -> None:
 @pytest.mark.parametrize("data", [b"", b"\x02\x01\x00", b"\x01\x05\x00", b"\x01\x01\x00\x00\x00"])
 def test_statistics_that_do_not_parse_are_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
-        batch_statistics.parse(data, RowType([DataField("v", IntType())]))
+        batch_statistics.parse(data, t.RowType([t.DataField("v", t.IntType())]))
 
 
 _UTC = datetime.UTC
 _GENERATORS = {
-    "bool": (BooleanType(), pa.bool_(), lambda r: r.random() < 0.5),
-    "i8": (TinyIntType(), pa.int8(), lambda r: r.randint(-128, 127)),
-    "i16": (SmallIntType(), pa.int16(), lambda r: r.randint(-(2**15), 2**15 - 1)),
-    "i32": (IntType(), pa.int32(), lambda r: r.randint(-(2**31), 2**31 - 1)),
-    "i64": (BigIntType(), pa.int64(), lambda r: r.randint(-(2**63), 2**63 - 1)),
-    "f32": (FloatType(), pa.float32(), lambda r: struct.unpack("<f", struct.pack("<f", r.uniform(-1e6, 1e6)))[0]),
-    "f64": (DoubleType(), pa.float64(), lambda r: r.uniform(-1e12, 1e12)),
-    "str": (StringType(), pa.string(), lambda r: "".join(r.choice("aé z\u4e2d") for _ in range(r.randint(0, 12)))),
-    "dec": (DecimalType(10, 2), pa.decimal128(10, 2), lambda r: decimal.Decimal(r.randint(-10**9, 10**9)).scaleb(-2)),
-    "wide": (DecimalType(30, 3), pa.decimal128(30, 3), lambda r: decimal.Decimal(r.randint(-10**29, 10**29)).scaleb(-3)),
-    "date": (DateType(), pa.date32(), lambda r: datetime.date(1970, 1, 1) + datetime.timedelta(days=r.randint(-9999, 30000))),
-    "time": (TimeType(3), pa.time32("ms"), lambda r: (datetime.datetime(2000, 1, 1) + datetime.timedelta(
+    "bool": (t.BooleanType(), pa.bool_(), lambda r: r.random() < 0.5),
+    "i8": (t.TinyIntType(), pa.int8(), lambda r: r.randint(-128, 127)),
+    "i16": (t.SmallIntType(), pa.int16(), lambda r: r.randint(-(2**15), 2**15 - 1)),
+    "i32": (t.IntType(), pa.int32(), lambda r: r.randint(-(2**31), 2**31 - 1)),
+    "i64": (t.BigIntType(), pa.int64(), lambda r: r.randint(-(2**63), 2**63 - 1)),
+    "f32": (t.FloatType(), pa.float32(), lambda r: struct.unpack("<f", struct.pack("<f", r.uniform(-1e6, 1e6)))[0]),
+    "f64": (t.DoubleType(), pa.float64(), lambda r: r.uniform(-1e12, 1e12)),
+    "str": (t.StringType(), pa.string(), lambda r: "".join(r.choice("aé z\u4e2d") for _ in range(r.randint(0, 12)))),
+    "dec": (t.DecimalType(10, 2), pa.decimal128(10, 2), lambda r: decimal.Decimal(r.randint(-10**9, 10**9)).scaleb(-2)),
+    "wide": (t.DecimalType(30, 3), pa.decimal128(30, 3), lambda r: decimal.Decimal(r.randint(-10**29, 10**29)).scaleb(-3)),
+    "date": (t.DateType(), pa.date32(), lambda r: datetime.date(1970, 1, 1) + datetime.timedelta(days=r.randint(-9999, 30000))),
+    "time": (t.TimeType(3), pa.time32("ms"), lambda r: (datetime.datetime(2000, 1, 1) + datetime.timedelta(
         milliseconds=r.randint(0, 86_399_999))).time()),
-    "ts3": (TimestampType(3), pa.timestamp("ms"), lambda r: r.randint(-(10**12), 10**13)),
-    "ts9": (TimestampType(9), pa.timestamp("ns"), lambda r: r.randint(-(10**17), 10**18)),
-    "ltz6": (TimestampLtzType(6), pa.timestamp("us", tz="UTC"), lambda r: r.randint(-(10**15), 10**16)),
+    "ts3": (t.TimestampType(3), pa.timestamp("ms"), lambda r: r.randint(-(10**12), 10**13)),
+    "ts9": (t.TimestampType(9), pa.timestamp("ns"), lambda r: r.randint(-(10**17), 10**18)),
+    "ltz6": (t.TimestampLtzType(6), pa.timestamp("us", tz="UTC"), lambda r: r.randint(-(10**15), 10**16)),
 }
 
 
@@ -154,7 +137,7 @@ def test_the_statistics_of_random_batches_are_their_columns_bounds(seed: int) ->
         _fluss, _arrow, make = _GENERATORS[kind]
         null_share = rng.choice([0.0, 0.3, 1.0])
         columns[kind] = [None if rng.random() < null_share else make(rng) for _ in range(rows)]
-    row_type = RowType([DataField(kind, _GENERATORS[kind][0]) for kind in kinds])
+    row_type = t.RowType([t.DataField(kind, _GENERATORS[kind][0]) for kind in kinds])
     schema = pa.schema([(kind, _GENERATORS[kind][1]) for kind in kinds])
     batch = pa.RecordBatch.from_pydict(columns, schema=schema)
     chosen = rng.sample(range(len(kinds)), rng.randint(1, len(kinds)))
@@ -169,7 +152,7 @@ def test_the_statistics_of_random_batches_are_their_columns_bounds(seed: int) ->
 
 
 def test_a_batch_with_statistics_is_v1_and_its_records_read_as_before() -> None:
-    row_type = RowType([DataField("v", IntType())])
+    row_type = t.RowType([t.DataField("v", t.IntType())])
     batch = pa.RecordBatch.from_pydict({"v": [4, 9]}, schema=pa.schema([("v", pa.int32())]))
     statistics = batch_statistics.collect(batch, row_type, [0])
     data = log_batch.build_arrow_batch(batch, schema_id=1, statistics=statistics)
