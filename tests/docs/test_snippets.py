@@ -115,6 +115,9 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
     ("docs/rebalance.md", "Decommissioning a server", 0): Registration(
         f"{CLUSTER_DOC_TESTS}::test_a_grown_cluster_is_rebalanced_and_a_tagged_server_drained_under_pyfluss_writes",
         "each line with the venv's strom, at a 4-server cluster under pyfluss writes"),
+    # docs/log-formats.md
+    ("docs/log-formats.md", "Filter pushdown (FetchLog)", 0): _doc(
+        "test_docs_client_scripts_on_the_readme_tables", "script, run twice (it drops its table)"),
     # docs/producer-offsets.md
     ("docs/producer-offsets.md", "Producer offsets", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "script, on the README's orders, run twice"),
@@ -316,6 +319,10 @@ def test_docs_client_scripts_on_the_readme_tables(readme: Readme) -> None:
     assert sorted(scan[:2]) == ["[{'id': 1, 'amount': 9.5}]", "[{'id': 2, 'amount': 3.0}]"], scan
     assert scan[2].startswith("{TableBucket(") and scan[2].count("TableBucket(") == 4, scan  # one per bucket
     assert int(scan[3]) >= 0
+
+    filtered = snippet("docs/log-formats.md", "Filter pushdown (FetchLog)", 0)
+    for _ in range(2):
+        assert run_script(filtered, readme.cwd, readme.at_server) == ["1 [421, 423]"]
 
     producers = snippet("docs/producer-offsets.md", "Producer offsets", 0)
     for _ in range(2):  # it deletes what it registered, so a second run registers afresh
