@@ -10,7 +10,7 @@ import pyarrow as pa
 from strom import table_properties
 from strom.errors import SchemaNotExistError
 from strom.metadata.table_info import TableInfo
-from strom.records import batch_statistics, indexed_log, keys, row_batches
+from strom.records import batch_statistics, keys, row_batches, row_log
 from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.kv_batch import SCHEMA_ID
@@ -37,7 +37,7 @@ class TableLayout:
         self.kv_format = info.options.kv_format
         compression = info.options.arrow_compression
         self.log_compression = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}[compression]
-        self.log_format = indexed_log.log_format(info.properties)
+        self.log_format = row_log.log_format(info.properties)
         self.key_lake_format = keys.key_lake_format(info.properties)
         """Iceberg changes how keys are encoded and bucketed (:mod:`strom.records.keys`); None: Fluss's way."""
         self.bucket_of: keys.BucketFunction = keys.bucket_function(self.key_lake_format)
@@ -67,14 +67,14 @@ class TableLayout:
         return SCHEMA_ID.pack(self.info.schema_id)
 
     @cached_property
-    def log_decoder(self) -> indexed_log.LogBatchDecoder:
-        """Decodes the table's log batches (ARROW or INDEXED records) into batches of ``arrow_schema``."""
-        return indexed_log.LogBatchDecoder(self.log_format, self.row_type, self.arrow_schema)
+    def log_decoder(self) -> row_log.LogBatchDecoder:
+        """Decodes the table's log batches (ARROW, INDEXED or COMPACTED records) into batches of ``arrow_schema``."""
+        return row_log.LogBatchDecoder(self.log_format, self.row_type, self.arrow_schema)
 
     @cached_property
-    def log_row_encoder(self) -> IndexedRowEncoder:
-        """Encodes appended rows for a table in log format INDEXED (Java's nested-decimal layout)."""
-        return IndexedRowEncoder(self.row_type, java_decimal_layout=True)
+    def log_row_encoder(self) -> row_log.RowEncoder:
+        """Encodes appended rows for a table in a row log format (INDEXED or COMPACTED)."""
+        return row_log.row_encoder(self.log_format, self.row_type)
 
     @cached_property
     def row_decoder(self) -> CompactedRowDecoder | IndexedRowDecoder:

@@ -18,7 +18,7 @@ from strom.errors import CorruptRecordError, error_for_code
 from strom.ids import TableBucket
 from strom.records import log_batch
 from strom.records.batch_filter import BatchFilter
-from strom.records.indexed_log import LogBatchDecoder
+from strom.records.row_log import LogBatchDecoder
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 

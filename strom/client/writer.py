@@ -29,7 +29,7 @@ from strom.errors import (
     error_for_code,
 )
 from strom.ids import TableBucket
-from strom.records import batch_statistics, indexed_log, log_batch
+from strom.records import batch_statistics, log_batch, row_log
 from strom.records.kv_batch import build_kv_batch
 from strom.records.log_batch import REPLAYABLE_RUNS_MAX, REPLAYABLE_WRITER_ID_MIN, RUN_SEQUENCE_SPAN
 from strom.rpc.api_keys import ApiKey
@@ -626,8 +626,8 @@ class AppendWriter(_Writer):
         result = []
         for bucket, indexes in groups.items():
             part = batch if len(indexes) == batch.num_rows else batch.take(pa.array(indexes, pa.int32()))
-            if layout.log_format == indexed_log.INDEXED:
-                records = indexed_log.encode_indexed_batch(
+            if layout.log_format in row_log.ROW_FORMATS:
+                records = row_log.encode_row_batch(
                     part,
                     layout.log_row_encoder,
                     schema_id=layout.info.schema_id,

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from strom.errors import SchemaNotExistError
 from strom.metadata.table_info import TableInfo
-from strom.records import compacted, indexed, indexed_log, keys, log_batch, row_arrow, row_batches
+from strom.records import compacted, indexed, keys, log_batch, row_arrow, row_batches, row_log
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.log_batch import ChangeType, LogBatchHeader
 from strom.records.schema_evolution import RowUpgrader
@@ -36,10 +36,10 @@ class TableRowFormat:
         self.key_indexes = [names.index(name) for name in physical]
         self.kv_format = table.options.kv_format
         self.log_compression = _COMPRESSION[table.options.arrow_compression]
-        log_format = indexed_log.log_format(table.properties)
-        self.log_decoder = indexed_log.LogBatchDecoder(log_format, self.row_type, self.arrow_schema)
+        log_format = row_log.log_format(table.properties)
+        self.log_decoder = row_log.LogBatchDecoder(log_format, self.row_type, self.arrow_schema)
         self._log_decoders = {
-            schema_id: indexed_log.LogBatchDecoder(log_format, old.row_type, old.arrow_schema)
+            schema_id: row_log.LogBatchDecoder(log_format, old.row_type, old.arrow_schema)
             for schema_id, old in table.schemas.items()
             if schema_id != self.schema_id
         }
@@ -108,10 +108,12 @@ class TableRowFormat:
         return b"".join(parts)
 
     def _rebuilt_log_batch(self, header: LogBatchHeader, batch: pa.RecordBatch, change_types: bytes | None) -> bytes:
-        if self.log_decoder.log_format == indexed_log.INDEXED:
+        if self.log_decoder.log_format in row_log.ROW_FORMATS:
+            encoder = (indexed.IndexedRowEncoder(self.row_type) if self.log_decoder.log_format == row_log.INDEXED
+                       else row_log.row_encoder(self.log_decoder.log_format, self.row_type))
             data = bytearray(
-                indexed_log.encode_indexed_batch(
-                    batch, indexed.IndexedRowEncoder(self.row_type), schema_id=self.schema_id,
+                row_log.encode_row_batch(
+                    batch, encoder, schema_id=self.schema_id,
                     change_types=change_types, writer_id=header.writer_id, batch_sequence=header.batch_sequence,
                 )
             )

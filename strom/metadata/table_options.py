@@ -129,8 +129,8 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Record format of the log: ARROW, INDEXED or COMPACTED. A primary-key table with COMPACTED kv "
         "rows may use ARROW or COMPACTED.",
         Support.PARTIAL,
-        "ARROW for every table and INDEXED for log tables (`strom.records.indexed_log`). COMPACTED, and a "
-        "primary-key table's changelog in another format than ARROW, are refused: strom writes neither.",
+        "ARROW for every table, INDEXED and COMPACTED for log tables (`strom.records.row_log`). A "
+        "primary-key table's changelog in another format than ARROW is refused: strom writes it as ARROW.",
         enum_parser(*_LOG_FORMATS),
     ),
     _option(
@@ -437,11 +437,6 @@ def validate(
     if has_primary_key and kv_format == "COMPACTED" and log_format not in ("ARROW", "COMPACTED"):
         raise InvalidConfigError(
             "Currently, Primary Key Table supports ARROW or COMPACTED log format when kv format is COMPACTED."
-        )
-    if log_format == "COMPACTED":
-        raise InvalidConfigError(
-            f"{LOG_FORMAT}=COMPACTED is not supported by this server; use ARROW or INDEXED (INDEXED for log "
-            "tables only)."
         )
     if has_primary_key and log_format != "ARROW":
         raise InvalidConfigError(

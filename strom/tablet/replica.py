@@ -48,8 +48,8 @@ from strom.kv.snapshot import CompletedKvSnapshot, download_snapshot
 from strom.log.log_tablet import LogConfig, LogTablet
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
-from strom.records.indexed_log import LogBatchDecoder
 from strom.records.log_batch import LogBatchHeader
+from strom.records.row_log import LogBatchDecoder
 from strom.remote.storage import RemoteStorage
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ class Replica:
         return self._kv
 
     def log_decoder(self) -> LogBatchDecoder:
-        """Decodes this table's log batches (ARROW or INDEXED) of its current schema into Arrow."""
+        """Decodes this table's log batches (ARROW, INDEXED or COMPACTED) of its current schema into Arrow."""
         return self._storage.row_format(self.table).log_decoder
 
     def check_produced(self, data: bytes | bytearray, batches: Sequence[tuple[int, LogBatchHeader]]) -> None:

@@ -118,7 +118,7 @@ def test_defaults_are_filled_in_as_flusss_coordinator_does() -> None:
             "'table.log.local-ttl' must be less than or equal to 'table.log.ttl'.",
         ),
         ({"table.log.format": "INDEXED"}, "Currently, Primary Key Table supports ARROW or COMPACTED log format"),
-        ({"table.log.format": "COMPACTED"}, "table.log.format=COMPACTED is not supported by this server"),
+        ({"table.log.format": "COMPACTED"}, "table.log.format=COMPACTED is for log tables"),
         ({"table.statistics.columns": "*"}, "Statistics columns are not supported for primary key tables."),
         (
             {"table.datalake.historical-partition.enabled": "true"},

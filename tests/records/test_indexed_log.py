@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from strom.errors import CorruptRecordError, InvalidColumnProjectionError, InvalidTableError
-from strom.records import indexed_log, log_batch
+from strom.records import log_batch, row_log
 from strom.records.indexed import IndexedRowEncoder
 from strom.records.log_batch import ChangeType
 from strom.records.types import BigIntType, IntType, RowType, StringType
@@ -36,8 +36,8 @@ def java_record(change_type: int, row: bytes) -> bytes:
     return struct.pack("<i", len(row) + 1) + bytes([change_type]) + row
 
 
-def decoder() -> indexed_log.LogBatchDecoder:
-    return indexed_log.LogBatchDecoder(indexed_log.INDEXED, ROW_TYPE, ARROW_SCHEMA)
+def decoder() -> row_log.LogBatchDecoder:
+    return row_log.LogBatchDecoder(row_log.INDEXED, ROW_TYPE, ARROW_SCHEMA)
 
 
 def read_one(batch: bytes) -> tuple[bytes | None, pa.RecordBatch]:
@@ -49,7 +49,7 @@ def test_an_append_only_batch_has_fluss_record_layout_after_the_v0_header() -> N
     encoder = IndexedRowEncoder(ROW_TYPE)
     rows = [encoder.encode((1, "ab", 10)), encoder.encode((2, None, -5))]
 
-    batch = indexed_log.build_indexed_batch(rows, schema_id=1, writer_id=7, batch_sequence=3)
+    batch = row_log.build_row_batch(rows, schema_id=1, writer_id=7, batch_sequence=3)
 
     header = log_batch.read_header(batch)
     assert (header.magic, header.schema_id, header.record_count, header.last_offset_delta) == (0, 1, 2, 1)
@@ -78,14 +78,14 @@ def test_a_changelog_batch_returns_each_record_change_type() -> None:
     kinds = bytes([ChangeType.INSERT, ChangeType.UPDATE_BEFORE, ChangeType.UPDATE_AFTER, ChangeType.DELETE])
     rows = [java_row(i, f"n{i}", i) for i in range(4)]
 
-    change_types, decoded = read_one(indexed_log.build_indexed_batch(rows, schema_id=1, change_types=kinds))
+    change_types, decoded = read_one(row_log.build_row_batch(rows, schema_id=1, change_types=kinds))
 
     assert change_types == kinds
     assert decoded.column("id").to_pylist() == [0, 1, 2, 3]
 
 
 def test_an_empty_batch_decodes_to_no_rows() -> None:
-    change_types, decoded = read_one(indexed_log.build_indexed_batch([], schema_id=1))
+    change_types, decoded = read_one(row_log.build_row_batch([], schema_id=1))
     assert change_types is None
     assert decoded.num_rows == 0 and decoded.schema == ARROW_SCHEMA
 
@@ -133,14 +133,14 @@ def test_malformed_records_are_corrupt(
 
 
 def test_only_arrow_logs_can_be_projected() -> None:
-    indexed_log.LogBatchDecoder(indexed_log.ARROW, ROW_TYPE, ARROW_SCHEMA).check_projection("t")
+    row_log.LogBatchDecoder(row_log.ARROW, ROW_TYPE, ARROW_SCHEMA).check_projection("t")
     with pytest.raises(InvalidColumnProjectionError, match="INDEXED log format"):
         decoder().check_projection("t")
 
 
 def test_the_log_format_property_is_read_case_insensitively_with_arrow_as_default() -> None:
-    assert indexed_log.log_format({}) == "ARROW"
-    assert indexed_log.log_format({"table.log.format": " indexed "}) == "INDEXED"
+    assert row_log.log_format({}) == "ARROW"
+    assert row_log.log_format({"table.log.format": " indexed "}) == "INDEXED"
 
 
 def test_an_arrow_batch_round_trips_through_indexed_records() -> None:
@@ -148,6 +148,40 @@ def test_an_arrow_batch_round_trips_through_indexed_records() -> None:
         [pa.array([1, 2, None], pa.int32()), pa.array(["a", None, "ccc"]), pa.array([5, 6, 7], pa.int64())],
         schema=ARROW_SCHEMA,
     )
-    encoded = indexed_log.encode_indexed_batch(source, IndexedRowEncoder(ROW_TYPE), schema_id=1)
+    encoded = row_log.encode_row_batch(source, IndexedRowEncoder(ROW_TYPE), schema_id=1)
     _, decoded = read_one(encoded)
     assert decoded.equals(source)
+
+
+def _varint(value: int) -> bytes:
+    """An unsigned LEB128 varint, as CompactedRow writes integers."""
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def compacted_row(row_id: int, name: str | None, score: int) -> bytes:
+    """A CompactedRow written out by hand: null bitset (one byte for three fields), then the non-null
+    values back to back, INT and BIGINT as varints, STRING as a varint length and its UTF-8 bytes."""
+    if name is None:
+        return bytes([0b010]) + _varint(row_id) + _varint(score)
+    payload = name.encode()
+    return bytes([0]) + _varint(row_id) + _varint(len(payload)) + payload + _varint(score)
+
+
+def test_a_compacted_batch_is_fluss_record_layout_around_compacted_rows() -> None:
+    rows = [(7, "seven", 70), (300, None, 3000)]
+    by_hand = b"".join(java_record(0, compacted_row(*row)) for row in rows)  # CompactedLogRecord: same framing
+    encoder = row_log.row_encoder(row_log.COMPACTED, ROW_TYPE)
+    assert row_log.encode_records([encoder.encode(list(row)) for row in rows]) == by_hand
+    data = log_batch.build_batch(schema_id=1, record_count=2, records=by_hand, append_only=True)
+    [(position, header)] = list(log_batch.iter_batches(data))
+    change_types, batch = row_log.LogBatchDecoder(row_log.COMPACTED, ROW_TYPE, ARROW_SCHEMA).read(data, position, header)
+    assert change_types is None
+    assert batch.to_pylist() == [dict(zip(ARROW_SCHEMA.names, row, strict=True)) for row in rows]
+    arrow = log_batch.build_arrow_batch(pa.RecordBatch.from_pylist(batch.to_pylist(), schema=ARROW_SCHEMA), schema_id=1)
+    with pytest.raises(InvalidTableError, match="COMPACTED"):  # an Arrow body sent to a COMPACTED table
+        row_log.LogBatchDecoder(row_log.COMPACTED, ROW_TYPE, ARROW_SCHEMA).read(arrow, 0, log_batch.read_header(arrow))

@@ -1,4 +1,4 @@
-"""Log tables in format INDEXED through Spark: a batch read and a lake tiering round decode the IndexedRow
+"""Log tables in a row format (INDEXED, COMPACTED) through Spark: a batch read and a lake tiering round decode the IndexedRow
 records with strom's log scanner, so they see the same rows as for an ARROW log table."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from tests.spark.tiering_support import FAST_TIERING, create_lake_table, lake_ro
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
 
-INDEXED = {"table.log.format": "INDEXED"}
 COLUMNS = [
     ("id", IntType()),
     ("day", StringType()),
@@ -41,8 +40,9 @@ def as_tuples(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return sorted(tuple(record[name] for name, _ in COLUMNS) for record in records)
 
 
-def test_batch_read_of_an_indexed_log_table_returns_every_record(spark: Any, cluster: Fluss) -> None:
-    table = cluster.create_table(COLUMNS, bucket_count=3, properties=INDEXED)
+@pytest.mark.parametrize("log_format", ["INDEXED", "COMPACTED"])
+def test_batch_read_of_a_row_log_table_returns_every_record(spark: Any, cluster: Fluss, log_format: str) -> None:
+    table = cluster.create_table(COLUMNS, bucket_count=3, properties={"table.log.format": log_format})
     cluster.append(table, rows(0, 60))
 
     reader = spark.read.format("fluss")
@@ -55,9 +55,10 @@ def test_batch_read_of_an_indexed_log_table_returns_every_record(spark: Any, clu
     assert sorted(r.id for r in frame.where("day = 'd2'").select("id").collect()) == list(range(1, 60, 2))
 
 
-def test_an_indexed_log_table_tiers_every_record_once(spark: Any, server_factory: Any) -> None:
+@pytest.mark.parametrize("log_format", ["INDEXED", "COMPACTED"])
+def test_a_row_log_table_tiers_every_record_once(spark: Any, server_factory: Any, log_format: str) -> None:
     cluster = Fluss(server_factory(FAST_TIERING).address)
-    table = create_lake_table(cluster, COLUMNS, bucket_count=2, properties=INDEXED)
+    table = create_lake_table(cluster, COLUMNS, bucket_count=2, properties={"table.log.format": log_format})
     cluster.append(table, rows(0, 40))
     tier_once(spark, cluster)
     cluster.append(table, rows(40, 70))
