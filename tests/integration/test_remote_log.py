@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from strom.cli.main import main as strom_cli
-from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
+from strom.client import Connection, OffsetSpec, Predicate, Schema, TableDescriptor, TablePath, col
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
@@ -316,3 +316,33 @@ def test_a_partitions_remote_log_lives_under_its_name_and_goes_with_it(remote_se
     asyncio.run(drop_d1())
     assert not day_dirs["d1"].parent.exists()
     assert any(day_dirs["d2"].glob("*/*.log"))
+
+
+def test_a_filtered_scan_skips_remote_batches_by_their_statistics(remote_server: ServerProcess) -> None:
+    """Remote segments keep the batches' statistics: the client, reading them itself, skips the batches that
+    cannot match as the server skips local ones; the rows found are those a full read filters."""
+    address = remote_server.address
+    path, table_id = asyncio.run(create_log_table(address, {"table.statistics.columns": "seq"}))
+    asyncio.run(append(address, path, 0, ROWS))
+    wait_until(lambda: offloaded(remote_server, path, table_id), "segments copied and deleted locally")
+    wanted = (col("seq") >= 120) & (col("seq") < 130) | (col("seq") == ROWS - 1)
+
+    async def scan(predicate: Predicate | None) -> tuple[int, list[int]]:
+        async with await Connection.create(address) as connection:
+            table = await connection.get_table(path)
+            builder = table.new_scan()
+            scanner = (builder.filter(predicate) if predicate is not None else builder).create_log_scanner()
+            scanner.subscribe(0, 0)
+            batches, found = 0, []
+            deadline = time.monotonic() + WAIT_S
+            while scanner.position(table.bucket(0)) < ROWS:
+                assert time.monotonic() < deadline, scanner.position(table.bucket(0))
+                for scan_batch in await scanner.poll(500):
+                    batches += 1
+                    found += wanted.filter(scan_batch.batch).column("seq").to_pylist()
+            return batches, found
+
+    all_batches, everything = asyncio.run(scan(None))
+    filtered_batches, matching = asyncio.run(scan(wanted))
+    assert matching == everything == [*range(120, 130), ROWS - 1]
+    assert filtered_batches == 2 < all_batches  # the two 50-row batches holding them, one of them remote
