@@ -28,6 +28,7 @@ KINDS = (
     "slow",              # a tablet server's traffic delayed
     "disk-full",         # a tablet server's disk full (a small tmpfs), then freed
     "pause-follower-then-kill-leader",  # the sequence that once lost acknowledged appends
+    "double-failure",    # a leader killed, restarted behind its successor, which is killed before it caught up
 )
 DURATIONS_S = (0.5, 1.5, 3.0, 6.0)
 """Below the silence bound, between it and the session, past the session (twice)."""
@@ -129,8 +130,26 @@ class Nemesis:
                 ballast.unlink(missing_ok=True)
         elif fault.kind == "pause-follower-then-kill-leader":
             self._pause_follower_then_kill_leader(sid, hold)  # type: ignore[arg-type]
+        elif fault.kind == "double-failure":
+            self._double_failure(sid, hold)  # type: ignore[arg-type]
         else:
             raise ValueError(fault.kind)
+
+    def _double_failure(self, first: int, hold: float) -> None:
+        """Kafka's KIP-101 case: kill ``first`` (leading some buckets; writes go on under their new leaders),
+        restart it — it follows now, holding a log that may differ from its new leader's above what it knew
+        was committed — and before it can have caught up, kill the leader of one of its buckets, so that
+        ``first`` may lead again from that log; restart the second after ``hold``."""
+        c = self.cluster
+        c.kill("tablet-server", first)
+        time.sleep(2.5)  # past the election: the buckets it led have new leaders, and acknowledge on
+        c.restart("tablet-server", first)
+        time.sleep(min(hold, 1.0) / 2)  # well before it can have fetched everything back
+        second = self._leader_of(first)  # type: ignore[operator]
+        if second is not None and second != first:
+            c.kill("tablet-server", second)
+            time.sleep(hold)
+            c.restart("tablet-server", second)
 
     def _pause_follower_then_kill_leader(self, follower: int, hold: float) -> None:
         """Pause ``follower`` until the leaders drop it from their ISRs (writes go on, acknowledged without

@@ -16,7 +16,7 @@ from tests.nemesis.run import run_seed
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.xdist_group("nemesis")]
 
-SHORT_PROFILE = (10, 22, 44)
+SHORT_PROFILE = (0, 3, 440)
 FAULTS = 5
 PACE_S = 0.1
 """Slower writes than the long profile's: the suite runs other tests beside these on two cores."""
