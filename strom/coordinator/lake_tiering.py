@@ -262,7 +262,8 @@ class LakeTableTieringManager:
         previous = self._tables.get(table.table_id)
         self._tables[table.table_id] = table
         moved = previous is None or previous.state is not table.state
-        if table.state is TieringState.SCHEDULED and (moved or previous is None or previous.due_ms != table.due_ms):
+        rearmed = moved or (previous is not None and previous.due_ms != table.due_ms)
+        if table.state is TieringState.SCHEDULED and rearmed:
             heapq.heappush(self._timers, (table.due_ms, table.table_id))
             self._compact_timers()
         elif table.state is TieringState.PENDING and moved:
