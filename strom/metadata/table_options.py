@@ -28,7 +28,7 @@ from typing import Any
 
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.metadata import auto_partition
-from strom.records.batch_statistics import STATISTICS_TYPE_ROOTS
+from strom.records.batch_statistics import STATISTICS_TYPE_ROOTS, named_columns
 from strom.records.schema import Schema
 from strom.table_properties import (
     ARROW_COMPRESSION_TYPE,
@@ -498,9 +498,9 @@ def _check_statistics(raw: str | None, schema: Schema) -> None:
             "Statistics columns are not supported for primary key tables. "
             f"Please remove the '{STATISTICS_COLUMNS}' property."
         )
-    if raw.strip() == "*":
+    names = named_columns(raw)
+    if names is None:  # every supported column
         return
-    names = [name.strip() for name in raw.split(",") if name.strip()]
     if not names:
         raise InvalidConfigError(
             "Statistics columns configuration cannot be empty. Use '*' to collect statistics for all "

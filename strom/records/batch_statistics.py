@@ -47,14 +47,23 @@ class BatchStatistics:
     maxes: tuple[Any, ...]
 
 
+def named_columns(option: str) -> list[str] | None:
+    """The column names a set ``table.statistics.columns`` lists, in its order; None for ``*`` (every
+    column of a supported type)."""
+    if option.strip() == "*":
+        return None
+    return [name.strip() for name in option.split(",") if name.strip()]
+
+
 def statistics_columns(row_type: RowType, option: str | None) -> list[int]:
     """The row indexes of the columns ``table.statistics.columns`` names (empty: no statistics)."""
     if option is None:
         return []
-    names = [field.name for field in row_type.fields]
-    if option.strip() == "*":
+    names = named_columns(option)
+    if names is None:
         return [i for i, field in enumerate(row_type.fields) if field.type.type_root in STATISTICS_TYPE_ROOTS]
-    return [names.index(name.strip()) for name in option.split(",") if name.strip()]
+    columns = [field.name for field in row_type.fields]
+    return [columns.index(name) for name in names]
 
 
 class _Bound(DataTypeVisitor[Any]):
@@ -167,5 +176,5 @@ def parse(data: bytes | memoryview, row_type: RowType) -> BatchStatistics:
     return BatchStatistics(tuple(indexes), tuple(null_counts), tuple(rows[0]), tuple(rows[1]))
 
 
-__all__ = ["STATISTICS_TYPE_ROOTS", "STATISTICS_VERSION", "BatchStatistics", "collect", "encode", "parse",
-           "statistics_columns"]
+__all__ = ["STATISTICS_TYPE_ROOTS", "STATISTICS_VERSION", "BatchStatistics", "collect", "encode", "named_columns",
+           "parse", "statistics_columns"]
