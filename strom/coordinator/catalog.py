@@ -68,18 +68,20 @@ class CatalogReader:
             self.remember_partition(record)
 
     def _read_everything(self) -> tuple[list[TableInfo], list[PartitionRecord]]:
+        tables = self._read_tables()
+        partitions = [record for table in tables if table.is_partitioned
+                      for record in self._store.list_partitions(table.table_id)]
+        return tables, partitions
+
+    def _read_tables(self) -> list[TableInfo]:
+        """Every table of every database, from the store (blocks)."""
         tables: list[TableInfo] = []
-        partitions: list[PartitionRecord] = []
         for database in self._store.list_databases():
             for name in self._store.list_tables(database):
                 record = self._store.get_table(database, name)
-                if record is None:
-                    continue  # dropped meanwhile
-                table = self._with_versions(record)
-                tables.append(table)
-                if table.is_partitioned:
-                    partitions += self._store.list_partitions(table.table_id)
-        return tables, partitions
+                if record is not None:  # else dropped meanwhile
+                    tables.append(self._with_versions(record))
+        return tables
 
     # ---- memory: a complete catalog, or a cache ----
     @property
@@ -259,7 +261,7 @@ class CatalogReader:
         """Every table of every database (a complete catalog's, by id)."""
         if self._complete:
             return [self._tables_by_id[table_id] for table_id in sorted(self._tables_by_id)]
-        return self._read_everything()[0]
+        return self._read_tables()
 
     # ---- requests ----
     async def get_table_info(self, request: Any, _context: object) -> Any:

@@ -174,6 +174,7 @@ class TabletService:
             table_response = response.tables_resp.add(table_id=table_request.table_id)
             projection = list(table_request.projected_fields) if table_request.projection_pushdown_enabled else None
             batch_filter: BatchFilter | None = None
+            wants_filter = follower is None and table_request.HasField("filter_predicate")
             for bucket_request in table_request.buckets_req:
                 bucket = _bucket(table_request.table_id, bucket_request)
                 bucket_response = table_response.buckets_resp.add(bucket_id=bucket.bucket)
@@ -200,9 +201,10 @@ class TabletService:
                             bucket_response.remote_log_fetch_info.CopyFrom(remote)
                             total_bytes += 1
                             continue
-                    if follower is None and table_request.HasField("filter_predicate") and batch_filter is None:
+                    if wants_filter:  # built with the table's first hosted bucket, once per table
                         batch_filter = _batch_filter(table_request, replica.table)
-                    if follower is None and batch_filter is not None:
+                        wants_filter = False
+                    if batch_filter is not None:
                         read, filtered_end = _filtered_read(log_tablet, bucket_request.fetch_offset, max_bytes,
                                                             batch_filter)
                         if filtered_end is not None:

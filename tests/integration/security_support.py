@@ -23,8 +23,13 @@ SECURE_CONFIG = {
 
 def strom_config(server: ServerProcess, user: str) -> dict[str, str]:
     """strom client options for ``user``, under Fluss's client option names."""
+    return strom_config_at(server.address, user)
+
+
+def strom_config_at(address: str, user: str) -> dict[str, str]:
+    """:func:`strom_config` for a server known by its address (one running in the test's process)."""
     return {
-        "bootstrap.servers": server.address,
+        "bootstrap.servers": address,
         "client.security.protocol": "SASL",
         "client.security.sasl.mechanism": "PLAIN",
         "client.security.sasl.username": user,

@@ -26,7 +26,7 @@ from strom.metadata.store import MetadataStore
 from strom.security.acl import AclBinding, AclFilter, OperationType, Principal, Resource
 from strom.server import node
 from strom.server.node import StromServer
-from tests.integration.security_support import SECURE_CONFIG, USERS
+from tests.integration.security_support import SECURE_CONFIG, strom_config_at
 from tests.server_process import free_port
 
 pytestmark = pytest.mark.asyncio
@@ -175,7 +175,7 @@ async def test_acl_changes_and_their_checks_make_no_store_call_on_the_event_loop
     server = StromServer(tmp_path / "data", "127.0.0.1", port, Configuration(config))
     await server.start()
     try:
-        async with await Connection.create(strom_config_for(port, "admin")) as connection:
+        async with await Connection.create(strom_config_at(f"127.0.0.1:{port}", "admin")) as connection:
             admin = connection.get_admin()
             schema = Schema.from_arrow(pa.schema([("id", pa.int64())]), primary_key=["id"])
             path = TablePath("fluss", "guarded")
@@ -193,12 +193,3 @@ async def test_acl_changes_and_their_checks_make_no_store_call_on_the_event_loop
     (store,) = watched
     assert store.on_loop == [], f"store calls made on the event loop: {sorted(set(store.on_loop))}"
 
-
-def strom_config_for(port: int, user: str) -> dict[str, str]:
-    return {
-        "bootstrap.servers": f"127.0.0.1:{port}",
-        "client.security.protocol": "SASL",
-        "client.security.sasl.mechanism": "PLAIN",
-        "client.security.sasl.username": user,
-        "client.security.sasl.password": USERS[user],
-    }
