@@ -250,35 +250,25 @@ class KvSnapshotLeaseManager:
         belongs to ``owner``, an existing one keeps its owner."""
         validate_lease_request(lease_id, duration_ms)
         async with self._changing:
-            return await self._acquire(lease_id, duration_ms, pins, snapshot_exists, owner)
-
-    async def _acquire(
-        self,
-        lease_id: str,
-        duration_ms: int,
-        pins: Mapping[TableBucket, int],
-        snapshot_exists: Callable[[TableBucket, int], bool],
-        owner: str | None,
-    ) -> LeaseChange:
-        old = self._leases.get(lease_id)
-        new = KvSnapshotLease(
-            lease_id, self._clock.now_ms() + duration_ms, dict(old.pins) if old else {}, old.owner if old else owner
-        )
-        unavailable: dict[TableBucket, int] = {}
-        released: list[tuple[TableBucket, int]] = []
-        for bucket, snapshot_id in pins.items():
-            if not snapshot_exists(bucket, snapshot_id):
-                unavailable[bucket] = snapshot_id
-                continue
-            previous = new.pins.get(bucket)
-            if previous is not None and previous != snapshot_id:
-                released.append((bucket, previous))
-            new.pins[bucket] = snapshot_id
-        await self._replace(lease_id, new)
-        if self._unreadable.pop(lease_id, False) is not False:  # its holder re-stated it: the new state rules
-            log.warning("unreadable lease %r replaced by a new acquire", lease_id)
-            return LeaseChange(released, unavailable, released_all=not self._unreadable)
-        return LeaseChange(released, unavailable)
+            old = self._leases.get(lease_id)
+            new = KvSnapshotLease(
+                lease_id, self._clock.now_ms() + duration_ms, dict(old.pins) if old else {}, old.owner if old else owner
+            )
+            unavailable: dict[TableBucket, int] = {}
+            released: list[tuple[TableBucket, int]] = []
+            for bucket, snapshot_id in pins.items():
+                if not snapshot_exists(bucket, snapshot_id):
+                    unavailable[bucket] = snapshot_id
+                    continue
+                previous = new.pins.get(bucket)
+                if previous is not None and previous != snapshot_id:
+                    released.append((bucket, previous))
+                new.pins[bucket] = snapshot_id
+            await self._replace(lease_id, new)
+            if self._unreadable.pop(lease_id, False) is not False:  # its holder re-stated it: the new state rules
+                log.warning("unreadable lease %r replaced by a new acquire", lease_id)
+                return LeaseChange(released, unavailable, released_all=not self._unreadable)
+            return LeaseChange(released, unavailable)
 
     async def release(self, lease_id: str, buckets: Iterable[TableBucket]) -> LeaseChange:
         """Unpin ``buckets``; an unknown lease or bucket is a no-op; an emptied lease is deleted."""
