@@ -478,6 +478,14 @@ KV_ROCKSDB_USE_BLOOM_FILTER = bool_option(
 KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY = float_option(
     "kv.rocksdb.bloom-filter.bits-per-key", 10.0, "Bits per key of the SST bloom filters.", minimum=1.0
 )
+KV_ROCKSDB_BINDING = choice_option(
+    "kv.rocksdb.binding", "auto", ("auto", "native", "rocksdict"),
+    "How the server opens its buckets' RocksDB (strom's key): `native`, strom's own binding over RocksDB's C API "
+    "(9.10, built at install; writes, multi-gets, flushes and checkpoints release the GIL), or `rocksdict` (9.8, "
+    "the PyPI binding, whose writes hold the GIL). `auto`: the environment variable STROM_ROCKSDB_BINDING if set, "
+    "else `native` where it is built. Both open the same files. The start-up line and the metric "
+    "`strom_kv_rocksdb_binding_info` name the one in use.",
+)
 
 
 # ---- lake ----

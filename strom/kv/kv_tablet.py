@@ -7,24 +7,23 @@ WriteBatch that also records the applied log offset) and the write acknowledged.
 change the log could lose, lookups never see an unacknowledged value, and after a crash RocksDB is
 recovered by replaying the changelog from its applied offset.
 
-Not thread-safe: every method runs on the server's event loop (RocksDB calls are short and hold the GIL
-anyway; the only blocking I/O, the log fsync, runs in a worker thread inside LogTablet).
+Not thread-safe: every method runs on the server's event loop. The blocking I/O runs off it: the log
+fsync in a worker thread inside LogTablet, and (with the native RocksDB binding) RocksDB's writes, multi-gets
+and file reads without the GIL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import shutil
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import rocksdict
 
 from strom.errors import DeletionDisabledError, KvStorageError, MalformedRowError
 from strom.kv import changelog, kv_loops
@@ -33,7 +32,7 @@ from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
 from strom.kv.missing_keys import MissingKeyRows
-from strom.kv.rocksdb import META_COLUMN_FAMILY, RocksDbOptions, open_rocksdb
+from strom.kv.rocksdb import KvDatabase, RocksDbOptions, RowIterator, destroy_rocksdb, open_rocksdb
 from strom.kv.row_cache import RowCache
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
@@ -51,6 +50,20 @@ ROW_COUNT_KEY = b"row_count"
 INSTANCE_ID_KEY = b"instance_id"
 _OFFSET = struct.Struct("<q")
 _SORTED_READ_MIN_KEYS = 32
+_META_KEYS = (APPLIED_OFFSET_KEY, ROW_COUNT_KEY)
+SCAN_CHUNK_ROWS = 1024
+"""Rows a scan session's iterator copies out per step (without the GIL, with the native binding)."""
+
+
+def _chunked_values(rows: RowIterator, first: list[bytes]) -> Iterator[bytes]:
+    """The values of ``rows``, ``first`` being its first chunk; the iterator is closed at the end."""
+    try:
+        chunk = first
+        while chunk:
+            yield from chunk
+            chunk = rows.next(SCAN_CHUNK_ROWS, keys=False)
+    finally:
+        rows.close()
 
 
 class KvRestoreNeededError(KvStorageError):
@@ -91,12 +104,19 @@ class _PendingBatch:
     row_count_delta: int
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # opened off the loop (a recovery on a worker thread): the write runs here
+        return None
+
+
 def reset_instance_id(path: Path) -> None:
     """Give a RocksDB restored from a snapshot a new instance id: it will create SST files whose numbers
     the original instance may already have used, so their remote names must differ."""
     db = open_rocksdb(path, RocksDbOptions(block_cache_size_bytes=1 << 20))
     try:
-        db.get_column_family(META_COLUMN_FAMILY).put(INSTANCE_ID_KEY, uuid.uuid4().hex.encode())
+        db.put_meta(INSTANCE_ID_KEY, uuid.uuid4().hex.encode())
     finally:
         db.close()
 
@@ -139,9 +159,19 @@ class KvTablet:
         config: KvConfig,
         id_counter: IdCounter | None = None,
         row_cache: RowCache | None = None,
+        writer: Executor | None = None,
     ) -> None:
         """``id_counter`` reserves ids for an auto-increment column (required when the table has one);
-        ``row_cache``: the tablet server's cache of current rows (consulted before RocksDB)."""
+        ``row_cache``: the tablet server's cache of current rows (consulted before RocksDB); ``writer``:
+        threads that write committed batches to RocksDB while the event loop goes on (for a binding whose
+        write releases the GIL; without it the write runs on the loop)."""
+        self._writer = writer
+        self._applying: asyncio.Future[None] | None = None
+        """The RocksDB write in flight on the writer (one per bucket at a time, in log order)."""
+        self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        """Committed puts waiting for their batches' write: (next offset, acknowledgement)."""
+        self._writes_held = False
+        """A checkpoint waits for the write in flight: no other starts meanwhile."""
         self._cache = row_cache
         self._cache_token = row_cache.register() if row_cache is not None else 0
         self.directory = directory
@@ -156,12 +186,9 @@ class KvTablet:
                 raise ValueError(f"{directory}: the table has an auto-increment column but no id counter was given")
             ids = IdAllocator(config.auto_increment, id_counter)
             self._auto_increment = AutoIncrementAssigner(config.auto_increment, ids, row_format)
-        self._db = open_rocksdb(directory / "rocksdb", config.rocksdb)
-        self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
-        self._write_options = rocksdict.WriteOptions()
-        # The changelog, fsynced first, is the write-ahead record: RocksDB's own WAL would only duplicate it.
-        # After a crash, RocksDB comes back at its last flush and the changelog replays the rest.
-        self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]  # a property at runtime
+        # The changelog, fsynced first, is the write-ahead record: writes skip RocksDB's own WAL. After a
+        # crash, RocksDB comes back at its last flush and the changelog replays the rest.
+        self._db: KvDatabase = open_rocksdb(directory / "rocksdb", config.rocksdb)
         # The pre-write buffer: batches appended to the log whose values are not in RocksDB yet (in log
         # order), and an index over them built only when a request needs it.
         self._pending: list[_PendingBatch] = []
@@ -187,24 +214,22 @@ class KvTablet:
 
     # ---- recovery ----
     def _read_meta_int(self, key: bytes) -> int:
-        raw = self._db.get_column_family(META_COLUMN_FAMILY).get(key)
+        raw = self._db.get_meta(key)
         return int(_OFFSET.unpack(raw)[0]) if raw else 0
 
     def _holds_no_rows(self) -> bool:
-        iterator = self._db.iter()
+        rows = self._db.iterator()
         try:
-            iterator.seek_to_first()
-            return not iterator.valid()
+            return not rows.next(1, keys=False)
         finally:
-            del iterator  # an open iterator would keep RocksDB open past close()
+            rows.close()
 
     def _instance_id(self) -> str:
         """A random id of this RocksDB instance, so its SST names never collide with another's remotely."""
-        meta = self._db.get_column_family(META_COLUMN_FAMILY)
-        raw = meta.get(INSTANCE_ID_KEY)
+        raw = self._db.get_meta(INSTANCE_ID_KEY)
         if raw is None:
             raw = uuid.uuid4().hex.encode()
-            meta.put(INSTANCE_ID_KEY, raw)
+            self._db.put_meta(INSTANCE_ID_KEY, raw)
         return bytes(raw).decode()
 
     @property
@@ -235,9 +260,8 @@ class KvTablet:
             log.warning("%s: RocksDB ahead of the changelog (%d > %d); rebuilding it from the log",
                         self.directory, self._applied_offset, end)
             self._close_db()
-            rocksdict.Rdict.destroy(str(self.directory / "rocksdb"))
+            destroy_rocksdb(self.directory / "rocksdb")
             self._db = open_rocksdb(self.directory / "rocksdb", self._config.rocksdb)
-            self._meta = self._db.get_column_family_handle(META_COLUMN_FAMILY)
             self._applied_offset = 0
             self._row_count = 0
             self.instance_id = self._instance_id()
@@ -292,23 +316,16 @@ class KvTablet:
             data = self.log.read_range(offset, end_offset, 16 << 20)
             if not data:
                 break
-            batch_write = rocksdict.WriteBatch(raw_mode=True)
             written_keys: list[bytes] = []
             written_values: list[bytes | None] = []
             for header, keys, values, delta in self._batch_changes(data, offset):
                 self._row_count += delta
                 written_keys += keys
                 written_values += values
-                for key, value in zip(keys, values, strict=True):
-                    if value is None:
-                        batch_write.delete(key)
-                    else:
-                        batch_write.put(key, value)
-                    applied += 1
+                applied += len(keys)
                 offset = header.next_offset
-            batch_write.put(APPLIED_OFFSET_KEY, _OFFSET.pack(offset), self._meta)
-            batch_write.put(ROW_COUNT_KEY, _OFFSET.pack(self._row_count), self._meta)
-            self._db.write(batch_write, self._write_options)
+            self._db.write(written_keys, written_values, _META_KEYS,
+                           (_OFFSET.pack(offset), _OFFSET.pack(self._row_count)))
             self._applied_offset = offset
             if self._cache is not None:
                 self._cache.put_many(self._cache_token, written_keys, written_values)
@@ -453,7 +470,10 @@ class KvTablet:
         if len(keys) < _SORTED_READ_MIN_KEYS:
             get = self._db.get
             return [get(key) for key in keys]
-        return kv_loops.read_in_key_order(self._db.get, keys)  # type: ignore[arg-type]  # get of a list is a multi-get
+        return kv_loops.read_in_key_order(self._sorted_multi_get, keys)
+
+    def _sorted_multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._db.multi_get(keys, sorted=True)
 
     def apply_durable(self) -> None:
         """Move every pre-write batch the log made durable into RocksDB, in order, with its offset.
@@ -466,12 +486,11 @@ class KvTablet:
         value last, and RocksDB applies a batch in order): the memtable inserts a sorted batch along one
         path of its skip list, which made a server's load and update ~15 % faster (docs/benchmarks.md).
         """
-        if not self._pending or self._closed:
-            return
+        if not self._pending or self._closed or self._applying is not None or self._writes_held:
+            return  # a write in flight applies what follows it when it is done
         high_watermark = self.log.high_watermark
         if self._pending[0].next_offset > high_watermark:
             return
-        write = rocksdict.WriteBatch(raw_mode=True)
         applied_to = self._applied_offset
         row_count = self._row_count
         durable_count = 0
@@ -486,29 +505,71 @@ class KvTablet:
             row_count += pending.row_count_delta
             durable_count += 1
         keys, values = kv_loops.in_key_order(keys, values)
-        for key, value in zip(keys, values, strict=True):
-            if value is None:
-                write.delete(key)
-            else:
-                write.put(key, value)
-        write.put(APPLIED_OFFSET_KEY, _OFFSET.pack(applied_to), self._meta)
-        write.put(ROW_COUNT_KEY, _OFFSET.pack(row_count), self._meta)
+        metas = (_OFFSET.pack(applied_to), _OFFSET.pack(row_count))
+        loop = _running_loop() if self._writer is not None else None
+        if loop is not None:
+            # Off the loop: the batches stay in the pre-write buffer (puts see them) until the write is done;
+            # lookups see the old values or the new, both committed.
+            self._applying = loop.run_in_executor(
+                self._writer, self._db.write, keys, values, _META_KEYS, metas
+            )
+            self._applying.add_done_callback(lambda done: self._written(done, durable_count, applied_to, row_count))
+            return
         try:
-            self._db.write(write, self._write_options)
+            self._db.write(keys, values, _META_KEYS, metas)
         except Exception as exc:
-            if self.failed is None:
-                log.error("%s: RocksDB write failed, the bucket refuses writes until it is reopened: %s",
-                          self.directory, exc)
-            self.failed = exc
-            raise KvStorageError(f"RocksDB write failed in {self.directory}: {exc}") from exc
-        # no await since the write: nothing else touched the buffers
-        if self._cache is not None:  # write-through, in log order: later batches win
+            raise self._write_failed(exc) from exc
+        self._applied(durable_count, applied_to, row_count)
+
+    def _write_failed(self, exc: Exception) -> KvStorageError:
+        if self.failed is None:
+            log.error("%s: RocksDB write failed, the bucket refuses writes until it is reopened: %s",
+                      self.directory, exc)
+        self.failed = exc
+        return KvStorageError(f"RocksDB write failed in {self.directory}: {exc}")
+
+    def _applied(self, durable_count: int, applied_to: int, row_count: int) -> None:
+        """The first ``durable_count`` pending batches are in RocksDB now."""
+        if self._cache is not None and not self._closed:  # write-through, in log order: later batches win
             for pending in self._pending[:durable_count]:
                 self._cache.put_many(self._cache_token, pending.keys, pending.values)
         del self._pending[:durable_count]
         self._pending_index = None
         self._applied_offset = applied_to
         self._row_count = row_count
+
+    def _written(self, done: asyncio.Future[None], durable_count: int, applied_to: int, row_count: int) -> None:
+        """A write by the writer finished (on the loop): account for it, answer the puts it covered, and
+        start the next one if more became committed meanwhile."""
+        self._applying = None
+        exc = done.exception() if not done.cancelled() else KvStorageError("the RocksDB write was cancelled")
+        waiters = self._apply_waiters
+        if exc is not None:
+            failure = self._write_failed(exc) if isinstance(exc, Exception) else KvStorageError(str(exc))
+            self._apply_waiters = []
+            for _, waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(failure)
+            return
+        self._applied(durable_count, applied_to, row_count)
+        self._apply_waiters = [(offset, waiter) for offset, waiter in waiters if offset > applied_to]
+        for offset, waiter in waiters:
+            if offset <= applied_to and not waiter.done():
+                waiter.set_result(None)
+        self._apply_committed()
+
+    async def create_checkpoint_settled(self, directory: Path) -> Checkpoint:
+        """:meth:`create_checkpoint` once the write in flight (if any) is done, holding back the next
+        meanwhile: the checkpoint then holds exactly the applied offset and row count it records."""
+        self._writes_held = True
+        try:
+            while self._applying is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._applying)
+            return self.create_checkpoint(directory)
+        finally:
+            self._writes_held = False
+            self._apply_committed()
 
     def stage_put(self, batches: Sequence[KvBatch], target_columns: Sequence[int] | None, now_ms: int) -> StagedPut:
         """One PutKv's batches of this bucket, appended in order up to the first that fails; the wait for
@@ -548,6 +609,8 @@ class KvTablet:
             failure = done.exception() if not done.cancelled() else asyncio.CancelledError()
             if failure is not None:
                 applied.set_exception(failure)
+            elif self._applied_offset < result.next_offset and (self._applying is not None or self._writes_held):
+                self._apply_waiters.append((result.next_offset, applied))  # committed; its write is in flight
             elif self._applied_offset < result.next_offset:  # committed, but RocksDB refused the write
                 applied.set_exception(KvStorageError(
                     f"RocksDB of {self.directory} did not take the write ({self.failed}); it is retried once "
@@ -568,38 +631,24 @@ class KvTablet:
         self._check_open()
         results: list[list[bytes]] = []
         for prefix in prefixes:
-            matches: list[bytes] = []
-            iterator = self._db.iter()
+            rows = self._db.iterator(prefix)
             try:
-                iterator.seek(prefix)
-                while iterator.valid() and len(matches) < limit_per_prefix:
-                    key = iterator.key()
-                    if not key.startswith(prefix):
-                        break
-                    matches.append(iterator.value())
-                    iterator.next()
+                matches: list[bytes] = rows.next(limit_per_prefix, prefix=prefix, keys=False)
             finally:
-                del iterator
+                rows.close()
             results.append(self._format.current_values(matches))  # type: ignore[arg-type]
         return results
 
     def limit_scan(self, limit: int, bytes_max: int | None = None) -> tuple[list[bytes], bool]:
         """The first ``limit`` values in key order, and whether ``bytes_max`` cut them short."""
         self._check_open()
-        values: list[bytes] = []
-        size = 0
-        iterator = self._db.iter()
+        rows = self._db.iterator()
         try:
-            iterator.seek_to_first()
-            while iterator.valid() and len(values) < limit:
-                value = iterator.value()
-                size += len(value)
-                if bytes_max is not None and size > bytes_max:
-                    return values, True
-                values.append(value)
-                iterator.next()
+            values: list[bytes] = rows.next(limit, bytes_max=bytes_max or 0, keys=False)
         finally:
-            del iterator
+            rows.close()
+        if bytes_max is not None and sum(map(len, values)) > bytes_max:
+            return self._format.current_values(values[:-1]), True  # type: ignore[arg-type,return-value]  # the row past the bound is left out
         return self._format.current_values(values), False  # type: ignore[arg-type,return-value]
 
     def open_scan(self) -> tuple[Iterator[bytes], int, bool]:
@@ -609,11 +658,12 @@ class KvTablet:
         is the applied offset at this same instant: every change below it is in the view, none above.
         """
         self._check_open()
-        values: Iterator[bytes] = self._db.values()
-        first = next(values, None)
-        if first is None:
+        rows = self._db.iterator()  # the view is fixed now
+        first = rows.next(SCAN_CHUNK_ROWS, keys=False)
+        if not first:
+            rows.close()
             return iter(()), self._applied_offset, True
-        values = itertools.chain((first,), values)
+        values: Iterator[bytes] = _chunked_values(rows, first)
         if self._format.upgrader is not None:  # rows of earlier schemas reach the client in the current one
             values = map(self._format.upgrader.value, values)
         return values, self._applied_offset, False
@@ -625,11 +675,10 @@ class KvTablet:
         return create_checkpoint(self._db, directory, self._applied_offset, self._row_count)
 
     def _flush_memtables(self) -> None:
-        self._db.flush(True)
-        self._db.get_column_family(META_COLUMN_FAMILY).flush(True)
+        self._db.flush()
 
     @property
-    def db(self) -> rocksdict.Rdict:
+    def db(self) -> KvDatabase:
         return self._db
 
     @property
@@ -653,9 +702,6 @@ class KvTablet:
             raise KvStorageError(f"kv tablet {self.directory} is closed")
 
     def _close_db(self) -> None:
-        # A live column-family handle keeps RocksDB open (and its LOCK held) after close(): drop it first,
-        # or the same process can never open this directory again (rebuild, reopen after a failed open).
-        self._meta = None  # type: ignore[assignment]
         if self._cache is not None:
             self._cache.close(self._cache_token)
         try:

@@ -1,4 +1,16 @@
-"""How strom opens a bucket's RocksDB: the options a live tablet and a read-only snapshot reader share.
+"""How strom opens a bucket's RocksDB: the options a live tablet and a read-only snapshot reader share, and
+the binding that opens it.
+
+Two bindings serve the same :class:`KvDatabase` interface:
+
+* ``native`` — strom's own binding over RocksDB's C API (``strom.kv._rocksdb``, RocksDB 9.10 built by
+  ``scripts/build-rocksdb.sh``): writes, multi-gets, iterator steps, flushes and checkpoints run without the
+  GIL, so a bucket's write overlaps the event loop's next request;
+* ``rocksdict`` — the PyPI binding (RocksDB 9.8), where the native one is not built (no compiler at install).
+
+Both open the same files with the same options: data written by one opens with the other. The binding is
+chosen once per process (:func:`use_binding`, from ``kv.rocksdb.binding``, or the environment variable
+``STROM_ROCKSDB_BINDING``); the server names it in its start-up line and its metrics.
 
 Its own module so that readers of snapshot files (strom's client, the tiering service's tasks) open a
 checkpoint exactly as the tablet that wrote it, without reaching into the tablet.
@@ -6,10 +18,22 @@ checkpoint exactly as the tablet that wrote it, without reaching into the tablet
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import rocksdict
+
+try:
+    import strom.kv._rocksdb as _native
+except ImportError:  # built without RocksDB (scripts/build-rocksdb.sh could not run): rocksdict serves
+    _native = None
+
+NATIVE_AVAILABLE = _native is not None
+BINDINGS = ("native", "rocksdict")
+BINDING_ENVIRONMENT = "STROM_ROCKSDB_BINDING"
 
 META_COLUMN_FAMILY = "strom_meta"
 META_WRITE_BUFFER_SIZE_BYTES = 64 << 20
@@ -38,9 +62,227 @@ class RocksDbOptions:
     """``kv.rocksdb.bloom-filter.bits-per-key``."""
 
 
-def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only: bool = False) -> rocksdict.Rdict:
-    """Open a bucket's RocksDB in raw mode (rocksdict pickles values by default)."""
+class RowIterator(Protocol):
+    """Rows of the default column family in key order, as of the iterator's creation."""
+
+    def next(self, count: int, prefix: bytes | None = None, bytes_max: int = 0, keys: bool = True) -> list:  # type: ignore[type-arg]
+        """Up to ``count`` rows from the current position: ``(key, value)`` tuples, or values when ``keys``
+        is false; stops before a key without ``prefix`` and after the row whose value passes ``bytes_max``
+        bytes read by this call (0: no bound). An empty list at the end."""
+
+    def close(self) -> None:
+        """Release the iterator's view of the database now."""
+
+
+class KvDatabase(Protocol):
+    """A bucket's RocksDB: the rows (default column family) and ``strom_meta``."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def multi_get(self, keys: Sequence[bytes], sorted: bool = False) -> list[bytes | None]:
+        """Values of ``keys`` in the order given (``sorted``: the keys are in byte order already)."""
+
+    def get_meta(self, key: bytes) -> bytes | None: ...
+
+    def put_meta(self, key: bytes, value: bytes) -> None: ...
+
+    def write(self, keys: Sequence[bytes], values: Sequence[bytes | None], meta_keys: Sequence[bytes],
+              meta_values: Sequence[bytes]) -> None:
+        """One atomic batch, in order (a later write of a key wins; a None value deletes the key), without
+        RocksDB's WAL (the changelog is the write-ahead record)."""
+
+    def iterator(self, start: bytes | None = None) -> RowIterator:
+        """Rows from ``start`` (the first row without it), as of now."""
+
+    def flush(self) -> None:
+        """Both column families' memtables to SST files, together, waiting for it."""
+
+    def checkpoint(self, directory: str) -> None:
+        """A consistent copy in the new ``directory`` (SST files hard-linked)."""
+
+    def close(self) -> None:
+        """Close (open iterators first); idempotent."""
+
+
+_binding = os.environ.get(BINDING_ENVIRONMENT) or ("native" if NATIVE_AVAILABLE else "rocksdict")
+
+
+def use_binding(name: str) -> str:
+    """Choose the binding for databases opened from now on in this process; returns the one in use.
+
+    ``auto`` keeps the environment's choice (``STROM_ROCKSDB_BINDING``), else the native binding where it
+    is built. Raises ValueError for an unknown name, or ``native`` where it is not built.
+    """
+    global _binding
+    if name == "auto":
+        name = os.environ.get(BINDING_ENVIRONMENT) or ("native" if NATIVE_AVAILABLE else "rocksdict")
+    if name not in BINDINGS:
+        raise ValueError(f"unknown RocksDB binding {name!r}; one of auto, {', '.join(BINDINGS)}")
+    if name == "native" and not NATIVE_AVAILABLE:
+        raise ValueError("the native RocksDB binding is not built here (scripts/build-rocksdb.sh, then reinstall)")
+    _binding = name
+    return name
+
+
+def binding() -> str:
+    """The binding databases are opened with now: ``native`` or ``rocksdict``."""
+    return _binding
+
+
+def rocksdb_version() -> str:
+    """The version of RocksDB behind the binding in use."""
+    if _binding == "native" and _native is not None:
+        return str(_native.ROCKSDB_VERSION)
+    return ROCKSDICT_ROCKSDB_VERSION
+
+
+def describe_binding() -> str:
+    """The binding and its RocksDB, for the server's start-up line."""
+    return f"RocksDB {rocksdb_version()} through the {_binding} binding"
+
+
+ROCKSDICT_ROCKSDB_VERSION = "9.8.4"
+"""The RocksDB rocksdict 0.3.29 bundles (its databases' LOG files name it)."""
+
+
+def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only: bool = False) -> KvDatabase:
+    """Open (creating it unless ``read_only``) a bucket's RocksDB with strom's options."""
     options = options or RocksDbOptions()
+    if not read_only:
+        path.mkdir(parents=True, exist_ok=True)  # RocksDB creates the last directory only
+    if _binding == "native" and _native is not None:
+        database: KvDatabase = _native.Database(
+            str(path),
+            block_cache_size=options.block_cache_size_bytes,
+            write_buffer_size=options.write_buffer_size_bytes,
+            write_buffer_count=options.write_buffer_count,
+            block_size=options.block_size_bytes,
+            bloom_bits_per_key=options.bloom_filter_bits_per_key if options.use_bloom_filter else 0.0,
+            memtable_bloom_ratio=MEMTABLE_BLOOM_RATIO,
+            meta_write_buffer_size=META_WRITE_BUFFER_SIZE_BYTES,
+            read_only=read_only,
+        )
+        return database
+    return RocksdictDatabase(path, options, read_only=read_only)
+
+
+def destroy_rocksdb(path: Path) -> None:
+    """Remove a closed database's files."""
+    if _binding == "native" and _native is not None:
+        _native.destroy(str(path))
+    else:
+        rocksdict.Rdict.destroy(str(path))
+
+
+class RocksdictDatabase:
+    """:class:`KvDatabase` over rocksdict (its put and write hold the GIL; multi-get does not)."""
+
+    def __init__(self, path: Path, options: RocksDbOptions, *, read_only: bool = False) -> None:
+        self._db = _open_rocksdict(path, options, read_only)
+        self._meta = self._db.get_column_family(META_COLUMN_FAMILY)
+        self._meta_handle = self._db.get_column_family_handle(META_COLUMN_FAMILY)
+        self._write_options = rocksdict.WriteOptions()
+        self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]  # a property at runtime
+        self._iterators: list[_RocksdictRows] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)  # type: ignore[no-any-return]
+
+    def multi_get(self, keys: Sequence[bytes], sorted: bool = False) -> list[bytes | None]:
+        try:
+            return self._db.get(list(keys))  # type: ignore[no-any-return,return-value]  # get of a list is a multi-get
+        except KeyError as exc:
+            raise TypeError(f"keys must be bytes: {exc}") from None
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        return self._meta.get(key)  # type: ignore[no-any-return]
+
+    def put_meta(self, key: bytes, value: bytes) -> None:
+        self._meta.put(key, value)
+
+    def write(self, keys: Sequence[bytes], values: Sequence[bytes | None], meta_keys: Sequence[bytes],
+              meta_values: Sequence[bytes]) -> None:
+        if len(keys) != len(values) or len(meta_keys) != len(meta_values):
+            raise ValueError("keys and values differ in length")
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        try:
+            for key, value in zip(keys, values, strict=True):
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+            for key, value in zip(meta_keys, meta_values, strict=True):
+                batch.put(key, value, self._meta_handle)
+        except KeyError as exc:  # rocksdict's answer to a key or value that is not bytes
+            raise TypeError(f"keys and values must be bytes: {exc}") from None
+        self._db.write(batch, self._write_options)
+
+    def iterator(self, start: bytes | None = None) -> _RocksdictRows:
+        rows = _RocksdictRows(self, start)
+        self._iterators.append(rows)
+        return rows
+
+    def flush(self) -> None:
+        self._db.flush(True)
+        self._meta.flush(True)
+
+    def checkpoint(self, directory: str) -> None:
+        rocksdict.Checkpoint(self._db).create_checkpoint(directory)
+
+    def close(self) -> None:
+        if self._meta is None:
+            return
+        # a live iterator or column-family handle keeps RocksDB open (and its LOCK held) after close()
+        for rows in list(self._iterators):
+            rows.close()
+        self._iterators.clear()
+        self._meta = self._meta_handle = None  # type: ignore[assignment]
+        self._db.close()
+
+
+class _RocksdictRows:
+    """Steps rocksdict's ``items()`` (one C call per row, several times faster than valid/key/value/next)."""
+
+    def __init__(self, owner: RocksdictDatabase, start: bytes | None) -> None:
+        self._owner: RocksdictDatabase | None = owner
+        self._items: Iterator[tuple[bytes, bytes]] | None = iter(owner._db.items(from_key=start))  # type: ignore[assignment]
+        self._held: tuple[bytes, bytes] | None = None  # read, but stopped before (outside the prefix)
+
+    def next(self, count: int, prefix: bytes | None = None, bytes_max: int = 0, keys: bool = True) -> list:  # type: ignore[type-arg]
+        items = self._items
+        if items is None:
+            raise KvDatabaseClosedError("the iterator is closed")
+        rows: list = []  # type: ignore[type-arg]
+        read = 0
+        while len(rows) < count:
+            item = self._held or next(items, None)
+            self._held = None
+            if item is None:
+                break
+            key, value = item
+            if prefix is not None and not key.startswith(prefix):
+                self._held = item
+                break
+            rows.append(item if keys else value)
+            read += len(value)
+            if bytes_max and read > bytes_max:
+                break
+        return rows
+
+    def close(self) -> None:
+        self._items = self._held = None
+        if self._owner is not None:
+            iterators = self._owner._iterators
+            if self in iterators:
+                iterators.remove(self)
+            self._owner = None
+
+
+class KvDatabaseClosedError(OSError):
+    """A call on a closed database or iterator (rocksdict binding; the native one raises RocksDbError)."""
+
+
+def _open_rocksdict(path: Path, options: RocksDbOptions, read_only: bool) -> rocksdict.Rdict:
     db_options = rocksdict.Options(raw_mode=True)
     db_options.create_if_missing(True)
     db_options.create_missing_column_families(True)

@@ -20,10 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import rocksdict
-
 from strom.fsync import fsync_path
 from strom.ids import TableBucket, TablePath
+from strom.kv.rocksdb import KvDatabase
 from strom.remote.storage import RemoteStorage
 
 METADATA_FILE_NAME = "_METADATA"
@@ -119,12 +118,12 @@ def bucket_remote_dir(path: TablePath, bucket: TableBucket) -> str:
     return f"{table_remote_dir(path, bucket.table_id, bucket.partition_id)}/{bucket.bucket}"
 
 
-def create_checkpoint(db: rocksdict.Rdict, directory: Path, log_offset: int, row_count: int) -> Checkpoint:
+def create_checkpoint(db: KvDatabase, directory: Path, log_offset: int, row_count: int) -> Checkpoint:
     """Hard-link a consistent copy of ``db`` into ``directory`` (which must not exist yet)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     if directory.exists():
         shutil.rmtree(directory)
-    rocksdict.Checkpoint(db).create_checkpoint(str(directory))
+    db.checkpoint(str(directory))
     return Checkpoint(directory, log_offset, row_count)
 
 

@@ -53,6 +53,7 @@ from strom.coordinator.role import CoordinatorRole
 from strom.coordinator.service import CoordinatorService
 from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
 from strom.ids import TableBucket
+from strom.kv import rocksdb
 from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.remote.storage import RemoteStorage
@@ -548,8 +549,8 @@ class TabletServerNode(_ClusterProcess):
         }
         await self._serve(handlers, self.catalog, tablets.scans.on_connection_closed)
         await self._register()
-        log.info("strom tablet server %d serving on %s:%d (ZooKeeper %s)", self.server_id, self.host, self.port,
-                 zookeeper)
+        log.info("strom tablet server %d serving on %s:%d (ZooKeeper %s, %s)", self.server_id, self.host, self.port,
+                 zookeeper, rocksdb.describe_binding())
 
     async def _register(self) -> None:
         """Register in ZooKeeper. After a crash the previous process's node lives until its session times

@@ -19,6 +19,7 @@ from strom.clock import Clock
 from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.coordinator.lake_tiering import UNKNOWN, LakeTableTieringManager
+from strom.kv import rocksdb
 from strom.rpc.server import RpcServer
 from strom.tablet.remote_log_manager import RemoteLogManager
 from strom.tablet.replica import Replica, ReplicaManager
@@ -57,6 +58,11 @@ class StromCollector(Collector):
         return list(self._families())
 
     def _families(self) -> Iterator[Metric]:
+        binding = GaugeMetricFamily("strom_kv_rocksdb_binding_info",
+                                    "The RocksDB binding this server opens its buckets with (value 1).",
+                                    labels=["binding", "rocksdb_version"])
+        binding.add_metric([rocksdb.binding(), rocksdb.rocksdb_version()], 1)
+        yield binding
         yield GaugeMetricFamily("strom_kv_snapshot_lease_count", "KV snapshot leases held.", value=self._leases.lease_count)
         yield GaugeMetricFamily(
             "strom_kv_snapshot_unreadable_lease_count",

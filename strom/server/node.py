@@ -56,6 +56,7 @@ from strom.coordinator.role import CoordinatorRole
 from strom.coordinator.service import CoordinatorService
 from strom.errors import InvalidConfigError
 from strom.ids import TableBucket
+from strom.kv import rocksdb
 from strom.kv.scan import ScannerConfig
 from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
@@ -308,8 +309,8 @@ class StromServer:
                 self._table_name, role.lake_tiering, self.clock, lambda: tablets.remote_logs,
             )
             self._metrics_server, self.metrics_port = serve_metrics(self.host, metrics_port, collector)
-        log.info("strom serving on %s:%d (data in %s, remote storage %s)", self.host, self.port,
-                 self.paths.data_dir, self.remote_root)
+        log.info("strom serving on %s:%d (data in %s, remote storage %s, %s)", self.host, self.port,
+                 self.paths.data_dir, self.remote_root, rocksdb.describe_binding())
 
     def _lake_warehouse(self, configured: str | None) -> str:
         return lake_warehouse(configured, self.paths)

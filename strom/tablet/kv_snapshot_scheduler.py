@@ -200,7 +200,7 @@ class KvSnapshotScheduler:
         remote_dir = bucket_remote_dir(replica.table.path, replica.bucket)
         leader_epoch = replica.leader_epoch  # the epoch its content was written under
         try:
-            checkpoint = kv.create_checkpoint(local)
+            checkpoint = await kv.create_checkpoint_settled(local)
             completed = await asyncio.to_thread(
                 upload_checkpoint,
                 checkpoint,

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
 from strom.config import (
+    KV_ROCKSDB_BINDING,
     KV_ROCKSDB_BLOCK_CACHE_SIZE,
     KV_ROCKSDB_BLOCK_SIZE,
     KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY,
@@ -39,6 +42,7 @@ from strom.errors import (
     UnknownTableOrBucketError,
 )
 from strom.ids import TableBucket
+from strom.kv import rocksdb
 from strom.kv.auto_increment import IdCounter
 from strom.kv.kv_tablet import KvConfig, KvRestoreNeededError, KvTablet, reset_instance_id
 from strom.kv.rocksdb import RocksDbOptions
@@ -55,6 +59,8 @@ from strom.remote.storage import RemoteStorage
 log = logging.getLogger(__name__)
 
 RECOVERY_INTERVAL_S = 1.0
+ROCKSDB_WRITER_THREADS = min(4, os.cpu_count() or 1)
+"""Buckets whose RocksDB writes run at the same time (each bucket writes one batch at a time, in order)."""
 RECOVERY_FREE_BYTES_MIN = 16 << 20
 """A failed bucket is reopened only when its disk has this much room: reopening needs some, and closing
 it while the disk is still full would stop its reads too."""
@@ -68,6 +74,7 @@ class ReplicaStorage(Protocol):
     log_config: LogConfig
     id_counter: IdCounter | None
     row_cache: RowCache
+    rocksdb_writer: Executor | None
 
     def row_format(self, table: TableInfo) -> TableRowFormat: ...
 
@@ -176,7 +183,7 @@ class Replica:
         def open_tablet() -> KvTablet:
             return KvTablet(
                 kv_dir, log_tablet, self._storage.row_format(self.table), self._storage.kv_config(self.table),
-                self._storage.id_counter, self._storage.row_cache,
+                self._storage.id_counter, self._storage.row_cache, self._storage.rocksdb_writer,
             )
 
         if not (kv_dir / "rocksdb").exists() and self._storage.restore_from_snapshot(self, log_tablet, kv_dir):
@@ -284,6 +291,7 @@ class ReplicaManager:
             flush_interval_messages=config.get(LOG_FLUSH_INTERVAL_MESSAGES),
             writer_expiration_ms=config.get_ms(WRITER_ID_EXPIRATION_TIME),
         )
+        rocksdb.use_binding(config.get(KV_ROCKSDB_BINDING))  # one binding per process, chosen at start
         self._rocksdb = RocksDbOptions(
             block_cache_size_bytes=config.get(KV_ROCKSDB_BLOCK_CACHE_SIZE),
             write_buffer_size_bytes=config.get(KV_ROCKSDB_WRITE_BUFFER_SIZE),
@@ -295,6 +303,11 @@ class ReplicaManager:
         configured = config.get(KV_ROW_CACHE_SIZE)
         self.row_cache = RowCache(default_capacity_bytes() if configured is None else configured)
         """Current rows of every primary-key bucket hosted here (``kv.row-cache.size``)."""
+        self.rocksdb_writer: Executor | None = None
+        """Threads writing the buckets' committed batches to RocksDB while the event loop goes on; only with
+        a binding whose write releases the GIL (with rocksdict a thread would stop the loop all the same)."""
+        if rocksdb.binding() == "native":
+            self.rocksdb_writer = ThreadPoolExecutor(ROCKSDB_WRITER_THREADS, thread_name_prefix="strom-rocksdb-write")
         self._replicas: dict[TableBucket, Replica] = {}
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
         self.before_reopen = before_reopen
@@ -417,3 +430,5 @@ class ReplicaManager:
         for replica in self._replicas.values():
             replica.close()
         self._replicas.clear()
+        if self.rocksdb_writer is not None:
+            self.rocksdb_writer.shutdown(wait=True)

@@ -19,6 +19,7 @@ import fluss
 import pyarrow as pa
 import pytest
 
+from strom.kv import rocksdb
 from tests.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,5 +79,9 @@ def test_the_wheel_s_server_serves_pyfluss(clean_install: Path, tmp_path: Path) 
                 await connection.close()
 
         assert asyncio.run(write_and_read()) == {"id": 7, "name": "seven"}
+        # the wheel carries the RocksDB binding the checkout was built with (make install builds the native one
+        # where it can; a plain wheel build takes it from the same cache)
+        expected = "native" if rocksdb.NATIVE_AVAILABLE else "rocksdict"
+        assert f"through the {expected} binding" in server.log_text()
     finally:
         assert server.stop() == 0, server.log_text()[-3000:]
