@@ -171,11 +171,11 @@ def gil_and_overlap(root: Path, binding: str, keys: list[bytes], values: list[by
         else:
             write_options = rocksdict.WriteOptions()
             write_options.disable_wal = True  # type: ignore[method-assign,assignment]
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            for key, value in zip(keys, values, strict=True):
-                batch.put(key, value)
 
-            def write() -> None:
+            def write() -> None:  # the whole write path of the binding: the batch is built, then written
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                for key, value in zip(keys, values, strict=True):
+                    batch.put(key, value)
                 db._db.write(batch, write_options)
         ordered = sorted(keys)
         return gil_share(write), gil_share(lambda: db.multi_get(ordered, sorted=True)), overlap(write)

@@ -134,9 +134,10 @@ RocksDB (the hot run leaves ``kv.row-cache.size`` at its default, which holds th
 
 
 def run_strom(load: pa.Table, update: pa.Table, lookups: list[int], singles: int, round_: int,
-              row_cache: str | None = None) -> dict[str, Any]:
+              row_cache: str | None = None, binding: str = "auto") -> dict[str, Any]:
     results: dict[str, Any] = {}
-    config = {"kv.snapshot.interval": "0s", **({"kv.row-cache.size": row_cache} if row_cache else {})}
+    config = {"kv.snapshot.interval": "0s", "kv.rocksdb.binding": binding,
+              **({"kv.row-cache.size": row_cache} if row_cache else {})}
     with BenchServer(config) as server:
         for image in ("FULL", "WAL"):
             name = f"peers_{image.lower()}_{round_}"
@@ -350,7 +351,11 @@ def main() -> None:
     parser.add_argument("--lookups", type=int, default=100_000)
     parser.add_argument("--singles", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--bindings", default="auto",
+                        help="strom's RocksDB bindings to measure, comma-separated (native,rocksdict: an A/B in one "
+                             "run, alternating each round); default: the server's own choice")
     args = parser.parse_args()
+    bindings = args.bindings.split(",")
     missing = postgres_unavailable()
     if missing:
         print(f"peers_bench: skipped, {missing}.")
@@ -359,13 +364,16 @@ def main() -> None:
     rng = random.Random(13)
     lookups = [rng.randrange(args.rows) for _ in range(args.lookups)]
     singles = min(args.singles, args.lookups)
-    stroms, colds, postgreses = [], [], []
+    hot: dict[str, list[dict[str, Any]]] = {binding: [] for binding in bindings}
+    cold: dict[str, list[dict[str, Any]]] = {binding: [] for binding in bindings}
+    postgreses, round_trips = [], []
     bin_dir = postgres_binaries()
     assert bin_dir is not None
     for round_ in range(args.rounds):
-        stroms.append(run_strom(load, update, lookups, singles, round_))
-        stroms[-1]["round_trips"] = python_round_trips(singles)
-        colds.append(run_strom(load, update, lookups, singles, round_, COLD_CACHE))
+        for binding in bindings:
+            hot[binding].append(run_strom(load, update, lookups, singles, round_, binding=binding))
+            cold[binding].append(run_strom(load, update, lookups, singles, round_, COLD_CACHE, binding))
+        round_trips.append(python_round_trips(singles))
         with BenchPostgres(bin_dir) as pg:
             postgreses.append(run_postgres(pg, load, update, lookups, singles))
 
@@ -385,32 +393,35 @@ def main() -> None:
         ("PostgreSQL COPY + INSERT ON CONFLICT, update",
          f"{pg_update:,.0f} rows/s{spread([r['write'][1] for r in postgreses])}"),
     ]
-    for runs, cache in ((stroms, "row cache hot"), (colds, f"row cache cold ({COLD_CACHE})")):
-        for image in ("FULL", "WAL"):
-            for index, (what, pg_rate) in enumerate((("load", pg_load), ("update", pg_update))):
-                rates = [r[image][index] for r in runs]
-                rate = med(rates)
-                lines.append((f"strom client, Arrow batches, {image} image, {what}, {cache}",
-                              f"{rate:,.0f} rows/s  strom/PostgreSQL {rate / pg_rate:.2f}{spread(rates)}"))
-    official = med([r["pyfluss"] for r in stroms])
-    lines.append(("pyfluss row by row (FULL image), load",
-                  f"{official:,.0f} rows/s  strom/PostgreSQL {official / pg_load:.2f}{spread([r['pyfluss'] for r in stroms])}"))
-    batched = med([r["lookups"][0] for r in stroms])
-    cold_batched = med([r["lookups"][0] for r in colds])
-    lines += [
-        ("PostgreSQL = ANY of 1 000 keys", f"{pg_batched:,.0f} keys/s{spread([r['lookups'][0] for r in postgreses])}"),
-        ("strom lookup_arrow of 1 000 keys, row cache hot",
-         f"{batched:,.0f} keys/s  strom/PostgreSQL {batched / pg_batched:.2f}{spread([r['lookups'][0] for r in stroms])}"),
-        ("strom lookup_arrow of 1 000 keys, row cache cold",
-         f"{cold_batched:,.0f} keys/s  strom/PostgreSQL {cold_batched / pg_batched:.2f}"),
-        ("single lookups p50 / p99: PostgreSQL prepared SELECT",
-         f"{median(pg_lat):.0f} / {percentile(pg_lat, 0.99):.0f} µs"),
-    ]
-    for label, index in (("strom asyncio lookuper", 1), ("strom blocking lookuper", 2)):
-        latencies = [x for r in stroms for x in r["lookups"][index]]
-        lines.append((f"single lookups p50 / p99: {label}",
-                      f"{median(latencies):.0f} / {percentile(latencies, 0.99):.0f} µs"))
-    floor = [x for r in stroms for x in r["round_trips"]]
+    lines += [("PostgreSQL = ANY of 1 000 keys", f"{pg_batched:,.0f} keys/s{spread([r['lookups'][0] for r in postgreses])}"),
+              ("single lookups p50 / p99: PostgreSQL prepared SELECT",
+               f"{median(pg_lat):.0f} / {percentile(pg_lat, 0.99):.0f} µs")]
+    for binding in bindings:
+        tag = "" if bindings == ["auto"] else f" [{binding}]"
+        stroms, colds = hot[binding], cold[binding]
+        for runs, cache in ((stroms, "row cache hot"), (colds, f"row cache cold ({COLD_CACHE})")):
+            for image in ("FULL", "WAL"):
+                for index, (what, pg_rate) in enumerate((("load", pg_load), ("update", pg_update))):
+                    rates = [r[image][index] for r in runs]
+                    rate = med(rates)
+                    lines.append((f"strom client, Arrow batches, {image} image, {what}, {cache}{tag}",
+                                  f"{rate:,.0f} rows/s  strom/PostgreSQL {rate / pg_rate:.2f}{spread(rates)}"))
+        official = [r["pyfluss"] for r in stroms]
+        lines.append((f"pyfluss row by row (FULL image), load{tag}",
+                      f"{med(official):,.0f} rows/s  strom/PostgreSQL {med(official) / pg_load:.2f}{spread(official)}"))
+        batched = [r["lookups"][0] for r in stroms]
+        cold_batched = med([r["lookups"][0] for r in colds])
+        lines += [
+            (f"strom lookup_arrow of 1 000 keys, row cache hot{tag}",
+             f"{med(batched):,.0f} keys/s  strom/PostgreSQL {med(batched) / pg_batched:.2f}{spread(batched)}"),
+            (f"strom lookup_arrow of 1 000 keys, row cache cold{tag}",
+             f"{cold_batched:,.0f} keys/s  strom/PostgreSQL {cold_batched / pg_batched:.2f}"),
+        ]
+        for label, index in (("strom asyncio lookuper", 1), ("strom blocking lookuper", 2)):
+            latencies = [x for r in stroms for x in r["lookups"][index]]
+            lines.append((f"single lookups p50 / p99: {label}{tag}",
+                          f"{median(latencies):.0f} / {percentile(latencies, 0.99):.0f} µs"))
+    floor = [x for trips in round_trips for x in trips]
     lines.append(("floor: Python socket round trip to a uvloop echo server, p50 / p99",
                   f"{median(floor):.0f} / {percentile(floor, 0.99):.0f} µs"))
     report(f"strom against PostgreSQL, {args.rows:,} rows (id BIGINT PK + 100-char string), {BATCH_ROWS:,}-row "

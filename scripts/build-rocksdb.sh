@@ -98,7 +98,14 @@ mkdir -p "$CACHE_ROOT"
 WORK=$(mktemp -d "$CACHE_ROOT/rocksdb-build.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-if ! curl -sSfL --retry 3 -o "$WORK/$TARBALL" "$URL"; then
+download() {  # curl where there is one, else Python's urllib
+    if command -v curl > /dev/null; then
+        curl -sSfL --retry 3 -o "$2" "$1"
+    else
+        python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "$1" "$2"
+    fi
+}
+if ! download "$URL" "$WORK/$TARBALL"; then
     say "could not download $URL (strom uses rocksdict)"
     exit 0
 fi
