@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-BUILD_INPUTS := pyproject.toml setup.py scripts/install-zookeeper.sh scripts/build-rocksdb.sh $(wildcard strom/rpc/proto/*.proto) $(wildcard strom/*/native/*.c)
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard scripts/*.sh) $(wildcard strom/rpc/proto/*.proto) $(wildcard strom/*/native/*.c)
 
 NEMESIS_SEEDS ?= 1-100
 NEMESIS_FAULTS ?= 12

@@ -72,25 +72,11 @@ for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2> /dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-    if ! command -v apt-get > /dev/null; then
-        say "no apt-get; install ${missing[*]} yourself to build the binding (strom uses rocksdict)"
+    # shellcheck source=scripts/apt-install.sh
+    . "$(dirname "$0")/apt-install.sh"
+    if ! apt_install "${missing[@]}"; then
+        say "the build needs ${missing[*]} (strom uses rocksdict)"
         exit 0
-    fi
-    if [ "$(id -u)" -eq 0 ]; then
-        SUDO=()
-    elif command -v sudo > /dev/null && sudo -n true 2> /dev/null; then
-        SUDO=(sudo -n)
-    else
-        say "not root and no password-less sudo; run: sudo apt-get install ${missing[*]}"
-        exit 0
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    if ! "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" > /dev/null 2>&1; then
-        "${SUDO[@]}" apt-get update -q > /dev/null 2>&1 || true
-        if ! "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" > /dev/null; then
-            say "apt-get could not install ${missing[*]} (strom uses rocksdict)"
-            exit 0
-        fi
     fi
 fi
 
