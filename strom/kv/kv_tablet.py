@@ -560,12 +560,15 @@ class KvTablet:
 
     async def create_checkpoint_settled(self, directory: Path) -> Checkpoint:
         """:meth:`create_checkpoint` once the write in flight (if any) is done, holding back the next
-        meanwhile: the checkpoint then holds exactly the applied offset and row count it records."""
+        meanwhile: the checkpoint then holds exactly the applied offset and row count it records. With a
+        writer, the memtable flush and the checkpoint run on it, so the event loop serves meanwhile."""
         self._writes_held = True
         try:
             while self._applying is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._applying)
+            if self._writer is not None:  # the flush and the hard links run off the loop, as the writes do
+                return await asyncio.get_running_loop().run_in_executor(self._writer, self.create_checkpoint, directory)
             return self.create_checkpoint(directory)
         finally:
             self._writes_held = False
