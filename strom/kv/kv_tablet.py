@@ -107,7 +107,7 @@ class _PendingBatch:
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
-    except RuntimeError:  # opened off the loop (a recovery on a worker thread): the write runs here
+    except RuntimeError:  # called off an event loop (a tablet opened and caught up on a thread): write here
         return None
 
 
