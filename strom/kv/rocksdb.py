@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Protocol
 
 import rocksdict
@@ -104,7 +105,12 @@ class KvDatabase(Protocol):
         """Close (open iterators first); idempotent."""
 
 
-_binding = os.environ.get(BINDING_ENVIRONMENT) or ("native" if NATIVE_AVAILABLE else "rocksdict")
+def _automatic_binding() -> str:
+    """``auto``: the environment's choice, else the native binding where it is built."""
+    return os.environ.get(BINDING_ENVIRONMENT) or ("native" if NATIVE_AVAILABLE else "rocksdict")
+
+
+_binding = _automatic_binding()
 
 
 def use_binding(name: str) -> str:
@@ -115,7 +121,7 @@ def use_binding(name: str) -> str:
     """
     global _binding
     if name == "auto":
-        name = os.environ.get(BINDING_ENVIRONMENT) or ("native" if NATIVE_AVAILABLE else "rocksdict")
+        name = _automatic_binding()
     if name not in BINDINGS:
         raise ValueError(f"unknown RocksDB binding {name!r}; one of auto, {', '.join(BINDINGS)}")
     if name == "native" and not NATIVE_AVAILABLE:
@@ -129,11 +135,15 @@ def binding() -> str:
     return _binding
 
 
+def _native_in_use() -> ModuleType | None:
+    """The native binding's module while it is the one in use."""
+    return _native if _binding == "native" else None
+
+
 def rocksdb_version() -> str:
     """The version of RocksDB behind the binding in use."""
-    if _binding == "native" and _native is not None:
-        return str(_native.ROCKSDB_VERSION)
-    return ROCKSDICT_ROCKSDB_VERSION
+    native = _native_in_use()
+    return ROCKSDICT_ROCKSDB_VERSION if native is None else str(native.ROCKSDB_VERSION)
 
 
 def describe_binding() -> str:
@@ -150,8 +160,9 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
     options = options or RocksDbOptions()
     if not read_only:
         path.mkdir(parents=True, exist_ok=True)  # RocksDB creates the last directory only
-    if _binding == "native" and _native is not None:
-        database: KvDatabase = _native.Database(
+    native = _native_in_use()
+    if native is not None:
+        database: KvDatabase = native.Database(
             str(path),
             block_cache_size=options.block_cache_size_bytes,
             write_buffer_size=options.write_buffer_size_bytes,
@@ -168,8 +179,9 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
 
 def destroy_rocksdb(path: Path) -> None:
     """Remove a closed database's files."""
-    if _binding == "native" and _native is not None:
-        _native.destroy(str(path))
+    native = _native_in_use()
+    if native is not None:
+        native.destroy(str(path))
     else:
         rocksdict.Rdict.destroy(str(path))
 
