@@ -564,9 +564,14 @@ class KvTablet:
         writer, the memtable flush and the checkpoint run on it, so the event loop serves meanwhile."""
         self._writes_held = True
         try:
-            while self._applying is not None:
+            while (applying := self._applying) is not None:
+                if applying.done():
+                    # Its accounting (_written, a done callback) is queued on the loop: awaiting a done future
+                    # would not yield, and this loop would spin without ever letting it run.
+                    await asyncio.sleep(0)
+                    continue
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._applying)
+                    await asyncio.shield(applying)
             if self._writer is not None:  # the flush and the hard links run off the loop, as the writes do
                 return await asyncio.get_running_loop().run_in_executor(self._writer, self.create_checkpoint, directory)
             return self.create_checkpoint(directory)

@@ -113,6 +113,31 @@ async def test_a_checkpoint_records_exactly_what_it_holds(tmp_path: Path, writer
         bucket.close()
 
 
+@pytest.mark.timeout(60)
+async def test_a_checkpoint_taken_between_a_write_ending_and_its_accounting_waits_for_it(
+        tmp_path: Path, rocksdb_binding: str) -> None:
+    """The write in flight can be done while its accounting (a callback the loop runs next) is still queued:
+    the checkpoint yields to the loop for it instead of spinning on the done write, which never lets it run."""
+    with ThreadPoolExecutor(1, thread_name_prefix="test-rocksdb-write") as one_writer:
+        bucket = WriterBucket(tmp_path / "bucket", one_writer)
+        try:
+            put = asyncio.ensure_future(bucket.put_acknowledged(*((j, ("x", j)) for j in range(50))))
+            for _ in range(1_000):  # until the put is committed and its write handed to the writer
+                if bucket.kv._applying is not None:
+                    break
+                await asyncio.sleep(0)
+            write = bucket.kv._applying
+            assert write is not None
+            one_writer.submit(lambda: None).result()  # the one writer thread has finished the write
+            await asyncio.sleep(0)  # the loop marks the write done now and queues its accounting behind this task
+            assert write.done() and bucket.kv._applying is write
+            checkpoint = await bucket.kv.create_checkpoint_settled(tmp_path / "checkpoint")
+            assert (checkpoint.log_offset, checkpoint.row_count) == (50, 50)
+            await put
+        finally:
+            bucket.close()
+
+
 class FailingWrites:
     """A database whose writes fail from now on (a full disk), reads untouched."""
 
