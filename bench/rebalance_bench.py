@@ -27,7 +27,7 @@ import pyarrow as pa
 from bench.harness import report
 from strom.client import Connection, GoalType, Schema, ServerTag, TableBucket, TableDescriptor, TablePath
 from strom.server.local_cluster import LocalCluster
-from strom.zk.bucket_state import BucketStates
+from strom.zk.bucket_state import ZooKeeperBucketStates
 from strom.zk.metadata_store import connect_kazoo, parse_location
 
 BIG = TablePath("fluss", "big")
@@ -77,7 +77,7 @@ async def tag_follower_and_create_probe(local: LocalCluster) -> int:
         hosts, root = parse_location(local.zookeeper_address)
         client = connect_kazoo(hosts, 10_000)
         try:
-            state = BucketStates(client, root).get(TableBucket(table_id, 0))
+            state = ZooKeeperBucketStates(client, root).get(TableBucket(table_id, 0))
         finally:
             client.stop()
             client.close()

@@ -167,6 +167,12 @@ ZOOKEEPER_ADDRESS = string_option(
     "ACLs) in ZooKeeper at `HOST:PORT[,HOST:PORT…][/ROOT]` (the root is `/fluss` when none is given) "
     "instead of the SQLite file in `data.dir`; needs the `zookeeper` extra (kazoo). Unset: SQLite.",
 )
+METADATA_SQLITE_PATH = string_option(
+    "metadata.sqlite.path", None,
+    "The SQLite file a coordinator and tablet servers on one machine share for the cluster metadata and "
+    "membership (live servers, bucket leaders, the active coordinator) instead of ZooKeeper: what "
+    "`strom server --workers N` sets for its processes. Ignored when `zookeeper.address` is set.",
+)
 ZOOKEEPER_AUTH_DIGEST = string_option(
     "zookeeper.auth.digest", None,
     "`user:password`: the identity strom's servers act as in ZooKeeper (its digest scheme). Every node they "

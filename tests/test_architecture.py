@@ -22,7 +22,7 @@ FLOORS: list[set[str]] = [
     {BASE},
     {"records", "remote"},
     {"rpc", "log", "metadata"},
-    {"kv", "lake", "security"},
+    {"kv", "lake", "security", "membership"},
     {"zk"},
     {"coordinator", "tablet", "client"},
     {"server", "spark", "tiering"},
@@ -188,11 +188,12 @@ def _loaded_at_import(module: str) -> set[str]:
 
 
 def test_the_load_check_follows_module_level_imports() -> None:
-    """The checker itself: the cluster's process module loads ZooKeeper's pieces at import."""
-    assert "strom.zk.registry" in _loaded_at_import("strom.server.cluster_node")
+    """The checker itself: the local cluster's module loads ZooKeeper's throw-away server at import."""
+    assert "strom.zk.zookeeper_server" in _loaded_at_import("strom.server.local_cluster")
 
 
-@pytest.mark.parametrize("entry", ["strom.server.node", "strom.client", "strom.tiering.driver", "strom.spark.source"])
+@pytest.mark.parametrize("entry", ["strom.server.node", "strom.server.cluster_node", "strom.client",
+                                   "strom.tiering.driver", "strom.spark.source"])
 def test_the_embedded_server_and_clients_load_nothing_of_zookeeper(entry: str) -> None:
     """kazoo is an optional extra: ``strom server`` (embedded store) and the clients must start without it."""
     assert sorted(m for m in _loaded_at_import(entry) if m.startswith("strom.zk")) == []

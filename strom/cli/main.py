@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -89,14 +90,48 @@ def _node_options(function: Any) -> Any:
     return function
 
 
+def _workers(_context: click.Context, _param: click.Parameter, value: str) -> int:
+    if value == "auto":
+        return os.cpu_count() or 1
+    if not value.isdigit() or not 1 <= int(value) <= 256:
+        raise click.BadParameter(f"a count of processes from 1 to 256, or auto (one per core), not {value!r}")
+    return int(value)
+
+
 @main.command()
+@click.option("--workers", default="1", show_default=True, callback=_workers, metavar="N|auto",
+              help="Tablet-server processes behind one coordinator on the embedded metadata store, to serve from "
+                   "N cores; auto: one per core. 1: one process holds both roles.")
 @_node_options
-def server(bind: str | None, data_dir: Path | None, config_file: Path | None, defines: tuple[str, ...],
-           log_level: str) -> None:
+def server(workers: int, bind: str | None, data_dir: Path | None, config_file: Path | None,
+           defines: tuple[str, ...], log_level: str) -> None:
     """Run a single-node cluster (coordinator and tablet server) in the foreground until SIGTERM/SIGINT."""
     from strom.server.node import StromServer
+    from strom.server.workers import check_layout
 
-    _run_node(StromServer, "strom", bind, data_dir, config_file, defines, log_level)
+    if workers == 1:
+        directory = _node_config(bind, data_dir, config_file, defines)[2]
+        try:
+            check_layout(directory, 1)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
+        _run_node(StromServer, "strom", bind, data_dir, config_file, defines, log_level)
+        return
+    _run_workers(workers, bind, data_dir, config_file, defines, log_level)
+
+
+def _run_workers(workers: int, bind: str | None, data_dir: Path | None, config_file: Path | None,
+                 defines: tuple[str, ...], log_level: str) -> None:
+    from strom.server.workers import run_workers
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config, (host, port), directory = _node_config(bind, data_dir, config_file, defines)
+    settings = {key: str(value) for key, value in config.items() if key not in (BIND_LISTENERS.key, DATA_DIR.key)}
+    try:
+        code = run_workers(directory, workers, host, port, settings, lambda line: click.echo(line, err=True))
+    except (ValueError, RuntimeError) as exc:
+        raise click.ClickException(f"cannot start: {exc}") from exc
+    sys.exit(code)
 
 
 @main.command()
@@ -122,9 +157,10 @@ def tablet_server(server_id: int | None, bind: str | None, data_dir: Path | None
     _run_node(TabletServerNode, "strom tablet server", bind, data_dir, config_file, defines, log_level)
 
 
-def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | None, config_file: Path | None,
-              defines: tuple[str, ...], log_level: str) -> None:
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _node_config(bind: str | None, data_dir: Path | None, config_file: Path | None,
+                 defines: tuple[str, ...]) -> tuple[dict[str, Any], tuple[str, int], Path]:
+    """The settings of a server process from its options: the config keys, the main listener's address and
+    the data directory."""
     values = _load_config(config_file, defines)
     if bind is not None:
         configured = str(values.get(BIND_LISTENERS.key) or "")
@@ -139,8 +175,17 @@ def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | Non
         config = Configuration(values)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    host, port = _parse_address(config.get(BIND_LISTENERS) or "127.0.0.1:9123")
-    directory = Path(config.get(DATA_DIR) or "strom-data")
+    address = _parse_address(config.get(BIND_LISTENERS) or "127.0.0.1:9123")
+    return values, address, Path(config.get(DATA_DIR) or "strom-data")
+
+
+def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | None, config_file: Path | None,
+              defines: tuple[str, ...], log_level: str) -> None:
+    from strom.server.workers import watch_supervisor
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    values, (host, port), directory = _node_config(bind, data_dir, config_file, defines)
+    config = Configuration(values)
     unknown = sorted(k for k in values if k not in ALL_OPTIONS and not k.startswith("datalake."))
     if unknown:
         logging.getLogger("strom").warning("ignoring unknown config keys: %s", ", ".join(unknown))
@@ -164,9 +209,11 @@ def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | Non
             await node.stop()
             raise click.ClickException(f"cannot start: {exc}") from exc
         click.echo(f"{what} listening on {host}:{node.port}, data in {directory}", err=True)
+        supervisor = asyncio.create_task(watch_supervisor(node.request_stop))
         try:
             await node.serve_forever()
         finally:
+            supervisor.cancel()
             await node.stop()
             exit_codes.append(getattr(node, "exit_code", 0))
 

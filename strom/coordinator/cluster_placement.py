@@ -11,11 +11,11 @@ from collections.abc import Callable
 from strom.coordinator.placement import BucketHealth, BucketLeadership, LiveServers, replica_assignment
 from strom.errors import InvalidReplicationFactorError
 from strom.ids import TableBucket
+from strom.membership.contract import BucketStates, LeaderAndIsr
 from strom.metadata.rebalance_plan import decode_tags
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
 from strom.rpc.peers import ServerNode
-from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 
 
 class ClusterPlacement:

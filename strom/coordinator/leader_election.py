@@ -19,11 +19,10 @@ from collections.abc import Callable
 from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.placement import placed_tables
 from strom.ids import TableBucket
+from strom.membership.contract import NO_LEADER, BucketStates, LeaderAndIsr, ServerRegistry
 from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
-from strom.zk.bucket_state import NO_LEADER, BucketStates, LeaderAndIsr
-from strom.zk.registry import TabletServerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class LeaderElector:
         self,
         store: MetadataStore,
         states: BucketStates,
-        registry: TabletServerRegistry,
+        registry: ServerRegistry,
         tablets: TabletServerGateway,
         table_of: Callable[[int], TableInfo | None],
     ) -> None:

@@ -24,10 +24,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from strom.ids import TableBucket
+from strom.membership.contract import BucketStates, LeaderAndIsr
 from strom.metadata.off_loop import off_loop
 from strom.metadata.rebalance_plan import BucketMove, RebalanceStatus
 from strom.metadata.table_info import TableInfo
-from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,14 @@
 """The two processes of a strom cluster: :class:`CoordinatorNode` (``strom coordinator``) and
-:class:`TabletServerNode` (``strom tablet-server``), sharing their metadata through ZooKeeper.
+:class:`TabletServerNode` (``strom tablet-server``), sharing their metadata and membership through ZooKeeper
+or, with every process on one machine, through a shared SQLite file (:mod:`strom.server.cluster_membership`).
 
 The coordinator owns the catalog, bucket placement, KV snapshot records, leases and retention, the lake
-tiering manager and ACLs; it publishes its address (``/coordinators/active``) and tells tablet servers
-what changed. A tablet server registers itself (``/tabletservers/ids/<id>``), hosts the buckets assigned
-to it, and serves their logs and KV state; it reads table definitions and assignments from ZooKeeper and
-commits KV snapshots through the coordinator. Both answer metadata requests, so a client may bootstrap
-from either. ``strom server`` (:class:`strom.server.node.StromServer`) stays the one-process default.
+tiering manager and ACLs; it publishes its address (the active coordinator's entry) and tells tablet servers
+what changed. A tablet server registers itself, hosts the buckets assigned to it, and serves their logs and
+KV state; it reads table definitions and assignments from the store and commits KV snapshots through the
+coordinator. Both answer metadata requests, so a client may bootstrap from either. ``strom server``
+(:class:`strom.server.node.StromServer`) stays the one-process default; ``strom server --workers N`` runs
+this pair of roles as N + 1 processes (:mod:`strom.server.workers`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,6 @@ from strom.config import (
     TABLET_SERVER_CONTROLLED_SHUTDOWN_RETRY_INTERVAL,
     TABLET_SERVER_ID,
     TABLET_SERVER_RACK,
-    ZOOKEEPER_ADDRESS,
-    ZOOKEEPER_SESSION_TIMEOUT,
     Configuration,
     DynamicConfig,
 )
@@ -54,6 +54,7 @@ from strom.coordinator.service import CoordinatorService
 from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
 from strom.ids import TableBucket
 from strom.kv import rocksdb
+from strom.membership.contract import CoordinatorDirectory, RegisteredServer, ServerRegistry
 from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.remote.storage import RemoteStorage
@@ -65,8 +66,8 @@ from strom.rpc.server import Handler
 from strom.security.internal import COORDINATOR_NAME, tablet_server_name
 from strom.security.server_security import ServerSecurity, parse_listeners
 from strom.server.catalog_access import guard_with_catalog
+from strom.server.cluster_membership import ClusterMembership, cluster_membership
 from strom.server.listeners import ServerListeners
-from strom.server.metadata_stores import open_store
 from strom.server.node import (
     WAREHOUSE_OPTIONS,
     ServerPaths,
@@ -86,10 +87,6 @@ from strom.tablet.remote_log_manager import handle_reader
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
 from strom.tablet.role import TabletRole
-from strom.zk.bucket_state import BucketStates
-from strom.zk.coordinator_address import CoordinatorAddress
-from strom.zk.login import ZooKeeperLogin
-from strom.zk.registry import RegisteredServer, TabletServerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +97,6 @@ registration to expire."""
 REGISTRATION_RETRY_S = 0.25
 COORDINATOR_WAIT_S = 30.0
 """How long a starting tablet server waits for a coordinator to publish its address."""
-
-
-def _cluster_store(config: Configuration) -> tuple[MetadataStore, str]:
-    address = config.get(ZOOKEEPER_ADDRESS)
-    if not address:
-        raise InvalidConfigError("a cluster keeps its metadata in ZooKeeper: set zookeeper.address")
-    return open_store("zookeeper", address, ZooKeeperLogin.from_config(config)), address
 
 
 T = TypeVar("T")
@@ -157,6 +147,7 @@ class _ClusterProcess:
         """The configuration with the cluster configs set at run time; reread from the store every second."""
         self.remote_root = remote_root(config.get(REMOTE_DATA_DIR), self.paths)
         self.store: MetadataStore | None = None
+        self.membership: ClusterMembership | None = None
         self.security: ServerSecurity | None = None
         self.listeners: ServerListeners | None = None
         self.endpoints: tuple[Endpoint, ...] = ()
@@ -177,8 +168,8 @@ class _ClusterProcess:
         _require_internal_secret(self.config)
         internal_listener(parse_listeners(self.config.get(BIND_LISTENERS) or ""), self.config.get(INTERNAL_LISTENER_NAME))
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
-        store, address = _cluster_store(self.config)
-        self.store = store
+        self.membership = membership = cluster_membership(self.config)
+        self.store = store = membership.open_store()
         self.dynamic.set_dynamic(stored_dynamic(store))
         self.config = self.dynamic.current
         self.security = security = ServerSecurity.from_config(self.config, store, cluster=True)
@@ -187,7 +178,7 @@ class _ClusterProcess:
         listeners.bind()
         self.port = listeners.main_port
         self.endpoints = listeners.advertised(self.config.get(ADVERTISED_LISTENERS), self.config.get(ADVERTISED_HOST))
-        return store, address
+        return store, membership.description
 
     @property
     def internal_endpoint(self) -> Endpoint:
@@ -262,8 +253,8 @@ class CoordinatorNode(_ClusterProcess):
 
     def __init__(self, data_dir: Path, host: str, port: int, config: Configuration, clock: Clock = SYSTEM_CLOCK) -> None:
         super().__init__(data_dir, host, port, config, clock)
-        self.registry: TabletServerRegistry | None = None
-        self.address: CoordinatorAddress | None = None
+        self.registry: ServerRegistry | None = None
+        self.address: CoordinatorDirectory | None = None
         self.role: CoordinatorRole | None = None
         self.coordinator: CoordinatorService | None = None
         self.tablets: RemoteTabletServers | None = None
@@ -291,26 +282,25 @@ class CoordinatorNode(_ClusterProcess):
 
     async def start(self) -> None:
         """Serve as a standby and campaign in the background; :attr:`epoch` is set once active."""
-        store, zookeeper = await off_loop(self._open)  # opens the store: blocks
-        session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
-        assert self.security is not None
-        login = ZooKeeperLogin.from_config(self.config)
-        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, login)
+        store, backend = await off_loop(self._open)  # opens the store: blocks
+        assert self.security is not None and self.membership is not None
+        membership, listener = self.membership, self.security.internal_listener
+        self.registry = registry = await off_loop(membership.registry, listener)
         loop = asyncio.get_running_loop()
 
-        def on_deposed() -> None:  # on a ZooKeeper thread
+        def on_deposed() -> None:  # on a backend thread
             loop.call_soon_threadsafe(self._deposed)
 
-        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, login, on_deposed)
-        placement = ClusterPlacement(store, self.registry, self._active_node, _bucket_states(self.registry))
+        self.address = await off_loop(membership.coordinator_directory, listener, on_deposed)
+        placement = ClusterPlacement(store, registry, self._active_node, membership.bucket_states(registry))
         standby_catalog = CatalogReader(store, placement)
         handlers: dict[ApiKey, Handler] = dict.fromkeys(COORDINATOR_ONLY_KEYS, _not_the_active_coordinator)
         handlers.update(standby_catalog.handlers())
         await self._serve(handlers, standby_catalog)
-        self._campaign_task = asyncio.create_task(self._campaign(store, zookeeper, placement))
-        log.info("strom coordinator on %s:%d (ZooKeeper %s): standby until elected", self.host, self.port, zookeeper)
+        self._campaign_task = asyncio.create_task(self._campaign(store, placement))
+        log.info("strom coordinator on %s:%d (%s): standby until elected", self.host, self.port, backend)
 
-    async def _campaign(self, store: MetadataStore, zookeeper: str, placement: ClusterPlacement) -> None:
+    async def _campaign(self, store: MetadataStore, placement: ClusterPlacement) -> None:
         assert self.address is not None
         me = RegisteredServer(COORDINATOR_NODE_ID, self.endpoints)
         epoch = await asyncio.to_thread(
@@ -445,8 +435,8 @@ class TabletServerNode(_ClusterProcess):
     def __init__(self, data_dir: Path, host: str, port: int, config: Configuration, clock: Clock = SYSTEM_CLOCK) -> None:
         super().__init__(data_dir, host, port, config, clock)
         self.server_id = config.get(TABLET_SERVER_ID)
-        self.registry: TabletServerRegistry | None = None
-        self.address: CoordinatorAddress | None = None
+        self.registry: ServerRegistry | None = None
+        self.address: CoordinatorDirectory | None = None
         self.tablets: TabletRole | None = None
         self.replicas: ReplicaManager | None = None
         self.replication: ReplicationManager | None = None
@@ -479,20 +469,19 @@ class TabletServerNode(_ClusterProcess):
 
     async def start(self) -> None:
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
-        store, zookeeper = await off_loop(self._open)  # opens the store: blocks
+        store, backend = await off_loop(self._open)  # opens the store: blocks
         config = self.config  # with the cluster configs changed at run time
-        session_ms = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT)
-        assert self.security is not None
-        login = ZooKeeperLogin.from_config(self.config)
-        self.registry = TabletServerRegistry(zookeeper, session_ms, self.security.internal_listener, login)
-        self.address = CoordinatorAddress(zookeeper, session_ms, self.security.internal_listener, login)
+        assert self.security is not None and self.membership is not None
+        membership, listener = self.membership, self.security.internal_listener
+        self.registry = await off_loop(membership.registry, listener)
+        self.address = await off_loop(membership.coordinator_directory, listener)
         coordinator = await asyncio.to_thread(self.address.wait, COORDINATOR_WAIT_S)
         if coordinator is None:
-            raise InvalidConfigError(f"no coordinator published its address in ZooKeeper {zookeeper} within "
+            raise InvalidConfigError(f"no coordinator published its address in {backend} within "
                                      f"{COORDINATOR_WAIT_S:.0f} s: start `strom coordinator` first")
         remote = RemoteStorage(self.remote_root)
         committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node, self._coordinator_epoch)
-        states = _bucket_states(self.registry)
+        states = membership.bucket_states(self.registry)
         placement = ClusterPlacement(store, self.registry, self._coordinator_node, states)
         # the catalog answers metadata through a cache the coordinator's notices keep current; it never
         # changes anything here
@@ -549,14 +538,15 @@ class TabletServerNode(_ClusterProcess):
         }
         await self._serve(handlers, self.catalog, tablets.scans.on_connection_closed)
         await self._register()
-        log.info("strom tablet server %d serving on %s:%d (ZooKeeper %s, %s)", self.server_id, self.host, self.port,
-                 zookeeper, rocksdb.describe_binding())
+        log.info("strom tablet server %d serving on %s:%d (%s, %s)", self.server_id, self.host, self.port,
+                 backend, rocksdb.describe_binding())
 
     async def _register(self) -> None:
         """Register in ZooKeeper. After a crash the previous process's node lives until its session times
         out, so a restart waits that long for the id to free up; a live server holding it fails the start."""
         assert self.registry is not None
-        wait_s = self.config.get_ms(ZOOKEEPER_SESSION_TIMEOUT) / 1000 + REGISTRATION_SLACK_S
+        assert self.membership is not None
+        wait_s = self.membership.registration_expiry_s + REGISTRATION_SLACK_S
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             try:
@@ -612,11 +602,6 @@ class TabletServerNode(_ClusterProcess):
         if self.address is not None:
             self.address.close()
         log.info("strom tablet server %d stopped", self.server_id)
-
-
-def _bucket_states(registry: TabletServerRegistry) -> BucketStates:
-    """The buckets' leadership nodes, read and written through the registry's ZooKeeper client."""
-    return BucketStates(registry.client, registry.root)
 
 
 __all__ = ["CoordinatorNode", "TabletServerNode"]

@@ -1,6 +1,8 @@
 """A cluster on this machine for development and tests (``strom cluster start|stop|status``): a throw-away
 ZooKeeper, one coordinator and N tablet servers, each a process with its own data directory under one
-``--data-dir``, all on free loopback ports and sharing ``<data-dir>/remote`` as remote storage.
+``--data-dir``, all on free loopback ports and sharing ``<data-dir>/remote`` as remote storage. With
+``embedded_metadata`` there is no ZooKeeper: the processes share the SQLite file ``<data-dir>/cluster.sqlite``
+for metadata and membership (what ``strom server --workers N`` runs, :mod:`strom.server.workers`).
 
 What was started is written to ``<data-dir>/cluster.json`` (pids, addresses), so ``stop`` and ``status``
 work from another shell; ``stop`` signals only those pids. Every member reads its settings from
@@ -27,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from strom.config import (
+    METADATA_SQLITE_PATH,
     SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
     SECURITY_INTERNAL_SECRET,
     TABLET_SERVER_RACK,
@@ -54,6 +57,10 @@ TLS_DIR = "tls"
 """Where a ``secure`` cluster's generated CA and server certificate go, under its data directory."""
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.yaml"
+EMBEDDED_METADATA_FILE = "cluster.sqlite"
+"""The metadata and membership the processes of an ``embedded_metadata`` cluster share."""
+SUPERVISOR_PID_ENV = "STROM_SUPERVISOR_PID"
+"""Set in a member's environment when a supervisor runs it: the member stops when that process is gone."""
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 
@@ -77,6 +84,9 @@ class LocalClusterState:
     members: list[Member] = field(default_factory=list)
     secure: bool = False
     sasl_listener: bool = False
+    embedded_metadata: bool = False
+    supervisor_pid: int | None = None
+    """The process that restarts the members (``strom server --workers N``): a stop goes through it."""
 
     @property
     def zookeeper(self) -> str:
@@ -97,7 +107,8 @@ class LocalClusterState:
             return None
         document = json.loads(path.read_text())
         return cls(document["data_dir"], [Member(**member) for member in document["members"]],
-                   document.get("secure", False), document.get("sasl_listener", False))
+                   document.get("secure", False), document.get("sasl_listener", False),
+                   document.get("embedded_metadata", False), document.get("supervisor_pid"))
 
 
 def answers_rpc(address: str, timeout_s: float = 2.0, tls: bool | ssl.SSLContext = False) -> bool:
@@ -149,6 +160,9 @@ class LocalCluster:
         sasl_listener: bool = False,
         racks: Sequence[str] = (),
         member_config: Mapping[str, Mapping[str, str]] | None = None,
+        embedded_metadata: bool = False,
+        host: str = "127.0.0.1",
+        supervised: bool = False,
     ) -> None:
         """``coordinators``: one active, the others standbys that take over when it is gone. ``secure``:
         clients must log in (SASL/PLAIN) over TLS (SASL_SSL, with a generated private CA unless
@@ -158,7 +172,9 @@ class LocalCluster:
         but without TLS, for pyfluss, on a port of its own (:meth:`pyfluss_config`). ``racks``: tablet server i's ``tablet-server.rack`` is
         ``racks[i - 1]`` (none given: no racks). ``member_config``: settings for one member alone, by its name
         (``tablet-server-2``), over the common ones (a fault-injection harness routes a member's traffic
-        through proxies this way)."""
+        through proxies this way). ``embedded_metadata``: no ZooKeeper, the members share an SQLite file
+        (one machine only). ``host``: the address the members listen on. ``supervised``: the members stop
+        when this process is gone (its pid in their environment)."""
         if racks and len(racks) != tablet_servers:
             raise ValueError(f"{len(racks)} racks for {tablet_servers} tablet servers")
         self.racks = tuple(racks)
@@ -169,6 +185,8 @@ class LocalCluster:
         if sasl_listener and config and "bind.listeners" in config:
             raise ValueError("give either a SASL listener or your own bind.listeners")
         self.sasl_listener = sasl_listener
+        if embedded_metadata and (secure or coordinators != 1):
+            raise ValueError("a cluster on the embedded metadata store has one coordinator and no secure mode")
         if tablet_servers < 1 or coordinators < 1:
             raise ValueError("a cluster needs at least one coordinator and one tablet server")
         self.coordinator_count = coordinators
@@ -176,7 +194,11 @@ class LocalCluster:
         self.tablet_server_count = tablet_servers
         self.config = dict(config or {})
         self.detached = detached
-        self.state = LocalClusterState(str(self.data_dir), secure=secure, sasl_listener=sasl_listener)
+        self.embedded_metadata = embedded_metadata
+        self.host = host
+        self.supervised = supervised
+        self.state = LocalClusterState(str(self.data_dir), secure=secure, sasl_listener=sasl_listener,
+                                       embedded_metadata=embedded_metadata)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self._zookeeper: ZooKeeperServer | None = None
 
@@ -197,7 +219,8 @@ class LocalCluster:
         """Every member's settings: ZooKeeper, shared remote storage, the start's ``-D`` settings and the
         servers' shared secret (generated unless given, or unless the insecure mode was asked for)."""
         config = {
-            "zookeeper.address": self.zookeeper_address,
+            **({METADATA_SQLITE_PATH.key: str(self.data_dir / EMBEDDED_METADATA_FILE)} if self.embedded_metadata
+               else {"zookeeper.address": self.zookeeper_address}),
             "remote.data.dir": str(self.data_dir / "remote"),
             **self.config,
         }
@@ -281,7 +304,9 @@ class LocalCluster:
         """``cluster.yaml``, created readable by its owner only (it holds the servers' secret)."""
         write_secret_file(self.config_path, yaml.safe_dump(dict(config), sort_keys=True).encode())
 
-    def start(self) -> LocalCluster:
+    def start(self, ports: Mapping[tuple[str, int], int] | None = None) -> LocalCluster:
+        """Start every member; ``ports``: a member's port by ``(role, server id)`` (free ones otherwise)."""
+        ports = ports or {}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         existing = LocalClusterState.load(self.data_dir)
         if existing is not None and any(alive(m.pid) for m in existing.members):
@@ -289,17 +314,19 @@ class LocalCluster:
         try:
             if self.secure and not self.certificates.exists():
                 ClusterCertificates.create(self.certificates.directory)
-            zookeeper = self._zookeeper = ZooKeeperServer(
-                self.data_dir / "zookeeper", detached=self.detached, require_auth=self.secure,
-                tls=self.certificates if self.secure else None).start()
-            assert zookeeper.pid is not None
-            self.state.members.append(Member("zookeeper", zookeeper.pid, zookeeper.address, log=str(zookeeper.log_path)))
+            if not self.embedded_metadata:
+                zookeeper = self._zookeeper = ZooKeeperServer(
+                    self.data_dir / "zookeeper", detached=self.detached, require_auth=self.secure,
+                    tls=self.certificates if self.secure else None).start()
+                assert zookeeper.pid is not None
+                self.state.members.append(
+                    Member("zookeeper", zookeeper.pid, zookeeper.address, log=str(zookeeper.log_path)))
             self.state.save()
             self._write_config(self.common_config())
             for index in range(1, self.coordinator_count + 1):
-                self.start_member("coordinator", index)
+                self.start_member("coordinator", index, ports.get(("coordinator", index)))
             for server_id in range(1, self.tablet_server_count + 1):
-                self.start_member("tablet-server", server_id)
+                self.start_member("tablet-server", server_id, ports.get(("tablet-server", server_id)))
         except BaseException:
             self.stop()
             raise
@@ -312,7 +339,7 @@ class LocalCluster:
         previous = next((m for m in self.state.members if m.role == role and m.server_id == server_id), None)
         if port is None and previous is not None:
             port = int(previous.address.rpartition(":")[2])
-        address = f"127.0.0.1:{port or free_port()}"
+        address = f"{self.host}:{port or free_port()}"
         command = [sys.executable, "-m", "strom.cli.main", role, "--bind", address,
                    "--data-dir", str(self.data_dir / name), "--config", str(self.config_path)]
         listeners: dict[str, str] = {}
@@ -328,9 +355,10 @@ class LocalCluster:
         for key, value in self.member_config.get(name, {}).items():
             command += ["-D", f"{key}={value}"]
         log_path = self.data_dir / f"{name}.log"
+        environment = {**os.environ, SUPERVISOR_PID_ENV: str(os.getpid())} if self.supervised else None
         with log_path.open("ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=self.detached)
+                                       start_new_session=self.detached, env=environment)
         member = Member(role, process.pid, address, server_id, str(log_path), listeners)
         if previous is not None:
             self.state.members.remove(previous)
@@ -370,7 +398,12 @@ class LocalCluster:
         return process.wait(STOP_TIMEOUT_S) if process is not None else None
 
     def stop(self) -> dict[str, int | None]:
-        """Stop every member, tablet servers first and ZooKeeper last; returns the exit codes by name."""
+        """Stop every member, tablet servers first and ZooKeeper last; returns the exit codes by name. A
+        supervised cluster is stopped through its supervisor (which would start a member stopped behind its
+        back again): SIGTERM to it, and a wait until it and every member are gone."""
+        supervisor = self.state.supervisor_pid
+        if supervisor is not None and supervisor != os.getpid() and alive(supervisor):
+            return self._stop_through_supervisor(supervisor)
         order = {"tablet-server": 0, "coordinator": 1, "zookeeper": 2}
         codes: dict[str, int | None] = {}
         for member in sorted(self.state.members, key=lambda m: order[m.role]):
@@ -381,6 +414,18 @@ class LocalCluster:
                 codes[name] = self.signal_member(member)
         return codes
 
+    def _stop_through_supervisor(self, supervisor: int) -> dict[str, int | None]:
+        os.kill(supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S * 2
+        pids = [supervisor, *(m.pid for m in self.state.members)]
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in pids if alive(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        names = [m.role if m.server_id is None else f"{m.role}-{m.server_id}" for m in self.state.members]
+        return dict.fromkeys(names)
+
     @classmethod
     def attach(cls, data_dir: Path) -> LocalCluster | None:
         """The cluster a ``start`` (maybe another process's) left in ``data_dir``."""
@@ -389,7 +434,8 @@ class LocalCluster:
             return None
         cluster = cls(Path(state.data_dir), max(1, sum(m.role == "tablet-server" for m in state.members)),
                       coordinators=max(1, sum(m.role == "coordinator" for m in state.members)),
-                      secure=state.secure, sasl_listener=state.sasl_listener)
+                      secure=state.secure, sasl_listener=state.sasl_listener,
+                      embedded_metadata=state.embedded_metadata)
         cluster.state = state
         return cluster
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from strom.errors import InvalidCoordinatorError, StromError
 from strom.ids import TableBucket
 from strom.kv.snapshot import CompletedKvSnapshot, snapshot_sequence_name
+from strom.membership.contract import BucketStates, LeaderAndIsr
 from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
@@ -26,7 +27,6 @@ from strom.rpc.peers import ALL_BUCKETS, PeerConnections, ServerNode
 from strom.security.internal import COORDINATOR_NAME
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
-from strom.zk.bucket_state import BucketStates, LeaderAndIsr
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from strom.errors import LogOffsetOutOfRangeError, NotLeaderOrFollowerError, StromError, error_for_code
 from strom.ids import TableBucket
+from strom.membership.contract import BucketStates, LeaderAndIsr, ServerRegistry
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -46,8 +47,6 @@ from strom.rpc.peers import PeerConnections, ServerNode
 from strom.security.internal import tablet_server_name
 from strom.tablet.replica import Replica, ReplicaManager
 from strom.tablet.tablet_service import OFFSET_EARLIEST, OFFSET_LATEST
-from strom.zk.bucket_state import BucketStates, LeaderAndIsr
-from strom.zk.registry import TabletServerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +114,7 @@ class ReplicationManager:
         server_id: int,
         replicas: ReplicaManager,
         states: BucketStates,
-        registry: TabletServerRegistry,
+        registry: ServerRegistry,
         peers: PeerConnections,
         table_of: Callable[[int], TableInfo | None],
         lag_max_ms: int,

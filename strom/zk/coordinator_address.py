@@ -12,48 +12,27 @@ know where to send KV snapshot commits.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.recipe.watchers import DataWatch
 
 from strom.errors import InvalidConfigError, StorageError
-from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, format_endpoints
+from strom.membership.contract import ActiveCoordinator, RegisteredServer
+from strom.rpc.endpoints import DEFAULT_LISTENER_NAME
 from strom.rpc.peers import ServerNode
 from strom.zk.login import ZooKeeperLogin
-from strom.zk.registry import RegisteredServer, registration_from
 from strom.zk.session import connect_kazoo, parse_location
 
 log = logging.getLogger(__name__)
 
 ACTIVE_PATH = "/coordinators/active"
-ADDRESS_VERSION = 2
 CAMPAIGN_POLL_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class ActiveCoordinator:
-    server: RegisteredServer
-    epoch: int
-
-
-def _encode(active: ActiveCoordinator) -> bytes:
-    server = active.server
-    document = {"version": ADDRESS_VERSION, "id": str(server.server_id),
-                "listeners": format_endpoints(server.endpoints), "epoch": active.epoch}
-    return json.dumps(document, sort_keys=True).encode()
-
-
-def _decode(data: bytes) -> ActiveCoordinator:
-    value = json.loads(data)
-    return ActiveCoordinator(registration_from(int(value["id"]), value), int(value.get("epoch", 0)))
-
-
-class CoordinatorAddress:
+class CoordinatorAddress:  # a CoordinatorDirectory
     """Campaign for (coordinators) or follow (tablet servers) the active coordinator. Thread-safe."""
 
     def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME,
@@ -86,7 +65,7 @@ class CoordinatorAddress:
                     continue
             active = ActiveCoordinator(server, next_epoch())
             try:
-                self._client.create(self._path, _encode(active), ephemeral=True)
+                self._client.create(self._path, active.encode(), ephemeral=True)
             except NodeExistsError:
                 continue  # another standby won this round
             except KazooException as exc:
@@ -118,7 +97,7 @@ class CoordinatorAddress:
         active = None
         if data:
             try:
-                active = _decode(bytes(data))
+                active = ActiveCoordinator.decode(bytes(data))
             except (ValueError, KeyError, TypeError, InvalidConfigError):
                 log.warning("ignoring an unreadable coordinator address %r", data)
         with self._changed:
@@ -142,4 +121,4 @@ class CoordinatorAddress:
             self._client.close()
 
 
-__all__ = ["ACTIVE_PATH", "ActiveCoordinator", "CoordinatorAddress"]
+__all__ = ["ACTIVE_PATH", "CoordinatorAddress"]

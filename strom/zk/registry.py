@@ -10,20 +10,17 @@ everyone's :meth:`TabletServerRegistry.live`.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
 from strom.errors import InvalidConfigError, StorageError
-from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, Endpoint, format_endpoints, parse_endpoints
+from strom.membership.contract import RegisteredServer, decode_registration, encode_registration, id_taken
+from strom.rpc.endpoints import DEFAULT_LISTENER_NAME
 from strom.rpc.peers import ServerNode
 from strom.zk.login import ZooKeeperLogin
 from strom.zk.session import connect_kazoo, parse_location
@@ -31,61 +28,9 @@ from strom.zk.session import connect_kazoo, parse_location
 log = logging.getLogger(__name__)
 
 IDS_PATH = "/tabletservers/ids"
-REGISTRATION_VERSION = 3
-"""Fluss's TabletServerRegistration version with listeners and an optional rack."""
 
 
-@dataclass(frozen=True, slots=True)
-class RegisteredServer:
-    """A server's registration: its id and every listener's advertised endpoint."""
-
-    server_id: int
-    endpoints: tuple[Endpoint, ...]
-    rack: str | None = None
-    register_timestamp_ms: int = field(default_factory=lambda: int(time.time() * 1000), compare=False)
-
-    def node(self, internal_listener: str) -> ServerNode | None:
-        """The server as the others reach it (its ``internal_listener`` endpoint); None without one."""
-        internal = next((e for e in self.endpoints if e.name == internal_listener), None)
-        if internal is None:
-            return None
-        return ServerNode(self.server_id, internal.host, internal.port, self.endpoints, self.rack)
-
-
-def encode_registration(server: RegisteredServer) -> bytes:
-    document = {
-        "version": REGISTRATION_VERSION,
-        "listeners": format_endpoints(server.endpoints),
-        "register_timestamp": server.register_timestamp_ms,
-    }
-    if server.rack is not None:
-        document["rack"] = server.rack
-    return json.dumps(document, separators=(",", ":")).encode()
-
-
-def decode_registration(server_id: int, data: bytes) -> RegisteredServer:
-    """Raises ValueError, KeyError, TypeError or InvalidConfigError: not a registration."""
-    return registration_from(server_id, json.loads(data))
-
-
-def registration_from(server_id: int, value: dict[str, Any]) -> RegisteredServer:
-    """A registration document: Fluss's versions 1 (``host``/``port``, the ``FLUSS`` listener) and 2+
-    (``listeners``).
-
-    Raises:
-        ValueError, KeyError, TypeError, InvalidConfigError: not a registration.
-    """
-    endpoints: tuple[Endpoint, ...]
-    if int(value.get("version", 1)) < 2:
-        endpoints = (Endpoint(DEFAULT_LISTENER_NAME, str(value["host"]), int(value["port"])),)
-    else:
-        endpoints = tuple(parse_endpoints(str(value["listeners"]), "a registration's listeners", distinct_ports=False))
-    rack = value.get("rack")
-    return RegisteredServer(server_id, endpoints, None if rack is None else str(rack),
-                            int(value.get("register_timestamp", 0)))
-
-
-class TabletServerRegistry:
+class TabletServerRegistry:  # a ServerRegistry
     """Tablet servers announce themselves with an ephemeral node /tabletservers/ids/<id> (under the root,
     default /fluss); the node vanishes with the server's ZooKeeper session.
 
@@ -169,12 +114,10 @@ class TabletServerRegistry:
             if session is not None and stat.ephemeralOwner == session[0] and bytes(data) == value:
                 return
             try:
-                at = format_endpoints(decode_registration(server.server_id, bytes(data)).endpoints)
+                holder: RegisteredServer | None = decode_registration(server.server_id, bytes(data))
             except (ValueError, KeyError, TypeError, InvalidConfigError):
-                at = "an unknown address"
-            raise InvalidConfigError(
-                f"tablet-server.id {server.server_id} is already registered by a live tablet server at {at}"
-            )
+                holder = None
+            raise id_taken(server, holder)
 
     # ---- live servers ----
     @property
@@ -277,4 +220,4 @@ class TabletServerRegistry:
             self._client.close()
 
 
-__all__ = ["RegisteredServer", "TabletServerRegistry", "decode_registration", "encode_registration", "registration_from"]
+__all__ = ["TabletServerRegistry"]

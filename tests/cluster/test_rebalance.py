@@ -27,9 +27,9 @@ from strom.client import (
 )
 from strom.client.rebalance import RebalanceProgress
 from strom.errors import RebalanceFailureError, ServerNotExistError, ServerTagAlreadyExistError
+from strom.membership.contract import LeaderAndIsr
 from strom.records.schema import Schema
 from strom.server.local_cluster import LocalCluster
-from strom.zk.bucket_state import LeaderAndIsr
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_cluster_processes import _cluster, rows, upsert
 from tests.cluster.test_replication import PK_FIELDS, States, wait_for_servers

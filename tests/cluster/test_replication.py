@@ -30,13 +30,14 @@ from strom.client import (
 from strom.client.batch_scanner import BucketBatchScanner
 from strom.errors import FencedLeaderEpochError, KvSnapshotNotExistError, ScannerExpiredError, StromError
 from strom.kv.snapshot import CompletedKvSnapshot
+from strom.membership.contract import LeaderAndIsr
 from strom.records.log_batch import REPLAYABLE_WRITER_ID_MIN
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
 from strom.security.internal import InternalCredentials
 from strom.server.local_cluster import LocalCluster
-from strom.zk.bucket_state import BucketStates, LeaderAndIsr
+from strom.zk.bucket_state import ZooKeeperBucketStates
 from strom.zk.metadata_store import connect_kazoo, parse_location
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_cluster_processes import SECURITY, bucket_leaders, snapshot_after
@@ -88,7 +89,7 @@ class States:
     def __init__(self, local: LocalCluster) -> None:
         hosts, root = parse_location(local.zookeeper_address)
         self._client = connect_kazoo(hosts, 10_000, login=local.zookeeper_login())
-        self._states = BucketStates(self._client, root)
+        self._states = ZooKeeperBucketStates(self._client, root)
 
     def get(self, bucket: TableBucket) -> LeaderAndIsr:
         found = self._states.get(bucket)

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 from strom.client import Connection, Schema, TableBucket, TableDescriptor, TablePath
+from strom.membership.contract import NO_LEADER
 from strom.server.local_cluster import LocalCluster
-from strom.zk.bucket_state import NO_LEADER
 from tests.cluster.test_cluster_processes import _cluster
 from tests.cluster.test_replication import States
 from tests.conftest import unique_name

@@ -13,8 +13,9 @@ from kazoo.client import KazooClient
 
 from strom.coordinator.replica_mover import ReplicaMover
 from strom.ids import TableBucket
+from strom.membership.contract import LeaderAndIsr
 from strom.metadata.rebalance_plan import BucketMove, RebalanceStatus
-from strom.zk.bucket_state import BucketStates, LeaderAndIsr
+from strom.zk.bucket_state import ZooKeeperBucketStates
 from strom.zk.metadata_store import connect_kazoo, parse_location
 
 pytestmark = pytest.mark.asyncio
@@ -33,14 +34,14 @@ def zookeeper(zookeeper_location: str) -> Iterator[tuple[KazooClient, str]]:
 
 
 @pytest.fixture
-def states(zookeeper: tuple[KazooClient, str]) -> BucketStates:
-    return BucketStates(*zookeeper)
+def states(zookeeper: tuple[KazooClient, str]) -> ZooKeeperBucketStates:
+    return ZooKeeperBucketStates(*zookeeper)
 
 
 class Tablets:
     """Records every notice; as the leader would, adds the followers named in ``catch_up`` to the ISR."""
 
-    def __init__(self, states: BucketStates, catch_up: set[int]) -> None:
+    def __init__(self, states: ZooKeeperBucketStates, catch_up: set[int]) -> None:
         self.states, self.catch_up = states, catch_up
         self.notices: list[set[int]] = []
 
@@ -55,7 +56,7 @@ class Tablets:
 
 
 async def test_a_move_adds_waits_for_the_isr_then_switches_leader_and_drops_the_old_replica(
-    states: BucketStates,
+    states: ZooKeeperBucketStates,
 ) -> None:
     states.create(BUCKET, LeaderAndIsr(1, 3, (1, 2), (1, 2)))
     tablets = Tablets(states, catch_up={3})
@@ -70,7 +71,7 @@ async def test_a_move_adds_waits_for_the_isr_then_switches_leader_and_drops_the_
     assert again is RebalanceStatus.COMPLETED and states.get(BUCKET)[0] == final[0]  # type: ignore[index]
 
 
-async def test_moving_only_followers_keeps_the_leader_epoch(states: BucketStates) -> None:
+async def test_moving_only_followers_keeps_the_leader_epoch(states: ZooKeeperBucketStates) -> None:
     states.create(BUCKET, LeaderAndIsr(1, 0, (1, 2), (1, 2)))
     tablets = Tablets(states, catch_up={4})
     move = BucketMove(BUCKET, 1, 1, (1, 2), (1, 4))
@@ -78,7 +79,7 @@ async def test_moving_only_followers_keeps_the_leader_epoch(states: BucketStates
     assert states.get(BUCKET)[0] == LeaderAndIsr(1, 0, (1, 4), (1, 4))  # type: ignore[index]
 
 
-async def test_a_replica_that_never_catches_up_is_rolled_back(states: BucketStates) -> None:
+async def test_a_replica_that_never_catches_up_is_rolled_back(states: ZooKeeperBucketStates) -> None:
     states.create(BUCKET, LeaderAndIsr(1, 2, (1, 2), (1, 2)))
     tablets = Tablets(states, catch_up=set())
     mover = ReplicaMover(states, tablets.notify, catch_up_timeout_s=0.6)
@@ -88,7 +89,7 @@ async def test_a_replica_that_never_catches_up_is_rolled_back(states: BucketStat
     assert tablets.notices[-1] == {3}, "the added replica is told to leave"
 
 
-async def test_a_replica_that_drops_out_of_the_isr_again_is_rolled_back(states: BucketStates) -> None:
+async def test_a_replica_that_drops_out_of_the_isr_again_is_rolled_back(states: ZooKeeperBucketStates) -> None:
     states.create(BUCKET, LeaderAndIsr(1, 0, (1, 2), (1, 2)))
 
     async def leader_shrinks_the_isr(_table: object, bucket: TableBucket, _servers: Iterable[int]) -> None:
@@ -105,19 +106,19 @@ async def test_a_replica_that_drops_out_of_the_isr_again_is_rolled_back(states: 
     assert states.get(BUCKET)[0].replicas == (1, 2)  # type: ignore[index]
 
 
-async def test_a_bucket_whose_table_was_dropped_fails_its_move(states: BucketStates) -> None:
+async def test_a_bucket_whose_table_was_dropped_fails_its_move(states: ZooKeeperBucketStates) -> None:
     tablets = Tablets(states, catch_up={3})
     status = await ReplicaMover(states, tablets.notify).move(TABLE, BucketMove(TableBucket(99, 0), 1, 3, (1,), (3,)))
     assert status is RebalanceStatus.FAILED
 
 
 async def test_a_new_leader_out_of_the_isr_at_the_switch_fails_the_move_and_rolls_it_back(
-    zookeeper: tuple[KazooClient, str], states: BucketStates,
+    zookeeper: tuple[KazooClient, str], states: ZooKeeperBucketStates,
 ) -> None:
     """Between the catch-up check and the switch, the leader drops the new replica from the ISR again."""
     states.create(BUCKET, LeaderAndIsr(1, 0, (1, 2), (1, 2)))
 
-    class Shrinking(BucketStates):
+    class Shrinking(ZooKeeperBucketStates):
         seen_in_sync = 0
 
         def get(self, bucket: TableBucket) -> tuple[LeaderAndIsr, int] | None:

@@ -145,6 +145,8 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
         "test_cluster_listeners_settings",
         "every member of a `--secure` LocalCluster started with them (loopback hosts, port 0, localhost as "
         "the advertised host)"),
+    ("docs/cluster.md", "One machine, every core: `strom server --workers N`", 0): _doc(
+        "test_workers_start_status_stop", "the first line in the background on port 0, then status and stop as written"),
     ("docs/cluster.md", "Metadata in ZooKeeper", 0): _doc(
         "test_server_on_zookeeper", "started in the background, stopped by pid"),
     ("docs/cluster.md", "A ZooKeeper for development and tests", 0): _doc(
@@ -544,6 +546,37 @@ def test_cluster_processes_started_by_hand(tmp_path: Path, zookeeper_location: s
     finally:
         codes = [tablet.stop() if tablet else 0, coordinator.stop()]
     assert codes == [0, 0], coordinator.log_text()[-2000:] + (tablet.log_text()[-2000:] if tablet else "")
+
+
+def test_workers_start_status_stop(tmp_path: Path) -> None:
+    """`strom server --workers 2` serves with a coordinator and two workers; `strom cluster status` shows
+    them up and `strom cluster stop` ends the supervisor and every member."""
+    start, status, stop = shell_lines(snippet("docs/cluster.md", "One machine, every core: `strom server --workers N`", 0))
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    command = [word for word in venv_command(start, {"127.0.0.1:9200": "127.0.0.1:0"}) if word != "&"]
+    log_path = tmp_path / "supervisor.log"
+    with log_path.open("wb") as log:
+        supervisor = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    pids: list[int] = []
+    try:
+        wait_until(lambda: "tablet-server workers" in log_path.read_text() or supervisor.poll() is not None, 60,
+                   "the workers to serve")
+        found = re.search(r"strom listening on (\S+) with 2 tablet-server workers", log_path.read_text())
+        assert found is not None, log_path.read_text()[-3000:]
+        pids = [member["pid"] for member in json.loads((cwd / "strom-workers/cluster.json").read_text())["members"]]
+        shown = run_command(status, cwd).splitlines()
+        assert [line.split()[:2] for line in shown] == [["coordinator", "1"], ["tablet-server", "1"], ["tablet-server", "2"]]
+        assert all(line.split()[-1] == "up" for line in shown), shown
+        assert _tablet_servers(found.group(1)) == 2
+        assert "strom cluster stopped" in run_command(stop, cwd, timeout_s=60)
+        assert supervisor.wait(30) == 0
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait(30)
+        left = [pid for pid in pids if _kill(pid, cwd)]
+    assert not left, f"members {left} outlived `strom cluster stop`"
 
 
 def _present(line: str, substitutions: dict[str, str]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from strom.client import Connection, OffsetSpec, TablePath
 from strom.log.log_tablet import LogConfig, LogTablet
-from strom.zk.bucket_state import LeaderAndIsr
+from strom.membership.contract import LeaderAndIsr
 from tests.nemesis.workload import BUCKETS, PYFLUSS_VALUE, History
 
 

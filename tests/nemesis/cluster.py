@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from strom.membership.contract import LeaderAndIsr
 from strom.server.local_cluster import LocalCluster, Member, alive
-from strom.zk.bucket_state import BucketStates, LeaderAndIsr
+from strom.zk.bucket_state import ZooKeeperBucketStates
 from strom.zk.metadata_store import connect_kazoo, parse_location
 from tests.disk_support import BALLAST_NAME, fill
 from tests.nemesis.proxy import FaultyProxy
@@ -137,9 +138,9 @@ class NemesisCluster(LocalCluster):
             self._states_client = connect_kazoo(hosts, 30_000)
         return self._states_client
 
-    def bucket_states(self) -> BucketStates:
+    def bucket_states(self) -> ZooKeeperBucketStates:
         _, root = parse_location(self.zookeeper_address)
-        return BucketStates(self._zookeeper_client(), root)
+        return ZooKeeperBucketStates(self._zookeeper_client(), root)
 
     def wait_settled(self, buckets: list[Any], timeout_s: float) -> dict[Any, LeaderAndIsr]:
         """Until every bucket has a live leader and all its replicas in the ISR; returns the states (the

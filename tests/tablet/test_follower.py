@@ -22,11 +22,11 @@ import pytest
 
 from strom.config import Configuration
 from strom.log.log_tablet import LogTablet
+from strom.membership.contract import LeaderAndIsr
 from strom.rpc.messages import pb
 from strom.rpc.peers import ServerNode
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
-from strom.zk.bucket_state import LeaderAndIsr
 from tests.log.test_log_tablet import DURABLE_EACH_APPEND, append, batch_bytes
 from tests.tablet.test_leader_high_watermark import BUCKET, ME, SECOND, TABLE, GatedStates
 

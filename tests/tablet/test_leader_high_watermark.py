@@ -22,12 +22,12 @@ from strom.config import Configuration
 from strom.errors import LogOffsetOutOfRangeError
 from strom.ids import TableBucket, TablePath
 from strom.log.log_tablet import LogTablet
+from strom.membership.contract import LeaderAndIsr
 from strom.metadata.table_info import TableInfo
 from strom.records.schema import Schema, TableDescriptor
 from strom.records.types import BigIntType
 from strom.tablet.replica import Replica, ReplicaManager
 from strom.tablet.replication import ReplicationManager
-from strom.zk.bucket_state import LeaderAndIsr
 from tests.log.test_log_tablet import append, batch_bytes
 
 pytestmark = pytest.mark.asyncio

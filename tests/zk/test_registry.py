@@ -11,10 +11,11 @@ import pytest
 from kazoo.client import KazooClient
 
 from strom.errors import InvalidConfigError
+from strom.membership.contract import RegisteredServer
 from strom.rpc.endpoints import Endpoint
 from strom.rpc.peers import ServerNode
 from strom.zk.metadata_store import parse_location
-from strom.zk.registry import RegisteredServer, TabletServerRegistry
+from strom.zk.registry import TabletServerRegistry
 from strom.zk.zookeeper_server import ZooKeeperServer
 
 WAIT_S = 10.0
@@ -154,7 +155,7 @@ def test_live_servers_are_named_by_their_internal_listener(registries: Callable[
 
 
 def test_flusss_registration_versions_decode() -> None:
-    from strom.zk.registry import decode_registration
+    from strom.membership.contract import decode_registration
 
     v1 = b'{"version":1,"host":"h1","port":9123,"register_timestamp":5}'
     assert decode_registration(1, v1).endpoints == (Endpoint("FLUSS", "h1", 9123),)
@@ -169,7 +170,7 @@ def test_flusss_registration_versions_decode() -> None:
 
 
 def test_a_rack_round_trips_through_the_registration_and_reaches_the_metadata() -> None:
-    from strom.zk.registry import decode_registration, encode_registration
+    from strom.membership.contract import decode_registration, encode_registration
 
     endpoints = (Endpoint("FLUSS", "h", 9124),)
     racked = decode_registration(3, encode_registration(RegisteredServer(3, endpoints, "eu-1a")))

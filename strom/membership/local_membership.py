@@ -1,0 +1,387 @@
+"""Cluster membership of the processes on one machine (``strom server --workers N``) in the embedded
+metadata store's SQLite file: a coordinator and N tablet servers, no ZooKeeper.
+
+What ZooKeeper's ephemeral nodes give a cluster, an entry that vanishes with its owner, comes here from the
+owner's process identity: a registration and the active coordinator's entry carry the pid and the start
+time (``/proc/<pid>/stat``) of the process that wrote them, and an entry whose process is gone counts as
+absent. So a process killed with -9 leaves at once, with no session timeout to wait out, and its restart
+takes its id again; a pid reused by another program does not keep it alive (its start time differs).
+
+A watcher thread per object polls every :data:`POLL_S`: ``PRAGMA data_version`` says whether another
+connection changed the file, and the owners' liveness is checked on each round; listeners are called on
+that thread after a change, as ZooKeeper's watches call them on kazoo's.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction (SQLite serialises the processes' writers; a busy file
+is waited for up to :data:`BUSY_TIMEOUT_S`), committed with ``synchronous=FULL``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from strom.errors import InvalidConfigError, StorageError
+from strom.ids import TableBucket
+from strom.membership.contract import (
+    ActiveCoordinator,
+    BucketStates,
+    LeaderAndIsr,
+    RegisteredServer,
+    decode_registration,
+    encode_registration,
+    id_taken,
+)
+from strom.rpc.endpoints import DEFAULT_LISTENER_NAME
+from strom.rpc.peers import ServerNode
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1
+"""How often a watcher looks for changes and dead owners: the delay before the cluster sees a process gone."""
+BUSY_TIMEOUT_S = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS membership_servers (
+    server_id INTEGER PRIMARY KEY, registration BLOB NOT NULL, owner TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS membership_coordinator (
+    slot INTEGER PRIMARY KEY CHECK (slot = 0), address BLOB NOT NULL, owner TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS membership_bucket_states (
+    table_id INTEGER NOT NULL, partition_id INTEGER NOT NULL, bucket INTEGER NOT NULL, state BLOB NOT NULL,
+    version INTEGER NOT NULL, PRIMARY KEY (table_id, partition_id, bucket));
+"""
+_NO_PARTITION = -1  # SQLite keys no NULL: "no partition" is -1 (Fluss never assigns negative ids)
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat); None when the
+    process is gone. Where /proc is missing, "?" for a process that exists (liveness by pid alone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "?"
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces: count fields after the last ")"
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields[19]
+
+
+def this_process() -> str:
+    """The owner identity of this process: ``"<pid>:<start time>"``."""
+    pid = os.getpid()
+    return f"{pid}:{_start_time(pid)}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process named by an owner identity still runs (the same process, not a reused pid)."""
+    pid_text, _, started = owner.partition(":")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    current = _start_time(pid)
+    return current is not None and (current == started or "?" in (current, started))
+
+
+class _MembershipFile:
+    """One connection to the shared SQLite file, used under a lock (blocking calls)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the cluster membership in {path}: {exc}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StorageError(f"cannot write the cluster membership in {self.path}: {exc}") from exc
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def query(self, sql: str, *args: object) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StorageError(f"cannot read the cluster membership in {self.path}: {exc}") from exc
+
+    def data_version(self) -> int:
+        """Changes whenever another connection committed to the file (SQLite's ``data_version``)."""
+        return int(self.query("PRAGMA data_version")[0][0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class _Watcher:
+    """A daemon thread calling ``poll`` every :data:`POLL_S` until stopped; a failing round is logged."""
+
+    def __init__(self, name: str, poll: Callable[[], None]) -> None:
+        self._poll = poll
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self._poll()
+            except Exception as exc:  # the next round tries again
+                log.info("membership watcher: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+class LocalServerRegistry:
+    """The live tablet servers (a :class:`~strom.membership.contract.ServerRegistry`): a row per server with
+    Fluss's registration document and its owner process."""
+
+    def __init__(self, path: str, internal_listener: str = DEFAULT_LISTENER_NAME) -> None:
+        self._internal_listener = internal_listener
+        self._file = _MembershipFile(path)
+        self._owner = this_process()
+        self._listeners: list[Callable[[dict[int, ServerNode]], None]] = []
+        self._live: dict[int, ServerNode] = {}
+        self._refresh_lock = threading.Lock()
+        self._closed = False
+        self._refresh()
+        self._watcher = _Watcher("membership-servers", self._refresh)
+
+    def register(self, server: RegisteredServer) -> None:
+        value = encode_registration(server)
+        with self._file.transaction() as db:
+            row = db.execute("SELECT registration, owner FROM membership_servers WHERE server_id = ?",
+                             (server.server_id,)).fetchone()
+            if row is not None and row[1] != self._owner and owner_alive(row[1]):
+                try:
+                    holder: RegisteredServer | None = decode_registration(server.server_id, bytes(row[0]))
+                except (ValueError, KeyError, TypeError, InvalidConfigError):
+                    holder = None
+                raise id_taken(server, holder)
+            db.execute("INSERT OR REPLACE INTO membership_servers VALUES (?, ?, ?)",
+                       (server.server_id, value, self._owner))
+        self._refresh()
+
+    def live(self) -> dict[int, ServerNode]:
+        return dict(self._live)
+
+    def add_listener(self, listener: Callable[[dict[int, ServerNode]], None]) -> None:
+        self._listeners.append(listener)
+
+    def _refresh(self) -> None:
+        with self._refresh_lock:
+            if self._closed:
+                return
+            servers: dict[int, ServerNode] = {}
+            for server_id, registration, owner in self._file.query(
+                    "SELECT server_id, registration, owner FROM membership_servers ORDER BY server_id"):
+                if not owner_alive(owner):
+                    continue
+                try:
+                    node = decode_registration(server_id, bytes(registration)).node(self._internal_listener)
+                except (ValueError, KeyError, TypeError, InvalidConfigError):
+                    log.warning("ignoring tablet server registration %s with value %r", server_id, registration)
+                    continue
+                if node is not None:
+                    servers[server_id] = node
+            changed = servers != self._live
+            self._live = servers
+        if changed:
+            for listener in list(self._listeners):
+                try:
+                    listener(dict(servers))
+                except Exception:  # a listener's failure must not stop the watcher
+                    log.exception("a live-server listener failed")
+
+    def close(self) -> None:
+        with self._refresh_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._watcher.stop()
+        try:  # leave at once, as a ZooKeeper session's end would
+            with self._file.transaction() as db:
+                db.execute("DELETE FROM membership_servers WHERE owner = ?", (self._owner,))
+        except (StorageError, sqlite3.Error) as exc:
+            log.warning("could not remove this process's registrations (they expire with it): %s", exc)
+        self._file.close()
+
+
+class LocalCoordinatorDirectory:
+    """The active coordinator (a :class:`~strom.membership.contract.CoordinatorDirectory`): one row, taken
+    by the campaigning coordinator when it is absent or its owner is dead."""
+
+    def __init__(self, path: str, internal_listener: str = DEFAULT_LISTENER_NAME,
+                 on_deposed: Callable[[], None] | None = None) -> None:
+        self._internal_listener = internal_listener
+        self._on_deposed = on_deposed
+        self._file = _MembershipFile(path)
+        self._owner = this_process()
+        self._won: ActiveCoordinator | None = None
+        self._current: ActiveCoordinator | None = None
+        self._changed = threading.Condition()
+        self._closed = False
+        self._refresh()
+        self._watcher = _Watcher("membership-coordinator", self._refresh)
+
+    def _read(self) -> ActiveCoordinator | None:
+        rows = self._file.query("SELECT address, owner FROM membership_coordinator WHERE slot = 0")
+        if not rows or not owner_alive(rows[0][1]):
+            return None
+        try:
+            return ActiveCoordinator.decode(bytes(rows[0][0]))
+        except (ValueError, KeyError, TypeError, InvalidConfigError):
+            log.warning("ignoring an unreadable coordinator address %r", rows[0][0])
+            return None
+
+    def _refresh(self) -> None:
+        active = self._read()
+        with self._changed:
+            if self._closed:
+                return
+            self._current = active
+            deposed = self._won is not None and active != self._won
+            if deposed:
+                self._won = None
+            self._changed.notify_all()
+        if deposed:
+            log.error("this coordinator is no longer the active one (its entry is gone or taken over)")
+            if self._on_deposed is not None:
+                self._on_deposed()
+
+    def campaign(self, server: RegisteredServer, next_epoch: Callable[[], int], stop: threading.Event) -> int | None:
+        while not stop.is_set():
+            with self._changed:
+                self._changed.wait_for(lambda: self._current is None or stop.is_set(), POLL_S * 5)
+                if stop.is_set():
+                    return None
+                if self._current is not None:
+                    continue
+            # the epoch first: its counter is in the metadata store, a connection of its own to the same file,
+            # which would wait on this transaction's lock (an epoch taken by a lost round is skipped, as on ZooKeeper)
+            active = ActiveCoordinator(server, next_epoch())
+            try:
+                with self._file.transaction() as db:
+                    row = db.execute("SELECT owner FROM membership_coordinator WHERE slot = 0").fetchone()
+                    if row is not None and owner_alive(row[0]):
+                        continue  # another coordinator won this round
+                    db.execute("INSERT OR REPLACE INTO membership_coordinator VALUES (0, ?, ?)",
+                               (active.encode(), self._owner))
+            except StorageError as exc:
+                log.warning("campaign for the active coordinator failed, trying again: %s", exc)
+                stop.wait(POLL_S)
+                continue
+            with self._changed:
+                self._won = self._current = active
+            return active.epoch
+        return None
+
+    def current(self) -> ServerNode | None:
+        active = self._current
+        return None if active is None else active.server.node(self._internal_listener)
+
+    def current_epoch(self) -> int | None:
+        active = self._current
+        return None if active is None else active.epoch
+
+    def wait(self, timeout_s: float) -> ServerNode | None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._current is not None, timeout_s)
+            return self.current()
+
+    def close(self) -> None:
+        with self._changed:
+            if self._closed:
+                return
+            self._closed = True
+            won, self._won = self._won, None  # leaving is not being deposed
+        self._watcher.stop()
+        if won is not None:
+            try:
+                with self._file.transaction() as db:
+                    db.execute("DELETE FROM membership_coordinator WHERE slot = 0 AND owner = ?", (self._owner,))
+            except (StorageError, sqlite3.Error) as exc:
+                log.warning("could not remove the active coordinator's entry (it expires with this process): %s", exc)
+        self._file.close()
+
+
+class LocalBucketStates(BucketStates):
+    """The bucket states as rows with a version counter; a compare-and-set is one UPDATE on the version."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._file = _MembershipFile(path)
+
+    @staticmethod
+    def _key(bucket: TableBucket) -> tuple[int, int, int]:
+        partition = _NO_PARTITION if bucket.partition_id is None else bucket.partition_id
+        return bucket.table_id, partition, bucket.bucket
+
+    def _create(self, bucket: TableBucket, state: LeaderAndIsr) -> bool:
+        with self._file.transaction() as db:
+            cursor = db.execute("INSERT OR IGNORE INTO membership_bucket_states VALUES (?, ?, ?, ?, 0)",
+                                (*self._key(bucket), state.to_json()))
+            return cursor.rowcount == 1
+
+    def _read(self, bucket: TableBucket) -> tuple[LeaderAndIsr, int] | None:
+        rows = self._file.query(
+            "SELECT state, version FROM membership_bucket_states WHERE table_id = ? AND partition_id = ? AND bucket = ?",
+            *self._key(bucket))
+        return (LeaderAndIsr.from_json(bytes(rows[0][0])), int(rows[0][1])) if rows else None
+
+    def _read_many(self, buckets: list[TableBucket]) -> dict[TableBucket, LeaderAndIsr]:
+        owners = {(b.table_id, _NO_PARTITION if b.partition_id is None else b.partition_id) for b in buckets}
+        wanted = {self._key(bucket): bucket for bucket in buckets}
+        found: dict[TableBucket, LeaderAndIsr] = {}
+        for table_id, partition in owners:
+            for bucket_id, state in self._file.query(
+                    "SELECT bucket, state FROM membership_bucket_states WHERE table_id = ? AND partition_id = ?",
+                    table_id, partition):
+                bucket = wanted.get((table_id, partition, bucket_id))
+                if bucket is not None:
+                    found[bucket] = LeaderAndIsr.from_json(bytes(state))
+        return found
+
+    def _write_if(self, bucket: TableBucket, state: LeaderAndIsr, version: int) -> bool:
+        with self._file.transaction() as db:
+            cursor = db.execute(
+                "UPDATE membership_bucket_states SET state = ?, version = version + 1 "
+                "WHERE table_id = ? AND partition_id = ? AND bucket = ? AND version = ?",
+                (state.to_json(), *self._key(bucket), version))
+            return cursor.rowcount == 1
+
+    def close(self) -> None:
+        self._file.close()
+
+
+__all__ = ["LocalBucketStates", "LocalCoordinatorDirectory", "LocalServerRegistry", "owner_alive", "this_process"]

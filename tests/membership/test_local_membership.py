@@ -1,0 +1,198 @@
+"""Cluster membership in a shared SQLite file, with real processes as the owners: a registration and the
+active coordinator's entry last exactly as long as the process that wrote them; bucket states are
+compare-and-set on a version."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from strom.errors import InvalidConfigError
+from strom.ids import TableBucket
+from strom.membership.contract import LeaderAndIsr, RegisteredServer
+from strom.membership.local_membership import (
+    LocalBucketStates,
+    LocalCoordinatorDirectory,
+    LocalServerRegistry,
+    owner_alive,
+    this_process,
+)
+from strom.rpc.endpoints import Endpoint
+
+pytestmark = pytest.mark.timeout(60)
+
+WAIT_S = 10.0
+
+HOLDER = """
+import sys, threading
+from strom.membership.contract import RegisteredServer
+from strom.membership.local_membership import LocalCoordinatorDirectory, LocalServerRegistry
+from strom.rpc.endpoints import Endpoint
+path, role, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+server = RegisteredServer(5 if role == "server" else 0, (Endpoint("FLUSS", "127.0.0.1", port),))
+if role == "server":
+    LocalServerRegistry(path).register(server)
+else:
+    LocalCoordinatorDirectory(path).campaign(server, lambda: 7, threading.Event())
+print("held", flush=True)
+sys.stdin.read()  # until the test closes stdin or kills this process
+"""
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
+        time.sleep(0.02)
+
+
+def server(server_id: int, port: int) -> RegisteredServer:
+    return RegisteredServer(server_id, (Endpoint("FLUSS", "127.0.0.1", port),))
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> str:
+    return str(tmp_path / "cluster.sqlite")
+
+
+@pytest.fixture
+def holder(path: str) -> Iterator[Callable[[str, int], subprocess.Popen[str]]]:
+    """Start another process that registers (``"server"``, id 5) or becomes the active coordinator."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(role: str, port: int) -> subprocess.Popen[str]:
+        process = subprocess.Popen([sys.executable, "-c", HOLDER, path, role, str(port)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        started.append(process)
+        assert process.stdout is not None and process.stdout.readline().strip() == "held"
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def test_an_owner_is_alive_exactly_while_its_process_runs() -> None:
+    me = this_process()
+    assert owner_alive(me)
+    pid, _, started = me.partition(":")
+    assert not owner_alive(f"{pid}:{int(started) + 1}")  # the same pid, another start time: a reused pid
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    owner = f"{process.pid}:{Path(f'/proc/{process.pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
+    assert owner_alive(owner)
+    process.kill()
+    process.wait(10)
+    assert not owner_alive(owner)
+    assert not owner_alive("not-a-pid:1")
+
+
+def test_registrations_are_seen_by_every_registry_and_leave_on_close(path: str) -> None:
+    first, second = LocalServerRegistry(path), LocalServerRegistry(path)
+    seen: list[set[int]] = []
+    second.add_listener(lambda live: seen.append(set(live)))
+    try:
+        first.register(server(1, 9001))
+        first.register(server(2, 9002))
+        wait_until(lambda: set(second.live()) == {1, 2}, "the other registry sees both servers")
+        assert second.live()[2].port == 9002
+        assert seen[-1] == {1, 2}
+        first.close()
+        wait_until(lambda: second.live() == {}, "closing a registry removes its registrations")
+        assert seen[-1] == set()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_an_id_held_by_a_live_process_is_refused_until_that_process_dies(
+        path: str, holder: Callable[[str, int], subprocess.Popen[str]]) -> None:
+    other = holder("server", 9005)
+    registry = LocalServerRegistry(path)
+    try:
+        wait_until(lambda: 5 in registry.live(), "the other process's registration")
+        with pytest.raises(InvalidConfigError, match=r"tablet-server.id 5 is already registered .*127.0.0.1:9005"):
+            registry.register(server(5, 9105))
+        os.kill(other.pid, signal.SIGKILL)  # no goodbye: its row stays, its process is gone
+        other.wait(10)
+        wait_until(lambda: 5 not in registry.live(), "a killed process's registration drops out")
+        registry.register(server(5, 9105))  # the restart takes the id at once: no session to time out
+        assert registry.live()[5].port == 9105
+    finally:
+        registry.close()
+
+
+def test_a_coordinator_takes_over_once_the_active_one_is_killed(
+        path: str, holder: Callable[[str, int], subprocess.Popen[str]]) -> None:
+    active = holder("coordinator", 9100)
+    follower = LocalCoordinatorDirectory(path)
+    standby = LocalCoordinatorDirectory(path)
+    stop = threading.Event()
+    won: list[int | None] = []
+    campaign = threading.Thread(target=lambda: won.append(standby.campaign(server(0, 9200), lambda: 8, stop)))
+    try:
+        node = follower.wait(WAIT_S)
+        assert node is not None and node.port == 9100 and follower.current_epoch() == 7
+        campaign.start()
+        time.sleep(0.5)
+        assert won == []  # a live active coordinator is never displaced
+        os.kill(active.pid, signal.SIGKILL)
+        active.wait(10)
+        campaign.join(WAIT_S)
+        assert won == [8]
+        wait_until(lambda: (node := follower.current()) is not None and node.port == 9200, "the new active one")
+        assert follower.current_epoch() == 8
+    finally:
+        stop.set()
+        if campaign.is_alive():
+            campaign.join(WAIT_S)
+        follower.close()
+        standby.close()
+
+
+def test_an_active_coordinator_whose_entry_is_taken_over_is_deposed(path: str) -> None:
+    deposed = threading.Event()
+    directory = LocalCoordinatorDirectory(path, on_deposed=deposed.set)
+    try:
+        assert directory.campaign(server(0, 9300), lambda: 3, threading.Event()) == 3
+        assert not deposed.wait(0.3)
+        with sqlite3.connect(path) as db:  # the entry removed behind its back (as an expired ZooKeeper node)
+            db.execute("DELETE FROM membership_coordinator")
+        assert deposed.wait(WAIT_S)
+    finally:
+        directory.close()
+
+
+def test_bucket_states_are_compare_and_set_on_their_version(path: str) -> None:
+    states, other = LocalBucketStates(path), LocalBucketStates(path)
+    bucket, partitioned = TableBucket(1, 0), TableBucket(1, 3, partition_id=9)
+    first = LeaderAndIsr(1, 0, (1, 2), (1, 2))
+    try:
+        states.create(bucket, first)
+        states.create(bucket, LeaderAndIsr(2, 5, (2,), (2,)))  # a retried creation keeps the first
+        states.create(partitioned, LeaderAndIsr(2, 0, (2,), (2,)))
+        assert other.get(bucket) == (first, 0)
+        assert other.get(TableBucket(1, 1)) is None
+        shrunk = first.with_isr((1,))
+        assert other.compare_and_set(bucket, shrunk, 0)
+        assert not states.compare_and_set(bucket, first, 0)  # written by someone else since version 0
+        assert states.get(bucket) == (shrunk, 1)
+        assert other.get_many([bucket, partitioned, TableBucket(2, 0)]) == {
+            bucket: shrunk, partitioned: LeaderAndIsr(2, 0, (2,), (2,))}
+        states.remember_leadership()
+        assert states.remembered([bucket]) is None
+        assert states.leaderships([bucket]) == {bucket: shrunk}
+        assert states.remembered([bucket]) == {bucket: shrunk}
+    finally:
+        states.close()
+        other.close()
