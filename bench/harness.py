@@ -7,6 +7,7 @@ same run, and never assert timings.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import statistics
@@ -38,11 +39,13 @@ def free_port() -> int:
 class BenchServer:
     """``strom server`` on a free loopback port with a throw-away data directory (a context manager)."""
 
-    def __init__(self, config: dict[str, str] | None = None, data_dir: Path | None = None) -> None:
+    def __init__(self, config: dict[str, str] | None = None, data_dir: Path | None = None, workers: int = 1) -> None:
+        """``workers`` > 1: ``strom server --workers N`` (a coordinator and N tablet-server processes)."""
         self._temporary = None if data_dir else tempfile.TemporaryDirectory(prefix="strom-bench-")
         self.data_dir = data_dir or Path(self._temporary.name) / "data"  # type: ignore[union-attr]
         self.config = config or {}
-        self.port = free_port()
+        self.workers = workers
+        self.port = free_port() if workers == 1 else 0  # workers: every port free, the bootstrap one printed
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -54,6 +57,8 @@ class BenchServer:
                    "--data-dir", str(self.data_dir), "--log-level", "WARNING"]
         for key, value in self.config.items():
             command += ["-D", f"{key}={value}"]
+        if self.workers > 1:
+            return self._start_workers(command)
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -64,10 +69,27 @@ class BenchServer:
                 time.sleep(0.05)
         raise RuntimeError("the bench server did not start")
 
+    def _start_workers(self, command: list[str]) -> BenchServer:
+        """Started once the supervisor prints its bootstrap address (after every worker has registered)."""
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        log_path = self.data_dir.parent / "supervisor.log"
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen([*command, "--workers", str(self.workers)], stdout=log, stderr=log)
+        deadline = time.monotonic() + READY_TIMEOUT_S * 2
+        while time.monotonic() < deadline:
+            found = re.search(r"strom listening on \S+:(\d+) with", log_path.read_text())
+            if found:
+                self.port = int(found.group(1))
+                return self
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"the bench workers did not start:\n{log_path.read_text()[-3000:]}")
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
-            self.process.wait(30)
+            self.process.wait(60)
 
     def rss_bytes(self) -> tuple[int, int]:
         """Current and peak resident memory of the server process."""

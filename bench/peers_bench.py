@@ -3,7 +3,8 @@
 Workload: ``id BIGINT`` primary key and a 100-character incompressible string (base64 of random bytes),
 written in 10 000-row batches, every write acknowledged only once durable; then read back by key.
 
-strom (a ``strom server`` child process on loopback, 2 buckets):
+strom (a ``strom server`` child process on loopback, 2 buckets; ``--workers 1,2`` compares the one-process
+server with ``strom server --workers 2`` in one run):
 * strom's client, Arrow batches (``upsert_arrow_batch``, pipelined): load (new keys), then update every
   row (new payloads), into a table with ``table.changelog.image=FULL`` (the default) and one with ``WAL``;
 * pyfluss, the official client, row by row (``writer.upsert(dict)``, it has no batch upsert), load only;
@@ -134,11 +135,11 @@ RocksDB (the hot run leaves ``kv.row-cache.size`` at its default, which holds th
 
 
 def run_strom(load: pa.Table, update: pa.Table, lookups: list[int], singles: int, round_: int,
-              row_cache: str | None = None, binding: str = "auto") -> dict[str, Any]:
+              row_cache: str | None = None, binding: str = "auto", workers: int = 1) -> dict[str, Any]:
     results: dict[str, Any] = {}
     config = {"kv.snapshot.interval": "0s", "kv.rocksdb.binding": binding,
               **({"kv.row-cache.size": row_cache} if row_cache else {})}
-    with BenchServer(config) as server:
+    with BenchServer(config, workers=workers) as server:
         for image in ("FULL", "WAL"):
             name = f"peers_{image.lower()}_{round_}"
             results[image] = asyncio.run(strom_writes(server.address, load, update, name, image))
@@ -346,6 +347,7 @@ def postgres_unavailable() -> str | None:
 
 
 def main() -> None:
+    global BUCKETS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--lookups", type=int, default=100_000)
@@ -354,8 +356,20 @@ def main() -> None:
     parser.add_argument("--bindings", default="auto",
                         help="strom's RocksDB bindings to measure, comma-separated (native,rocksdict: an A/B in one "
                              "run, alternating each round); default: the server's own choice")
+    parser.add_argument("--workers", default="1",
+                        help="`strom server --workers N` for each N, comma-separated (1,2: both in one run, "
+                             "alternating each round); with --bindings, one of the two lists has one entry")
+    parser.add_argument("--buckets", type=int, default=BUCKETS, help="buckets of every strom table")
+    parser.add_argument("--no-cold", action="store_true", help="skip the cache-cold strom runs")
     args = parser.parse_args()
+    BUCKETS = args.buckets
+    worker_counts = [int(n) for n in args.workers.split(",")]
     bindings = args.bindings.split(",")
+    if len(worker_counts) > 1 and len(bindings) > 1:
+        parser.error("compare bindings or worker counts in one run, not both")
+    # each strom variant measured: (label, binding, workers)
+    variants = ([(binding, binding, worker_counts[0]) for binding in bindings] if len(worker_counts) == 1
+                else [(f"workers={n}", bindings[0], n) for n in worker_counts])
     missing = postgres_unavailable()
     if missing:
         print(f"peers_bench: skipped, {missing}.")
@@ -364,15 +378,16 @@ def main() -> None:
     rng = random.Random(13)
     lookups = [rng.randrange(args.rows) for _ in range(args.lookups)]
     singles = min(args.singles, args.lookups)
-    hot: dict[str, list[dict[str, Any]]] = {binding: [] for binding in bindings}
-    cold: dict[str, list[dict[str, Any]]] = {binding: [] for binding in bindings}
+    hot: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in variants}
+    cold: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in variants}
     postgreses, round_trips = [], []
     bin_dir = postgres_binaries()
     assert bin_dir is not None
     for round_ in range(args.rounds):
-        for binding in bindings:
-            hot[binding].append(run_strom(load, update, lookups, singles, round_, binding=binding))
-            cold[binding].append(run_strom(load, update, lookups, singles, round_, COLD_CACHE, binding))
+        for label, binding, workers in variants:
+            hot[label].append(run_strom(load, update, lookups, singles, round_, binding=binding, workers=workers))
+            if not args.no_cold:
+                cold[label].append(run_strom(load, update, lookups, singles, round_, COLD_CACHE, binding, workers))
         round_trips.append(python_round_trips(singles))
         with BenchPostgres(bin_dir) as pg:
             postgreses.append(run_postgres(pg, load, update, lookups, singles))
@@ -396,10 +411,12 @@ def main() -> None:
     lines += [("PostgreSQL = ANY of 1 000 keys", f"{pg_batched:,.0f} keys/s{spread([r['lookups'][0] for r in postgreses])}"),
               ("single lookups p50 / p99: PostgreSQL prepared SELECT",
                f"{median(pg_lat):.0f} / {percentile(pg_lat, 0.99):.0f} µs")]
-    for binding in bindings:
-        tag = "" if bindings == ["auto"] else f" [{binding}]"
-        stroms, colds = hot[binding], cold[binding]
+    for label, _, _ in variants:
+        tag = "" if label == "auto" else f" [{label}]"
+        stroms, colds = hot[label], cold[label]
         for runs, cache in ((stroms, "row cache hot"), (colds, f"row cache cold ({COLD_CACHE})")):
+            if not runs:
+                continue
             for image in ("FULL", "WAL"):
                 for index, (what, pg_rate) in enumerate((("load", pg_load), ("update", pg_update))):
                     rates = [r[image][index] for r in runs]
@@ -410,13 +427,12 @@ def main() -> None:
         lines.append((f"pyfluss row by row (FULL image), load{tag}",
                       f"{med(official):,.0f} rows/s  strom/PostgreSQL {med(official) / pg_load:.2f}{spread(official)}"))
         batched = [r["lookups"][0] for r in stroms]
-        cold_batched = med([r["lookups"][0] for r in colds])
-        lines += [
-            (f"strom lookup_arrow of 1 000 keys, row cache hot{tag}",
-             f"{med(batched):,.0f} keys/s  strom/PostgreSQL {med(batched) / pg_batched:.2f}{spread(batched)}"),
-            (f"strom lookup_arrow of 1 000 keys, row cache cold{tag}",
-             f"{cold_batched:,.0f} keys/s  strom/PostgreSQL {cold_batched / pg_batched:.2f}"),
-        ]
+        lines.append((f"strom lookup_arrow of 1 000 keys, row cache hot{tag}",
+                      f"{med(batched):,.0f} keys/s  strom/PostgreSQL {med(batched) / pg_batched:.2f}{spread(batched)}"))
+        if colds:
+            cold_batched = med([r["lookups"][0] for r in colds])
+            lines.append((f"strom lookup_arrow of 1 000 keys, row cache cold{tag}",
+                          f"{cold_batched:,.0f} keys/s  strom/PostgreSQL {cold_batched / pg_batched:.2f}"))
         for label, index in (("strom asyncio lookuper", 1), ("strom blocking lookuper", 2)):
             latencies = [x for r in stroms for x in r["lookups"][index]]
             lines.append((f"single lookups p50 / p99: {label}{tag}",

@@ -22,6 +22,7 @@ BENCHES = [
     ("bench.auto_increment_bench", [], ["--rows", "50000", "--lookups", "5000"]),
     ("bench.schema_evolution_bench", [], ["--rows", "50000", "--lookups", "5000"]),
     ("bench.cluster_bench", [], ["--rows", "100000"]),
+    ("bench.workers_bench", [], ["--rows", "100000"]),
     ("bench.rebalance_bench", [], ["--mb", "50", "--baseline-seconds", "2"]),
     ("bench.spark_bench", [], ["--rows", "200000"]),
     ("bench.spark_exactly_once_bench", [], ["--rows", "100000", "--repeat", "1"]),

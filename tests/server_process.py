@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from strom.security.server_security import main_listener_protocol
@@ -112,3 +115,50 @@ class ServerProcess:
     def internal_errors(self) -> list[str]:
         """Lines where the server logged a broken invariant: any of them fails the test that caused it."""
         return [line for line in self.log_text().splitlines() if "AssertionError" in line]
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.05)
+
+
+class WorkersProcess:
+    """``strom server --workers N`` as a child process on free loopback ports; the bootstrap address is
+    read from its start-up line, the members' pids from the ``cluster.json`` its supervisor keeps."""
+
+    def __init__(self, data_dir: Path, workers: int, strom_command: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.log_path = data_dir.parent / f"{data_dir.name}-supervisor.log"
+        command = [*(strom_command or [sys.executable, "-m", "strom.cli.main"]), "server", "--workers", str(workers),
+                   "--bind", "127.0.0.1:0", "--data-dir", str(data_dir), "-D", "kv.snapshot.interval=0s"]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + READY_TIMEOUT_S * 2
+        while (found := re.search(r"strom listening on (\S+) with", self.log_text())) is None:
+            assert self.process.poll() is None, f"exited with {self.process.returncode}:\n{self.log_text()}"
+            assert time.monotonic() < deadline, f"not serving within {READY_TIMEOUT_S * 2} s:\n{self.log_text()}"
+            time.sleep(0.1)
+        self.bootstrap = found.group(1)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def members(self) -> dict[str, int]:
+        """Each member's pid by name (``coordinator-1``, ``tablet-server-2``), as the supervisor recorded them."""
+        state = json.loads((self.data_dir / "cluster.json").read_text())
+        return {f"{m['role']}-{m['server_id']}": m["pid"] for m in state["members"]}
+
+    def kill_member(self, name: str) -> None:
+        """kill -9 a member and wait until the supervisor has started it again (a new pid)."""
+        old = self.members()[name]
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: self.members()[name] != old, f"{name} started again")
+        wait_until(lambda: f"{name} (pid {old}) exited" in self.log_text(), "the restart logged")
+
+    def stop(self) -> int:
+        """SIGTERM to the supervisor, which stops every member; returns its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(STOP_TIMEOUT_S * 2)

@@ -9,6 +9,8 @@ this checkout, and pyfluss (from the test environment) writes and reads through 
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 import subprocess
 import sys
 import venv
@@ -20,7 +22,8 @@ import pyarrow as pa
 import pytest
 
 from strom.kv import rocksdb
-from tests.server_process import ServerProcess
+from strom.server.local_cluster import alive
+from tests.server_process import ServerProcess, WorkersProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP_TIMEOUT_S = 900
@@ -85,3 +88,34 @@ def test_the_wheel_s_server_serves_pyfluss(clean_install: Path, tmp_path: Path) 
         assert f"through the {expected} binding" in server.log_text()
     finally:
         assert server.stop() == 0, server.log_text()[-3000:]
+
+
+def test_the_wheel_s_workers_serve_pyfluss_without_zookeeper_s_client(clean_install: Path, tmp_path: Path) -> None:
+    """`strom server --workers 2` from the wheel (no kazoo): the coordinator and both workers start, a table's
+    buckets spread over them, and pyfluss writes and reads through the bootstrap address."""
+    supervisor = WorkersProcess(tmp_path / "data", 2, strom_command=[str(clean_install / "bin" / "strom")])
+    members = supervisor.members()
+    try:
+        async def write_and_read() -> list[dict[str, object] | None]:
+            connection = await fluss.FlussConnection.create(fluss.Config({"bootstrap.servers": supervisor.bootstrap}))
+            try:
+                path = fluss.TablePath("fluss", "from_the_wheel_s_workers")
+                schema = fluss.Schema(pa.schema([("id", pa.int32()), ("name", pa.string())]), primary_keys=["id"])
+                await connection.get_admin().create_table(path, fluss.TableDescriptor(schema, bucket_count=4))
+                table = await connection.get_table(path)
+                writer = table.new_upsert().create_writer()
+                for key in range(20):
+                    writer.upsert({"id": key, "name": f"n{key}"})
+                await writer.flush()
+                lookuper = table.new_lookup().create_lookuper()
+                return [await lookuper.lookup({"id": key}) for key in range(20)]
+            finally:
+                await connection.close()
+
+        assert asyncio.run(write_and_read()) == [{"id": key, "name": f"n{key}"} for key in range(20)]
+        with sqlite3.connect(tmp_path / "data" / "cluster.sqlite") as db:  # both workers lead buckets of it
+            leaders = {json.loads(state)["leader"] for (state,) in db.execute("SELECT state FROM membership_bucket_states")}
+        assert leaders == {1, 2}
+    finally:
+        assert supervisor.stop() == 0, supervisor.log_text()[-3000:]
+    assert not any(alive(pid) for pid in members.values())

@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
-import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,63 +22,20 @@ from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.server.local_cluster import alive
 from strom.server.workers import check_layout
 from tests.conftest import unique_name
+from tests.server_process import WorkersProcess, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("workers")]
 
-READY_S = 60.0
 WAIT_S = 30.0
 FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.int64())])
 
 
-class Workers:
-    """``strom server --workers N`` as a child process; the bootstrap address from its start-up line."""
-
-    def __init__(self, data_dir: Path, workers: int) -> None:
-        self.data_dir = data_dir
-        self.log_path = data_dir.parent / f"{data_dir.name}-supervisor.log"
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "strom.cli.main", "server", "--workers", str(workers), "--bind", "127.0.0.1:0",
-                 "--data-dir", str(data_dir), "-D", "kv.snapshot.interval=0s"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + READY_S
-        while (found := re.search(r"strom listening on (\S+) with", self.log_path.read_text())) is None:
-            assert self.process.poll() is None, f"exited with {self.process.returncode}:\n{self.log_path.read_text()}"
-            assert time.monotonic() < deadline, f"not serving within {READY_S} s:\n{self.log_path.read_text()}"
-            time.sleep(0.1)
-        self.bootstrap = found.group(1)
-
-    def members(self) -> dict[str, int]:
-        """Each member's pid by name (``coordinator-1``, ``tablet-server-2``), as the supervisor recorded them."""
-        state = json.loads((self.data_dir / "cluster.json").read_text())
-        return {f"{m['role']}-{m['server_id']}": m["pid"] for m in state["members"]}
-
-    def kill_member(self, name: str) -> None:
-        """kill -9 a member and wait until the supervisor has started it again (a new pid, serving)."""
-        old = self.members()[name]
-        os.kill(old, signal.SIGKILL)
-        wait_until(lambda: self.members()[name] != old, f"{name} started again")
-        wait_until(lambda: f"{name} (pid {old}) exited" in self.log_path.read_text(), "the restart logged")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(WAIT_S)
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.05)
-
-
 @pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Callable[[int], Workers]]:
-    started: list[Workers] = []
+def workers(tmp_path: Path) -> Iterator[Callable[[int], WorkersProcess]]:
+    started: list[WorkersProcess] = []
 
-    def start(count: int) -> Workers:
-        started.append(Workers(tmp_path / f"data{len(started)}", count))
+    def start(count: int) -> WorkersProcess:
+        started.append(WorkersProcess(tmp_path / f"data{len(started)}", count))
         return started[-1]
 
     yield start
@@ -127,7 +79,7 @@ async def read_all(bootstrap: str, path: TablePath) -> dict[int, int]:
 
 @pytest.mark.asyncio
 async def test_buckets_spread_over_the_workers_and_no_kill_loses_an_acknowledged_write(
-        workers: Callable[[int], Workers]) -> None:
+        workers: Callable[[int], WorkersProcess]) -> None:
     supervisor = workers(2)
     path = TablePath("fluss", unique_name("workers"))
     async with await Connection.create(supervisor.bootstrap) as connection:
@@ -155,7 +107,7 @@ async def test_buckets_spread_over_the_workers_and_no_kill_loses_an_acknowledged
     assert not any(alive(pid) for pid in members.values())
 
 
-def test_members_stop_by_themselves_when_the_supervisor_is_killed(workers: Callable[[int], Workers]) -> None:
+def test_members_stop_by_themselves_when_the_supervisor_is_killed(workers: Callable[[int], WorkersProcess]) -> None:
     supervisor = workers(2)
     members = supervisor.members()
     assert len(members) == 3 and all(alive(pid) for pid in members.values())

@@ -1,0 +1,127 @@
+"""``strom server --workers N`` for several N against PostgreSQL with the same writers, in one run: how
+durable upsert ingest and batched lookups scale with the tablet-server processes of one machine.
+
+For each N of ``--workers`` (default 1,2; ``bench/workers_scaling.sh`` runs 1,2,4,8,16 on a larger
+machine): a throw-away ``strom server --workers N`` (N = 1: the one-process server), a primary-key table of
+``--buckets`` buckets (default: 2 × the largest N, so every worker leads some), and ``--writers`` client
+processes (default: this machine's cores) that upsert disjoint key ranges in pipelined Arrow batches
+(strom's client; acknowledged = fsynced and applied), then look their keys up again with
+``lookup_arrow`` of 1 000 keys. PostgreSQL (a throw-away cluster, durable commits) takes the same rows from
+the same number of writer processes, one connection each, and answers the same lookups with ``= ANY``.
+
+Printed: rows/s and keys/s per N, the scaling against N = 1 (the goal: ≥ 0.7 N up to 8 on a machine with
+enough cores for the workers *and* the writers), and strom/PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import time
+
+import pyarrow as pa
+
+from bench.cluster_bench import PATH, create, postgres_write_range, run_writers, write_range
+from bench.harness import BenchServer, median, report
+from bench.peers_bench import BenchPostgres, postgres_binaries, postgres_unavailable
+from strom.client import Connection, Lookuper
+
+LOOKUP_KEYS = 1_000
+
+
+def lookup_range(address: str, first: int, count: int, _batch: int) -> None:
+    """Look up ``count`` keys of ``[first, first + count)`` in random order, 1 000 per ``lookup_arrow``."""
+    keys = list(range(first, first + count))
+    random.Random(first).shuffle(keys)
+
+    async def run() -> None:
+        async with await Connection.create(address) as connection:
+            lookuper = (await connection.get_table(PATH)).new_lookup().create_lookuper()
+            assert isinstance(lookuper, Lookuper)
+            for start in range(0, len(keys), LOOKUP_KEYS):
+                chunk = pa.table({"id": pa.array(keys[start:start + LOOKUP_KEYS], pa.int64())})
+                found = await lookuper.lookup_arrow(chunk)
+                assert found.num_rows == chunk.num_rows
+
+    asyncio.run(run())
+
+
+def postgres_lookup_range(port: int, first: int, count: int, _batch: int) -> None:
+    import psycopg
+
+    keys = list(range(first, first + count))
+    random.Random(first).shuffle(keys)
+    with psycopg.connect(host="127.0.0.1", port=port, user="bench", dbname="postgres") as connection, \
+            connection.cursor() as cursor:
+        for start in range(0, len(keys), LOOKUP_KEYS):
+            cursor.execute("SELECT id, name, score FROM ingest WHERE id = ANY(%s)", (keys[start:start + LOOKUP_KEYS],))
+            assert len(cursor.fetchall()) == len(keys[start:start + LOOKUP_KEYS])
+
+
+def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: int) -> tuple[float, float]:
+    """(ingest rows/s, lookup keys/s) of ``strom server --workers N``."""
+    with BenchServer({"kv.snapshot.interval": "0s"}, workers=workers) as server:
+        asyncio.run(create(server.address, buckets))
+        ingest = run_writers(write_range, server.address, rows, writers, batch)
+        lookups = run_writers(lookup_range, server.address, rows, writers, batch)
+    return ingest, lookups
+
+
+def measure_postgres_lookups(rows: int, writers: int, batch: int) -> tuple[float, float] | None:
+    missing = postgres_unavailable()
+    bin_dir = postgres_binaries()
+    if missing is not None or bin_dir is None:
+        print(f"PostgreSQL skipped: {missing}")
+        return None
+    with BenchPostgres(bin_dir) as pg:
+        with pg.connect() as connection:
+            connection.execute("CREATE TABLE ingest (id BIGINT PRIMARY KEY, name TEXT, score BIGINT)")
+            connection.commit()
+        ingest = run_writers(postgres_write_range, pg.port, rows, writers, batch)
+        lookups = run_writers(postgres_lookup_range, pg.port, rows, writers, batch)
+    return ingest, lookups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", default="1,2", help="the worker counts to measure, comma-separated")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--writers", type=int, default=os.cpu_count() or 2, help="client processes")
+    parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--buckets", type=int, default=None, help="buckets of the table (default: 2 × the largest N)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds; medians are printed")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.workers.split(",")]
+    buckets = args.buckets or 2 * max(counts)
+    strom: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+    postgres: list[tuple[float, float]] = []
+    started = time.monotonic()
+    for _ in range(args.rounds):
+        for n in counts:
+            strom[n].append(measure_strom(n, args.rows, args.writers, args.batch, buckets))
+        measured = measure_postgres_lookups(args.rows, args.writers, args.batch)
+        if measured is not None:
+            postgres.append(measured)
+    ingest = {n: median([r[0] for r in runs]) for n, runs in strom.items()}
+    lookups = {n: median([r[1] for r in runs]) for n, runs in strom.items()}
+    base = counts[0]
+    lines = []
+    for n in counts:
+        lines.append((f"workers={n}: ingest", f"{ingest[n]:,.0f} rows/s  ×{ingest[n] / ingest[base]:.2f} of workers={base}"))
+        lines.append((f"workers={n}: lookup_arrow of 1 000 keys",
+                      f"{lookups[n]:,.0f} keys/s  ×{lookups[n] / lookups[base]:.2f} of workers={base}"))
+    if postgres:
+        pg_ingest, pg_lookups = median([p[0] for p in postgres]), median([p[1] for p in postgres])
+        lines.append((f"PostgreSQL, {args.writers} connections: ingest", f"{pg_ingest:,.0f} rows/s"))
+        lines.append((f"PostgreSQL, {args.writers} connections: = ANY of 1 000 keys", f"{pg_lookups:,.0f} keys/s"))
+        for n in counts:
+            lines.append((f"workers={n} / PostgreSQL", f"ingest {ingest[n] / pg_ingest:.2f}, lookups {lookups[n] / pg_lookups:.2f}"))
+    lines.append(("measured in", f"{time.monotonic() - started:.0f} s"))
+    report(f"strom server --workers N: {args.rows:,} rows, {args.writers} writer processes, {buckets} buckets, "
+           f"{os.cpu_count()} cores, {args.rounds} round(s) (same run)", lines)
+
+
+if __name__ == "__main__":
+    main()
