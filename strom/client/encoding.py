@@ -67,7 +67,7 @@ def encode(layout: TableLayout, batch: pa.RecordBatch, *, with_rows: bool, with_
     if layout.kv_format == "COMPACTED" and layout.key_lake_format is None:  # the C path knows Fluss's keys only
         fast_rows, fast_keys, fast_buckets = row_batches.encode_batch(
             batch,
-            layout.row_type,
+            layout.row_type if with_rows else layout.key_row_type,  # keys alone: the other columns are null
             key_indexes=layout.key_indexes if with_keys else None,
             bucket_key_indexes=layout.bucket_key_indexes or None,
             bucket_count=layout.bucket_count if layout.bucket_key_indexes else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from functools import cached_property
 
@@ -45,6 +46,16 @@ class TableLayout:
             self.row_type, info.properties.get(table_properties.STATISTICS_COLUMNS)
         )
         """The columns whose statistics appended ARROW batches carry (``table.statistics.columns``)."""
+
+    @cached_property
+    def key_row_type(self) -> RowType:
+        """The row type with every column but the key and bucket-key columns nullable: what a batch of keys
+        alone (a lookup's, a delete's, a bucketing's) is encoded with, its other columns null even where the
+        table declares them NOT NULL."""
+        needed = {*self.key_indexes, *self.bucket_key_indexes, *self.partition_key_indexes}
+        fields = [f if i in needed else dataclasses.replace(f, type=f.type.copy(nullable=True))
+                  for i, f in enumerate(self.row_type.fields)]
+        return dataclasses.replace(self.row_type, fields=tuple(fields))
 
     def check_schema_id(self, schema_id: int) -> None:
         """Refuse rows of another schema than this layout's: the server sends rows in the table's current
