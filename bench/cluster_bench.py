@@ -21,7 +21,8 @@ import multiprocessing
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +93,26 @@ def postgres_write_range(port: int, first: int, count: int, batch: int) -> None:
             connection.commit()
 
 
-def measure_postgres(rows: int, writers: int, batch: int) -> float | None:
-    """Rows/s of ``writers`` PostgreSQL connections (processes) upserting ``rows`` keys; None without PostgreSQL."""
+@contextmanager
+def postgres_ingest_table() -> Iterator[BenchPostgres | None]:
+    """A throw-away PostgreSQL holding an empty ``ingest`` table; None (and a message) without PostgreSQL."""
     missing = postgres_unavailable()
     bin_dir = postgres_binaries()
     if missing is not None or bin_dir is None:
         print(f"PostgreSQL skipped: {missing}")
-        return None
+        yield None
+        return
     with BenchPostgres(bin_dir) as pg:
         with pg.connect() as connection:
             connection.execute("CREATE TABLE ingest (id BIGINT PRIMARY KEY, name TEXT, score BIGINT)")
             connection.commit()
-        return run_writers(postgres_write_range, pg.port, rows, writers, batch)
+        yield pg
+
+
+def measure_postgres(rows: int, writers: int, batch: int) -> float | None:
+    """Rows/s of ``writers`` PostgreSQL connections (processes) upserting ``rows`` keys; None without PostgreSQL."""
+    with postgres_ingest_table() as pg:
+        return None if pg is None else run_writers(postgres_write_range, pg.port, rows, writers, batch)
 
 
 def measure_cluster(

@@ -23,9 +23,15 @@ import time
 
 import pyarrow as pa
 
-from bench.cluster_bench import PATH, create, postgres_write_range, run_writers, write_range
+from bench.cluster_bench import (
+    PATH,
+    create,
+    postgres_ingest_table,
+    postgres_write_range,
+    run_writers,
+    write_range,
+)
 from bench.harness import BenchServer, median, report
-from bench.peers_bench import BenchPostgres, postgres_binaries, postgres_unavailable
 from strom.client import Connection, Lookuper
 
 LOOKUP_KEYS = 1_000
@@ -70,18 +76,12 @@ def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: in
 
 
 def measure_postgres_lookups(rows: int, writers: int, batch: int) -> tuple[float, float] | None:
-    missing = postgres_unavailable()
-    bin_dir = postgres_binaries()
-    if missing is not None or bin_dir is None:
-        print(f"PostgreSQL skipped: {missing}")
-        return None
-    with BenchPostgres(bin_dir) as pg:
-        with pg.connect() as connection:
-            connection.execute("CREATE TABLE ingest (id BIGINT PRIMARY KEY, name TEXT, score BIGINT)")
-            connection.commit()
+    """(ingest rows/s, lookup keys/s) of PostgreSQL with ``writers`` connections; None without it."""
+    with postgres_ingest_table() as pg:
+        if pg is None:
+            return None
         ingest = run_writers(postgres_write_range, pg.port, rows, writers, batch)
-        lookups = run_writers(postgres_lookup_range, pg.port, rows, writers, batch)
-    return ingest, lookups
+        return ingest, run_writers(postgres_lookup_range, pg.port, rows, writers, batch)
 
 
 def main() -> None:

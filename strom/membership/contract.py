@@ -10,6 +10,7 @@ version 3) so that both backends hold the same bytes.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -21,6 +22,8 @@ from strom.errors import InvalidConfigError
 from strom.ids import TableBucket
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME, Endpoint, format_endpoints, parse_endpoints
 from strom.rpc.peers import ServerNode
+
+log = logging.getLogger(__name__)
 
 NO_LEADER = -1
 REGISTRATION_VERSION = 3
@@ -131,6 +134,76 @@ class CoordinatorDirectory(Protocol):
 
     def close(self) -> None:
         """Stop following; an active coordinator's entry goes with it."""
+
+
+class FollowedCoordinator:
+    """What both backends of a :class:`CoordinatorDirectory` share: the active coordinator as last observed
+    (a backend calls :meth:`_observed` on every change it sees), waiting for one, and deposition — the
+    coordinator this process won as is gone or replaced, so ``on_deposed`` is called (on the backend's thread).
+    """
+
+    def __init__(self, internal_listener: str, on_deposed: Callable[[], None] | None) -> None:
+        self._internal_listener = internal_listener
+        self._on_deposed = on_deposed
+        self._won: ActiveCoordinator | None = None
+        self._current: ActiveCoordinator | None = None
+        self._changed = threading.Condition()
+
+    def current(self) -> ServerNode | None:
+        """The active coordinator at its internal listener's endpoint (from the last observation), None while
+        there is none (or it has no such listener)."""
+        active = self._current
+        return None if active is None else active.server.node(self._internal_listener)
+
+    def current_epoch(self) -> int | None:
+        active = self._current
+        return None if active is None else active.epoch
+
+    def wait(self, timeout_s: float) -> ServerNode | None:
+        """The active coordinator, waiting up to ``timeout_s`` for one to appear."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._current is not None, timeout_s)
+            return self.current()
+
+    def _wait_for_vacancy(self, stop: threading.Event, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until there is no active coordinator; False when there still is one or
+        ``stop`` is set."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._current is None or stop.is_set(), timeout_s)
+            return self._current is None and not stop.is_set()
+
+    def _won_as(self, active: ActiveCoordinator) -> None:
+        with self._changed:
+            self._won = self._current = active
+
+    def _leave(self) -> ActiveCoordinator | None:
+        """Stop being the active coordinator without being deposed; what this process had won as, if anything."""
+        with self._changed:
+            won, self._won = self._won, None
+            return won
+
+    def _observed(self, active: ActiveCoordinator | None, where: str) -> None:
+        """The backend saw ``active`` (None: no coordinator is active)."""
+        with self._changed:
+            self._current = active
+            deposed = self._won is not None and active != self._won
+            if deposed:
+                self._won = None
+            self._changed.notify_all()
+        if deposed:
+            log.error("this coordinator is no longer the active one (its %s is gone or taken over)", where)
+            if self._on_deposed is not None:
+                self._on_deposed()
+
+
+def notify_live_servers(listeners: list[Callable[[dict[int, ServerNode]], None]], servers: dict[int, ServerNode]) -> None:
+    """Call every live-server listener with its own copy of ``servers``; one that fails is logged and the
+    others still run (a listener's failure must not stop the backend's watch)."""
+    for listener in list(listeners):
+        try:
+            listener(dict(servers))
+        except Exception:
+            log.exception("a live-server listener failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,11 +332,13 @@ __all__ = [
     "ActiveCoordinator",
     "BucketStates",
     "CoordinatorDirectory",
+    "FollowedCoordinator",
     "LeaderAndIsr",
     "RegisteredServer",
     "ServerRegistry",
     "decode_registration",
     "encode_registration",
     "id_taken",
+    "notify_live_servers",
     "registration_from",
 ]

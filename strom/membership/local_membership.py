@@ -30,11 +30,13 @@ from strom.ids import TableBucket
 from strom.membership.contract import (
     ActiveCoordinator,
     BucketStates,
+    FollowedCoordinator,
     LeaderAndIsr,
     RegisteredServer,
     decode_registration,
     encode_registration,
     id_taken,
+    notify_live_servers,
 )
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME
 from strom.rpc.peers import ServerNode
@@ -217,11 +219,7 @@ class LocalServerRegistry:
             changed = servers != self._live
             self._live = servers
         if changed:
-            for listener in list(self._listeners):
-                try:
-                    listener(dict(servers))
-                except Exception:  # a listener's failure must not stop the watcher
-                    log.exception("a live-server listener failed")
+            notify_live_servers(self._listeners, servers)
 
     def close(self) -> None:
         with self._refresh_lock:
@@ -237,19 +235,15 @@ class LocalServerRegistry:
         self._file.close()
 
 
-class LocalCoordinatorDirectory:
+class LocalCoordinatorDirectory(FollowedCoordinator):
     """The active coordinator (a :class:`~strom.membership.contract.CoordinatorDirectory`): one row, taken
     by the campaigning coordinator when it is absent or its owner is dead."""
 
     def __init__(self, path: str, internal_listener: str = DEFAULT_LISTENER_NAME,
                  on_deposed: Callable[[], None] | None = None) -> None:
-        self._internal_listener = internal_listener
-        self._on_deposed = on_deposed
+        super().__init__(internal_listener, on_deposed)
         self._file = _MembershipFile(path)
         self._owner = this_process()
-        self._won: ActiveCoordinator | None = None
-        self._current: ActiveCoordinator | None = None
-        self._changed = threading.Condition()
         self._closed = False
         self._refresh()
         self._watcher = _Watcher("membership-coordinator", self._refresh)
@@ -265,28 +259,13 @@ class LocalCoordinatorDirectory:
             return None
 
     def _refresh(self) -> None:
-        active = self._read()
-        with self._changed:
-            if self._closed:
-                return
-            self._current = active
-            deposed = self._won is not None and active != self._won
-            if deposed:
-                self._won = None
-            self._changed.notify_all()
-        if deposed:
-            log.error("this coordinator is no longer the active one (its entry is gone or taken over)")
-            if self._on_deposed is not None:
-                self._on_deposed()
+        if not self._closed:
+            self._observed(self._read(), "entry")
 
     def campaign(self, server: RegisteredServer, next_epoch: Callable[[], int], stop: threading.Event) -> int | None:
         while not stop.is_set():
-            with self._changed:
-                self._changed.wait_for(lambda: self._current is None or stop.is_set(), POLL_S * 5)
-                if stop.is_set():
-                    return None
-                if self._current is not None:
-                    continue
+            if not self._wait_for_vacancy(stop, POLL_S * 5):
+                continue
             # the epoch first: its counter is in the metadata store, a connection of its own to the same file,
             # which would wait on this transaction's lock (an epoch taken by a lost round is skipped, as on ZooKeeper)
             active = ActiveCoordinator(server, next_epoch())
@@ -301,30 +280,15 @@ class LocalCoordinatorDirectory:
                 log.warning("campaign for the active coordinator failed, trying again: %s", exc)
                 stop.wait(POLL_S)
                 continue
-            with self._changed:
-                self._won = self._current = active
+            self._won_as(active)
             return active.epoch
         return None
 
-    def current(self) -> ServerNode | None:
-        active = self._current
-        return None if active is None else active.server.node(self._internal_listener)
-
-    def current_epoch(self) -> int | None:
-        active = self._current
-        return None if active is None else active.epoch
-
-    def wait(self, timeout_s: float) -> ServerNode | None:
-        with self._changed:
-            self._changed.wait_for(lambda: self._current is not None, timeout_s)
-            return self.current()
-
     def close(self) -> None:
-        with self._changed:
-            if self._closed:
-                return
-            self._closed = True
-            won, self._won = self._won, None  # leaving is not being deposed
+        if self._closed:
+            return
+        self._closed = True
+        won = self._leave()  # leaving is not being deposed
         self._watcher.stop()
         if won is not None:
             try:

@@ -20,9 +20,8 @@ from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.recipe.watchers import DataWatch
 
 from strom.errors import InvalidConfigError, StorageError
-from strom.membership.contract import ActiveCoordinator, RegisteredServer
+from strom.membership.contract import ActiveCoordinator, FollowedCoordinator, RegisteredServer
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME
-from strom.rpc.peers import ServerNode
 from strom.zk.login import ZooKeeperLogin
 from strom.zk.session import connect_kazoo, parse_location
 
@@ -32,20 +31,17 @@ ACTIVE_PATH = "/coordinators/active"
 CAMPAIGN_POLL_S = 0.5
 
 
-class CoordinatorAddress:  # a CoordinatorDirectory
-    """Campaign for (coordinators) or follow (tablet servers) the active coordinator. Thread-safe."""
+class CoordinatorAddress(FollowedCoordinator):
+    """Campaign for (coordinators) or follow (tablet servers) the active coordinator (a
+    :class:`~strom.membership.contract.CoordinatorDirectory`). Thread-safe."""
 
     def __init__(self, location: str, session_timeout_ms: int = 6000, internal_listener: str = DEFAULT_LISTENER_NAME,
                  login: ZooKeeperLogin | None = None, on_deposed: Callable[[], None] | None = None) -> None:
         """``internal_listener``: :meth:`current` names the active coordinator by its endpoint there.
         ``on_deposed``: called (on a ZooKeeper thread) when this process was active and no longer is."""
+        super().__init__(internal_listener, on_deposed)
         hosts, root = parse_location(location)
-        self._internal_listener = internal_listener
         self._path = root + ACTIVE_PATH
-        self._won: ActiveCoordinator | None = None
-        self._current: ActiveCoordinator | None = None
-        self._changed = threading.Condition()
-        self._on_deposed = on_deposed
         self._client = connect_kazoo(hosts, session_timeout_ms, login=login)
         try:
             self._client.ensure_path(self._path.rsplit("/", 1)[0])
@@ -57,12 +53,8 @@ class CoordinatorAddress:  # a CoordinatorDirectory
     def campaign(self, server: RegisteredServer, next_epoch: Callable[[], int], stop: threading.Event) -> int | None:
         """Block until this process is the active coordinator (returns its epoch) or ``stop`` is set (None)."""
         while not stop.is_set():
-            with self._changed:
-                self._changed.wait_for(lambda: self._current is None or stop.is_set(), CAMPAIGN_POLL_S)
-                if stop.is_set():
-                    return None
-                if self._current is not None:
-                    continue
+            if not self._wait_for_vacancy(stop, CAMPAIGN_POLL_S):
+                continue
             active = ActiveCoordinator(server, next_epoch())
             try:
                 self._client.create(self._path, active.encode(), ephemeral=True)
@@ -72,26 +64,9 @@ class CoordinatorAddress:  # a CoordinatorDirectory
                 log.warning("campaign for the active coordinator failed, trying again: %r", exc)
                 stop.wait(CAMPAIGN_POLL_S)
                 continue
-            with self._changed:
-                self._won = active
+            self._won_as(active)
             return active.epoch
         return None
-
-    def current(self) -> ServerNode | None:
-        """The active coordinator at its internal listener's endpoint (from the watch's cache), None while
-        there is none (or it has no such listener)."""
-        active = self._current
-        return None if active is None else active.server.node(self._internal_listener)
-
-    def current_epoch(self) -> int | None:
-        active = self._current
-        return None if active is None else active.epoch
-
-    def wait(self, timeout_s: float) -> ServerNode | None:
-        """The active coordinator, waiting up to ``timeout_s`` for one to appear."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._current is not None, timeout_s)
-            return self.current()
 
     def _on_data(self, data: bytes | None, _stat: object) -> None:
         active = None
@@ -100,21 +75,11 @@ class CoordinatorAddress:  # a CoordinatorDirectory
                 active = ActiveCoordinator.decode(bytes(data))
             except (ValueError, KeyError, TypeError, InvalidConfigError):
                 log.warning("ignoring an unreadable coordinator address %r", data)
-        with self._changed:
-            self._current = active
-            deposed = self._won is not None and active != self._won
-            if deposed:
-                self._won = None
-            self._changed.notify_all()
-        if deposed:
-            log.error("this coordinator is no longer the active one (its ZooKeeper node is gone or taken over)")
-            if self._on_deposed is not None:
-                self._on_deposed()
+        self._observed(active, "ZooKeeper node")
 
     def close(self) -> None:
         """Stop following; an active coordinator's node goes with the session."""
-        with self._changed:
-            self._won = None  # leaving is not being deposed
+        self._leave()
         try:
             self._client.stop()
         finally:

@@ -19,7 +19,13 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
 from strom.errors import InvalidConfigError, StorageError
-from strom.membership.contract import RegisteredServer, decode_registration, encode_registration, id_taken
+from strom.membership.contract import (
+    RegisteredServer,
+    decode_registration,
+    encode_registration,
+    id_taken,
+    notify_live_servers,
+)
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME
 from strom.rpc.peers import ServerNode
 from strom.zk.login import ZooKeeperLogin
@@ -172,11 +178,7 @@ class TabletServerRegistry:  # a ServerRegistry
             changed = servers != self._live
             self._live = servers
         if changed:
-            for listener in list(self._listeners):
-                try:
-                    listener(dict(servers))
-                except Exception:  # a listener's failure must not stop the watch
-                    log.exception("a live-server listener failed")
+            notify_live_servers(self._listeners, servers)
 
     # ---- session changes ----
     def _on_state(self, state: str) -> None:
