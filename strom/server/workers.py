@@ -5,7 +5,8 @@ A Python process serves from one core (its event loop holds the GIL), so one pro
 other cores for requests. This supervisor starts a coordinator on the bootstrap address a client is given
 (``--bind``, 127.0.0.1:9123 by default) and N tablet servers on the next N ports (free ones when the
 bootstrap port is 0); they share ``<data-dir>/cluster.sqlite`` for metadata and membership
-(:mod:`strom.membership.local_membership`) and ``<data-dir>/remote`` for remote storage. New tables'
+(:mod:`strom.membership.local_membership`), ``<data-dir>/remote`` for remote storage and ``<data-dir>/lake``
+as the lake warehouse (unless configured). New tables'
 buckets spread over the tablet servers; a client learns where each bucket lives from the coordinator, as
 from any Fluss cluster.
 
@@ -35,6 +36,7 @@ from strom.server.local_cluster import (
     Member,
     alive,
 )
+from strom.server.node import WAREHOUSE_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,10 @@ class WorkerSupervisor:
         self.data_dir = data_dir.resolve()
         self.workers = workers
         self.port = port
-        self.cluster = LocalCluster(self.data_dir, workers, dict(config or {}), embedded_metadata=True, host=host,
+        settings = dict(config or {})
+        for option in WAREHOUSE_OPTIONS.values():  # one lake for the cluster, as `strom server` keeps it
+            settings.setdefault(option.key, str(self.data_dir / "lake"))
+        self.cluster = LocalCluster(self.data_dir, workers, settings, embedded_metadata=True, host=host,
                                     supervised=True)
         self.cluster.state.supervisor_pid = os.getpid()  # `strom cluster stop` goes through this process
         self._stop = threading.Event()

@@ -70,6 +70,19 @@ def test_primary_key_equality_becomes_a_lookup(spark: Any, cluster: Fluss) -> No
     assert [r.name for r in frame.where("id = 42 and score = 42").collect()] == ["n42"]
 
 
+def test_key_lookups_on_a_table_of_not_null_columns(spark: Any, cluster: Fluss) -> None:
+    """A DataFrame of typed sources has NOT NULL columns, and so has a table made from it: its keys are
+    looked up without the other columns, which a key alone leaves null."""
+    columns = [(name, type_.copy(nullable=False)) for name, type_ in PK_COLUMNS]
+    table = cluster.create_table(columns, primary_key=["id"], bucket_count=3)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i * 10} for i in range(50)])
+    frame = load(spark, cluster, table)
+    query = frame.where("id = 42")
+    assert [(r.id, r.name, r.score) for r in query.collect()] == [(42, "n42", 420)]
+    assert rows_read(query) == 1
+    assert sorted(r.id for r in frame.where("id in (1, 2, 99)").collect()) == [1, 2]
+
+
 def test_in_list_on_the_key_looks_up_each_key(spark: Any, cluster: Fluss) -> None:
     from pyspark.sql.datasource import EqualTo, In
 
