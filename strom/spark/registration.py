@@ -21,6 +21,13 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
     raise ModuleNotFoundError("Spark support not installed: pip install 'strom[spark]'", name=exc.name) from exc
 
 
+SQL_VIEW_OPTIONS = {"read.change-type-column": "", "read.strategy": "server-scan"}
+"""The read options of :func:`register`'s views unless its ``options`` say otherwise: no change-type column
+(``SELECT *`` and ``INSERT INTO`` see the table's own columns), and a primary-key table's rows as its leaders
+hold them when each query's tasks run (ScanKv), so every query sees what is committed then, though Spark
+plans the view once."""
+
+
 def register(
     spark: Any,
     bootstrap_servers: str | None = None,
@@ -32,12 +39,11 @@ def register(
     (primary-key lookups and partition pruning for batch reads).
 
     With ``bootstrap_servers``, also make the tables of ``database`` (or only ``tables`` of it) usable
-    from Spark SQL by name: one temporary view per table, named as the table, over a batch read with
-    ``options``. Spark 4.3 has no catalog hook for Python data sources, so views are what SQL can name;
-    and Spark plans a Python data source's relation once, at the first query that uses it, and reuses that
-    plan. A log table's view still reads each bucket to its end when the query runs; a primary-key table's
-    snapshot read keeps its planned snapshots and end offsets: call ``register`` again to read newer data
-    there, or after a table is created, dropped or altered (docs/spark.md).
+    from Spark SQL by name: one temporary view per table, named as the table, made with ``CREATE OR REPLACE
+    TEMPORARY VIEW … USING fluss OPTIONS (…)`` (Spark 4.3 passes no options to a Python data source behind a
+    table of its catalog). ``SELECT`` reads the table when the query runs (:data:`SQL_VIEW_OPTIONS`, under
+    ``options``), ``INSERT INTO`` appends to a log table and upserts into a primary-key table; ``INSERT
+    OVERWRITE`` is refused. Register again after tables are created or dropped (docs/spark.md).
 
     Returns:
         The names of the views created (empty without ``bootstrap_servers``).
@@ -56,12 +62,21 @@ def register(
             raise FlussConnectorError(f"database '{database}' on {bootstrap_servers} has no tables {missing}")
         names = [name for name in names if name in tables]
     for name in names:
-        frame = (
-            spark.read.format("fluss").options(**dict(options or {}))
-            .option("bootstrap.servers", bootstrap_servers).option("table", f"{database}.{name}").load()
-        )
-        frame.createOrReplaceTempView(name)
+        view_options = {**SQL_VIEW_OPTIONS, **dict(options or {}), "bootstrap.servers": bootstrap_servers,
+                        "table": f"{database}.{name}"}
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {sql_identifier(name)} USING fluss OPTIONS "
+                  f"({', '.join(f'{sql_identifier(k)} {sql_string(v)}' for k, v in view_options.items())})")
     return names
+
+
+def sql_identifier(name: str) -> str:
+    """``name`` as a Spark SQL identifier in backquotes (a backquote doubled)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a Spark SQL string literal (backslashes and quotes escaped)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _table_names(bootstrap_servers: str, database: str) -> list[str]:
@@ -74,4 +89,4 @@ def _table_names(bootstrap_servers: str, database: str) -> list[str]:
         return runtime.run(listed())
 
 
-__all__ = ["PUSHDOWN_SETTING", "FlussDataSource", "FlussPushdownDataSource", "register"]
+__all__ = ["PUSHDOWN_SETTING", "SQL_VIEW_OPTIONS", "FlussDataSource", "FlussPushdownDataSource", "register"]

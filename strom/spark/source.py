@@ -45,6 +45,14 @@ from strom.spark.tables import load_or_create
 from strom.spark.type_mapping import read_schema, spark_arrow_schema
 from strom.spark.writer import FlussArrowWriter, FlussStreamArrowWriter
 
+CATALOG_TABLE_REFUSAL = (
+    "the fluss source was given no options at all: Spark 4.3 hands a Python data source none of the OPTIONS, "
+    "LOCATION or TBLPROPERTIES of a table in its catalog (CREATE TABLE … USING fluss), so such a table cannot "
+    "name its strom table; use CREATE TEMPORARY VIEW name USING fluss OPTIONS (…), whose options Spark passes, "
+    "or strom.spark.register(spark, bootstrap_servers=…) (docs/spark.md, \"Spark SQL by name\")"
+)
+"""Why a source without options is refused: the one way Spark creates it so."""
+
 
 class FlussDataSource(DataSource):
     """Batch and streaming reads and writes of one Fluss table (options in docs/spark.md).
@@ -59,6 +67,8 @@ class FlussDataSource(DataSource):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         super().__init__(dict(options))
+        if not options:
+            raise FlussConnectorError(CATALOG_TABLE_REFUSAL)
         self._connection = ConnectionOptions.parse(options)
         self._table_id: int | None = None
         self._has_primary_key = False

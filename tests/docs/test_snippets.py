@@ -156,6 +156,7 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
     ("docs/spark.md", "Time-based reads", 0): _spark("test_spark_doc", "exec, continuing the first block"),
     ("docs/spark.md", "The `$binlog` form", 0): _spark("test_spark_doc", "exec, continuing the first block"),
     ("docs/spark.md", "Spark SQL by name", 0): _spark("test_spark_doc", "exec, continuing the first block"),
+    ("docs/spark.md", "Spark SQL by name", 1): _spark("test_spark_doc", "exec, continuing the first block"),
     # docs/tiering.md
     ("docs/tiering.md", "In a few lines", 0): _spark(
         "test_readme_lake_tiering_and_the_lake_docs",

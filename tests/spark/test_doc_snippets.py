@@ -139,3 +139,8 @@ def test_spark_doc(spark: Any, readme: Readme, session_namespace: dict[str, Any]
     exec_in_session(snippet("docs/spark.md", "Spark SQL by name", 0), session_namespace, readme.at_server)
     printed = capsys.readouterr().out
     assert "|  2| 12.5|" in printed, printed
+
+    exec_in_session(snippet("docs/spark.md", "Spark SQL by name", 1), session_namespace, readme.at_server)
+    printed = capsys.readouterr().out
+    assert "|  1|/home|" in printed and "|  2|/blog|" in printed and "/docs" not in printed, printed
+    assert Fluss(readme.server.address).describe("fluss.clicks").info.schema.primary_key == ("id",)

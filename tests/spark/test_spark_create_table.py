@@ -95,18 +95,54 @@ def test_register_makes_a_databases_tables_usable_from_spark_sql_by_name(spark: 
     try:
         assert register(spark, bootstrap_servers=cluster.address, database=database) == ["events", "users"]
         assert spark.sql("SELECT count(*) FROM events").first()[0] == 5
-        assert [tuple(r) for r in spark.sql("SELECT id, v FROM users").collect()] == [(1, "x")]
+        assert [tuple(r) for r in spark.sql("SELECT * FROM users").collect()] == [(1, "x")]  # the table's columns
         write(spark.createDataFrame([(6, "e6")], "id INT, event STRING"), cluster, events)
-        write(spark.createDataFrame([(2, "y")], "id INT NOT NULL, v STRING"), cluster, f"{database}.users")
-        # Spark reuses a view's first plan: a log table's tasks read on to the end, a snapshot read stays put
+        write(spark.createDataFrame([(2, "y"), (1, "x2")], "id INT NOT NULL, v STRING"), cluster, f"{database}.users")
+        # Spark plans a view once; every query still reads what is committed when it runs
         assert spark.sql("SELECT count(*) FROM events").first()[0] == 6
-        assert spark.sql("SELECT count(*) FROM users").first()[0] == 1
+        assert sorted(tuple(r) for r in spark.sql("SELECT * FROM users").collect()) == [(1, "x2"), (2, "y")]
+        spark.sql("INSERT INTO users VALUES (3, 'z'), (1, 'x3')")  # upserted
+        spark.sql("INSERT INTO events VALUES (7, 'e7')")  # appended
+        assert sorted(tuple(r) for r in spark.sql("SELECT * FROM users").collect()) == [(1, "x3"), (2, "y"), (3, "z")]
+        assert sorted(r.id for r in spark.sql("SELECT id FROM events").collect()) == [0, 1, 2, 3, 4, 6, 7]
+        message = failure_line(lambda: spark.sql("INSERT OVERWRITE users VALUES (9, 'w')").collect())
+        assert "mode 'overwrite' is not supported" in message
+        assert 9 not in {row["id"] for row in cluster.rows(f"{database}.users")}
         assert register(spark, bootstrap_servers=cluster.address, database=database, tables=["users"]) == ["users"]
-        assert spark.sql("SELECT count(*) FROM users").first()[0] == 2, "registering again re-plans"
     finally:
         spark.dataSource.register(FlussDataSource)
         spark.catalog.dropTempView("events")
         spark.catalog.dropTempView("users")
+
+
+def test_a_temporary_view_with_a_schema_creates_its_table_on_the_first_insert(spark: Any, cluster: Fluss) -> None:
+    table = f"fluss.{unique_name('sql_created')}"
+    options = (f"`bootstrap.servers` '{cluster.address}', `table` '{table}', `primary.key` 'id', "
+               "`bucket.num` '2', `read.change-type-column` '', `read.strategy` 'server-scan'")
+    spark.sql(f"CREATE TEMPORARY VIEW sql_created (id BIGINT NOT NULL, v STRING) USING fluss OPTIONS ({options})")
+    try:
+        spark.sql("INSERT INTO sql_created VALUES (1, 'a'), (2, 'b')")
+        described = cluster.describe(table).info
+        assert described.schema.primary_key == ("id",) and described.bucket_count == 2
+        assert sorted(tuple(r) for r in spark.sql("SELECT * FROM sql_created").collect()) == [(1, "a"), (2, "b")]
+        spark.sql("INSERT INTO sql_created VALUES (2, 'b2')")
+        assert [tuple(r) for r in spark.sql("SELECT * FROM sql_created WHERE id = 2").collect()] == [(2, "b2")]
+    finally:
+        spark.catalog.dropTempView("sql_created")
+
+
+def test_a_catalog_table_is_refused_with_what_to_use_instead(spark: Any, cluster: Fluss) -> None:
+    """Spark 4.3 hands a Python data source behind a catalog table none of its options."""
+    table = cluster.create_table([("id", IntType())], primary_key=None, bucket_count=1)
+    name = unique_name("catalog_table")
+    # the options reach the source while Spark creates the table (it asks for the schema), never afterwards
+    spark.sql(f"CREATE TABLE {name} USING fluss OPTIONS (`bootstrap.servers` '{cluster.address}', `table` '{table}')")
+    try:
+        message = failure_line(lambda: spark.sql(f"SELECT * FROM {name}").collect())
+        assert "given no options at all" in message
+        assert "CREATE TEMPORARY VIEW" in message
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
 
 
 def test_a_dictionary_table_with_an_auto_increment_column_is_created_and_filled_from_spark(
