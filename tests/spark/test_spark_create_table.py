@@ -125,6 +125,8 @@ def test_a_temporary_view_with_a_schema_creates_its_table_on_the_first_insert(sp
         described = cluster.describe(table).info
         assert described.schema.primary_key == ("id",) and described.bucket_count == 2
         assert sorted(tuple(r) for r in spark.sql("SELECT * FROM sql_created").collect()) == [(1, "a"), (2, "b")]
+        columns = [(r.col_name, r.data_type) for r in spark.sql("DESCRIBE sql_created").collect()]
+        assert columns == [("id", "bigint"), ("v", "string")]
         spark.sql("INSERT INTO sql_created VALUES (2, 'b2')")
         assert [tuple(r) for r in spark.sql("SELECT * FROM sql_created WHERE id = 2").collect()] == [(2, "b2")]
     finally:
