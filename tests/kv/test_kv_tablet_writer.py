@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -120,21 +121,25 @@ async def test_a_checkpoint_taken_between_a_write_ending_and_its_accounting_wait
     the checkpoint yields to the loop for it instead of spinning on the done write, which never lets it run."""
     with ThreadPoolExecutor(1, thread_name_prefix="test-rocksdb-write") as one_writer:
         bucket = WriterBucket(tmp_path / "bucket", one_writer)
+        release = threading.Event()
+        one_writer.submit(release.wait, 60)  # the writer is busy: the bucket's write waits behind this
         try:
             put = asyncio.ensure_future(bucket.put_acknowledged(*((j, ("x", j)) for j in range(50))))
-            for _ in range(1_000):  # until the put is committed and its write handed to the writer
+            for _ in range(1_000):  # until the put is committed (its fsync on another thread) and its write queued
                 if bucket.kv._applying is not None:
                     break
-                await asyncio.sleep(0)
+                await asyncio.sleep(0.01)
             write = bucket.kv._applying
             assert write is not None
-            one_writer.submit(lambda: None).result()  # the one writer thread has finished the write
+            release.set()
+            one_writer.submit(lambda: None).result()  # the one writer thread has finished the write (FIFO)
             await asyncio.sleep(0)  # the loop marks the write done now and queues its accounting behind this task
             assert write.done() and bucket.kv._applying is write
             checkpoint = await bucket.kv.create_checkpoint_settled(tmp_path / "checkpoint")
             assert (checkpoint.log_offset, checkpoint.row_count) == (50, 50)
             await put
         finally:
+            release.set()
             bucket.close()
 
 
