@@ -7,9 +7,9 @@ time (``/proc/<pid>/stat``) of the process that wrote them, and an entry whose p
 absent. So a process killed with -9 leaves at once, with no session timeout to wait out, and its restart
 takes its id again; a pid reused by another program does not keep it alive (its start time differs).
 
-A watcher thread per object polls every :data:`POLL_S`: ``PRAGMA data_version`` says whether another
-connection changed the file, and the owners' liveness is checked on each round; listeners are called on
-that thread after a change, as ZooKeeper's watches call them on kazoo's.
+A watcher thread per object re-reads its rows (a handful) and checks their owners' liveness every
+:data:`POLL_S`; listeners are called on that thread after a change, as ZooKeeper's watches call them on
+kazoo's.
 
 Every write is one ``BEGIN IMMEDIATE`` transaction (SQLite serialises the processes' writers; a busy file
 is waited for up to :data:`BUSY_TIMEOUT_S`), committed with ``synchronous=FULL``.
@@ -121,10 +121,13 @@ class _MembershipFile:
                 raise StorageError(f"cannot write the cluster membership in {self.path}: {exc}") from exc
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                if self._db.in_transaction:  # a failed COMMIT may have ended it already
+                    self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StorageError(f"cannot write the cluster membership in {self.path}: {exc}") from exc
                 raise
-            self._db.execute("COMMIT")
 
     def query(self, sql: str, *args: object) -> list[tuple]:
         with self._lock:
@@ -132,10 +135,6 @@ class _MembershipFile:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
                 raise StorageError(f"cannot read the cluster membership in {self.path}: {exc}") from exc
-
-    def data_version(self) -> int:
-        """Changes whenever another connection committed to the file (SQLite's ``data_version``)."""
-        return int(self.query("PRAGMA data_version")[0][0])
 
     def close(self) -> None:
         with self._lock:
