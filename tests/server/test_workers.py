@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +21,8 @@ from click.testing import CliRunner
 
 from strom.cli.main import main
 from strom.client import Connection, Schema, TableDescriptor, TablePath
-from strom.server.local_cluster import alive
-from strom.server.workers import check_layout
+from strom.server.local_cluster import Member, alive
+from strom.server.workers import RESTARTS_MAX, WorkerSupervisor, check_layout
 from tests.conftest import unique_name
 from tests.server_process import WorkersProcess, wait_until
 
@@ -139,3 +141,25 @@ def test_a_data_directory_serves_only_the_kind_of_server_that_wrote_it(tmp_path:
     assert result.exit_code != 0 and "without --workers" in result.output
     result = CliRunner().invoke(main, ["server", "--workers", "0", "--data-dir", str(tmp_path / "x")])
     assert result.exit_code != 0 and "from 1 to 256, or auto" in result.output
+
+
+def test_a_member_that_keeps_exiting_is_restarted_a_bounded_number_of_times(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member that cannot stay up (a broken disk, a bad setting) is started again RESTARTS_MAX times within
+    the window; then the supervisor gives up: it stops everything and exits with an error."""
+    supervisor = WorkerSupervisor(tmp_path / "data", 2, port=0)
+    cluster = supervisor.cluster
+
+    def start_member(role: str, server_id: int, port: int | None = None) -> Member:
+        process = subprocess.Popen([sys.executable, "-c", "pass"])  # exits at once, as a crashing member
+        process.wait(WAIT_S)
+        member = Member(role, process.pid, "127.0.0.1:1", server_id)
+        cluster.state.members = [m for m in cluster.state.members if m.server_id != server_id] + [member]
+        cluster.processes[process.pid] = process
+        return member
+
+    monkeypatch.setattr(cluster, "start_member", start_member)
+    monkeypatch.setattr(cluster, "stop", lambda: {})
+    start_member("tablet-server", 1)
+    assert supervisor.supervise() == 1  # returns by itself: no stop was requested
+    assert len(supervisor._restarts["tablet-server-1"]) == RESTARTS_MAX + 1
