@@ -119,14 +119,18 @@ def string_option(key: str, default: str | None, description: str) -> ConfigOpti
     return _option(key, default, description, lambda v: None if v is None else str(v), "String")
 
 
-def choice_option(key: str, default: str, choices: tuple[str, ...], description: str) -> ConfigOption[str]:
-    """A string from ``choices`` (compared case-insensitively, stored lower-case)."""
+def choice_option(key: str, default: str, choices: tuple[str, ...], description: str,
+                  refused: Mapping[str, str] | None = None) -> ConfigOption[str]:
+    """A string from ``choices`` (compared case-insensitively, stored lower-case); ``refused``: values a user
+    may expect (Fluss has them) and why strom does not take them, said in the error."""
     assert default in choices
+    reasons = dict(refused or {})
 
     def parse(value: Any) -> str:
         text = str(value).strip().lower()
         if text not in choices:
-            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+            why = f" ({reasons[text]})" if text in reasons else ""
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}{why}")
         return text
 
     return _option(key, default, description, parse, "Enum")
@@ -496,6 +500,13 @@ KV_ROCKSDB_BINDING = choice_option(
 
 # ---- lake ----
 SUPPORTED_LAKE_FORMATS = ("delta", "iceberg")
+REFUSED_LAKE_FORMATS = {
+    "paimon": "Fluss's Paimon layout records its offsets in Paimon snapshot properties, which pypaimon-rust "
+              "cannot write yet: docs/lake.md",
+    "lance": "not built yet: docs/lake.md",
+    "hudi": "no library on PyPI writes Hudi tables (hudi 0.5.0 only reads them): docs/lake.md",
+}
+"""The other formats Fluss tiers into, and why strom does not."""
 DATALAKE_FORMAT = choice_option(
     "datalake.format", "delta", SUPPORTED_LAKE_FORMATS,
     "Lake format of lake-enabled tables (`table.datalake.enabled`): `delta` or `iceberg` (another value "
@@ -503,7 +514,9 @@ DATALAKE_FORMAT = choice_option(
     "which makes its keys encode and bucket as Iceberg's `bucket[N]` transform (a single key column, as in "
     "Fluss). Its options are `datalake.<format>.<key>`: the coordinator copies them "
     "into each lake-enabled table's properties as `table.datalake.<format>.<key>`, except keys naming a "
-    "password, secret or key, which the tiering service must be given itself.",
+    "password, secret or key, which the tiering service must be given itself. Fluss's `paimon`, `lance` and "
+    "`hudi` are refused with the reason (docs/lake.md).",
+    refused=REFUSED_LAKE_FORMATS,
 )
 DATALAKE_DELTA_WAREHOUSE = string_option(
     "datalake.delta.warehouse", None,

@@ -194,3 +194,17 @@ def test_dynamic_values_lie_over_the_initial_ones_and_tell_listeners_once_per_ch
     payload = DynamicConfig.encode({"b": "2", "a": "1"})
     assert payload == b'{"a":"1","b":"2"}' and DynamicConfig.decode(payload) == {"a": "1", "b": "2"}
     assert DynamicConfig.decode(None) == {}
+
+
+@pytest.mark.parametrize("name", ["paimon", "lance", "hudi", "PAIMON"])
+def test_a_lake_format_fluss_has_and_strom_does_not_is_refused_with_the_reason(name: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        Configuration({"datalake.format": name})
+    message = str(refused.value)
+    assert "is not one of delta, iceberg" in message and "docs/lake.md" in message
+    assert (name.lower() != "hudi") or "only reads them" in message
+
+
+def test_an_unknown_lake_format_is_refused_without_a_reason_it_does_not_have() -> None:
+    with pytest.raises(ValueError, match=r"'orc' is not one of delta, iceberg$"):
+        Configuration({"datalake.format": "orc"})
