@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +111,8 @@ def server(workers: int, bind: str | None, data_dir: Path | None, config_file: P
     from strom.server.workers import check_layout
 
     if workers == 1:
-        directory = _node_config(bind, data_dir, config_file, defines)[2]
-        try:
-            check_layout(directory, 1)
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from exc
-        _run_node(StromServer, "strom", bind, data_dir, config_file, defines, log_level)
+        _run_node(StromServer, "strom", bind, data_dir, config_file, defines, log_level,
+                  check_data_dir=lambda directory: check_layout(directory, 1))
         return
     _run_workers(workers, bind, data_dir, config_file, defines, log_level)
 
@@ -126,7 +123,8 @@ def _run_workers(workers: int, bind: str | None, data_dir: Path | None, config_f
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config, (host, port), directory = _node_config(bind, data_dir, config_file, defines)
-    settings = {key: str(value) for key, value in config.items() if key not in (BIND_LISTENERS.key, DATA_DIR.key)}
+    settings = {key: str(value) for key, value in config.to_dict().items()
+                if key not in (BIND_LISTENERS.key, DATA_DIR.key)}
     try:
         code = run_workers(directory, workers, host, port, settings, lambda line: click.echo(line, err=True))
     except (ValueError, RuntimeError) as exc:
@@ -158,9 +156,9 @@ def tablet_server(server_id: int | None, bind: str | None, data_dir: Path | None
 
 
 def _node_config(bind: str | None, data_dir: Path | None, config_file: Path | None,
-                 defines: tuple[str, ...]) -> tuple[dict[str, Any], tuple[str, int], Path]:
-    """The settings of a server process from its options: the config keys, the main listener's address and
-    the data directory."""
+                 defines: tuple[str, ...]) -> tuple[Configuration, tuple[str, int], Path]:
+    """The settings of a server process from its options: the configuration, the main listener's address
+    and the data directory."""
     values = _load_config(config_file, defines)
     if bind is not None:
         configured = str(values.get(BIND_LISTENERS.key) or "")
@@ -176,17 +174,22 @@ def _node_config(bind: str | None, data_dir: Path | None, config_file: Path | No
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     address = _parse_address(config.get(BIND_LISTENERS) or "127.0.0.1:9123")
-    return values, address, Path(config.get(DATA_DIR) or "strom-data")
+    return config, address, Path(config.get(DATA_DIR) or "strom-data")
 
 
 def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | None, config_file: Path | None,
-              defines: tuple[str, ...], log_level: str) -> None:
+              defines: tuple[str, ...], log_level: str, check_data_dir: Callable[[Path], None] | None = None) -> None:
+    """``check_data_dir``: refuses (ValueError) a data directory this kind of server must not open."""
     from strom.server.workers import watch_supervisor
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    values, (host, port), directory = _node_config(bind, data_dir, config_file, defines)
-    config = Configuration(values)
-    unknown = sorted(k for k in values if k not in ALL_OPTIONS and not k.startswith("datalake."))
+    config, (host, port), directory = _node_config(bind, data_dir, config_file, defines)
+    if check_data_dir is not None:
+        try:
+            check_data_dir(directory)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
+    unknown = sorted(k for k in config.to_dict() if k not in ALL_OPTIONS and not k.startswith("datalake."))
     if unknown:
         logging.getLogger("strom").warning("ignoring unknown config keys: %s", ", ".join(unknown))
 

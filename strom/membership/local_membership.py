@@ -136,6 +136,15 @@ class _MembershipFile:
             except sqlite3.Error as exc:
                 raise StorageError(f"cannot read the cluster membership in {self.path}: {exc}") from exc
 
+    def remove_owned(self, sql: str, owner: str, what: str) -> None:
+        """Delete what ``owner`` wrote (``sql`` takes the owner as its one parameter), as a ZooKeeper session's
+        end would; a failure is logged, the rows counting as gone once their process is."""
+        try:
+            with self.transaction() as db:
+                db.execute(sql, (owner,))
+        except StorageError as exc:
+            log.warning("could not remove %s (it expires with this process): %s", what, exc)
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -226,11 +235,8 @@ class LocalServerRegistry:
                 return
             self._closed = True
         self._watcher.stop()
-        try:  # leave at once, as a ZooKeeper session's end would
-            with self._file.transaction() as db:
-                db.execute("DELETE FROM membership_servers WHERE owner = ?", (self._owner,))
-        except (StorageError, sqlite3.Error) as exc:
-            log.warning("could not remove this process's registrations (they expire with it): %s", exc)
+        self._file.remove_owned("DELETE FROM membership_servers WHERE owner = ?", self._owner,
+                                "this process's registrations")  # it leaves at once
         self._file.close()
 
 
@@ -290,11 +296,8 @@ class LocalCoordinatorDirectory(FollowedCoordinator):
         won = self._leave()  # leaving is not being deposed
         self._watcher.stop()
         if won is not None:
-            try:
-                with self._file.transaction() as db:
-                    db.execute("DELETE FROM membership_coordinator WHERE slot = 0 AND owner = ?", (self._owner,))
-            except (StorageError, sqlite3.Error) as exc:
-                log.warning("could not remove the active coordinator's entry (it expires with this process): %s", exc)
+            self._file.remove_owned("DELETE FROM membership_coordinator WHERE slot = 0 AND owner = ?", self._owner,
+                                    "the active coordinator's entry")
         self._file.close()
 
 

@@ -292,7 +292,8 @@ class CoordinatorNode(_ClusterProcess):
             loop.call_soon_threadsafe(self._deposed)
 
         self.address = await off_loop(membership.coordinator_directory, listener, on_deposed)
-        placement = ClusterPlacement(store, registry, self._active_node, membership.bucket_states(registry))
+        states = await off_loop(membership.bucket_states, registry)  # the SQLite backend opens its file
+        placement = ClusterPlacement(store, registry, self._active_node, states)
         standby_catalog = CatalogReader(store, placement)
         handlers: dict[ApiKey, Handler] = dict.fromkeys(COORDINATOR_ONLY_KEYS, _not_the_active_coordinator)
         handlers.update(standby_catalog.handlers())
@@ -481,7 +482,7 @@ class TabletServerNode(_ClusterProcess):
                                      f"{COORDINATOR_WAIT_S:.0f} s: start `strom coordinator` first")
         remote = RemoteStorage(self.remote_root)
         committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node, self._coordinator_epoch)
-        states = membership.bucket_states(self.registry)
+        states = await off_loop(membership.bucket_states, self.registry)  # the SQLite backend opens its file
         placement = ClusterPlacement(store, self.registry, self._coordinator_node, states)
         # the catalog answers metadata through a cache the coordinator's notices keep current; it never
         # changes anything here

@@ -77,6 +77,11 @@ class Member:
     listeners: dict[str, str] = field(default_factory=dict)
     """Its listeners beside the main one (``address``), by name: ``{"PYFLUSS": "127.0.0.1:41234"}``."""
 
+    @property
+    def name(self) -> str:
+        """``tablet-server-2``, ``coordinator-1``, ``zookeeper``: its directory's and log's name."""
+        return self.role if self.server_id is None else f"{self.role}-{self.server_id}"
+
 
 @dataclass
 class LocalClusterState:
@@ -407,7 +412,7 @@ class LocalCluster:
         order = {"tablet-server": 0, "coordinator": 1, "zookeeper": 2}
         codes: dict[str, int | None] = {}
         for member in sorted(self.state.members, key=lambda m: order[m.role]):
-            name = member.role if member.server_id is None else f"{member.role}-{member.server_id}"
+            name = member.name
             if member.role == "zookeeper" and self._zookeeper is not None:
                 codes[name] = self._zookeeper.stop()  # our child: stop() also reaps it
             else:
@@ -423,8 +428,7 @@ class LocalCluster:
         left = [pid for pid in pids if alive(pid)]
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-        names = [m.role if m.server_id is None else f"{m.role}-{m.server_id}" for m in self.state.members]
-        return dict.fromkeys(names)
+        return dict.fromkeys(m.name for m in self.state.members)
 
     @classmethod
     def attach(cls, data_dir: Path) -> LocalCluster | None:

@@ -138,7 +138,7 @@ class WorkerSupervisor:
 
     def _restart(self, member: Member) -> bool:
         """Start an exited member again on its port and data; False when it exits too often."""
-        name = f"{member.role}-{member.server_id}"
+        name = member.name
         process = self.cluster.processes.pop(member.pid)
         now = time.monotonic()
         recent = [t for t in self._restarts.get(name, []) if now - t < RESTART_WINDOW_S] + [now]
