@@ -98,6 +98,8 @@ TableChangedHook = Callable[[TableInfo], Awaitable[None]]
 COLUMN_POSITION_LAST = 0
 """PbAddColumn.column_position_type of a column added at the end (FIRST is 1, AFTER 3), the only one
 Fluss accepts."""
+LANCE = "lance"
+"""The lake format that holds log tables only."""
 
 
 class CoordinatorService(CatalogReader):
@@ -377,7 +379,7 @@ class CoordinatorService(CatalogReader):
         auto_increment.cache_size(properties)  # a positive integer (InvalidConfigError)
         if creating and not descriptor.partition_keys:  # a partition's replicas are checked when it is created
             self._check_replication_factor(properties)
-        document["properties"] = completed = self._with_lake_properties(properties, creating)
+        document["properties"] = completed = self._with_lake_properties(properties, creating, bool(primary_key))
         lake_keys = keys.key_lake_format(completed)
         if lake_keys is not None:  # the keys must encode as the lake format hashes them (InvalidTableError)
             for key_columns in dict.fromkeys((tuple(physical_pk), tuple(bucket_keys or physical_pk))):
@@ -396,9 +398,10 @@ class CoordinatorService(CatalogReader):
             )
 
 
-    def _with_lake_properties(self, properties: dict[str, str], creating: bool) -> dict[str, str]:
+    def _with_lake_properties(self, properties: dict[str, str], creating: bool, has_primary_key: bool) -> dict[str, str]:
         """Check the ``table.datalake.*`` options. A lake-enabled table gets the cluster's format and its
-        options (copied once: a table keeps its lake location when the server's options change later)."""
+        options (copied once: a table keeps its lake location when the server's options change later).
+        Lance holds log tables only: a primary-key table cannot enable it (Fluss refuses it as well)."""
         options = TableProperties(properties)
         enabled, lake_format = options.datalake_enabled, options.datalake_format
         if lake_format is not None and lake_format != self._lake_format:
@@ -417,6 +420,11 @@ class CoordinatorService(CatalogReader):
             completed[table_properties.DATALAKE_FORMAT] = self._lake_format
         if not enabled:
             return completed
+        if has_primary_key and self._lake_format == LANCE:
+            raise InvalidTableError(
+                "Currently, we don't support tiering a primary key table to Lance: this cluster's lake format is "
+                "lance (datalake.format), which holds log tables only."
+            )
         if self._lake_format == keys.ICEBERG and lake_format is None and not creating:
             raise InvalidConfigError(
                 "This table was created before the cluster's lake format was iceberg: its keys are bucketed "

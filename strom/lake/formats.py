@@ -1,6 +1,6 @@
 """Which lake format a table uses: the registry above the :mod:`strom.lake.format` contract.
 
-A format's library loads only when a table asks for it (delta-rs for Delta, pyiceberg for Iceberg), and
+A format's library loads only when a table asks for it (delta-rs for Delta, pyiceberg for Iceberg, pylance for Lance), and
 the contract imports none of its implementations.
 """
 
@@ -26,7 +26,20 @@ def _load_iceberg(options: Mapping[str, str]) -> LakeFormat:
     return IcebergLakeFormat(options)
 
 
-FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {"delta": _load_delta, "iceberg": _load_iceberg}
+def _load_lance(options: Mapping[str, str]) -> LakeFormat:
+    # pylance (an extra) loads only when a table asks for Lance
+    try:
+        from strom.lake.lance import LanceLakeFormat
+    except ImportError as exc:
+        raise InvalidConfigError(
+            f"the lance lake format needs pylance, which is not installed ({exc}): pip install 'strom[lance]'"
+        ) from exc
+    return LanceLakeFormat(options)
+
+
+FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {
+    "delta": _load_delta, "iceberg": _load_iceberg, "lance": _load_lance,
+}
 """Lake format identifier -> factory taking the format's options (``table.datalake.<format>.*``)."""
 
 

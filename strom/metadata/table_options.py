@@ -283,7 +283,7 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "The lake format (Fluss: paimon, iceberg, hudi, lance), which also decides how keys are encoded and "
         "bucketed; unset, the cluster's `datalake.format`.",
         Support.PARTIAL,
-        "Only the cluster's `datalake.format` (delta or iceberg, strom's formats) is accepted; Iceberg "
+        "Only the cluster's `datalake.format` (delta, iceberg or lance, strom's formats) is accepted; Iceberg "
         "clusters set it on every new table (`strom.records.keys`, `strom.lake.format`).",
         enum_parser(*_LAKE_FORMATS),
     ),

@@ -24,6 +24,7 @@ from strom.config import (
     DATALAKE_DELTA_WAREHOUSE,
     DATALAKE_FORMAT,
     DATALAKE_ICEBERG_WAREHOUSE,
+    DATALAKE_LANCE_WAREHOUSE,
     KV_SCANNER_EXPIRATION_INTERVAL,
     KV_SCANNER_MAX_BATCH_SIZE,
     KV_SCANNER_MAX_PER_BUCKET,
@@ -82,7 +83,9 @@ from strom.tablet.tablet_service import TabletService
 
 log = logging.getLogger(__name__)
 
-WAREHOUSE_OPTIONS = {"delta": DATALAKE_DELTA_WAREHOUSE, "iceberg": DATALAKE_ICEBERG_WAREHOUSE}
+WAREHOUSE_OPTIONS = {
+    "delta": DATALAKE_DELTA_WAREHOUSE, "iceberg": DATALAKE_ICEBERG_WAREHOUSE, "lance": DATALAKE_LANCE_WAREHOUSE,
+}
 """The warehouse option of each lake format: defaulted to ``<data.dir>/lake`` at start."""
 
 

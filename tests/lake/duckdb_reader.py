@@ -1,7 +1,7 @@
 """DuckDB as an independent reader of strom's lake tables: its delta extension (delta-kernel-rs, not
-delta-rs) and its iceberg extension (DuckDB's own Iceberg reader, not pyiceberg; it reads manifests
-through the avro extension) come from the ``duckdb-extension-*`` wheels, so nothing is downloaded at
-run time."""
+delta-rs), its iceberg extension (DuckDB's own Iceberg reader, not pyiceberg; it reads manifests
+through the avro extension) and its lance extension come from the ``duckdb-extension-*`` wheels, so
+nothing is downloaded at run time."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import duckdb
 import duckdb_extension_avro
 import duckdb_extension_delta
 import duckdb_extension_iceberg
+import duckdb_extension_lance
 import pyarrow as pa
 
 
@@ -71,3 +72,18 @@ def read_iceberg(metadata_location: str, query: str = "SELECT * FROM lake", para
 def iceberg_rows(metadata_location: str, query: str, parameters: list[Any] | None = None) -> list[tuple[Any, ...]]:
     """``read_iceberg`` as a list of row tuples."""
     return [tuple(row.values()) for row in read_iceberg(metadata_location, query, parameters).to_pylist()]
+
+
+def read_lance(uri: str, query: str = "SELECT * FROM lake", parameters: list[Any] | None = None) -> pa.Table:
+    """``query`` over the latest version of the Lance dataset at ``uri``, which the query calls ``lake``
+    (DuckDB's lance extension, not pylance)."""
+    connection = duckdb.connect(config={"allow_unsigned_extensions": "true", "autoinstall_known_extensions": "false"})
+    with connection:
+        connection.execute(f"LOAD '{_extension_path(duckdb_extension_lance, 'lance')}'")
+        connection.execute(f"CREATE VIEW lake AS SELECT * FROM '{uri}'")
+        return connection.execute(query, parameters).to_arrow_table()
+
+
+def lance_rows(uri: str, query: str, parameters: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    """``read_lance`` as a list of row tuples."""
+    return [tuple(row.values()) for row in read_lance(uri, query, parameters).to_pylist()]
