@@ -15,6 +15,7 @@ from tests.spark.support import Fluss, wait_until
 from tests.spark.tiering_support import (
     FAST_TIERING,
     LAKE_FORMATS,
+    PK_LAKE_FORMATS,
     DriverThread,
     Gates,
     create_lake_table,
@@ -32,7 +33,7 @@ LOG_COLUMNS = [("id", IntType()), ("day", StringType()), ("event", StringType())
 PK_NAMES = ["id", "name", "score"]
 
 
-@pytest.mark.parametrize("lake_format", LAKE_FORMATS)
+@pytest.mark.parametrize("lake_format", PK_LAKE_FORMATS)
 def test_primary_key_table_lake_copy_is_its_state_across_rounds(spark: Any, server_factory: Any, lake_format: str) -> None:
     cluster = Fluss(server_factory(tiering_config(lake_format)).address)
     table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
@@ -143,7 +144,7 @@ def _planned(cluster: Fluss, table: str, **options: str) -> list[Any]:
     return list(source.reader(source.schema()).partitions())
 
 
-@pytest.mark.parametrize("lake_format", LAKE_FORMATS)
+@pytest.mark.parametrize("lake_format", PK_LAKE_FORMATS)
 def test_union_read_merges_the_lake_with_the_changes_after_it(spark: Any, server_factory: Any, lake_format: str) -> None:
     from strom.spark.partitions import KvStatePartition, LakeBucketPartition
     from tests.spark.test_spark_batch_read import load
@@ -168,10 +169,13 @@ def test_union_read_merges_the_lake_with_the_changes_after_it(spark: Any, server
     assert {type(p) for p in _planned(cluster, table, **{"read.source": "strom"})} == {KvStatePartition}
 
 
-def test_union_read_of_a_partitioned_log_table_returns_every_record_once(spark: Any, server_factory: Any) -> None:
+@pytest.mark.parametrize("lake_format", LAKE_FORMATS)
+def test_union_read_of_a_partitioned_log_table_returns_every_record_once(
+    spark: Any, server_factory: Any, lake_format: str
+) -> None:
     from tests.spark.test_spark_batch_read import load
 
-    cluster = Fluss(server_factory(FAST_TIERING).address)
+    cluster = Fluss(server_factory(tiering_config(lake_format)).address)
     days = [{"day": "d1"}, {"day": "d2"}]
     table = create_lake_table(cluster, LOG_COLUMNS, partition_keys=["day"], partitions=days, bucket_count=2)
     cluster.append(table, [{"id": i, "day": f"d{1 + i % 2}", "event": f"e{i}"} for i in range(30)])

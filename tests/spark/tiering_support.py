@@ -20,14 +20,17 @@ from strom.ids import TablePath
 from strom.lake.formats import lake_format
 from strom.records.types import DataType
 from strom.tiering.driver import TieringDriver, TieringOptions
-from tests.lake.duckdb_reader import read_delta, read_iceberg
+from tests.lake.duckdb_reader import read_delta, read_iceberg, read_lance
 from tests.spark.support import Fluss, run, wait_until
 
 LAKE_TABLE = {"table.datalake.enabled": "true", "table.datalake.freshness": "1s"}
 FAST_TIERING = {"kv.snapshot.interval": "0s", "lake.tiering.heartbeat-timeout": "3s",
                 "lake.tiering.heartbeat-check-interval": "200ms"}
 STOP_S = 60.0
-LAKE_FORMATS = ("delta", "iceberg")
+LAKE_FORMATS = ("delta", "iceberg", "lance")
+"""Every lake format strom tiers into; log tables tier into each."""
+PK_LAKE_FORMATS = ("delta", "iceberg")
+"""The formats that hold primary-key tables (Lance holds log tables only, as in Fluss)."""
 
 
 def tiering_config(lake_format: str, **overrides: str) -> dict[str, str]:
@@ -158,20 +161,22 @@ def _table_info(cluster: Fluss, table: str) -> Any:
 
 
 def lake_uri(cluster: Fluss, table: str) -> str:
-    warehouse = _table_info(cluster, table).properties["table.datalake.delta.warehouse"]
-    path = TablePath.parse(table)
-    return f"{warehouse.rstrip('/')}/{path.database_name}/{path.table_name}"
+    info = _table_info(cluster, table)
+    return lake_format(info).table(info).uri
 
 
 def lake_rows(cluster: Fluss, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-    """The lake table at its latest version as DuckDB reads it (its delta or iceberg extension, not the
-    library strom writes with), sorted."""
+    """The lake table at its latest version as DuckDB reads it (its delta, iceberg or lance extension, not
+    the library strom writes with), sorted."""
     info = _table_info(cluster, table)
-    if info.properties.get("table.datalake.format") == "iceberg":
-        lake_table: Any = lake_format(info).table(info)
+    lake_table: Any = lake_format(info).table(info)
+    name = info.properties.get("table.datalake.format")
+    if name == "iceberg":
         result: pa.Table = read_iceberg(lake_table.iceberg().metadata_location)
+    elif name == "lance":
+        result = read_lance(lake_table.uri)
     else:
-        result = read_delta(lake_uri(cluster, table))
+        result = read_delta(lake_table.uri)
     return sorted(zip(*(result.column(c).to_pylist() for c in columns), strict=True))
 
 
