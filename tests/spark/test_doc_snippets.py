@@ -14,6 +14,7 @@ import pytest
 
 from strom.spark import FlussDataSource
 from tests.docs.snippets import (
+    CommandProcess,
     Readme,
     exec_in_session,
     make_recipe,
@@ -22,8 +23,10 @@ from tests.docs.snippets import (
     run_script,
     shell_lines,
     snippet,
+    venv_command,
     wait_until,
 )
+from tests.server_process import free_port
 from tests.spark.support import Fluss
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
@@ -144,3 +147,37 @@ def test_spark_doc(spark: Any, readme: Readme, session_namespace: dict[str, Any]
     printed = capsys.readouterr().out
     assert "|  1|/home|" in printed and "|  2|/blog|" in printed and "/docs" not in printed, printed
     assert Fluss(readme.server.address).describe("fluss.clicks").info.schema.primary_key == ("id",)
+
+
+@pytest.mark.slow
+def test_lance_lake_doc(tmp_path: Any) -> None:
+    """docs/lake.md's Lance example as written: a server tiering into Lance, a log table, one
+    `strom tiering --once` round once the table is due, and the dataset read back with pylance."""
+    start, create, tiering, read = (snippet("docs/lake.md", "The Lance dataset", i) for i in range(4))
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    port = free_port()
+    at_server = {"127.0.0.1:9124": f"127.0.0.1:{port}"}
+    [line] = shell_lines(start)
+    command = [word for word in venv_command(line, at_server) if word != "&"]
+    server = CommandProcess(command, cwd, port, "lance-server").start()
+    try:
+        assert run_script(create, cwd, at_server) == []
+        [once] = shell_lines(tiering)
+        address = f"127.0.0.1:{port}"
+
+        def due() -> bool:
+            [table] = json.loads(run_command(f".venv/bin/strom tiering status -b {address} --json", cwd))["tables"]
+            return str(table["state"]) == "Pending"
+
+        wait_until(due, 30, "fluss.events to become due for tiering", interval_s=1.0)
+        run_command(once, cwd, at_server, timeout_s=240)
+        assert run_script(read, cwd) == [
+            "{'id': 1, 'kind': 'a'}", "['id', 'kind', '__bucket', '__offset', '__timestamp']", "__fluss_lake_tiering"]
+        import lance
+
+        dataset = lance.dataset(str(cwd / "lance-data/lake/fluss/events.lance"))
+        assert sorted(dataset.to_table(columns=["id"]).column("id").to_pylist()) == [1, 2, 3], "every row, once"
+    finally:
+        code = server.stop()
+    assert code == 0, server.log_text()[-3000:]
