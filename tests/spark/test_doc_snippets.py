@@ -153,7 +153,10 @@ def test_spark_doc(spark: Any, readme: Readme, session_namespace: dict[str, Any]
 def test_lance_lake_doc(tmp_path: Any) -> None:
     """docs/lake.md's Lance example as written: a server tiering into Lance, a log table, one
     `strom tiering --once` round once the table is due, and the dataset read back with pylance."""
-    start, create, tiering, read = (snippet("docs/lake.md", "The Lance dataset", i) for i in range(4))
+    start = snippet("docs/lake.md", "The Lance dataset", 0)
+    create = snippet("docs/lake.md", "The Lance dataset", 1)
+    tiering = snippet("docs/lake.md", "The Lance dataset", 2)
+    read = snippet("docs/lake.md", "The Lance dataset", 3)
     cwd = tmp_path / "work"
     cwd.mkdir()
     port = free_port()
