@@ -1,6 +1,6 @@
 """The lake format plug-in: what the tiering service and the Spark reader need from a lakehouse table.
 
-A format (Delta, Iceberg) creates or opens the lake copy of a strom table, gives Spark tasks writers that
+A format (Delta, Iceberg, Lance) creates or opens the lake copy of a strom table, gives Spark tasks writers that
 write files without committing, commits a round's files in one atomic lake commit that carries the
 coordinator's offsets file (Fluss's ``fluss-offsets`` property, under Fluss's commit user), finds the
 last such commit, and reads one bucket of a lake snapshot back as Arrow.
