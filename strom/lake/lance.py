@@ -61,6 +61,7 @@ from strom.lake.format import (
 )
 from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout
 from strom.metadata.table_info import TableInfo
+from strom.table_properties import datalake_option_prefix
 
 __all__ = ["LanceLakeFormat", "LanceLakeTable", "LanceLakeWriter"]
 
@@ -101,7 +102,9 @@ class LanceLakeFormat(LakeFormat):
                 try:
                     self.file_sizes[argument] = int(text)
                 except ValueError:
-                    raise InvalidConfigError(f"table.datalake.lance.{key} must be an integer, got {text!r}") from None
+                    raise InvalidConfigError(
+                        f"{datalake_option_prefix(self.identifier)}{key} must be an integer, got {text!r}"
+                    ) from None
         self.storage_options = {key: value for key, value in options.items() if key not in READ_OPTIONS}
         self.limits = limits or FileLimits()
 
