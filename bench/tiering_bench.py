@@ -6,11 +6,14 @@
 2. **An update round**: ``--rows/10`` updates and ``--rows/100`` deletes tiered into the lake copy, against
    a bare delta-rs ``MERGE`` of the same changes into a copy of the same Delta table (one ceiling for both
    formats, measured in the same run).
-3. **Lake lag** under continuous upserts for ``--lag-seconds`` into a second table with
+3. **Log tables into Lance** (``lance`` in ``--formats``; Lance holds log tables only): the same rows appended
+   to a log table and tiered (a first round), then ``--rows/10`` more (an append round), against pylance's
+   ``lance.write_dataset`` of the same rows (create, then append), in the same run.
+4. **Lake lag** under continuous upserts for ``--lag-seconds`` into a second table with
    ``table.datalake.freshness`` = ``--freshness``: once a second, ``now - write time of the newest row the
    lake holds``; p50 and p99 against the freshness.
 
-    .venv/bin/python -m bench.tiering_bench [--rows 10000000] [--lag-seconds 300] [--freshness 30s] [--formats delta,iceberg]
+    .venv/bin/python -m bench.tiering_bench [--rows 10000000] [--lag-seconds 300] [--freshness 30s] [--formats delta,iceberg,lance]
 """
 
 from __future__ import annotations
@@ -61,6 +64,41 @@ async def delete(address: str, name: str, keys: pa.Table) -> None:
         for row in keys.to_pylist():
             writer.delete(row)
         await writer.flush()
+
+
+async def create_log_table(address: str, name: str, schema: pa.Schema) -> None:
+    async with await Connection.create(address) as connection:
+        properties = {"table.datalake.enabled": "true", "table.datalake.freshness": "1s"}
+        descriptor = TableDescriptor(Schema.from_arrow(schema), bucket_count=BUCKETS, properties=properties)
+        await connection.get_admin().create_table(TablePath("fluss", name), descriptor)
+
+
+async def append(address: str, name: str, rows: pa.Table) -> None:
+    async with await Connection.create(address) as connection:
+        writer = (await connection.get_table(TablePath("fluss", name))).new_append().create_writer()
+        for batch in rows.to_batches(INGEST_BATCH_ROWS):
+            writer.append_arrow_batch(batch)
+        await writer.flush()
+
+
+def lance_rounds(spark: Any, rows: pa.Table, more: pa.Table, work: Path) -> tuple[float, float, float, float]:
+    """(first round, append round, write_dataset, write_dataset append) seconds: a log table tiered into
+    Lance, and pylance writing the same rows itself."""
+    import lance
+
+    name = "tiering_bench_log"
+    with BenchServer({"datalake.format": "lance"}) as server:
+        asyncio.run(create_log_table(server.address, name, rows.schema))
+        asyncio.run(append(server.address, name, rows))
+        first_s = tier_once(spark, server.address)
+        asyncio.run(append(server.address, name, more))
+        append_s = tier_once(spark, server.address)
+        tiered = lance.dataset(str(server.data_dir / "lake" / "fluss" / f"{name}.lance")).count_rows()
+        assert tiered == rows.num_rows + more.num_rows, f"the lake holds {tiered} rows"
+    target = str(work / "ceiling.lance")
+    write_s = timed(lambda: lance.write_dataset(rows, target, mode="create"))
+    write_append_s = timed(lambda: lance.write_dataset(more, target, mode="append"))
+    return first_s, append_s, write_s, write_append_s
 
 
 def lake_path(server: BenchServer, name: str) -> Path:
@@ -168,7 +206,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--lag-seconds", type=float, default=300.0)
     parser.add_argument("--freshness", default="30s")
-    parser.add_argument("--formats", default="delta,iceberg", help="lake formats to tier into, in this run")
+    parser.add_argument("--formats", default="delta,iceberg,lance", help="lake formats to tier into, in this run")
     args = parser.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     work = Path(tempfile.mkdtemp(prefix="strom-tiering-bench-"))
@@ -178,13 +216,16 @@ def main() -> None:
     spark = local_spark("strom-tiering-bench")
     name = "tiering_bench"
     rounds: dict[str, tuple[float, float]] = {}
+    lance_s: tuple[float, float, float, float] | None = None
     merge_s = 0.0
     lag: list[float] = []
     try:
         source = spark.read.parquet(str(work / "source"))
         source.write.format("noop").mode("overwrite").save()  # warm-up: Python workers, JIT
         parquet_s = timed(lambda: source.write.mode("overwrite").parquet(str(work / "copy")))
-        for lake in formats:
+        if "lance" in formats:
+            lance_s = lance_rounds(spark, rows, rows.slice(0, args.rows // 10), work)
+        for lake in (f for f in formats if f != "lance"):
             config = {"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1", "datalake.format": lake}
             with BenchServer(config) as server:
                 asyncio.run(create_lake_table(server.address, name, rows.schema, "1s"))
@@ -219,6 +260,15 @@ def main() -> None:
         (delta_first, delta_update), (ice_first, ice_update) = rounds["delta"], rounds["iceberg"]
         lines.append(("iceberg / delta time, first round and update round",
                       f"{ice_first / delta_first:.2f}x  {ice_update / delta_update:.2f}x"))
+    if lance_s is not None:
+        first_s, append_s, write_s, write_append_s = lance_s
+        lines.append(("log table: pylance write_dataset of the rows (ceiling)",
+                      f"{write_s:7.2f} s  {n / write_s:>12,.0f} rows/s"))
+        lines.append(("log table: strom tiering (log -> lance), first round",
+                      f"{first_s:7.2f} s  {n / first_s:>12,.0f} rows/s  ratio {write_s / first_s:.2f}"))
+        lines.append((f"log table: pylance append of {n // 10:,} rows (ceiling)", f"{write_append_s:7.2f} s"))
+        lines.append(("log table: strom tiering (log -> lance), append round",
+                      f"{append_s:7.2f} s  ratio {write_append_s / append_s:.2f}"))
     if lag:
         freshness_s = parse_duration(args.freshness).total_seconds()
         p50 = statistics.median(lag)
