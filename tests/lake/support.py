@@ -165,3 +165,26 @@ def create_concurrently(info: TableInfo, creators: int) -> list[BaseException]:
     for thread in threads:
         thread.join()
     return errors
+
+
+def commit_concurrently(table: LakeTable, results: Sequence[LakeWriteResult]) -> list[int | Exception]:
+    """Commit each result from its own thread at once (properties: its index); each one's new snapshot id
+    or the ``LakeCommitConflictError`` it got."""
+    from strom.lake.format import OFFSETS_PROPERTY, LakeCommitConflictError
+
+    start = threading.Barrier(len(results))
+    outcomes: list[int | Exception] = []
+
+    def commit(index: int) -> None:
+        start.wait()
+        try:
+            outcomes.append(table.commit([results[index]], {OFFSETS_PROPERTY: str(index)}))
+        except LakeCommitConflictError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(len(results))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from strom.lake.iceberg import IcebergLakeFormat, IcebergLakeTable
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t
 from tests.lake.duckdb_reader import iceberg_rows
-from tests.lake.support import TABLE_ID, int64s, table_info, write_split
+from tests.lake.support import TABLE_ID, commit_concurrently, int64s, table_info, write_split
 
 PK = [("id", t.IntType(nullable=False)), ("name", t.StringType())]
 LOG = [("id", t.IntType()), ("name", t.StringType())]
@@ -158,21 +157,7 @@ def test_committers_racing_from_the_same_snapshot_land_once(tmp_path: Path) -> N
     base = table.commit([write_split(table, 0, rows([1, 2]), [0, 1])], {})
     results = [write_split(table, 0, rows([1], f"r{i}"), [2], deleted_keys=keys([1]), base_snapshot_id=base)
                for i in range(4)]
-    start = threading.Barrier(len(results))
-    outcomes: list[object] = []
-
-    def commit(index: int) -> None:
-        start.wait()
-        try:
-            outcomes.append(table.commit([results[index]], {OFFSETS_PROPERTY: str(index)}))
-        except LakeCommitConflictError as exc:
-            outcomes.append(exc)
-
-    threads = [threading.Thread(target=commit, args=(i,)) for i in range(len(results))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = commit_concurrently(table, results)
     landed = [o for o in outcomes if isinstance(o, int)]
     assert len(landed) == 1 and len(outcomes) == 4, outcomes
     assert duck(table, "SELECT count(*), count(DISTINCT id) FROM lake") == [(2, 2)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import pickle
-import threading
 from pathlib import Path
 
 import lance
@@ -27,7 +26,14 @@ from strom.lake.lance import LanceLakeFormat, LanceLakeTable
 from strom.metadata.table_info import TableInfo
 from strom.records import types as t
 from tests.lake.duckdb_reader import lance_rows, read_lance
-from tests.lake.support import TABLE_ID, int64s, table_info, write_split
+from tests.lake.support import (
+    TABLE_ID,
+    commit_concurrently,
+    create_concurrently,
+    int64s,
+    table_info,
+    write_split,
+)
 from tests.lake.test_delta_types import COLUMNS, batch_of
 
 LOG = [("id", t.IntType()), ("name", t.StringType())]
@@ -76,21 +82,7 @@ def test_primary_key_tables_and_dotted_columns_are_refused(tmp_path: Path) -> No
 
 def test_create_is_idempotent_and_racing_creators_make_one_dataset(tmp_path: Path) -> None:
     info = table_info(tmp_path, LOG, lake="lance")
-    barrier = threading.Barrier(4)
-    errors: list[BaseException] = []
-
-    def create() -> None:
-        barrier.wait()
-        try:
-            lance_table(info)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=create) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = create_concurrently(info, 4)
     assert errors == []
     assert [v["version"] for v in lance.dataset(lance_table(info).uri).versions()] == [1]
 
@@ -156,21 +148,7 @@ def test_committers_racing_from_the_same_version_land_once(tmp_path: Path) -> No
     table = lance_table(table_info(tmp_path, LOG, lake="lance"))
     base = table.latest_snapshot_id()
     results = [write_split(table, 0, rows([i]), [0], base_snapshot_id=base) for i in range(4)]
-    start = threading.Barrier(len(results))
-    outcomes: list[object] = []
-
-    def commit(index: int) -> None:
-        start.wait()
-        try:
-            outcomes.append(table.commit([results[index]], {OFFSETS_PROPERTY: str(index)}))
-        except LakeCommitConflictError as exc:
-            outcomes.append(exc)
-
-    threads = [threading.Thread(target=commit, args=(i,)) for i in range(len(results))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = commit_concurrently(table, results)
     landed = [o for o in outcomes if isinstance(o, int)]
     assert len(landed) == 1 and len(outcomes) == 4, outcomes
     assert duck(table, "SELECT count(*) FROM lake") == [(1,)]
