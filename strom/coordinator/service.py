@@ -413,9 +413,9 @@ class CoordinatorService(CatalogReader):
         completed = dict(properties)
         if table_properties.DATALAKE_ENABLED in completed:  # stored as Fluss writes a boolean
             completed[table_properties.DATALAKE_ENABLED] = "true" if enabled else "false"
-        if lake_format is not None or (creating and self._lake_format == keys.ICEBERG):
-            # Iceberg decides how keys are encoded and bucketed, so every table of an Iceberg cluster
-            # carries it from its creation (as Fluss does): its buckets then match the lake's partitions
+        if lake_format is not None or (creating and self._lake_format in keys.KEYED_LAKE_FORMATS):
+            # Iceberg and Paimon decide how keys are encoded and bucketed, so every table of such a cluster
+            # carries the format from its creation (as Fluss does): its buckets then match the lake's
             # whenever its lake is enabled.
             completed[table_properties.DATALAKE_FORMAT] = self._lake_format
         if not enabled:
@@ -425,11 +425,12 @@ class CoordinatorService(CatalogReader):
                 "Currently, we don't support tiering a primary key table to Lance: this cluster's lake format is "
                 "lance (datalake.format), which holds log tables only."
             )
-        if self._lake_format == keys.ICEBERG and lake_format is None and not creating:
+        if self._lake_format in keys.KEYED_LAKE_FORMATS and lake_format is None and not creating:
+            name = self._lake_format
             raise InvalidConfigError(
-                "This table was created before the cluster's lake format was iceberg: its keys are bucketed "
-                "by Fluss's hash, not Iceberg's, so its buckets cannot be the lake's partitions. Re-create it "
-                "to tier it into Iceberg."
+                f"This table was created before the cluster's lake format was {name}: its keys are bucketed "
+                f"by Fluss's hash, not {name.capitalize()}'s, so its buckets cannot be the lake's. Re-create it "
+                f"to tier it into {name.capitalize()}."
             )
         completed[table_properties.DATALAKE_FORMAT] = self._lake_format
         for key, value in self._lake_options.items():
