@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import logging
 import os
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from types import EllipsisType
 from typing import Any
@@ -44,6 +42,7 @@ from lance.fragment import FragmentMetadata, write_fragments
 
 from strom.errors import InvalidConfigError, InvalidTableError
 from strom.ids import TableBucket
+from strom.lake.commit_lock import exclusive, is_local
 from strom.lake.delta_files import FileLimits
 from strom.lake.format import (
     COMMIT_USER,
@@ -154,7 +153,7 @@ class LanceLakeTable(LakeTable):
         dotted = [name for name in self.layout.row_type.field_names if "." in name]
         if dotted:
             raise InvalidTableError(f"table '{info.path}': Lance cannot store columns whose names contain a period {dotted}")
-        with _exclusive(self._uri):  # a second create would land as an overwrite, over any rows tiered since
+        with exclusive(self._uri):  # a second create would land as an overwrite, over any rows tiered since
             try:
                 dataset = self.dataset()
             except (OSError, ValueError):
@@ -218,7 +217,7 @@ class LanceLakeTable(LakeTable):
         # A local dataset gets a lock that makes the commit a compare-and-set on the version; an object
         # store's own atomic commit (Lance's default there) refuses a second writer of the same version,
         # and a rebase over a commit that landed since the check above is reported below.
-        commit_lock = _only_version(self, base + 1) if "://" not in self._uri else None
+        commit_lock = _only_version(self, base + 1) if is_local(self._uri) else None
         try:
             committed = LanceDataset.commit(self._uri, transaction, commit_lock=commit_lock, max_retries=0,
                                             storage_options=self.storage_options or None)
@@ -313,30 +312,6 @@ class LanceLakeTable(LakeTable):
         return self.dataset(snapshot_id).to_table()
 
 
-_PROCESS_LOCKS: dict[str, threading.Lock] = {}
-_PROCESS_LOCKS_GUARD = threading.Lock()
-LOCK_FILE_SUFFIX = ".strom-lock"
-"""A local dataset's lock file sits beside it: ``<table>.lance.strom-lock``."""
-
-
-@contextlib.contextmanager
-def _exclusive(uri: str) -> Iterator[None]:
-    """Mutual exclusion on a local dataset across threads (a lock per dataset) and processes (``flock``
-    on a file beside it); nothing for an object store, whose own atomic commit serialises writers."""
-    if "://" in uri:
-        yield
-        return
-    with _PROCESS_LOCKS_GUARD:
-        in_process = _PROCESS_LOCKS.setdefault(uri, threading.Lock())
-    os.makedirs(os.path.dirname(uri), exist_ok=True)
-    with in_process, open(uri + LOCK_FILE_SUFFIX, "a+b") as lock_file:
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
-
-
 def _manifest_exists(uri: str, version: int) -> bool:
     """Whether a local dataset has version ``version``, by its manifest file (either of Lance's naming
     schemes: ``<version>.manifest`` or, in its v2 paths, ``<2^64 - 1 - version>.manifest`` zero-padded to 20
@@ -350,13 +325,13 @@ def _only_version(table: LanceLakeTable, expected: int) -> Any:
     """A Lance commit lock that lets a commit write version ``expected`` only, while no one else writes
     one: Lance would rebase an append over another that landed first, which a round planned on the older
     version must not. With a custom lock Lance leaves mutual exclusion to it: the version's manifest is
-    looked for under :func:`_exclusive`."""
+    looked for under :func:`~strom.lake.commit_lock.exclusive`."""
 
     @contextlib.contextmanager
     def lock(version: int) -> Iterator[None]:
         if version != expected:
             raise CommitConflictError(f"the commit would write version {version}, its round was planned for {expected}")
-        with _exclusive(table.uri):
+        with exclusive(table.uri):
             if _manifest_exists(table.uri, version):
                 raise CommitConflictError(f"version {version} landed first")
             yield
