@@ -499,23 +499,21 @@ KV_ROCKSDB_BINDING = choice_option(
 
 
 # ---- lake ----
-SUPPORTED_LAKE_FORMATS = ("delta", "iceberg", "lance")
+SUPPORTED_LAKE_FORMATS = ("delta", "iceberg", "lance", "paimon")
 REFUSED_LAKE_FORMATS = {
-    "paimon": "Fluss's Paimon layout records its offsets in Paimon snapshot properties, which pypaimon-rust "
-              "cannot write yet: docs/lake.md",
     "hudi": "no library on PyPI writes Hudi tables (hudi 0.5.0 only reads them): docs/lake.md",
 }
 """The other formats Fluss tiers into, and why strom does not."""
 DATALAKE_FORMAT = choice_option(
     "datalake.format", "delta", SUPPORTED_LAKE_FORMATS,
-    "Lake format of lake-enabled tables (`table.datalake.enabled`): `delta`, `iceberg` or `lance` (log tables "
-    "only, as in Fluss; the tiering service and readers need `pip install 'strom[lance]'`); another value "
-    "stops the server at start. With `iceberg` every table is created with `table.datalake.format=iceberg`, "
-    "which makes its keys encode and bucket as Iceberg's `bucket[N]` transform (a single key column, as in "
-    "Fluss). Its options are `datalake.<format>.<key>`: the coordinator copies them "
+    "Lake format of lake-enabled tables (`table.datalake.enabled`): `delta`, `iceberg`, `paimon` or `lance` "
+    "(log tables only, as in Fluss); Paimon and Lance need `pip install 'strom[paimon]'` or `'strom[lance]'` "
+    "where the tiering service and readers run. Another value stops the server at start. With `iceberg` or `paimon` every table is created with that "
+    "`table.datalake.format`, which makes its keys encode and bucket as the format does (Iceberg's `bucket[N]` "
+    "transform over a single key column, Paimon's BinaryRow hash), as in Fluss. Its options are `datalake.<format>.<key>`: the coordinator copies them "
     "into each lake-enabled table's properties as `table.datalake.<format>.<key>`, except keys naming a "
-    "password, secret or key, which the tiering service must be given itself. Fluss's `paimon` and `hudi` are "
-    "refused with the reason (docs/lake.md).",
+    "password, secret or key, which the tiering service must be given itself. Fluss's `hudi` is refused with "
+    "the reason (docs/lake.md).",
     refused=REFUSED_LAKE_FORMATS,
 )
 DATALAKE_DELTA_WAREHOUSE = string_option(
@@ -537,6 +535,13 @@ DATALAKE_LANCE_WAREHOUSE = string_option(
     "URL Lance writes (e.g. s3://bucket/lake). Defaults to `<data.dir>/lake`; a relative local path is made "
     "absolute at start. `datalake.lance.max_row_per_file`, `max_rows_per_group` and `max_bytes_per_file` "
     "size the files; other `datalake.lance.*` keys are passed to Lance as storage options.",
+)
+DATALAKE_PAIMON_WAREHOUSE = string_option(
+    "datalake.paimon.warehouse", None,
+    "Warehouse of the Paimon lake tables (a filesystem catalog: `<warehouse>/<database>.db/<table>`, Fluss's "
+    "layout): a local path or a URL pypaimon-rust writes (e.g. s3://bucket/lake). Defaults to "
+    "`<data.dir>/lake`; a relative local path is made absolute at start. Other `datalake.paimon.*` keys (e.g. "
+    "`metastore`, `uri`) are passed to the Paimon catalog.",
 )
 TABLE_DATALAKE_FRESHNESS = duration_option(
     DATALAKE_FRESHNESS, "3 min",

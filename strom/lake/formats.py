@@ -1,6 +1,7 @@
 """Which lake format a table uses: the registry above the :mod:`strom.lake.format` contract.
 
-A format's library loads only when a table asks for it (delta-rs for Delta, pyiceberg for Iceberg, pylance for Lance), and
+A format's library loads only when a table asks for it (delta-rs for Delta, pyiceberg for Iceberg, pylance for Lance, pypaimon-rust for
+Paimon), and
 the contract imports none of its implementations.
 """
 
@@ -37,8 +38,19 @@ def _load_lance(options: Mapping[str, str]) -> LakeFormat:
     return LanceLakeFormat(options)
 
 
+def _load_paimon(options: Mapping[str, str]) -> LakeFormat:
+    # pypaimon-rust (an extra) loads only when a table asks for Paimon
+    try:
+        from strom.lake.paimon import PaimonLakeFormat
+    except ImportError as exc:
+        raise InvalidConfigError(
+            f"the paimon lake format needs pypaimon-rust, which is not installed ({exc}): pip install 'strom[paimon]'"
+        ) from exc
+    return PaimonLakeFormat(options)
+
+
 FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {
-    "delta": _load_delta, "iceberg": _load_iceberg, "lance": _load_lance,
+    "delta": _load_delta, "iceberg": _load_iceberg, "lance": _load_lance, "paimon": _load_paimon,
 }
 """Lake format identifier -> factory taking the format's options (``table.datalake.<format>.*``)."""
 

@@ -274,8 +274,8 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "Lookups of expired partitions read the lake (auto-partitioned Paimon primary-key tables with one "
         "partition key only).",
         Support.PARTIAL,
-        "false is accepted; true is refused (at creation and by AlterTable) with Fluss's list of unmet "
-        "requirements, which strom can never meet (it has no Paimon lake).",
+        "false is accepted; true is refused (at creation and by AlterTable): with Fluss's list of unmet "
+        "requirements, or, where they are met, because strom does not read expired partitions from the lake yet.",
         parse_bool,
     ),
     _option(
@@ -283,8 +283,8 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         "The lake format (Fluss: paimon, iceberg, hudi, lance), which also decides how keys are encoded and "
         "bucketed; unset, the cluster's `datalake.format`.",
         Support.PARTIAL,
-        "Only the cluster's `datalake.format` (delta, iceberg or lance, strom's formats) is accepted; Iceberg "
-        "clusters set it on every new table (`strom.records.keys`, `strom.lake.format`).",
+        "Only the cluster's `datalake.format` (delta, iceberg, lance or paimon, strom's formats) is accepted; Iceberg "
+        "and Paimon clusters set it on every new table (`strom.records.keys`, `strom.lake.format`).",
         enum_parser(*_LAKE_FORMATS),
     ),
     _option(
@@ -478,6 +478,10 @@ def _check_historical_partition(values: Mapping[str, Any], has_primary_key: bool
         unmet.append(f"the table must define exactly one partition key (found {partition_key_count})")
     if unmet:
         raise InvalidConfigError(f"'{DATALAKE_HISTORICAL_PARTITION}' has unmet requirements: {'; '.join(unmet)}.")
+    raise InvalidConfigError(
+        f"'{DATALAKE_HISTORICAL_PARTITION}' = true is not supported by this server: it does not read expired "
+        "partitions from the lake yet (Fluss FIP-28)."
+    )
 
 
 def _check_auto_partition(properties: Mapping[str, str], partition_keys: Collection[str]) -> None:

@@ -25,6 +25,7 @@ from strom.config import (
     DATALAKE_FORMAT,
     DATALAKE_ICEBERG_WAREHOUSE,
     DATALAKE_LANCE_WAREHOUSE,
+    DATALAKE_PAIMON_WAREHOUSE,
     KV_SCANNER_EXPIRATION_INTERVAL,
     KV_SCANNER_MAX_BATCH_SIZE,
     KV_SCANNER_MAX_PER_BUCKET,
@@ -85,6 +86,7 @@ log = logging.getLogger(__name__)
 
 WAREHOUSE_OPTIONS = {
     "delta": DATALAKE_DELTA_WAREHOUSE, "iceberg": DATALAKE_ICEBERG_WAREHOUSE, "lance": DATALAKE_LANCE_WAREHOUSE,
+    "paimon": DATALAKE_PAIMON_WAREHOUSE,
 }
 """The warehouse option of each lake format: defaulted to ``<data.dir>/lake`` at start."""
 

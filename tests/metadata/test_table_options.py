@@ -222,3 +222,14 @@ def test_alter_table_may_change_the_options_fluss_lets_users_alter_and_the_lake_
     changing = page[page.index("## Changing options"):]
     for key in ALTERABLE_TABLE_OPTIONS:
         assert f"- `{key}` ({TABLE_OPTIONS[key].support.value})" in changing, key
+
+
+def test_historical_partitions_meeting_flusss_requirements_are_still_refused() -> None:
+    """With every requirement met (a Paimon lake now exists) the option is refused as not built, never
+    accepted and ignored."""
+    schema = Schema.from_arrow(pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("day", pa.string(), nullable=False)]),
+                               ["id", "day"])
+    properties = {"table.datalake.historical-partition.enabled": "true", "table.auto-partition.enabled": "true",
+                  "table.datalake.enabled": "true", "table.datalake.format": "paimon"}
+    with pytest.raises(InvalidConfigError, match="does not read expired partitions from the lake yet"):
+        validate(properties, schema, ("day",))
