@@ -28,7 +28,16 @@ from strom.metadata.table_info import TableInfo
 from strom.records import keys
 from strom.records import types as t
 from tests.lake.paimon_reader import pypaimon_rows, sql_rows
-from tests.lake.support import TABLE_ID, Model, commit_concurrently, create_concurrently, pk_round, row_tuples, table_info, write_split
+from tests.lake.support import (
+    TABLE_ID,
+    Model,
+    commit_concurrently,
+    create_concurrently,
+    pk_round,
+    row_tuples,
+    table_info,
+    write_split,
+)
 
 LOG = [("id", t.IntType()), ("event", t.StringType())]
 PK = [("id", t.IntType(nullable=False)), ("name", t.StringType()), ("score", t.BigIntType(nullable=False))]
@@ -103,7 +112,7 @@ def test_types_pypaimon_rust_cannot_create_and_reserved_names_are_refused(tmp_pa
                                 name="b"))
     with pytest.raises(InvalidTableError, match="reserves"):
         paimon_table(table_info(tmp_path, [("__offset", t.IntType())], lake="paimon", name="c"))
-    with pytest.raises(InvalidConfigError, match="datalake.paimon.warehouse"):
+    with pytest.raises(InvalidConfigError, match=r"datalake\.paimon\.warehouse"):
         PaimonLakeFormat({})
 
 
