@@ -21,15 +21,16 @@ from strom.lake.formats import lake_format
 from strom.records.types import DataType
 from strom.tiering.driver import TieringDriver, TieringOptions
 from tests.lake.duckdb_reader import read_delta, read_iceberg, read_lance
+from tests.lake.paimon_reader import pypaimon_rows
 from tests.spark.support import Fluss, run, wait_until
 
 LAKE_TABLE = {"table.datalake.enabled": "true", "table.datalake.freshness": "1s"}
 FAST_TIERING = {"kv.snapshot.interval": "0s", "lake.tiering.heartbeat-timeout": "3s",
                 "lake.tiering.heartbeat-check-interval": "200ms"}
 STOP_S = 60.0
-LAKE_FORMATS = ("delta", "iceberg", "lance")
+LAKE_FORMATS = ("delta", "iceberg", "paimon", "lance")
 """Every lake format strom tiers into; log tables tier into each."""
-PK_LAKE_FORMATS = ("delta", "iceberg")
+PK_LAKE_FORMATS = ("delta", "iceberg", "paimon")
 """The formats that hold primary-key tables (Lance holds log tables only, as in Fluss)."""
 
 
@@ -166,11 +167,14 @@ def lake_uri(cluster: Fluss, table: str) -> str:
 
 
 def lake_rows(cluster: Fluss, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-    """The lake table at its latest version as DuckDB reads it (its delta, iceberg or lance extension, not
-    the library strom writes with), sorted."""
+    """The lake table at its latest version as an independent reader reads it (DuckDB's delta, iceberg or
+    lance extension; pypaimon 2.1.0 for Paimon), not the library strom writes with, sorted."""
     info = _table_info(cluster, table)
     lake_table: Any = lake_format(info).table(info)
     name = info.properties.get("table.datalake.format")
+    if name == "paimon":
+        return sorted(tuple(row) for row in pypaimon_rows(lake_table.catalog_options["warehouse"],
+                                                          lake_table.identifier, list(columns)))
     if name == "iceberg":
         result: pa.Table = read_iceberg(lake_table.iceberg().metadata_location)
     elif name == "lance":
