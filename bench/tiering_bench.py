@@ -1,11 +1,12 @@
 """Lake tiering throughput and freshness, against Spark and delta-rs doing the same work in the same run.
 
 1. **First round** of a primary-key table (``--rows``, 2 buckets, read from its KV snapshots) into each lake
-   format of ``--formats`` (Delta and Iceberg), against Spark copying the same rows from Parquet to Parquet
+   format of ``--formats`` (Delta, Iceberg, Paimon), against Spark copying the same rows from Parquet to Parquet
    (``local[2]``, same session).
 2. **An update round**: ``--rows/10`` updates and ``--rows/100`` deletes tiered into the lake copy, against
    a bare delta-rs ``MERGE`` of the same changes into a copy of the same Delta table (one ceiling for both
-   formats, measured in the same run).
+   formats, measured in the same run). For Paimon also against pypaimon-rust writing the same rows (a batch
+   write of the table with the same buckets) and the same changes (upserts and deletes by row kind) itself.
 3. **Log tables into Lance** (``lance`` in ``--formats``; Lance holds log tables only): the same rows appended
    to a log table and tiered (a first round), then ``--rows/10`` more (an append round), against pylance's
    ``lance.write_dataset`` of the same rows (create, then append), in the same run.
@@ -13,7 +14,7 @@
    ``table.datalake.freshness`` = ``--freshness``: once a second, ``now - write time of the newest row the
    lake holds``; p50 and p99 against the freshness.
 
-    .venv/bin/python -m bench.tiering_bench [--rows 10000000] [--lag-seconds 300] [--freshness 30s] [--formats delta,iceberg,lance]
+    .venv/bin/python -m bench.tiering_bench [--rows 10000000] [--lag-seconds 300] [--freshness 30s] [--formats delta,iceberg,paimon,lance]
 """
 
 from __future__ import annotations
@@ -99,6 +100,37 @@ def lance_rounds(spark: Any, rows: pa.Table, more: pa.Table, work: Path) -> tupl
     write_s = timed(lambda: lance.write_dataset(rows, target, mode="create"))
     write_append_s = timed(lambda: lance.write_dataset(more, target, mode="append"))
     return first_s, append_s, write_s, write_append_s
+
+
+def paimon_ceiling(rows: pa.Table, updates: pa.Table, deleted: pa.Table, work: Path) -> tuple[float, float]:
+    """(first, update) seconds of pypaimon-rust writing the rows into a primary-key table with the same
+    buckets, then the updates and deletes, itself (one commit each)."""
+    from pypaimon_rust.datafusion import PaimonCatalog, SQLContext
+
+    warehouse = f"file://{work / 'paimon-ceiling'}"
+    context = SQLContext()
+    context.register_catalog("lake", {"warehouse": warehouse}, default_database="")
+    context.set_current_catalog("lake")
+    context.sql("CREATE DATABASE bench")
+    context.sql(f"CREATE TABLE bench.rows (id BIGINT NOT NULL, k STRING, v1 DOUBLE, v2 BIGINT, s STRING, PRIMARY KEY (id)) "
+                f"WITH ('bucket'='{BUCKETS}', 'changelog-producer'='input')")
+    table = PaimonCatalog({"warehouse": warehouse}).get_table("bench.rows")
+
+    def write(batches: list[pa.RecordBatch]) -> None:
+        builder = table.new_batch_write_builder()
+        writer = builder.new_write()
+        for batch in batches:
+            writer.write_arrow(batch)
+        builder.new_commit().commit(writer.prepare_commit())
+
+    def kinds(data: pa.Table, kind: int) -> list[pa.RecordBatch]:
+        return [batch.append_column("_VALUE_KIND", pa.array(np.full(batch.num_rows, kind, np.int8)))
+                for batch in data.to_batches(INGEST_BATCH_ROWS)]
+
+    first_s = timed(lambda: write(kinds(rows, 0)))
+    gone = rows.join(deleted, "id", join_type="inner").select(rows.column_names).sort_by("id")
+    update_s = timed(lambda: write(kinds(updates, 0) + kinds(gone, 3)))
+    return first_s, update_s
 
 
 def lake_path(server: BenchServer, name: str) -> Path:
@@ -206,7 +238,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--lag-seconds", type=float, default=300.0)
     parser.add_argument("--freshness", default="30s")
-    parser.add_argument("--formats", default="delta,iceberg,lance", help="lake formats to tier into, in this run")
+    parser.add_argument("--formats", default="delta,iceberg,paimon,lance", help="lake formats to tier into, in this run")
     args = parser.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     work = Path(tempfile.mkdtemp(prefix="strom-tiering-bench-"))
@@ -217,6 +249,7 @@ def main() -> None:
     name = "tiering_bench"
     rounds: dict[str, tuple[float, float]] = {}
     lance_s: tuple[float, float, float, float] | None = None
+    paimon_s: tuple[float, float] | None = None
     merge_s = 0.0
     lag: list[float] = []
     try:
@@ -225,6 +258,8 @@ def main() -> None:
         parquet_s = timed(lambda: source.write.mode("overwrite").parquet(str(work / "copy")))
         if "lance" in formats:
             lance_s = lance_rounds(spark, rows, rows.slice(0, args.rows // 10), work)
+        if "paimon" in formats:
+            paimon_s = paimon_ceiling(rows, updates, deleted, work)
         for lake in (f for f in formats if f != "lance"):
             config = {"kv.snapshot.interval": "2s", "kv.snapshot.num-retained": "1", "datalake.format": lake}
             with BenchServer(config) as server:
@@ -256,6 +291,12 @@ def main() -> None:
     for lake, (_first_s, update_s) in rounds.items():
         ratio = f"  ratio {merge_s / update_s:.2f}" if merge_s else ""
         lines.append((f"update round: strom tiering (changelog -> {lake})", f"{update_s:7.2f} s{ratio}"))
+    if paimon_s is not None and "paimon" in rounds:
+        (ceiling_first, ceiling_update), (first_s, update_s) = paimon_s, rounds["paimon"]
+        lines.append(("first round: pypaimon-rust batch write of the rows (ceiling)",
+                      f"{ceiling_first:7.2f} s  ratio {ceiling_first / first_s:.2f}"))
+        lines.append(("update round: pypaimon-rust write of the same changes (ceiling)",
+                      f"{ceiling_update:7.2f} s  ratio {ceiling_update / update_s:.2f}"))
     if "delta" in rounds and "iceberg" in rounds:
         (delta_first, delta_update), (ice_first, ice_update) = rounds["delta"], rounds["iceberg"]
         lines.append(("iceberg / delta time, first round and update round",

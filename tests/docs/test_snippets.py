@@ -172,6 +172,12 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
     ("docs/lake.md", "The Lance dataset", 2): _spark(
         "test_lance_lake_doc", "run once the table is due (its freshness after creation)"),
     ("docs/lake.md", "The Lance dataset", 3): _spark("test_lance_lake_doc", "script"),
+    ("docs/lake.md", "The Paimon table", 0): _spark(
+        "test_paimon_lake_doc", "the server in the background on a free port, stopped by pid"),
+    ("docs/lake.md", "The Paimon table", 1): _spark("test_paimon_lake_doc", "script"),
+    ("docs/lake.md", "The Paimon table", 2): _spark(
+        "test_paimon_lake_doc", "run once the table is due (its freshness after creation)"),
+    ("docs/lake.md", "The Paimon table", 3): _spark("test_paimon_lake_doc", "script"),
     # docs/pyfluss.md
     ("docs/pyfluss.md", "A short script may abort at interpreter exit", 0): _doc(
         "test_pyfluss_aborts_at_exit_with_no_server_and_the_workaround_avoids_it",

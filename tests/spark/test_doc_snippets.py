@@ -5,9 +5,11 @@ commands (see tests/docs/snippets.py). It lives beside the other Spark tests for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,38 +151,61 @@ def test_spark_doc(spark: Any, readme: Readme, session_namespace: dict[str, Any]
     assert Fluss(readme.server.address).describe("fluss.clicks").info.schema.primary_key == ("id",)
 
 
+@contextlib.contextmanager
+def _one_documented_round(tmp_path: Any, blocks: list[Any], documented_address: str, name: str) -> Iterator[Path]:
+    """Run a lake format's documented blocks up to its round: the server line in the background on a free
+    port, the script that creates and fills the table, and `strom tiering --once` once the table is due.
+    Yields the directory the blocks ran in; stops the server by its pid afterwards."""
+    start, create, tiering = blocks
+    cwd = Path(tmp_path) / "work"
+    cwd.mkdir()
+    port = free_port()
+    at_server = {documented_address: f"127.0.0.1:{port}"}
+    [line] = shell_lines(start)
+    command = [word for word in venv_command(line, at_server) if word != "&"]
+    server = CommandProcess(command, cwd, port, f"{name}-server").start()
+    try:
+        assert run_script(create, cwd, at_server) == []
+        [once] = shell_lines(tiering)
+
+        def due() -> bool:
+            status = f".venv/bin/strom tiering status -b 127.0.0.1:{port} --json"
+            [table] = json.loads(run_command(status, cwd))["tables"]
+            return str(table["state"]) == "Pending"
+
+        wait_until(due, 30, f"the {name} example's table to become due for tiering", interval_s=1.0)
+        run_command(once, cwd, at_server, timeout_s=240)
+        yield cwd
+    finally:
+        code = server.stop()
+    assert code == 0, server.log_text()[-3000:]
+
+
 @pytest.mark.slow
 def test_lance_lake_doc(tmp_path: Any) -> None:
     """docs/lake.md's Lance example as written: a server tiering into Lance, a log table, one
     `strom tiering --once` round once the table is due, and the dataset read back with pylance."""
-    start = snippet("docs/lake.md", "The Lance dataset", 0)
-    create = snippet("docs/lake.md", "The Lance dataset", 1)
-    tiering = snippet("docs/lake.md", "The Lance dataset", 2)
-    read = snippet("docs/lake.md", "The Lance dataset", 3)
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    port = free_port()
-    at_server = {"127.0.0.1:9124": f"127.0.0.1:{port}"}
-    [line] = shell_lines(start)
-    command = [word for word in venv_command(line, at_server) if word != "&"]
-    server = CommandProcess(command, cwd, port, "lance-server").start()
-    try:
-        assert run_script(create, cwd, at_server) == []
-        [once] = shell_lines(tiering)
-        address = f"127.0.0.1:{port}"
-
-        def due() -> bool:
-            [table] = json.loads(run_command(f".venv/bin/strom tiering status -b {address} --json", cwd))["tables"]
-            return str(table["state"]) == "Pending"
-
-        wait_until(due, 30, "fluss.events to become due for tiering", interval_s=1.0)
-        run_command(once, cwd, at_server, timeout_s=240)
-        assert run_script(read, cwd) == [
+    blocks = [snippet("docs/lake.md", "The Lance dataset", 0), snippet("docs/lake.md", "The Lance dataset", 1),
+              snippet("docs/lake.md", "The Lance dataset", 2)]
+    with _one_documented_round(tmp_path, blocks, "127.0.0.1:9124", "lance") as cwd:
+        assert run_script(snippet("docs/lake.md", "The Lance dataset", 3), cwd) == [
             "{'id': 1, 'kind': 'a'}", "['id', 'kind', '__bucket', '__offset', '__timestamp']", "__fluss_lake_tiering"]
         import lance
 
         dataset = lance.dataset(str(cwd / "lance-data/lake/fluss/events.lance"))
         assert sorted(dataset.to_table(columns=["id"]).column("id").to_pylist()) == [1, 2, 3], "every row, once"
-    finally:
-        code = server.stop()
-    assert code == 0, server.log_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_paimon_lake_doc(tmp_path: Any) -> None:
+    """docs/lake.md's Paimon example as written: a server tiering into Paimon, a primary-key table with a
+    delete, one round, and the table read back with Paimon's SQL (and pypaimon 2.1.0)."""
+    blocks = [snippet("docs/lake.md", "The Paimon table", 0), snippet("docs/lake.md", "The Paimon table", 1),
+              snippet("docs/lake.md", "The Paimon table", 2)]
+    with _one_documented_round(tmp_path, blocks, "127.0.0.1:9125", "paimon") as cwd:
+        assert run_script(snippet("docs/lake.md", "The Paimon table", 3), cwd) == [
+            "[{'id': 1, 'name': 'Ada'}, {'id': 2, 'name': 'Grace'}]"]
+        from tests.lake.paimon_reader import pypaimon_rows
+
+        warehouse = f"file://{cwd}/paimon-data/lake"
+        assert pypaimon_rows(warehouse, "fluss.users", ["id", "name"]) == [[1, "Ada"], [2, "Grace"]]
