@@ -7,6 +7,7 @@ the contract imports none of its implementations.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 
 from strom.errors import InvalidConfigError
@@ -27,30 +28,28 @@ def _load_iceberg(options: Mapping[str, str]) -> LakeFormat:
     return IcebergLakeFormat(options)
 
 
-def _load_lance(options: Mapping[str, str]) -> LakeFormat:
-    # pylance (an extra) loads only when a table asks for Lance
-    try:
-        from strom.lake.lance import LanceLakeFormat
-    except ImportError as exc:
-        raise InvalidConfigError(
-            f"the lance lake format needs pylance, which is not installed ({exc}): pip install 'strom[lance]'"
-        ) from exc
-    return LanceLakeFormat(options)
+def _from_extra(lake: str, module: str, class_name: str, library: str) -> Callable[[Mapping[str, str]], LakeFormat]:
+    """A format whose library is an extra (``strom[<lake>]``): it loads only when a table asks for it, and
+    its absence is a clear error naming the extra."""
 
+    def load(options: Mapping[str, str]) -> LakeFormat:
+        try:
+            implementation = importlib.import_module(module)
+        except ImportError as exc:
+            raise InvalidConfigError(
+                f"the {lake} lake format needs {library}, which is not installed ({exc}): pip install 'strom[{lake}]'"
+            ) from exc
+        format_class: Callable[[Mapping[str, str]], LakeFormat] = getattr(implementation, class_name)
+        return format_class(options)
 
-def _load_paimon(options: Mapping[str, str]) -> LakeFormat:
-    # pypaimon-rust (an extra) loads only when a table asks for Paimon
-    try:
-        from strom.lake.paimon import PaimonLakeFormat
-    except ImportError as exc:
-        raise InvalidConfigError(
-            f"the paimon lake format needs pypaimon-rust, which is not installed ({exc}): pip install 'strom[paimon]'"
-        ) from exc
-    return PaimonLakeFormat(options)
+    return load
 
 
 FORMATS: dict[str, Callable[[Mapping[str, str]], LakeFormat]] = {
-    "delta": _load_delta, "iceberg": _load_iceberg, "lance": _load_lance, "paimon": _load_paimon,
+    "delta": _load_delta,
+    "iceberg": _load_iceberg,
+    "lance": _from_extra("lance", "strom.lake.lance", "LanceLakeFormat", "pylance"),
+    "paimon": _from_extra("paimon", "strom.lake.paimon", "PaimonLakeFormat", "pypaimon-rust"),
 }
 """Lake format identifier -> factory taking the format's options (``table.datalake.<format>.*``)."""
 
