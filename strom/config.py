@@ -219,6 +219,14 @@ LOG_REPLICA_MAX_SILENCE_TIME = duration_option(
     "`log.replica.max-lag-time`; it rejoins once it has caught up. strom's own key (a follower long-polls "
     "every 0.5 s).",
 )
+LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER = int_option(
+    "log.replica.min-in-sync-replicas-number", 1,
+    "A write with acks = all (-1, every client's default) needs at least this many in-sync replicas: with "
+    "fewer the leader refuses it (NotEnoughReplicas, 29) before appending, and a write whose replication "
+    "ends while the in-sync replicas are fewer fails with NotEnoughReplicasAfterAppend (28); both are "
+    "retriable. With a replication factor of 3 and 2 here, an acknowledged write is on at least two servers.",
+    minimum=1,
+)
 LOG_REPLICA_FETCH_MAX_BYTES_FOR_BUCKET = memory_option(
     "log.replica.fetch.max-bytes-for-bucket", "1mb",
     "The most a follower's fetch returns for one bucket (a larger first batch still comes whole). It paces "
@@ -245,6 +253,18 @@ TABLET_SERVER_CONTROLLED_SHUTDOWN_MAX_RETRIES = int_option(
 TABLET_SERVER_CONTROLLED_SHUTDOWN_RETRY_INTERVAL = duration_option(
     "tablet-server.controlled-shutdown.retry-interval", "1s",
     "The pause between two ControlledShutdown attempts of a stopping tablet server.",
+)
+DEFAULT_REPLICATION_FACTOR = int_option(
+    "default.replication.factor", 1,
+    "Replication factor of a table created without `table.replication.factor` (a table asking for more "
+    "replicas than there are tablet servers is refused at creation).",
+    minimum=1,
+)
+ALLOW_CREATE_LOG_TABLES = bool_option(
+    "allow.create.log.tables", True, "Whether log tables (without a primary key) may be created.",
+)
+ALLOW_CREATE_KV_TABLES = bool_option(
+    "allow.create.kv.tables", True, "Whether primary-key tables may be created.",
 )
 DEFAULT_BUCKET_NUMBER = int_option(
     "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count.", minimum=1

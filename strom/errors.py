@@ -215,6 +215,23 @@ class StorageError(RetriableError):
     default_message = "The storage failed."
 
 
+class NotEnoughReplicasAfterAppendError(RetriableError):
+    """The write is in the leader's log and committed, but the in-sync replicas shrank below
+    ``log.replica.min-in-sync-replicas-number`` before it was acknowledged (an idempotent writer's retry
+    is a duplicate the server recognises)."""
+
+    code = 28
+    default_message = "Records are written to the server already, but to fewer in-sync replicas than required."
+
+
+class NotEnoughReplicasError(RetriableError):
+    """A write with acks = all was refused before it was appended: fewer in-sync replicas than
+    ``log.replica.min-in-sync-replicas-number``."""
+
+    code = 29
+    default_message = "Messages are rejected since there are fewer in-sync replicas than required."
+
+
 class OutOfOrderSequenceError(StromError):
     code = 31
     default_message = "The writer's batch sequence is out of order."

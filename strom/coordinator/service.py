@@ -16,8 +16,11 @@ from typing import Any
 from strom import table_properties
 from strom.clock import Clock
 from strom.config import (
+    ALLOW_CREATE_KV_TABLES,
+    ALLOW_CREATE_LOG_TABLES,
     DATALAKE_FORMAT,
     DEFAULT_BUCKET_NUMBER,
+    DEFAULT_REPLICATION_FACTOR,
     MAX_BUCKET_NUM,
     MAX_PARTITION_NUM,
     TABLE_DATALAKE_FRESHNESS,
@@ -124,6 +127,8 @@ class CoordinatorService(CatalogReader):
         self._on_table_dropped = on_table_dropped
         self._clock = clock
         self._default_bucket_count = config.get(DEFAULT_BUCKET_NUMBER)
+        self._default_replication_factor = config.get(DEFAULT_REPLICATION_FACTOR)
+        self._allow_creation = {False: config.get(ALLOW_CREATE_LOG_TABLES), True: config.get(ALLOW_CREATE_KV_TABLES)}
         self._bucket_count_max = config.get(MAX_BUCKET_NUM)
         self._partition_count_max = config.get(MAX_PARTITION_NUM)
         self._lake_tiering = lake_tiering
@@ -371,7 +376,12 @@ class CoordinatorService(CatalogReader):
             raise InvalidTableError(f"Invalid table descriptor: {exc}") from exc
         properties = dict(descriptor.properties)
         if creating:  # what Fluss's coordinator fills in before it validates
-            properties = table_options.with_defaults(properties, has_primary_key=bool(primary_key))
+            if not self._allow_creation[bool(primary_key)]:  # Fluss's messages
+                kind = "Primary Key Tables" if primary_key else "Log Tables"
+                option = ALLOW_CREATE_KV_TABLES.key if primary_key else ALLOW_CREATE_LOG_TABLES.key
+                raise InvalidTableError(f"Creation of {kind} is disallowed in the cluster ({option}).")
+            properties = table_options.with_defaults(properties, has_primary_key=bool(primary_key),
+                                                     replication_factor=self._default_replication_factor)
         table_options.check_system_columns(columns)
         # every key a known table.* option (new tables), every value of its type, options that fit together
         table_options.validate(properties, descriptor.schema, descriptor.partition_keys, creating=creating)

@@ -376,15 +376,18 @@ def parse_value(key: str, raw: str) -> Any:
         raise invalid_value(key, raw, str(exc)) from None
 
 
-def with_defaults(properties: Mapping[str, str], *, has_primary_key: bool) -> dict[str, str]:
+def with_defaults(
+    properties: Mapping[str, str], *, has_primary_key: bool, replication_factor: int = DEFAULT_REPLICATION_FACTOR,
+) -> dict[str, str]:
     """A new table's properties with the options Fluss's coordinator fills in when they are unset: the
-    replication factor, a primary-key table's kv format version, and IGNORE deletes with a merge engine.
+    replication factor (the server's ``default.replication.factor``), a primary-key table's kv format
+    version, and IGNORE deletes with a merge engine.
 
     Raises:
         InvalidConfigError: a kv format version this server does not know.
     """
     completed = dict(properties)
-    completed.setdefault(REPLICATION_FACTOR, str(DEFAULT_REPLICATION_FACTOR))
+    completed.setdefault(REPLICATION_FACTOR, str(replication_factor))
     if has_primary_key:
         if MERGE_ENGINE in completed and DELETE_BEHAVIOR not in completed:
             parse_value(MERGE_ENGINE, completed[MERGE_ENGINE])

@@ -500,7 +500,7 @@ class TabletServerNode(_ClusterProcess):
             config.get(LOG_REPLICA_FETCH_MAX_BYTES_FOR_BUCKET),
             config.get_ms(LOG_REPLICA_FETCH_WAIT_MAX_TIME),
         )
-        tablets.tablet.serve_followers(replication.on_follower_fetch)
+        tablets.tablet.serve_followers(replication.on_follower_fetch, replication.in_sync_count)
         placed = placed_tables(store, self.catalog.table_info_by_id)
         removed = remove_dropped_table_data(self.paths.tablets, {table.table_id for table, _ in placed})
         if removed:

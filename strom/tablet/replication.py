@@ -392,6 +392,14 @@ class ReplicationManager:
             return True
         return False
 
+    def in_sync_count(self, bucket: TableBucket) -> int:
+        """How many replicas of a bucket this server leads are in sync (itself included): the ISR as the
+        leader acts on it (a follower an ISR write in flight adds does not count yet)."""
+        lead = self._leading.get(bucket)
+        if lead is None:
+            raise NotLeaderOrFollowerError(f"server {self._me} does not lead {bucket}")
+        return len(lead.state.isr)
+
     def _update_limit(self, lead: _Leading) -> None:
         """The high watermark may reach what every member of the ISR holds: the ISR as the leader acts on
         it, and while a write adds followers, those too (the largest ISR ZooKeeper may hold)."""

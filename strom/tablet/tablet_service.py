@@ -13,12 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 from strom.clock import Clock
-from strom.config import LOG_FETCH_WAIT_MAX, Configuration
+from strom.config import LOG_FETCH_WAIT_MAX, LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER, Configuration
 from strom.errors import (
     CorruptRecordError,
     InvalidScanRequestError,
     InvalidTableError,
     InvalidTimestampError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     StromError,
     code_for_exception,
@@ -92,6 +94,13 @@ def _echo_partition(response: Any, bucket: TableBucket) -> None:
 
 FollowerFetch = Callable[[TableBucket, int, int], bool]
 """A follower's fetch seen by the leader: (bucket, follower id, fetch offset) -> answer at once."""
+InSyncCount = Callable[[TableBucket], int]
+"""How many replicas of a bucket this server leads are in sync, itself included."""
+ACKS_ALL = -1
+
+
+def _alone(_bucket: TableBucket) -> int:
+    return 1  # without replication a bucket's one replica is its whole ISR
 
 
 class TabletService:
@@ -102,16 +111,38 @@ class TabletService:
         self._clock = clock
         self._fetch_wait_ms_max = config.get_ms(LOG_FETCH_WAIT_MAX)
         self._on_follower_fetch: FollowerFetch | None = None
+        self._in_sync: InSyncCount = _alone
+        self._min_in_sync = config.get(LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER)
         self.remote_logs: RemoteLogManager | None = None
         """Set when remote log storage is on (:meth:`read_remote_logs`)."""
 
-    def serve_followers(self, on_follower_fetch: FollowerFetch) -> None:
+    def serve_followers(self, on_follower_fetch: FollowerFetch, in_sync: InSyncCount) -> None:
         """In a cluster, once replication runs (it needs this server's replicas, made with this service):
         ``on_follower_fetch(bucket, follower id, fetch offset)`` records a follower's fetch on the leader and
-        says whether the follower must be answered at once (it has not heard of the current high watermark).
-        Without it a follower's fetch is refused."""
+        says whether the follower must be answered at once (it has not heard of the current high watermark);
+        ``in_sync(bucket)`` counts a led bucket's in-sync replicas. Without it a follower's fetch is refused."""
         assert self._on_follower_fetch is None, "replication is attached once"
         self._on_follower_fetch = on_follower_fetch
+        self._in_sync = in_sync
+
+    def _check_in_sync(self, bucket: TableBucket, acks: int, appended: bool = False) -> None:
+        """Fluss's min-ISR rule for a write with acks = all: refused before the append while the bucket has
+        fewer in-sync replicas than ``log.replica.min-in-sync-replicas-number``, failed after it if they
+        shrank below that before the write was acknowledged."""
+        if acks != ACKS_ALL or self._min_in_sync <= 1:
+            return
+        in_sync = self._in_sync(bucket)
+        if in_sync >= self._min_in_sync:
+            return
+        if appended:
+            raise NotEnoughReplicasAfterAppendError(
+                f"The size of the current ISR ({in_sync}) of {bucket} fell below the required "
+                f"{self._min_in_sync} (log.replica.min-in-sync-replicas-number) before the write was acknowledged."
+            )
+        raise NotEnoughReplicasError(
+            f"The size of the current ISR ({in_sync}) is insufficient to satisfy the required acks {acks} for table "
+            f"bucket {bucket}: log.replica.min-in-sync-replicas-number is {self._min_in_sync}."
+        )
 
     def read_remote_logs(self, remote_logs: RemoteLogManager) -> None:
         """Remote log storage is on: reads below the local log start go to its segments."""
@@ -120,11 +151,12 @@ class TabletService:
     # ---- log tables ----
     async def produce_log(self, request: Any, _context: object) -> Any:
         results = await asyncio.gather(
-            *(self._produce_bucket(request.table_id, bucket_request) for bucket_request in request.buckets_req)
+            *(self._produce_bucket(request.table_id, bucket_request, request.acks)
+              for bucket_request in request.buckets_req)
         )
         return pb.ProduceLogResponse(buckets_resp=results)
 
-    async def _produce_bucket(self, table_id: int, bucket_request: Any) -> Any:
+    async def _produce_bucket(self, table_id: int, bucket_request: Any, acks: int) -> Any:
         bucket = _bucket(table_id, bucket_request)
         response = pb.PbProduceLogRespForBucket(bucket_id=bucket.bucket)
         _echo_partition(response, bucket)
@@ -139,8 +171,10 @@ class TabletService:
             if not batches:
                 raise CorruptRecordError("ProduceLog carried no record batch")
             replica.check_produced(data, batches)  # reject batches that do not decode in the table's format
+            self._check_in_sync(bucket, acks)
             result = replica.log.append(data, batches, self._clock.now_ms())
             await replica.log.wait_durable(result.next_offset)
+            self._check_in_sync(bucket, acks, appended=True)
             response.base_offset = result.base_offset
         except Exception as exc:
             _set_error(response, exc)
@@ -326,10 +360,12 @@ class TabletService:
         """Every bucket's records are appended and its fsync started before any is awaited, in this one
         task: no task per bucket, and the answer goes out on the loop turn after the last fsync ends."""
         target_columns = list(request.target_columns)
-        staged = [self._stage_put(request.table_id, b, target_columns) for b in request.buckets_req]
-        return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry) for entry in staged])
+        staged = [self._stage_put(request.table_id, b, target_columns, request.acks) for b in request.buckets_req]
+        return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry, request.acks) for entry in staged])
 
-    def _stage_put(self, table_id: int, bucket_request: Any, target_columns: list[int]) -> tuple[Any, StagedPut]:
+    def _stage_put(
+        self, table_id: int, bucket_request: Any, target_columns: list[int], acks: int = ACKS_ALL,
+    ) -> tuple[Any, StagedPut, TableBucket]:
         """One bucket's answer-to-be and its batches handed to the tablet (which appends them and drives
         their commit and apply)."""
         bucket = _bucket(table_id, bucket_request)
@@ -343,13 +379,15 @@ class TabletService:
             batches = parse_kv_batches(bucket_request.records)
             if not batches:
                 raise CorruptRecordError("PutKv carried no kv record batch")
+            self._check_in_sync(bucket, acks)
         except Exception as exc:
-            return response, StagedPut(None, None, exc)
-        return response, kv.stage_put(batches, target_columns, self._clock.now_ms())
+            return response, StagedPut(None, None, exc), bucket
+        return response, kv.stage_put(batches, target_columns, self._clock.now_ms()), bucket
 
-    async def _finish_put(self, response: Any, staged: StagedPut) -> Any:
+    async def _finish_put(self, response: Any, staged: StagedPut, bucket: TableBucket, acks: int = ACKS_ALL) -> Any:
         try:
             response.log_end_offset = (await staged.finish()).next_offset
+            self._check_in_sync(bucket, acks, appended=True)
         except Exception as exc:
             _set_error(response, exc)
         return response
@@ -382,8 +420,10 @@ class TabletService:
                 values = kv.lookup(keys)
                 missing = list(dict.fromkeys(key for key, value in zip(keys, values, strict=True) if value is None))
                 if missing:
+                    self._check_in_sync(bucket, ACKS_ALL)
                     result = kv.prepare_insert_missing(missing, self._clock.now_ms())
                     await kv.acknowledgement(result)
+                    self._check_in_sync(bucket, ACKS_ALL, appended=True)
                     inserted = dict(zip(missing, kv.lookup(missing), strict=True))
                     values = [inserted[key] if value is None else value for key, value in zip(keys, values, strict=True)]
             except Exception as exc:
