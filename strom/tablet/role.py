@@ -13,6 +13,7 @@ from strom.clock import Clock
 from strom.config import (
     KV_SNAPSHOT_INTERVAL,
     LOG_INDEX_INTERVAL_SIZE,
+    LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER,
     LOG_RETENTION_CHECK_INTERVAL,
     REMOTE_LOG_TASK_INTERVAL_DURATION,
     REMOTE_LOG_TASK_MAX_UPLOAD_SEGMENTS,
@@ -86,8 +87,9 @@ class TabletRole:
         return self.snapshot_scheduler
 
     def apply(self, config: Configuration) -> None:
-        """Cluster configs changed at run time: the snapshot interval."""
+        """Cluster configs changed at run time: the snapshot interval and the minimum of in-sync replicas."""
         self.config = config
+        self.tablet.set_min_in_sync(config.get(LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER))
         if self.snapshot_scheduler is not None:
             self.snapshot_scheduler.set_interval_ms(config.get_ms(KV_SNAPSHOT_INTERVAL))
 

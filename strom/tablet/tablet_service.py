@@ -125,6 +125,10 @@ class TabletService:
         self._on_follower_fetch = on_follower_fetch
         self._in_sync = in_sync
 
+    def set_min_in_sync(self, count: int) -> None:
+        """``log.replica.min-in-sync-replicas-number`` changed at run time (AlterClusterConfigs)."""
+        self._min_in_sync = count
+
     def _check_in_sync(self, bucket: TableBucket, acks: int, appended: bool = False) -> None:
         """Fluss's min-ISR rule for a write with acks = all: refused before the append while the bucket has
         fewer in-sync replicas than ``log.replica.min-in-sync-replicas-number``, failed after it if they

@@ -100,3 +100,14 @@ async def test_default_replication_factor_and_which_tables_may_be_created(rpc_of
     with pytest.raises(InvalidTableError, match="Creation of Primary Key Tables is disallowed in the cluster"):
         await _create(other.address, "users", PK_SCHEMA)
     await _create(other.address, "events", LOG_SCHEMA)
+
+
+async def test_the_minimum_of_in_sync_replicas_changes_at_run_time(rpc_of) -> None:  # type: ignore[no-untyped-def]
+    server, rpc = await rpc_of({})
+    kv_table = await _create(server.address, "users", PK_SCHEMA)
+    assert not (await _put(rpc, kv_table, -1, 1)).error_code
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().alter_cluster_configs({"log.replica.min-in-sync-replicas-number": "2"}, [])
+        assert (await _put(rpc, kv_table, -1, 2)).error_code == NOT_ENOUGH_REPLICAS, "applied without a restart"
+        await connection.get_admin().alter_cluster_configs({}, ["log.replica.min-in-sync-replicas-number"])
+    assert not (await _put(rpc, kv_table, -1, 3)).error_code
