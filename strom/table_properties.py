@@ -179,6 +179,11 @@ class TableProperties:
         return self.duration_ms(LOG_TTL)
 
     @property
+    def log_local_ttl_ms(self) -> int | None:
+        """How long segments copied to remote storage stay local (None: unset, ``table.log.ttl`` applies)."""
+        return self.duration_ms(LOG_LOCAL_TTL)
+
+    @property
     def tiered_local_segments(self) -> int:
         return self.parsed(TIERED_LOCAL_SEGMENTS, parse_int, DEFAULT_TIERED_LOCAL_SEGMENTS)
 

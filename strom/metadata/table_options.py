@@ -256,9 +256,9 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         LOG_LOCAL_TTL, "Duration", None,
         "With remote log tiering, how long segments stay on local disk (unset: `table.log.ttl`); when both "
         "are positive it must not exceed `table.log.ttl`.",
-        Support.NO_EFFECT,
-        "Checked (not above `table.log.ttl`), no effect: strom has no remote log tiering, every segment "
-        "stays local until `table.log.ttl` deletes it.",
+        Support.IMPLEMENTED,
+        "With remote log storage on (`remote.data.dir`), a segment copied there is deleted locally once "
+        "older than this, whatever `table.log.tiered.local-segments` keeps (strom/tablet/remote_log_manager.py).",
         parse_table_duration,
     ),
     _option(

@@ -332,7 +332,8 @@ class RemoteLogManager:
 
     async def _delete_local(self, replica: Replica, state: RemoteLogTablet) -> None:
         """Delete local segments the remote log holds, keeping ``table.log.tiered.local-segments`` (and a
-        primary-key bucket's changelog from its oldest KV snapshot on)."""
+        primary-key bucket's changelog from its oldest KV snapshot on); of those, segments older than
+        ``table.log.local-ttl`` go too, whatever the count (Fluss's local retention of a tiered log)."""
         end = state.manifest.end_offset
         if end is None:
             return
@@ -344,8 +345,11 @@ class RemoteLogManager:
             if replica.stopped or not replica.is_open:
                 return  # stopped while the snapshot was read
             bound = min(bound, oldest.log_offset)
-        keep = replica.table.options.tiered_local_segments
-        freed = replica.log.delete_tiered_segments(bound, keep)
+        options = replica.table.options
+        freed = replica.log.delete_tiered_segments(bound, options.tiered_local_segments)
+        local_ttl_ms = options.log_local_ttl_ms
+        if local_ttl_ms is not None and local_ttl_ms > 0:
+            freed += replica.log.delete_segments(older_than_ms=self._clock.now_ms() - local_ttl_ms, below_offset=bound)
         if freed:
             log.info("%s: deleted %d bytes of local log held in remote storage", replica.bucket, freed)
 

@@ -186,6 +186,23 @@ def test_a_log_beyond_its_local_segments_is_read_whole_from_remote_and_local(rem
     assert bucket["lag_offsets"] == ROWS - latest["_end"] and bucket["remote_size_bytes"] > 0
 
 
+def test_local_ttl_deletes_copied_segments_that_the_local_segment_count_would_keep(remote_server: ServerProcess) -> None:
+    """``table.log.local-ttl``: a segment in remote storage leaves the local disk once older than it, even
+    where ``table.log.tiered.local-segments`` would keep it; without it the count alone decides."""
+    address = remote_server.address
+    keeping = {"table.log.tiered.local-segments": "1000"}
+    ttl_path, ttl_id = asyncio.run(create_log_table(address, {**keeping, "table.log.local-ttl": "1s"}))
+    kept_path, kept_id = asyncio.run(create_log_table(address, keeping))
+    for path in (ttl_path, kept_path):
+        asyncio.run(append(address, path, 0, 600))
+    wait_until(lambda: tablet_dir(remote_server, ttl_path, ttl_id).exists()
+               and tablet_dir(remote_server, kept_path, kept_id).exists(), "both logs copied to remote storage")
+    wait_until(lambda: len(bucket_log_files(remote_server, ttl_id)) == 1, "the expired local segments deleted")
+    assert len(bucket_log_files(remote_server, kept_id)) > 3, "the count keeps the other table's segments"
+    rows = asyncio.run(read_with_strom(address, ttl_path, 600))
+    assert [r["seq"] for r in rows] == list(range(600)), "read whole, from remote storage"
+
+
 def test_ttl_expires_remote_segments_and_a_drop_removes_the_remote_log(remote_server: ServerProcess) -> None:
     address = remote_server.address
     path, table_id = asyncio.run(create_log_table(address, {"table.log.ttl": "3s"}))
