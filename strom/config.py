@@ -171,6 +171,23 @@ ZOOKEEPER_ADDRESS = string_option(
     "ACLs) in ZooKeeper at `HOST:PORT[,HOST:PORT…][/ROOT]` (the root is `/fluss` when none is given) "
     "instead of the SQLite file in `data.dir`; needs the `zookeeper` extra (kazoo). Unset: SQLite.",
 )
+ZOOKEEPER_PATH_ROOT = string_option(
+    "zookeeper.path.root", "/fluss",
+    "The ZooKeeper node under which the cluster keeps its metadata (Fluss's key), unless `zookeeper.address` "
+    "names one itself (`HOST:PORT/ROOT`, which wins).",
+)
+
+
+def zookeeper_location(config: Configuration) -> str | None:
+    """``zookeeper.address`` with its root: the address's own, else ``zookeeper.path.root`` (None: no
+    ZooKeeper)."""
+    address = config.get(ZOOKEEPER_ADDRESS)
+    if not address:
+        return None
+    if "/" in address:
+        return address
+    root = "/" + (config.get(ZOOKEEPER_PATH_ROOT) or "").strip("/")
+    return address if root == "/" else address + root
 METADATA_SQLITE_PATH = string_option(
     "metadata.sqlite.path", None,
     "The SQLite file a coordinator and tablet servers on one machine share for the cluster metadata and "

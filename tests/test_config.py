@@ -208,3 +208,12 @@ def test_a_lake_format_fluss_has_and_strom_does_not_is_refused_with_the_reason(n
 def test_an_unknown_lake_format_is_refused_without_a_reason_it_does_not_have() -> None:
     with pytest.raises(ValueError, match=r"'orc' is not one of delta, iceberg, lance, paimon$"):
         Configuration({"datalake.format": "orc"})
+
+
+def test_the_zookeeper_location_takes_its_root_from_the_address_else_from_zookeeper_path_root() -> None:
+    from strom.config import zookeeper_location
+
+    assert zookeeper_location(Configuration({})) is None
+    assert zookeeper_location(Configuration({"zookeeper.address": "zk:2181"})) == "zk:2181/fluss"
+    assert zookeeper_location(Configuration({"zookeeper.address": "a:1,b:2", "zookeeper.path.root": "/x/y/"})) == "a:1,b:2/x/y"
+    assert zookeeper_location(Configuration({"zookeeper.address": "zk:2181/own", "zookeeper.path.root": "/x"})) == "zk:2181/own"

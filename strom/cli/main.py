@@ -34,10 +34,10 @@ from strom.config import (
     BIND_LISTENERS,
     DATA_DIR,
     TABLET_SERVER_ID,
-    ZOOKEEPER_ADDRESS,
     ZOOKEEPER_AUTH_DIGEST,
     Configuration,
     options_markdown,
+    zookeeper_location,
 )
 from strom.errors import InvalidConfigError, StromError
 
@@ -346,7 +346,7 @@ def zookeeper_secure(config_file: Path | None, defines: tuple[str, ...]) -> None
     from strom.zk.session import connect_kazoo, parse_location, secure_tree
 
     values = Configuration(_load_config(config_file, defines))
-    address, digest = values.get(ZOOKEEPER_ADDRESS), values.get(ZOOKEEPER_AUTH_DIGEST)
+    address, digest = zookeeper_location(values), values.get(ZOOKEEPER_AUTH_DIGEST)
     if not address or not digest:
         raise click.UsageError("set zookeeper.address and zookeeper.auth.digest (-D or --config)")
     hosts, root = parse_location(address)

@@ -10,7 +10,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from strom.config import METADATA_SQLITE_PATH, ZOOKEEPER_ADDRESS, ZOOKEEPER_SESSION_TIMEOUT, Configuration
+from strom.config import (
+    METADATA_SQLITE_PATH,
+    ZOOKEEPER_ADDRESS,
+    ZOOKEEPER_SESSION_TIMEOUT,
+    Configuration,
+    zookeeper_location,
+)
 from strom.errors import InvalidConfigError
 from strom.membership.contract import BucketStates, CoordinatorDirectory, ServerRegistry
 from strom.membership.local_membership import (
@@ -115,7 +121,7 @@ def cluster_membership(config: Configuration) -> ClusterMembership:
     Raises:
         InvalidConfigError: neither is set.
     """
-    address = config.get(ZOOKEEPER_ADDRESS)
+    address = zookeeper_location(config)
     if address:
         return ZooKeeperMembership(address, config)
     path = config.get(METADATA_SQLITE_PATH)

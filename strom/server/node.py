@@ -45,9 +45,9 @@ from strom.config import (
     SERVER_MAX_BUFFERED_REQUEST_BYTES,
     SERVER_MAX_IN_FLIGHT_PER_CONNECTION,
     TABLET_SERVER_ID,
-    ZOOKEEPER_ADDRESS,
     Configuration,
     DynamicConfig,
+    zookeeper_location,
 )
 from strom.coordinator.acl_service import AclService
 from strom.coordinator.cluster_configs import stored_dynamic
@@ -254,7 +254,7 @@ class StromServer:
         config = self.config
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self.paths.tablets.mkdir(parents=True, exist_ok=True)
-        zookeeper_address = config.get(ZOOKEEPER_ADDRESS)
+        zookeeper_address = zookeeper_location(config)
         if zookeeper_address:
             from strom.zk.login import ZooKeeperLogin  # the ZooKeeper room loads only for a ZooKeeper store
 

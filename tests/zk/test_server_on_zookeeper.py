@@ -48,3 +48,26 @@ async def test_a_table_created_on_a_server_backed_by_zookeeper_survives_a_restar
         table = await connection.get_table(path)
         rows = await (await table.new_scan().create_batch_scanner()).to_arrow()
         assert sorted(rows.column("id").to_pylist()) == [1, 2]
+
+
+@pytest.mark.asyncio
+async def test_zookeeper_path_root_places_the_tree_when_the_address_names_no_root(
+    server_factory: Callable[..., ServerProcess], zookeeper_server: object, tmp_path: Path
+) -> None:
+    """Fluss's ``zookeeper.path.root``: the tree goes under it when ``zookeeper.address`` is a bare
+    ``host:port`` (a root in the address wins, as before)."""
+    import uuid
+
+    hosts = zookeeper_server.address  # type: ignore[attr-defined]
+    root = f"/strom-root-{uuid.uuid4().hex[:12]}"
+    server = server_factory({"zookeeper.address": hosts, "zookeeper.path.root": root}, data_dir=tmp_path / "data")
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_database("rooted")
+    client = KazooClient(hosts=hosts, timeout=10)
+    client.start(timeout=10)
+    try:
+        assert client.exists(f"{root}/metadata/databases/rooted") is not None
+        assert client.exists("/fluss/metadata/databases/rooted") is None, "not under Fluss's default root"
+    finally:
+        client.stop()
+        client.close()
