@@ -21,11 +21,13 @@ from enum import Enum
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from strom.errors import InvalidConfigError, InvalidTableError, PartitionSpecInvalidError
+from strom.metadata.partition_time_format import PartitionTimeFormat
 from strom.table_properties import (
     AUTO_PARTITION_ENABLED,
     AUTO_PARTITION_KEY,
     AUTO_PARTITION_PRECREATE,
     AUTO_PARTITION_RETENTION,
+    AUTO_PARTITION_TIME_FORMAT,
     AUTO_PARTITION_TIME_UNIT,
     AUTO_PARTITION_TIME_ZONE,
     TableProperties,
@@ -36,6 +38,7 @@ ENABLED = AUTO_PARTITION_ENABLED
 KEY = AUTO_PARTITION_KEY
 TIME_UNIT = AUTO_PARTITION_TIME_UNIT
 TIME_ZONE = AUTO_PARTITION_TIME_ZONE
+TIME_FORMAT = AUTO_PARTITION_TIME_FORMAT
 NUM_PRECREATE = AUTO_PARTITION_PRECREATE
 NUM_RETENTION = AUTO_PARTITION_RETENTION
 DEFAULT_NUM_PRECREATE = 2
@@ -105,6 +108,13 @@ class AutoPartitionStrategy:
     num_retention: int
     """Units kept behind the current one; negative: never drop."""
     time_zone: tzinfo
+    time_format: PartitionTimeFormat | None = None
+    """``table.auto-partition.time-format`` (None: the unit's default pattern)."""
+
+    @property
+    def values(self) -> PartitionTimeFormat:
+        """The format of this table's partition time values."""
+        return self.time_format if self.time_format is not None else PartitionTimeFormat.of(self.time_unit.name)
 
     @classmethod
     def of(cls, properties: Mapping[str, str], partition_keys: Sequence[str]) -> AutoPartitionStrategy:
@@ -123,8 +133,12 @@ class AutoPartitionStrategy:
         zone_name = properties.get(TIME_ZONE)
         zone = parse_time_zone(zone_name) if zone_name is not None else server_time_zone()
         key = properties.get(KEY)
+        pattern = properties.get(TIME_FORMAT)
+        time_format = PartitionTimeFormat.of(unit.name, pattern) if pattern is not None else None
         if not enabled:
-            return cls(False, unit, None, precreate, retention, zone)
+            time_key = (key if key and key in partition_keys else partition_keys[0]) if partition_keys else None
+            return cls(False, unit, time_key if time_format is not None else None, precreate, retention, zone,
+                       time_format)
         if not partition_keys:
             raise InvalidConfigError(
                 "Currently, auto partition is only supported for partitioned table, please set table property "
@@ -154,10 +168,10 @@ class AutoPartitionStrategy:
                     f"Your key '{key}' is not in key list {list(partition_keys)}"
                 )
             time_key = partition_keys[0]
-        return cls(True, unit, time_key, precreate, retention, zone)
+        return cls(True, unit, time_key, precreate, retention, zone, time_format)
 
     def partition_time(self, now_ms: int, offset: int = 0) -> str:
-        return partition_time(now_ms, offset, self.time_unit, self.time_zone)
+        return partition_time(now_ms, offset, self.time_unit, self.time_zone, self.values)
 
     def precreated(self, now_ms: int) -> list[str]:
         """Time values of the partitions a check at ``now_ms`` makes sure exist, current unit first."""
@@ -170,20 +184,23 @@ class AutoPartitionStrategy:
         return self.partition_time(now_ms, -self.num_retention)
 
     def check_new_partition(self, spec: Mapping[str, str], now_ms: int) -> None:
-        """What Fluss checks of a partition created by hand on an auto-partitioned table: its time value
-        has the unit's format and is not already expired.
+        """What Fluss checks of a partition created by hand on an auto-partitioned table (or one with a
+        ``time-format``, kept when auto-partitioning is off): its time value has the table's format and, while
+        auto-partitioning, is not already expired.
 
         Raises:
             PartitionSpecInvalidError: either is not so (Fluss's InvalidPartitionException, code 43).
         """
-        if not self.enabled or self.time_key is None:
+        if self.time_key is None or not (self.enabled or self.time_format is not None):
             return
         value = spec.get(self.time_key)
-        if value is None or not is_partition_time(value, self.time_unit):
+        if value is None or not self.values.matches(value):
             raise PartitionSpecInvalidError(
-                f"Partition value '{value}' does not match the expected format '{self.time_unit.pattern}' "
+                f"Partition value '{value}' does not match the expected format '{self.values.pattern}' "
                 f"for auto-partition time unit '{self.time_unit.name}'."
             )
+        if not self.enabled:
+            return
         earliest = self.earliest_retained(now_ms)
         if earliest is not None and value < earliest:
             raise PartitionSpecInvalidError(
@@ -191,25 +208,30 @@ class AutoPartitionStrategy:
             )
 
 
-def partition_time(now_ms: int, offset: int, unit: AutoPartitionTimeUnit, zone: tzinfo) -> str:
-    """The partition value ``offset`` units from the one holding ``now_ms``, in ``zone``.
+def partition_time(now_ms: int, offset: int, unit: AutoPartitionTimeUnit, zone: tzinfo,
+                   time_format: PartitionTimeFormat | None = None) -> str:
+    """The partition value ``offset`` units from the one holding ``now_ms``, in ``zone`` (in the unit's
+    default pattern unless ``time_format`` is given).
 
     Hours are exact durations (a DST change skips or repeats a local hour, as in Fluss); days, months,
     quarters and years step the local calendar.
     """
+    values = time_format if time_format is not None else PartitionTimeFormat.of(unit.name)
     instant = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
     if unit is AutoPartitionTimeUnit.HOUR:
-        return (instant + timedelta(hours=offset)).astimezone(zone).strftime("%Y%m%d%H")
+        moment = (instant + timedelta(hours=offset)).astimezone(zone)
+        return values.format(moment.year, moment.month, moment.day, moment.hour)
     local = instant.astimezone(zone)
     if unit is AutoPartitionTimeUnit.DAY:
-        return (local.date() + timedelta(days=offset)).strftime("%Y%m%d")
+        day = local.date() + timedelta(days=offset)
+        return values.format(day.year, day.month, day.day)
     if unit is AutoPartitionTimeUnit.YEAR:
-        return f"{local.year + offset:04d}"
+        return values.format(local.year + offset)
     months = local.year * 12 + (local.month - 1) + offset * (3 if unit is AutoPartitionTimeUnit.QUARTER else 1)
     year, month = divmod(months, 12)
     if unit is AutoPartitionTimeUnit.QUARTER:
-        return f"{year:04d}{month // 3 + 1}"
-    return f"{year:04d}{month + 1:02d}"
+        month -= month % 3  # the quarter's first month
+    return values.format(year, month + 1)
 
 
 def is_partition_time(value: str, unit: AutoPartitionTimeUnit) -> bool:

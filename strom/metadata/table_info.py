@@ -59,6 +59,11 @@ def validate_producer_id(producer_id: str) -> None:
         raise InvalidProducerIdError(f"Invalid producer ID {producer_id!r}: {problem}.")
 
 
+def partition_value_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a partition value (None: it can)."""
+    return _name_problem(value)
+
+
 def validate_partition_value(key: str, value: str) -> None:
     problem = _name_problem(value)
     if problem:

@@ -208,9 +208,10 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         AUTO_PARTITION_TIME_FORMAT, "String", None,
         "Date-time pattern of auto-created partition values (by default from the time unit, e.g. yyyyMMdd); "
         "Fluss also checks manually created partitions against it.",
-        Support.PARTIAL,
-        "Only the time unit's own pattern is accepted on an auto-partitioned table (other patterns are "
-        "refused rather than ignored); without auto-partitioning it has no effect.",
+        Support.IMPLEMENTED,
+        "Fluss's rules: the unit's fields largest first at fixed widths (`yyyy-MM-dd` for DAY; `MM-yyyy`, "
+        "`yyyy-M-dd` refused), literal text between them, values valid partition names; kept (and checked "
+        "against) when auto-partitioning is off (`strom.metadata.partition_time_format`).",
         parse_string,
     ),
     _option(
@@ -488,13 +489,8 @@ def _check_historical_partition(values: Mapping[str, Any], has_primary_key: bool
 
 
 def _check_auto_partition(properties: Mapping[str, str], partition_keys: Collection[str]) -> None:
-    strategy = auto_partition.AutoPartitionStrategy.of(properties, list(partition_keys))
-    time_format = properties.get(AUTO_PARTITION_TIME_FORMAT)
-    if strategy.enabled and time_format is not None and time_format != strategy.time_unit.pattern:
-        raise InvalidConfigError(
-            f"'{AUTO_PARTITION_TIME_FORMAT}' = '{time_format}' is not supported by this server: auto-created "
-            f"partitions of time unit {strategy.time_unit.name} are named '{strategy.time_unit.pattern}'."
-        )
+    """Fluss's checks of the auto-partition options (a ``time-format`` that fits the time unit included)."""
+    auto_partition.AutoPartitionStrategy.of(properties, list(partition_keys))
 
 
 def _check_statistics(raw: str | None, schema: Schema) -> None:

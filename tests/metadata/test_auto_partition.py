@@ -98,3 +98,44 @@ def test_a_hand_made_partition_must_fit_the_unit_and_not_be_expired() -> None:
         day.check_new_partition({"day": "today"}, now)
     strategy(num_retention="-1").check_new_partition({"day": "19700101"}, now)  # nothing expires
     AutoPartitionStrategy.of({}, ["day"]).check_new_partition({"day": "anything"}, now)  # not auto-partitioned
+
+
+@pytest.mark.parametrize(("unit", "pattern", "offset", "expected"), [
+    (Unit.DAY, "yyyy-MM-dd", 1, "2026-01-01"), (Unit.HOUR, "yyyy-MM-dd_HH", 0, "2025-12-31_23"),
+    (Unit.MONTH, "yyyy-MM", -1, "2025-11"), (Unit.QUARTER, "yyyy'q'Q", 1, "2026q1"), (Unit.YEAR, "uuuu", 0, "2025"),
+    (Unit.DAY, "'d'yyyyMMdd", 0, "d20251231"), (Unit.DAY, "yyyy''MM''dd", 0, "2025'12'31"),
+])
+def test_a_time_format_names_the_partitions_in_its_pattern(unit: Unit, pattern: str, offset: int, expected: str) -> None:
+    from strom.metadata.partition_time_format import PartitionTimeFormat
+
+    if "'" in expected:  # a quote in a value is no partition name: the pattern is refused at creation
+        with pytest.raises(InvalidConfigError, match="generates invalid partition value"):
+            PartitionTimeFormat.of(unit.name, pattern)
+        return
+    time_format = PartitionTimeFormat.of(unit.name, pattern)
+    value = partition_time(ms("2025-12-31T23:30:00"), offset, unit, UTC, time_format)
+    assert value == expected and time_format.matches(value)
+    day = AutoPartitionStrategy.of({"table.auto-partition.enabled": "true", "table.auto-partition.time-unit": unit.name,
+                                    "table.auto-partition.time-format": pattern, "table.auto-partition.time-zone": "UTC"},
+                                   ["p"])
+    assert day.partition_time(ms("2025-12-31T23:30:00"), offset) == expected
+
+
+def test_values_of_a_time_format_sort_as_their_times_and_hand_made_ones_must_fit_it() -> None:
+    """Fields largest first at fixed widths: comparing values as strings compares times, which retention
+    relies on; a hand-made partition must have the format's shape (a real date), and the format keeps
+    checking them when auto-partitioning is off, as in Fluss."""
+    now = ms("2025-05-08T12:00:00")
+    props = {"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyy-MM-dd",
+             "table.auto-partition.num-retention": "2", "table.auto-partition.time-zone": "UTC"}
+    day = AutoPartitionStrategy.of(props, ["day"])
+    values = [day.partition_time(now, offset) for offset in range(-40, 40, 7)]
+    assert values == sorted(values) and day.earliest_retained(now) == "2025-05-06"
+    day.check_new_partition({"day": "2025-05-07"}, now)
+    for wrong in ("20250507", "2025-02-30", "2025-5-07"):
+        with pytest.raises(PartitionSpecInvalidError, match="does not match the expected format 'yyyy-MM-dd'"):
+            day.check_new_partition({"day": wrong}, now)
+    off = AutoPartitionStrategy.of({"table.auto-partition.time-format": "yyyy-MM-dd"}, ["day"])
+    off.check_new_partition({"day": "1999-01-01"}, now)  # no retention without auto-partitioning
+    with pytest.raises(PartitionSpecInvalidError):
+        off.check_new_partition({"day": "19990101"}, now)

@@ -156,6 +156,10 @@ def test_auto_partitioned_tables_are_checked_as_fluss_checks_them() -> None:
     validate({"table.auto-partition.enabled": "true", "table.auto-partition.time-unit": "hour",
               "table.auto-partition.time-format": "yyyyMMddHH", "table.auto-partition.time-zone": "+08:00"},
              AUTO_SCHEMA, ("day",))
+    validate({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyy-MM-dd"},
+             AUTO_SCHEMA, ("day",))
+    validate({"table.auto-partition.enabled": "true", "table.auto-partition.time-unit": "quarter",
+              "table.auto-partition.time-format": "yyyy'_q'Q"}, AUTO_SCHEMA, ("day",))
     cases = [
         ({"table.auto-partition.enabled": "true"}, ("region", "day"), InvalidTableError,
          "must set one auto partition key when it has multiple partition keys"),
@@ -166,8 +170,16 @@ def test_auto_partitioned_tables_are_checked_as_fluss_checks_them() -> None:
          InvalidTableError, "auto pre-create is unsupported and this value must be set to 0, but is 2"),
         ({"table.auto-partition.enabled": "true", "table.auto-partition.time-zone": "Mars/Olympus"}, ("day",),
          InvalidConfigError, "not a known time zone"),
-        ({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyy-MM-dd"}, ("day",),
-         InvalidConfigError, "are named 'yyyyMMdd'"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "MM-yyyy-dd"}, ("day",),
+         InvalidConfigError, r"must contain fields \['year', 'month', 'day'\] in this order"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyy-M-dd"}, ("day",),
+         InvalidConfigError, "must have fixed width 2, but found 1"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyy[MM]dd"}, ("day",),
+         InvalidConfigError, "must not contain optional sections"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyy/MM/dd"}, ("day",),
+         InvalidConfigError, "generates invalid partition value '2024/11/11'"),
+        ({"table.auto-partition.enabled": "true", "table.auto-partition.time-format": "yyyyMMddmm"}, ("day",),
+         InvalidConfigError, "unsupported time field 'm'"),
     ]
     for properties, partition_keys, error, message in cases:
         with pytest.raises(error, match=message):

@@ -163,3 +163,35 @@ async def test_the_partitions_come_back_after_a_restart_missed_some_days(tmp_pat
         assert await _partitions(server, path) == {day(5), day(6)}
     finally:
         await server.stop()
+
+
+async def test_a_time_format_names_the_partitions_pyfluss_writes_into(tmp_path: Path) -> None:
+    """``table.auto-partition.time-format = yyyy-MM-dd``: the partitions are named in that pattern, expire
+    by it, pyfluss writes into today's, and a hand-made one must fit it."""
+    clock = ManualClock(int(START.timestamp() * 1000))
+    server = await _server(tmp_path, clock)
+    try:
+        address = f"127.0.0.1:{server.port}"
+        dashed = {**AUTO_DAY, "table.auto-partition.time-format": "yyyy-MM-dd"}
+        config = fluss.Config({"bootstrap.servers": address})
+        async with await fluss.FlussConnection.create(config) as official:
+            descriptor = fluss.TableDescriptor(fluss.Schema(pa.schema(FIELDS)), partition_keys=["day"], bucket_count=1,
+                                               properties=dashed)
+            await official.get_admin().create_table(fluss.TablePath("fluss", "dashed"), descriptor)
+            table = await official.get_table(fluss.TablePath("fluss", "dashed"))
+            writer = table.new_append().create_writer()
+            writer.append({"id": 1, "day": "2025-05-08", "pad": "x"})
+            await writer.flush()
+        path = TablePath("fluss", "dashed")
+        assert await _partitions(server, path) == {"2025-05-08", "2025-05-09"}
+        async with await Connection.create(address) as connection:
+            admin = connection.get_admin()
+            with pytest.raises(PartitionSpecInvalidError, match="expected format 'yyyy-MM-dd'"):
+                await admin.create_partition(path, {"day": "20250510"})
+            await admin.create_partition(path, {"day": "2025-05-06"})
+        clock.advance(ms=2 * DAY_MS)
+        await server.role.auto_partitions.check()  # type: ignore[union-attr]
+        assert await _partitions(server, path) == {"2025-05-08", "2025-05-09", "2025-05-10", "2025-05-11"}, (
+            "2025-05-06 is more than 3 days back: retention compares the dashed values")
+    finally:
+        await server.stop()
