@@ -331,9 +331,24 @@ SECURITY_SASL_PLAIN_JAAS_CONFIG = string_option(
     "Users of SASL/PLAIN in Fluss's JAAS form: `org.apache.fluss.security.auth.sasl.plain.PlainLoginModule "
     "required user_admin=\"admin-secret\" user_alice=\"alice-secret\";`.",
 )
-SECURITY_SASL_PLAIN_CREDENTIALS = string_option(
+def _parse_credentials(value: Any) -> str | None:
+    """``user:password[,user:password]``, checked (the users themselves are read by the security room)."""
+    if value is None:
+        return None
+    text = str(value)
+    for entry in filter(str.strip, text.split(",")):
+        user, colon, _password = entry.strip().partition(":")
+        if not colon or not user:
+            raise ValueError(f"entries are user:password, got {entry.strip()!r}")
+    return text
+
+
+SECURITY_SASL_PLAIN_CREDENTIALS = _option(
     "security.sasl.plain.credentials", None,
-    "Users of SASL/PLAIN as `user:password[,user:password]`, instead of (or in addition to) the JAAS form.",
+    "Users of SASL/PLAIN as `user:password[,user:password]`, instead of (or in addition to) the JAAS form. "
+    "Changes at run time (AlterClusterConfigs): users are added or removed on every server of the cluster "
+    "without a restart; a change that would leave no user is not applied.",
+    _parse_credentials, "String",
 )
 AUTHORIZER_ENABLED = bool_option(
     "authorizer.enabled", False,
@@ -635,6 +650,7 @@ class Configuration:
 
 DYNAMIC_OPTIONS = frozenset({
     KV_SNAPSHOT_INTERVAL.key,
+    SECURITY_SASL_PLAIN_CREDENTIALS.key,
     LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER.key,
     TABLE_DATALAKE_FRESHNESS.key,
     COORDINATOR_PRODUCER_OFFSETS_TTL.key,

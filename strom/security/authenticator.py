@@ -84,12 +84,18 @@ def parse_plain_credentials(credentials: str) -> dict[str, str]:
     return users
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PlainAuthenticator:
-    """Checks SASL/PLAIN tokens against a fixed set of users. Immutable, so shared by every connection."""
+    """Checks SASL/PLAIN tokens against a set of users; shared by every connection of a listener. The users
+    change only as a whole (:meth:`replace_users`, on the event loop), so a login sees one set or the other."""
 
     users: Mapping[str, str]
     mechanisms: frozenset[str] = SUPPORTED_MECHANISMS
+
+    def replace_users(self, users: Mapping[str, str]) -> None:
+        """The users changed at run time (``security.sasl.plain.credentials``): new logins check these;
+        connections already logged in stay so."""
+        self.users = dict(users)
 
     def begin(self, mechanism: str) -> OneStep:
         """A connection's login: SASL/PLAIN completes in one round."""

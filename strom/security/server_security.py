@@ -1,12 +1,14 @@
 """What a server's security configuration amounts to: its listeners, whether each requires SASL (and
 with which users), and whether requests are authorized (and by whom).
 
-Built once at start from the configuration; a bad setting stops the server with a clear message rather
-than leaving it open by accident (a SASL listener without users, an unknown mechanism or protocol).
+Built once at start from the configuration (only the SASL/PLAIN users change at run time:
+:meth:`ServerSecurity.apply`); a bad setting stops the server with a clear message rather than leaving it
+open by accident (a SASL listener without users, an unknown mechanism or protocol).
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -56,6 +58,8 @@ from strom.security.tls import (
     uses_sasl,
     uses_tls,
 )
+
+log = logging.getLogger(__name__)
 
 
 def parse_listeners(text: str) -> list[Endpoint]:
@@ -132,6 +136,21 @@ class ServerSecurity:
     """How this server reaches the other servers of its cluster when their internal listener speaks TLS."""
     internal_listener: str = ""
     """The listener the servers of a cluster reach each other on (``internal.listener.name``)."""
+
+    def apply(self, config: Configuration) -> None:
+        """Cluster configs changed at run time: the SASL/PLAIN users of every SASL listener (a change that
+        would leave no user is not applied: nobody could log in to undo it)."""
+        users = plain_users(config)
+        found = [self.authenticator, *(extra.authenticator for extra in self.extra_listeners)]
+        authenticators = [authenticator for authenticator in found if authenticator is not None]
+        if not authenticators:
+            return
+        if not users:
+            log.error("the SASL/PLAIN users were not changed: the new settings leave no user")
+            return
+        for authenticator in authenticators:
+            authenticator.replace_users(users)
+        log.info("SASL/PLAIN users are now %s", sorted(users))
 
     def internal_authenticator(self, *server_names: str) -> InternalAuthenticator | None:
         """How this server checks the logins of the others of its cluster (None without a secret);
@@ -228,6 +247,18 @@ def _plain_authenticator(config: Configuration) -> PlainAuthenticator:
             f"security.sasl.enabled.mechanisms: strom implements {sorted(SUPPORTED_MECHANISMS)}, "
             f"got {sorted(mechanisms)}"
         )
+    users = plain_users(config)
+    if not users:
+        raise InvalidConfigError(
+            "the listener requires SASL but no users are configured: set security.sasl.plain.jaas.config "
+            "or security.sasl.plain.credentials"
+        )
+    return PlainAuthenticator(users, mechanisms)
+
+
+def plain_users(config: Configuration) -> dict[str, str]:
+    """SASL/PLAIN users: ``security.sasl.plain.jaas.config``'s, then ``security.sasl.plain.credentials``'s
+    (a user in both gets the second password)."""
     users: dict[str, str] = {}
     jaas = config.get(SECURITY_SASL_PLAIN_JAAS_CONFIG)
     if jaas:
@@ -235,9 +266,4 @@ def _plain_authenticator(config: Configuration) -> PlainAuthenticator:
     credentials = config.get(SECURITY_SASL_PLAIN_CREDENTIALS)
     if credentials:
         users.update(parse_plain_credentials(credentials))
-    if not users:
-        raise InvalidConfigError(
-            "the listener requires SASL but no users are configured: set security.sasl.plain.jaas.config "
-            "or security.sasl.plain.credentials"
-        )
-    return PlainAuthenticator(users, mechanisms)
+    return users

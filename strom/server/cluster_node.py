@@ -173,6 +173,7 @@ class _ClusterProcess:
         self.dynamic.set_dynamic(stored_dynamic(store))
         self.config = self.dynamic.current
         self.security = security = ServerSecurity.from_config(self.config, store, cluster=True)
+        self.dynamic.on_change(security.apply)  # SASL users added or removed at run time
         self.peers = PeerConnections(credentials=security.internal_credentials(self.server_name), tls=security.peer_tls)
         self.listeners = listeners = ServerListeners(security, self.host, self.port)
         listeners.bind()

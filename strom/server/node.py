@@ -269,6 +269,8 @@ class StromServer:
         # the cluster configs set at run time before, over the initial ones
         dynamic.set_dynamic(await off_loop(stored_dynamic, store))
         self.config = config = dynamic.current
+        self.security.apply(config)  # users added or removed at run time before this start
+        dynamic.on_change(self.security.apply)
         remote = RemoteStorage(self.remote_root)
         # built on a store thread: it loads leases, snapshot records and tiering states from the store
         self.role = role = await off_loop(CoordinatorRole, store, config, self.clock, remote, dynamic)

@@ -30,7 +30,8 @@ async def test_every_dynamic_setting_applies_where_it_is_used(tmp_path: Path) ->
                 **lake, "table.datalake.freshness": "7 min"}))
             await admin.create_table(default, TableDescriptor(schema, bucket_count=1, properties=lake))
             changes = {"kv.snapshot.interval": "45s", "coordinator.producer-offsets.ttl": "2 h",
-                       "auto-partition.check.interval": "30s", "table.datalake.freshness": "90s"}
+                       "auto-partition.check.interval": "30s", "table.datalake.freshness": "90s",
+                       "log.replica.min-in-sync-replicas-number": "3", "security.sasl.plain.credentials": "ann:pw"}
             assert set(changes) == DYNAMIC_OPTIONS, "a new dynamic setting needs its line here"
             await admin.alter_cluster_configs(changes)
             tiering = role.lake_tiering._tables  # the manager's view of each lake table
@@ -39,5 +40,8 @@ async def test_every_dynamic_setting_applies_where_it_is_used(tmp_path: Path) ->
         assert role.producer_offsets.default_ttl_ms == 2 * 3600 * 1000
         assert role.auto_partitions.check_interval_ms == 30_000
         assert freshness == {"own_freshness": 7 * 60_000, "default_freshness": 90_000}
+        assert server.tablets is not None and server.tablets.tablet._min_in_sync == 3
+        # no SASL listener here: the users are kept for when one is configured (tests/integration/test_dynamic_sasl_users.py)
+        assert server.security is not None and server.security.authenticator is None
     finally:
         await server.stop()
