@@ -165,6 +165,36 @@ REMOTE_DATA_DIR = string_option(
     "Remote storage for KV snapshots: a local path or an fsspec URL (e.g. s3://bucket/strom). "
     "Defaults to `<data.dir>/remote`.",
 )
+S3_ACCESS_KEY = string_option(
+    "s3.access-key", None,
+    "Access key of the S3-compatible store that `remote.data.dir` (s3://…) names (Fluss's key; `s3.access.key` "
+    "is read too). Unset: the environment's (AWS_ACCESS_KEY_ID). GetFileSystemSecurityToken hands clients "
+    "these credentials, or short-lived ones from STS (`s3.assumed.role.sts.endpoint`), so pyfluss reads "
+    "remote log segments straight from the store.",
+)
+S3_SECRET_KEY = string_option(
+    "s3.secret-key", None, "Secret key of the S3-compatible store (Fluss's key; `s3.secret.key` is read too).",
+)
+S3_ENDPOINT = string_option(
+    "s3.endpoint", None,
+    "Endpoint of an S3-compatible store other than AWS (e.g. http://minio:9000). Unset: FSSPEC_S3_ENDPOINT_URL, "
+    "else AWS.",
+)
+S3_REGION = string_option("s3.region", None, "Region of the S3 store (unset: AWS_DEFAULT_REGION, else us-east-1).")
+S3_PATH_STYLE_ACCESS = string_option(
+    "s3.path.style.access", None,
+    "true: address buckets as paths (`endpoint/bucket/key`), as MinIO and most S3-compatible stores need "
+    "(Fluss's key; `s3.path-style-access` is read too).",
+)
+S3_ASSUMED_ROLE_ARN = string_option(
+    "s3.assumed.role.arn", None,
+    "A role whose short-lived credentials (STS AssumeRole) clients get from GetFileSystemSecurityToken.",
+)
+S3_ASSUMED_ROLE_STS_ENDPOINT = string_option(
+    "s3.assumed.role.sts.endpoint", None,
+    "The STS endpoint the short-lived client credentials come from (GetSessionToken, or AssumeRole with "
+    "`s3.assumed.role.arn`). Unset without a role: clients get the server's own keys.",
+)
 ZOOKEEPER_ADDRESS = string_option(
     "zookeeper.address", None,
     "Keep the cluster metadata (databases, tables, partitions, KV snapshot records, leases, lake snapshots, "

@@ -10,7 +10,9 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -21,9 +23,10 @@ from strom.fsync import fsync_path
 class RemoteStorage:
     """A root location and the file operations snapshots and remote logs need. Thread-safe (no shared mutable state)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        """``storage_options``: the file system's own (s3fs's credentials and endpoint for ``s3://``)."""
         self.root = root.rstrip("/")
-        self._fs, self._root_path = fsspec.core.url_to_fs(self.root)
+        self._fs, self._root_path = fsspec.core.url_to_fs(self.root, **dict(storage_options or {}))
         self.is_local = isinstance(self._fs, LocalFileSystem)
         if self.is_local:
             Path(self._root_path).mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ from strom.kv import rocksdb
 from strom.membership.contract import CoordinatorDirectory, RegisteredServer, ServerRegistry
 from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
-from strom.remote.storage import RemoteStorage
+from strom.remote.s3_credentials import remote_storage, token_provider
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.endpoints import Endpoint, internal_listener
 from strom.rpc.messages import pb
@@ -324,7 +324,7 @@ class CoordinatorNode(_ClusterProcess):
         placement.states.remember_leadership()  # the only writer of leaders from now on: GetMetadata reads no ZooKeeper
         # built on a store thread: it loads leases, snapshot records and tiering states from the store
         self.role = role = await off_loop(
-            CoordinatorRole, store, self.config, self.clock, RemoteStorage(self.remote_root), self.dynamic
+            CoordinatorRole, store, self.config, self.clock, remote_storage(self.remote_root, self.config), self.dynamic
         )
         self.tablets = RemoteTabletServers(placement, self.peers, epoch)
         peers = self.peers
@@ -481,7 +481,7 @@ class TabletServerNode(_ClusterProcess):
         if coordinator is None:
             raise InvalidConfigError(f"no coordinator published its address in {backend} within "
                                      f"{COORDINATOR_WAIT_S:.0f} s: start `strom coordinator` first")
-        remote = RemoteStorage(self.remote_root)
+        remote = remote_storage(self.remote_root, config)
         committer = RemoteSnapshotCommitter(store, self.peers, self._coordinator_node, self._coordinator_epoch)
         states = await off_loop(membership.bucket_states, self.registry)  # the SQLite backend opens its file
         placement = ClusterPlacement(store, self.registry, self._coordinator_node, states)
@@ -494,6 +494,7 @@ class TabletServerNode(_ClusterProcess):
             store.next_id, resolve_bucket=tables.resolve,
         )
         self.replicas = tablets.replicas
+        tablets.tablet.serve_file_system_tokens(token_provider(self.remote_root, config))
         self.replication = replication = ReplicationManager(
             self.server_id, self.replicas, states, self.registry, self.peers, self.catalog.table_info_by_id,
             config.get_ms(LOG_REPLICA_MAX_LAG_TIME),

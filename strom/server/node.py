@@ -63,7 +63,7 @@ from strom.kv.scan import ScannerConfig
 from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
 from strom.metadata.table_info import TableInfo
-from strom.remote.storage import RemoteStorage
+from strom.remote.s3_credentials import remote_storage, token_provider
 from strom.rpc.admission import AdmissionLimits, ConnectionAdmission
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.peers import ServerNode
@@ -271,7 +271,7 @@ class StromServer:
         self.config = config = dynamic.current
         self.security.apply(config)  # users added or removed at run time before this start
         dynamic.on_change(self.security.apply)
-        remote = RemoteStorage(self.remote_root)
+        remote = remote_storage(self.remote_root, config)
         # built on a store thread: it loads leases, snapshot records and tiering states from the store
         self.role = role = await off_loop(CoordinatorRole, store, config, self.clock, remote, dynamic)
         self.tablets = tablets = TabletRole(
@@ -279,6 +279,7 @@ class StromServer:
             store.next_id,
         )
         self.replicas, self.tablet, self.scans = tablets.replicas, tablets.tablet, tablets.scans
+        tablets.tablet.serve_file_system_tokens(token_provider(self.remote_root, config))
         self.tablet_server = LocalTabletServer(tablets)
         self.listeners = listeners = ServerListeners(self.security, self.host, self.port)
         listeners.bind()

@@ -32,6 +32,7 @@ from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
 from strom.records.batch_filter import BatchFilter
 from strom.records.kv_batch import build_value_batch, parse_kv_batches
+from strom.remote.s3_credentials import S3TokenProvider
 from strom.rpc import lookup_wire
 from strom.rpc.messages import pb
 from strom.tablet.remote_log_manager import RemoteLogManager
@@ -113,6 +114,7 @@ class TabletService:
         self._on_follower_fetch: FollowerFetch | None = None
         self._in_sync: InSyncCount = _alone
         self._min_in_sync = config.get(LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER)
+        self._tokens: S3TokenProvider | None = None
         self.remote_logs: RemoteLogManager | None = None
         """Set when remote log storage is on (:meth:`read_remote_logs`)."""
 
@@ -475,9 +477,22 @@ class TabletService:
             _set_error(response, exc)
         return response
 
-    def get_file_system_security_token(self, _request: Any, _context: object) -> Any:
-        # Remote files are plain paths readable by the client: no credentials needed.
-        return pb.GetFileSystemSecurityTokenResponse(schema="file", token=b"")
+    def serve_file_system_tokens(self, provider: S3TokenProvider | None) -> None:
+        """Remote storage on S3: GetFileSystemSecurityToken hands out ``provider``'s credentials."""
+        self._tokens = provider
+
+    async def get_file_system_security_token(self, _request: Any, _context: object) -> Any:
+        """Fluss's GetFileSystemSecurityToken (1025): credentials for reading remote log segments straight
+        from the store (strom/remote/s3_credentials.py); a local root needs none (schema ``file``)."""
+        if self._tokens is None:
+            return pb.GetFileSystemSecurityTokenResponse(schema="file", token=b"")
+        token = await asyncio.to_thread(self._tokens.token)
+        response = pb.GetFileSystemSecurityTokenResponse(schema=token.schema, token=token.token)
+        if token.expiration_ms is not None:
+            response.expiration_time = token.expiration_ms
+        for key, value in sorted(token.addition_info.items()):
+            response.addition_info.add(key=key, value=value)
+        return response
 
 
 def _batch_filter(table_request: Any, table: TableInfo) -> BatchFilter | None:
