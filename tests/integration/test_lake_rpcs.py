@@ -342,8 +342,8 @@ async def test_server_lake_options_reach_tables_except_secrets(server_factory: A
 
 
 async def test_an_unknown_lake_format_stops_the_server_at_start(tmp_path: Path) -> None:
-    process = ServerProcess(tmp_path / "data", {"datalake.format": "paimon"})
-    with pytest.raises(RuntimeError, match=r"invalid value for datalake\.format: 'paimon' is not one of delta, iceberg"):
+    process = ServerProcess(tmp_path / "data", {"datalake.format": "orc"})
+    with pytest.raises(RuntimeError, match=r"invalid value for datalake\.format: 'orc' is not one of delta, iceberg, lance, paimon"):
         process.start()
 
 
