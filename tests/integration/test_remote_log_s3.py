@@ -60,6 +60,15 @@ def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return env
 
 
+def wait_offloaded(server: ServerProcess, fs: Any, prefix: str, table_id: int) -> None:
+    """Until the bucket's segments are in the store under ``prefix`` and at most 3 remain on local disk."""
+    deadline = time.monotonic() + 60
+    while len(bucket_log_files(server, table_id)) > 3 or not segment_objects(fs, prefix):
+        assert time.monotonic() < deadline, "the segments never reached the object store"
+        time.sleep(0.2)
+        fs.invalidate_cache()
+
+
 def segment_objects(fs: Any, prefix: str) -> list[str]:
     return [path for path in fs.find(prefix) if path.endswith(".log")] if fs.exists(prefix) else []
 
@@ -72,11 +81,7 @@ def test_a_log_tiered_to_an_object_store_reads_whole_and_survives_a_kill(tmp_pat
         path, table_id = asyncio.run(create_log_table(server.address))
         asyncio.run(append(server.address, path, 0, ROWS))
         prefix = f"{BUCKET}/{tmp_path.name}/log/{path.database_name}/{path.table_name}-{table_id}"
-        deadline = time.monotonic() + 60
-        while len(bucket_log_files(server, table_id)) > 3 or not segment_objects(fs, prefix):
-            assert time.monotonic() < deadline, "the segments never reached the object store"
-            time.sleep(0.2)
-            fs.invalidate_cache()
+        wait_offloaded(server, fs, prefix, table_id)
         assert int(bucket_log_files(server, table_id)[0].stem) > 0
         assert [r["seq"] for r in asyncio.run(read_with_strom(server.address, path, ROWS))] == list(range(ROWS))
 
@@ -121,11 +126,7 @@ def test_pyfluss_reads_the_remote_segments_with_the_servers_security_token(
         path, table_id = asyncio.run(create_log_table(server.address))
         asyncio.run(append(server.address, path, 0, ROWS))
         prefix = f"{BUCKET}/{tmp_path.name}/log/{path.database_name}/{path.table_name}-{table_id}"
-        deadline = time.monotonic() + 60
-        while len(bucket_log_files(server, table_id)) > 3 or not segment_objects(fs, prefix):
-            assert time.monotonic() < deadline, "the segments never reached the object store"
-            time.sleep(0.2)
-            fs.invalidate_cache()
+        wait_offloaded(server, fs, prefix, table_id)
         assert int(bucket_log_files(server, table_id)[0].stem) > 0, "the first segments are in the bucket only"
 
         async def token() -> Any:
