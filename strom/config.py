@@ -344,6 +344,17 @@ METRICS_PORT = int_option(
     minimum=0,
     maximum=65_535,
 )
+METRICS_REPORTERS = string_option(
+    "metrics.reporters", None,
+    "Which metric reporters start (Fluss's key, comma-separated names); unset: every configured one. strom "
+    "has one, `prometheus` (its port: `metrics.reporter.prometheus.port`); a list without it starts none.",
+)
+
+
+def reporter_enabled(config: Configuration, name: str) -> bool:
+    """Whether ``metrics.reporters`` lets reporter ``name`` start."""
+    listed = config.get(METRICS_REPORTERS)
+    return listed is None or name in {entry.strip().lower() for entry in listed.split(",")}
 
 # ---- security ----
 SECURITY_PROTOCOL_MAP = string_option(

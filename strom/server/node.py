@@ -47,6 +47,7 @@ from strom.config import (
     TABLET_SERVER_ID,
     Configuration,
     DynamicConfig,
+    reporter_enabled,
     zookeeper_location,
 )
 from strom.coordinator.acl_service import AclService
@@ -310,7 +311,7 @@ class StromServer:
                                          self.security.internal_listener or None)
         await listeners.start(handlers, rpc_server)
         self.rpc = listeners.main
-        metrics_port = config.get(METRICS_PORT)
+        metrics_port = config.get(METRICS_PORT) if reporter_enabled(config, "prometheus") else 0
         if metrics_port:
             collector = StromCollector(
                 asyncio.get_running_loop(), role.leases, role.snapshot_store, self.replicas, lambda: self.rpc,

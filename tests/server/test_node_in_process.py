@@ -193,3 +193,15 @@ async def test_a_commit_whose_newest_timestamp_cannot_be_stored_is_still_reporte
         await connection.close()
     finally:
         await server.stop()
+
+
+async def test_metrics_reporters_without_prometheus_starts_no_endpoint(tmp_path: Path) -> None:
+    """Fluss's ``metrics.reporters``: only the listed reporters start."""
+    port = free_port()
+    server = await _started(tmp_path, {"metrics.reporter.prometheus.port": str(port), "metrics.reporters": "jmx"})
+    try:
+        assert server.metrics_port is None
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    finally:
+        await server.stop()
