@@ -202,6 +202,6 @@ async def test_metrics_reporters_without_prometheus_starts_no_endpoint(tmp_path:
     try:
         assert server.metrics_port is None
         with pytest.raises(OSError):
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{port}/metrics", timeout=2)
     finally:
         await server.stop()
