@@ -94,7 +94,9 @@ def int_option(
     return _option(key, parse(default), description, parse, "Integer")
 
 
-def float_option(key: str, default: float, description: str, *, minimum: float | None = None) -> ConfigOption[float]:
+def float_option(
+    key: str, default: float, description: str, *, minimum: float | None = None, maximum: float | None = None
+) -> ConfigOption[float]:
     def parse(value: Any) -> float:
         if isinstance(value, bool):
             raise ValueError(f"not a number: {value!r}")
@@ -106,6 +108,8 @@ def float_option(key: str, default: float, description: str, *, minimum: float |
             raise ValueError(f"not a number: {value!r}")
         if minimum is not None and parsed < minimum:
             raise ValueError(f"{parsed} is below the minimum of {minimum}")
+        if maximum is not None and parsed > maximum:
+            raise ValueError(f"{parsed} is above the maximum of {maximum}")
         return parsed
 
     return _option(key, parse(default), description, parse, "Double")
@@ -273,6 +277,24 @@ LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER = int_option(
     "ends while the in-sync replicas are fewer fails with NotEnoughReplicasAfterAppend (28); both are "
     "retriable. With a replication factor of 3 and 2 here, an acknowledged write is on at least two servers.",
     minimum=1,
+)
+SERVER_DATA_DISK_WRITE_LIMIT_RATIO = float_option(
+    "server.data-disk.write-limit-ratio", 0.85,
+    "A tablet server refuses client writes (ProduceLog, PutKv, a lookup that inserts; DiskWriteLocked, 70, "
+    "retriable) once its data disk's usage reaches this ratio, until it falls to "
+    "`server.data-disk.write-recover-ratio`; followers still replicate. 1.0 turns the protection off. Must "
+    "be above the recover ratio. Changes at run time.",
+    minimum=0.0, maximum=1.0,
+)
+SERVER_DATA_DISK_WRITE_RECOVER_RATIO = float_option(
+    "server.data-disk.write-recover-ratio", 0.80,
+    "Writes resume once the data disk's usage is at or below this ratio (below the limit ratio). Changes at "
+    "run time.",
+    minimum=0.0, maximum=1.0,
+)
+SERVER_DATA_DISK_CHECK_INTERVAL = duration_option(
+    "server.data-disk.check-interval", "30s",
+    "How often a tablet server samples its data disk's usage for the write protection.",
 )
 LOG_REPLICA_FETCH_MAX_BYTES_FOR_BUCKET = memory_option(
     "log.replica.fetch.max-bytes-for-bucket", "1mb",
@@ -691,6 +713,8 @@ class Configuration:
 
 DYNAMIC_OPTIONS = frozenset({
     KV_SNAPSHOT_INTERVAL.key,
+    SERVER_DATA_DISK_WRITE_LIMIT_RATIO.key,
+    SERVER_DATA_DISK_WRITE_RECOVER_RATIO.key,
     SECURITY_SASL_PLAIN_CREDENTIALS.key,
     LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER.key,
     TABLE_DATALAKE_FRESHNESS.key,

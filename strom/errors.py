@@ -422,6 +422,16 @@ class TooManyScannersError(StromError):
     default_message = "The per-bucket or per-server scanner session limit has been reached."
 
 
+class DiskWriteLockedError(RetriableError):
+    """The tablet server's data disk reached ``server.data-disk.write-limit-ratio``: client writes are
+    refused until usage falls to ``server.data-disk.write-recover-ratio`` (followers still replicate)."""
+
+    code = 70
+    default_message = (
+        "The tablet server has rejected writes because its data disk usage reached the configured write-limit ratio."
+    )
+
+
 class StorageBackpressureError(RetriableError):
     code = 72
     default_message = "The storage is applying back pressure; retry later."

@@ -18,6 +18,7 @@ from strom.config import (
     REMOTE_LOG_TASK_INTERVAL_DURATION,
     REMOTE_LOG_TASK_MAX_UPLOAD_SEGMENTS,
     TABLE_LOG_TTL,
+    TABLET_SERVER_ID,
     Configuration,
 )
 from strom.ids import TableBucket
@@ -29,6 +30,7 @@ from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.rpc.server import Handler
+from strom.tablet.disk_guard import DiskWriteGuard
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler, SnapshotCommitter
 from strom.tablet.remote_log_manager import (
     CommitManifest,
@@ -67,6 +69,9 @@ class TabletRole:
         self.replicas = ReplicaManager(tablets_dir, config, remote, latest_snapshot, id_counter,
                                        before_reopen=scanners.close_scanners_for_bucket, resolve_bucket=resolve_bucket)
         self.tablet = TabletService(self.replicas, config, clock)
+        self.disk = DiskWriteGuard(config.get(TABLET_SERVER_ID), tablets_dir, config)
+        self.disk.start()
+        self.tablet.guard_disk(self.disk)
         self.scans = ScanKvService(self.replicas, scanners, clock)
         self.scans.start()
         self.snapshot_scheduler: KvSnapshotScheduler | None = None
@@ -87,9 +92,11 @@ class TabletRole:
         return self.snapshot_scheduler
 
     def apply(self, config: Configuration) -> None:
-        """Cluster configs changed at run time: the snapshot interval and the minimum of in-sync replicas."""
+        """Cluster configs changed at run time: the snapshot interval, the minimum of in-sync replicas and
+        the data disk's write ratios."""
         self.config = config
         self.tablet.set_min_in_sync(config.get(LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER))
+        self.disk.apply(config)
         if self.snapshot_scheduler is not None:
             self.snapshot_scheduler.set_interval_ms(config.get_ms(KV_SNAPSHOT_INTERVAL))
 
@@ -156,6 +163,7 @@ class TabletRole:
         if self.snapshot_scheduler is not None:
             await self.snapshot_scheduler.stop()
         await self.scans.stop()
+        await self.disk.stop()
         self.replicas.close()
 
 

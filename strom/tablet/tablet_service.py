@@ -35,6 +35,7 @@ from strom.records.kv_batch import build_value_batch, parse_kv_batches
 from strom.remote.s3_credentials import S3TokenProvider
 from strom.rpc import lookup_wire
 from strom.rpc.messages import pb
+from strom.tablet.disk_guard import DiskWriteGuard
 from strom.tablet.remote_log_manager import RemoteLogManager
 from strom.tablet.replica import ReplicaManager
 
@@ -115,6 +116,7 @@ class TabletService:
         self._in_sync: InSyncCount = _alone
         self._min_in_sync = config.get(LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER)
         self._tokens: S3TokenProvider | None = None
+        self._disk: DiskWriteGuard | None = None
         self.remote_logs: RemoteLogManager | None = None
         """Set when remote log storage is on (:meth:`read_remote_logs`)."""
 
@@ -126,6 +128,16 @@ class TabletService:
         assert self._on_follower_fetch is None, "replication is attached once"
         self._on_follower_fetch = on_follower_fetch
         self._in_sync = in_sync
+
+    def guard_disk(self, disk: DiskWriteGuard) -> None:
+        """Client writes are refused while ``disk`` is locked (followers' replication is not)."""
+        self._disk = disk
+
+    def _check_writable(self, bucket: TableBucket, acks: int) -> None:
+        """What a client write must pass before it is appended: the data disk, then the in-sync replicas."""
+        if self._disk is not None:
+            self._disk.ensure_writable()
+        self._check_in_sync(bucket, acks)
 
     def set_min_in_sync(self, count: int) -> None:
         """``log.replica.min-in-sync-replicas-number`` changed at run time (AlterClusterConfigs)."""
@@ -177,7 +189,7 @@ class TabletService:
             if not batches:
                 raise CorruptRecordError("ProduceLog carried no record batch")
             replica.check_produced(data, batches)  # reject batches that do not decode in the table's format
-            self._check_in_sync(bucket, acks)
+            self._check_writable(bucket, acks)
             result = replica.log.append(data, batches, self._clock.now_ms())
             await replica.log.wait_durable(result.next_offset)
             self._check_in_sync(bucket, acks, appended=True)
@@ -385,7 +397,7 @@ class TabletService:
             batches = parse_kv_batches(bucket_request.records)
             if not batches:
                 raise CorruptRecordError("PutKv carried no kv record batch")
-            self._check_in_sync(bucket, acks)
+            self._check_writable(bucket, acks)
         except Exception as exc:
             return response, StagedPut(None, None, exc), bucket
         return response, kv.stage_put(batches, target_columns, self._clock.now_ms()), bucket
@@ -426,7 +438,7 @@ class TabletService:
                 values = kv.lookup(keys)
                 missing = list(dict.fromkeys(key for key, value in zip(keys, values, strict=True) if value is None))
                 if missing:
-                    self._check_in_sync(bucket, ACKS_ALL)
+                    self._check_writable(bucket, ACKS_ALL)
                     result = kv.prepare_insert_missing(missing, self._clock.now_ms())
                     await kv.acknowledgement(result)
                     self._check_in_sync(bucket, ACKS_ALL, appended=True)

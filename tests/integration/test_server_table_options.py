@@ -6,6 +6,8 @@ as Fluss does. (tests/cluster/test_min_isr.py has the same rule on a replicated 
 
 from __future__ import annotations
 
+import asyncio
+
 import pyarrow as pa
 import pytest
 import pytest_asyncio
@@ -111,3 +113,31 @@ async def test_the_minimum_of_in_sync_replicas_changes_at_run_time(rpc_of) -> No
         assert (await _put(rpc, kv_table, -1, 2)).error_code == NOT_ENOUGH_REPLICAS, "applied without a restart"
         await connection.get_admin().alter_cluster_configs({}, ["log.replica.min-in-sync-replicas-number"])
     assert not (await _put(rpc, kv_table, -1, 3)).error_code
+
+
+async def test_writes_are_refused_while_the_data_disk_is_above_the_write_limit(rpc_of, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``server.data-disk.write-limit-ratio`` below the disk's real usage: client writes get DiskWriteLocked
+    (70, retriable) and nothing is appended; raising the limit at run time lets them through at the next
+    sample, as lowering the usage below the recover ratio would."""
+    import shutil
+
+    disk = shutil.disk_usage(tmp_path)
+    usage = disk.used / (disk.used + disk.free)
+    limit, recover = usage / 2, usage / 4  # the disk is already past the limit
+    server, rpc = await rpc_of({"server.data-disk.write-limit-ratio": str(limit),
+                                "server.data-disk.write-recover-ratio": str(recover),
+                                "server.data-disk.check-interval": "100ms"})
+    kv_table = await _create(server.address, "users", PK_SCHEMA)
+    log_table = await _create(server.address, "events", LOG_SCHEMA)
+    refused = await _put(rpc, kv_table, -1, 1)
+    assert refused.error_code == 70 and "data disk usage reached" in refused.error_message
+    assert (await _produce(rpc, log_table, 1)).error_code == 70, "whatever the acks"
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().alter_cluster_configs({"server.data-disk.write-limit-ratio": "1.0"}, [])
+        deadline = asyncio.get_running_loop().time() + 10
+        while (answer := await _put(rpc, kv_table, -1, 2)).error_code == 70:
+            assert asyncio.get_running_loop().time() < deadline, "writes never resumed"
+            await asyncio.sleep(0.1)
+        assert not answer.error_code
+        lookuper = (await connection.get_table(TablePath("fluss", "users"))).new_lookup().create_lookuper()
+        assert await lookuper.lookup({"id": 1}) is None and await lookuper.lookup({"id": 2}) is not None
