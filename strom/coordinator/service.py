@@ -103,6 +103,8 @@ COLUMN_POSITION_LAST = 0
 Fluss accepts."""
 LANCE = "lance"
 """The lake format that holds log tables only."""
+COLUMN_ADDING_LAKE_FORMATS = frozenset({"delta", "iceberg"})
+"""Lake formats whose tables gain a column when their strom table does (the next tiering round adds it)."""
 
 
 class CoordinatorService(CatalogReader):
@@ -506,10 +508,10 @@ class CoordinatorService(CatalogReader):
         document = json.loads(table.table_json)
         schema_id = table.schema_id
         if request.add_columns:
-            if table.options.datalake_enabled:
+            if table.options.datalake_enabled and self._lake_format not in COLUMN_ADDING_LAKE_FORMATS:
                 raise InvalidAlterTableError(
-                    f"Adding columns to '{path}' is not supported while it is tiered into the lake "
-                    f"({table_properties.DATALAKE_ENABLED}=true): its lake table keeps the schema it was created with."
+                    f"Adding columns to '{path}' is not supported while it is tiered into {self._lake_format} "
+                    f"({table_properties.DATALAKE_ENABLED}=true): strom evolves Delta and Iceberg lake tables only."
                 )
             document["schema"] = _with_added_columns(table, request.add_columns)
             schema_id += 1

@@ -141,12 +141,19 @@ class CopyOnWriteWriter(LakeWriter):
                 self._copy_rows(file.read_path, ~hit)
 
     def _copy_rows(self, path: str, keep: np.ndarray) -> None:
-        """The kept rows of a file into this writer's new files, streamed batch by batch."""
-        names = self._sink.schema.names
+        """The kept rows of a file into this writer's new files, streamed batch by batch; columns the table
+        gained after the file was written (ADD COLUMN) are null in them."""
+        schema = self._sink.schema
         start = 0
         with self._fs.open_input_file(path) as source:
-            for batch in pq.ParquetFile(source).iter_batches(columns=names):
+            parquet = pq.ParquetFile(source)
+            present = [name for name in schema.names if name in parquet.schema_arrow.names]
+            for batch in parquet.iter_batches(columns=present):
                 mask = pa.array(keep[start:start + batch.num_rows])
                 start += batch.num_rows
-                self._sink.write(self._file_rows(pa.Table.from_batches([batch]).filter(mask)))
+                rows = pa.Table.from_batches([batch]).filter(mask)
+                for name in schema.names:
+                    if name not in present:
+                        rows = rows.append_column(schema.field(name), pa.nulls(rows.num_rows, schema.field(name).type))
+                self._sink.write(self._file_rows(rows.select(schema.names)))
         assert start == len(keep), (path, start, len(keep))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import posixpath
 import time
@@ -54,10 +55,12 @@ from strom.lake.format import (
     LakeWriteResult,
     commit_base,
 )
-from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout
+from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout, added_columns
 from strom.metadata.table_info import TableInfo
 
 __all__ = ["DeltaLakeFormat", "DeltaLakeTable", "DeltaLakeWriter", "LakeCommitConflictError"]
+
+log = logging.getLogger(__name__)
 
 TABLE_ID_CONFIGURATION = "strom.table-id"
 """Key in the Delta table's configuration: which strom table this lake copy belongs to."""
@@ -180,9 +183,22 @@ class DeltaLakeTable(LakeTable):
                 f"(id {info.table_id}): a table of that name was dropped and re-created, or the warehouse is "
                 f"shared; move the old lake table away"
             )
-        expected = _comparable_fields(DeltaSchema.from_arrow(self.layout.schema))
+        expected_schema = DeltaSchema.from_arrow(self.layout.schema)
+        expected = _comparable_fields(expected_schema)
         actual = _comparable_fields(table.schema())
-        if actual != expected or list(metadata.partition_columns) != self.layout.partition_columns:
+        added = added_columns([name for name, _ in actual], [name for name, _ in expected], self.layout)
+        if added and list(metadata.partition_columns) == self.layout.partition_columns:
+            # columns the strom table gained (ADD COLUMN): the lake table gains them, nullable, at its end
+            fields = [field for field in expected_schema.fields if field.name in added]
+            try:
+                table.alter.add_columns(fields, commit_properties=CommitProperties(max_commit_retries=0))
+            except (CommitFailedError, DeltaError) as exc:
+                log.info("another process added %s to %s first (%s)", added, self._uri, exc)
+            table = self.delta()
+            actual = _comparable_fields(table.schema())
+        actual_by_name = dict(actual)
+        if sorted(actual) != sorted(expected) or len(actual_by_name) != len(actual) or \
+                list(metadata.partition_columns) != self.layout.partition_columns:
             raise LakeTableMismatchError(
                 f"the Delta table at {self._uri} has columns {actual} partitioned by {metadata.partition_columns}; "
                 f"'{info.path}' needs {expected} partitioned by {self.layout.partition_columns}"
@@ -313,8 +329,14 @@ class DeltaLakeTable(LakeTable):
         )
         names = list(columns) if columns is not None else self.layout.row_type.field_names
         wanted = names + list(SYSTEM_COLUMNS) if with_system_columns else names
-        for batch in dataset.to_batches(columns=wanted):
+        # a snapshot from before an ADD COLUMN lacks the column: its rows read it as null
+        present = [name for name in wanted if name in dataset.schema.names]
+        for batch in dataset.to_batches(columns=present):
             if batch.num_rows:
+                for name in wanted:
+                    if name not in present:
+                        lake_type = self.layout.schema.field(name).type
+                        batch = batch.append_column(name, pa.nulls(batch.num_rows, lake_type))
                 yield from self.layout.from_lake(batch, names, with_system_columns).to_batches()
 
     def buckets(self, snapshot_id: int) -> list[tuple[str | None, int]]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
@@ -86,11 +87,13 @@ from strom.lake.iceberg_files import (
     partition_spec,
     record_partition,
 )
-from strom.lake.layout import OFFSET_COLUMN, SYSTEM_COLUMNS, LakeLayout
+from strom.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN, SYSTEM_COLUMNS, LakeLayout, added_columns
 from strom.metadata.table_info import TableInfo
 from strom.table_properties import DATALAKE_OPTION_PREFIX
 
 __all__ = ["IcebergLakeFormat", "IcebergLakeTable", "IcebergLakeWriter"]
+
+log = logging.getLogger(__name__)
 
 TABLE_ID_PROPERTY = "strom.table-id"
 """Iceberg table property: which strom table this lake copy belongs to."""
@@ -236,6 +239,19 @@ class IcebergLakeTable(LakeTable):
             )
         actual = _comparable(table.schema())
         expected = _comparable(expected_schema)
+        added = added_columns([name for name, *_ in actual[0]], [name for name, *_ in expected[0]], self.layout)
+        if added:
+            # columns the strom table gained (ADD COLUMN): the lake table gains them, optional, placed before
+            # the system columns as the strom table has them (its files keep positions and field ids apart)
+            try:
+                with table.update_schema() as update:
+                    for name in added:
+                        update.add_column(name, expected_schema.find_field(name).field_type, required=False)
+                        update.move_before(name, BUCKET_COLUMN)
+            except (CommitFailedException, ValidationException, ValueError) as exc:
+                log.info("another process added %s to %s first (%s)", added, table.location(), exc)
+            table = self.iceberg()
+            actual = _comparable(table.schema())
         actual_spec = _comparable_spec(table.spec(), table.schema())
         expected_spec = _comparable_spec(partition_spec(self.layout, expected_schema), expected_schema)
         if actual != expected or actual_spec != expected_spec:
@@ -408,13 +424,21 @@ class IcebergLakeTable(LakeTable):
         names = list(columns) if columns is not None else self.layout.row_type.field_names
         wanted = names + list(SYSTEM_COLUMNS) if with_system_columns else names
         table = self.iceberg()
-        scan = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(wanted))
+        # a snapshot from before an ADD COLUMN lacks the column: its rows read it as null
+        snapshot = table.snapshot_by_id(snapshot_id)
+        schema_id = snapshot.schema_id if snapshot is not None else None
+        known = table.schemas().get(schema_id, table.schema()) if schema_id is not None else table.schema()
+        present = [name for name in wanted if _has_field(known, name)]
+        scan = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(present))
         tasks = [task for task in scan.plan_files() if task.file.partition == partition]
         if not tasks:
             return
         arrow_scan = ArrowScan(table.metadata, table.io, scan.projection(), AlwaysTrue())
         for batch in arrow_scan.to_record_batches(tasks):
             if batch.num_rows:
+                for name in wanted:
+                    if name not in present:
+                        batch = batch.append_column(name, pa.nulls(batch.num_rows, self.layout.schema.field(name).type))
                 yield from self.layout.from_lake(batch, names, with_system_columns).to_batches()
 
     def buckets(self, snapshot_id: int) -> list[tuple[str | None, int]]:
@@ -427,6 +451,14 @@ class IcebergLakeTable(LakeTable):
         if snapshot_id is None and table.current_snapshot() is None:
             return table.schema().as_arrow().empty_table()
         return table.scan(snapshot_id=snapshot_id).to_arrow()
+
+
+def _has_field(schema: Any, name: str) -> bool:
+    try:
+        schema.find_field(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _summary(snapshot: Snapshot) -> dict[str, str]:

@@ -122,6 +122,24 @@ def _cast(array: pa.Array | pa.ChunkedArray, *steps: pa.DataType) -> pa.Array | 
     return array
 
 
+def added_columns(actual: Sequence[str], expected: Sequence[str], layout: LakeLayout) -> list[str]:
+    """The columns a lake table lacks because its strom table gained them since (ADD COLUMN: nullable
+    columns after the existing ones): what the lake table must add. Empty when the lake table has every
+    column, or when it lacks others too (then it is another table's and the caller refuses it).
+
+    A lake format may append them after the system columns (Delta does): order is not compared.
+    """
+    missing = [name for name in expected if name not in actual]
+    if not missing or any(name not in expected for name in actual):
+        return []
+    strom_columns = layout.row_type.field_names
+    types = {f.name: f.type for f in layout.row_type.fields}
+    kept = [name for name in strom_columns if name not in missing]
+    if strom_columns[:len(kept)] != kept or not all(name in types and types[name].nullable for name in missing):
+        return []  # only nullable columns at the end are ever added
+    return missing
+
+
 @dataclass(frozen=True)
 class LakeLayout:
     """The lake schema of one strom table and the conversions between its rows and lake rows."""

@@ -25,6 +25,7 @@ from strom.rpc.messages import pb
 from tests.conftest import unique_name
 from tests.integration.pyfluss_support import changelog as pyfluss_changelog
 from tests.integration.snapshot_support import SNAPSHOT_CONFIG, wait_for_snapshot_ids, wait_until
+from tests.server_process import ServerProcess
 
 pytestmark = [pytest.mark.timeout(90)]
 
@@ -296,11 +297,24 @@ async def test_an_aggregation_table_gets_a_column_with_its_aggregate(server) -> 
 
 
 @pytest.mark.asyncio
-async def test_a_lake_enabled_table_refuses_new_columns(server) -> None:  # type: ignore[no-untyped-def]
+async def test_a_lake_enabled_table_takes_new_columns_where_its_lake_format_evolves(server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Delta (this server's format) and Iceberg lake tables gain the column at the next round
+    (tests/lake/test_lake_schema_evolution.py, tests/spark/test_tiering.py); Paimon and Lance refuse it."""
     async with await Connection.create(server.address) as connection:
         path = await create(connection, **{"table.datalake.enabled": "true"})
-        with pytest.raises(InvalidAlterTableError, match="tiered into the lake"):
-            await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])
+        await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])
+        info = await connection.get_admin().get_table_info(path)
+        assert [c.name for c in info.schema.columns][-1] == "email"
+    lance = ServerProcess(tmp_path / "lance", {"datalake.format": "lance"}).start()
+    try:
+        async with await Connection.create(lance.address) as connection:
+            path = TablePath("fluss", "events")
+            await connection.get_admin().create_table(path, TableDescriptor(
+                Schema.from_arrow(pa.schema([("id", pa.int64())])), properties={"table.datalake.enabled": "true"}))
+            with pytest.raises(InvalidAlterTableError, match="strom evolves Delta and Iceberg lake tables only"):
+                await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])
+    finally:
+        lance.stop()
 
 
 def test_the_alter_table_doc_example_runs(server) -> None:  # type: ignore[no-untyped-def]

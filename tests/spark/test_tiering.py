@@ -225,3 +225,32 @@ def test_union_read_keeps_partitions_only_the_lake_still_has(spark: Any, server_
     expected = ([("d1", i, f"d1-{i}") for i in range(5)] + [("d2", 0, "changed")]
                 + [("d2", i, f"d2-{i}") for i in range(1, 5)] + [("d3", 9, "new")])
     assert got == sorted(expected)
+
+
+@pytest.mark.parametrize("lake_format", ["delta", "iceberg"])
+def test_a_column_added_to_a_tiered_table_reaches_the_lake(spark: Any, server_factory: Any, lake_format: str) -> None:
+    """ADD COLUMN on a lake-enabled table: the next round adds it to the lake table; rows tiered before read
+    it as null in the lake (DuckDB) and in the union read, which right after the ALTER still reads the old
+    lake snapshot with the new schema."""
+    from strom.client import Column, Connection, TablePath
+    from tests.spark.support import run
+    from tests.spark.test_spark_batch_read import load
+
+    cluster = Fluss(server_factory(tiering_config(lake_format)).address)
+    table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
+    cluster.upsert(table, [{"id": i, "name": f"n{i}", "score": i} for i in range(10)])
+    tier_once(spark, cluster)
+
+    async def add(connection: Connection) -> None:
+        await connection.get_admin().alter_table(TablePath.parse(table), add_columns=[Column("email", StringType())])
+
+    run(cluster.address, add)
+    names = [*PK_NAMES, "email"]
+    assert _spark_rows(load(spark, cluster, table), names) == [(i, f"n{i}", i, None) for i in range(10)]
+    cluster.upsert(table, [{"id": 3, "name": "x", "score": 3, "email": "x@y"},
+                           {"id": 20, "name": "new", "score": 20, "email": "n@y"}])
+    tier_once(spark, cluster)
+    expected = strom_rows(cluster, table, names)
+    assert (3, "x", 3, "x@y") in expected and (0, "n0", 0, None) in expected
+    assert lake_rows(cluster, table, names) == expected
+    assert _spark_rows(load(spark, cluster, table, **{"read.source": "lake"}), names) == expected
