@@ -103,7 +103,7 @@ COLUMN_POSITION_LAST = 0
 Fluss accepts."""
 LANCE = "lance"
 """The lake format that holds log tables only."""
-COLUMN_ADDING_LAKE_FORMATS = frozenset({"delta", "iceberg"})
+COLUMN_ADDING_LAKE_FORMATS = frozenset({"delta", "iceberg", "paimon"})
 """Lake formats whose tables gain a column when their strom table does (the next tiering round adds it)."""
 
 
@@ -511,7 +511,7 @@ class CoordinatorService(CatalogReader):
             if table.options.datalake_enabled and self._lake_format not in COLUMN_ADDING_LAKE_FORMATS:
                 raise InvalidAlterTableError(
                     f"Adding columns to '{path}' is not supported while it is tiered into {self._lake_format} "
-                    f"({table_properties.DATALAKE_ENABLED}=true): strom evolves Delta and Iceberg lake tables only."
+                    f"({table_properties.DATALAKE_ENABLED}=true): strom evolves Delta, Iceberg and Paimon lake tables only."
                 )
             document["schema"] = _with_added_columns(table, request.add_columns)
             schema_id += 1

@@ -61,7 +61,14 @@ from strom.lake.format import (
     LakeWriteResult,
     commit_base,
 )
-from strom.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN, SYSTEM_COLUMNS, TIMESTAMP_COLUMN, LakeLayout
+from strom.lake.layout import (
+    BUCKET_COLUMN,
+    OFFSET_COLUMN,
+    SYSTEM_COLUMNS,
+    TIMESTAMP_COLUMN,
+    LakeLayout,
+    added_columns,
+)
 from strom.metadata.table_info import TableInfo
 from strom.records import types as fluss
 from strom.table_properties import DATALAKE_OPTION_PREFIX
@@ -249,13 +256,18 @@ class PaimonLakeTable(LakeTable):
             try:
                 table = self.paimon()
             except (ValueError, OSError):
-                context = SQLContext()
-                context.register_catalog("lake", self.catalog_options, default_database="")
-                context.set_current_catalog("lake")
+                context = self._sql()
                 context.sql(f"CREATE DATABASE IF NOT EXISTS {_quoted(self.layout.info.path.database_name)}")
                 context.sql(ddl)
                 table = self.paimon()
         self._check_is_ours(table)
+
+    def _sql(self) -> Any:
+        """A pypaimon-rust SQL context on the lake's catalog (its DDL creates and alters the table)."""
+        context = SQLContext()
+        context.register_catalog("lake", self.catalog_options, default_database="")
+        context.set_current_catalog("lake")
+        return context
 
     def _check_is_ours(self, table: Any) -> None:
         info = self.layout.info
@@ -267,9 +279,22 @@ class PaimonLakeTable(LakeTable):
                 f"'{info.path}' (id {info.table_id}): a table of that name was dropped and re-created; drop or "
                 f"rename the old lake table"
             )
-        actual = ([f.name() for f in schema.fields()], list(schema.primary_keys()), list(schema.partition_keys()))
-        expected = ([*self.layout.row_type.field_names, *SYSTEM_COLUMNS], list(info.schema.primary_key or ()),
-                    list(info.partition_keys))
+        expected_names = [*self.layout.row_type.field_names, *SYSTEM_COLUMNS]
+        added = added_columns([f.name() for f in schema.fields()], expected_names, self.layout)
+        if added:
+            # columns the strom table gained (ADD COLUMN): Paimon appends them after the system columns
+            # (it resolves columns by field id; Fluss's own catalog moves them before the system columns)
+            types = {f.name: f.type for f in self.layout.row_type.fields}
+            context = self._sql()
+            for name in added:
+                try:
+                    context.sql(f"ALTER TABLE {_quoted(info.path.database_name)}.{_quoted(info.path.table_name)} "
+                                f"ADD COLUMN {_quoted(name)} {_DDL.visit(types[name])}")
+                except Exception as exc:  # pypaimon-rust's errors: most likely another process added it first
+                    log.info("adding %s to %s: %s", name, self.identifier, exc)
+            schema = self.paimon().schema()
+        actual = (sorted(f.name() for f in schema.fields()), list(schema.primary_keys()), list(schema.partition_keys()))
+        expected = (sorted(expected_names), list(info.schema.primary_key or ()), list(info.partition_keys))
         if actual != expected:
             raise LakeTableMismatchError(
                 f"the Paimon table {self.identifier} has columns, key and partitioning {actual}; '{info.path}' needs "
@@ -417,11 +442,31 @@ class PaimonLakeTable(LakeTable):
     ) -> Iterator[pa.RecordBatch]:
         names = list(columns) if columns is not None else self.layout.row_type.field_names
         wanted = list(dict.fromkeys([*names, *(SYSTEM_COLUMNS if with_system_columns else (BUCKET_COLUMN,))]))
-        for batch in self._scan(snapshot_id, wanted, self._bucket_conditions(bucket, partition_name)):
+        # a snapshot from before an ADD COLUMN lacks the column: its rows read it as null
+        known = self._snapshot_columns(snapshot_id)
+        present = [name for name in wanted if known is None or name in known]
+        for batch in self._scan(snapshot_id, present, self._bucket_conditions(bucket, partition_name)):
             # the filter prunes files; rows of a dynamic-bucket table share files across buckets
             batch = batch.filter(pc.equal(batch.column(BUCKET_COLUMN), bucket))
             if batch.num_rows:
+                for name in wanted:
+                    if name not in present:
+                        batch = batch.append_column(name, pa.nulls(batch.num_rows, self.layout.table_schema.field(name).type))
                 yield from self._from_paimon(batch, names, with_system_columns).to_batches()
+
+    def _snapshot_columns(self, snapshot_id: int) -> set[str] | None:
+        """The column names of the schema a snapshot was written with (None: not found, assume all)."""
+        location = str(self.paimon().location())
+        document = self._snapshot_document(location, snapshot_id)
+        if document is None or "schemaId" not in document:
+            return None
+        fs, root = _filesystem(location)
+        try:
+            with fs.open_input_stream(f"{root}/schema/schema-{int(document['schemaId'])}") as source:
+                schema = json.loads(source.read())
+        except (FileNotFoundError, OSError, ValueError):
+            return None
+        return {field["name"] for field in schema.get("fields", [])}
 
     def _from_paimon(self, rows: pa.RecordBatch, names: Sequence[str], with_system_columns: bool) -> pa.Table:
         arrays, fields = [], []
@@ -500,7 +545,10 @@ class PaimonLakeWriter(LakeWriter):
         self.base_snapshot_id = base_snapshot_id
         self._keyed = bool(table.layout.primary_key)
         self._paimon_bucket = bucket.bucket if table.buckets_fixed else None
-        self._write = table.paimon().new_stream_write_builder().with_commit_user(COMMIT_USER).new_write()
+        paimon = table.paimon()
+        self._order = [f.name() for f in paimon.schema().fields()]
+        """The lake table's column order, which a write must follow (columns added later come last)."""
+        self._write = paimon.new_stream_write_builder().with_commit_user(COMMIT_USER).new_write()
         self._rows = 0
         self._done = False
 
@@ -511,11 +559,13 @@ class PaimonLakeWriter(LakeWriter):
 
     def _put(self, columns: list[pa.Array], kind: int) -> None:
         count = len(columns[0])
-        names = [*self.table.layout.row_type.field_names, *SYSTEM_COLUMNS]
+        by_name = dict(zip([*self.table.layout.row_type.field_names, *SYSTEM_COLUMNS], columns, strict=True))
+        names = list(self._order)
+        ordered = [by_name[name] for name in names]
         if self._keyed:
-            columns = [*columns, pa.repeat(pa.scalar(kind, pa.int8()), count)]
+            ordered.append(pa.repeat(pa.scalar(kind, pa.int8()), count))
             names.append(VALUE_KIND_COLUMN)
-        self._write.write_arrow(pa.RecordBatch.from_arrays(columns, names=names), bucket=self._paimon_bucket)
+        self._write.write_arrow(pa.RecordBatch.from_arrays(ordered, names=names), bucket=self._paimon_bucket)
 
     def append(self, rows: pa.RecordBatch, offsets: pa.Array, timestamps: pa.Array) -> None:
         if not rows.num_rows:

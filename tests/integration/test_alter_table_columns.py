@@ -298,8 +298,8 @@ async def test_an_aggregation_table_gets_a_column_with_its_aggregate(server) -> 
 
 @pytest.mark.asyncio
 async def test_a_lake_enabled_table_takes_new_columns_where_its_lake_format_evolves(server, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Delta (this server's format) and Iceberg lake tables gain the column at the next round
-    (tests/lake/test_lake_schema_evolution.py, tests/spark/test_tiering.py); Paimon and Lance refuse it."""
+    """Delta (this server's format), Iceberg and Paimon lake tables gain the column at the next round
+    (tests/lake/test_lake_schema_evolution.py, tests/spark/test_tiering.py); Lance refuses it."""
     async with await Connection.create(server.address) as connection:
         path = await create(connection, **{"table.datalake.enabled": "true"})
         await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])
@@ -311,7 +311,7 @@ async def test_a_lake_enabled_table_takes_new_columns_where_its_lake_format_evol
             path = TablePath("fluss", "events")
             await connection.get_admin().create_table(path, TableDescriptor(
                 Schema.from_arrow(pa.schema([("id", pa.int64())])), properties={"table.datalake.enabled": "true"}))
-            with pytest.raises(InvalidAlterTableError, match="strom evolves Delta and Iceberg lake tables only"):
+            with pytest.raises(InvalidAlterTableError, match="strom evolves Delta, Iceberg and Paimon lake tables only"):
                 await connection.get_admin().alter_table(path, add_columns=[Column("email", StringType())])
     finally:
         lance.stop()

@@ -14,6 +14,7 @@ import pytest
 from strom.lake.formats import lake_format
 from strom.records import types as t
 from tests.lake.duckdb_reader import iceberg_rows, rows_of
+from tests.lake.paimon_reader import pypaimon_rows
 from tests.lake.support import row_tuples, table_info, write_split
 
 BEFORE = [("id", t.IntType(nullable=False)), ("name", t.StringType())]
@@ -21,12 +22,15 @@ AFTER = [*BEFORE, ("score", t.BigIntType())]
 
 
 def duck(table: Any, lake: str, query: str) -> list[tuple[Any, ...]]:
+    """DuckDB's read (pypaimon 2.1.0's for Paimon, which DuckDB cannot read)."""
+    if lake == "paimon":
+        return [tuple(row) for row in pypaimon_rows(table.catalog_options["warehouse"], table.identifier, ["id", "name", "score"])]
     if lake == "iceberg":
         return iceberg_rows(table.iceberg().metadata_location, query)
     return rows_of(table.uri, query)
 
 
-@pytest.mark.parametrize("lake", ["delta", "iceberg"])
+@pytest.mark.parametrize("lake", ["delta", "iceberg", "paimon"])
 def test_an_added_column_reaches_the_lake_and_older_rows_read_it_as_null(tmp_path: Path, lake: str) -> None:
     old_info = table_info(tmp_path, BEFORE, ["id"], lake=lake, bucket_count=1)
     old_table = lake_format(old_info).table(old_info)

@@ -227,7 +227,7 @@ def test_union_read_keeps_partitions_only_the_lake_still_has(spark: Any, server_
     assert got == sorted(expected)
 
 
-@pytest.mark.parametrize("lake_format", ["delta", "iceberg"])
+@pytest.mark.parametrize("lake_format", PK_LAKE_FORMATS)
 def test_a_column_added_to_a_tiered_table_reaches_the_lake(spark: Any, server_factory: Any, lake_format: str) -> None:
     """ADD COLUMN on a lake-enabled table: the next round adds it to the lake table; rows tiered before read
     it as null in the lake (DuckDB) and in the union read, which right after the ALTER still reads the old
