@@ -52,7 +52,10 @@ async def _lookup_all(table: object, expected: dict[int, str]) -> None:
 
 
 async def test_writes_resume_without_a_restart_once_a_full_disk_has_room_again(small_disk: Path) -> None:
-    server = ServerProcess(small_disk / "data", {"kv.snapshot.interval": "1s"}).start()
+    # the write protection (server.data-disk.write-limit-ratio) off: this test is about a disk that does fill
+    # up (tests/integration/test_server_table_options.py has the protection)
+    server = ServerProcess(small_disk / "data", {"kv.snapshot.interval": "1s",
+                                                 "server.data-disk.write-limit-ratio": "1.0"}).start()
     try:
         path = TablePath("fluss", "filled")
         async with await Connection.create(server.address) as connection:

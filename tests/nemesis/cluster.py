@@ -23,6 +23,7 @@ CONFIG = {
     "log.replica.max-silence-time": "2s",
     "log.replica.max-lag-time": "6s",
     "kv.snapshot.interval": "0s",
+    "server.data-disk.check-interval": "1s",  # a filled disk's write protection lifts within a second of room
 }
 """Short bounds, so a fault runs its course (ISR shrink, session expiry, election) within seconds."""
 DISK_SIZE = "192m"
