@@ -63,6 +63,8 @@ class RemoteLogTablet:
     manifest_path: str | None
     """The committed manifest's location (None: nothing committed yet)."""
     leader_epoch: int
+    """The leader epoch whose first round swept orphans with this state (NOT_SWEPT: loaded as a follower,
+    so a leadership's first round loads and sweeps again)."""
     indexes: dict[str, bytes] = field(default_factory=dict)
     """Offset indexes of segments, by segment id (loaded on demand)."""
 
@@ -73,6 +75,9 @@ class RemoteLogSettings:
     max_upload_segments: int
     index_interval_bytes: int
     default_ttl: timedelta
+
+
+NOT_SWEPT = -1
 
 
 class RemoteLogManager:
@@ -157,6 +162,9 @@ class RemoteLogManager:
         """The bucket's remote log as the coordinator last recorded it; ``sweep``: delete what no committed
         manifest leads to (a new leader, before its first upload)."""
         bucket, table = replica.bucket, replica.table
+        # the leadership this load sweeps for, taken before any await: a follower's load that a new
+        # leadership overtakes mid-way must not pass for that leadership's sweep (its orphans would stay)
+        swept_for = replica.leader_epoch if sweep else NOT_SWEPT
         tablet_dir, partition = self._tablet_dir(table, bucket)
         payload = await asyncio.to_thread(self._read_handle, bucket)
         manifest = RemoteLogManifest(table.path.database_name, table.path.table_name, bucket, partition)
@@ -165,7 +173,7 @@ class RemoteLogManager:
             handle = RemoteLogManifestHandle.from_bytes(payload)
             manifest = RemoteLogManifest.from_bytes(await asyncio.to_thread(self._storage.read_bytes, handle.manifest_path))
             manifest_path = handle.manifest_path
-        state = RemoteLogTablet(tablet_dir, manifest, manifest_path, replica.leader_epoch)
+        state = RemoteLogTablet(tablet_dir, manifest, manifest_path, swept_for)
         previous = self._tablets.get(bucket)
         if previous is not None:
             listed = {segment.segment_id for segment in manifest.segments}
