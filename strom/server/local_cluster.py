@@ -22,6 +22,7 @@ import ssl
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,8 +103,12 @@ class LocalClusterState:
         return [m.address for m in self.members if m.role == "coordinator"]
 
     def save(self) -> None:
+        """Written whole and renamed into place: `cluster status` and `cluster stop` (and a supervisor
+        restarting a member) may read it at any moment, and must never see it half written."""
         path = Path(self.data_dir) / STATE_FILE
-        path.write_text(json.dumps(asdict(self), indent=2))
+        temporary = path.with_name(f".{STATE_FILE}.{uuid.uuid4().hex}.tmp")
+        temporary.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(temporary, path)
 
     @classmethod
     def load(cls, data_dir: Path) -> LocalClusterState | None:
