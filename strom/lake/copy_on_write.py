@@ -25,7 +25,7 @@ from strom.errors import InvalidTableError
 from strom.ids import TableBucket
 from strom.lake.delta_files import DeltaFileSink, WrittenFile
 from strom.lake.format import LakeWriter, LakeWriteResult
-from strom.lake.layout import LakeLayout
+from strom.lake.layout import LakeLayout, with_null_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +151,6 @@ class CopyOnWriteWriter(LakeWriter):
             for batch in parquet.iter_batches(columns=present):
                 mask = pa.array(keep[start:start + batch.num_rows])
                 start += batch.num_rows
-                rows = pa.Table.from_batches([batch]).filter(mask)
-                for name in schema.names:
-                    if name not in present:
-                        rows = rows.append_column(schema.field(name), pa.nulls(rows.num_rows, schema.field(name).type))
+                rows = with_null_columns(pa.Table.from_batches([batch]).filter(mask), schema)
                 self._sink.write(self._file_rows(rows.select(schema.names)))
         assert start == len(keep), (path, start, len(keep))

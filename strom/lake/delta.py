@@ -22,7 +22,6 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import posixpath
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -55,7 +54,8 @@ from strom.lake.format import (
     LakeWriteResult,
     commit_base,
 )
-from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout, added_columns
+from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout, added_columns, with_null_columns
+from strom.lake.locations import filesystem, pin_warehouse
 from strom.metadata.table_info import TableInfo
 
 __all__ = ["DeltaLakeFormat", "DeltaLakeTable", "DeltaLakeWriter", "LakeCommitConflictError"]
@@ -67,22 +67,6 @@ TABLE_ID_CONFIGURATION = "strom.table-id"
 TRANSACTION_APP_ID_PREFIX = "strom-tiering-"
 """``txn`` application id of a strom table's commits (prefix + table id); its version counts them."""
 _LOG_DIRECTORY = "_delta_log"
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow file system and root path of a table URI (a local path, or any URL pyarrow or
-    fsspec understands). Credentials come from the environment, as pyarrow's file systems take them."""
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), uri
-    try:
-        return pafs.FileSystem.from_uri(uri)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        try:
-            import fsspec
-        except ImportError as exc:
-            raise InvalidConfigError(f"pyarrow cannot open {uri!r} and fsspec is not installed") from exc
-        fs, path = fsspec.core.url_to_fs(uri)
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 def _comparable_fields(schema: DeltaSchema) -> list[tuple[str, Any]]:
@@ -97,13 +81,11 @@ class DeltaLakeFormat(LakeFormat):
     identifier = "delta"
 
     def __init__(self, options: Mapping[str, str], limits: FileLimits | None = None) -> None:
-        warehouse = options.get("warehouse", "").strip()
-        if not warehouse:
+        self.warehouse = pin_warehouse(options.get("warehouse", ""))
+        if not self.warehouse:
             raise InvalidConfigError(
                 "the delta lake format needs 'table.datalake.delta.warehouse' (server option datalake.delta.warehouse)"
             )
-        # Spark tasks may run in another working directory: a relative warehouse is pinned here.
-        self.warehouse = (warehouse if "://" in warehouse else os.path.abspath(warehouse)).rstrip("/")
         self.storage_options = {k: v for k, v in options.items() if k != "warehouse"}
         self.limits = limits or FileLimits()
 
@@ -333,10 +315,7 @@ class DeltaLakeTable(LakeTable):
         present = [name for name in wanted if name in dataset.schema.names]
         for batch in dataset.to_batches(columns=present):
             if batch.num_rows:
-                for name in wanted:
-                    if name not in present:
-                        lake_type = self.layout.schema.field(name).type
-                        batch = batch.append_column(name, pa.nulls(batch.num_rows, lake_type))
+                batch = with_null_columns(batch, pa.schema([self.layout.schema.field(name) for name in wanted]))
                 yield from self.layout.from_lake(batch, names, with_system_columns).to_batches()
 
     def buckets(self, snapshot_id: int) -> list[tuple[str | None, int]]:

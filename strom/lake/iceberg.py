@@ -87,7 +87,15 @@ from strom.lake.iceberg_files import (
     partition_spec,
     record_partition,
 )
-from strom.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN, SYSTEM_COLUMNS, LakeLayout, added_columns
+from strom.lake.layout import (
+    BUCKET_COLUMN,
+    OFFSET_COLUMN,
+    SYSTEM_COLUMNS,
+    LakeLayout,
+    added_columns,
+    with_null_columns,
+)
+from strom.lake.locations import pin_warehouse
 from strom.metadata.table_info import TableInfo
 from strom.table_properties import DATALAKE_OPTION_PREFIX
 
@@ -119,12 +127,9 @@ class IcebergLakeFormat(LakeFormat):
 
     def __init__(self, options: Mapping[str, str], limits: FileLimits | None = None) -> None:
         properties = {key: value for key, value in options.items() if value is not None}
-        warehouse = properties.get("warehouse", "").strip()
-        if warehouse and "://" not in warehouse:
-            # Spark tasks may run in another working directory: a relative warehouse is pinned here.
-            warehouse = os.path.abspath(warehouse)
+        warehouse = pin_warehouse(properties.get("warehouse", ""))
         if warehouse:
-            properties["warehouse"] = warehouse.rstrip("/")
+            properties["warehouse"] = warehouse
         if "type" not in properties and "uri" not in properties:
             if not warehouse:
                 raise InvalidConfigError(
@@ -436,9 +441,7 @@ class IcebergLakeTable(LakeTable):
         arrow_scan = ArrowScan(table.metadata, table.io, scan.projection(), AlwaysTrue())
         for batch in arrow_scan.to_record_batches(tasks):
             if batch.num_rows:
-                for name in wanted:
-                    if name not in present:
-                        batch = batch.append_column(name, pa.nulls(batch.num_rows, self.layout.schema.field(name).type))
+                batch = with_null_columns(batch, pa.schema([self.layout.schema.field(name) for name in wanted]))
                 yield from self.layout.from_lake(batch, names, with_system_columns).to_batches()
 
     def buckets(self, snapshot_id: int) -> list[tuple[str | None, int]]:

@@ -35,7 +35,6 @@ from typing import Any
 
 import lance
 import pyarrow as pa
-import pyarrow.fs as pafs
 from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 from lance.fragment import FragmentMetadata, write_fragments
@@ -58,7 +57,8 @@ from strom.lake.format import (
     LakeWriteResult,
     commit_base,
 )
-from strom.lake.layout import BUCKET_COLUMN, SYSTEM_COLUMNS, LakeLayout
+from strom.lake.layout import SYSTEM_COLUMNS, LakeLayout
+from strom.lake.locations import filesystem, pin_warehouse
 from strom.metadata.table_info import TableInfo
 from strom.table_properties import datalake_option_prefix
 
@@ -86,14 +86,11 @@ class LanceLakeFormat(LakeFormat):
 
     def __init__(self, options: Mapping[str, str], limits: FileLimits | None = None) -> None:
         options = {key: value for key, value in options.items() if value is not None}
-        warehouse = options.pop("warehouse", "").strip()
-        if not warehouse:
+        self.warehouse = pin_warehouse(options.pop("warehouse", ""))
+        if not self.warehouse:
             raise InvalidConfigError(
                 "the lance lake format needs 'table.datalake.lance.warehouse' (server option datalake.lance.warehouse)"
             )
-        if "://" not in warehouse:
-            warehouse = os.path.abspath(warehouse)  # Spark tasks may run in another working directory
-        self.warehouse = warehouse.rstrip("/")
         self.file_sizes: dict[str, int] = {}
         for key, argument in FILE_SIZE_OPTIONS.items():
             if key in options:
@@ -298,15 +295,7 @@ class LanceLakeTable(LakeTable):
                 yield from self.layout.from_lake(batch, names, with_system_columns).to_batches()
 
     def buckets(self, snapshot_id: int) -> list[tuple[str | None, int]]:
-        keys = self.layout.partition_columns
-        table = self.dataset(snapshot_id).to_table(columns=keys)
-        if not table.num_rows:
-            return []
-        found = set()
-        for row in table.group_by(keys).aggregate([]).to_pylist():
-            values = {key: str(row[key]).lower() if isinstance(row[key], bool) else str(row[key]) for key in keys}
-            found.add((self.layout.partition_name(values), row[BUCKET_COLUMN]))
-        return sorted(found, key=lambda pair: (pair[0] or "", pair[1]))
+        return self.layout.buckets_in(self.dataset(snapshot_id).to_table(columns=self.layout.partition_columns))
 
     def read(self, snapshot_id: int | None = None) -> pa.Table:
         return self.dataset(snapshot_id).to_table()
@@ -343,10 +332,7 @@ def delete_data_files(table: LanceLakeTable, paths: Sequence[str]) -> None:
     """Delete fragment data files (named relative to the dataset's data directory)."""
     if not paths:
         return
-    if "://" in table.uri:
-        fs, root = pafs.FileSystem.from_uri(table.uri)
-    else:
-        fs, root = pafs.LocalFileSystem(), table.uri
+    fs, root = filesystem(table.uri)
     for path in paths:
         with contextlib.suppress(FileNotFoundError, OSError):
             fs.delete_file(f"{root.rstrip('/')}/{_DATA_DIRECTORY}/{path}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -120,6 +121,18 @@ def _cast(array: pa.Array | pa.ChunkedArray, *steps: pa.DataType) -> pa.Array | 
         if array.type != step:
             array = array.cast(step, safe=False)  # unsafe: sub-microsecond digits are dropped on purpose
     return array
+
+
+Rows = TypeVar("Rows", pa.RecordBatch, pa.Table)
+
+
+def with_null_columns(rows: Rows, schema: pa.Schema) -> Rows:
+    """``rows`` with every column of ``schema`` they lack appended as nulls of its type: rows written
+    before an ADD COLUMN, read with the table's newer schema."""
+    for name in schema.names:
+        if name not in rows.schema.names:
+            rows = rows.append_column(schema.field(name), pa.nulls(rows.num_rows, schema.field(name).type))
+    return rows
 
 
 def added_columns(actual: Sequence[str], expected: Sequence[str], layout: LakeLayout) -> list[str]:
@@ -247,6 +260,16 @@ class LakeLayout:
         millis = pc.max_element_wise(timestamps.cast(pa.int64()), pa.scalar(-1, pa.int64()))
         columns.append(pc.multiply(millis, MICROS_PER_MILLI).cast(pa.timestamp("us", tz="UTC")))
         return pa.Table.from_arrays(columns, schema=self.schema)
+
+    def buckets_in(self, rows: pa.Table) -> list[tuple[str | None, int]]:
+        """(partition name, bucket) of every distinct value of :attr:`partition_columns` in ``rows``,
+        sorted (what :meth:`~strom.lake.format.LakeTable.buckets` lists)."""
+        keys = self.partition_columns
+        found = set()
+        for row in rows.select(keys).group_by(keys).aggregate([]).to_pylist():
+            values = {key: str(row[key]).lower() if isinstance(row[key], bool) else str(row[key]) for key in keys}
+            found.add((self.partition_name(values), row[BUCKET_COLUMN]))
+        return sorted(found, key=lambda pair: (pair[0] or "", pair[1]))
 
     def keys_to_lake(self, keys: pa.Table) -> pa.Table:
         """Primary-key columns of ``keys`` (strom types) in lake types, to compare with stored keys."""

@@ -33,7 +33,6 @@ import base64
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import EllipsisType
@@ -41,7 +40,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 from pypaimon_rust.datafusion import CommitMessage, PaimonCatalog, SQLContext
 
 from strom.errors import InvalidConfigError, InvalidTableError
@@ -68,7 +66,9 @@ from strom.lake.layout import (
     TIMESTAMP_COLUMN,
     LakeLayout,
     added_columns,
+    with_null_columns,
 )
+from strom.lake.locations import filesystem, pin_warehouse
 from strom.metadata.table_info import TableInfo
 from strom.records import types as fluss
 from strom.table_properties import DATALAKE_OPTION_PREFIX
@@ -171,16 +171,14 @@ class PaimonLakeFormat(LakeFormat):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         properties = {key: value for key, value in options.items() if value is not None}
-        warehouse = properties.get("warehouse", "").strip()
+        warehouse = pin_warehouse(properties.get("warehouse", ""), local_scheme="file://")  # pypaimon-rust wants a URL
         if not warehouse and properties.get("metastore", "filesystem") == "filesystem":
             raise InvalidConfigError(
                 "the paimon lake format needs 'table.datalake.paimon.warehouse' (server option "
                 "datalake.paimon.warehouse) or another metastore ('datalake.paimon.metastore' and its options)"
             )
         if warehouse:
-            if "://" not in warehouse:
-                warehouse = "file://" + os.path.abspath(warehouse)  # Spark tasks run in other directories
-            properties["warehouse"] = warehouse.rstrip("/")
+            properties["warehouse"] = warehouse
         self.catalog_options = properties
 
     def table(self, info: TableInfo) -> PaimonLakeTable:
@@ -351,14 +349,14 @@ class PaimonLakeTable(LakeTable):
         return snapshot_id
 
     def _write_properties(self, location: str, identifier: int, properties: Mapping[str, str]) -> None:
-        fs, root = _filesystem(location)
+        fs, root = filesystem(location)
         directory = f"{root}/{COMMITS_DIRECTORY}"
         fs.create_dir(directory, recursive=True)
         with fs.open_output_stream(f"{directory}/{identifier}.json") as out:
             out.write(json.dumps(dict(properties), sort_keys=True).encode())
 
     def _read_properties(self, location: str, identifier: int) -> dict[str, str] | None:
-        fs, root = _filesystem(location)
+        fs, root = filesystem(location)
         try:
             with fs.open_input_stream(f"{root}/{COMMITS_DIRECTORY}/{identifier}.json") as source:
                 return dict(json.loads(source.read()))
@@ -380,7 +378,7 @@ class PaimonLakeTable(LakeTable):
 
     # ---- reading ----
     def _snapshot_document(self, location: str, snapshot_id: int) -> dict[str, Any] | None:
-        fs, root = _filesystem(location)
+        fs, root = filesystem(location)
         try:
             with fs.open_input_stream(f"{root}/snapshot/snapshot-{snapshot_id}") as source:
                 return dict(json.loads(source.read()))
@@ -449,9 +447,8 @@ class PaimonLakeTable(LakeTable):
             # the filter prunes files; rows of a dynamic-bucket table share files across buckets
             batch = batch.filter(pc.equal(batch.column(BUCKET_COLUMN), bucket))
             if batch.num_rows:
-                for name in wanted:
-                    if name not in present:
-                        batch = batch.append_column(name, pa.nulls(batch.num_rows, self.layout.table_schema.field(name).type))
+                missing = pa.schema([self.layout.table_schema.field(name) for name in wanted if name not in present])
+                batch = with_null_columns(batch, missing)
                 yield from self._from_paimon(batch, names, with_system_columns).to_batches()
 
     def _snapshot_columns(self, snapshot_id: int) -> set[str] | None:
@@ -460,7 +457,7 @@ class PaimonLakeTable(LakeTable):
         document = self._snapshot_document(location, snapshot_id)
         if document is None or "schemaId" not in document:
             return None
-        fs, root = _filesystem(location)
+        fs, root = filesystem(location)
         try:
             with fs.open_input_stream(f"{root}/schema/schema-{int(document['schemaId'])}") as source:
                 schema = json.loads(source.read())
@@ -485,9 +482,7 @@ class PaimonLakeTable(LakeTable):
         keys = self.layout.partition_columns
         found = set()
         for batch in self._scan(snapshot_id, keys, []):
-            for row in pa.Table.from_batches([batch]).group_by(keys).aggregate([]).to_pylist():
-                values = {key: str(row[key]).lower() if isinstance(row[key], bool) else str(row[key]) for key in keys}
-                found.add((self.layout.partition_name(values), row[BUCKET_COLUMN]))
+            found.update(self.layout.buckets_in(pa.Table.from_batches([batch])))
         return sorted(found, key=lambda pair: (pair[0] or "", pair[1]))
 
     def read(self, snapshot_id: int | None = None) -> pa.Table:
@@ -501,15 +496,6 @@ class PaimonLakeTable(LakeTable):
     def _paimon_schema(self) -> pa.Schema:
         return pa.schema([*self.layout.table_schema, pa.field(BUCKET_COLUMN, pa.int32()),
                           pa.field(OFFSET_COLUMN, pa.int64()), pa.field(TIMESTAMP_COLUMN, _TIMESTAMP_TYPE)])
-
-
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    if location.startswith("file://"):
-        return pafs.LocalFileSystem(), location.removeprefix("file://").rstrip("/")
-    if "://" not in location:
-        return pafs.LocalFileSystem(), location.rstrip("/")
-    fs, root = pafs.FileSystem.from_uri(location)
-    return fs, root.rstrip("/")
 
 
 def _placeholder(arrow_type: pa.DataType, count: int) -> pa.Array:
