@@ -123,6 +123,19 @@ def string_option(key: str, default: str | None, description: str) -> ConfigOpti
     return _option(key, default, description, lambda v: None if v is None else str(v), "String")
 
 
+def string_list_option(key: str, description: str) -> ConfigOption[tuple[str, ...] | None]:
+    """Strings separated by commas (or a YAML list), unset by default. Entries are kept as given, empty ones
+    included: the component that uses them says what it refuses."""
+
+    def parse(value: Any) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        entries = value if isinstance(value, (list, tuple)) else str(value).split(",")
+        return tuple(str(entry).strip() for entry in entries)
+
+    return _option(key, None, description, parse, "List<String>")
+
+
 def choice_option(key: str, default: str, choices: tuple[str, ...], description: str,
                   refused: Mapping[str, str] | None = None) -> ConfigOption[str]:
     """A string from ``choices`` (compared case-insensitively, stored lower-case); ``refused``: values a user
@@ -163,7 +176,19 @@ ADVERTISED_HOST = string_option(
     "advertised.host", None,
     "Host name clients are told to connect to; defaults to the bind host (strom extension).",
 )
-DATA_DIR = string_option("data.dir", None, "Local directory for logs, RocksDB instances and the metadata store.")
+DATA_DIR = string_option(
+    "data.dir", None,
+    "Local directory for logs, RocksDB instances and the metadata store; with `data.dirs` set it keeps the "
+    "metadata store, snapshot staging and the default remote storage and lake, and the buckets go to `data.dirs`.",
+)
+DATA_DIRS = string_list_option(
+    "data.dirs",
+    "Local directories (comma-separated) a tablet server keeps its buckets in, logs and RocksDB instances: a "
+    "new bucket goes to the one with the fewest buckets of its kind (KV buckets for primary-key tables, logs "
+    "for log tables; ties to the first listed), an existing one stays where it is. Takes precedence over "
+    "`data.dir` for buckets; unset: `data.dir` is the only one. Paths must not repeat or nest; one that "
+    "cannot be used at start is offline (logged) and the server starts without it (docs/reliability.md).",
+)
 REMOTE_DATA_DIR = string_option(
     "remote.data.dir", None,
     "Remote storage for KV snapshots: a local path or an fsspec URL (e.g. s3://bucket/strom). "
@@ -594,6 +619,14 @@ KV_ROCKSDB_WRITE_BUFFER_SIZE = memory_option(
 KV_ROCKSDB_WRITE_BUFFER_COUNT = int_option(
     "kv.rocksdb.writebuffer.count", 2, "Memtables a bucket's RocksDB holds at most (active and being flushed).",
     minimum=2,
+)
+KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER = int_option(
+    "kv.backpressure.l0-slowdown-trigger", 8,
+    "Level-0 files of a bucket's RocksDB at which its PutKv answers start carrying Fluss's `pressure` signal, "
+    "rising step by step to RocksDB's own slowdown trigger (20), so writers slow down before RocksDB stalls "
+    "them; 20 or more turns the signal off. Writes that would bring the level-0 files, memtables and the "
+    "bucket's pre-write buffer to 20 are refused with StorageBackpressure (72, retriable) whatever its value.",
+    minimum=0,
 )
 KV_ROCKSDB_USE_BLOOM_FILTER = bool_option(
     "kv.rocksdb.use-bloom-filter", True,

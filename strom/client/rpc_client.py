@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from strom.client.backpressure import MAX_THROTTLE_DEFAULT, MAX_THROTTLE_KEY, BucketThrottle
 from strom.client.metadata import MetadataCache
 from strom.config import parse_duration
 from strom.errors import (
@@ -77,6 +78,10 @@ class ClusterRpc:
         self._connections: dict[str, RpcConnection] = {}
         self._connecting: dict[str, asyncio.Future[RpcConnection]] = {}
         self.metadata = MetadataCache(self)
+        self.write_throttle = BucketThrottle(
+            parse_duration(config.get(MAX_THROTTLE_KEY, MAX_THROTTLE_DEFAULT)).total_seconds()
+        )
+        """Buckets whose writes wait for their server's back-pressure (strom/client/backpressure.py)."""
         self._closed = False
 
     @property

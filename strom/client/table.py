@@ -36,10 +36,18 @@ class TableUpsert:
     def __init__(self, table: Table) -> None:
         self._table = table
         self._targets: list[int] | None = None
+        self._merge_mode = "default"
 
     def partial_update(self, columns: Sequence[int | str]) -> TableUpsert:
         """Only write these columns (they must include the primary key); others keep their values."""
         self._targets = self._table.layout.column_indexes(columns)
+        return self
+
+    def merge_mode(self, mode: str) -> TableUpsert:
+        """``overwrite``: rows replace the stored ones, bypassing the table's merge engine (Fluss's
+        MergeMode.OVERWRITE, for undoing merged writes; deletes are then always allowed); ``default``: the
+        merge engine applies. Overwrite needs a table with a merge engine."""
+        self._merge_mode = mode
         return self
 
     partial_update_by_name = partial_update
@@ -47,7 +55,7 @@ class TableUpsert:
 
     def create_writer(self, replayable: ReplayableWriterId | None = None) -> UpsertWriter:
         """``replayable``: write under a writer identity of the caller's (see :class:`ReplayableWriterId`)."""
-        return UpsertWriter(self._table, self._targets, replayable)
+        return UpsertWriter(self._table, self._targets, replayable, self._merge_mode)
 
 
 class TableAppend:

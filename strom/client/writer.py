@@ -25,6 +25,7 @@ from strom.errors import (
     LeaderNotAvailableError,
     OutOfOrderSequenceError,
     RetriableError,
+    StorageBackpressureError,
     StromError,
     error_for_code,
 )
@@ -34,6 +35,7 @@ from strom.records.kv_batch import build_kv_batch
 from strom.records.log_batch import REPLAYABLE_RUNS_MAX, REPLAYABLE_WRITER_ID_MIN, RUN_SEQUENCE_SPAN
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
+from strom.table_properties import MERGE_ENGINE
 
 BATCH_ROWS_MAX = 10_000
 RETRIES_MAX = 40
@@ -43,6 +45,11 @@ CHUNKS_IN_FLIGHT_MAX = 4
 OUT_OF_ORDER_RETRIES_MAX = 3
 ACKS_ALL = -1
 REQUEST_TIMEOUT_MS = 30_000
+STORAGE_BACKPRESSURE = StorageBackpressureError.code
+AGG_MODE_OVERWRITE = 1
+MERGE_MODES = ("default", "overwrite")
+"""How an upsert writer's rows meet the stored ones (Fluss's MergeMode): through the table's merge engine,
+or replacing them (``overwrite``: PutKv ``agg_mode`` 1, to undo what an earlier write merged)."""
 
 
 class WriteResultHandle:
@@ -263,6 +270,7 @@ class _Writer:
     ) -> None:
         pending = list(batches)
         for attempt in range(RETRIES_MAX + 1):
+            await self._connection.write_throttle.wait(batch.bucket for batch in pending)
             by_leader: dict[str, list[_BucketBatch]] = {}
             failures: list[tuple[_BucketBatch, StromError]] = []
             for batch in pending:
@@ -290,7 +298,8 @@ class _Writer:
                     isinstance(error, OutOfOrderSequenceError) and attempt < OUT_OF_ORDER_RETRIES_MAX
                 )
                 if retry and attempt < RETRIES_MAX:
-                    self._connection.metadata.invalidate(batch.bucket)
+                    if not isinstance(error, StorageBackpressureError):  # the leader is right, only busy
+                        self._connection.metadata.invalidate(batch.bucket)
                     pending.append(batch)
                 else:
                     _resolve_batch(batch, error)
@@ -341,7 +350,20 @@ class _Writer:
                 entry.partition_id = batch.bucket.partition_id
             by_bucket[(batch.bucket.partition_id, batch.bucket.bucket)] = batch
         response = await self._connection.request(address, key, request)
+        if key == ApiKey.PUT_KV:
+            self._report_pressure(response.buckets_resp)
         return _collect(response.buckets_resp, by_bucket)
+
+    def _report_pressure(self, responses: Any) -> None:
+        """Each answered bucket's back-pressure (strom/client/backpressure.py)."""
+        throttle = self._connection.write_throttle
+        table_id = self._table.layout.info.table_id
+        for entry in responses:
+            bucket = TableBucket(table_id, entry.bucket_id, entry.partition_id if entry.HasField("partition_id") else None)
+            if entry.HasField("error_code") and entry.error_code == STORAGE_BACKPRESSURE:
+                throttle.refused(bucket)
+            else:
+                throttle.report(bucket, entry.pressure if entry.HasField("pressure") else 0.0)
 
     async def flush(self) -> None:
         """Send everything buffered and wait until all of it is acknowledged; raises the first error."""
@@ -395,12 +417,18 @@ class UpsertWriter(_Writer):
     """Upserts and deletes on a primary-key table; ``partial_update`` writers touch only their columns."""
 
     def __init__(
-        self, table: TableHandle, target_columns: list[int] | None = None, replayable: ReplayableWriterId | None = None
+        self, table: TableHandle, target_columns: list[int] | None = None, replayable: ReplayableWriterId | None = None,
+        merge_mode: str = "default",
     ) -> None:
         super().__init__(table, replayable)
         layout = table.layout
         if not layout.primary_key:
             raise ValueError(f"table {layout.info.path} has no primary key; use an append writer")
+        if merge_mode not in MERGE_MODES:
+            raise ValueError(f"merge_mode must be one of {', '.join(MERGE_MODES)}, got {merge_mode!r}")
+        if merge_mode == "overwrite" and MERGE_ENGINE not in layout.info.properties:
+            raise ValueError(f"merge mode overwrite is only for tables with a merge engine; {layout.info.path} has none")
+        self._overwrite = merge_mode == "overwrite"
         if target_columns is not None:
             missing = [i for i in layout.key_indexes if i not in target_columns]
             if missing:
@@ -537,6 +565,8 @@ class UpsertWriter(_Writer):
         request = pb.PutKvRequest(acks=ACKS_ALL, table_id=self._table.layout.info.table_id, timeout_ms=REQUEST_TIMEOUT_MS)
         if self._targets is not None:
             request.target_columns.extend(self._targets)
+        if self._overwrite:
+            request.agg_mode = AGG_MODE_OVERWRITE
         return await self._exchange(address, ApiKey.PUT_KV, request, group)
 
 

@@ -25,9 +25,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strom.errors import DeletionDisabledError, KvStorageError, MalformedRowError
+from strom.errors import DeletionDisabledError, KvStorageError, MalformedRowError, StorageBackpressureError
 from strom.kv import changelog, kv_loops
 from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, IdAllocator, IdCounter
+from strom.kv.backpressure import BackpressureConfig, BucketBackpressure
 from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
@@ -82,9 +83,11 @@ class KvConfig:
     """``table.merge-engine`` and its options; the default engine (last write wins) without them."""
     auto_increment: AutoIncrementSpec | None = None
     """The table's auto-increment column, if it has one."""
+    l0_slowdown_trigger: int = 8
+    """``kv.backpressure.l0-slowdown-trigger``: level-0 files at which puts start reporting pressure."""
 
     @classmethod
-    def for_table(cls, table: TableInfo, rocksdb: RocksDbOptions) -> KvConfig:
+    def for_table(cls, table: TableInfo, rocksdb: RocksDbOptions, l0_slowdown_trigger: int = 8) -> KvConfig:
         """A table's KV options, with the delete behaviour its merge engine implies when none is set."""
         merge = merge_options.validate(table.schema, table.properties)
         return cls(
@@ -93,7 +96,13 @@ class KvConfig:
             changelog_image=table.options.changelog_image,
             merge=merge,
             auto_increment=AutoIncrementSpec.for_table(table),
+            l0_slowdown_trigger=l0_slowdown_trigger,
         )
+
+    @property
+    def backpressure(self) -> BackpressureConfig:
+        return BackpressureConfig(self.l0_slowdown_trigger, self.rocksdb.write_buffer_size_bytes,
+                                  self.rocksdb.write_buffer_count)
 
 
 @dataclass(slots=True)
@@ -102,6 +111,8 @@ class _PendingBatch:
     keys: list[bytes]
     values: list[bytes | None]
     row_count_delta: int
+    size_bytes: int
+    """What the batch weighs in the pre-write buffer (its request's bytes)."""
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -193,6 +204,9 @@ class KvTablet:
         # order), and an index over them built only when a request needs it.
         self._pending: list[_PendingBatch] = []
         self._pending_index: dict[bytes, bytes | None] | None = None
+        self._pending_bytes = 0
+        """What the pending batches weigh (their requests' bytes): the pre-write buffer's memory debt."""
+        self.backpressure = BucketBackpressure(self._read_property, config.backpressure)
         self._applied_offset = self._read_meta_int(APPLIED_OFFSET_KEY)
         self._row_count = self._read_meta_int(ROW_COUNT_KEY)
         if row_cache is not None and self._holds_no_rows():
@@ -280,7 +294,8 @@ class KvTablet:
         data = self.log.read_range(start, end, 1 << 62, unacknowledged=True)
         held = 0
         for header, keys, values, delta in self._batch_changes(data, start):
-            self._pending.append(_PendingBatch(header.next_offset, keys, values, delta))
+            self._pending.append(_PendingBatch(header.next_offset, keys, values, delta, header.size_bytes))
+            self._pending_bytes += header.size_bytes
             held += len(keys)
         self._pending_index = None
         if held:
@@ -341,9 +356,15 @@ class KvTablet:
         writer_id: int,
         batch_sequence: int,
         now_ms: int,
+        size_bytes: int = 0,
+        *,
+        overwrite: bool = False,
     ) -> AppendResult:
         """Turn one request's records into a changelog batch and append it; values wait in the pre-write
         buffer until the log's high watermark passes them (:meth:`acknowledgement` waits for that).
+        ``size_bytes``: the records' size on the wire (what they weigh in the pre-write buffer);
+        ``overwrite``: bypass the table's merge engine, each row replacing the stored one and deletes always
+        allowed (Fluss's ``agg_mode`` OVERWRITE, which writers use to undo what they wrote).
 
         Raises DuplicateSequenceError / OutOfOrderSequenceError (nothing written) for a replayed or
         skipped writer sequence, RequestTimeoutError (retriable) for a replay whose original is not applied
@@ -358,9 +379,10 @@ class KvTablet:
         self._check_open()
         # a retry is acknowledged (DUPLICATE_SEQUENCE) only once the original is visible in RocksDB
         self.log.check_writers([(writer_id, batch_sequence)], self._applied_offset)
-        if self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
+        if not overwrite and self._config.delete_behavior == "DISABLE" and any(v is None for v in values):
             raise DeletionDisabledError("deletes are disabled on this table (table.delete.behavior=DISABLE)")
-        ignore_deletes = self._config.delete_behavior == "IGNORE"
+        ignore_deletes = not overwrite and self._config.delete_behavior == "IGNORE"
+        merger = None if overwrite else self._merger
         if schema_id != self._format.schema_id:  # a writer whose metadata predates a column change
             values = self._format.current_rows(schema_id, values)
             schema_id = self._format.schema_id
@@ -370,8 +392,8 @@ class KvTablet:
             old_values = self._current_values(keys)
             values = self._auto_increment.assign(keys, values, old_values, deletes_remove=not ignore_deletes)
         prefix = SCHEMA_ID.pack(schema_id)
-        if self._merger is not None or target_columns:  # rows decoded and merged per row, in Python
-            rule = (self._merger.configure(target_columns) if self._merger is not None
+        if merger is not None or target_columns:  # rows decoded and merged per row, in Python
+            rule = (merger.configure(target_columns) if merger is not None
                     else self._partial(target_columns or ()))
             change_types, rows, new_keys, new_values = changelog.emit(
                 keys, values, old_values if old_values is not None else self._current_values(keys), prefix, rule,
@@ -403,7 +425,8 @@ class KvTablet:
         headers = list(log_batch.iter_batches(data, verify_crc=False))
         result = self.log.append(data, headers, now_ms)
         delta = change_types.count(ChangeType.INSERT) - change_types.count(ChangeType.DELETE)
-        self._pending.append(_PendingBatch(result.next_offset, new_keys, new_values, delta))
+        self._pending.append(_PendingBatch(result.next_offset, new_keys, new_values, delta, size_bytes))
+        self._pending_bytes += size_bytes
         if self._pending_index is not None:  # kept up to date, not rebuilt by every request of a group commit
             self._pending_index.update(zip(new_keys, new_values, strict=True))
         return result
@@ -533,6 +556,7 @@ class KvTablet:
         if self._cache is not None and not self._closed:  # write-through, in log order: later batches win
             for pending in self._pending[:durable_count]:
                 self._cache.put_many(self._cache_token, pending.keys, pending.values)
+        self._pending_bytes -= sum(pending.size_bytes for pending in self._pending[:durable_count])
         del self._pending[:durable_count]
         self._pending_index = None
         self._applied_offset = applied_to
@@ -579,14 +603,16 @@ class KvTablet:
             self._writes_held = False
             self._apply_committed()
 
-    def stage_put(self, batches: Sequence[KvBatch], target_columns: Sequence[int] | None, now_ms: int) -> StagedPut:
+    def stage_put(self, batches: Sequence[KvBatch], target_columns: Sequence[int] | None, now_ms: int,
+                  *, overwrite: bool = False) -> StagedPut:
         """One PutKv's batches of this bucket, appended in order up to the first that fails; the wait for
         them to be committed and applied is requested at once (:meth:`acknowledgement`)."""
         result: AppendResult | None = None
         try:
             for batch in batches:
                 result = self.prepare_put(batch.keys, batch.values, batch.schema_id, target_columns,
-                                          batch.writer_id, batch.batch_sequence, now_ms)
+                                          batch.writer_id, batch.batch_sequence, now_ms, batch.size_bytes,
+                                          overwrite=overwrite)
         except Exception as exc:
             error: BaseException | None = exc
         else:
@@ -628,6 +654,31 @@ class KvTablet:
 
         committed.add_done_callback(settle)
         return applied
+
+    # ---- back-pressure ----
+    def _read_property(self, name: str) -> str | None:
+        return None if self._closed else self._db.property(name)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """What the pre-write buffer holds: changelog batches appended, not in RocksDB yet."""
+        return self._pending_bytes
+
+    def check_write_budget(self, size_bytes: int) -> None:
+        """Raises StorageBackpressureError (retriable, nothing appended) when taking ``size_bytes`` more
+        would bring this bucket's level-0 files, memtables and pre-write buffer to RocksDB's slowdown
+        trigger (Fluss's admission rule, strom/kv/backpressure.py)."""
+        if self.backpressure.over_budget(self._pending_bytes + size_bytes):
+            self.backpressure.rejections += 1
+            raise StorageBackpressureError(
+                f"Write rejected for {self.directory.name}: the bucket's write budget is spent "
+                f"({self.backpressure.l0_files} level-0 files, {self._pending_bytes} bytes not in RocksDB yet); "
+                "retry after a back-off"
+            )
+
+    def pressure(self) -> float:
+        """The back-pressure signal a put answered now carries (0: none)."""
+        return self.backpressure.pressure(self._pending_bytes)
 
     # ---- reads ----
     def lookup(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -698,7 +749,7 @@ class KvTablet:
         and pending values keep the schema they were written with and are upgraded wherever they are read."""
         self._format = row_format
         self._config = KvConfig(self._config.rocksdb, config.delete_behavior, config.changelog_image, config.merge,
-                                config.auto_increment)
+                                config.auto_increment, self._config.l0_slowdown_trigger)
         self._merger = create_row_merger(config.merge, row_format)
         if self._auto_increment is not None and config.auto_increment is not None:
             self._auto_increment = AutoIncrementAssigner(config.auto_increment, self._auto_increment.ids, row_format)

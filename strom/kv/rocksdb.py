@@ -98,6 +98,10 @@ class KvDatabase(Protocol):
     def flush(self) -> None:
         """Both column families' memtables to SST files, together, waiting for it."""
 
+    def property(self, name: str) -> str | None:
+        """A RocksDB property of the rows' column family (``rocksdb.num-files-at-level0``, …); None if
+        RocksDB does not know it."""
+
     def checkpoint(self, directory: str) -> None:
         """A consistent copy in the new ``directory`` (SST files hard-linked)."""
 
@@ -240,6 +244,9 @@ class RocksdictDatabase:
 
     def checkpoint(self, directory: str) -> None:
         rocksdict.Checkpoint(self._db).create_checkpoint(directory)
+
+    def property(self, name: str) -> str | None:
+        return self._db.property_value(name)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         if self._meta is None:

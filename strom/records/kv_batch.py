@@ -46,6 +46,8 @@ class KvBatch:
     batch_sequence: int
     keys: list[bytes]
     values: list[bytes | None]
+    size_bytes: int = 0
+    """The batch's bytes on the wire: what its rows weigh in the pre-write buffer (back-pressure)."""
 
 
 def parse_kv_batches(buffer: bytes | memoryview) -> list[KvBatch]:
@@ -69,7 +71,7 @@ def parse_kv_batches(buffer: bytes | memoryview) -> list[KvBatch]:
         if count < 0:
             raise CorruptRecordError(f"kv batch record count {count} is negative")
         keys, values = _parse_records(view, position + KV_HEADER_SIZE_BYTES, batch_end, count)
-        batches.append(KvBatch(schema_id, writer_id, sequence, keys, values))
+        batches.append(KvBatch(schema_id, writer_id, sequence, keys, values, batch_end - position))
         position = batch_end
     return batches
 

@@ -170,15 +170,17 @@ class RpcConnection:
     def server_supports(self, key: ApiKey) -> bool:
         return int(key) in self._server_versions
 
-    async def request(self, key: ApiKey, message: Message | EncodedRequest, *, timeout_ms: int = 30_000) -> Any:
-        """Send ``message`` as api ``key`` at the highest version both sides know; return the response (for
-        an EncodedRequest, what its ``parse`` makes of the body)."""
+    async def request(
+        self, key: ApiKey, message: Message | EncodedRequest, *, timeout_ms: int = 30_000, version: int | None = None
+    ) -> Any:
+        """Send ``message`` as api ``key`` at ``version`` (default: the highest version both sides know); return
+        the response (for an EncodedRequest, what its ``parse`` makes of the body)."""
         versions = self._server_versions.get(int(key))
         if versions is None:
             raise UnsupportedVersionError(f"server {self.address} does not support {key.name}")
         cls = response_class(key)
         assert cls is not None, key
-        return await self._send(key, versions.max_version, message, cls, timeout_ms)
+        return await self._send(key, versions.max_version if version is None else version, message, cls, timeout_ms)
 
     async def _send(
         self, key: ApiKey, version: int, message: Message | EncodedRequest, cls: type[M], timeout_ms: int

@@ -51,7 +51,13 @@ from strom.coordinator.remote_tablets import RemoteTabletServers
 from strom.coordinator.replica_mover import ReplicaMover
 from strom.coordinator.role import CoordinatorRole
 from strom.coordinator.service import CoordinatorService
-from strom.errors import InvalidConfigError, InvalidCoordinatorError, NotCoordinatorLeaderError, StromError
+from strom.errors import (
+    InvalidConfigError,
+    InvalidCoordinatorError,
+    NotCoordinatorLeaderError,
+    StorageError,
+    StromError,
+)
 from strom.ids import TableBucket
 from strom.kv import rocksdb
 from strom.membership.contract import CoordinatorDirectory, RegisteredServer, ServerRegistry
@@ -83,6 +89,7 @@ from strom.tablet.cluster_tablet import (
     remove_dropped_table_data,
     remove_moved_bucket_data,
 )
+from strom.tablet.data_dirs import configured_paths
 from strom.tablet.remote_log_manager import handle_reader
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
@@ -470,7 +477,7 @@ class TabletServerNode(_ClusterProcess):
         return -1 if epoch is None else epoch
 
     async def start(self) -> None:
-        self.paths.tablets.mkdir(parents=True, exist_ok=True)
+        configured_paths(self.config, self.paths.data_dir)  # a bad data.dirs stops the start before anything opens
         store, backend = await off_loop(self._open)  # opens the store: blocks
         config = self.config  # with the cluster configs changed at run time
         assert self.security is not None and self.membership is not None
@@ -490,7 +497,7 @@ class TabletServerNode(_ClusterProcess):
         self.catalog = CatalogReader(store, placement, cache_max_age_s=TABLET_SERVER_METADATA_MAX_AGE_S)
         tables = ClusterTables(store, states, self.server_id, self.catalog.table_info_by_id)
         self.tablets = tablets = TabletRole(
-            self.paths.tablets, config, self.clock, remote, scanner_config(config), committer.latest_snapshot_now,
+            self.paths.data_dir, config, self.clock, remote, scanner_config(config), committer.latest_snapshot_now,
             store.next_id, resolve_bucket=tables.resolve,
         )
         self.replicas = tablets.replicas
@@ -504,7 +511,7 @@ class TabletServerNode(_ClusterProcess):
         )
         tablets.tablet.serve_followers(replication.on_follower_fetch, replication.in_sync_count)
         placed = placed_tables(store, self.catalog.table_info_by_id)
-        removed = remove_dropped_table_data(self.paths.tablets, {table.table_id for table, _ in placed})
+        removed = remove_dropped_table_data(tablets.directories, {table.table_id for table, _ in placed})
         if removed:
             log.info("removed the data of %d tables dropped while this server was down", len(removed))
         moved = remove_moved_bucket_data(self.replicas, tables, placed)
@@ -512,7 +519,10 @@ class TabletServerNode(_ClusterProcess):
             log.info("removed %d bucket copies moved to other servers while this server was down", len(moved))
         for table, buckets in tables.assigned(placed):  # lead or follow each as ZooKeeper says
             for bucket in buckets:
-                await replication.apply(table, bucket)
+                try:
+                    await replication.apply(table, bucket)
+                except StorageError as exc:  # led here, on a data directory that is offline: the others serve
+                    log.error("%s: %s", bucket, exc)
         replication.start()
         control = TabletControlService(
             self.replicas, self.catalog.resolve_table_by_id, tablets.stop_replicas, replication, self.catalog

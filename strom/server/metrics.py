@@ -103,6 +103,7 @@ class StromCollector(Collector):
         yield CounterMetricFamily("strom_kv_row_cache_bypasses",
                                   "Times a bucket whose existing keys mostly missed started bypassing the cache.",
                                   value=cache.bypassed)
+        yield from self._backpressure_families(open_buckets)
         yield from self._lake_families()
         yield from self._remote_log_families(open_buckets)
         rpc = self._rpc()
@@ -111,6 +112,40 @@ class StromCollector(Collector):
             yield GaugeMetricFamily(
                 "strom_rpc_error_responses", "RPC requests answered with an error.", value=rpc.stats.error_responses
             )
+
+    def _backpressure_families(self, open_buckets: list[Replica]) -> Iterator[Metric]:
+        """Per primary-key table: the highest pressure its buckets last answered, the puts refused for
+        their write budget, and what their pre-write buffers hold (strom/kv/backpressure.py)."""
+        pressure = GaugeMetricFamily(
+            "strom_kv_backpressure_pressure",
+            "The highest back-pressure signal a bucket of the table last answered a put with (0 to 1).",
+            labels=["table"],
+        )
+        rejections = CounterMetricFamily(
+            "strom_kv_backpressure_rejections",
+            "Puts refused with StorageBackpressure (72) since the buckets opened.", labels=["table"],
+        )
+        buffered = GaugeMetricFamily(
+            "strom_kv_prewrite_buffer_bytes",
+            "Bytes of changelog batches appended and not in RocksDB yet (waiting for the high watermark).",
+            labels=["table"],
+        )
+        per_table: dict[int, tuple[float, int, int]] = {}
+        for replica in open_buckets:
+            kv = replica.kv_if_open
+            if kv is None:
+                continue
+            high, refused, held = per_table.get(replica.table.table_id, (0.0, 0, 0))
+            per_table[replica.table.table_id] = (max(high, kv.backpressure.last_pressure),
+                                                 refused + kv.backpressure.rejections, held + kv.buffered_bytes)
+        for table_id, (high, refused, held) in sorted(per_table.items()):
+            name = self._table_name(table_id)
+            pressure.add_metric([name], high)
+            rejections.add_metric([name], refused)
+            buffered.add_metric([name], held)
+        yield pressure
+        yield rejections
+        yield buffered
 
     def _remote_log_families(self, open_buckets: list[Replica]) -> Iterator[GaugeMetricFamily]:
         manager = self._remote_logs()

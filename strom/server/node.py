@@ -76,6 +76,7 @@ from strom.server.catalog_access import guard_with_catalog
 from strom.server.listeners import RpcServerFactory, ServerListeners
 from strom.server.metadata_stores import open_store
 from strom.server.metrics import StromCollector, serve_metrics
+from strom.tablet.data_dirs import configured_paths
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler
 from strom.tablet.remote_log_manager import handle_reader
 from strom.tablet.replica import ReplicaManager
@@ -186,6 +187,7 @@ class ServerPaths:
 
     @property
     def tablets(self) -> Path:
+        """The buckets' directory unless ``data.dirs`` names others (strom.tablet.data_dirs)."""
         return self.data_dir / "tablets"
 
     @property
@@ -254,7 +256,7 @@ class StromServer:
         self.config = self.config.with_values({warehouse.key: self._lake_warehouse(self.config.get(warehouse))})
         config = self.config
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
-        self.paths.tablets.mkdir(parents=True, exist_ok=True)
+        configured_paths(config, self.paths.data_dir)  # a bad data.dirs stops the start before anything opens
         zookeeper_address = zookeeper_location(config)
         if zookeeper_address:
             from strom.zk.login import ZooKeeperLogin  # the ZooKeeper room loads only for a ZooKeeper store
@@ -276,7 +278,7 @@ class StromServer:
         # built on a store thread: it loads leases, snapshot records and tiering states from the store
         self.role = role = await off_loop(CoordinatorRole, store, config, self.clock, remote, dynamic)
         self.tablets = tablets = TabletRole(
-            self.paths.tablets, config, self.clock, remote, scanner_config(config), role.snapshot_store.latest,
+            self.paths.data_dir, config, self.clock, remote, scanner_config(config), role.snapshot_store.latest,
             store.next_id,
         )
         self.replicas, self.tablet, self.scans = tablets.replicas, tablets.tablet, tablets.scans

@@ -25,6 +25,7 @@ from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.rpc.peers import ALL_BUCKETS, PeerConnections, ServerNode
 from strom.security.internal import COORDINATOR_NAME
+from strom.tablet.data_dirs import DataDirectories
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
 
@@ -97,23 +98,26 @@ def remove_moved_bucket_data(
     names other replicas); returns what was removed."""
     removed = []
     for table, bucket in tables.moved_away(placed):
-        directory = replicas.replica_directory(table, bucket)
-        if directory.exists():
+        directory = replicas.directories.existing_directory(table, bucket)
+        if directory is not None and directory.exists():
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
+        replicas.directories.forget(bucket)
     return removed
 
 
-def remove_dropped_table_data(tablets_dir: Path, existing_table_ids: set[int]) -> list[Path]:
+def remove_dropped_table_data(directories: DataDirectories, existing_table_ids: set[int]) -> list[Path]:
     """Delete the data of tables dropped while this server was down (``<db>/<table>-<id>`` directories whose
-    table id no longer exists); returns what was removed."""
+    table id no longer exists) from every online data directory; returns what was removed."""
     removed = []
-    for database_dir in (d for d in tablets_dir.iterdir() if d.is_dir()) if tablets_dir.exists() else ():
-        for table_dir in (d for d in database_dir.iterdir() if d.is_dir()):
-            _, _, table_id = table_dir.name.rpartition("-")
-            if table_id.isdigit() and int(table_id) not in existing_table_ids:
-                shutil.rmtree(table_dir, ignore_errors=True)
-                removed.append(table_dir)
+    for tablets_dir in (directory.tablets for directory in directories.online):
+        for database_dir in (d for d in tablets_dir.iterdir() if d.is_dir()) if tablets_dir.exists() else ():
+            for table_dir in (d for d in database_dir.iterdir() if d.is_dir()):
+                _, _, table_id = table_dir.name.rpartition("-")
+                if table_id.isdigit() and int(table_id) not in existing_table_ids:
+                    shutil.rmtree(table_dir, ignore_errors=True)
+                    directories.forget_table(int(table_id))
+                    removed.append(table_dir)
     return removed
 
 

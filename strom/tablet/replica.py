@@ -6,11 +6,16 @@ which can take a while after a crash, so buckets are opened lazily rather than a
 A bucket whose storage failed (a full disk: the log refuses appends, RocksDB refuses writes) keeps serving
 reads from what it has and is reopened — the same recovery as after a crash — on its next use once the
 disk has room again, so writes resume without a restart.
+
+A bucket whose data directory is offline (:mod:`strom.tablet.data_dirs`: gone at start, or vanished while
+running) answers StorageError while this server leads it; a follower starts it over, empty, in an online
+directory, and replication fills it in from the leader.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from strom.config import (
+    KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER,
     KV_ROCKSDB_BINDING,
     KV_ROCKSDB_BLOCK_CACHE_SIZE,
     KV_ROCKSDB_BLOCK_SIZE,
@@ -39,6 +45,7 @@ from strom.errors import (
     InvalidTargetColumnError,
     NonPrimaryKeyTableError,
     NotLeaderOrFollowerError,
+    StorageError,
     UnknownTableOrBucketError,
 )
 from strom.ids import TableBucket
@@ -55,6 +62,7 @@ from strom.records import log_batch
 from strom.records.log_batch import LogBatchHeader
 from strom.records.row_log import LogBatchDecoder
 from strom.remote.storage import RemoteStorage
+from strom.tablet.data_dirs import DataDirectories, DataDirectory
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +90,8 @@ class ReplicaStorage(Protocol):
 
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool: ...
 
+    def replace_offline(self, replica: Replica) -> Path: ...
+
 
 class Replica:
     """One bucket this server leads. Owned by the event loop."""
@@ -100,6 +110,8 @@ class Replica:
         """False while this server follows the bucket's leader (a replicated bucket): clients are refused and
         no KV state is kept; the log is fetched from the leader."""
         self.leader_epoch = 0
+        self.offline: str | None = None
+        """Why its data directory cannot be used (None while it can): a leader refuses with StorageError."""
 
     @property
     def is_open(self) -> bool:
@@ -129,8 +141,34 @@ class Replica:
     def open_log(self) -> LogTablet:
         """Open the log alone (a leader sets its replication limit before its KV state catches up)."""
         if self._log is None:
+            self._check_online()
             self._log = LogTablet.open(self.directory / "log", self._storage.log_config)
         return self._log
+
+    def _check_online(self) -> None:
+        """A bucket whose directory is offline: refused while leading (its data is not here); a follower
+        starts over in another directory (its leader has the data)."""
+        if self.offline is None:
+            return
+        if self.is_leader:
+            raise StorageError(self.offline)
+        self.directory = self._storage.replace_offline(self)
+        self.offline = None
+
+    def go_offline(self, reason: str) -> None:
+        """Its data directory is gone: close what is open (failing the writes that wait on it) and refuse
+        from now on."""
+        self.offline = reason
+        kv, log_tablet, self._kv, self._log = self._kv, self._log, None, None
+        if log_tablet is not None:
+            with contextlib.suppress(Exception):
+                log_tablet.fail_unacknowledged(StorageError(reason))
+        for part in (kv, log_tablet):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception as exc:  # its files are gone: what it still held is lost with them
+                    log.warning("%s: closing after its data directory went offline: %s", self.bucket, exc)
 
     def close_kv(self) -> None:
         """Drop the KV state (this replica now follows): unacknowledged writes die with it; the next time it
@@ -266,7 +304,7 @@ class ReplicaManager:
 
     def __init__(
         self,
-        data_dir: Path,
+        data_dir: Path | DataDirectories,
         config: Configuration,
         remote: RemoteStorage | None = None,
         latest_snapshot: Callable[[TableBucket], CompletedKvSnapshot | None] = lambda bucket: None,
@@ -279,8 +317,10 @@ class ReplicaManager:
         latest KV snapshot; without them a bucket can only be recovered from its local changelog.
         ``before_reopen(bucket)`` runs before a failed bucket is reopened (the scan sessions on it end
         there); ``resolve_bucket(bucket)``, in a cluster, is the table of a bucket assigned to this server
-        that it does not host yet (else None)."""
-        self._data_dir = data_dir
+        that it does not host yet (else None). ``data_dir``: the data directories, or one directory whose
+        buckets lie right under it."""
+        self.directories = data_dir if isinstance(data_dir, DataDirectories) else DataDirectories.plain(data_dir)
+        self.directories.on_offline(self._directory_offline)
         self._config = config
         self._remote = remote
         self._latest_snapshot = latest_snapshot
@@ -314,10 +354,26 @@ class ReplicaManager:
         self.resolve_bucket = resolve_bucket
 
     def replica_directory(self, table: TableInfo, bucket: TableBucket) -> Path:
-        table_dir = self._data_dir / table.path.database_name / f"{table.path.table_name}-{table.table_id}"
-        if bucket.partition_id is not None:
-            table_dir = table_dir / f"p{bucket.partition_id}"
-        return table_dir / str(bucket.bucket)
+        """Where the bucket lives, placed in a data directory now if it has no place yet."""
+        return self.directories.directory_of(table, bucket)
+
+    def replace_offline(self, replica: Replica) -> Path:
+        """A followed bucket whose directory is offline starts over, empty, in an online one."""
+        self.directories.forget(replica.bucket)
+        directory = self.directories.directory_of(replica.table, replica.bucket)
+        log.warning("%s: %s; as a follower it starts over in %s and replication fills it in from the leader",
+                    replica.bucket, replica.offline, directory)
+        return directory
+
+    def _directory_offline(self, directory: DataDirectory) -> None:
+        """A data directory vanished: its buckets close (scan sessions first) and answer StorageError."""
+        for replica in list(self._replicas.values()):
+            reason = self.directories.offline_reason(replica.bucket)
+            if reason is None or replica.stopped or replica.offline is not None:
+                continue
+            if self.before_reopen is not None:
+                self.before_reopen(replica.bucket)
+            replica.go_offline(reason)
 
     def row_format(self, table: TableInfo) -> TableRowFormat:
         key = (table.table_id, table.schema_id)
@@ -327,7 +383,7 @@ class ReplicaManager:
         return row_format
 
     def kv_config(self, table: TableInfo) -> KvConfig:
-        return KvConfig.for_table(table, self._rocksdb)
+        return KvConfig.for_table(table, self._rocksdb, self._config.get(KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER))
 
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool:
         """Put the latest usable snapshot's files in ``kv_dir/rocksdb``; False if there is none.
@@ -354,7 +410,8 @@ class ReplicaManager:
             existing = self._replicas.get(bucket)
             if existing is not None and not existing.stopped:
                 continue
-            self._replicas[bucket] = Replica(table, bucket, self.replica_directory(table, bucket), self)
+            replica = self._replicas[bucket] = Replica(table, bucket, self.replica_directory(table, bucket), self)
+            replica.offline = self.directories.offline_reason(bucket)
 
     def change_table(self, table: TableInfo) -> None:
         """The table changed (columns added, options altered): every hosted bucket serves it from now on."""
@@ -392,6 +449,9 @@ class ReplicaManager:
         if replica is None or replica.stopped:
             raise UnknownTableOrBucketError.not_hosted(bucket)
         replica.open()  # a follower's log only
+        if replica.storage_failure is not None:
+            self.directories.check()  # the failure may be its directory vanishing: then it goes offline now
+            replica.open()
         replica.recover_if_failed(self.before_reopen)
         return replica
 
@@ -408,13 +468,15 @@ class ReplicaManager:
             del self._replicas[replica.bucket]
             replica.close()
         if delete and stopped:
-            directories = {replica.directory for replica in stopped}
+            online = [replica for replica in stopped if replica.offline is None]  # an offline one's is not ours
+            directories = {replica.directory for replica in online}
             if partition_id is None:
                 directories = {replica.directory.parent if replica.bucket.partition_id is None
-                               else replica.directory.parent.parent for replica in stopped}
+                               else replica.directory.parent.parent for replica in online}
             loop = asyncio.get_running_loop()
             for directory in directories:
                 await loop.run_in_executor(None, shutil.rmtree, directory, True)
+            self.directories.forget_table(table_id, partition_id)
 
     async def stop_bucket(self, bucket: TableBucket) -> None:
         """Stop hosting one bucket and delete its data (its replica moved to another server)."""
@@ -424,7 +486,9 @@ class ReplicaManager:
         if self.before_reopen is not None:
             self.before_reopen(bucket)  # scan sessions end before the RocksDB they read closes
         replica.close()
-        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, replica.directory, True)
+        if replica.offline is None:  # an offline directory's files are not touched (another process may own them)
+            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, replica.directory, True)
+        self.directories.forget(bucket)
 
     def close(self) -> None:
         for replica in self._replicas.values():

@@ -30,6 +30,7 @@ from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.rpc.server import Handler
+from strom.tablet.data_dirs import open_configured
 from strom.tablet.disk_guard import DiskWriteGuard
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler, SnapshotCommitter
 from strom.tablet.remote_log_manager import (
@@ -51,7 +52,7 @@ class TabletRole:
 
     def __init__(
         self,
-        tablets_dir: Path,
+        data_dir: Path,
         config: Configuration,
         clock: Clock,
         remote: RemoteStorage,
@@ -60,17 +61,20 @@ class TabletRole:
         id_counter: IdCounter,
         resolve_bucket: Callable[[TableBucket], TableInfo | None] | None = None,
     ) -> None:
-        """``resolve_bucket``: in a cluster, the table of a bucket assigned to this server it does not host
-        yet (:class:`~strom.tablet.replica.ReplicaManager`)."""
+        """``data_dir``: ``data.dir``, the buckets' directory unless ``data.dirs`` names others
+        (:func:`~strom.tablet.data_dirs.open_configured`); ``resolve_bucket``: in a cluster, the table of a
+        bucket assigned to this server it does not host yet (:class:`~strom.tablet.replica.ReplicaManager`)."""
         self.config = config
         self.clock = clock
         self.remote = remote
+        self.directories = open_configured(config, data_dir)
         scanners = ScannerManager(scanner_config, clock)
-        self.replicas = ReplicaManager(tablets_dir, config, remote, latest_snapshot, id_counter,
+        self.replicas = ReplicaManager(self.directories, config, remote, latest_snapshot, id_counter,
                                        before_reopen=scanners.close_scanners_for_bucket, resolve_bucket=resolve_bucket)
         self.tablet = TabletService(self.replicas, config, clock)
-        self.disk = DiskWriteGuard(config.get(TABLET_SERVER_ID), tablets_dir, config)
+        self.disk = DiskWriteGuard(config.get(TABLET_SERVER_ID), self.directories.online_paths, config)
         self.disk.start()
+        self.directories.start()
         self.tablet.guard_disk(self.disk)
         self.scans = ScanKvService(self.replicas, scanners, clock)
         self.scans.start()
@@ -164,7 +168,9 @@ class TabletRole:
             await self.snapshot_scheduler.stop()
         await self.scans.stop()
         await self.disk.stop()
+        await self.directories.stop()
         self.replicas.close()
+        self.directories.close()
 
 
 __all__ = ["TabletRole"]

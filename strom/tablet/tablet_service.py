@@ -19,9 +19,11 @@ from strom.errors import (
     InvalidScanRequestError,
     InvalidTableError,
     InvalidTimestampError,
+    KvStorageError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    StorageBackpressureError,
     StromError,
     code_for_exception,
 )
@@ -99,6 +101,11 @@ FollowerFetch = Callable[[TableBucket, int, int], bool]
 InSyncCount = Callable[[TableBucket], int]
 """How many replicas of a bucket this server leads are in sync, itself included."""
 ACKS_ALL = -1
+AGG_MODE_OVERWRITE = 1
+"""PutKv ``agg_mode``: bypass the merge engine (Fluss's MergeMode.OVERWRITE; 0 and the reserved 2 are
+the default)."""
+PUT_KV_VERSION_WITH_BACKPRESSURE = 2
+"""The PutKv version from which a client understands StorageBackpressure (72)."""
 
 
 def _alone(_bucket: TableBucket) -> int:
@@ -138,6 +145,13 @@ class TabletService:
         if self._disk is not None:
             self._disk.ensure_writable()
         self._check_in_sync(bucket, acks)
+
+    def _pressure(self, bucket: TableBucket) -> float:
+        """The back-pressure signal of a put answered now: the bucket's debt, or its data disk nearing the
+        write limit, whichever is higher."""
+        kv = self._replicas.get(bucket).kv_if_open
+        bucket_pressure = kv.pressure() if kv is not None else 0.0
+        return max(bucket_pressure, self._disk.pressure() if self._disk is not None else 0.0)
 
     def set_min_in_sync(self, count: int) -> None:
         """``log.replica.min-in-sync-replicas-number`` changed at run time (AlterClusterConfigs)."""
@@ -374,15 +388,25 @@ class TabletService:
         return log_tablet.offset_for_timestamp(timestamp_ms)
 
     # ---- primary-key tables ----
-    async def put_kv(self, request: Any, _context: object) -> Any:
+    async def put_kv(self, request: Any, context: Any) -> Any:
         """Every bucket's records are appended and its fsync started before any is awaited, in this one
-        task: no task per bucket, and the answer goes out on the loop turn after the last fsync ends."""
+        task: no task per bucket, and the answer goes out on the loop turn after the last fsync ends.
+
+        ``agg_mode`` OVERWRITE (1) bypasses the table's merge engine (Fluss's MergeMode; any other value is
+        the default). A bucket over its write budget refuses its batches with StorageBackpressure (72) — to
+        a client of PutKv version 2 or later; older clients get KvStorage (11), which they know (Fluss's
+        rolling-upgrade rule) — and each answered bucket carries its ``pressure`` when above 0."""
         target_columns = list(request.target_columns)
-        staged = [self._stage_put(request.table_id, b, target_columns, request.acks) for b in request.buckets_req]
+        overwrite = request.HasField("agg_mode") and request.agg_mode == AGG_MODE_OVERWRITE
+        knows_backpressure = getattr(context, "api_version", PUT_KV_VERSION_WITH_BACKPRESSURE) >= \
+            PUT_KV_VERSION_WITH_BACKPRESSURE
+        staged = [self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure)
+                  for b in request.buckets_req]
         return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry, request.acks) for entry in staged])
 
     def _stage_put(
         self, table_id: int, bucket_request: Any, target_columns: list[int], acks: int = ACKS_ALL,
+        overwrite: bool = False, knows_backpressure: bool = True,
     ) -> tuple[Any, StagedPut, TableBucket]:
         """One bucket's answer-to-be and its batches handed to the tablet (which appends them and drives
         their commit and apply)."""
@@ -398,14 +422,21 @@ class TabletService:
             if not batches:
                 raise CorruptRecordError("PutKv carried no kv record batch")
             self._check_writable(bucket, acks)
+            kv.check_write_budget(len(bucket_request.records))
+        except StorageBackpressureError as exc:
+            refusal = exc if knows_backpressure else KvStorageError(str(exc))
+            return response, StagedPut(None, None, refusal), bucket
         except Exception as exc:
             return response, StagedPut(None, None, exc), bucket
-        return response, kv.stage_put(batches, target_columns, self._clock.now_ms()), bucket
+        return response, kv.stage_put(batches, target_columns, self._clock.now_ms(), overwrite=overwrite), bucket
 
     async def _finish_put(self, response: Any, staged: StagedPut, bucket: TableBucket, acks: int = ACKS_ALL) -> Any:
         try:
             response.log_end_offset = (await staged.finish()).next_offset
             self._check_in_sync(bucket, acks, appended=True)
+            pressure = self._pressure(bucket)
+            if pressure > 0:
+                response.pressure = pressure
         except Exception as exc:
             _set_error(response, exc)
         return response
