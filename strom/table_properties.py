@@ -188,6 +188,11 @@ class TableProperties:
         return self.parsed(TIERED_LOCAL_SEGMENTS, parse_int, DEFAULT_TIERED_LOCAL_SEGMENTS)
 
     @property
+    def standby_replica(self) -> bool:
+        """Followers keep the table's RocksDB warm (``table.kv.standby-replica.enabled``; off if unset)."""
+        return self.flag(STANDBY_REPLICA)
+
+    @property
     def datalake_enabled(self) -> bool:
         return self.flag(DATALAKE_ENABLED)
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from strom.clock import Clock
+from strom.coordinator.gateway import TabletServerGateway
 from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager, LeaseChange
 from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.coordinator.placement import fence_leader_epoch
@@ -53,8 +54,11 @@ class KvSnapshotService:
         clock: Clock,
         expiration_check_interval_ms: int,
         super_users: str | None = None,
+        tablets: TabletServerGateway | None = None,
     ) -> None:
-        """``super_users``: ``super.users``, who may touch any lease."""
+        """``super_users``: ``super.users``, who may touch any lease; ``tablets``: told after each commit
+        from which offset the bucket's changelog must stay (NotifyKvSnapshotOffset)."""
+        self._tablets = tablets
         self._super_users = parse_super_users(super_users)
         self._catalog = catalog
         self._snapshots = snapshots
@@ -89,9 +93,24 @@ class KvSnapshotService:
 
     async def _after_change(self, change: LeaseChange) -> None:
         if change.released_all:
-            await self._snapshots.apply_retention(self._snapshots.buckets())
+            buckets = list(self._snapshots.buckets())
         elif change.released:
-            await self._snapshots.apply_retention(bucket for bucket, _snapshot_id in change.released)
+            buckets = list(dict.fromkeys(bucket for bucket, _snapshot_id in change.released))
+        else:
+            return
+        await self._snapshots.apply_retention(buckets)
+        self._notify_retained(buckets)  # a released snapshot may have been the oldest: less log to keep
+
+    def _notify_retained(self, buckets: Iterable[TableBucket]) -> None:
+        """Tell the buckets' replicas from which offset their changelog must stay: the oldest retained
+        snapshot's (NotifyKvSnapshotOffset)."""
+        if self._tablets is None:
+            return
+        for bucket in buckets:
+            oldest = self._snapshots.oldest(bucket)
+            table = self._catalog.table_info_by_id(bucket.table_id)
+            if oldest is not None and table is not None:
+                self._tablets.notify_kv_snapshot_offset(table, bucket, oldest.log_offset)
 
     # ---- the tablet servers' side ----
     async def next_snapshot_id(self, bucket: TableBucket) -> int:
@@ -111,6 +130,7 @@ class KvSnapshotService:
                 raise UnknownTableOrBucketError(f"partition {bucket.partition_id} of table {bucket.table_id} no longer exists")
         async with self._changing:
             await self._snapshots.add(snapshot)
+            self._notify_retained([bucket])
 
     async def commit_kv_snapshot(self, request: Any, leader_epoch_of: Callable[[TableBucket], int | None]) -> Any:
         """CommitKvSnapshot (1022) from a cluster's tablet server: the snapshot it uploaded, as the

@@ -363,6 +363,7 @@ class LakeTieringService:
             except StromError as exc:
                 log.warning("table %s: cannot record the lake's newest timestamp: %s", table.path, exc)
         log.info("table %s: lake snapshot %d committed (%d buckets)", table.path, snapshot.snapshot_id, len(tiered))
+        self._tablets.notify_lake_table_offsets(table, snapshot.snapshot_id, tiered, merged_timestamps)
         return table
 
     def _partition_names(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from strom.coordinator.placement import BucketPlacement
@@ -109,6 +109,53 @@ class RemoteTabletServers:
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("StopReplica of table %d failed on a tablet server: %s", table_id, result)
+
+    def _replica_nodes(self, table: TableInfo, buckets: Iterable[TableBucket]) -> dict[int, list[TableBucket]]:
+        """The live tablet servers holding a replica of each of ``buckets``, with the buckets each holds."""
+        live = {node.node_id for node in self._placement.tablet_servers()}
+        described: dict[int | None, dict[int, Any]] = {}
+        holders: dict[int, list[TableBucket]] = {}
+        for bucket in buckets:
+            if bucket.partition_id not in described:
+                described[bucket.partition_id] = self._placement.describe(table, bucket.partition_id)
+            leadership = described[bucket.partition_id].get(bucket.bucket)
+            for replica in leadership.replicas if leadership is not None else ():
+                if replica in live:
+                    holders.setdefault(replica, []).append(bucket)
+        return holders
+
+    def _notify(self, holders: dict[int, list[TableBucket]], key: ApiKey, request_for: Any) -> None:
+        nodes = {node.node_id: node for node in self._placement.tablet_servers()}
+        for server_id, buckets in holders.items():
+            self._spawn(self._send(nodes[server_id], key, request_for(buckets)))
+
+    def notify_kv_snapshot_offset(self, table: TableInfo, bucket: TableBucket, min_retain_offset: int) -> None:
+        """NotifyKvSnapshotOffset to every replica of ``bucket`` (Fluss tells the followers; strom's leaders
+        read the offset too instead of the snapshot records)."""
+        def request(_buckets: list[TableBucket]) -> Any:
+            message = pb.NotifyKvSnapshotOffsetRequest(table_id=bucket.table_id, bucket_id=bucket.bucket,
+                                                       coordinator_epoch=self._epoch, min_retain_offset=min_retain_offset)
+            if bucket.partition_id is not None:
+                message.partition_id = bucket.partition_id
+            return message
+
+        self._notify(self._replica_nodes(table, [bucket]), ApiKey.NOTIFY_KV_SNAPSHOT_OFFSET, request)
+
+    def notify_lake_table_offsets(self, table: TableInfo, snapshot_id: int, log_end_offsets: Mapping[TableBucket, int],
+                                  max_timestamps: Mapping[TableBucket, int]) -> None:
+        """NotifyLakeTableOffset to every replica of the buckets, one request per tablet server."""
+        def request(buckets: list[TableBucket]) -> Any:
+            message = pb.NotifyLakeTableOffsetRequest(coordinator_epoch=self._epoch)
+            for bucket in buckets:
+                entry = message.notify_buckets_req.add(table_id=bucket.table_id, bucket_id=bucket.bucket,
+                                                       snapshot_id=snapshot_id, log_end_offset=log_end_offsets[bucket])
+                if bucket.partition_id is not None:
+                    entry.partition_id = bucket.partition_id
+                if bucket in max_timestamps:
+                    entry.max_timestamp = max_timestamps[bucket]
+            return message
+
+        self._notify(self._replica_nodes(table, log_end_offsets), ApiKey.NOTIFY_LAKE_TABLE_OFFSET, request)
 
     async def high_watermarks(self, table: TableInfo, buckets: Sequence[TableBucket]) -> dict[TableBucket, int]:
         """ListOffsets (latest: the high watermark) to each bucket's leader, one request per leader and

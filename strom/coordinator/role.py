@@ -108,7 +108,7 @@ class CoordinatorRole:
         self.lake.start()
         self.snapshots = KvSnapshotService(
             coordinator, self.snapshot_store, self.leases, self.clock,
-            self.config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL), self.config.get(SUPER_USERS),
+            self.config.get_ms(KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL), self.config.get(SUPER_USERS), tablets,
         )
         self.snapshots.start()
         self.remote_logs = RemoteLogManifestService(coordinator, self.store, self.remote, leader_epoch_of,

@@ -52,6 +52,9 @@ INSTANCE_ID_KEY = b"instance_id"
 _OFFSET = struct.Struct("<q")
 _SORTED_READ_MIN_KEYS = 32
 _META_KEYS = (APPLIED_OFFSET_KEY, ROW_COUNT_KEY)
+STANDBY_STEP_BYTES = 4 << 20
+"""Changelog a standby applies per turn of the event loop, so a follower far behind catches up without
+holding the loop for long."""
 SCAN_CHUNK_ROWS = 1024
 """Rows a scan session's iterator copies out per step (without the GIL, with the native binding)."""
 
@@ -171,11 +174,15 @@ class KvTablet:
         id_counter: IdCounter | None = None,
         row_cache: RowCache | None = None,
         writer: Executor | None = None,
+        *,
+        standby: bool = False,
     ) -> None:
         """``id_counter`` reserves ids for an auto-increment column (required when the table has one);
         ``row_cache``: the tablet server's cache of current rows (consulted before RocksDB); ``writer``:
         threads that write committed batches to RocksDB while the event loop goes on (for a binding whose
-        write releases the GIL; without it the write runs on the loop)."""
+        write releases the GIL; without it the write runs on the loop); ``standby``: the tablet of a
+        follower, which applies the changelog its log replicates as it becomes committed, takes no writes,
+        and is promoted when its replica leads (:meth:`promote`)."""
         self._writer = writer
         self._applying: asyncio.Future[None] | None = None
         """The RocksDB write in flight on the writer (one per bucket at a time, in log order)."""
@@ -216,11 +223,19 @@ class KvTablet:
         self.failed: Exception | None = None
         """A RocksDB write failed (RocksDB then refuses writes): writes are refused until the replica
         reopens the tablet; reads go on from what RocksDB holds, which is every acknowledged write."""
+        self.standby = standby
+        self.standby_lost: str | None = None
+        """Why a standby stopped following its log (a gap it cannot replay, a failed write): its replica
+        reopens the state as a new leader would, from a snapshot."""
+        self._catch_up_scheduled = False
         try:
             self._recover()
         except BaseException:
             self._close_db()
             raise
+        if standby:
+            self.log.add_high_watermark_listener(self._schedule_catch_up)
+            return
         # what becomes committed is applied the moment the high watermark passes it, before any put waiting
         # for it is answered: reads never apply writes, and an acknowledged put is in RocksDB
         self.log.add_high_watermark_listener(self._apply_committed)
@@ -282,7 +297,64 @@ class KvTablet:
         if self._applied_offset < end:
             replayed = self.replay_changelog(self._applied_offset, end)
             log.info("%s: replayed %d changelog records up to offset %d", self.directory, replayed, end)
+        if not self.standby:
+            self._hold_unacknowledged()
+
+    # ---- standby (a follower's warm state) ----
+    def _schedule_catch_up(self) -> None:
+        """The follower's high watermark moved: apply what it passed on a later turn of the loop (not inside
+        the fetch that moved it), once however many moves come meanwhile."""
+        if self._catch_up_scheduled or self.standby_lost is not None or self._closed:
+            return
+        self._catch_up_scheduled = True
+        loop = _running_loop()
+        if loop is None:
+            self._catch_up()
+        else:
+            loop.call_soon(self._catch_up)
+
+    def _catch_up(self) -> None:
+        """Apply committed changelog up to the high watermark, about ``STANDBY_STEP_BYTES`` of it per turn of
+        the loop. A gap (the log now starts past what RocksDB holds: the leader's segments went to remote
+        storage before this follower fetched them) or a failed write ends the standby; the state is then
+        reopened from a snapshot if this replica leads."""
+        self._catch_up_scheduled = False
+        if not self.standby or self._closed or self.standby_lost is not None:
+            return
+        start, end = self._applied_offset, self.log.high_watermark
+        if start >= end:
+            return
+        try:
+            if start < self.log.log_start_offset:
+                raise KvRestoreNeededError(f"the log starts at {self.log.log_start_offset}, RocksDB is at {start}")
+            self.replay_changelog(start, end, STANDBY_STEP_BYTES)
+        except Exception as exc:
+            self.standby_lost = str(exc)
+            self.log.remove_high_watermark_listener(self._schedule_catch_up)
+            log.warning("%s: the standby state stops following its log: %s", self.directory, exc)
+            return
+        if self._applied_offset < self.log.high_watermark:
+            self._schedule_catch_up()
+
+    def promote(self) -> None:
+        """This follower's replica leads now: apply everything committed, hold what lies above as the
+        pre-write buffer (as a leader opening its state does) and take writes.
+
+        Raises:
+            KvRestoreNeededError: the standby lost its log; reopen the state from a snapshot.
+        """
+        if not self.standby:
+            return
+        if self.standby_lost is not None:
+            raise KvRestoreNeededError(f"{self.directory}: the standby state is behind its log ({self.standby_lost})")
+        self.log.remove_high_watermark_listener(self._schedule_catch_up)
+        self.standby = False
+        end = self.log.high_watermark
+        if self._applied_offset < end:
+            self.replay_changelog(self._applied_offset, end)
         self._hold_unacknowledged()
+        self.log.add_high_watermark_listener(self._apply_committed)
+        self._apply_committed()
 
     def _hold_unacknowledged(self) -> None:
         """A leader that takes over a replicated bucket may hold changelog batches its followers do not have
@@ -323,14 +395,17 @@ class KvTablet:
                         values.append(value)
             yield header, keys, values, types.count(ChangeType.INSERT) - types.count(ChangeType.DELETE)
 
-    def replay_changelog(self, start_offset: int, end_offset: int) -> int:
-        """Apply changelog records in ``[start_offset, end_offset)`` to RocksDB; returns records applied."""
+    def replay_changelog(self, start_offset: int, end_offset: int, bytes_max: int | None = None) -> int:
+        """Apply changelog records in ``[start_offset, end_offset)`` to RocksDB (``bytes_max``: stop after about
+        that much of the log); returns records applied."""
         applied = 0
         offset = start_offset
-        while offset < end_offset:
-            data = self.log.read_range(offset, end_offset, 16 << 20)
+        read = 0
+        while offset < end_offset and (bytes_max is None or read < bytes_max):
+            data = self.log.read_range(offset, end_offset, 16 << 20 if bytes_max is None else min(16 << 20, bytes_max))
             if not data:
                 break
+            read += len(data)
             written_keys: list[bytes] = []
             written_values: list[bytes | None] = []
             for header, keys, values, delta in self._batch_changes(data, offset):
@@ -774,6 +849,7 @@ class KvTablet:
             return
         self._closed = True
         self.log.remove_high_watermark_listener(self._apply_committed)
+        self.log.remove_high_watermark_listener(self._schedule_catch_up)
         try:
             self._flush_memtables()
         except Exception as exc:  # the changelog still covers whatever did not reach an SST

@@ -171,10 +171,14 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         STANDBY_REPLICA, "Boolean", None,
         "Whether followers of a primary-key table keep recent KV snapshots for a fast leader change; Fluss "
         "sets it for new primary-key tables.",
-        Support.NO_EFFECT,
-        "Accepted, no effect (also by AlterTable): strom's followers (a cluster's replicated buckets, "
-        "docs/cluster.md) keep the log only; a new leader brings its RocksDB up from its log. strom "
-        "does not fill it in for new primary-key tables.",
+        Support.IMPLEMENTED,
+        "Every follower of the table keeps its RocksDB warm, applying the changelog it replicates as it "
+        "becomes committed, and leads with it after a failover: no snapshot download, no replay from the "
+        "last snapshot (docs/cluster.md, \"Standby replicas\"). Set at creation or by AlterTable (followers "
+        "open or drop the state at once). Fluss names one follower the standby and, at its HEAD, does not "
+        "keep its state yet; strom keeps every follower warm, so whichever the election picks serves at "
+        "once. Off unless set: strom does not fill it in for new primary-key tables, as a warm follower "
+        "costs each write's apply again on every follower.",
         parse_bool,
     ),
     _option(

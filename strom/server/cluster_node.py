@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIServer
 
 from strom.clock import SYSTEM_CLOCK, Clock
 from strom.config import (
@@ -31,6 +32,7 @@ from strom.config import (
     LOG_REPLICA_FETCH_WAIT_MAX_TIME,
     LOG_REPLICA_MAX_LAG_TIME,
     LOG_REPLICA_MAX_SILENCE_TIME,
+    METRICS_PORT,
     REMOTE_DATA_DIR,
     SECURITY_INTERNAL_ALLOW_UNAUTHENTICATED,
     SECURITY_INTERNAL_SECRET,
@@ -40,6 +42,7 @@ from strom.config import (
     TABLET_SERVER_RACK,
     Configuration,
     DynamicConfig,
+    reporter_enabled,
 )
 from strom.coordinator.acl_service import AclService
 from strom.coordinator.catalog import TABLET_SERVER_METADATA_MAX_AGE_S, CatalogReader
@@ -63,6 +66,7 @@ from strom.kv import rocksdb
 from strom.membership.contract import CoordinatorDirectory, RegisteredServer, ServerRegistry
 from strom.metadata.off_loop import off_loop
 from strom.metadata.store import MetadataStore
+from strom.metadata.table_info import TableInfo
 from strom.remote.s3_credentials import remote_storage, token_provider
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.endpoints import Endpoint, internal_listener
@@ -74,6 +78,7 @@ from strom.security.server_security import ServerSecurity, parse_listeners
 from strom.server.catalog_access import guard_with_catalog
 from strom.server.cluster_membership import ClusterMembership, cluster_membership
 from strom.server.listeners import ServerListeners
+from strom.server.metrics import CoordinatorParts, StromCollector, serve_metrics
 from strom.server.node import (
     WAREHOUSE_OPTIONS,
     ServerPaths,
@@ -90,7 +95,7 @@ from strom.tablet.cluster_tablet import (
     remove_moved_bucket_data,
 )
 from strom.tablet.data_dirs import configured_paths
-from strom.tablet.remote_log_manager import handle_reader
+from strom.tablet.remote_log_manager import RemoteLogManager, handle_reader
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
 from strom.tablet.role import TabletRole
@@ -163,6 +168,9 @@ class _ClusterProcess:
         self._stopped = asyncio.Event()
         self._acl_refresh: asyncio.Task[None] | None = None
         self._config_refresh: asyncio.Task[None] | None = None
+        self._metrics_server: WSGIServer | None = None
+        self.metrics_port: int | None = None
+        """Where the Prometheus endpoint listens (``metrics.reporter.prometheus.port``; None: off)."""
 
     @property
     def server_name(self) -> str:
@@ -234,10 +242,26 @@ class _ClusterProcess:
             CONFIG_REFRESH_S, lambda: stored_dynamic(store), self.dynamic.set_dynamic, "the cluster configs"
         )
 
+    def _serve_metrics(self, coordinator: Callable[[], CoordinatorParts | None], replicas: ReplicaManager | None,
+                       table_name: Callable[[int], str],
+                       remote_logs: Callable[[], RemoteLogManager | None] = lambda: None) -> None:
+        """The Prometheus endpoint of this process, when configured: a tablet server's buckets, or the
+        active coordinator's bookkeeping (a standby's holds only its RPC counters)."""
+        port = self.config.get(METRICS_PORT) if reporter_enabled(self.config, "prometheus") else 0
+        if not port:
+            return
+        listeners = self.listeners
+        collector = StromCollector(asyncio.get_running_loop(), coordinator, replicas,
+                                   lambda: listeners.main if listeners is not None else None, table_name, self.clock,
+                                   remote_logs)
+        self._metrics_server, self.metrics_port = serve_metrics(self.host, port, collector)
+
     def request_stop(self) -> None:
         self._stopped.set()
 
     async def _close_common(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
         if self._acl_refresh is not None:
             self._acl_refresh.cancel()
         if self._config_refresh is not None:
@@ -306,6 +330,12 @@ class CoordinatorNode(_ClusterProcess):
         handlers: dict[ApiKey, Handler] = dict.fromkeys(COORDINATOR_ONLY_KEYS, _not_the_active_coordinator)
         handlers.update(standby_catalog.handlers())
         await self._serve(handlers, standby_catalog)
+
+        def active_parts() -> CoordinatorParts | None:
+            role = self.role
+            return None if role is None else CoordinatorParts(role.leases, role.snapshot_store, role.lake_tiering)
+
+        self._serve_metrics(active_parts, None, _table_name(standby_catalog.table_info_by_id))
         self._campaign_task = asyncio.create_task(self._campaign(store, placement))
         log.info("strom coordinator on %s:%d (%s): standby until elected", self.host, self.port, backend)
 
@@ -546,10 +576,14 @@ class TabletServerNode(_ClusterProcess):
             **tablets.handlers(),
             **self.catalog.handlers(),
             ApiKey.NOTIFY_LEADER_AND_ISR: control.notify_leader_and_isr,
+            ApiKey.NOTIFY_KV_SNAPSHOT_OFFSET: control.notify_kv_snapshot_offset,
+            ApiKey.NOTIFY_LAKE_TABLE_OFFSET: control.notify_lake_table_offset,
             ApiKey.STOP_REPLICA: control.stop_replica,
             ApiKey.UPDATE_METADATA: control.update_metadata,
         }
         await self._serve(handlers, self.catalog, tablets.scans.on_connection_closed)
+        self._serve_metrics(lambda: None, self.replicas, _table_name(catalog.table_info_by_id),
+                            lambda: tablets.remote_logs)
         await self._register()
         log.info("strom tablet server %d serving on %s:%d (%s, %s)", self.server_id, self.host, self.port,
                  backend, rocksdb.describe_binding())
@@ -615,6 +649,14 @@ class TabletServerNode(_ClusterProcess):
         if self.address is not None:
             self.address.close()
         log.info("strom tablet server %d stopped", self.server_id)
+
+
+def _table_name(table_info_by_id: Callable[[int], TableInfo | None]) -> Callable[[int], str]:
+    """A table's name for metric labels (its id once it is gone)."""
+    def name(table_id: int) -> str:
+        table = table_info_by_id(table_id)
+        return str(table.path) if table is not None else str(table_id)
+    return name
 
 
 __all__ = ["CoordinatorNode", "TabletServerNode"]

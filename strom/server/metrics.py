@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -27,26 +28,35 @@ from strom.tablet.replica import Replica, ReplicaManager
 SCRAPE_TIMEOUT_S = 5.0
 
 
+@dataclass(frozen=True)
+class CoordinatorParts:
+    """What the active coordinator's metrics read: leases, snapshot records, lake tiering."""
+
+    leases: KvSnapshotLeaseManager
+    snapshots: KvSnapshotStore
+    lake_tiering: LakeTableTieringManager
+
+
 class StromCollector(Collector):
+    """The metrics of one server process: its tablet server's buckets (``replicas``) and, while it is the
+    active coordinator, the coordinator's bookkeeping (``coordinator()``); a cluster's processes have one
+    of the two, the one-process server both."""
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        leases: KvSnapshotLeaseManager,
-        snapshots: KvSnapshotStore,
-        replicas: ReplicaManager,
+        coordinator: Callable[[], CoordinatorParts | None],
+        replicas: ReplicaManager | None,
         rpc: Callable[[], RpcServer | None],
         table_name: Callable[[int], str],
-        lake_tiering: LakeTableTieringManager,
         clock: Clock,
         remote_logs: Callable[[], RemoteLogManager | None] = lambda: None,
     ) -> None:
         self._loop = loop
-        self._leases = leases
-        self._snapshots = snapshots
+        self._coordinator = coordinator
         self._replicas = replicas
         self._rpc = rpc
         self._table_name = table_name
-        self._lake_tiering = lake_tiering
         self._clock = clock
         self._remote_logs = remote_logs
 
@@ -63,16 +73,30 @@ class StromCollector(Collector):
                                     labels=["binding", "rocksdb_version"])
         binding.add_metric([rocksdb.binding(), rocksdb.rocksdb_version()], 1)
         yield binding
-        yield GaugeMetricFamily("strom_kv_snapshot_lease_count", "KV snapshot leases held.", value=self._leases.lease_count)
+        coordinator = self._coordinator()
+        if coordinator is not None:
+            yield from self._coordinator_families(coordinator)
+        if self._replicas is not None:
+            yield from self._tablet_families(self._replicas)
+        rpc = self._rpc()
+        if rpc is not None:
+            yield GaugeMetricFamily("strom_rpc_requests", "RPC requests handled.", value=rpc.stats.requests)
+            yield GaugeMetricFamily(
+                "strom_rpc_error_responses", "RPC requests answered with an error.", value=rpc.stats.error_responses
+            )
+
+    def _coordinator_families(self, parts: CoordinatorParts) -> Iterator[Metric]:
+        leases = parts.leases
+        yield GaugeMetricFamily("strom_kv_snapshot_lease_count", "KV snapshot leases held.", value=leases.lease_count)
         yield GaugeMetricFamily(
             "strom_kv_snapshot_unreadable_lease_count",
             "Leases unreadable at start-up: while any is in force, no snapshot is deleted (drop it to resume).",
-            value=len(self._leases.unreadable_lease_ids),
+            value=len(leases.unreadable_lease_ids),
         )
         yield GaugeMetricFamily(
             "strom_kv_snapshot_leased_snapshot_count",
             "Snapshot pins across all leases (one per lease and bucket).",
-            value=self._leases.pin_count,
+            value=leases.pin_count,
         )
         retained = GaugeMetricFamily(
             "strom_kv_snapshot_retained_count", "Completed KV snapshots kept per table.", labels=["table"]
@@ -80,15 +104,18 @@ class StromCollector(Collector):
         retained_bytes = GaugeMetricFamily(
             "strom_kv_snapshot_retained_bytes", "Remote bytes of the KV snapshots kept per table.", labels=["table"]
         )
-        for table_id, (count, size) in sorted(self._snapshots.retained_per_table().items()):
+        for table_id, (count, size) in sorted(parts.snapshots.retained_per_table().items()):
             name = self._table_name(table_id)
             retained.add_metric([name], count)
             retained_bytes.add_metric([name], size)
         yield retained
         yield retained_bytes
-        open_buckets = [r for r in self._replicas.hosted() if r.is_open and not r.stopped]
+        yield from self._lake_families(parts.lake_tiering)
+
+    def _tablet_families(self, replicas: ReplicaManager) -> Iterator[Metric]:
+        open_buckets = [r for r in replicas.hosted() if r.is_open and not r.stopped]
         yield GaugeMetricFamily("strom_open_buckets", "Buckets whose storage is open.", value=len(open_buckets))
-        cache = self._replicas.row_cache
+        cache = replicas.row_cache
         yield GaugeMetricFamily("strom_kv_row_cache_size_bytes", "Bytes the row cache holds (kv.row-cache.size).",
                                 value=cache.size_bytes)
         yield GaugeMetricFamily("strom_kv_row_cache_capacity_bytes", "The row cache's bound.",
@@ -104,14 +131,8 @@ class StromCollector(Collector):
                                   "Times a bucket whose existing keys mostly missed started bypassing the cache.",
                                   value=cache.bypassed)
         yield from self._backpressure_families(open_buckets)
-        yield from self._lake_families()
+        yield from self._standby_families(open_buckets)
         yield from self._remote_log_families(open_buckets)
-        rpc = self._rpc()
-        if rpc is not None:
-            yield GaugeMetricFamily("strom_rpc_requests", "RPC requests handled.", value=rpc.stats.requests)
-            yield GaugeMetricFamily(
-                "strom_rpc_error_responses", "RPC requests answered with an error.", value=rpc.stats.error_responses
-            )
 
     def _backpressure_families(self, open_buckets: list[Replica]) -> Iterator[Metric]:
         """Per primary-key table: the highest pressure its buckets last answered, the puts refused for
@@ -133,7 +154,7 @@ class StromCollector(Collector):
         per_table: dict[int, tuple[float, int, int]] = {}
         for replica in open_buckets:
             kv = replica.kv_if_open
-            if kv is None:
+            if kv is None or kv.standby:
                 continue
             high, refused, held = per_table.get(replica.table.table_id, (0.0, 0, 0))
             per_table[replica.table.table_id] = (max(high, kv.backpressure.last_pressure),
@@ -146,6 +167,29 @@ class StromCollector(Collector):
         yield pressure
         yield rejections
         yield buffered
+
+    def _standby_families(self, open_buckets: list[Replica]) -> Iterator[Metric]:
+        """Per primary-key table with standby replicas: the followers here that keep its state warm, and how
+        far their states are behind what their logs hold committed (0: a failover serves at once)."""
+        warm = GaugeMetricFamily("strom_kv_standby_buckets",
+                                 "Buckets this server follows with a warm KV state (table.kv.standby-replica.enabled).",
+                                 labels=["table"])
+        lag = GaugeMetricFamily("strom_kv_standby_lag_records",
+                                "Committed changelog records of followed buckets not in their warm KV state yet.",
+                                labels=["table"])
+        per_table: dict[int, tuple[int, int]] = {}
+        for replica in open_buckets:
+            kv = replica.kv_if_open
+            if kv is None or not kv.standby or replica.is_leader:
+                continue
+            count, behind = per_table.get(replica.table.table_id, (0, 0))
+            per_table[replica.table.table_id] = (count + 1, behind + max(kv.log.high_watermark - kv.applied_offset, 0))
+        for table_id, (count, behind) in sorted(per_table.items()):
+            name = self._table_name(table_id)
+            warm.add_metric([name], count)
+            lag.add_metric([name], behind)
+        yield warm
+        yield lag
 
     def _remote_log_families(self, open_buckets: list[Replica]) -> Iterator[GaugeMetricFamily]:
         manager = self._remote_logs()
@@ -174,11 +218,11 @@ class StromCollector(Collector):
         yield GaugeMetricFamily("strom_remote_log_uploaded_bytes", "Bytes copied to remote storage since start.",
                                 value=manager.uploaded_bytes)
 
-    def _lake_families(self) -> Iterator[GaugeMetricFamily]:
+    def _lake_families(self, lake_tiering: LakeTableTieringManager) -> Iterator[GaugeMetricFamily]:
         states = GaugeMetricFamily(
             "strom_lake_tiering_tables", "Lake-enabled tables per tiering state.", labels=["state"]
         )
-        for state, count in self._lake_tiering.counts_by_state().items():
+        for state, count in lake_tiering.counts_by_state().items():
             states.add_metric([state.value], count)
         yield states
         lag = GaugeMetricFamily(
@@ -195,7 +239,7 @@ class StromCollector(Collector):
             "strom_lake_tiering_failures", "Failed or timed-out tiering rounds per table.", labels=["table"]
         )
         now = self._clock.now_ms()
-        for table in self._lake_tiering.tables():
+        for table in lake_tiering.tables():
             name = str(table.path)
             lag.add_metric([name], table.lag_ms(now) / 1000)
             if table.newest_timestamp_ms != UNKNOWN:

@@ -75,11 +75,12 @@ from strom.security.server_security import ServerSecurity
 from strom.server.catalog_access import guard_with_catalog
 from strom.server.listeners import RpcServerFactory, ServerListeners
 from strom.server.metadata_stores import open_store
-from strom.server.metrics import StromCollector, serve_metrics
+from strom.server.metrics import CoordinatorParts, StromCollector, serve_metrics
 from strom.tablet.data_dirs import configured_paths
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler
 from strom.tablet.remote_log_manager import handle_reader
 from strom.tablet.replica import ReplicaManager
+from strom.tablet.retained_offsets import LakeOffset
 from strom.tablet.role import TabletRole
 from strom.tablet.scan_service import ScanKvService
 from strom.tablet.tablet_service import TabletService
@@ -221,6 +222,14 @@ class LocalTabletServer:
     async def high_watermarks(self, table: TableInfo, buckets: Sequence[TableBucket]) -> dict[TableBucket, int]:
         return {bucket: self._tablets.replicas.get(bucket).log.high_watermark for bucket in buckets}
 
+    def notify_kv_snapshot_offset(self, table: TableInfo, bucket: TableBucket, min_retain_offset: int) -> None:
+        self._tablets.replicas.retained.notify_kv_snapshot(bucket, min_retain_offset)
+
+    def notify_lake_table_offsets(self, table: TableInfo, snapshot_id: int, log_end_offsets: Mapping[TableBucket, int],
+                                  max_timestamps: Mapping[TableBucket, int]) -> None:
+        for bucket, end in log_end_offsets.items():
+            self._tablets.replicas.retained.notify_lake(bucket, LakeOffset(snapshot_id, end, max_timestamps.get(bucket)))
+
 
 class StromServer:
     """Both roles in one process. ``start()`` then ``serve_forever()``; ``stop()`` shuts down cleanly."""
@@ -315,9 +324,10 @@ class StromServer:
         self.rpc = listeners.main
         metrics_port = config.get(METRICS_PORT) if reporter_enabled(config, "prometheus") else 0
         if metrics_port:
+            parts = CoordinatorParts(role.leases, role.snapshot_store, role.lake_tiering)
             collector = StromCollector(
-                asyncio.get_running_loop(), role.leases, role.snapshot_store, self.replicas, lambda: self.rpc,
-                self._table_name, role.lake_tiering, self.clock, lambda: tablets.remote_logs,
+                asyncio.get_running_loop(), lambda: parts, self.replicas, lambda: self.rpc, self._table_name,
+                self.clock, lambda: tablets.remote_logs,
             )
             self._metrics_server, self.metrics_port = serve_metrics(self.host, metrics_port, collector)
         log.info("strom serving on %s:%d (data in %s, remote storage %s, %s)", self.host, self.port,

@@ -28,6 +28,7 @@ from strom.security.internal import COORDINATOR_NAME
 from strom.tablet.data_dirs import DataDirectories
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
+from strom.tablet.retained_offsets import LakeOffset
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,27 @@ class TabletControlService:
             except StromError as exc:
                 result.error_code, result.error_message = exc.code, str(exc)
         return response
+
+    def notify_kv_snapshot_offset(self, request: Any, _context: object) -> Any:
+        """NotifyKvSnapshotOffset (1029): a snapshot of the bucket was committed; its replicas here keep the
+        changelog from ``min_retain_offset`` on."""
+        self._check_epoch(request.coordinator_epoch)
+        partition_id = request.partition_id if request.HasField("partition_id") else None
+        self._replicas.retained.notify_kv_snapshot(TableBucket(request.table_id, request.bucket_id, partition_id),
+                                                   request.min_retain_offset)
+        return pb.NotifyKvSnapshotOffsetResponse()
+
+    def notify_lake_table_offset(self, request: Any, _context: object) -> Any:
+        """NotifyLakeTableOffset (1031): a lake snapshot was committed; each bucket's log below
+        ``log_end_offset`` is in the lake (an entry without it says only the snapshot id)."""
+        self._check_epoch(request.coordinator_epoch)
+        for entry in request.notify_buckets_req:
+            partition_id = entry.partition_id if entry.HasField("partition_id") else None
+            bucket = TableBucket(entry.table_id, entry.bucket_id, partition_id)
+            end = entry.log_end_offset if entry.HasField("log_end_offset") else 0
+            stamp = entry.max_timestamp if entry.HasField("max_timestamp") else None
+            self._replicas.retained.notify_lake(bucket, LakeOffset(entry.snapshot_id, end, stamp))
+        return pb.NotifyLakeTableOffsetResponse()
 
     async def update_metadata(self, request: Any, _context: object) -> Any:
         if request.HasField("coordinator_epoch"):

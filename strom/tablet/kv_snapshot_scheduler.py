@@ -237,7 +237,9 @@ class KvSnapshotScheduler:
                 log.exception("log retention failed")
 
     async def apply_log_retention(self) -> int:
-        """Delete expired log segments of every open bucket; returns the bytes freed."""
+        """Delete expired log segments of every open bucket; returns the bytes freed. A primary-key bucket
+        keeps its changelog from its oldest retained snapshot on, a lake-enabled table's bucket what the lake
+        does not hold yet (strom/tablet/retained_offsets.py)."""
         now = self._clock.now_ms()
         freed = 0
         for replica in self._replicas.hosted():
@@ -248,12 +250,18 @@ class KvSnapshotScheduler:
             if ttl_ms <= 0:
                 continue
             below: int | None = None
+            retained = self._replicas.retained
             if replica.is_kv:
-                oldest = await self._committer.oldest_snapshot(replica.bucket)
-                if oldest is None:
-                    continue  # without a snapshot the whole changelog is needed to rebuild the bucket
-                if replica.stopped or not replica.is_open:
-                    continue  # stopped while the snapshot was read
-                below = oldest.log_offset
+                below = retained.kv_min_retain(replica.bucket)
+                if below is None:  # not told since start: read the snapshot records
+                    oldest = await self._committer.oldest_snapshot(replica.bucket)
+                    if oldest is None:
+                        continue  # without a snapshot the whole changelog is needed to rebuild the bucket
+                    if replica.stopped or not replica.is_open:
+                        continue  # stopped while the snapshot was read
+                    below = oldest.log_offset
+            if replica.table.options.datalake_enabled:
+                in_lake = retained.lake_end_offset(replica.bucket)
+                below = in_lake if below is None else min(below, in_lake)
             freed += replica.log.delete_segments(older_than_ms=now - ttl_ms, below_offset=below)
         return freed

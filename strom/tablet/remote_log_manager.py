@@ -208,7 +208,7 @@ class RemoteLogManager:
             state = await self._load(replica, sweep=True)
         log_tablet = replica.log
         manifest = state.manifest
-        expired = self._expired(replica.table, manifest)
+        expired = self._expired(replica, manifest)
         end = manifest.end_offset
         candidates = log_tablet.closed_segments(log_tablet.high_watermark)
         if end is not None:
@@ -233,15 +233,19 @@ class RemoteLogManager:
             return
         await self._delete_local(replica, state)
 
-    def _expired(self, table: TableInfo, manifest: RemoteLogManifest) -> list[RemoteLogSegment]:
+    def _expired(self, replica: Replica, manifest: RemoteLogManifest) -> list[RemoteLogSegment]:
+        """Segments past ``table.log.ttl``, oldest first; of a lake-enabled table only those the lake holds
+        whole (Fluss's rule: the log is the lake's source until it is tiered)."""
+        table = replica.table
         override_ms = table.options.log_ttl_ms
         ttl_ms = override_ms if override_ms is not None else int(self._settings.default_ttl.total_seconds() * 1000)
         if ttl_ms <= 0:
             return []
         cutoff = self._clock.now_ms() - ttl_ms
         expired = []
+        in_lake = self._replicas.retained.lake_end_offset(replica.bucket) if table.options.datalake_enabled else None
         for segment in manifest.segments:
-            if segment.max_timestamp >= cutoff:
+            if segment.max_timestamp >= cutoff or (in_lake is not None and segment.end_offset > in_lake):
                 break
             expired.append(segment)
         return expired
@@ -347,12 +351,15 @@ class RemoteLogManager:
             return
         bound = end
         if replica.is_kv:
-            oldest = await self._oldest_snapshot(replica.bucket)
-            if oldest is None:
-                return  # recovery replays the whole changelog
-            if replica.stopped or not replica.is_open:
-                return  # stopped while the snapshot was read
-            bound = min(bound, oldest.log_offset)
+            retain = self._replicas.retained.kv_min_retain(replica.bucket)
+            if retain is None:  # not told since start: read the snapshot records
+                oldest = await self._oldest_snapshot(replica.bucket)
+                if oldest is None:
+                    return  # recovery replays the whole changelog
+                if replica.stopped or not replica.is_open:
+                    return  # stopped while the snapshot was read
+                retain = oldest.log_offset
+            bound = min(bound, retain)
         options = replica.table.options
         freed = replica.log.delete_tiered_segments(bound, options.tiered_local_segments)
         local_ttl_ms = options.log_local_ttl_ms

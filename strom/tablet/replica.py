@@ -63,6 +63,7 @@ from strom.records.log_batch import LogBatchHeader
 from strom.records.row_log import LogBatchDecoder
 from strom.remote.storage import RemoteStorage
 from strom.tablet.data_dirs import DataDirectories, DataDirectory
+from strom.tablet.retained_offsets import RetainedOffsets
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,8 @@ class Replica:
         self.stopped = False
         self._next_recovery = 0.0
         self.is_leader = True
-        """False while this server follows the bucket's leader (a replicated bucket): clients are refused and
-        no KV state is kept; the log is fetched from the leader."""
+        """False while this server follows the bucket's leader (a replicated bucket): clients are refused, the
+        log is fetched from the leader, and KV state is kept only as a standby (:attr:`keeps_standby`)."""
         self.leader_epoch = 0
         self.offline: str | None = None
         """Why its data directory cannot be used (None while it can): a leader refuses with StorageError."""
@@ -121,15 +122,25 @@ class Replica:
     def is_kv(self) -> bool:
         return self.table.has_primary_key
 
+    @property
+    def keeps_standby(self) -> bool:
+        """A follower of a primary-key table with ``table.kv.standby-replica.enabled``: it keeps the KV state
+        warm, applying the changelog it replicates, so it serves at once when it leads."""
+        return self.is_kv and not self.is_leader and self.table.options.standby_replica
+
     def open(self) -> None:
-        """Open the log and, while leading a primary-key bucket, its KV state."""
+        """Open the log and, while leading a primary-key bucket (or following one as a standby), its KV state."""
         if self.stopped:
             raise UnknownTableOrBucketError(f"{self.bucket} is no longer hosted here")
         if self._kv is not None:  # open KV state comes with an open log: nothing to open (every lookup asks)
+            if self._kv.standby and self.is_leader:
+                self._promote_standby()
             return
         opened_log = self._log is None
         log_tablet = self.open_log()
-        if self.is_kv and self.is_leader and self._kv is None:
+        if self.keeps_standby:
+            self._open_standby(log_tablet)
+        elif self.is_kv and self.is_leader:
             try:
                 self._kv = self._open_kv(log_tablet)
             except BaseException:
@@ -137,6 +148,29 @@ class Replica:
                     log_tablet.close()
                     self._log = None
                 raise
+
+    def _open_standby(self, log_tablet: LogTablet) -> None:
+        """Open the follower's warm KV state; one that cannot open leaves the follower without it (it still
+        replicates the log, and its state opens as a leader's would if it leads)."""
+        try:
+            self._kv = self._open_kv(log_tablet, standby=True)
+        except Exception as exc:
+            log.warning("%s: no standby KV state on this follower: %s", self.bucket, exc)
+            return
+        log.info("%s: standby KV state open at offset %d", self.bucket, self._kv.applied_offset)
+
+    def _promote_standby(self) -> None:
+        """The follower whose state is warm leads now; a standby that lost its log is reopened as a new
+        leader's state is (from a snapshot)."""
+        assert self._kv is not None and self._log is not None
+        try:
+            self._kv.promote()
+        except KvRestoreNeededError as exc:
+            log.warning("%s: the standby state cannot lead (%s); reopening it", self.bucket, exc)
+            self.close_kv()
+            self._kv = self._open_kv(self._log)
+            return
+        log.info("%s: the standby KV state leads, at offset %d", self.bucket, self._kv.applied_offset)
 
     def open_log(self) -> LogTablet:
         """Open the log alone (a leader sets its replication limit before its KV state catches up)."""
@@ -213,7 +247,7 @@ class Replica:
         log.warning("%s: reopened; writes accepted again", self.bucket)
         return True
 
-    def _open_kv(self, log_tablet: LogTablet) -> KvTablet:
+    def _open_kv(self, log_tablet: LogTablet, *, standby: bool = False) -> KvTablet:
         """Open the bucket's RocksDB, restoring it from the latest KV snapshot when the local copy is gone
         (a rebuilt server) or can no longer be caught up from the changelog."""
         kv_dir = self.directory / "kv"
@@ -221,7 +255,7 @@ class Replica:
         def open_tablet() -> KvTablet:
             return KvTablet(
                 kv_dir, log_tablet, self._storage.row_format(self.table), self._storage.kv_config(self.table),
-                self._storage.id_counter, self._storage.row_cache, self._storage.rocksdb_writer,
+                self._storage.id_counter, self._storage.row_cache, self._storage.rocksdb_writer, standby=standby,
             )
 
         if not (kv_dir / "rocksdb").exists() and self._storage.restore_from_snapshot(self, log_tablet, kv_dir):
@@ -349,6 +383,8 @@ class ReplicaManager:
         if rocksdb.binding() == "native":
             self.rocksdb_writer = ThreadPoolExecutor(ROCKSDB_WRITER_THREADS, thread_name_prefix="strom-rocksdb-write")
         self._replicas: dict[TableBucket, Replica] = {}
+        self.retained = RetainedOffsets()
+        """What the coordinator said the buckets must keep (NotifyKvSnapshotOffset, NotifyLakeTableOffset)."""
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
         self.before_reopen = before_reopen
         self.resolve_bucket = resolve_bucket
@@ -419,8 +455,13 @@ class ReplicaManager:
             del self._row_formats[key]
         for replica in self.hosted(table.table_id):
             replica.table = table
-            if replica.kv_if_open is not None:
-                replica.kv_if_open.change_table(self.row_format(table), self.kv_config(table))
+            kv = replica.kv_if_open
+            if kv is not None and kv.standby and not replica.keeps_standby:
+                replica.close_kv()  # table.kv.standby-replica.enabled turned off: a follower keeps the log only
+            elif kv is not None:
+                kv.change_table(self.row_format(table), self.kv_config(table))
+            elif replica.keeps_standby and replica.is_open:
+                replica.open()  # turned on: the follower's state opens and catches up
 
     def get(self, bucket: TableBucket) -> Replica:
         """The open replica of ``bucket`` that this server leads; raises UnknownTableOrBucketError if it is not
@@ -477,6 +518,8 @@ class ReplicaManager:
             for directory in directories:
                 await loop.run_in_executor(None, shutil.rmtree, directory, True)
             self.directories.forget_table(table_id, partition_id)
+        if delete:
+            self.retained.forget(table_id, partition_id)
 
     async def stop_bucket(self, bucket: TableBucket) -> None:
         """Stop hosting one bucket and delete its data (its replica moved to another server)."""

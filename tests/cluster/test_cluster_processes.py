@@ -65,14 +65,14 @@ def own_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Loca
 
 
 def _cluster(data_dir: Path, tablet_servers: int, config: dict[str, str], coordinators: int = 1,
-             secure: bool = False) -> Iterator[LocalCluster]:
-    """A started cluster (``secure``: with a SASL listener for pyfluss), stopped after the test with a check
-    of its members' exit codes and logs."""
+             secure: bool = False, member_config: dict[str, dict[str, str]] | None = None) -> Iterator[LocalCluster]:
+    """A started cluster (``secure``: with a SASL listener for pyfluss; ``member_config``: settings of single
+    members, by name), stopped after the test with a check of its members' exit codes and logs."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
     local = LocalCluster(data_dir, tablet_servers, config, coordinators=coordinators, secure=secure,
-                         sasl_listener=secure).start()
+                         sasl_listener=secure, member_config=member_config).start()
     try:
         _wait_for_servers(local, tablet_servers)
         yield local

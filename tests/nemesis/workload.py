@@ -60,15 +60,17 @@ PYFLUSS_VALUE = "p"
 
 
 async def create_tables(bootstrap: str, name: str) -> tuple[TablePath, TablePath, TablePath]:
-    """The strom client's primary-key and log tables and pyfluss's primary-key table."""
+    """The strom client's primary-key and log tables and pyfluss's primary-key table; the last with standby
+    replicas, so a failover under faults promotes a follower's warm state, checked like the others."""
     kv, events, official = (TablePath("fluss", f"{name}_kv"), TablePath("fluss", f"{name}_log"),
                             TablePath("fluss", f"{name}_pyfluss"))
+    standby = {"table.kv.standby-replica.enabled": "true"}
     async with await Connection.create(bootstrap) as connection:
         admin = connection.get_admin()
-        for path, fields, key in ((kv, KV_FIELDS, ["id"]), (events, LOG_FIELDS, None),
-                                  (official, PYFLUSS_FIELDS, ["id"])):
+        for path, fields, key, options in ((kv, KV_FIELDS, ["id"], {}), (events, LOG_FIELDS, None, {}),
+                                           (official, PYFLUSS_FIELDS, ["id"], standby)):
             descriptor = TableDescriptor(Schema.from_arrow(fields, key), bucket_count=BUCKETS,
-                                         properties={"table.replication.factor": "3"})
+                                         properties={"table.replication.factor": "3", **options})
             await admin.create_table(path, descriptor)
     return kv, events, official
 

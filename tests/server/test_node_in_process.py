@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -203,5 +204,113 @@ async def test_metrics_reporters_without_prometheus_starts_no_endpoint(tmp_path:
         assert server.metrics_port is None
         with pytest.raises(OSError):
             await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{port}/metrics", timeout=2)
+    finally:
+        await server.stop()
+
+
+async def _lake_round(connection: Connection, path: TablePath, table_id: int, snapshot_id: int, offset: int) -> None:
+    """One tiering round's protocol, as the tiering service runs it: take the table, prepare and commit bucket
+    0's offset, finish."""
+    from strom.client.lake import FinishedTiering
+    from strom.ids import TableBucket
+
+    admin = connection.get_admin()
+    for _ in range(200):
+        assignment = (await admin.lake_tiering_heartbeat(request_table=True)).assignment
+        if assignment is not None and assignment.table_id == table_id:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the table was never handed out for tiering")
+    file = await admin.prepare_lake_table_snapshot(table_id, path, {TableBucket(table_id, 0): offset},
+                                                   assignment.tiering_epoch)
+    await admin.commit_lake_table_snapshot(table_id, snapshot_id, file, tiering_epoch=assignment.tiering_epoch)
+    await admin.lake_tiering_heartbeat(finished=[FinishedTiering(table_id, assignment.tiering_epoch)])
+
+
+async def test_a_lake_tables_log_outlives_its_ttl_until_the_lake_holds_it(tmp_path: Path) -> None:
+    """``table.log.ttl`` deletes none of a lake-enabled table's records before a lake snapshot holds them:
+    the coordinator tells the buckets how far the lake reaches (NotifyLakeTableOffset), and retention stops
+    there — the segment holding the lake's end stays, and so does everything after it."""
+    server = await _started(tmp_path, {"kv.snapshot.interval": "0s", "log.segment.file-size": "1kb",
+                                       "remote.log.task-interval-duration": "0s",
+                                       "lake.tiering.heartbeat-timeout": "30s"})
+    try:
+        connection = await Connection.create(f"127.0.0.1:{server.port}")
+        try:
+            admin = connection.get_admin()
+            path = TablePath("fluss", "tiered_events")
+            schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("v", pa.string())]))
+            await admin.create_table(path, TableDescriptor(schema, bucket_count=1, properties={
+                "table.datalake.enabled": "true", "table.datalake.freshness": "0s", "table.log.ttl": "1ms"}))
+            table = await connection.get_table(path)
+            writer = table.new_append().create_writer()
+            for batch in range(12):  # a segment per batch or two
+                ids = list(range(batch * 20, batch * 20 + 20))
+                await writer.write_arrow_batch(pa.table({"id": ids, "v": ["x" * 40] * 20}))
+            table_id = table.table_info.table_id
+            (replica,) = [r for r in server.replicas.hosted() if r.bucket.table_id == table_id]
+            assert len(replica.log.closed_segments(replica.log.high_watermark)) >= 4
+            await asyncio.sleep(0.01)  # every segment is older than the 1 ms ttl
+
+            async def earliest() -> int:
+                return (await admin.list_offsets(path, [0], OffsetSpec.earliest()))[0]
+
+            assert server.snapshot_scheduler is not None
+            assert await server.snapshot_scheduler.apply_log_retention() == 0  # nothing is in the lake yet
+            assert await earliest() == 0
+            await _lake_round(connection, path, table_id, 1, 100)
+            assert replica.bucket in {b for b in [replica.bucket] if server.replicas.retained.lake(b) is not None}
+            assert await server.snapshot_scheduler.apply_log_retention() > 0
+            start = await earliest()
+            assert 0 < start <= 100  # what the lake holds went; the segment holding offset 100 stayed
+            scanner = table.new_scan().create_log_scanner()
+            scanner.subscribe(0, start)
+            first = await scanner.poll(5_000)
+            assert first and first[0].base_offset == start
+        finally:
+            await connection.close()
+    finally:
+        await server.stop()
+
+
+async def test_remote_segments_of_a_lake_table_expire_only_once_the_lake_holds_them(tmp_path: Path) -> None:
+    """Fluss's rule for a lake-enabled table's remote log: a segment past ``table.log.ttl`` is deleted from
+    remote storage only once the lake holds all of it."""
+    server = await _started(tmp_path, {"kv.snapshot.interval": "0s", "log.segment.file-size": "1kb",
+                                       "remote.log.task-interval-duration": "50ms",
+                                       "lake.tiering.heartbeat-timeout": "30s"})
+    try:
+        connection = await Connection.create(f"127.0.0.1:{server.port}")
+        try:
+            path = TablePath("fluss", "remote_tiered")
+            schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("v", pa.string())]))
+            await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=1, properties={
+                "table.datalake.enabled": "true", "table.datalake.freshness": "0s", "table.log.ttl": "1ms"}))
+            table = await connection.get_table(path)
+            writer = table.new_append().create_writer()
+            for batch in range(12):
+                ids = list(range(batch * 20, batch * 20 + 20))
+                await writer.write_arrow_batch(pa.table({"id": ids, "v": ["x" * 40] * 20}))
+            table_id = table.table_info.table_id
+            bucket = next(r.bucket for r in server.replicas.hosted() if r.bucket.table_id == table_id)
+            remote = server.tablets.remote_logs
+            assert remote is not None
+
+            async def until(condition: Callable[[], bool], what: str) -> None:
+                for _ in range(400):
+                    if condition():
+                        return
+                    await asyncio.sleep(0.025)
+                raise AssertionError(what)
+
+            await until(lambda: (remote.remote_end_offset(bucket) or 0) >= 200, "the segments were not copied")
+            await asyncio.sleep(0.3)  # several rounds, each of which would expire every copied segment
+            assert remote.start_offset(bucket) == 0
+            await _lake_round(connection, path, table_id, 1, 100)
+            await until(lambda: (remote.start_offset(bucket) or 0) > 0, "nothing expired after the commit")
+            assert 0 < (remote.start_offset(bucket) or 0) <= 100
+        finally:
+            await connection.close()
     finally:
         await server.stop()

@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from strom.clock import ManualClock
@@ -16,6 +17,7 @@ from strom.records.types import IntType
 from strom.remote import log_layout
 from strom.remote.storage import RemoteStorage
 from strom.tablet.remote_log_manager import RemoteLogManager, RemoteLogSettings
+from strom.tablet.retained_offsets import RetainedOffsets
 from tests.lake.support import table_info
 
 
@@ -54,9 +56,10 @@ def test_a_leadership_that_begins_during_a_followers_load_still_sweeps_the_orpha
         return None  # nothing committed yet
 
     async def scenario() -> None:
-        manager = RemoteLogManager(
-            None, storage, RemoteLogSettings(interval_ms=0, max_upload_segments=1, index_interval_bytes=4096,
-                                              default_ttl=timedelta(days=7)),
+        manager = RemoteLogManager(  # of the replicas it reads only what was retained
+            SimpleNamespace(retained=RetainedOffsets()), storage,
+            RemoteLogSettings(interval_ms=0, max_upload_segments=1, index_interval_bytes=4096,
+                              default_ttl=timedelta(days=7)),
             ManualClock(0), read_handle=read_handle, commit=None, partition_name=lambda _p: None,  # type: ignore[arg-type]
             oldest_snapshot=None,  # type: ignore[arg-type]
         )
