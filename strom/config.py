@@ -136,6 +136,19 @@ def string_list_option(key: str, description: str) -> ConfigOption[tuple[str, ..
     return _option(key, None, description, parse, "List<String>")
 
 
+COMPRESSION_TYPES = ("no", "snappy", "lz4", "zstd")
+"""The compressions ``kv.rocksdb.compression.per.level`` names (Fluss's)."""
+
+
+def _parse_compression_per_level(value: Any) -> tuple[str, ...]:
+    entries = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    parsed = tuple(str(entry).strip().lower() for entry in entries)
+    unknown = [entry for entry in parsed if entry not in COMPRESSION_TYPES]
+    if not parsed or unknown:
+        raise ValueError(f"{value!r} is not a list of {', '.join(name.upper() for name in COMPRESSION_TYPES)}")
+    return parsed
+
+
 def choice_option(key: str, default: str, choices: tuple[str, ...], description: str,
                   refused: Mapping[str, str] | None = None) -> ConfigOption[str]:
     """A string from ``choices`` (compared case-insensitively, stored lower-case); ``refused``: values a user
@@ -339,6 +352,14 @@ TABLET_SERVER_RACK = string_option(
     "The rack (or availability zone) of this tablet server. When every live tablet server of a cluster has "
     "one, new tables and partitions place each bucket's replicas on as many different racks as they can.",
 )
+TABLET_SERVER_ADVERTISED_RESOURCE_MEMORY_SIZE = _option(
+    "tablet-server.advertised-resource.memory-size", None,
+    "The memory this tablet server tells the coordinator it has (in its registration), for the cluster's "
+    "KV leader replica capacity (`kv.leader-replica.memory-reserved`). It limits, reserves or sizes nothing. "
+    "Unset (or 0): the cgroup's memory limit (v2 `memory.max`, v1 `memory.limit_in_bytes`) when there is "
+    "one, else the machine's physical memory.",
+    lambda value: None if value is None else parse_memory_size(value), "MemorySize",
+)
 TABLET_SERVER_CONTROLLED_SHUTDOWN_MAX_RETRIES = int_option(
     "tablet-server.controlled-shutdown.max-retries", 3,
     "How often a stopping tablet server of a cluster asks the coordinator to move its leaderships away "
@@ -359,6 +380,16 @@ ALLOW_CREATE_LOG_TABLES = bool_option(
 )
 ALLOW_CREATE_KV_TABLES = bool_option(
     "allow.create.kv.tables", True, "Whether primary-key tables may be created.",
+)
+KV_LEADER_REPLICA_MEMORY_RESERVED = memory_option(
+    "kv.leader-replica.memory-reserved", "0",
+    "The memory one primary-key bucket's leader is assumed to take, from which the coordinator computes how "
+    "many such leaders the cluster holds: the live tablet servers' memory "
+    "(`tablet-server.advertised-resource.memory-size`; a server that reports none counts as the average of "
+    "those that do) divided by this. Creating a primary-key table or partition whose buckets do not fit is "
+    "refused with InsufficientKvLeaderReplicaCapacity (71); log tables are not counted. It reserves no "
+    "memory on the tablet servers. 0 turns the check off, and so do half or fewer of the live tablet "
+    "servers reporting their memory. Fluss recommends 8 mb when enabled.",
 )
 DEFAULT_BUCKET_NUMBER = int_option(
     "default.bucket.number", 1, "Number of buckets of a table created without an explicit bucket count.", minimum=1
@@ -636,6 +667,116 @@ KV_ROCKSDB_USE_BLOOM_FILTER = bool_option(
 KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY = float_option(
     "kv.rocksdb.bloom-filter.bits-per-key", 10.0, "Bits per key of the SST bloom filters.", minimum=1.0
 )
+KV_ROCKSDB_BLOOM_FILTER_BLOCK_BASED_MODE = bool_option(
+    "kv.rocksdb.bloom-filter.block-based-mode", False,
+    "Accepted for Fluss configurations, without effect: RocksDB 7 removed block-based filters, so RocksDB 9 "
+    "builds full filters whatever this says (a warning is logged when it is true).",
+)
+KV_ROCKSDB_THREAD_NUM = int_option(
+    "kv.rocksdb.thread.num", 2,
+    "Background flush and compaction jobs each bucket's RocksDB runs at once (RocksDB's `max_background_jobs`).",
+    minimum=1,
+)
+KV_ROCKSDB_FILES_OPEN = int_option(
+    "kv.rocksdb.files.open", -1,
+    "Files each bucket's RocksDB keeps open at most (RocksDB raises 0-19 to 20); -1: no limit.", minimum=-1,
+)
+KV_ROCKSDB_LOG_MAX_FILE_SIZE = memory_option(
+    "kv.rocksdb.log.max-file-size", "25mb",
+    "Size at which a bucket's RocksDB info log (`LOG`) rolls to a new file; 0: one file that grows.", minimum=0,
+)
+KV_ROCKSDB_LOG_FILE_NUM = int_option(
+    "kv.rocksdb.log.file-num", 4, "Info log files each bucket's RocksDB keeps (the current one included).",
+    minimum=1,
+)
+KV_ROCKSDB_LOG_DIR = string_option(
+    "kv.rocksdb.log.dir", None,
+    "Directory of the buckets' RocksDB info logs, each file named after its database's path (created if "
+    "missing). Unset or empty: `LOG` in each database's directory.",
+)
+KV_ROCKSDB_LOG_LEVEL = choice_option(
+    "kv.rocksdb.log.level", "info_level",
+    ("debug_level", "info_level", "warn_level", "error_level", "fatal_level", "header_level"),
+    "Level of the buckets' RocksDB info logs (`DEBUG_LEVEL` … `HEADER_LEVEL`, any case). The native binding "
+    "only: rocksdict 0.3.29 has no setter for it, so under rocksdict RocksDB logs at `INFO_LEVEL`.",
+)
+KV_ROCKSDB_WRITE_BATCH_SIZE = memory_option(
+    "kv.rocksdb.write-batch-size", "2mb",
+    "Accepted for Fluss configurations, without effect: strom never splits a write. Each committed group of rows "
+    "goes to RocksDB as one atomic batch with the bucket's applied log offset, so neither a memtable flush, a "
+    "crash nor a reader ever sees part of a group; splitting it at a size would give that up.",
+    minimum=1,
+)
+KV_ROCKSDB_SHARED_RATE_LIMITER_BYTES_PER_SEC = memory_option(
+    "kv.rocksdb.shared-rate-limiter.bytes-per-sec", str((1 << 63) - 1),
+    "Flush and compaction write rate of all of the server's buckets' RocksDB together: one rate limiter the "
+    "server's databases share (both bindings). The default (Long.MAX_VALUE bytes) means no limiter.",
+    minimum=1, maximum=(1 << 63) - 1,
+)
+KV_ROCKSDB_COMPACTION_STYLE = choice_option(
+    "kv.rocksdb.compaction.style", "level", ("level", "universal", "none"),
+    "Compaction style of the buckets' RocksDB: `LEVEL`, `UNIVERSAL` or `NONE`. `NONE` never compacts, so a "
+    "bucket's level-0 files pile up until its writes are refused (StorageBackpressure at 20). rocksdict has no "
+    "`NONE`: under it, `NONE` is the level style with automatic compactions disabled. Fluss's `FIFO` is refused: "
+    "it deletes the oldest SST files once they pass 1 GiB, which loses current rows of a primary-key table.",
+    refused={"fifo": "FIFO compaction deletes the oldest SST files of a bucket once they pass 1 GiB in all, "
+                     "losing current rows of a primary-key table; use LEVEL or UNIVERSAL"},
+)
+KV_ROCKSDB_COMPACTION_LEVEL_USE_DYNAMIC_SIZE = bool_option(
+    "kv.rocksdb.compaction.level.use-dynamic-size", False,
+    "Level sizes derived from the last level's size (RocksDB's `level_compaction_dynamic_level_bytes`, "
+    "true by default since RocksDB 8.4; Fluss's default false is kept). Either opens the other's data.",
+)
+KV_ROCKSDB_COMPRESSION_PER_LEVEL: ConfigOption[tuple[str, ...]] = _option(
+    "kv.rocksdb.compression.per.level", ("lz4", "lz4", "lz4", "lz4", "lz4", "zstd", "zstd"),
+    "Compression of each level's SST files, level 0 first (comma-separated `NO`, `SNAPPY`, `LZ4`, `ZSTD`); "
+    "levels past the list use its last entry. Each SST file records its own compression, so a change applies "
+    "to files written from then on and existing data opens unchanged.",
+    _parse_compression_per_level, "List<Enum>",
+)
+KV_ROCKSDB_COMPACTION_LEVEL_TARGET_FILE_SIZE_BASE = memory_option(
+    "kv.rocksdb.compaction.level.target-file-size-base", "64mb",
+    "Target size of an SST file at level 1 (RocksDB's `target_file_size_base`).", minimum=1,
+)
+KV_ROCKSDB_COMPACTION_LEVEL_MAX_SIZE_LEVEL_BASE = memory_option(
+    "kv.rocksdb.compaction.level.max-size-level-base", "256mb",
+    "Target size of level 1, each level below ten times the one above (RocksDB's `max_bytes_for_level_base`).",
+    minimum=1,
+)
+KV_ROCKSDB_WRITE_BUFFER_NUMBER_TO_MERGE = int_option(
+    "kv.rocksdb.writebuffer.number-to-merge", 1,
+    "Full memtables a flush merges into one SST file at least (RocksDB's `min_write_buffer_number_to_merge`). "
+    "Passed to RocksDB, but only 1 takes effect: strom flushes a bucket's column families together without a "
+    "WAL (atomic flush), and RocksDB 9 then lowers any larger value to 1, as more would lose data.",
+    minimum=1,
+)
+KV_ROCKSDB_BLOCK_METADATA_BLOCKSIZE = memory_option(
+    "kv.rocksdb.block.metadata-blocksize", "4kb",
+    "Block size of partitioned index and filter blocks (RocksDB's `metadata_block_size`). strom builds neither "
+    "partitioned, so it is passed to RocksDB but changes nothing.",
+    minimum=1,
+)
+KV_ROCKSDB_BLOCK_CACHE_INDEX_AND_FILTER_BLOCKS = bool_option(
+    "kv.rocksdb.block.cache-index-and-filter-blocks", False,
+    "Index and filter blocks in the bucket's block cache (bounded by it, evicted from it) instead of held in "
+    "memory for as long as their SST file is open.",
+)
+KV_ROCKSDB_BLOCK_CACHE_INDEX_AND_FILTER_BLOCKS_WITH_HIGH_PRIORITY = bool_option(
+    "kv.rocksdb.block.cache-index-and-filter-blocks-with-high-priority", False,
+    "With `kv.rocksdb.block.cache-index-and-filter-blocks`, those blocks in the cache's high-priority pool. The "
+    "native binding only: rocksdict 0.3.29 has no setter for it, so under rocksdict RocksDB's default (true) holds.",
+)
+KV_ROCKSDB_BLOCK_PIN_L0_FILTER_AND_INDEX_BLOCKS_IN_CACHE = bool_option(
+    "kv.rocksdb.block.pin-l0-filter-and-index-blocks-in-cache", False,
+    "With `kv.rocksdb.block.cache-index-and-filter-blocks`, level-0 files' index and filter blocks pinned in the "
+    "block cache.",
+)
+KV_ROCKSDB_BLOCK_PIN_TOP_LEVEL_INDEX_AND_FILTER = bool_option(
+    "kv.rocksdb.block.pin-top-level-index-and-filter", False,
+    "With `kv.rocksdb.block.cache-index-and-filter-blocks`, the top level of partitioned index and filter blocks "
+    "pinned in the block cache (RocksDB's default is true). strom builds no partitioned ones: passed to RocksDB, "
+    "it changes nothing.",
+)
 KV_ROCKSDB_BINDING = choice_option(
     "kv.rocksdb.binding", "auto", ("auto", "native", "rocksdict"),
     "How the server opens its buckets' RocksDB (strom's key): `native`, strom's own binding over RocksDB's C API "
@@ -753,6 +894,7 @@ DYNAMIC_OPTIONS = frozenset({
     TABLE_DATALAKE_FRESHNESS.key,
     COORDINATOR_PRODUCER_OFFSETS_TTL.key,
     AUTO_PARTITION_CHECK_INTERVAL.key,
+    KV_LEADER_REPLICA_MEMORY_RESERVED.key,
 })
 """The options AlterClusterConfigs may change while the cluster runs; each takes effect without a restart
 (docs/cluster-configs.md says where and how soon)."""
@@ -827,6 +969,8 @@ def options_markdown() -> str:
         default = option.default
         if isinstance(default, timedelta):
             shown = _format_duration(default)
+        elif isinstance(default, tuple):
+            shown = ",".join(default)
         elif option.type_name == "MemorySize" and default is not None:
             shown = _format_memory(int(default))
         else:

@@ -192,6 +192,13 @@ class UnknownTableOrBucketError(RetriableError):
         return cls(f"Table id {table_id} does not exist.")
 
 
+class InvalidUpdateVersionError(StromError):
+    """An ISR change proposed against a bucket state that has since been rewritten (AdjustIsr)."""
+
+    code = 22
+    default_message = "The update version is invalid."
+
+
 class InvalidCoordinatorError(StromError):
     code = 23
     default_message = "The coordinator epoch is invalid."
@@ -341,6 +348,13 @@ class LakeSnapshotNotExistError(StromError):
     default_message = "The lake snapshot does not exist."
 
 
+class IneligibleReplicaError(StromError):
+    """A proposed ISR names a replica that may not be in it: not live, or the leader left out (AdjustIsr)."""
+
+    code = 55
+    default_message = "The new ISR contains at least one ineligible replica."
+
+
 class InvalidAlterTableError(StromError):
     code = 56
     default_message = "The alter table request is invalid."
@@ -430,6 +444,16 @@ class DiskWriteLockedError(RetriableError):
     default_message = (
         "The tablet server has rejected writes because its data disk usage reached the configured write-limit ratio."
     )
+
+
+class InsufficientKvLeaderReplicaCapacityError(StromError):
+    """Creating a primary-key table or partition would take the cluster past its KV leader replica capacity
+    (``kv.leader-replica.memory-reserved``); nothing was created. Not retriable (Fluss's
+    InsufficientKvLeaderReplicaCapacityException): drop primary-key tables, add tablet servers or raise
+    the cap first."""
+
+    code = 71
+    default_message = "The cluster does not have enough KV leader replica capacity."
 
 
 class StorageBackpressureError(RetriableError):

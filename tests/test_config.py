@@ -120,11 +120,59 @@ def test_integers_from_yaml_or_strings_are_accepted() -> None:
         ("kv.rocksdb.bloom-filter.bits-per-key", True, "not a number"),
         ("kv.rocksdb.bloom-filter.bits-per-key", "0.5", "below the minimum of 1.0"),
         ("kv.rocksdb.writebuffer.count", "1", "below the minimum of 2"),
+        ("kv.rocksdb.compression.per.level", "LZ4,GZIP", "not a list of NO, SNAPPY, LZ4, ZSTD"),
+        ("kv.rocksdb.compression.per.level", "", "not a list of"),
+        ("kv.rocksdb.log.level", "LOUD", "not one of"),
+        ("kv.rocksdb.compaction.style", "TIERED", "not one of"),
+        ("kv.rocksdb.files.open", "-2", "below the minimum of -1"),
+        ("kv.rocksdb.shared-rate-limiter.bytes-per-sec", "0", "below the minimum of 1"),
     ],
 )
 def test_a_bad_value_is_a_value_error_naming_the_key(key: str, value: object, problem: str) -> None:
     with pytest.raises(ValueError, match=f"invalid value for {key}: .*{problem}"):
         Configuration({key: value})
+
+
+def test_the_kv_rocksdb_keys_have_flusss_names_and_defaults() -> None:
+    defaults = {key: option.default for key, option in ALL_OPTIONS.items() if key.startswith("kv.rocksdb.")}
+    assert defaults == {
+        "kv.rocksdb.binding": "auto",  # strom's own
+        "kv.rocksdb.block.cache-size": 8 << 20,
+        "kv.rocksdb.block.blocksize": 4 << 10,
+        "kv.rocksdb.writebuffer.size": 64 << 20,
+        "kv.rocksdb.writebuffer.count": 2,
+        "kv.rocksdb.use-bloom-filter": True,
+        "kv.rocksdb.bloom-filter.bits-per-key": 10.0,
+        "kv.rocksdb.bloom-filter.block-based-mode": False,
+        "kv.rocksdb.thread.num": 2,
+        "kv.rocksdb.files.open": -1,
+        "kv.rocksdb.log.max-file-size": 25 << 20,
+        "kv.rocksdb.log.file-num": 4,
+        "kv.rocksdb.log.dir": None,
+        "kv.rocksdb.log.level": "info_level",
+        "kv.rocksdb.write-batch-size": 2 << 20,
+        "kv.rocksdb.shared-rate-limiter.bytes-per-sec": (1 << 63) - 1,
+        "kv.rocksdb.compaction.style": "level",
+        "kv.rocksdb.compaction.level.use-dynamic-size": False,
+        "kv.rocksdb.compression.per.level": ("lz4", "lz4", "lz4", "lz4", "lz4", "zstd", "zstd"),
+        "kv.rocksdb.compaction.level.target-file-size-base": 64 << 20,
+        "kv.rocksdb.compaction.level.max-size-level-base": 256 << 20,
+        "kv.rocksdb.writebuffer.number-to-merge": 1,
+        "kv.rocksdb.block.metadata-blocksize": 4 << 10,
+        "kv.rocksdb.block.cache-index-and-filter-blocks": False,
+        "kv.rocksdb.block.cache-index-and-filter-blocks-with-high-priority": False,
+        "kv.rocksdb.block.pin-l0-filter-and-index-blocks-in-cache": False,
+        "kv.rocksdb.block.pin-top-level-index-and-filter": False,
+    }
+    # Fluss's spellings: upper-case enums, a comma-separated (or YAML) list
+    config = Configuration({"kv.rocksdb.log.level": "HEADER_LEVEL", "kv.rocksdb.compaction.style": "UNIVERSAL",
+                            "kv.rocksdb.compression.per.level": ["NO", "Zstd"]})
+    assert config.get(ALL_OPTIONS["kv.rocksdb.log.level"]) == "header_level"
+    assert config.get(ALL_OPTIONS["kv.rocksdb.compaction.style"]) == "universal"
+    assert config.get(ALL_OPTIONS["kv.rocksdb.compression.per.level"]) == ("no", "zstd")
+    # Fluss's FIFO would drop current rows of a primary-key table: refused with the reason
+    with pytest.raises(ValueError, match="losing current rows"):
+        Configuration({"kv.rocksdb.compaction.style": "FIFO"})
 
 
 def test_floats_from_yaml_or_strings_are_accepted() -> None:

@@ -15,6 +15,8 @@ in the lake table by name.
 Where strom differs from Fluss: Fluss delays the creation of a DAY table's partitions by a random number
 of minutes per table (to spread many tables' creations over the day); strom creates them at the first
 check, so tomorrow's partition exists from today on either way with the default ``num-precreate`` 2.
+A partition of a primary-key table that would exceed the cluster's KV leader replica capacity
+(``kv.leader-replica.memory-reserved``) is not created: that is logged, and the next check tries again.
 Owned by the event loop of the active coordinator; the metadata store refuses a second create of a
 partition, so a check racing a client's CreatePartition creates it once.
 """
@@ -29,7 +31,12 @@ from dataclasses import dataclass, field
 
 from strom.clock import Clock
 from strom.coordinator.service import CoordinatorService
-from strom.errors import PartitionMaxNumError, StromError, TableNotExistError
+from strom.errors import (
+    InsufficientKvLeaderReplicaCapacityError,
+    PartitionMaxNumError,
+    StromError,
+    TableNotExistError,
+)
 from strom.metadata.auto_partition import AutoPartitionStrategy
 from strom.metadata.table_info import TableInfo
 
@@ -136,6 +143,9 @@ class AutoPartitionManager:
             except PartitionMaxNumError:
                 log.warning("auto-partitioning cannot create partition %s of %s: it has max.partition.num "
                             "partitions", value, table.path)
+                break
+            except InsufficientKvLeaderReplicaCapacityError as exc:  # the later ones would not fit either
+                log.warning("auto-partitioning cannot create partition %s of %s: %s", value, table.path, exc)
                 break
             except StromError as exc:
                 log.warning("auto-partitioning cannot create partition %s of %s: %s", value, table.path, exc)

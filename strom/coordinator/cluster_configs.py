@@ -10,10 +10,10 @@ time, or a value that does not parse, refuses the whole list and changes nothing
 
 Which keys can change (``strom.config.DYNAMIC_OPTIONS``) differs from Fluss's list, because it is what
 strom applies without a restart: ``kv.snapshot.interval`` (Fluss's too), ``table.datalake.freshness``
-(the default of tables without their own), ``coordinator.producer-offsets.ttl`` and
-``auto-partition.check.interval``. The dynamic values live in one document of the metadata store: the
-active coordinator applies a change at once, a cluster's other servers within a second
-(``strom.server.cluster_node``), and every server starts with them.
+(the default of tables without their own), ``coordinator.producer-offsets.ttl``,
+``auto-partition.check.interval`` and ``kv.leader-replica.memory-reserved`` (Fluss's too). The dynamic
+values live in one document of the metadata store: the active coordinator applies a change at once, a
+cluster's other servers within a second (``strom.server.cluster_node``), and every server starts with them.
 """
 
 from __future__ import annotations

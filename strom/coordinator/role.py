@@ -18,6 +18,7 @@ from strom.config import (
     AUTO_PARTITION_CHECK_INTERVAL,
     COORDINATOR_PRODUCER_OFFSETS_CLEANUP_INTERVAL,
     COORDINATOR_PRODUCER_OFFSETS_TTL,
+    KV_LEADER_REPLICA_MEMORY_RESERVED,
     KV_SNAPSHOT_LEASE_EXPIRATION_CHECK_INTERVAL,
     KV_SNAPSHOT_NUM_RETAINED,
     LAKE_TIERING_HEARTBEAT_CHECK_INTERVAL,
@@ -126,12 +127,14 @@ class CoordinatorRole:
 
     def apply(self, config: Configuration) -> None:
         """Cluster configs changed at run time: the producer offsets' default TTL, the auto-partition check
-        interval, and the lake freshness of tables that do not set their own."""
+        interval, the KV leader replica capacity's memory per leader, and the lake freshness of tables that
+        do not set their own."""
         self.config = config
         self.producer_offsets.default_ttl_ms = config.get_ms(COORDINATOR_PRODUCER_OFFSETS_TTL)
         if self.auto_partitions is not None:
             self.auto_partitions.check_interval_ms = config.get_ms(AUTO_PARTITION_CHECK_INTERVAL)
         if self.coordinator is not None:
+            self.coordinator.kv_leader_capacity.reserved_bytes = config.get(KV_LEADER_REPLICA_MEMORY_RESERVED)
             self._applying.append(asyncio.ensure_future(
                 self.coordinator.set_default_freshness_ms(config.get_ms(TABLE_DATALAKE_FRESHNESS))
             ))

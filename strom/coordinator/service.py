@@ -8,6 +8,7 @@ the matching Fluss error code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from strom.config import (
     DATALAKE_FORMAT,
     DEFAULT_BUCKET_NUMBER,
     DEFAULT_REPLICATION_FACTOR,
+    KV_LEADER_REPLICA_MEMORY_RESERVED,
     MAX_BUCKET_NUM,
     MAX_PARTITION_NUM,
     TABLE_DATALAKE_FRESHNESS,
@@ -28,6 +30,7 @@ from strom.config import (
 )
 from strom.coordinator.catalog import FIRST_SCHEMA_ID, CatalogReader
 from strom.coordinator.gateway import TabletServerGateway
+from strom.coordinator.kv_leader_capacity import KvLeaderCapacity
 from strom.coordinator.lake_tiering import LakeTableTieringManager
 from strom.coordinator.placement import BucketPlacement
 from strom.errors import (
@@ -146,6 +149,12 @@ class CoordinatorService(CatalogReader):
         self._read_modify_write = asyncio.Lock()
         """Held by a change decided on what it read (an alter, a partition counted against its maximum) from
         the read to the write, so two such changes never decide on the same old state."""
+        self.kv_leader_capacity = KvLeaderCapacity(
+            config.get(KV_LEADER_REPLICA_MEMORY_RESERVED),
+            lambda: [node.memory_bytes for node in placement.tablet_servers()],
+            self.kv_leader_replica_count,
+        )
+        """``kv.leader-replica.memory-reserved``: checked before a primary-key table or partition is created."""
 
     def on_table_changed(self, hook: TableChangedHook) -> None:
         """Await ``hook(table)`` after a table is created or altered, before the request is answered (the
@@ -155,6 +164,17 @@ class CoordinatorService(CatalogReader):
     async def _table_changed(self, table: TableInfo) -> None:
         for hook in self._table_changed_hooks:
             await hook(table)
+
+    def kv_leader_replica_count(self) -> int:
+        """The buckets of primary-key tables and of their partitions: one KV leader replica each (from the
+        loaded catalog)."""
+        tables = self._tables_by_id
+        count = sum(table.bucket_count for table in tables.values() if table.has_primary_key and not table.is_partitioned)
+        for record in self._partitions_by_id.values():
+            table = tables.get(record.table_id)
+            if table is not None and table.has_primary_key:
+                count += table.bucket_count
+        return count
 
     async def start(self) -> None:
         """Create the default database, load the catalog and hand every stored bucket to the tablet server."""
@@ -306,17 +326,23 @@ class CoordinatorService(CatalogReader):
         validate_table_name(path.table_name)
         await self._require_database(path.database_name)
         table_json = self._validated_table_json(request.table_json)
-        try:
-            record = await off_loop(
-                self._store.create_table,
-                path.database_name, path.table_name, table_json, FIRST_SCHEMA_ID, self._clock.now_ms(),
-            )
-        except TableAlreadyExistError:
-            await self._heal(path)
-            if request.ignore_if_exists:
-                return pb.CreateTableResponse()
-            raise
-        table = self.remember_table(TableInfo.from_record(record))
+        requested = _kv_leader_replicas(table_json)
+        checked = bool(requested) and self.kv_leader_capacity.enabled and path not in self._tables_by_path
+        # checked: the count the new table's buckets join is the count checked (a partition holds it too)
+        async with self._read_modify_write if checked else contextlib.nullcontext():
+            if checked:
+                self.kv_leader_capacity.check(requested, f"table '{path}'")
+            try:
+                record = await off_loop(
+                    self._store.create_table,
+                    path.database_name, path.table_name, table_json, FIRST_SCHEMA_ID, self._clock.now_ms(),
+                )
+            except TableAlreadyExistError:
+                await self._heal(path)
+                if request.ignore_if_exists:
+                    return pb.CreateTableResponse()
+                raise
+            table = self.remember_table(TableInfo.from_record(record))
         if not table.is_partitioned:
             await off_loop(self._placement.assign, table)
             self._tablets.become_leader(table, table.buckets())
@@ -630,6 +656,8 @@ class CoordinatorService(CatalogReader):
                 f"Table '{table.path}' already has {len(existing)} partitions (max.partition.num)."
             )
         self._check_replication_factor(table.properties)
+        if table.has_primary_key:
+            self.kv_leader_capacity.check(table.bucket_count, f"partition '{name}' of table '{table.path}'")
         ordered = tuple((key, spec[key]) for key in table.partition_keys)
         try:
             record = await off_loop(self._store.create_partition, table.table_id, name, ordered, self._clock.now_ms())
@@ -701,6 +729,15 @@ def _database_changes(changes: Any) -> tuple[dict[str, str], set[str]]:
                 "use SET (0) or DELETE (1)."
             )
     return to_set, to_delete
+
+
+def _kv_leader_replicas(table_json: bytes) -> int:
+    """The KV leader replicas creating a (validated) table adds: a primary-key table's buckets; none for a log
+    table, nor for a partitioned table (its partitions add theirs when created)."""
+    descriptor = TableDescriptor.from_json(table_json)
+    if not descriptor.has_primary_key or descriptor.is_partitioned:
+        return 0
+    return descriptor.bucket_count or 0
 
 
 def _parse_json_object(raw: bytes, what: str) -> dict[str, Any]:

@@ -18,7 +18,9 @@ checkpoint exactly as the tablet that wrote it, without reaching into the tablet
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,8 @@ from types import ModuleType
 from typing import Protocol
 
 import rocksdict
+
+from strom import config as cfg
 
 try:
     import strom.kv._rocksdb as _native
@@ -41,6 +45,16 @@ META_WRITE_BUFFER_SIZE_BYTES = 64 << 20
 """Memtable size of the metadata column family (the applied offset and row count, rewritten by every write)."""
 MEMTABLE_BLOOM_RATIO = 0.1
 """Share of a memtable's size given to its whole-key bloom filter (RocksDB's memtable_prefix_bloom_size_ratio)."""
+UNLIMITED_RATE = (1 << 63) - 1
+"""``kv.rocksdb.shared-rate-limiter.bytes-per-sec`` at this (Fluss's default, Long.MAX_VALUE): no limiter."""
+INFO_LOG_LEVELS = ("debug_level", "info_level", "warn_level", "error_level", "fatal_level", "header_level")
+"""RocksDB's InfoLogLevel values in order (the native binding passes the index)."""
+COMPACTION_STYLES = ("level", "universal", "fifo", "none")
+"""RocksDB's CompactionStyle values in order (the native binding passes the index)."""
+COMPRESSIONS = {"no": 0, "snappy": 1, "lz4": 4, "zstd": 7}
+"""``kv.rocksdb.compression.per.level``'s names and RocksDB's CompressionType values."""
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +75,84 @@ class RocksDbOptions:
     skip-list search (measured: ~2.3 µs → ~0.4 µs per missing key with the data in a 64 MB memtable)."""
     bloom_filter_bits_per_key: float = 10.0
     """``kv.rocksdb.bloom-filter.bits-per-key``."""
+    background_jobs: int = 2
+    """``kv.rocksdb.thread.num``: RocksDB's max_background_jobs."""
+    max_open_files: int = -1
+    """``kv.rocksdb.files.open``; -1: no limit."""
+    log_max_file_size_bytes: int = 25 << 20
+    """``kv.rocksdb.log.max-file-size``; 0: one info log file that grows."""
+    log_file_num: int = 4
+    """``kv.rocksdb.log.file-num``: info log files kept."""
+    log_dir: str | None = None
+    """``kv.rocksdb.log.dir``; None: ``LOG`` in the database's directory."""
+    log_level: str = "info_level"
+    """``kv.rocksdb.log.level``, one of :data:`INFO_LOG_LEVELS` (the native binding only: rocksdict cannot set it)."""
+    shared_rate_limit_bytes_per_sec: int | None = None
+    """``kv.rocksdb.shared-rate-limiter.bytes-per-sec``: the rate of the process's one flush and compaction rate
+    limiter, which every database opened with this rate shares; None: no limiter."""
+    compaction_style: str = "level"
+    """``kv.rocksdb.compaction.style``, one of :data:`COMPACTION_STYLES`."""
+    level_dynamic_size: bool = False
+    """``kv.rocksdb.compaction.level.use-dynamic-size``: RocksDB's level_compaction_dynamic_level_bytes."""
+    compression_per_level: tuple[str, ...] = ("lz4", "lz4", "lz4", "lz4", "lz4", "zstd", "zstd")
+    """``kv.rocksdb.compression.per.level``, names of :data:`COMPRESSIONS`; levels past it use its last entry."""
+    target_file_size_base_bytes: int = 64 << 20
+    """``kv.rocksdb.compaction.level.target-file-size-base``."""
+    max_size_level_base_bytes: int = 256 << 20
+    """``kv.rocksdb.compaction.level.max-size-level-base``: RocksDB's max_bytes_for_level_base."""
+    write_buffer_number_to_merge: int = 1
+    """``kv.rocksdb.writebuffer.number-to-merge``: RocksDB's min_write_buffer_number_to_merge."""
+    metadata_block_size_bytes: int = 4 << 10
+    """``kv.rocksdb.block.metadata-blocksize`` (partitioned index and filter blocks, which strom does not build)."""
+    cache_index_and_filter_blocks: bool = False
+    """``kv.rocksdb.block.cache-index-and-filter-blocks``."""
+    cache_index_and_filter_blocks_with_high_priority: bool = False
+    """``kv.rocksdb.block.cache-index-and-filter-blocks-with-high-priority`` (the native binding only)."""
+    pin_l0_filter_and_index_blocks_in_cache: bool = False
+    """``kv.rocksdb.block.pin-l0-filter-and-index-blocks-in-cache``."""
+    pin_top_level_index_and_filter: bool = False
+    """``kv.rocksdb.block.pin-top-level-index-and-filter``."""
+
+    @classmethod
+    def from_config(cls, config: cfg.Configuration) -> RocksDbOptions:
+        """The options of the server's ``kv.rocksdb.*`` keys.
+
+        ``kv.rocksdb.write-batch-size`` has no field: each committed group is written as one atomic batch
+        (its rows with the applied offset), never split. ``kv.rocksdb.bloom-filter.block-based-mode`` has none
+        either: RocksDB 7 removed block-based filters (a warning says so when it is set).
+        """
+        if config.get(cfg.KV_ROCKSDB_BLOOM_FILTER_BLOCK_BASED_MODE):
+            _log.warning("kv.rocksdb.bloom-filter.block-based-mode has no effect: RocksDB %s builds full filters "
+                         "only (block-based filters were removed in RocksDB 7)", rocksdb_version())
+        rate = config.get(cfg.KV_ROCKSDB_SHARED_RATE_LIMITER_BYTES_PER_SEC)
+        return cls(
+            block_cache_size_bytes=config.get(cfg.KV_ROCKSDB_BLOCK_CACHE_SIZE),
+            write_buffer_size_bytes=config.get(cfg.KV_ROCKSDB_WRITE_BUFFER_SIZE),
+            write_buffer_count=config.get(cfg.KV_ROCKSDB_WRITE_BUFFER_COUNT),
+            block_size_bytes=config.get(cfg.KV_ROCKSDB_BLOCK_SIZE),
+            use_bloom_filter=config.get(cfg.KV_ROCKSDB_USE_BLOOM_FILTER),
+            bloom_filter_bits_per_key=config.get(cfg.KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY),
+            background_jobs=config.get(cfg.KV_ROCKSDB_THREAD_NUM),
+            max_open_files=config.get(cfg.KV_ROCKSDB_FILES_OPEN),
+            log_max_file_size_bytes=config.get(cfg.KV_ROCKSDB_LOG_MAX_FILE_SIZE),
+            log_file_num=config.get(cfg.KV_ROCKSDB_LOG_FILE_NUM),
+            log_dir=config.get(cfg.KV_ROCKSDB_LOG_DIR) or None,
+            log_level=config.get(cfg.KV_ROCKSDB_LOG_LEVEL),
+            shared_rate_limit_bytes_per_sec=None if rate >= UNLIMITED_RATE else rate,
+            compaction_style=config.get(cfg.KV_ROCKSDB_COMPACTION_STYLE),
+            level_dynamic_size=config.get(cfg.KV_ROCKSDB_COMPACTION_LEVEL_USE_DYNAMIC_SIZE),
+            compression_per_level=config.get(cfg.KV_ROCKSDB_COMPRESSION_PER_LEVEL),
+            target_file_size_base_bytes=config.get(cfg.KV_ROCKSDB_COMPACTION_LEVEL_TARGET_FILE_SIZE_BASE),
+            max_size_level_base_bytes=config.get(cfg.KV_ROCKSDB_COMPACTION_LEVEL_MAX_SIZE_LEVEL_BASE),
+            write_buffer_number_to_merge=config.get(cfg.KV_ROCKSDB_WRITE_BUFFER_NUMBER_TO_MERGE),
+            metadata_block_size_bytes=config.get(cfg.KV_ROCKSDB_BLOCK_METADATA_BLOCKSIZE),
+            cache_index_and_filter_blocks=config.get(cfg.KV_ROCKSDB_BLOCK_CACHE_INDEX_AND_FILTER_BLOCKS),
+            cache_index_and_filter_blocks_with_high_priority=config.get(
+                cfg.KV_ROCKSDB_BLOCK_CACHE_INDEX_AND_FILTER_BLOCKS_WITH_HIGH_PRIORITY),
+            pin_l0_filter_and_index_blocks_in_cache=config.get(
+                cfg.KV_ROCKSDB_BLOCK_PIN_L0_FILTER_AND_INDEX_BLOCKS_IN_CACHE),
+            pin_top_level_index_and_filter=config.get(cfg.KV_ROCKSDB_BLOCK_PIN_TOP_LEVEL_INDEX_AND_FILTER),
+        )
 
 
 class RowIterator(Protocol):
@@ -164,6 +256,8 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
     options = options or RocksDbOptions()
     if not read_only:
         path.mkdir(parents=True, exist_ok=True)  # RocksDB creates the last directory only
+    if options.log_dir is not None and not read_only:
+        Path(options.log_dir).mkdir(parents=True, exist_ok=True)  # RocksDB logs nowhere if it is missing
     native = _native_in_use()
     if native is not None:
         database: KvDatabase = native.Database(
@@ -176,6 +270,24 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
             memtable_bloom_ratio=MEMTABLE_BLOOM_RATIO,
             meta_write_buffer_size=META_WRITE_BUFFER_SIZE_BYTES,
             read_only=read_only,
+            max_background_jobs=options.background_jobs,
+            max_open_files=options.max_open_files,
+            max_log_file_size=options.log_max_file_size_bytes,
+            keep_log_file_num=options.log_file_num,
+            db_log_dir=options.log_dir,
+            info_log_level=INFO_LOG_LEVELS.index(options.log_level),
+            rate_limit_bytes_per_sec=options.shared_rate_limit_bytes_per_sec or 0,
+            compaction_style=COMPACTION_STYLES.index(options.compaction_style),
+            dynamic_level_bytes=options.level_dynamic_size,
+            compression_per_level=[COMPRESSIONS[name] for name in options.compression_per_level],
+            target_file_size_base=options.target_file_size_base_bytes,
+            max_bytes_for_level_base=options.max_size_level_base_bytes,
+            min_write_buffer_number_to_merge=options.write_buffer_number_to_merge,
+            metadata_block_size=options.metadata_block_size_bytes,
+            cache_index_and_filter_blocks=options.cache_index_and_filter_blocks,
+            cache_index_and_filter_blocks_with_high_priority=options.cache_index_and_filter_blocks_with_high_priority,
+            pin_l0_filter_and_index_blocks_in_cache=options.pin_l0_filter_and_index_blocks_in_cache,
+            pin_top_level_index_and_filter=options.pin_top_level_index_and_filter,
         )
         return database
     return RocksdictDatabase(path, options, read_only=read_only)
@@ -301,8 +413,46 @@ class KvDatabaseClosedError(OSError):
     """A call on a closed database or iterator (rocksdict binding; the native one raises RocksDbError)."""
 
 
+RATE_LIMITER_REFILL_US = 100_000
+RATE_LIMITER_FAIRNESS = 10
+"""RocksDB's defaults for a rate limiter (the native binding uses the same)."""
+
+
+_ROCKSDICT_COMPRESSIONS = {
+    "no": rocksdict.DBCompressionType.none, "snappy": rocksdict.DBCompressionType.snappy,
+    "lz4": rocksdict.DBCompressionType.lz4, "zstd": rocksdict.DBCompressionType.zstd,
+}
+_ROCKSDICT_COMPACTION_STYLES = {
+    "level": rocksdict.DBCompactionStyle.level, "universal": rocksdict.DBCompactionStyle.universal,
+    "fifo": rocksdict.DBCompactionStyle.fifo,
+    "none": rocksdict.DBCompactionStyle.level,  # rocksdict has no NONE: level, automatic compactions disabled
+}
+_rocksdict_limited: tuple[int, rocksdict.Options] | None = None
+"""The rate and the one Options object that carries the process's shared rate limiter under rocksdict.
+
+rocksdict creates a rate limiter per Options object and cannot hand one to another, while RocksDB copies an
+Options object's reference to its limiter into each database it opens: so every database opened with a rate
+is opened from this one object, its per-database settings applied afresh under :data:`_rocksdict_lock`."""
+_rocksdict_lock = threading.Lock()
+
+
 def _open_rocksdict(path: Path, options: RocksDbOptions, read_only: bool) -> rocksdict.Rdict:
-    db_options = rocksdict.Options(raw_mode=True)
+    global _rocksdict_limited
+    rate = options.shared_rate_limit_bytes_per_sec
+    if rate is None:
+        return _open_rocksdict_with(rocksdict.Options(raw_mode=True), path, options, read_only)
+    with _rocksdict_lock:
+        if _rocksdict_limited is None or _rocksdict_limited[0] != rate:
+            shared = rocksdict.Options(raw_mode=True)
+            shared.set_ratelimiter(rate, RATE_LIMITER_REFILL_US, RATE_LIMITER_FAIRNESS)
+            _rocksdict_limited = (rate, shared)
+        return _open_rocksdict_with(_rocksdict_limited[1], path, options, read_only)
+
+
+def _open_rocksdict_with(db_options: rocksdict.Options, path: Path, options: RocksDbOptions,
+                         read_only: bool) -> rocksdict.Rdict:
+    """Open with every setting of ``options`` applied to ``db_options`` (each one, so a shared Options object
+    keeps nothing of the database opened from it before)."""
     db_options.create_if_missing(True)
     db_options.create_missing_column_families(True)
     # Writes skip RocksDB's WAL (the changelog is the write-ahead record), so after a crash each column
@@ -311,16 +461,34 @@ def _open_rocksdict(path: Path, options: RocksDbOptions, read_only: bool) -> roc
     # together.
     db_options.set_atomic_flush(True)
     db_options.set_compression_type(rocksdict.DBCompressionType.lz4())
+    db_options.set_compression_per_level([_ROCKSDICT_COMPRESSIONS[name]() for name in options.compression_per_level])
     db_options.set_write_buffer_size(options.write_buffer_size_bytes)
     db_options.set_max_write_buffer_number(options.write_buffer_count)
+    db_options.set_min_write_buffer_number_to_merge(options.write_buffer_number_to_merge)
+    db_options.set_max_background_jobs(options.background_jobs)
+    db_options.set_max_open_files(options.max_open_files)
+    db_options.set_max_log_file_size(options.log_max_file_size_bytes)
+    db_options.set_keep_log_file_num(options.log_file_num)
+    db_options.set_db_log_dir(options.log_dir or "")
+    # no setter for info_log_level in rocksdict 0.3.29: RocksDB's INFO_LEVEL (kv.rocksdb.log.level says so)
+    db_options.set_compaction_style(_ROCKSDICT_COMPACTION_STYLES[options.compaction_style]())
+    db_options.set_disable_auto_compactions(options.compaction_style == "none")
+    db_options.set_level_compaction_dynamic_level_bytes(options.level_dynamic_size)
+    db_options.set_target_file_size_base(options.target_file_size_base_bytes)
+    db_options.set_max_bytes_for_level_base(options.max_size_level_base_bytes)
     table_options = rocksdict.BlockBasedOptions()
     table_options.set_block_cache(rocksdict.Cache(options.block_cache_size_bytes))
     table_options.set_block_size(options.block_size_bytes)
+    table_options.set_metadata_block_size(options.metadata_block_size_bytes)
+    table_options.set_cache_index_and_filter_blocks(options.cache_index_and_filter_blocks)
+    # no setter for cache_index_and_filter_blocks_with_high_priority in rocksdict 0.3.29: RocksDB's default (true)
+    table_options.set_pin_l0_filter_and_index_blocks_in_cache(options.pin_l0_filter_and_index_blocks_in_cache)
+    table_options.set_pin_top_level_index_and_filter(options.pin_top_level_index_and_filter)
     if options.use_bloom_filter:
         # RocksDB takes fractional bits per key (a double), although rocksdict's stub says int
         table_options.set_bloom_filter(options.bloom_filter_bits_per_key, False)  # type: ignore[arg-type]
-        db_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
-        db_options.set_memtable_whole_key_filtering(True)
+    db_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO if options.use_bloom_filter else 0.0)
+    db_options.set_memtable_whole_key_filtering(options.use_bloom_filter)
     db_options.set_block_based_table_factory(table_options)
     meta_options = rocksdict.Options(raw_mode=True)
     meta_options.set_write_buffer_size(META_WRITE_BUFFER_SIZE_BYTES)

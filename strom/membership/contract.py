@@ -4,7 +4,7 @@ replicated bucket's leader and in-sync replicas, and the active coordinator.
 The roles program against this contract; two backends keep it: ZooKeeper (:mod:`strom.zk`, any number of
 machines) and the embedded store's SQLite file (:mod:`strom.membership.local_membership`, the processes of
 ``strom server --workers N`` on one machine). The documents are Fluss's (a tablet server's registration,
-version 3) so that both backends hold the same bytes.
+version 3, or 4 with the memory it reports) so that both backends hold the same bytes.
 """
 
 from __future__ import annotations
@@ -28,35 +28,43 @@ log = logging.getLogger(__name__)
 NO_LEADER = -1
 REGISTRATION_VERSION = 3
 """Fluss's TabletServerRegistration version with listeners and an optional rack."""
+RESOURCE_REGISTRATION_VERSION = 4
+"""Fluss's version that adds the server's resources (``memory_bytes``; strom reports no ``cpu_cores``): written
+when the memory is known. Readers of version 3 ignore the field, and a document without it reads as unknown."""
 ADDRESS_VERSION = 2
 """Fluss's coordinator address version with listeners."""
 
 
 @dataclass(frozen=True, slots=True)
 class RegisteredServer:
-    """A server's registration: its id and every listener's advertised endpoint."""
+    """A server's registration: its id, every listener's advertised endpoint, its rack and its memory."""
 
     server_id: int
     endpoints: tuple[Endpoint, ...]
     rack: str | None = None
     register_timestamp_ms: int = field(default_factory=lambda: int(time.time() * 1000), compare=False)
+    memory_bytes: int | None = None
+    """What the tablet server reports (``strom.server.resources``); None: unknown (an older server)."""
 
     def node(self, internal_listener: str) -> ServerNode | None:
         """The server as the others reach it (its ``internal_listener`` endpoint); None without one."""
         internal = next((e for e in self.endpoints if e.name == internal_listener), None)
         if internal is None:
             return None
-        return ServerNode(self.server_id, internal.host, internal.port, self.endpoints, self.rack)
+        return ServerNode(self.server_id, internal.host, internal.port, self.endpoints, self.rack, self.memory_bytes)
 
 
 def encode_registration(server: RegisteredServer) -> bytes:
+    known_memory = server.memory_bytes is not None and server.memory_bytes > 0
     document: dict[str, Any] = {
-        "version": REGISTRATION_VERSION,
+        "version": RESOURCE_REGISTRATION_VERSION if known_memory else REGISTRATION_VERSION,
         "listeners": format_endpoints(server.endpoints),
         "register_timestamp": server.register_timestamp_ms,
     }
     if server.rack is not None:
         document["rack"] = server.rack
+    if known_memory:
+        document["memory_bytes"] = server.memory_bytes
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -67,7 +75,7 @@ def decode_registration(server_id: int, data: bytes) -> RegisteredServer:
 
 def registration_from(server_id: int, value: dict[str, Any]) -> RegisteredServer:
     """A registration document: Fluss's versions 1 (``host``/``port``, the ``FLUSS`` listener) and 2+
-    (``listeners``).
+    (``listeners``), with version 4's ``memory_bytes`` when present and positive (else the memory is unknown).
 
     Raises:
         ValueError, KeyError, TypeError, InvalidConfigError: not a registration.
@@ -79,7 +87,17 @@ def registration_from(server_id: int, value: dict[str, Any]) -> RegisteredServer
         endpoints = tuple(parse_endpoints(str(value["listeners"]), "a registration's listeners", distinct_ports=False))
     rack = value.get("rack")
     return RegisteredServer(server_id, endpoints, None if rack is None else str(rack),
-                            int(value.get("register_timestamp", 0)))
+                            int(value.get("register_timestamp", 0)), _memory_bytes(value.get("memory_bytes")))
+
+
+def _memory_bytes(value: Any) -> int | None:
+    """A registration's memory; one that is absent, not a positive whole number, is unknown (the server
+    still counts as registered)."""
+    try:
+        memory = int(value)
+    except (TypeError, ValueError):
+        return None
+    return memory if memory > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,9 @@ class ServerNode:
     """Every listener's advertised endpoint; empty for a server known by one address only."""
     rack: str | None = None
     """``tablet-server.rack``: where replicas are spread over (None: not given)."""
+    memory_bytes: int | None = None
+    """The memory a tablet server registered (``tablet-server.advertised-resource.memory-size`` or what it
+    found), for the coordinator's KV leader replica capacity; None: not reported."""
 
     def for_listener(self, listener: str | None) -> ServerNode | None:
         """This server as a client on ``listener`` reaches it; None when it has no such listener (clients on

@@ -48,6 +48,7 @@ from strom.coordinator.acl_service import AclService
 from strom.coordinator.catalog import TABLET_SERVER_METADATA_MAX_AGE_S, CatalogReader
 from strom.coordinator.cluster_configs import stored_dynamic
 from strom.coordinator.cluster_placement import ClusterPlacement
+from strom.coordinator.isr_changes import IsrChanges
 from strom.coordinator.leader_election import LeaderElector
 from strom.coordinator.placement import placed_tables
 from strom.coordinator.remote_tablets import RemoteTabletServers
@@ -87,8 +88,10 @@ from strom.server.node import (
     rpc_server_factory,
     scanner_config,
 )
+from strom.server.resources import advertised_memory_bytes
 from strom.tablet.cluster_tablet import (
     ClusterTables,
+    CoordinatorIsrChanges,
     RemoteSnapshotCommitter,
     TabletControlService,
     remove_dropped_table_data,
@@ -333,7 +336,10 @@ class CoordinatorNode(_ClusterProcess):
 
         def active_parts() -> CoordinatorParts | None:
             role = self.role
-            return None if role is None else CoordinatorParts(role.leases, role.snapshot_store, role.lake_tiering)
+            if role is None:
+                return None
+            capacity = role.coordinator.kv_leader_capacity if role.coordinator is not None else None
+            return CoordinatorParts(role.leases, role.snapshot_store, role.lake_tiering, capacity)
 
         self._serve_metrics(active_parts, None, _table_name(standby_catalog.table_info_by_id))
         self._campaign_task = asyncio.create_task(self._campaign(store, placement))
@@ -417,6 +423,9 @@ class CoordinatorNode(_ClusterProcess):
         handlers = role.handlers(AclService(self.security.authorizer))
         handlers[ApiKey.COMMIT_KV_SNAPSHOT] = commit_kv_snapshot
         handlers[ApiKey.CONTROLLED_SHUTDOWN] = controlled_shutdown
+        registry = self.registry
+        isr_changes = IsrChanges(placement.states, lambda: set(registry.live()), epoch)
+        handlers[ApiKey.ADJUST_ISR] = isr_changes.adjust_isr
         self.listeners.set_handlers(self._guard(handlers, self.coordinator, role))
         self.epoch = epoch
 
@@ -538,6 +547,7 @@ class TabletServerNode(_ClusterProcess):
             config.get_ms(LOG_REPLICA_MAX_SILENCE_TIME),
             config.get(LOG_REPLICA_FETCH_MAX_BYTES_FOR_BUCKET),
             config.get_ms(LOG_REPLICA_FETCH_WAIT_MAX_TIME),
+            CoordinatorIsrChanges(self.server_id, self.peers, self._coordinator_node, self._coordinator_epoch),
         )
         tablets.tablet.serve_followers(replication.on_follower_fetch, replication.in_sync_count)
         placed = placed_tables(store, self.catalog.table_info_by_id)
@@ -595,9 +605,11 @@ class TabletServerNode(_ClusterProcess):
         assert self.membership is not None
         wait_s = self.membership.registration_expiry_s + REGISTRATION_SLACK_S
         deadline = asyncio.get_running_loop().time() + wait_s
+        memory_bytes = advertised_memory_bytes(self.config)  # for the coordinator's KV leader replica capacity
         while True:
             try:
-                self.registry.register(RegisteredServer(self.server_id, self.endpoints, self.config.get(TABLET_SERVER_RACK)))
+                self.registry.register(RegisteredServer(self.server_id, self.endpoints, self.config.get(TABLET_SERVER_RACK),
+                                                        memory_bytes=memory_bytes))
                 return
             except InvalidConfigError as exc:
                 if asyncio.get_running_loop().time() > deadline:

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from strom.clock import Clock
+from strom.coordinator.kv_leader_capacity import KvLeaderCapacity
 from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.coordinator.lake_tiering import UNKNOWN, LakeTableTieringManager
@@ -30,11 +31,13 @@ SCRAPE_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class CoordinatorParts:
-    """What the active coordinator's metrics read: leases, snapshot records, lake tiering."""
+    """What the active coordinator's metrics read: leases, snapshot records, lake tiering, the KV leader
+    replica capacity."""
 
     leases: KvSnapshotLeaseManager
     snapshots: KvSnapshotStore
     lake_tiering: LakeTableTieringManager
+    kv_leader_capacity: KvLeaderCapacity | None = None
 
 
 class StromCollector(Collector):
@@ -110,6 +113,18 @@ class StromCollector(Collector):
             retained_bytes.add_metric([name], size)
         yield retained
         yield retained_bytes
+        capacity = parts.kv_leader_capacity
+        if capacity is not None:
+            yield GaugeMetricFamily(
+                "strom_kv_leader_replica_count",
+                "KV leader replicas of the cluster: the buckets of primary-key tables and their partitions.",
+                value=capacity.count(),
+            )
+            yield GaugeMetricFamily(
+                "strom_kv_leader_replica_capacity",
+                "KV leader replicas the cluster may hold (kv.leader-replica.memory-reserved); -1: unlimited.",
+                value=capacity.capacity(),
+            )
         yield from self._lake_families(parts.lake_tiering)
 
     def _tablet_families(self, replicas: ReplicaManager) -> Iterator[Metric]:

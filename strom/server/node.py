@@ -76,6 +76,7 @@ from strom.server.catalog_access import guard_with_catalog
 from strom.server.listeners import RpcServerFactory, ServerListeners
 from strom.server.metadata_stores import open_store
 from strom.server.metrics import CoordinatorParts, StromCollector, serve_metrics
+from strom.server.resources import advertised_memory_bytes
 from strom.tablet.data_dirs import configured_paths
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler
 from strom.tablet.remote_log_manager import handle_reader
@@ -297,7 +298,9 @@ class StromServer:
         listeners.bind()
         self.port = listeners.main_port
         endpoints = listeners.advertised(config.get(ADVERTISED_LISTENERS), config.get(ADVERTISED_HOST))
-        node = ServerNode(config.get(TABLET_SERVER_ID), endpoints[0].host, endpoints[0].port, endpoints)
+        # its own memory is the cluster's: the KV leader replica capacity (kv.leader-replica.memory-reserved)
+        node = ServerNode(config.get(TABLET_SERVER_ID), endpoints[0].host, endpoints[0].port, endpoints,
+                          memory_bytes=advertised_memory_bytes(config))
         self.coordinator = coordinator = await role.start(self.tablet_server, SingleNodePlacement(node))
         self.lake, self.snapshots = role.lake, role.snapshots
         assert self.snapshots is not None
@@ -324,7 +327,7 @@ class StromServer:
         self.rpc = listeners.main
         metrics_port = config.get(METRICS_PORT) if reporter_enabled(config, "prometheus") else 0
         if metrics_port:
-            parts = CoordinatorParts(role.leases, role.snapshot_store, role.lake_tiering)
+            parts = CoordinatorParts(role.leases, role.snapshot_store, role.lake_tiering, coordinator.kv_leader_capacity)
             collector = StromCollector(
                 asyncio.get_running_loop(), lambda: parts, self.replicas, lambda: self.rpc, self._table_name,
                 self.clock, lambda: tablets.remote_logs,

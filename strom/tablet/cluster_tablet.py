@@ -14,7 +14,15 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from strom.errors import InvalidCoordinatorError, StromError
+from strom.errors import (
+    FencedLeaderEpochError,
+    IneligibleReplicaError,
+    InvalidCoordinatorError,
+    InvalidUpdateVersionError,
+    StromError,
+    UnknownTableOrBucketError,
+    error_for_code,
+)
 from strom.ids import TableBucket
 from strom.kv.snapshot import CompletedKvSnapshot, snapshot_sequence_name
 from strom.membership.contract import BucketStates, LeaderAndIsr
@@ -170,6 +178,42 @@ class RemoteSnapshotCommitter:
     async def oldest_snapshot(self, bucket: TableBucket) -> CompletedKvSnapshot | None:
         snapshots = await off_loop(self._snapshots, bucket)
         return snapshots[min(snapshots)] if snapshots else None
+
+
+ISR_REFUSALS = frozenset({UnknownTableOrBucketError.code, InvalidUpdateVersionError.code, FencedLeaderEpochError.code,
+                          IneligibleReplicaError.code})
+"""AdjustIsr answers that say the change was not written and why is in the bucket's state: read it again."""
+
+
+class CoordinatorIsrChanges:
+    """A leader's ISR changes sent to the active coordinator (AdjustIsr, 1020), which checks and writes them."""
+
+    def __init__(self, server_id: int, peers: PeerConnections, coordinator: Callable[[], ServerNode],
+                 coordinator_epoch: Callable[[], int]) -> None:
+        self._server_id = server_id
+        self._peers = peers
+        self._coordinator = coordinator
+        self._coordinator_epoch = coordinator_epoch
+
+    async def __call__(self, bucket: TableBucket, state: LeaderAndIsr, version: int, isr: tuple[int, ...]) -> int | None:
+        """The new bucket epoch once written; None when refused for the bucket's state; raises otherwise."""
+        request = pb.AdjustIsrRequest(serverId=self._server_id)
+        entry = request.tables_req.add(table_id=bucket.table_id).buckets_req.add(
+            bucket_id=bucket.bucket, leader_epoch=state.leader_epoch, coordinator_epoch=self._coordinator_epoch(),
+            bucket_epoch=version)
+        entry.new_isr.extend(isr)
+        if bucket.partition_id is not None:
+            entry.partition_id = bucket.partition_id
+        node = self._coordinator()
+        response = await self._peers.request(node.host, node.port, ApiKey.ADJUST_ISR, request,
+                                             server_name=COORDINATOR_NAME)
+        answer = response.tables_resp[0].buckets_resp[0]  # type: ignore[attr-defined]
+        if not answer.HasField("error_code") or answer.error_code == 0:
+            return int(answer.bucket_epoch)
+        if answer.error_code in ISR_REFUSALS:
+            log.info("%s: the coordinator refused the ISR %s: %s", bucket, list(isr), answer.error_message)
+            return None
+        raise error_for_code(answer.error_code, answer.error_message or None)
 
 
 class TabletControlService:

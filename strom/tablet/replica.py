@@ -28,12 +28,6 @@ from typing import Protocol
 from strom.config import (
     KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER,
     KV_ROCKSDB_BINDING,
-    KV_ROCKSDB_BLOCK_CACHE_SIZE,
-    KV_ROCKSDB_BLOCK_SIZE,
-    KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY,
-    KV_ROCKSDB_USE_BLOOM_FILTER,
-    KV_ROCKSDB_WRITE_BUFFER_COUNT,
-    KV_ROCKSDB_WRITE_BUFFER_SIZE,
     KV_ROW_CACHE_SIZE,
     LOG_FLUSH_INTERVAL_MESSAGES,
     LOG_SEGMENT_FILE_SIZE,
@@ -366,14 +360,7 @@ class ReplicaManager:
             writer_expiration_ms=config.get_ms(WRITER_ID_EXPIRATION_TIME),
         )
         rocksdb.use_binding(config.get(KV_ROCKSDB_BINDING))  # one binding per process, chosen at start
-        self._rocksdb = RocksDbOptions(
-            block_cache_size_bytes=config.get(KV_ROCKSDB_BLOCK_CACHE_SIZE),
-            write_buffer_size_bytes=config.get(KV_ROCKSDB_WRITE_BUFFER_SIZE),
-            write_buffer_count=config.get(KV_ROCKSDB_WRITE_BUFFER_COUNT),
-            block_size_bytes=config.get(KV_ROCKSDB_BLOCK_SIZE),
-            use_bloom_filter=config.get(KV_ROCKSDB_USE_BLOOM_FILTER),
-            bloom_filter_bits_per_key=config.get(KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY),
-        )
+        self._rocksdb = RocksDbOptions.from_config(config)  # every bucket's kv.rocksdb.* options
         configured = config.get(KV_ROW_CACHE_SIZE)
         self.row_cache = RowCache(default_capacity_bytes() if configured is None else configured)
         """Current rows of every primary-key bucket hosted here (``kv.row-cache.size``)."""

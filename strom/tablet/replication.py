@@ -11,9 +11,10 @@ The **leader** records each follower's fetch offset. Its high watermark is what 
 acknowledged write is on every ISR replica's disk. A follower that has not caught up with the leader's log
 for ``log.replica.max-lag-time`` leaves the ISR; one that reaches the high watermark rejoins. A follower that sends no fetch for
 ``log.replica.max-silence-time`` (it died) leaves at once; and the coordinator takes a tablet server whose
-registration vanished out of every ISR (:mod:`strom.coordinator.leader_election`). ISR changes
-are written to ZooKeeper by compare-and-set under the leader epoch (:mod:`strom.zk.bucket_state`)
-*before* the leader acts on them: a leader replaced while it was paused fails that write, cannot shrink the
+registration vanished out of every ISR (:mod:`strom.coordinator.leader_election`). ISR changes go to
+the active coordinator (AdjustIsr, :mod:`strom.coordinator.isr_changes`), which writes them by
+compare-and-set on the state the leader names (leader epoch, version), *before* the leader acts on them:
+a leader replaced while it was paused is refused, cannot shrink the
 ISR to itself, so it cannot acknowledge anything alone; it reads the new state and follows. While a write
 that adds followers is in flight, the high watermark waits for them too: ZooKeeper may name them already,
 and the coordinator elects from what it names (Kafka's "maximal ISR"); after an unanswered write, until a
@@ -34,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from strom.errors import LogOffsetOutOfRangeError, NotLeaderOrFollowerError, StromError, error_for_code
@@ -57,6 +58,11 @@ RECHECK_ROLES_S = 2.0
 """How often each replica's role is checked against ZooKeeper's state (a notice of the coordinator's may be
 lost: the coordinator killed between writing a new leader and telling it, the notice cut off)."""
 STOP_WAIT_S = 5.0
+
+AdjustIsr = Callable[[TableBucket, LeaderAndIsr, int, tuple[int, ...]], Awaitable[int | None]]
+"""Ask the active coordinator to set a led bucket's ISR (state, version, new ISR): the new version once it is
+written, None when it refused because the state moved on (or a replica may not join); raises when the outcome
+is unknown (no answer)."""
 
 
 @dataclass
@@ -121,9 +127,13 @@ class ReplicationManager:
         silence_max_ms: int,
         fetch_bytes_max: int = 1 << 20,
         fetch_wait_ms: int = 500,
+        adjust_isr: AdjustIsr | None = None,
     ) -> None:
         """``fetch_bytes_max`` (``log.replica.fetch.max-bytes-for-bucket``) and ``fetch_wait_ms``
-        (``log.replica.fetch.wait-max-time``) shape this server's fetches as a follower."""
+        (``log.replica.fetch.wait-max-time``) shape this server's fetches as a follower; ``adjust_isr`` asks
+        the active coordinator to change a led bucket's ISR (AdjustIsr; without it the leader writes the
+        change to the bucket states itself, by the same compare-and-set)."""
+        self._adjust_isr = adjust_isr
         self._me = server_id
         self._replicas = replicas
         self._states = states
@@ -419,9 +429,13 @@ class ReplicationManager:
     async def _write_isr(self, bucket: TableBucket, lead: _Leading, isr: tuple[int, ...]) -> None:
         try:
             new = lead.state.with_isr(isr)
-            written = await asyncio.to_thread(self._states.compare_and_set, bucket, new, lead.version)
-            if written:
-                lead.state, lead.version, lead.joining = new, lead.version + 1, ()
+            if self._adjust_isr is None:
+                written = await asyncio.to_thread(self._states.compare_and_set, bucket, new, lead.version)
+                version: int | None = lead.version + 1 if written else None
+            else:
+                version = await self._adjust_isr(bucket, lead.state, lead.version, isr)
+            if version is not None:
+                lead.state, lead.version, lead.joining = new, version, ()
                 self._update_limit(lead)
                 log.info("%s: ISR is now %s", bucket, list(isr))
                 return

@@ -3,7 +3,7 @@
 A tablet server registers as ``/tabletservers/ids/<server id>`` under the cluster's root (``/fluss`` by
 default, as Fluss's ``zookeeper.path.root``), holding Fluss's registration document (version 3):
 ``{"version": 3, "listeners": "CLIENT://host:port,INTERNAL://host:port", "register_timestamp": ms}``, every
-listener's advertised endpoint. The node is ephemeral: it lives as long as the registering client's ZooKeeper
+listener's advertised endpoint (version 4 adds the server's ``memory_bytes``). The node is ephemeral: it lives as long as the registering client's ZooKeeper
 session, so a server that stops, crashes or stays cut off longer than the session timeout drops out of
 everyone's :meth:`TabletServerRegistry.live`.
 """

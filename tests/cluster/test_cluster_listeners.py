@@ -66,7 +66,8 @@ def _registrations(local: LocalCluster) -> dict[str, dict[str, Endpoint]]:
         found = {}
         for server_id in client.get_children(f"{root}/tabletservers/ids"):
             document = json.loads(client.get(f"{root}/tabletservers/ids/{server_id}")[0])
-            assert document["version"] == 3 and document["register_timestamp"] > 0
+            # Fluss's version 4: the server's memory for the coordinator's KV leader capacity
+            assert document["version"] == 4 and document["register_timestamp"] > 0 and document["memory_bytes"] > 0
             found[f"tablet-server-{server_id}"] = {e.name: e for e in parse_endpoints(document["listeners"])}
         coordinator = json.loads(client.get(f"{root}/coordinators/active")[0])
         assert coordinator["version"] == 2 and coordinator["id"] == "0"

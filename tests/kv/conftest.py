@@ -11,7 +11,7 @@ from strom.kv import rocksdb
 BINDINGS = ("native", "rocksdict") if rocksdb.NATIVE_AVAILABLE else ("rocksdict",)
 PER_BINDING_MODULES = {
     "test_kv_tablet", "test_merge_engines", "test_rocksdb_crash_consistency", "test_scanner_manager",
-    "test_rocksdb_binding", "test_kv_tablet_writer", "test_backpressure", "test_standby",
+    "test_rocksdb_binding", "test_kv_tablet_writer", "test_backpressure", "test_standby", "test_rocksdb_options",
 }
 """The modules whose tests open RocksDB."""
 

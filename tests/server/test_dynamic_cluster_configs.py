@@ -32,7 +32,8 @@ async def test_every_dynamic_setting_applies_where_it_is_used(tmp_path: Path) ->
             changes = {"kv.snapshot.interval": "45s", "coordinator.producer-offsets.ttl": "2 h",
                        "auto-partition.check.interval": "30s", "table.datalake.freshness": "90s",
                        "log.replica.min-in-sync-replicas-number": "3", "security.sasl.plain.credentials": "ann:pw",
-                       "server.data-disk.write-limit-ratio": "0.99", "server.data-disk.write-recover-ratio": "0.5"}
+                       "server.data-disk.write-limit-ratio": "0.99", "server.data-disk.write-recover-ratio": "0.5",
+                       "kv.leader-replica.memory-reserved": "8mb"}
             assert set(changes) == DYNAMIC_OPTIONS, "a new dynamic setting needs its line here"
             await admin.alter_cluster_configs(changes)
             tiering = role.lake_tiering._tables  # the manager's view of each lake table
@@ -43,6 +44,7 @@ async def test_every_dynamic_setting_applies_where_it_is_used(tmp_path: Path) ->
         assert freshness == {"own_freshness": 7 * 60_000, "default_freshness": 90_000}
         assert server.tablets is not None and server.tablets.tablet._min_in_sync == 3
         assert (server.tablets.disk.limit, server.tablets.disk.recover) == (0.99, 0.5)
+        assert server.coordinator is not None and server.coordinator.kv_leader_capacity.reserved_bytes == 8 << 20
         # no SASL listener here: the users are kept for when one is configured (tests/integration/test_dynamic_sasl_users.py)
         assert server.security is not None and server.security.authenticator is None
     finally:

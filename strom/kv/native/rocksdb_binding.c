@@ -23,8 +23,57 @@
 
 #define META_FAMILY "strom_meta"
 #define BLOCK_CACHE_TIER 1 /* rocksdb::ReadTier::kBlockCacheTier */
+#define COMPACTION_STYLE_NONE 3 /* rocksdb::kCompactionStyleNone (c.h names the other three only) */
+#define HEADER_LEVEL 5 /* rocksdb::InfoLogLevel::HEADER_LEVEL, the highest */
+#define RATE_LIMITER_REFILL_US 100000 /* RocksDB's defaults for a GenericRateLimiter */
+#define RATE_LIMITER_FAIRNESS 10
 
 static PyObject *RocksDbError;
+
+/* The process's one rate limiter for flushes and compactions (kv.rocksdb.shared-rate-limiter.bytes-per-sec),
+ * shared by every database opened with that rate; touched with the GIL held only. A database's options hold
+ * their own reference to it (RocksDB's shared_ptr), so replacing it for another rate leaves open databases
+ * on the one they were opened with. */
+static rocksdb_ratelimiter_t *shared_rate_limiter;
+static long long shared_rate_limiter_bytes_per_sec;
+
+static rocksdb_ratelimiter_t *rate_limiter_for(long long bytes_per_sec) {
+    if (shared_rate_limiter == NULL || shared_rate_limiter_bytes_per_sec != bytes_per_sec) {
+        if (shared_rate_limiter != NULL) {
+            rocksdb_ratelimiter_destroy(shared_rate_limiter);
+        }
+        shared_rate_limiter = rocksdb_ratelimiter_create(bytes_per_sec, RATE_LIMITER_REFILL_US, RATE_LIMITER_FAIRNESS);
+        shared_rate_limiter_bytes_per_sec = bytes_per_sec;
+    }
+    return shared_rate_limiter;
+}
+
+/* The ints of a sequence (compression_per_level) in a PyMem buffer; NULL with an exception set. */
+static int *int_array(PyObject *sequence, size_t *count) {
+    PyObject *items = PySequence_Fast(sequence, "compression_per_level must be a sequence of ints");
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t length = PySequence_Fast_GET_SIZE(items);
+    int *values = PyMem_Malloc(sizeof(int) * (size_t)(length > 0 ? length : 1));
+    if (values == NULL) {
+        Py_DECREF(items);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < length; i++) {
+        long value = PyLong_AsLong(PySequence_Fast_GET_ITEM(items, i));
+        if (value == -1 && PyErr_Occurred()) {
+            PyMem_Free(values);
+            Py_DECREF(items);
+            return NULL;
+        }
+        values[i] = (int)value;
+    }
+    Py_DECREF(items);
+    *count = (size_t)length;
+    return values;
+}
 
 typedef struct IteratorObject IteratorObject;
 
@@ -118,20 +167,56 @@ static void free_options(DatabaseObject *self) {
 static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"path", "block_cache_size", "write_buffer_size", "write_buffer_count", "block_size",
                             "bloom_bits_per_key", "memtable_bloom_ratio", "meta_write_buffer_size",
-                            "read_only", NULL};
+                            "read_only", "max_background_jobs", "max_open_files", "max_log_file_size",
+                            "keep_log_file_num", "db_log_dir", "info_log_level", "rate_limit_bytes_per_sec",
+                            "compaction_style", "dynamic_level_bytes", "compression_per_level",
+                            "target_file_size_base", "max_bytes_for_level_base",
+                            "min_write_buffer_number_to_merge", "metadata_block_size",
+                            "cache_index_and_filter_blocks", "cache_index_and_filter_blocks_with_high_priority",
+                            "pin_l0_filter_and_index_blocks_in_cache", "pin_top_level_index_and_filter", NULL};
     PyObject *path_object;
     unsigned long long block_cache_size = 8 << 20, write_buffer_size = 64 << 20, block_size = 4 << 10;
     unsigned long long meta_write_buffer_size = 64 << 20;
     int write_buffer_count = 2, read_only = 0;
     double bloom_bits = 10.0, memtable_bloom_ratio = 0.1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|KKiKddKp", names, PyUnicode_FSConverter, &path_object,
-                                     &block_cache_size, &write_buffer_size, &write_buffer_count, &block_size,
-                                     &bloom_bits, &memtable_bloom_ratio, &meta_write_buffer_size, &read_only)) {
+    /* the rest: strom's defaults (Fluss's), as RocksDbOptions has them; strom/kv/rocksdb.py passes them all */
+    int max_background_jobs = 2, max_open_files = -1, info_log_level = 1, compaction_style = rocksdb_level_compaction;
+    int dynamic_level_bytes = 0, min_write_buffer_number_to_merge = 1;
+    int cache_index_and_filter_blocks = 0, high_priority = 0, pin_l0 = 0, pin_top_level = 0;
+    unsigned long long max_log_file_size = 25 << 20, keep_log_file_num = 4;
+    unsigned long long target_file_size_base = 64 << 20, max_bytes_for_level_base = 256 << 20;
+    unsigned long long metadata_block_size = 4 << 10;
+    long long rate_limit = 0; /* bytes per second; 0: no limiter */
+    const char *db_log_dir = NULL;
+    PyObject *compression_per_level = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|KKiKddKp$iiKKziLipOKKiKpppp", names, PyUnicode_FSConverter,
+                                     &path_object, &block_cache_size, &write_buffer_size, &write_buffer_count,
+                                     &block_size, &bloom_bits, &memtable_bloom_ratio, &meta_write_buffer_size,
+                                     &read_only, &max_background_jobs, &max_open_files, &max_log_file_size,
+                                     &keep_log_file_num, &db_log_dir, &info_log_level, &rate_limit,
+                                     &compaction_style, &dynamic_level_bytes, &compression_per_level,
+                                     &target_file_size_base, &max_bytes_for_level_base,
+                                     &min_write_buffer_number_to_merge, &metadata_block_size,
+                                     &cache_index_and_filter_blocks, &high_priority, &pin_l0, &pin_top_level)) {
         return -1;
     }
     if (self->db != NULL) {
         Py_DECREF(path_object);
         PyErr_SetString(PyExc_RuntimeError, "the database is already open");
+        return -1;
+    }
+    /* RocksDB takes these enums as ints without checking them */
+    if (info_log_level < 0 || info_log_level > HEADER_LEVEL || compaction_style < 0 ||
+        compaction_style > COMPACTION_STYLE_NONE || rate_limit < 0) {
+        Py_DECREF(path_object);
+        PyErr_SetString(PyExc_ValueError, "info_log_level, compaction_style or rate_limit_bytes_per_sec out of range");
+        return -1;
+    }
+    int *compressions = NULL;
+    size_t compression_levels = 0;
+    if (compression_per_level != Py_None &&
+        (compressions = int_array(compression_per_level, &compression_levels)) == NULL) {
+        Py_DECREF(path_object);
         return -1;
     }
     self->read_only = read_only != 0;
@@ -141,12 +226,40 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
     /* the changelog is the write-ahead record: every family flushes together (see strom/kv/rocksdb.py) */
     rocksdb_options_set_atomic_flush(self->options, 1);
     rocksdb_options_set_compression(self->options, rocksdb_lz4_compression);
+    if (compressions != NULL) {
+        rocksdb_options_set_compression_per_level(self->options, compressions, compression_levels);
+        PyMem_Free(compressions);
+    }
     rocksdb_options_set_write_buffer_size(self->options, (size_t)write_buffer_size);
     rocksdb_options_set_max_write_buffer_number(self->options, write_buffer_count);
+    rocksdb_options_set_min_write_buffer_number_to_merge(self->options, min_write_buffer_number_to_merge);
+    rocksdb_options_set_max_background_jobs(self->options, max_background_jobs);
+    rocksdb_options_set_max_open_files(self->options, max_open_files);
+    rocksdb_options_set_max_log_file_size(self->options, (size_t)max_log_file_size);
+    rocksdb_options_set_keep_log_file_num(self->options, (size_t)keep_log_file_num);
+    if (db_log_dir != NULL) {
+        rocksdb_options_set_db_log_dir(self->options, db_log_dir);
+    }
+    rocksdb_options_set_info_log_level(self->options, info_log_level);
+    if (rate_limit > 0) {
+        rocksdb_options_set_ratelimiter(self->options, rate_limiter_for(rate_limit));
+    }
+    rocksdb_options_set_compaction_style(self->options, compaction_style);
+    rocksdb_options_set_level_compaction_dynamic_level_bytes(self->options, (unsigned char)dynamic_level_bytes);
+    rocksdb_options_set_target_file_size_base(self->options, target_file_size_base);
+    rocksdb_options_set_max_bytes_for_level_base(self->options, max_bytes_for_level_base);
     self->table_options = rocksdb_block_based_options_create();
     self->cache = rocksdb_cache_create_lru((size_t)block_cache_size);
     rocksdb_block_based_options_set_block_cache(self->table_options, self->cache);
     rocksdb_block_based_options_set_block_size(self->table_options, (size_t)block_size);
+    rocksdb_block_based_options_set_metadata_block_size(self->table_options, metadata_block_size);
+    rocksdb_block_based_options_set_cache_index_and_filter_blocks(self->table_options,
+                                                                  (unsigned char)cache_index_and_filter_blocks);
+    rocksdb_block_based_options_set_cache_index_and_filter_blocks_with_high_priority(self->table_options,
+                                                                                     (unsigned char)high_priority);
+    rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(self->table_options,
+                                                                            (unsigned char)pin_l0);
+    rocksdb_block_based_options_set_pin_top_level_index_and_filter(self->table_options, (unsigned char)pin_top_level);
     if (bloom_bits > 0) {
         rocksdb_block_based_options_set_filter_policy(self->table_options, rocksdb_filterpolicy_create_bloom(bloom_bits));
         rocksdb_options_set_memtable_prefix_bloom_size_ratio(self->options, memtable_bloom_ratio);
@@ -581,7 +694,12 @@ static PyTypeObject DatabaseType = {
     .tp_basicsize = sizeof(DatabaseObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Database(path, *, block_cache_size, write_buffer_size, write_buffer_count, block_size, "
-              "bloom_bits_per_key, memtable_bloom_ratio, meta_write_buffer_size, read_only): a bucket's RocksDB",
+              "bloom_bits_per_key, memtable_bloom_ratio, meta_write_buffer_size, read_only, max_background_jobs, "
+              "max_open_files, max_log_file_size, keep_log_file_num, db_log_dir, info_log_level, "
+              "rate_limit_bytes_per_sec, compaction_style, dynamic_level_bytes, compression_per_level, "
+              "target_file_size_base, max_bytes_for_level_base, min_write_buffer_number_to_merge, "
+              "metadata_block_size, cache_index_and_filter_blocks, cache_index_and_filter_blocks_with_high_priority, "
+              "pin_l0_filter_and_index_blocks_in_cache, pin_top_level_index_and_filter): a bucket's RocksDB",
     .tp_new = database_new,
     .tp_init = (initproc)database_init,
     .tp_dealloc = (destructor)database_dealloc,
