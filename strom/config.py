@@ -617,6 +617,27 @@ AUTO_PARTITION_CHECK_INTERVAL = duration_option(
     "auto-partition.check.interval", "10 min",
     "How often the coordinator creates upcoming partitions and drops expired ones of auto-partitioned tables.",
 )
+SERVER_HISTORICAL_PARTITION_THREAD_POOL_MAX_SIZE = int_option(
+    "server.historical-partition.thread-pool.max-size", 10,
+    "Threads a tablet server reads expired partitions from the lake with, for lookups of tables with "
+    "`table.datalake.historical-partition.enabled`.", minimum=1,
+)
+NETTY_SERVER_MAX_QUEUED_HISTORICAL_REQUESTS = int_option(
+    "netty.server.max-queued-historical-requests", 50,
+    "Lookups of expired partitions a tablet server takes at once; more are refused with "
+    "HistoricalPartitionThrottled (73, retriable: clients back off and retry).", minimum=1,
+)
+SERVER_HISTORICAL_PARTITION_LOOKUPER_CACHE_EXPIRE = duration_option(
+    "server.historical-partition.lookuper-cache.expire-after-access", "3 h",
+    "How long a tablet server keeps a lake bucket it read for historical lookups without a lookup of it. "
+    "strom keeps each bucket it read as an index of keys in memory (at most "
+    "`server.historical-partition.lookup-cache.max-entries` of them) where Fluss keeps lookup files on disk.",
+)
+SERVER_HISTORICAL_PARTITION_LOOKUP_CACHE_MAX_ENTRIES = int_option(
+    "server.historical-partition.lookup-cache.max-entries", 16,
+    "Lake buckets a tablet server keeps indexed in memory for historical lookups, least recently used out "
+    "(strom's key, in place of Fluss's `server.historical-partition.lookup-cache.max-disk-ratio`).", minimum=1,
+)
 KV_SCANNER_TTL = duration_option("kv.scanner.ttl", "10 min", "Idle time after which a KV scan session is closed.")
 KV_SCANNER_EXPIRATION_INTERVAL = duration_option(
     "kv.scanner.expiration-interval", "30s", "How often idle KV scan sessions are looked for."

@@ -461,6 +461,14 @@ class StorageBackpressureError(RetriableError):
     default_message = "The storage is applying back pressure; retry later."
 
 
+class HistoricalPartitionThrottledError(RetriableError):
+    """Too many lookups of expired partitions are being read from the lake on this tablet server
+    (``netty.server.max-queued-historical-requests``): retry after a back-off."""
+
+    code = 73
+    default_message = "Too many historical partition lookups are in progress; retry later."
+
+
 class ConnectionFailedError(RetriableError):
     """Client side: the server could not be reached (it never sent a code, so this maps to NETWORK)."""
 

@@ -42,6 +42,8 @@ TIERED_LOCAL_SEGMENTS = "table.log.tiered.local-segments"
 LOG_LOCAL_TTL = "table.log.local-ttl"
 DATALAKE_ENABLED = "table.datalake.enabled"
 DATALAKE_HISTORICAL_PARTITION = "table.datalake.historical-partition.enabled"
+HISTORICAL_PARTITION_VALUE = "__historical__"
+"""The partition value of the system partition that routes lookups of expired partitions to the lake."""
 DATALAKE_FORMAT = "table.datalake.format"
 DATALAKE_FRESHNESS = "table.datalake.freshness"
 DATALAKE_AUTO_COMPACTION = "table.datalake.auto-compaction"
@@ -186,6 +188,11 @@ class TableProperties:
     @property
     def tiered_local_segments(self) -> int:
         return self.parsed(TIERED_LOCAL_SEGMENTS, parse_int, DEFAULT_TIERED_LOCAL_SEGMENTS)
+
+    @property
+    def datalake_historical_partition(self) -> bool:
+        """Lookups of expired partitions are answered from the lake (``table.datalake.historical-partition.enabled``)."""
+        return self.flag(DATALAKE_HISTORICAL_PARTITION)
 
     @property
     def standby_replica(self) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import struct
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,13 +14,21 @@ import pyarrow as pa
 
 from strom.client import encoding
 from strom.client.table_handle import TableHandle
-from strom.errors import CorruptMessageError, PartitionNotExistError, StromError, error_for_code
+from strom.errors import (
+    CorruptMessageError,
+    HistoricalPartitionThrottledError,
+    PartitionNotExistError,
+    StromError,
+    error_for_code,
+)
 from strom.ids import TableBucket
+from strom.metadata.auto_partition import AutoPartitionStrategy
 from strom.records import bucketing, row_arrow, types
 from strom.records.compacted import CompactedKeyEncoder
 from strom.rpc import lookup_wire
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import EncodedRequest, pb
+from strom.table_properties import HISTORICAL_PARTITION_VALUE
 
 SCHEMA_ID_SIZE_BYTES = 2
 # Types whose internal row values are already what Arrow's to_pylist would return, so single keys and
@@ -30,6 +40,11 @@ _PLAIN_TYPES = (
 _PLAIN_PYTHON = (bool, int, float, str, bytes)
 
 
+HISTORICAL_BACKOFF_S = 0.1
+HISTORICAL_BACKOFF_MAX_S = 5.0
+HISTORICAL_RETRY_S = 60.0
+"""A lookup of an expired partition refused as throttled (73) is retried, backing off from 0.1 s to 5 s
+(Fluss's client's bounds), for at most a minute."""
 INSERT_TIMEOUT_MS = 30_000
 """How long a lookup that inserts missing keys lets the server take to make them durable."""
 _INSERTING = pb.LookupRequest(insert_if_not_exists=True, acks=-1, timeout_ms=INSERT_TIMEOUT_MS).SerializePartialToString()
@@ -122,11 +137,60 @@ class _KeyedReader:
 
 
 class Lookuper(_KeyedReader):
-    """``await lookuper.lookup({"id": 1})`` → the row as a dict, or None."""
+    """``await lookuper.lookup({"id": 1})`` → the row as a dict, or None.
+
+    A key of a partition that has expired from the cluster is looked up in the lake when the table has
+    ``table.datalake.historical-partition.enabled`` (Fluss's historical partitions): the lookup goes to the
+    same bucket of the table's ``__historical__`` partition, naming the expired one, and its leader reads the
+    lake table. A partition that does not exist and is not in the past (a current or future one not created)
+    holds no rows."""
 
     def __init__(self, table: TableHandle, *, insert_if_not_exists: bool = False) -> None:
         super().__init__(table, table.layout.primary_key)
         self._insert_if_not_exists = insert_if_not_exists
+        self._historical_partitions: set[str] = set()
+        """Partitions found expired: their keys go to the lake at once."""
+
+    def _is_historical(self, partition_name: str) -> bool:
+        """Whether ``partition_name``, not in the cluster, is an expired partition the lake answers for."""
+        if partition_name in self._historical_partitions:
+            return True
+        layout = self._table.layout
+        info = layout.info
+        if self._insert_if_not_exists or not info.options.datalake_historical_partition:
+            return False
+        strategy = AutoPartitionStrategy.of(info.properties, layout.partition_keys)
+        if not strategy.enabled or not strategy.values.matches(partition_name):
+            return False
+        if partition_name >= strategy.partition_time(int(time.time() * 1000)):
+            return False  # the current partition or a future one: not created yet, no rows
+        self._historical_partitions.add(partition_name)
+        return True
+
+    async def _lookup_historical(self, partition_name: str, bucket_id: int, keys: list[bytes]) -> list[bytes | None]:
+        """Stored values of ``keys`` of an expired partition's bucket, from the lake (through the leader of the
+        ``__historical__`` partition's bucket); retried with a back-off while that server is busy with others."""
+        table_id = self._table.layout.info.table_id
+        historical_id = await self._partition_id(HISTORICAL_PARTITION_VALUE)
+        bucket = TableBucket(table_id, bucket_id, historical_id)
+        request = pb.LookupRequest(table_id=table_id)
+        request.buckets_req.add(partition_id=historical_id, bucket_id=bucket_id, keys=keys,
+                                original_partition_name=partition_name)
+        delay_s = HISTORICAL_BACKOFF_S
+        deadline = time.monotonic() + HISTORICAL_RETRY_S
+        while True:
+            try:
+                response, _ = await self._table.connection.read_from_leader(bucket, ApiKey.LOOKUP, request, _bucket_error)
+                break
+            except HistoricalPartitionThrottledError:
+                if time.monotonic() + delay_s > deadline:
+                    raise
+                await asyncio.sleep(delay_s * random.uniform(0.8, 1.2))
+                delay_s = min(delay_s * 2, HISTORICAL_BACKOFF_MAX_S)
+        found = response.buckets_resp[0].values
+        if len(found) != len(keys):
+            raise CorruptMessageError(f"a Lookup of {len(keys)} keys was answered with {len(found)} values")
+        return [value.values if value.HasField("values") else None for value in found]
 
     async def lookup(self, key: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any] | None:
         simple = self._simple_key(key)
@@ -138,7 +202,10 @@ class Lookuper(_KeyedReader):
             try:
                 partition_id = await self._partition_id(partition_name)
             except PartitionNotExistError:
-                return None
+                if not self._is_historical(partition_name):
+                    return None
+                value = (await self._lookup_historical(partition_name, bucket_id, [key_bytes]))[0]
+                return None if value is None else self._decode_one(value)
         bucket = TableBucket(self._table.layout.info.table_id, bucket_id, partition_id)
         value = (await self._lookup_bucket(bucket, [key_bytes]))[0]
         return None if value is None else self._decode_one(value)
@@ -210,10 +277,19 @@ class Lookuper(_KeyedReader):
                     by_bucket.setdefault((partition_id, bucket_id), []).append(index)
         groups = {TableBucket(table_id, bucket_id, partition_id): indexes
                   for (partition_id, bucket_id), indexes in by_bucket.items()}
+        historical: dict[tuple[str, int], list[int]] = {}
+        if partitions is not None:
+            expired = {name for name, partition_id in partition_ids.items()
+                       if partition_id is None and self._is_historical(name)}
+            for index, bucket_id in enumerate(encoded.buckets):
+                if partitions[index] in expired:
+                    historical.setdefault((partitions[index], bucket_id), []).append(index)
         answers = await asyncio.gather(
-            *(self._lookup_bucket(bucket, [keys[i] for i in indexes]) for bucket, indexes in groups.items())
+            *(self._lookup_bucket(bucket, [keys[i] for i in indexes]) for bucket, indexes in groups.items()),
+            *(self._lookup_historical(name, bucket_id, [keys[i] for i in indexes])
+              for (name, bucket_id), indexes in historical.items()),
         )
-        for indexes, values in zip(groups.values(), answers, strict=True):
+        for indexes, values in zip([*groups.values(), *historical.values()], answers, strict=True):
             found.update(zip(indexes, values, strict=True))
         return {i: v for i, v in found.items() if v is not None}
 

@@ -12,6 +12,13 @@ A dropped partition goes as a DropPartition would take it: its record, its repli
 snapshots and leases, its remote log files. Its lake copy stays: Spark's union read finds such partitions
 in the lake table by name.
 
+The historical system partition (``__historical__``, of tables with
+``table.datalake.historical-partition.enabled``) is never dropped by retention: the coordinator creates and
+drops it with the option. Each check also reconciles it with the option for every partitioned table (Fluss
+does so when its coordinator starts): a table with the option but without the partition gets it (a
+creation that failed after the table was stored), one without the option loses it (a drop that failed after
+AlterTable stored the option off).
+
 Where strom differs from Fluss: Fluss delays the creation of a DAY table's partitions by a random number
 of minutes per table (to spread many tables' creations over the day); strom creates them at the first
 check, so tomorrow's partition exists from today on either way with the default ``num-precreate`` 2.
@@ -39,6 +46,7 @@ from strom.errors import (
 )
 from strom.metadata.auto_partition import AutoPartitionStrategy
 from strom.metadata.table_info import TableInfo
+from strom.table_properties import HISTORICAL_PARTITION_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +103,13 @@ class AutoPartitionManager:
 
     async def check(self, tables: Collection[TableInfo] | None = None) -> CheckResult:
         """One check of every auto-partitioned table (of ``tables``): drop expired partitions first, then
-        create missing upcoming ones. A failure on one table is logged and the others go on."""
+        create missing upcoming ones; and the historical partition of every partitioned table reconciled
+        with its option. A failure on one table is logged and the others go on."""
         async with self._lock:
             now_ms = self._clock.now_ms()
             result = CheckResult()
             for table in self._coordinator.tables() if tables is None else tables:
+                await self._reconcile_historical(table, result)
                 try:
                     strategy = _strategy(table)
                     if not strategy.enabled:
@@ -112,10 +122,23 @@ class AutoPartitionManager:
                     log.exception("auto-partitioning %s failed; trying again at the next check", table.path)
                     continue
                 if dropped:
-                    result.dropped[str(table.path)] = dropped
+                    result.dropped.setdefault(str(table.path), []).extend(dropped)
                 if created:
-                    result.created[str(table.path)] = created
+                    result.created.setdefault(str(table.path), []).extend(created)
             return result
+
+    async def _reconcile_historical(self, table: TableInfo, result: CheckResult) -> None:
+        try:
+            done = await self._coordinator.reconcile_historical_partition(table)
+        except TableNotExistError:
+            return  # dropped meanwhile
+        except Exception:
+            log.exception("reconciling the historical partition of %s failed; trying again at the next check",
+                          table.path)
+            return
+        if done is not None:
+            (result.created if done == "created" else result.dropped).setdefault(str(table.path), []).append(
+                HISTORICAL_PARTITION_VALUE)
 
     async def _drop_expired(self, table: TableInfo, strategy: AutoPartitionStrategy, now_ms: int) -> list[str]:
         earliest = strategy.earliest_retained(now_ms)
@@ -125,6 +148,8 @@ class AutoPartitionManager:
         dropped = []
         for record in self._coordinator.list_partitions(table):
             value = dict(record.spec).get(strategy.time_key)
+            if value == HISTORICAL_PARTITION_VALUE:  # a system partition: the option drops it, not retention
+                continue
             if value is not None and value < earliest:
                 await self._coordinator.drop_partition_of(table, record)
                 dropped.append(record.name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -48,6 +49,7 @@ from strom.errors import (
     PartitionMaxNumError,
     PartitionNotExistError,
     PartitionSpecInvalidError,
+    StromError,
     TableAlreadyExistError,
     TableNotExistError,
     TableNotPartitionedError,
@@ -108,6 +110,10 @@ LANCE = "lance"
 """The lake format that holds log tables only."""
 COLUMN_ADDING_LAKE_FORMATS = frozenset({"delta", "iceberg", "paimon"})
 """Lake formats whose tables gain a column when their strom table does (the next tiering round adds it)."""
+HISTORICAL = table_properties.HISTORICAL_PARTITION_VALUE
+"""The name of the system partition of a table with ``table.datalake.historical-partition.enabled`` (such a
+table has one partition key, so its name is its value): created and dropped with the option, by the
+coordinator alone."""
 
 
 class CoordinatorService(CatalogReader):
@@ -327,11 +333,15 @@ class CoordinatorService(CatalogReader):
         await self._require_database(path.database_name)
         table_json = self._validated_table_json(request.table_json)
         requested = _kv_leader_replicas(table_json)
-        checked = bool(requested) and self.kv_leader_capacity.enabled and path not in self._tables_by_path
-        # checked: the count the new table's buckets join is the count checked (a partition holds it too)
+        historical = TableDescriptor.from_json(table_json).options.datalake_historical_partition
+        checked = (historical or (bool(requested) and self.kv_leader_capacity.enabled)) \
+            and path not in self._tables_by_path
+        # checked: the count the new table's buckets join is the count checked (a partition holds it too),
+        # and a historical partition is created with its table before any other partition
         async with self._read_modify_write if checked else contextlib.nullcontext():
             if checked:
-                self.kv_leader_capacity.check(requested, f"table '{path}'")
+                what = f"the historical partition of table '{path}'" if historical else f"table '{path}'"
+                self.kv_leader_capacity.check(requested, what)
             try:
                 record = await off_loop(
                     self._store.create_table,
@@ -343,6 +353,8 @@ class CoordinatorService(CatalogReader):
                     return pb.CreateTableResponse()
                 raise
             table = self.remember_table(TableInfo.from_record(record))
+            if historical:
+                await self._create_table_historical_partition(table)
         if not table.is_partitioned:
             await off_loop(self._placement.assign, table)
             self._tablets.become_leader(table, table.buckets())
@@ -350,6 +362,64 @@ class CoordinatorService(CatalogReader):
         log.info("created table %s (id %d, %d buckets)", path, table.table_id, table.bucket_count)
         await self._table_changed(table)
         return pb.CreateTableResponse()
+
+    async def _create_table_historical_partition(self, table: TableInfo) -> None:
+        """The new table's historical partition (its capacity and replication factor were checked before the
+        table was stored). Holds ``_read_modify_write``.
+
+        Raises:
+            StromError: it could not be created (Fluss's FlussRuntimeException says the same): the table
+                exists without it until the next auto-partition check creates it.
+        """
+        try:
+            await self._create_historical_partition(table)
+        except StromError as exc:
+            raise type(exc)(
+                f"Table '{table.path}' was created, but its historical system partition '{HISTORICAL}' could "
+                f"not be: {exc} Lookups of expired partitions fail until the coordinator's next auto-partition "
+                "check creates it; do not retry CreateTable (the table exists)."
+            ) from exc
+
+    async def _create_historical_partition(self, table: TableInfo) -> bool:
+        """Create the table's ``__historical__`` partition (counted against ``max.partition.num`` and the KV
+        leader capacity like any partition); False if it exists. Holds ``_read_modify_write``.
+
+        Raises:
+            PartitionMaxNumError, InsufficientKvLeaderReplicaCapacityError, InvalidReplicationFactorError.
+        """
+        return await self._create_partition(table, {table.partition_keys[0]: HISTORICAL}, HISTORICAL, True)
+
+    async def reconcile_historical_partition(self, table: TableInfo) -> str | None:
+        """Make the table's ``__historical__`` partition match its option, as Fluss's coordinator does at
+        start: a table with ``table.datalake.historical-partition.enabled`` but without the partition (a
+        creation that failed after the table was stored) gets it, one without the option loses it (a drop
+        that failed after AlterTable stored the option). Returns ``"created"``, ``"dropped"`` or None
+        (nothing to do).
+
+        Raises:
+            StromError: the partition could not be created (see :meth:`_create_historical_partition`).
+        """
+        if not await self._historical_partition_differs(table):
+            return None
+        async with self._read_modify_write:  # decided on the table and partitions as they are now
+            current = await self.resolve_table_by_id(table.table_id)
+            if current is None or not await self._historical_partition_differs(current):
+                return None
+            if current.options.datalake_historical_partition:
+                await self._create_historical_partition(current)
+                log.info("created the missing historical partition of %s", current.path)
+                return "created"
+            await self.drop_partition_of(current, await self.resolve_partition(current, HISTORICAL))
+            return "dropped"
+
+    async def _historical_partition_differs(self, table: TableInfo) -> bool:
+        if not table.is_partitioned:
+            return False
+        try:
+            await self.resolve_partition(table, HISTORICAL)
+        except PartitionNotExistError:
+            return table.options.datalake_historical_partition
+        return not table.options.datalake_historical_partition
 
     def _validated_table_json(self, raw: bytes, *, creating: bool = True) -> bytes:
         """Parse and check a client's table descriptor; returns the JSON to store (bucket count filled in)."""
@@ -411,11 +481,15 @@ class CoordinatorService(CatalogReader):
             properties = table_options.with_defaults(properties, has_primary_key=bool(primary_key),
                                                      replication_factor=self._default_replication_factor)
         table_options.check_system_columns(columns)
-        # every key a known table.* option (new tables), every value of its type, options that fit together
-        table_options.validate(properties, descriptor.schema, descriptor.partition_keys, creating=creating)
+        # every key a known table.* option (new tables), every value of its type, options that fit together;
+        # checked with the lake format the table gets when it sets none (Fluss fills it in before it checks)
+        checked = properties if table_properties.DATALAKE_FORMAT in properties else {
+            **properties, table_properties.DATALAKE_FORMAT: self._lake_format}
+        table_options.validate(checked, descriptor.schema, descriptor.partition_keys, creating=creating)
         merge_options.validate(descriptor.schema, properties)
         auto_increment.cache_size(properties)  # a positive integer (InvalidConfigError)
-        if creating and not descriptor.partition_keys:  # a partition's replicas are checked when it is created
+        # a partition's replicas are checked when it is created, but a historical one comes with its table
+        if creating and (not descriptor.partition_keys or TableProperties(properties).datalake_historical_partition):
             self._check_replication_factor(properties)
         document["properties"] = completed = self._with_lake_properties(properties, creating, bool(primary_key))
         lake_keys = keys.key_lake_format(completed)
@@ -580,9 +654,46 @@ class CoordinatorService(CatalogReader):
         table_json = self._validated_table_json(json.dumps(document).encode(), creating=False)
         if table_json == table.table_json:
             return None
+        was_historical = table.options.datalake_historical_partition
+        versions = table.versions if schema_id == table.schema_id else {**table.versions, table.schema_id: table.table_json}
+        provisional = dataclasses.replace(table, table_json=table_json, schema_id=schema_id, versions=versions)
+        if provisional.options.datalake_historical_partition and not was_historical:
+            await self._enable_historical_partition(provisional)
         record = await off_loop(self._store.update_table, table.table_id, table_json, self._clock.now_ms(),
                                 schema_id=schema_id)
-        return self.remember_table(await off_loop(self._with_versions, record))
+        altered = self.remember_table(await off_loop(self._with_versions, record))
+        if was_historical and not altered.options.datalake_historical_partition:
+            await self._disable_historical_partition(altered)
+        return altered
+
+    async def _enable_historical_partition(self, table: TableInfo) -> None:
+        """The historical partition of a table AlterTable turns the option on for (``table``: as it will be
+        stored), created before the option is stored, as Fluss does. Holds ``_read_modify_write``.
+
+        Raises:
+            StromError: it could not be created (e.g. InsufficientKvLeaderReplicaCapacityError, 71); the
+                option was not changed.
+        """
+        try:
+            created = await self._create_historical_partition(table)
+        except StromError as exc:
+            raise type(exc)(
+                f"Enabling '{table_properties.DATALAKE_HISTORICAL_PARTITION}' on '{table.path}' needs its historical "
+                f"system partition '{HISTORICAL}', which could not be created: {exc} The option was not changed."
+            ) from exc
+        if created:
+            log.info("created the historical partition of %s", table.path)
+
+    async def _disable_historical_partition(self, table: TableInfo) -> None:
+        """Drop the historical partition of a table AlterTable turned the option off for (after it was stored).
+        A failure is logged: the next auto-partition check drops the partition."""
+        try:
+            await self.drop_partition_of(table, await self.resolve_partition(table, HISTORICAL))
+        except PartitionNotExistError:
+            return
+        except Exception:
+            log.exception("dropping the historical partition of %s failed; the next auto-partition check "
+                          "drops it", table.path)
 
     async def list_tables(self, request: Any, _context: object) -> Any:
         await self._require_database(request.database_name)
@@ -609,6 +720,8 @@ class CoordinatorService(CatalogReader):
             raise PartitionSpecInvalidError(f"{sorted(unknown)} are not partition keys of '{table.path}'.")
         response = pb.ListPartitionInfosResponse()
         for partition in await self.resolve_partitions(table):
+            if partition.name == HISTORICAL:  # a system partition (Fluss hides it too); GetMetadata resolves it
+                continue
             spec = dict(partition.spec)
             if any(spec.get(key) != value for key, value in wanted.items()):
                 continue
@@ -623,6 +736,12 @@ class CoordinatorService(CatalogReader):
             TablePath(request.table_path.database_name, request.table_path.table_name)
         )
         spec = {kv.key: kv.value for kv in request.partition_spec.partition_key_values}
+        if table.is_partitioned and HISTORICAL in spec.values():
+            raise PartitionSpecInvalidError(
+                f"The partition value '{HISTORICAL}' is reserved for the historical system partition, which the "
+                f"coordinator creates for tables with '{table_properties.DATALAKE_HISTORICAL_PARTITION}' = true; it "
+                "cannot be created manually."
+            )
         if table.is_partitioned:
             AutoPartitionStrategy.of(table.properties, table.partition_keys).check_new_partition(
                 spec, self._clock.now_ms()
@@ -680,6 +799,14 @@ class CoordinatorService(CatalogReader):
         if not table.is_partitioned:
             raise TableNotPartitionedError(f"Table '{table.path}' is not a partitioned table.")
         spec = {kv.key: kv.value for kv in request.partition_spec.partition_key_values}
+        if HISTORICAL in spec.values():  # Fluss's InvalidPartitionException
+            option = table_properties.DATALAKE_HISTORICAL_PARTITION
+            how = (f"setting '{option}' to false drops it" if table.options.datalake_historical_partition
+                   else f"the coordinator drops it, as '{option}' is false")
+            raise PartitionSpecInvalidError(
+                f"Historical system partition '{HISTORICAL}' of table '{table.path}' is managed by the "
+                f"coordinator and cannot be dropped manually: {how}."
+            )
         name = partition_name(spec, table.partition_keys)
         try:
             record = await self.resolve_partition(table, name)
@@ -733,9 +860,12 @@ def _database_changes(changes: Any) -> tuple[dict[str, str], set[str]]:
 
 def _kv_leader_replicas(table_json: bytes) -> int:
     """The KV leader replicas creating a (validated) table adds: a primary-key table's buckets; none for a log
-    table, nor for a partitioned table (its partitions add theirs when created)."""
+    table, nor for a partitioned table (its partitions add theirs when created) but for the buckets of the
+    historical partition created with it."""
     descriptor = TableDescriptor.from_json(table_json)
-    if not descriptor.has_primary_key or descriptor.is_partitioned:
+    if not descriptor.has_primary_key:
+        return 0
+    if descriptor.is_partitioned and not descriptor.options.datalake_historical_partition:
         return 0
     return descriptor.bucket_count or 0
 

@@ -278,9 +278,17 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
         DATALAKE_HISTORICAL_PARTITION, "Boolean", "false",
         "Lookups of expired partitions read the lake (auto-partitioned Paimon primary-key tables with one "
         "partition key only).",
-        Support.PARTIAL,
-        "false is accepted; true is refused (at creation and by AlterTable): with Fluss's list of unmet "
-        "requirements, or, where they are met, because strom does not read expired partitions from the lake yet.",
+        Support.IMPLEMENTED,
+        "true needs Fluss's requirements (auto-partitioning, the lake enabled, `table.datalake.format` "
+        "paimon, a primary key, one partition key), else it is refused at creation and by AlterTable with the "
+        "list of unmet ones (InvalidConfigException, 39). The coordinator then keeps the system partition "
+        "`__historical__` (the table's buckets and replication factor; it counts against "
+        "`kv.leader-replica.memory-reserved` and `max.partition.num`): created with the table or when "
+        "AlterTable turns the option on, dropped when it turns it off, re-made by the auto-partition check "
+        "if missing; retention never drops it, CreatePartition and DropPartition of it are refused "
+        "(InvalidPartitionException, 43), ListPartitionInfos hides it and GetMetadata resolves it "
+        "(`strom.coordinator.service`). Lookups of expired partitions go to its buckets, whose tablet servers "
+        "answer them from the Paimon lake table; see [auto-partitioning.md](auto-partitioning.md#the-historical-partition).",
         parse_bool,
     ),
     _option(
@@ -486,10 +494,6 @@ def _check_historical_partition(values: Mapping[str, Any], has_primary_key: bool
         unmet.append(f"the table must define exactly one partition key (found {partition_key_count})")
     if unmet:
         raise InvalidConfigError(f"'{DATALAKE_HISTORICAL_PARTITION}' has unmet requirements: {'; '.join(unmet)}.")
-    raise InvalidConfigError(
-        f"'{DATALAKE_HISTORICAL_PARTITION}' = true is not supported by this server: it does not read expired "
-        "partitions from the lake yet (Fluss FIP-28)."
-    )
 
 
 def _check_auto_partition(properties: Mapping[str, str], partition_keys: Collection[str]) -> None:
@@ -603,10 +607,13 @@ def options_markdown(alterable: Collection[str]) -> str:
         ],
         "",
         "The table's properties after the change are checked as a new table's are, so a bad value is "
-        "refused with the same error as at creation and the table stays as it was; a value strom refuses "
-        "at creation (`table.auto-partition.enabled` = true, `table.datalake.historical-partition.enabled` "
-        "= true) is refused by AlterTable too, and `table.statistics.columns` is checked against the "
-        "table's current columns. The hosted buckets serve the changed table at once: `table.log.ttl` "
+        "refused with the same error as at creation and the table stays as it was (e.g. "
+        "`table.datalake.historical-partition.enabled` = true with unmet requirements, or a "
+        "`table.datalake.format` other than the cluster's), and `table.statistics.columns` is checked "
+        "against the table's current columns. Turning `table.datalake.historical-partition.enabled` on "
+        "creates the table's `__historical__` partition before the option is stored (refused with "
+        "InsufficientKvLeaderReplicaCapacityException, 71, when its buckets do not fit), turning it off "
+        "drops it. The hosted buckets serve the changed table at once: `table.log.ttl` "
         "applies from the next log retention check, lake changes reschedule tiering (see "
         "[lake-tiering-coordinator.md](lake-tiering-coordinator.md)); the *accepted, no effect* options "
         "are stored and shown by GetTableInfo, and change nothing.",

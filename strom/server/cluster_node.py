@@ -582,6 +582,7 @@ class TabletServerNode(_ClusterProcess):
             partition_name=lambda pid: p.name if (p := catalog.partition_by_id(pid)) else None,
             oldest_snapshot=committer.oldest_snapshot, coordinator_epoch=self._coordinator_epoch,
         )
+        tablets.serve_historical(lambda pid: p.name if (p := catalog.partition_by_id(pid)) else None)
         handlers = {
             **tablets.handlers(),
             **self.catalog.handlers(),

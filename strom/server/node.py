@@ -318,6 +318,7 @@ class StromServer:
             partition_name=lambda pid: p.name if (p := coordinator.partition_by_id(pid)) else None,
             oldest_snapshot=self.snapshots.oldest_snapshot,
         )
+        tablets.serve_historical(lambda pid: p.name if (p := coordinator.partition_by_id(pid)) else None)
         handlers = guard_with_catalog(self.security, self._handlers(), coordinator, role)
 
         rpc_server = rpc_server_factory(config, tablets.scans.on_connection_closed,

@@ -32,6 +32,7 @@ from strom.rpc.messages import pb
 from strom.rpc.server import Handler
 from strom.tablet.data_dirs import open_configured
 from strom.tablet.disk_guard import DiskWriteGuard
+from strom.tablet.historical_lookups import HistoricalLookups
 from strom.tablet.kv_snapshot_scheduler import KvSnapshotScheduler, SnapshotCommitter
 from strom.tablet.remote_log_manager import (
     CommitManifest,
@@ -80,6 +81,12 @@ class TabletRole:
         self.scans.start()
         self.snapshot_scheduler: KvSnapshotScheduler | None = None
         self.remote_logs: RemoteLogManager | None = None
+        self.historical = HistoricalLookups(config)
+        """Lookups of expired partitions, read from the lake (served once :meth:`serve_historical` ran)."""
+
+    def serve_historical(self, partition_name: PartitionName) -> None:
+        """Answer lookups of expired partitions (``partition_name``: a partition id's name, from the catalog)."""
+        self.tablet.serve_historical(self.historical, partition_name)
 
     def start_snapshots(self, committer: SnapshotCommitter, staging_dir: Path) -> KvSnapshotScheduler:
         self.snapshot_scheduler = KvSnapshotScheduler(
@@ -167,6 +174,7 @@ class TabletRole:
         if self.snapshot_scheduler is not None:
             await self.snapshot_scheduler.stop()
         await self.scans.stop()
+        self.historical.close()
         await self.disk.stop()
         await self.directories.stop()
         self.replicas.close()

@@ -20,9 +20,11 @@ from strom.errors import (
     InvalidTableError,
     InvalidTimestampError,
     KvStorageError,
+    NonPrimaryKeyTableError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    PartitionSpecInvalidError,
     StorageBackpressureError,
     StromError,
     code_for_exception,
@@ -37,7 +39,9 @@ from strom.records.kv_batch import build_value_batch, parse_kv_batches
 from strom.remote.s3_credentials import S3TokenProvider
 from strom.rpc import lookup_wire
 from strom.rpc.messages import pb
+from strom.table_properties import HISTORICAL_PARTITION_VALUE
 from strom.tablet.disk_guard import DiskWriteGuard
+from strom.tablet.historical_lookups import HistoricalLookups
 from strom.tablet.remote_log_manager import RemoteLogManager
 from strom.tablet.replica import ReplicaManager
 
@@ -124,6 +128,8 @@ class TabletService:
         self._min_in_sync = config.get(LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER)
         self._tokens: S3TokenProvider | None = None
         self._disk: DiskWriteGuard | None = None
+        self._historical: HistoricalLookups | None = None
+        self._partition_name: Callable[[int], str | None] = lambda _partition_id: None
         self.remote_logs: RemoteLogManager | None = None
         """Set when remote log storage is on (:meth:`read_remote_logs`)."""
 
@@ -179,6 +185,12 @@ class TabletService:
     def read_remote_logs(self, remote_logs: RemoteLogManager) -> None:
         """Remote log storage is on: reads below the local log start go to its segments."""
         self.remote_logs = remote_logs
+
+    def serve_historical(self, lookups: HistoricalLookups, partition_name: Callable[[int], str | None]) -> None:
+        """Answer lookups of expired partitions from the lake (``partition_name(partition id)``: a hosted
+        partition's name, to tell the ``__historical__`` one)."""
+        self._historical = lookups
+        self._partition_name = partition_name
 
     # ---- log tables ----
     async def produce_log(self, request: Any, _context: object) -> Any:
@@ -444,8 +456,13 @@ class TabletService:
     def lookup(self, request: Any, _context: object) -> Any:
         """Answered inline, as the response's bytes (lookup_wire.py); with ``insert_if_not_exists`` a
         coroutine that first inserts the missing keys."""
+        historical = any(b.HasField("original_partition_name") for b in request.buckets_req)
         if request.HasField("insert_if_not_exists") and request.insert_if_not_exists:
+            if historical:
+                raise InvalidTableError("insert_if_not_exists is not supported for lookups of historical partitions")
             return self._lookup_inserting(request)
+        if historical:
+            return self._lookup_historical(request)
         entries = []
         for bucket_request in request.buckets_req:
             bucket = _bucket(request.table_id, bucket_request)
@@ -479,6 +496,51 @@ class TabletService:
                 entries.append(_lookup_error_entry(bucket, exc))
             else:
                 entries.append(lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, values))
+        return b"".join(entries)
+
+    async def _lookup_historical(self, request: Any) -> bytes:
+        """Lookups some of whose buckets name an expired partition (``original_partition_name``): those are
+        read from the lake by the leader of the same bucket of the table's ``__historical__`` partition
+        (strom/tablet/historical_lookups.py); the others as usual."""
+        entries = []
+        for bucket_request in request.buckets_req:
+            bucket = _bucket(request.table_id, bucket_request)
+            if not bucket_request.HasField("original_partition_name"):
+                try:
+                    values = self._replicas.get(bucket).kv.lookup(bucket_request.keys)
+                except Exception as exc:
+                    entries.append(_lookup_error_entry(bucket, exc))
+                else:
+                    entries.append(lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, values))
+                continue
+            original = bucket_request.original_partition_name
+            response = pb.LookupResponse()
+            entry = _bucket_entry(response, bucket)
+            entry.original_partition_name = original
+            try:
+                replica = self._replicas.get(bucket)
+                if not replica.table.has_primary_key:
+                    raise NonPrimaryKeyTableError(f"Table '{replica.table.path}' is not a primary key table.")
+                if bucket.partition_id is None or self._partition_name(bucket.partition_id) != HISTORICAL_PARTITION_VALUE:
+                    raise PartitionSpecInvalidError(
+                        f"{bucket} is not a bucket of table '{replica.table.path}''s {HISTORICAL_PARTITION_VALUE} "
+                        "partition: only it answers lookups of expired partitions"
+                    )
+                if self._historical is None or not replica.table.options.datalake_historical_partition:
+                    raise InvalidTableError(
+                        f"Table '{replica.table.path}' does not serve historical partitions "
+                        "('table.datalake.historical-partition.enabled' is not true)"
+                    )
+                values = await self._historical.lookup(replica.table, self._replicas.row_format(replica.table),
+                                                       original, bucket.bucket, list(bucket_request.keys))
+            except Exception as exc:
+                _set_error(entry, exc)
+            else:
+                for value in values:
+                    found = entry.values.add()
+                    if value is not None:
+                        found.values = value
+            entries.append(response.SerializeToString())
         return b"".join(entries)
 
     def prefix_lookup(self, request: Any, _context: object) -> Any:

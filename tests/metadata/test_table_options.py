@@ -236,12 +236,49 @@ def test_alter_table_may_change_the_options_fluss_lets_users_alter_and_the_lake_
         assert f"- `{key}` ({TABLE_OPTIONS[key].support.value})" in changing, key
 
 
-def test_historical_partitions_meeting_flusss_requirements_are_still_refused() -> None:
-    """With every requirement met (a Paimon lake now exists) the option is refused as not built, never
-    accepted and ignored."""
-    schema = Schema.from_arrow(pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("day", pa.string(), nullable=False)]),
-                               ["id", "day"])
-    properties = {"table.datalake.historical-partition.enabled": "true", "table.auto-partition.enabled": "true",
-                  "table.datalake.enabled": "true", "table.datalake.format": "paimon"}
-    with pytest.raises(InvalidConfigError, match="does not read expired partitions from the lake yet"):
-        validate(properties, schema, ("day",))
+HISTORICAL_SCHEMA = Schema.from_arrow(
+    pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("day", pa.string(), nullable=False)]), ["id", "day"])
+HISTORICAL_READY = {"table.datalake.historical-partition.enabled": "true", "table.auto-partition.enabled": "true",
+                    "table.datalake.enabled": "true", "table.datalake.format": "paimon"}
+
+
+def test_historical_partitions_meeting_flusss_requirements_are_accepted() -> None:
+    validate(HISTORICAL_READY, HISTORICAL_SCHEMA, ("day",))
+    validate({**HISTORICAL_READY, "table.datalake.historical-partition.enabled": "false", "table.datalake.format": "iceberg"},
+             HISTORICAL_SCHEMA, ("day",))
+
+
+@pytest.mark.parametrize(
+    ("changed", "schema", "partition_keys", "unmet"),
+    [
+        ({"table.auto-partition.enabled": "false"}, HISTORICAL_SCHEMA, ("day",),
+         "'table.auto-partition.enabled' must be set to true"),
+        ({"table.datalake.enabled": "false"}, HISTORICAL_SCHEMA, ("day",), "'table.datalake.enabled' must be set to true"),
+        ({"table.datalake.format": "iceberg"}, HISTORICAL_SCHEMA, ("day",),
+         "'table.datalake.format' must be set to 'paimon' (currently 'iceberg')"),
+        ({"table.datalake.format": None}, HISTORICAL_SCHEMA, ("day",),
+         "'table.datalake.format' must be set to 'paimon' (currently not set)"),
+        ({}, Schema.from_arrow(pa.schema([("id", pa.int32()), ("day", pa.string())])), ("day",),
+         "the table must define a primary key"),
+    ],
+)
+def test_each_unmet_historical_partition_requirement_is_named(
+    changed: dict[str, str | None], schema: Schema, partition_keys: tuple[str, ...], unmet: str,
+) -> None:
+    properties = {key: value for key, value in {**HISTORICAL_READY, **changed}.items() if value is not None}
+    with pytest.raises(InvalidConfigError) as failure:
+        validate(properties, schema, partition_keys)
+    assert str(failure.value) == f"'table.datalake.historical-partition.enabled' has unmet requirements: {unmet}.", (
+        str(failure.value))
+
+
+def test_every_unmet_historical_partition_requirement_is_listed_at_once() -> None:
+    schema = Schema.from_arrow(pa.schema([("id", pa.int32()), ("day", pa.string()), ("hour", pa.string())]))
+    with pytest.raises(InvalidConfigError) as failure:
+        validate({"table.datalake.historical-partition.enabled": "true"}, schema, ("day", "hour"))
+    assert str(failure.value) == (
+        "'table.datalake.historical-partition.enabled' has unmet requirements: "
+        "'table.auto-partition.enabled' must be set to true; 'table.datalake.enabled' must be set to true; "
+        "'table.datalake.format' must be set to 'paimon' (currently not set); the table must define a primary key; "
+        "the table must define exactly one partition key (found 2)."
+    )

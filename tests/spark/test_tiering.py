@@ -254,3 +254,82 @@ def test_a_column_added_to_a_tiered_table_reaches_the_lake(spark: Any, server_fa
     assert (3, "x", 3, "x@y") in expected and (0, "n0", 0, None) in expected
     assert lake_rows(cluster, table, names) == expected
     assert _spark_rows(load(spark, cluster, table, **{"read.source": "lake"}), names) == expected
+
+
+def test_lookups_of_an_expired_partition_are_answered_from_the_lake(spark: Any, server_factory: Any) -> None:
+    """Historical partitions (``table.datalake.historical-partition.enabled``, Paimon): a partition tiered into
+    the lake and then expired from the cluster by auto-partition retention stays readable by key — strom's
+    lookuper sends its keys to the table's ``__historical__`` partition, whose bucket leader reads the lake
+    table; a key it lacks is None, a current or future partition never created holds nothing, and keys of
+    live and expired partitions mix in one batch. A server that takes one such lookup at a time refuses the
+    others with HistoricalPartitionThrottled (73), which the lookuper retries."""
+    import asyncio
+    from datetime import UTC, datetime, timedelta
+
+    from strom.client import Connection, TablePath
+    from strom.ids import TableBucket
+    from strom.rpc.api_keys import ApiKey
+    from strom.rpc.client import RpcConnection
+    from strom.rpc.messages import pb
+    from strom.table_properties import HISTORICAL_PARTITION_VALUE
+    from tests.spark.support import run
+
+    cluster = Fluss(server_factory(tiering_config("paimon", **{
+        "auto-partition.check.interval": "300ms", "netty.server.max-queued-historical-requests": "1"})).address)
+    today = datetime.now(UTC).date()
+    old, recent = (today - timedelta(days=3)).strftime("%Y%m%d"), today.strftime("%Y%m%d")
+    future = (today + timedelta(days=30)).strftime("%Y%m%d")
+    columns = [("id", IntType()), ("dt", StringType()), ("name", StringType())]
+    table = create_lake_table(cluster, columns, primary_key=["id", "dt"], partition_keys=["dt"], bucket_count=2,
+                              partitions=[{"dt": old}], properties={
+                                  "table.auto-partition.enabled": "true", "table.auto-partition.time-unit": "DAY",
+                                  "table.auto-partition.time-zone": "UTC", "table.auto-partition.num-retention": "7",
+                                  "table.datalake.historical-partition.enabled": "true"})
+    cluster.upsert(table, [{"id": i, "dt": old, "name": f"old-{i}"} for i in range(20)])
+    tier_once(spark, cluster)
+    path = TablePath.parse(table)
+
+    async def expire(connection: Connection) -> None:
+        admin = connection.get_admin()
+        await admin.alter_table(path, set_properties={"table.auto-partition.num-retention": "1"})
+        deadline = time.monotonic() + 30
+        while old in {p.partition_name for p in await admin.list_partition_infos(path)}:
+            assert time.monotonic() < deadline, "retention did not drop the old partition"
+            await asyncio.sleep(0.2)
+
+    run(cluster.address, expire)
+    cluster.upsert(table, [{"id": 1, "dt": recent, "name": "live"}])
+
+    async def look(connection: Connection) -> tuple[Any, ...]:
+        lookuper = (await connection.get_table(path)).new_lookup().create_lookuper()
+        one = await lookuper.lookup({"id": 7, "dt": old})
+        missing = await lookuper.lookup({"id": 99, "dt": old})
+        not_created = await lookuper.lookup({"id": 7, "dt": future})
+        mixed = await lookuper.lookup_many([{"id": 1, "dt": recent}, {"id": 2, "dt": old}, {"id": 3, "dt": old}])
+        many = await asyncio.gather(*(lookuper.lookup({"id": i, "dt": old}) for i in range(10)))
+        return one, missing, not_created, mixed, many
+
+    one, missing, not_created, mixed, many = run(cluster.address, look)
+    assert one == {"id": 7, "dt": old, "name": "old-7"}
+    assert missing is None and not_created is None
+    assert mixed == [{"id": 1, "dt": recent, "name": "live"}, {"id": 2, "dt": old, "name": "old-2"},
+                     {"id": 3, "dt": old, "name": "old-3"}]
+    assert many == [{"id": i, "dt": old, "name": f"old-{i}"} for i in range(10)]
+
+    async def raw(connection: Connection) -> list[int]:
+        """Concurrent historical lookups straight at the leader: beyond one at a time, refused with 73."""
+        info = (await connection.get_table(path)).layout.info
+        historical = await connection.metadata.partition_id(info, HISTORICAL_PARTITION_VALUE)
+        host, port = (await connection.metadata.leader_address(TableBucket(info.table_id, 0, historical))).rsplit(":", 1)
+        rpc = await RpcConnection.connect(host, int(port))
+        try:
+            request = pb.LookupRequest(table_id=info.table_id)
+            request.buckets_req.add(partition_id=historical, bucket_id=0, keys=[b"not-a-key"],
+                                    original_partition_name=f"{int(old) - 1}")  # a bucket never read: slow
+            answers = await asyncio.gather(*(rpc.request(ApiKey.LOOKUP, request) for _ in range(6)))
+            return [a.buckets_resp[0].error_code if a.buckets_resp[0].HasField("error_code") else 0 for a in answers]
+        finally:
+            await rpc.close()
+
+    codes = run(cluster.address, raw)
+    assert 73 in codes and 0 in codes, codes
