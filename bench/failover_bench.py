@@ -19,25 +19,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import signal
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-import pyarrow as pa
-
+from bench.cluster_bench import FIELDS, PATH, run_writers, write_range
 from bench.harness import report
-from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.client import Connection, Schema, TableDescriptor
 from strom.client.admin import OffsetSpec
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
 from strom.server.local_cluster import LocalCluster
 from strom.zk.zookeeper_server import free_port
 
-FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("score", pa.int64())])
-PATH = TablePath("fluss", "failover")
 SESSION_TIMEOUT = "4s"
 MODES = ("standby", "snapshot", "log")
 WAIT_S = 900.0
@@ -52,30 +48,9 @@ async def _create(address: str, standby: bool) -> None:
             PATH, TableDescriptor(Schema.from_arrow(FIELDS, ["id"]), bucket_count=1, properties=properties))
 
 
-def _write_range(address: str, first: int, count: int, batch: int) -> None:
-    async def run() -> None:
-        async with await Connection.create(address) as connection:
-            writer = (await connection.get_table(PATH)).new_upsert().create_writer()
-            for start in range(first, first + count, batch):
-                ids = list(range(start, min(first + count, start + batch)))
-                writer.upsert_arrow_batch(pa.table({"id": ids, "name": [f"name-{i}" for i in ids], "score": ids}))
-            await writer.flush()
-
-    asyncio.run(run())
-
-
 def _load(address: str, keys: int, writers: int, batch: int) -> float:
     """Rows/s of ``writers`` processes writing ``keys`` keys, all acknowledged (on both replicas)."""
-    share = keys // writers
-    context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_write_range, args=(address, w * share, share, batch)) for w in range(writers)]
-    started = time.perf_counter()
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
-        assert process.exitcode == 0, f"a writer failed with {process.exitcode}"
-    return share * writers / (time.perf_counter() - started)
+    return run_writers(write_range, address, keys, writers, batch)
 
 
 def _metric(port: int, name: str) -> float | None:

@@ -463,16 +463,15 @@ class TabletService:
             return self._lookup_inserting(request)
         if historical:
             return self._lookup_historical(request)
-        entries = []
-        for bucket_request in request.buckets_req:
-            bucket = _bucket(request.table_id, bucket_request)
-            try:
-                values = self._replicas.get(bucket).kv.lookup(bucket_request.keys)
-            except Exception as exc:
-                entries.append(_lookup_error_entry(bucket, exc))
-            else:
-                entries.append(lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, values))
-        return b"".join(entries)
+        return b"".join(self._lookup_entry(_bucket(request.table_id, b), b.keys) for b in request.buckets_req)
+
+    def _lookup_entry(self, bucket: TableBucket, keys: Any) -> bytes:
+        """One bucket's LookupResponse entry: the values of ``keys`` this server leads, or the error."""
+        try:
+            values = self._replicas.get(bucket).kv.lookup(keys)
+        except Exception as exc:
+            return _lookup_error_entry(bucket, exc)
+        return lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, values)
 
     async def _lookup_inserting(self, request: Any) -> bytes:
         """Look the keys up; insert a key-only row for each missing key (durably, as a PutKv with acks=-1)
@@ -506,12 +505,7 @@ class TabletService:
         for bucket_request in request.buckets_req:
             bucket = _bucket(request.table_id, bucket_request)
             if not bucket_request.HasField("original_partition_name"):
-                try:
-                    values = self._replicas.get(bucket).kv.lookup(bucket_request.keys)
-                except Exception as exc:
-                    entries.append(_lookup_error_entry(bucket, exc))
-                else:
-                    entries.append(lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, values))
+                entries.append(self._lookup_entry(bucket, bucket_request.keys))
                 continue
             original = bucket_request.original_partition_name
             response = pb.LookupResponse()
