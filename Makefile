@@ -18,7 +18,7 @@ $(STAMP): $(BUILD_INPUTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	# RocksDB 9.10 for strom's own binding: built once per machine (7-8 min on 2 cores), then cached
-	rocksdb="$$(scripts/build-rocksdb.sh)" && STROM_ROCKSDB_DIR="$$rocksdb" $(BIN)/python -m pip install -e '.[dev,spark,zookeeper,lance,paimon]'
+	rocksdb="$$(scripts/build-rocksdb.sh)" && STROM_ROCKSDB_DIR="$$rocksdb" $(BIN)/python -m pip install -e '.[dev,spark,zookeeper,lance,paimon,gateway]'
 	# ZooKeeper (Debian's package) for the metadata tests and the local cluster; skipped where apt is not usable
 	scripts/install-zookeeper.sh
 	# pypaimon 2.1.0, the tests' independent reader of Paimon tables: a virtualenv of its own (it pins pyarrow < 20)

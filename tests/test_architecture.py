@@ -25,7 +25,7 @@ FLOORS: list[set[str]] = [
     {"kv", "lake", "security", "membership"},
     {"zk"},
     {"coordinator", "tablet", "client"},
-    {"server", "spark", "tiering"},
+    {"server", "spark", "tiering", "gateway"},
     {"cli"},
 ]
 """Lowest first. A room imports its own modules and rooms on lower floors; rooms on one floor are

@@ -24,6 +24,7 @@ from strom.cli.common import (
     key_value_pairs,
     run_on_server,
 )
+from strom.cli.gateway import gateway
 from strom.cli.rebalance import rebalance_group, server_tag
 from strom.cli.remote_log import log_group
 from strom.cli.snapshots import lease, snapshot
@@ -417,6 +418,7 @@ def config_alter(set_pairs: tuple[str, ...], reset_keys: tuple[str, ...], bootst
 
 
 main.add_command(acl)
+main.add_command(gateway)
 main.add_command(lease)
 main.add_command(log_group)
 main.add_command(snapshot)
