@@ -107,6 +107,9 @@ class Replica:
         self.leader_epoch = 0
         self.offline: str | None = None
         """Why its data directory cannot be used (None while it can): a leader refuses with StorageError."""
+        self._standby_failed = False
+        """The standby state could not open in this role: not tried again on every use (each follower fetch
+        opens the replica) until the replica's KV state is dropped (a role change)."""
 
     @property
     def is_open(self) -> bool:
@@ -132,7 +135,7 @@ class Replica:
             return
         opened_log = self._log is None
         log_tablet = self.open_log()
-        if self.keeps_standby:
+        if self.keeps_standby and not self._standby_failed:
             self._open_standby(log_tablet)
         elif self.is_kv and self.is_leader:
             try:
@@ -149,6 +152,7 @@ class Replica:
         try:
             self._kv = self._open_kv(log_tablet, standby=True)
         except Exception as exc:
+            self._standby_failed = True
             log.warning("%s: no standby KV state on this follower: %s", self.bucket, exc)
             return
         log.info("%s: standby KV state open at offset %d", self.bucket, self._kv.applied_offset)
@@ -201,6 +205,7 @@ class Replica:
     def close_kv(self) -> None:
         """Drop the KV state (this replica now follows): unacknowledged writes die with it; the next time it
         leads, RocksDB is caught up from the log."""
+        self._standby_failed = False
         if self._kv is not None:
             self._kv.close()
             self._kv = None

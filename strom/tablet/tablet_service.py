@@ -30,7 +30,7 @@ from strom.errors import (
     code_for_exception,
 )
 from strom.ids import TableBucket
-from strom.kv.kv_tablet import StagedPut
+from strom.kv.kv_tablet import KvTablet, StagedPut
 from strom.log.log_tablet import EARLIEST_OFFSET, LogTablet, ReadResult
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
@@ -152,12 +152,10 @@ class TabletService:
             self._disk.ensure_writable()
         self._check_in_sync(bucket, acks)
 
-    def _pressure(self, bucket: TableBucket) -> float:
-        """The back-pressure signal of a put answered now: the bucket's debt, or its data disk nearing the
-        write limit, whichever is higher."""
-        kv = self._replicas.get(bucket).kv_if_open
-        bucket_pressure = kv.pressure() if kv is not None else 0.0
-        return max(bucket_pressure, self._disk.pressure() if self._disk is not None else 0.0)
+    def _pressure(self, kv: KvTablet) -> float:
+        """The back-pressure signal of a put answered now: the bucket's debt (its tablet as the put staged
+        it, not looked up again), or its data disk nearing the write limit, whichever is higher."""
+        return max(kv.pressure(), self._disk.pressure() if self._disk is not None else 0.0)
 
     def set_min_in_sync(self, count: int) -> None:
         """``log.replica.min-in-sync-replicas-number`` changed at run time (AlterClusterConfigs)."""
@@ -419,9 +417,9 @@ class TabletService:
     def _stage_put(
         self, table_id: int, bucket_request: Any, target_columns: list[int], acks: int = ACKS_ALL,
         overwrite: bool = False, knows_backpressure: bool = True,
-    ) -> tuple[Any, StagedPut, TableBucket]:
-        """One bucket's answer-to-be and its batches handed to the tablet (which appends them and drives
-        their commit and apply)."""
+    ) -> tuple[Any, StagedPut, TableBucket, KvTablet | None]:
+        """One bucket's answer-to-be, its batches handed to the tablet (which appends them and drives their
+        commit and apply), and the tablet (None when the put was refused before it)."""
         bucket = _bucket(table_id, bucket_request)
         response = pb.PbPutKvRespForBucket(bucket_id=bucket.bucket)
         _echo_partition(response, bucket)
@@ -437,16 +435,19 @@ class TabletService:
             kv.check_write_budget(len(bucket_request.records))
         except StorageBackpressureError as exc:
             refusal = exc if knows_backpressure else KvStorageError(str(exc))
-            return response, StagedPut(None, None, refusal), bucket
+            return response, StagedPut(None, None, refusal), bucket, None
         except Exception as exc:
-            return response, StagedPut(None, None, exc), bucket
-        return response, kv.stage_put(batches, target_columns, self._clock.now_ms(), overwrite=overwrite), bucket
+            return response, StagedPut(None, None, exc), bucket, None
+        staged = kv.stage_put(batches, target_columns, self._clock.now_ms(), overwrite=overwrite)
+        return response, staged, bucket, kv
 
-    async def _finish_put(self, response: Any, staged: StagedPut, bucket: TableBucket, acks: int = ACKS_ALL) -> Any:
+    async def _finish_put(
+        self, response: Any, staged: StagedPut, bucket: TableBucket, kv: KvTablet | None, acks: int = ACKS_ALL
+    ) -> Any:
         try:
             response.log_end_offset = (await staged.finish()).next_offset
             self._check_in_sync(bucket, acks, appended=True)
-            pressure = self._pressure(bucket)
+            pressure = self._pressure(kv) if kv is not None else 0.0
             if pressure > 0:
                 response.pressure = pressure
         except Exception as exc:
