@@ -21,6 +21,7 @@ from strom.client.snapshots import KvSnapshotReader, SnapshotAdmin
 from strom.client.stats import StatsAdmin
 from strom.errors import TableNotExistError, error_for_code
 from strom.ids import TableBucket, TablePath
+from strom.metadata.rebalance_plan import ServerTag
 from strom.metadata.table_info import TableInfo
 from strom.records.schema import Column, DatabaseDescriptor, Schema, TableDescriptor
 from strom.records.types import data_type_to_json
@@ -58,6 +59,21 @@ class ServerNode:
     server_type: str
     rack: str | None = None
     """A tablet server's ``tablet-server.rack``, when it has one."""
+    tag: str | None = None
+    """A tablet server's tag (``PERMANENT_OFFLINE``, ``TEMPORARY_OFFLINE``), when asked for and it has one."""
+
+
+@dataclass(frozen=True, slots=True)
+class BucketLeadership:
+    """Where one bucket is led, as the cluster's metadata says (``isr`` is strom's extension; empty from a
+    server that does not send it)."""
+
+    bucket: TableBucket
+    leader: int | None
+    """None while no replica can lead it."""
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader_epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,15 +324,44 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin
                 offsets[bucket_response.bucket_id] = bucket_response.offset
         return offsets
 
-    async def get_server_nodes(self) -> list[ServerNode]:
-        response = await self._connection.bootstrap_request(ApiKey.GET_METADATA, pb.MetadataRequest())
+    async def get_server_nodes(self, include_tags: bool = False) -> list[ServerNode]:
+        """The coordinator and the live tablet servers. ``include_tags`` also asks for each server's tag
+        (strom's extension; a Fluss server leaves the tags out)."""
+        request = pb.MetadataRequest(include_server_tags=True) if include_tags else pb.MetadataRequest()
+        response = await self._connection.bootstrap_request(ApiKey.GET_METADATA, request)
         nodes = []
         if response.HasField("coordinator_server"):  # absent when the coordinator lacks this listener
             coordinator = response.coordinator_server
             nodes.append(ServerNode(coordinator.node_id, coordinator.host, coordinator.port, "CoordinatorServer"))
-        nodes += [ServerNode(n.node_id, n.host, n.port, "TabletServer", n.rack if n.HasField("rack") else None)
+        nodes += [ServerNode(n.node_id, n.host, n.port, "TabletServer", n.rack if n.HasField("rack") else None,
+                             _tag_name(n.server_tag) if n.HasField("server_tag") else None)
                   for n in response.tablet_servers]
         return nodes
+
+    async def get_bucket_leaderships(
+        self, table_path: TablePath, partition_name: str | None = None
+    ) -> list[BucketLeadership]:
+        """Each bucket's leader, replicas, ISR and leader epoch, fresh from the cluster (not the client's
+        cache). Raises TableNotExistError, PartitionNotExistError."""
+        request = pb.MetadataRequest()
+        request.table_path.add(database_name=table_path.database_name, table_name=table_path.table_name)
+        if partition_name is not None:
+            request.partitions_path.add(database_name=table_path.database_name,
+                                        table_name=table_path.table_name, partition_name=partition_name)
+        response = await self._connection.bootstrap_request(ApiKey.GET_METADATA, request)
+        if not response.table_metadata:
+            raise TableNotExistError(f"Table '{table_path}' does not exist, or this principal may not describe it.")
+        table_id = response.table_metadata[0].table_id
+        if partition_name is None:
+            entries = [(None, b) for b in response.table_metadata[0].bucket_metadata]
+        else:
+            entries = [(p.partition_id, b) for p in response.partition_metadata for b in p.bucket_metadata]
+        return [
+            BucketLeadership(TableBucket(table_id, b.bucket_id, partition_id),
+                             b.leader_id if b.HasField("leader_id") else None,
+                             tuple(b.replica_id), tuple(b.isr), b.leader_epoch)
+            for partition_id, b in entries
+        ]
 
     async def get_table_schema_json(self, table_path: TablePath, schema_id: int | None = None) -> dict[str, Any]:
         """The table's schema JSON, the current one or that of ``schema_id``. Raises SchemaNotExistError."""
@@ -332,6 +377,13 @@ class Admin(SnapshotAdmin, LakeAdmin, AclAdmin, ProducerOffsetsAdmin, StatsAdmin
         for schema_id in range(1, table.schema_id):
             schemas[schema_id] = Schema.from_json(await self.get_table_schema_json(table.path, schema_id))
         return schemas
+
+
+def _tag_name(code: int) -> str:
+    try:
+        return ServerTag(code).name
+    except ValueError:  # a tag this client does not know
+        return str(code)
 
 
 async def read_snapshot(

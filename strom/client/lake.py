@@ -16,6 +16,7 @@ from strom.rpc.api_keys import COORDINATOR_EPOCH, ApiKey
 from strom.rpc.messages import ext, pb
 
 _NO_TABLES: Mapping[int, int] = MappingProxyType({})
+_NO_REASONS: Mapping[int, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,9 @@ class LakeTieringStatus:
     record_count: int | None
     newest_timestamp: int | None
     """Newest record timestamp in the lake, when commits reported max timestamps."""
+    last_failure: str | None = None
+    """Why the last failed round failed (the job's reason or a heartbeat timeout); None before one."""
+    last_failure_time: int | None = None
 
 
 def _path(table_path: TablePath) -> Any:
@@ -143,15 +147,19 @@ class LakeAdmin:
         finished: Sequence[FinishedTiering] = (),
         failed: Mapping[int, int] = _NO_TABLES,
         request_table: bool = False,
+        failure_reasons: Mapping[int, str] = _NO_REASONS,
     ) -> HeartbeatResult:
         """One heartbeat of a tiering job: renew the rounds in ``tiering`` (table id -> tiering epoch), report
         ``finished`` and ``failed`` (table id -> epoch) rounds, and optionally ask for a table to tier. An
-        empty heartbeat registers the job. Per-table refusals come back in ``errors``, never raised."""
+        empty heartbeat registers the job. ``failure_reasons`` (table id -> one line) tells a strom
+        coordinator why a failed round failed (a Fluss coordinator ignores it). Per-table refusals come back in ``errors``, never raised."""
         request = pb.LakeTieringHeartbeatRequest()
         for table_id, epoch in tiering.items():
             _heartbeat_entry(request.tiering_tables, table_id, epoch)
         for table_id, epoch in failed.items():
-            _heartbeat_entry(request.failed_tables, table_id, epoch)
+            entry = _heartbeat_entry(request.failed_tables, table_id, epoch)
+            if table_id in failure_reasons:
+                entry.failure_reason = failure_reasons[table_id]
         for done in finished:
             entry = _heartbeat_entry(request.finished_tables, done.table_id, done.tiering_epoch)
             if done.file_size is not None or done.record_count is not None:
@@ -260,6 +268,8 @@ class LakeAdmin:
                     table.lake_snapshot_id if table.HasField("lake_snapshot_id") else None, offsets, names,
                     _known(table.file_size), _known(table.record_count),
                     table.newest_timestamp if table.HasField("newest_timestamp") else None,
+                    table.last_failure if table.HasField("last_failure") else None,
+                    table.last_failure_time if table.HasField("last_failure_time") else None,
                 )
             )
         return statuses

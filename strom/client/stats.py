@@ -3,12 +3,24 @@ bucket's leader, and GetClusterHealth (1062), asked of the coordinator."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from strom.client.rpc_client import ClusterRpc
 from strom.errors import error_for_code
 from strom.ids import TableBucket
 from strom.metadata.cluster_health import ClusterHealth, ClusterHealthStatus
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
+
+
+@dataclass(frozen=True, slots=True)
+class BucketStats:
+    row_count: int | None
+    """Live keys of a primary-key bucket (None with a WAL changelog image), records of a log bucket."""
+    log_size_bytes: int | None
+    """The leader's local log segments (strom's extension; None from a Fluss server)."""
+    kv_size_bytes: int | None
+    """The leader's RocksDB files and memtables (strom's extension; None for log tables and Fluss servers)."""
 
 
 class StatsAdmin:
@@ -20,7 +32,11 @@ class StatsAdmin:
         """Each bucket's row count: a primary-key bucket's live keys (None where the server cannot count
         them: a WAL changelog image), a log bucket's records from its earliest offset. One request per
         leader; a bucket's error (no leader, unknown bucket) is raised."""
-        counts: dict[TableBucket, int | None] = {}
+        return {bucket: stats.row_count for bucket, stats in (await self.get_bucket_stats(buckets)).items()}
+
+    async def get_bucket_stats(self, buckets: list[TableBucket]) -> dict[TableBucket, BucketStats]:
+        """Each bucket's row count and, from a strom server, its local log and RocksDB sizes in bytes."""
+        counts: dict[TableBucket, BucketStats] = {}
         for address, led in (await self._connection.metadata.by_leader(buckets)).items():
             for table_id in sorted({bucket.table_id for bucket in led}):
                 request = pb.GetTableStatsRequest(table_id=table_id)
@@ -34,7 +50,11 @@ class StatsAdmin:
                         raise error_for_code(answer.error_code, answer.error_message)
                     partition_id = answer.partition_id if answer.HasField("partition_id") else None
                     bucket = TableBucket(table_id, answer.bucket_id, partition_id)
-                    counts[bucket] = answer.row_count if answer.HasField("row_count") else None
+                    counts[bucket] = BucketStats(
+                        answer.row_count if answer.HasField("row_count") else None,
+                        answer.log_size_bytes if answer.HasField("log_size_bytes") else None,
+                        answer.kv_size_bytes if answer.HasField("kv_size_bytes") else None,
+                    )
         return counts
 
     async def get_cluster_health(self) -> ClusterHealth:
@@ -47,4 +67,4 @@ class StatsAdmin:
                              response.active_leader_replicas, status)
 
 
-__all__ = ["ClusterHealth", "ClusterHealthStatus", "StatsAdmin"]
+__all__ = ["BucketStats", "ClusterHealth", "ClusterHealthStatus", "StatsAdmin"]

@@ -19,6 +19,7 @@ from strom.coordinator.placement import BucketLeadership, BucketPlacement
 from strom.errors import PartitionNotExistError, TableNotExistError, TableNotPartitionedError
 from strom.ids import TablePath
 from strom.metadata.off_loop import off_loop
+from strom.metadata.rebalance_plan import decode_tags
 from strom.metadata.store import MetadataStore, PartitionRecord, TableRecord
 from strom.metadata.table_info import TableInfo
 from strom.rpc.api_keys import ApiKey
@@ -291,10 +292,14 @@ class CatalogReader:
         coordinator = self._placement.coordinator().for_listener(listener)
         if coordinator is not None:
             response.coordinator_server.CopyFrom(coordinator.to_pb())
+        tags = decode_tags(await off_loop(self._store.get_server_tags)) if request.include_server_tags else {}
         for tablet_server in self._placement.tablet_servers():
             node = tablet_server.for_listener(listener)
             if node is not None:
-                response.tablet_servers.append(node.to_pb())
+                entry = response.tablet_servers.add()
+                entry.CopyFrom(node.to_pb())
+                if node.node_id in tags:
+                    entry.server_tag = tags[node.node_id]
         for table_path in request.table_path:
             table = await self.resolve_table(TablePath(table_path.database_name, table_path.table_name))
             metadata = response.table_metadata.add(
@@ -338,7 +343,8 @@ class CatalogReader:
             if leadership is None:
                 target.add(bucket_id=bucket, leader_epoch=0)
                 continue
-            entry = target.add(bucket_id=bucket, replica_id=list(leadership.replicas), leader_epoch=leadership.leader_epoch)
+            entry = target.add(bucket_id=bucket, replica_id=list(leadership.replicas), leader_epoch=leadership.leader_epoch,
+                               isr=list(leadership.isr))
             if leadership.leader is not None:  # else its replicas are down: no leader until one is back
                 entry.leader_id = leadership.leader
 

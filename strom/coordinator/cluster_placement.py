@@ -63,7 +63,7 @@ class ClusterPlacement:
             if state is None:
                 continue  # created before the cluster had tablet servers, or a record was lost
             leader = state.leader if state.leader in live else None
-            described[bucket.bucket] = BucketLeadership(leader, state.replicas, state.leader_epoch)
+            described[bucket.bucket] = BucketLeadership(leader, state.replicas, state.leader_epoch, tuple(state.isr))
         return described
 
     def health(self, table: TableInfo, partition_id: int | None = None) -> list[BucketHealth]:

@@ -144,7 +144,7 @@ class LakeTieringService:
             )
 
         await each(request.failed_tables, response.failed_table_resp,
-                   lambda t: manager.fail(t.table_id, t.tiering_epoch))
+                   lambda t: manager.fail(t.table_id, t.tiering_epoch, t.failure_reason))
         await each(request.tiering_tables, response.tiering_table_resp,
                    lambda t: manager.renew(t.table_id, t.tiering_epoch))
         await each(request.finished_tables, response.finished_table_resp, finish)
@@ -450,6 +450,9 @@ class LakeTieringService:
             status.table_path.table_name = table.path.table_name
             if tiering.newest_timestamp_ms != UNKNOWN:
                 status.newest_timestamp = tiering.newest_timestamp_ms
+            if tiering.last_failure:
+                status.last_failure = tiering.last_failure
+                status.last_failure_time = tiering.last_failure_ms
             latest = await self._latest(tiering.table_id)
             if latest is not None:
                 status.lake_snapshot_id = latest.snapshot_id

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
 UNKNOWN = -1
+MAX_FAILURE_REASON = 1000
+"""Characters of a failure reason kept (a job's reason is one line; a longer one is cut)."""
 """Stored for times, durations and sizes not known (yet), as Fluss reports them."""
 
 
@@ -93,6 +95,9 @@ class LakeTableTiering:
     pending_since_ms: int = UNKNOWN
     newest_timestamp_ms: int = UNKNOWN
     """Newest record timestamp the lake holds, from the commits' max timestamps."""
+    last_failure: str = ""
+    """Why the last failed round failed (the job's reason, or its heartbeat timing out); empty before one."""
+    last_failure_ms: int = UNKNOWN
 
     @property
     def due_ms(self) -> int:
@@ -320,7 +325,8 @@ class LakeTableTieringManager:
                 log.warning("tiering of %s (epoch %d) timed out: no heartbeat for %d ms",
                             table.path, table.tiering_epoch, now - heartbeat_ms)
                 try:
-                    await self._fail(table)
+                    await self._fail(table, f"no heartbeat from the tiering job for {now - heartbeat_ms} ms "
+                                            f"(lake.tiering.heartbeat-timeout)")
                 except StromError as exc:  # one table's failed write must not spare the others
                     log.warning("cannot end the timed-out round of %s now (%s); trying at the next check",
                                 table.path, exc)
@@ -404,13 +410,15 @@ class LakeTableTieringManager:
         self._heartbeats_ms.pop(table_id, None)
         self._round_started_ms.pop(table_id, None)
 
-    async def fail(self, table_id: int, tiering_epoch: int) -> None:
+    async def fail(self, table_id: int, tiering_epoch: int, reason: str = "") -> None:
         """A job gave up on its round: the table is Pending again at once, with the next epoch."""
         async with self._changing:
-            await self._fail(self._validated(table_id, tiering_epoch))
+            await self._fail(self._validated(table_id, tiering_epoch), reason or "the tiering job reported a failure")
 
-    async def _fail(self, table: LakeTableTiering) -> None:
-        await self._to_pending(self._transition(table, TieringState.FAILED, failures=table.failures + 1))
+    async def _fail(self, table: LakeTableTiering, reason: str) -> None:
+        await self._to_pending(self._transition(
+            table, TieringState.FAILED, failures=table.failures + 1, last_failure=reason[:MAX_FAILURE_REASON],
+            last_failure_ms=self._clock.now_ms()))
 
     async def record_newest_timestamp(self, table_id: int, timestamp_ms: int) -> None:
         """A commit brought records up to ``timestamp_ms`` into the lake (for the data lag)."""

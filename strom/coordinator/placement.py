@@ -28,6 +28,8 @@ class BucketLeadership:
     """None while no replica can lead it (its servers are down)."""
     replicas: tuple[int, ...]
     leader_epoch: int = 0
+    isr: tuple[int, ...] = ()
+    """The replicas in sync with the leader (strom's metadata extension)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +105,7 @@ class SingleNodePlacement:
 
     def describe(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         me = self._node.node_id
-        return {bucket: BucketLeadership(me, (me,)) for bucket in range(table.bucket_count)}
+        return {bucket: BucketLeadership(me, (me,), isr=(me,)) for bucket in range(table.bucket_count)}
 
     def describe_known(self, table: TableInfo, partition_id: int | None = None) -> dict[int, BucketLeadership]:
         return self.describe(table, partition_id)

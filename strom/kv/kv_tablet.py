@@ -262,6 +262,16 @@ class KvTablet:
         return bytes(raw).decode()
 
     @property
+    def size_bytes(self) -> int:
+        """The RocksDB files' bytes (live SST files) plus what the memtables hold: the bucket's state on disk
+        and on its way there (strom's GetTableStats extension, the console's bucket sizes)."""
+        total = 0
+        for name in ("rocksdb.live-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
+            value = self._db.property(name)
+            total += int(value) if value and value.isdigit() else 0
+        return total
+
+    @property
     def row_count(self) -> int:
         """Rows in RocksDB (acknowledged writes only), maintained from the changelog; -1 with a WAL
         changelog image, whose +U does not say whether the key existed (Fluss disables it too)."""

@@ -97,6 +97,8 @@ class ServerStats:
     connections_opened: int = 0
     connections_closed_on_bad_frame: int = 0
     requests: int = 0
+    requests_by_api: dict[int, int] = field(default_factory=dict)
+    """Requests routed, by api key (what the metrics' per-API rates come from)."""
     error_responses: int = 0
     failed_authentications: int = 0
     internal_errors: list[str] = field(default_factory=list)
@@ -283,6 +285,8 @@ class RpcServer:
             except ValueError:
                 return self._error_frame(request_id, UnsupportedVersionError(f"unknown api key {api_key}"))
             return self._error_frame(request_id, UnsupportedVersionError(f"strom does not serve {name}"))
+        by_api = self.stats.requests_by_api
+        by_api[api_key] = by_api.get(api_key, 0) + 1
         if not route.min_version <= api_version <= route.max_version:
             return self._error_frame(
                 request_id,

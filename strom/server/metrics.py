@@ -22,6 +22,7 @@ from strom.coordinator.kv_snapshot_leases import KvSnapshotLeaseManager
 from strom.coordinator.kv_snapshot_store import KvSnapshotStore
 from strom.coordinator.lake_tiering import UNKNOWN, LakeTableTieringManager
 from strom.kv import rocksdb
+from strom.rpc.api_keys import ApiKey
 from strom.rpc.server import RpcServer
 from strom.tablet.remote_log_manager import RemoteLogManager
 from strom.tablet.replica import Replica, ReplicaManager
@@ -38,6 +39,13 @@ class CoordinatorParts:
     snapshots: KvSnapshotStore
     lake_tiering: LakeTableTieringManager
     kv_leader_capacity: KvLeaderCapacity | None = None
+
+
+def _api_name(key: int) -> str:
+    try:
+        return ApiKey(key).name
+    except ValueError:
+        return str(key)
 
 
 class StromCollector(Collector):
@@ -87,6 +95,10 @@ class StromCollector(Collector):
             yield GaugeMetricFamily(
                 "strom_rpc_error_responses", "RPC requests answered with an error.", value=rpc.stats.error_responses
             )
+            by_api = CounterMetricFamily("strom_rpc_api_requests", "RPC requests routed, by API.", labels=["api"])
+            for key, count in sorted(rpc.stats.requests_by_api.items()):
+                by_api.add_metric([_api_name(key)], count)
+            yield by_api
 
     def _coordinator_families(self, parts: CoordinatorParts) -> Iterator[Metric]:
         leases = parts.leases

@@ -375,10 +375,12 @@ class TabletService:
                     count = replica.kv.row_count
                     if count >= 0:
                         bucket_response.row_count = count
+                    bucket_response.kv_size_bytes = replica.kv.size_bytes
                 else:
                     log_tablet = replica.log
                     start = self._log_start(bucket, log_tablet.log_start_offset)
                     bucket_response.row_count = max(0, log_tablet.high_watermark - start)
+                bucket_response.log_size_bytes = replica.log.size_bytes
             except Exception as exc:
                 _set_error(bucket_response, exc)
         return response

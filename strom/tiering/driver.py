@@ -148,6 +148,8 @@ class TieringDriver:
         self._round_lock = threading.Lock()
         self._finished: list[FinishedTiering] = []
         self._failed: dict[int, int] = {}
+        self._failure_reasons: dict[int, str] = {}
+        """Why each round in ``_failed`` failed: told to the coordinator (DescribeLakeTiering shows it)."""
         self._leases_supported = True
         self._unreleased: set[TableBucket] = set()
         """Pins a round could not release (the coordinator was unreachable): released again at every
@@ -232,12 +234,12 @@ class TieringDriver:
         return {status.table_id for status in statuses}
 
     def _request_table(self) -> HeartbeatResult:
-        finished, failed = list(self._finished), dict(self._failed)
-        result = self._loop.call(
-            self._admin.lake_tiering_heartbeat(finished=finished, failed=failed, request_table=True)
-        )
+        finished, failed, reasons = list(self._finished), dict(self._failed), dict(self._failure_reasons)
+        result = self._loop.call(self._admin.lake_tiering_heartbeat(
+            finished=finished, failed=failed, request_table=True, failure_reasons=reasons))
         self._finished.clear()
         self._failed.clear()
+        self._failure_reasons.clear()
         for table_id, error in result.errors.items():
             log.warning("coordinator refused the report of table %d: %s", table_id, error)
         return result
@@ -247,7 +249,8 @@ class TieringDriver:
             return
         try:
             self._loop.call(
-                self._admin.lake_tiering_heartbeat(finished=list(self._finished), failed=dict(self._failed)), 10
+                self._admin.lake_tiering_heartbeat(finished=list(self._finished), failed=dict(self._failed),
+                                                   failure_reasons=dict(self._failure_reasons)), 10
             )
         except Exception as exc:
             log.warning("could not report the last round to the coordinator: %s", exc)
@@ -267,6 +270,7 @@ class TieringDriver:
             log.debug("tiering round failure", exc_info=exc)
             if current.lost is None:
                 self._failed[assignment.table_id] = assignment.tiering_epoch
+                self._failure_reasons[assignment.table_id] = _summary(reason)
             return None
         finally:
             with self._round_lock:

@@ -237,6 +237,8 @@ async def test_a_job_that_stops_heartbeating_is_fenced_and_its_table_handed_out_
             await admin.commit_lake_table_snapshot(table_id, 1, file, tiering_epoch=first.tiering_epoch)
         [status] = await admin.describe_lake_tiering(path)
         assert (status.state, status.failures) == ("Tiering", 1)
+        assert status.last_failure is not None and "no heartbeat from the tiering job" in status.last_failure
+        assert status.last_failure_time is not None and status.last_failure_time > 0
         # the new holder commits; a commit without an epoch (an official client) is served as Fluss does
         await admin.commit_lake_table_snapshot(table_id, 1, file, tiering_epoch=second.tiering_epoch)
         await admin.commit_lake_table_snapshot(table_id, 2, file)
@@ -511,14 +513,23 @@ async def test_metrics_report_tiering_states_lag_and_failures(server_factory: An
         await admin.commit_lake_table_snapshot(
             table_id, 1, file, tiering_epoch=epoch, max_timestamps={TableBucket(table_id, 0): 1_000}
         )
-        await admin.lake_tiering_heartbeat(failed={table_id: epoch})
+        [before] = await admin.describe_lake_tiering(path)
+        assert (before.last_failure, before.last_failure_time) == (None, None)
+        await admin.lake_tiering_heartbeat(failed={table_id: epoch},
+                                           failure_reasons={table_id: "ValueError: the lake refused a commit"})
+        [failed] = await admin.describe_lake_tiering(path)
+        assert failed.last_failure == "ValueError: the lake refused a commit"
+        await take_table(connection, table_id)
+        await admin.lake_tiering_heartbeat(failed={table_id: epoch + 1})  # an official client sends no reason
+        [again] = await admin.describe_lake_tiering(path)
+        assert again.failures == 2 and again.last_failure == "the tiering job reported a failure"
         await take_table(connection, table_id)
     body = await asyncio.to_thread(scrape, port)
     assert 'strom_lake_tiering_tables{state="Tiering"} 1.0' in body
     assert 'strom_lake_tiering_tables{state="Pending"} 0.0' in body
     assert f'strom_lake_tiering_lag_seconds{{table="{path}"}}' in body
     assert f'strom_lake_tiering_data_lag_seconds{{table="{path}"}}' in body
-    assert f'strom_lake_tiering_failures{{table="{path}"}} 1.0' in body
+    assert f'strom_lake_tiering_failures{{table="{path}"}} 2.0' in body
 
 
 async def test_offsets_beyond_the_high_watermark_are_refused_and_record_nothing(server_factory: Any) -> None:

@@ -14,6 +14,7 @@ from strom.cli.main import main as strom_cli
 from strom.client import Connection, Schema, TableBucket, TableDescriptor, TablePath
 from strom.errors import PartitionNotExistError
 from strom.metadata.cluster_health import ClusterHealthStatus
+from strom.metadata.rebalance_plan import ServerTag
 from tests.conftest import unique_name
 
 pytestmark = pytest.mark.asyncio
@@ -102,3 +103,40 @@ async def test_a_single_server_is_green_with_every_bucket_led(server: Any) -> No
     assert after.num_replicas == after.in_sync_replicas == after.num_leader_replicas == after.active_leader_replicas
     shown = await _cli(["health", "-b", server.address])
     assert shown.exit_code == 0 and shown.output.startswith("GREEN: "), shown.output
+
+
+async def test_bucket_sizes_leaderships_and_server_tags_of_strom_s_extensions(server: Any) -> None:
+    """What the console shows beyond Fluss's fields: bytes per bucket, the ISR, a server's tag."""
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        kv = await _table(connection, KV, primary_key=["id"], bucket_count=2)
+        log_table = await _table(connection, LOG, bucket_count=1)
+        writer = kv.new_upsert().create_writer()
+        writer.upsert_arrow_batch(pa.record_batch({"id": list(range(200)), "name": ["x" * 50] * 200}, schema=KV))
+        await writer.flush()
+        appender = log_table.new_append().create_writer()
+        appender.append_arrow_batch(pa.record_batch({"id": [1, 2], "day": ["d", "d"]}, schema=LOG))
+        await appender.flush()
+
+        stats = await admin.get_bucket_stats(kv.layout.info.buckets() + log_table.layout.info.buckets())
+        for bucket in kv.layout.info.buckets():
+            assert stats[bucket].log_size_bytes and stats[bucket].log_size_bytes > 0
+            assert stats[bucket].kv_size_bytes and stats[bucket].kv_size_bytes > 0  # memtables before a flush
+        (log_bucket,) = log_table.layout.info.buckets()
+        assert stats[log_bucket].row_count == 2 and stats[log_bucket].kv_size_bytes is None
+        assert stats[log_bucket].log_size_bytes and stats[log_bucket].log_size_bytes > 0
+
+        leaderships = await admin.get_bucket_leaderships(kv.layout.info.path)
+        server_id = next(n.id for n in await admin.get_server_nodes() if n.server_type == "TabletServer")
+        assert [(lead.bucket.bucket, lead.leader, lead.replicas, lead.isr) for lead in leaderships] == [
+            (0, server_id, (server_id,), (server_id,)), (1, server_id, (server_id,), (server_id,))]
+
+        assert all(n.tag is None for n in await admin.get_server_nodes(include_tags=True))
+        await admin.add_server_tag([server_id], ServerTag.TEMPORARY_OFFLINE)
+        try:
+            tagged = {n.id: n.tag for n in await admin.get_server_nodes(include_tags=True)
+                      if n.server_type == "TabletServer"}
+            assert tagged == {server_id: "TEMPORARY_OFFLINE"}
+            assert all(n.tag is None for n in await admin.get_server_nodes()), "tags only when asked for"
+        finally:
+            await admin.remove_server_tag([server_id], ServerTag.TEMPORARY_OFFLINE)

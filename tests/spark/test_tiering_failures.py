@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from strom.ids import TablePath
 from strom.records.types import BigIntType, IntType, StringType
 from strom.tiering.driver import lease_id_for
 from tests.spark.support import Fluss, run, wait_until
@@ -99,6 +100,14 @@ def test_a_task_killed_mid_split_fails_the_round_which_is_retried(spark: Any, se
     driver = thread.join()
     assert len(driver.outcomes) == 1
     assert lake_rows(cluster, table, ["id", "event"]) == [(i, f"e{i}") for i in range(30)]
+
+    async def status(connection: Any) -> Any:
+        [found] = await connection.get_admin().describe_lake_tiering(TablePath.parse(table))
+        return found
+
+    described = run(cluster.address, status)
+    assert described.failures == 1 and described.last_failure, "the failed round's reason reached the coordinator"
+    assert described.last_failure != "the tiering job reported a failure"
 
 
 def test_server_restarted_mid_round(spark: Any, server_factory: Any, tmp_path: Path) -> None:
@@ -201,11 +210,11 @@ def test_sigterm_mid_round_cancels_it_reports_it_failed_and_drops_the_lease(serv
     assert cluster.leases() == [], "a clean shutdown drops the job's lease"
 
     async def status(connection: Any) -> Any:
-        from strom.ids import TablePath
-
         [found] = await connection.get_admin().describe_lake_tiering(TablePath.parse(table))
         return found
 
     described = run(cluster.address, status)
     assert (described.state, described.failures) == ("Pending", 1), "the cancelled round was reported failed"
+    assert described.last_failure and described.last_failure != "the tiering job reported a failure", (
+        "the job told the coordinator why the round failed")
     assert lake_snapshot(cluster, table) is None
