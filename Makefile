@@ -21,6 +21,8 @@ $(STAMP): $(BUILD_INPUTS)
 	rocksdb="$$(scripts/build-rocksdb.sh)" && STROM_ROCKSDB_DIR="$$rocksdb" $(BIN)/python -m pip install -e '.[dev,spark,zookeeper,lance,paimon,gateway]'
 	# ZooKeeper (Debian's package) for the metadata tests and the local cluster; skipped where apt is not usable
 	scripts/install-zookeeper.sh
+	# Chromium and chromedriver (Debian's packages) for the console's browser tests; skipped where apt is not usable
+	scripts/install-chromium.sh
 	# pypaimon 2.1.0, the tests' independent reader of Paimon tables: a virtualenv of its own (it pins pyarrow < 20)
 	test -x .venv-pypaimon/bin/python || $(PYTHON) -m venv .venv-pypaimon
 	.venv-pypaimon/bin/python -m pip install --quiet 'pypaimon==2.1.0'

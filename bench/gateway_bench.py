@@ -93,7 +93,10 @@ def main() -> None:
     with BenchServer({"kv.snapshot.interval": "0s"}) as server:
         port = _free_port()
         gateway = subprocess.Popen([sys.executable, "-m", "strom.cli.main", "gateway", "--bootstrap", server.address,
-                                    "--bind", f"127.0.0.1:{port}", "--log-level", "WARNING"],
+                                    "--bind", f"127.0.0.1:{port}", "--log-level", "WARNING",
+                                    # batches above Fluss's default limits (128 lookup keys, 10 000 rows)
+                                    "-D", f"gateway.rest.lookup.max-keys={max(args.batch, 128)}",
+                                    "-D", f"gateway.rest.write.max-rows={max(args.batch, 10_000)}"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             base = f"http://127.0.0.1:{port}"

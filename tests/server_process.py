@@ -40,12 +40,15 @@ class ServerProcess:
         strom_command: list[str] | None = None,
         probe_tls: ssl.SSLContext | None = None,
         env: dict[str, str] | None = None,
+        server_args: list[str] | None = None,
     ) -> None:
         """``strom_command``: how to run ``strom`` (default: this interpreter's ``strom.cli.main``);
+        ``server_args``: more options of ``strom server`` (``--gateway HOST:PORT``);
         ``probe_tls``: how the readiness probe speaks TLS to a listener that wants a client certificate;
         ``env``: variables added to the server's environment (object-store credentials)."""
         self.probe_tls = probe_tls
         self.env = dict(env or {})
+        self.server_args = list(server_args or [])
         self.data_dir = data_dir
         self.strom_command = strom_command or [sys.executable, "-m", "strom.cli.main"]
         self.config = dict(config or {})
@@ -59,7 +62,8 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         assert self.process is None or self.process.poll() is not None
-        command = [*self.strom_command, "server", "--bind", self.address, "--data-dir", str(self.data_dir)]
+        command = [*self.strom_command, "server", *self.server_args, "--bind", self.address, "--data-dir",
+                   str(self.data_dir)]
         for key, value in self.config.items():
             command += ["-D", f"{key}={value}"]
         with open(self.log_path, "ab") as log_file:

@@ -24,7 +24,7 @@ from strom.cli.common import (
     key_value_pairs,
     run_on_server,
 )
-from strom.cli.gateway import gateway
+from strom.cli.gateway import GATEWAY_KEY_PREFIX, EmbeddedGateway, gateway
 from strom.cli.rebalance import rebalance_group, server_tag
 from strom.cli.remote_log import log_group
 from strom.cli.snapshots import lease, snapshot
@@ -104,17 +104,28 @@ def _workers(_context: click.Context, _param: click.Parameter, value: str) -> in
 @click.option("--workers", default="1", show_default=True, callback=_workers, metavar="N|auto",
               help="Tablet-server processes behind one coordinator on the embedded metadata store, to serve from "
                    "N cores; auto: one per core. 1: one process holds both roles.")
+@click.option("--gateway", "gateway_bind", default=None, metavar="HOST:PORT",
+              help="Also serve the REST gateway and its console here (docs/gateway.md; the `gateway` extra); "
+                   "-D gateway.* keys configure it.")
 @_node_options
-def server(workers: int, bind: str | None, data_dir: Path | None, config_file: Path | None,
-           defines: tuple[str, ...], log_level: str) -> None:
+def server(workers: int, gateway_bind: str | None, bind: str | None, data_dir: Path | None,
+           config_file: Path | None, defines: tuple[str, ...], log_level: str) -> None:
     """Run a single-node cluster (coordinator and tablet server) in the foreground until SIGTERM/SIGINT."""
     from strom.server.node import StromServer
     from strom.server.workers import check_layout
 
+    server_defines = tuple(d for d in defines if not d.startswith(GATEWAY_KEY_PREFIX))
+    gateway_defines = tuple(d for d in defines if d.startswith(GATEWAY_KEY_PREFIX))
+    if gateway_defines and gateway_bind is None:
+        raise click.BadParameter("gateway.* keys configure the gateway: give --gateway HOST:PORT too")
+    embedded = None if gateway_bind is None else EmbeddedGateway(gateway_bind, key_value_pairs(gateway_defines, "-D"))
     if workers == 1:
-        _run_node(StromServer, "strom", bind, data_dir, config_file, defines, log_level,
-                  check_data_dir=lambda directory: check_layout(directory, 1))
+        _run_node(StromServer, "strom", bind, data_dir, config_file, server_defines, log_level,
+                  check_data_dir=lambda directory: check_layout(directory, 1), embedded_gateway=embedded)
         return
+    if embedded is not None:
+        raise click.BadParameter("--gateway serves beside one process (--workers 1); run `strom gateway` "
+                                 "in front of the workers instead")
     _run_workers(workers, bind, data_dir, config_file, defines, log_level)
 
 
@@ -179,8 +190,10 @@ def _node_config(bind: str | None, data_dir: Path | None, config_file: Path | No
 
 
 def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | None, config_file: Path | None,
-              defines: tuple[str, ...], log_level: str, check_data_dir: Callable[[Path], None] | None = None) -> None:
-    """``check_data_dir``: refuses (ValueError) a data directory this kind of server must not open."""
+              defines: tuple[str, ...], log_level: str, check_data_dir: Callable[[Path], None] | None = None,
+              embedded_gateway: EmbeddedGateway | None = None) -> None:
+    """``check_data_dir``: refuses (ValueError) a data directory this kind of server must not open;
+    ``embedded_gateway``: served beside the node once it listens, stopped before it."""
     from strom.server.workers import watch_supervisor
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -213,11 +226,22 @@ def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | Non
             await node.stop()
             raise click.ClickException(f"cannot start: {exc}") from exc
         click.echo(f"{what} listening on {host}:{node.port}, data in {directory}", err=True)
+        if embedded_gateway is not None:
+            where = embedded_gateway.bind
+            try:
+                await asyncio.to_thread(embedded_gateway.start, f"{host}:{node.port}", log_level)
+            except (ValueError, OSError, RuntimeError) as exc:
+                await asyncio.to_thread(embedded_gateway.stop)
+                await node.stop()
+                raise click.ClickException(f"cannot serve the gateway on {where}: {exc}") from exc
+            click.echo(f"gateway listening on http://{where} (console: http://{where}/console/)", err=True)
         supervisor = asyncio.create_task(watch_supervisor(node.request_stop))
         try:
             await node.serve_forever()
         finally:
             supervisor.cancel()
+            if embedded_gateway is not None:
+                await asyncio.to_thread(embedded_gateway.stop)
             await node.stop()
             exit_codes.append(getattr(node, "exit_code", 0))
 

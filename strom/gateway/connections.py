@@ -4,7 +4,8 @@ Anonymous requests share one :class:`~strom.client.Connection` per gateway proce
 Basic credentials runs on a connection that logged in to the cluster with those credentials as SASL/PLAIN,
 so the cluster's ACLs judge the gateway's users exactly as its RPC users. Those connections are cached per
 (user, password) — a wrong password never reuses another login — and the least recently used is closed
-beyond ``max_user_connections``.
+beyond ``max_user_connections``. A bearer token (:mod:`strom.gateway.tokens`) stands for the login its
+token file names, and runs on that user's connection alike.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import hashlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from strom.client import Connection
 from strom.errors import AuthenticationError
+from strom.gateway.tokens import BearerTokenError, BearerTokens
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ def basic_credentials(authorization: str | None) -> tuple[str, str] | None:
         return None
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "basic":
-        raise AuthenticationError(f"unsupported authorization scheme {scheme!r}; the gateway takes Basic")
+        raise AuthenticationError(f"unsupported authorization scheme {scheme!r}; the gateway takes Basic or Bearer")
     try:
         user, sep, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
     except (binascii.Error, ValueError):
@@ -47,11 +49,32 @@ def basic_credentials(authorization: str | None) -> tuple[str, str] | None:
     return user, password
 
 
+def request_credentials(authorization: str | None, tokens: BearerTokens) -> tuple[str, str] | None:
+    """(user, password) a request logs in with: its Basic credentials, or the login its bearer token stands
+    for; None without an ``Authorization`` header.
+
+    Raises:
+        AuthenticationError: malformed Basic credentials, an unknown bearer token (BearerTokenError), or
+            another scheme.
+    """
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer":
+        if not value.strip():
+            raise BearerTokenError("the bearer token is empty")
+        return tokens.login(value.strip())
+    return basic_credentials(authorization)
+
+
 class GatewayConnections:
     """The shared anonymous connection and a bounded cache of per-user connections."""
 
-    def __init__(self, client_config: Mapping[str, str], max_user_connections: int = 64) -> None:
+    def __init__(
+        self, client_config: Mapping[str, str], max_user_connections: int = 64,
+        on_evict: Callable[[Connection], None] | None = None,
+    ) -> None:
+        """``on_evict`` is told of each user connection closed for room, so what was kept for it goes too."""
         self._config = dict(client_config)
+        self._on_evict = on_evict
         self._max_users = max(1, max_user_connections)
         self._anonymous: Connection | None = None
         self._anonymous_lock = asyncio.Lock()
@@ -95,6 +118,8 @@ class GatewayConnections:
                 self._users[key] = connection
                 while len(self._users) > self._max_users:
                     _evicted_key, evicted = self._users.popitem(last=False)
+                    if self._on_evict is not None:
+                        self._on_evict(evicted)
                     task = asyncio.get_running_loop().create_task(_close_later(evicted))
                     self._closing.add(task)
                     task.add_done_callback(self._closing.discard)

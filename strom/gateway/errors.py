@@ -27,7 +27,13 @@ ERROR_CODES = (
     "table_not_found", "timeout", "unauthenticated", "unauthorized", "unavailable", "unsupported",
     "unsupported_media_type",
 )
-"""FIP-49's ErrorCode values (fluss-gateway's openapi.yaml); strom answers a subset of them."""
+"""FIP-49's ErrorCode values (fluss-gateway's openapi.yaml); strom answers a subset of them, and
+``schema_not_found`` (FIP-49 has no schema routes yet)."""
+
+
+class LimitExceededError(ValueError):
+    """A request asks for more than the gateway answers at once (keys, records); 400 ``limit_exceeded``."""
+
 
 _BY_STATUS = {
     400: "invalid_argument", 401: "unauthenticated", 403: "unauthorized", 404: "not_found",
@@ -45,6 +51,7 @@ _STROM_ERRORS: tuple[tuple[type[BaseException], int, str], ...] = (
     (errors.TableAlreadyExistError, 409, "table_already_exists"),
     (errors.PartitionNotExistError, 404, "partition_not_found"),
     (errors.PartitionAlreadyExistsError, 409, "partition_already_exists"),
+    (errors.SchemaNotExistError, 404, "schema_not_found"),
     (errors.AuthenticationError, 401, "unauthenticated"),
     (errors.AuthorizationError, 403, "unauthorized"),
     (errors.RequestTimeoutError, 504, "timeout"),
@@ -65,7 +72,10 @@ _STROM_ERRORS: tuple[tuple[type[BaseException], int, str], ...] = (
     (errors.TableNotPartitionedError, 400, "invalid_argument"),
     (errors.NonPrimaryKeyTableError, 400, "invalid_argument"),
     (errors.DeletionDisabledError, 400, "failed_precondition"),
+    (errors.LogOffsetOutOfRangeError, 400, "invalid_argument"),
     (errors.StromError, 502, "backend"),
+    (TimeoutError, 504, "timeout"),  # a log read whose range the cluster stopped serving
+    (LimitExceededError, 400, "limit_exceeded"),
     (ValueConversionError, 400, "invalid_argument"),
     (MetadataJsonError, 400, "invalid_argument"),
     (ValueError, 400, "invalid_argument"),

@@ -21,7 +21,7 @@ class BodyTooLargeError(HTTPException):
     parsing lets it through instead of answering 400)."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body is larger than the limit of {limit} bytes (gateway.max-body-size)")
+        super().__init__(413, f"the request body is larger than the limit of {limit} bytes (gateway.rest.write.max-request-bytes)")
         self.limit = limit
 
     def __str__(self) -> str:

@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import urllib.request
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -124,6 +125,13 @@ REGISTRY: dict[tuple[str, str, int], Registration] = {
     # docs/scans.md
     ("docs/scans.md", "Client", 0): _doc(
         "test_docs_client_scripts_on_the_readme_tables", "script, on the README's orders"),
+    # docs/gateway.md
+    ("docs/gateway.md", "Running it", 0): _doc(
+        "test_gateway_docs_on_the_readme_server", "started in the background against the readme server, stopped by pid"),
+    ("docs/gateway.md", "Running it", 1): _doc(
+        "test_gateway_docs_on_the_readme_server", "script, at that gateway, run twice"),
+    ("docs/gateway.md", "Users", 0): _doc(
+        "test_gateway_docs_on_the_readme_server", "script; the file it writes loads as the gateway's token file"),
     # docs/security.md
     ("docs/security.md", "Turning it on", 0): _doc(
         "test_security_config_client_and_acl_commands",
@@ -325,6 +333,42 @@ def test_command_line_synopsis_matches_the_cli(readme: Readme) -> None:
 
 
 # ---- docs/*.md examples that build on the README's tables ----
+
+
+def test_gateway_docs_on_the_readme_server(readme: Readme) -> None:
+    """`strom gateway` as docs/gateway.md starts it, the example run at it (twice: it creates its table only
+    if missing), its console page, and the bearer-token file the "Users" example writes."""
+    from strom.gateway.tokens import BearerTokens
+
+    [line] = shell_lines(snippet("docs/gateway.md", "Running it", 0))
+    port = free_port()
+    command = venv_command(line, {ADDRESS: readme.server.address, "127.0.0.1:8080": f"127.0.0.1:{port}"})
+    log_path = readme.cwd.parent / "gateway.log"
+    with open(log_path, "ab") as log_file:
+        gateway = subprocess.Popen(command, cwd=readme.cwd, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
+                    return bool(answer.status == 200)
+            except OSError:
+                assert gateway.poll() is None, log_path.read_text()
+                return False
+
+        wait_until(ready, 30, "the gateway to answer /ready")
+        example = snippet("docs/gateway.md", "Running it", 1)
+        for _ in range(2):
+            printed = run_script(example, readme.cwd, {"127.0.0.1:8080": f"127.0.0.1:{port}"})
+            assert printed == ["[{'user_id': 1, 'page': '/home'}, None]", "+I"], printed
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/console/tables/fluss/visits", timeout=30) as page:
+            assert "Table fluss.visits" in page.read().decode()
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        assert gateway.wait(30) == 0, log_path.read_text()[-3000:]
+
+    assert run_script(snippet("docs/gateway.md", "Users", 0), readme.cwd) == ["True"]
+    assert BearerTokens.load(readme.cwd / "gateway-tokens.json").enabled
+
 
 
 def test_docs_client_scripts_on_the_readme_tables(readme: Readme) -> None:

@@ -27,7 +27,7 @@ DATABASE = "fluss"
 
 @pytest_asyncio.fixture
 async def gateway(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(server.address, {"gateway.max-body-size": "64kb"})
+    app = create_app(server.address, {"gateway.rest.write.max-request-bytes": "64kb"})
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
         yield client
@@ -70,6 +70,14 @@ async def test_health_ready_and_openapi(gateway: httpx.AsyncClient) -> None:
     document = (await gateway.get("/v1/openapi.json")).json()
     assert document["openapi"].startswith("3.1")
     assert "/v1/databases/{db}/tables/{name}/rows:upsert" in document["paths"]
+    paths = document["paths"]
+    table = "/v1/databases/{db}/tables/{name}"
+    assert "patch" in paths[table] and "patch" in paths["/v1/databases/{db}"]
+    assert "get" in paths[f"{table}/schema"] and "get" in paths[f"{table}/schemas/{{schema_id}}"]
+    assert set(paths[f"{table}/partitions/{{partition}}"]) == {"get", "delete"}
+    assert "post" in paths[f"{table}/prefix-lookup"]
+    log_parameters = {p["name"] for p in paths[f"{table}/log"]["get"]["parameters"]}
+    assert {"bucket", "partition", "start_offset", "end_offset", "limit"} <= log_parameters
     assert "ErrorEnvelope" in document["components"]["schemas"]
     assert (await gateway.get("/openapi.json")).status_code == 404
 
