@@ -31,7 +31,7 @@ from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_cluster_processes import FAST_SESSIONS, _wait_for_servers
 from tests.conftest import unique_name
 from tests.server_process import free_port
-from tests.spark.support import Fluss
+from tests.spark.support import Fluss, wait_until
 from tests.spark.tiering_support import LAKE_TABLE, tier_once, tiering_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(480)]
@@ -147,16 +147,6 @@ def leaders(bootstrap: str, path: TablePath) -> dict[int, int | None]:
             return {lead.bucket.bucket: lead.leader
                     for lead in await connection.get_admin().get_bucket_leaderships(path)}
     return asyncio.run(ask())
-
-
-def wait_until(condition: Any, what: str, timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = condition()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def test_every_console_page_in_chromium_on_a_cluster_under_writes(spark: Any, browser: Any, tmp_path: Path) -> None:
