@@ -18,12 +18,14 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, start_http_server
 from starlette.exceptions import HTTPException
 
 from strom.errors import AuthenticationError, StromError
 from strom.gateway import catalog_routes, log_routes, row_routes
 from strom.gateway.console import CONSOLE_KEYS, Console, install_console
 from strom.gateway.errors import ErrorEnvelope, classify, code_for_status, envelope, request_id
+from strom.gateway.metrics import GatewayMetrics, MetricsMiddleware
 from strom.gateway.middleware import BodyTooLargeError, GatewayMiddleware
 from strom.gateway.options import take_gateway_options
 from strom.gateway.state import GatewayState
@@ -65,7 +67,8 @@ def create_app(bootstrap: str, client_config: Mapping[str, str] | None = None) -
     options["bootstrap.servers"] = bootstrap
     state = GatewayState(options, gateway.max_user_connections, tokens,
                          TableCache(gateway.table_cache_size, gateway.table_cache_ttl_s), gateway.limits)
-    console = Console(bootstrap, console_options)
+    metrics = GatewayMetrics() if gateway.metrics_enabled else None
+    console = Console(bootstrap, console_options, None if metrics is None else metrics.registry)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -75,6 +78,10 @@ def create_app(bootstrap: str, client_config: Mapping[str, str] | None = None) -
             log.info("the cluster requires credentials: anonymous gateway requests will be refused")
         except StromError as exc:  # the cluster is not up yet: the first request tries again
             log.warning("cannot reach the cluster at %s yet: %s", bootstrap, exc)
+        listener = None
+        if metrics is not None and gateway.metrics_listen is not None:
+            host, port = gateway.metrics_listen
+            listener, _thread = start_http_server(port, host, registry=metrics.registry)
         console.metrics.start()
         state.ready = True
         try:
@@ -82,6 +89,9 @@ def create_app(bootstrap: str, client_config: Mapping[str, str] | None = None) -
         finally:
             state.ready = False
             await console.metrics.stop()
+            if listener is not None:
+                listener.shutdown()
+                listener.server_close()
             await state.connections.close()
 
     app = FastAPI(
@@ -96,6 +106,12 @@ def create_app(bootstrap: str, client_config: Mapping[str, str] | None = None) -
     )
     app.state.gateway = state
     app.add_middleware(GatewayMiddleware, max_body_size=gateway.limits.max_request_bytes)
+    if metrics is not None:
+        app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: refused bodies are counted too
+
+        @app.get("/metrics", include_in_schema=False)
+        async def prometheus_metrics() -> Response:
+            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
     _install_error_handlers(app)
 
     @app.get("/health", tags=["health"], summary="Liveness and uptime, always 200 while the process answers")

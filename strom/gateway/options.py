@@ -29,6 +29,8 @@ MAX_USER_CONNECTIONS = "gateway.max-user-connections"
 TOKEN_FILE = "gateway.auth.token-file"
 TABLE_CACHE_SIZE = "gateway.table-cache.size"
 TABLE_CACHE_TTL = "gateway.table-cache.ttl"
+METRICS_ENABLED = "gateway.metrics.enabled"
+METRICS_LISTEN = "gateway.metrics.exporter.prometheus.listen"
 
 DEPRECATED = {"gateway.max-body-size": MAX_REQUEST_BYTES}
 """strom's earlier names → Fluss's."""
@@ -55,6 +57,10 @@ class GatewayOptions:
     token_file: str | None = None
     table_cache_size: int = 256
     table_cache_ttl_s: float = 5.0
+    metrics_enabled: bool = True
+    metrics_listen: tuple[str, int] | None = None
+    """A listener of the metrics' own (Fluss's default is 127.0.0.1:9095; strom's, none: ``GET /metrics`` of
+    the gateway serves them, so gateways side by side need no ports planned)."""
 
 
 def take_gateway_options(options: MutableMapping[str, str]) -> GatewayOptions:
@@ -89,7 +95,22 @@ def take_gateway_options(options: MutableMapping[str, str]) -> GatewayOptions:
         table_cache_size=_take(options, TABLE_CACHE_SIZE, int, defaults.table_cache_size),
         table_cache_ttl_s=_take(options, TABLE_CACHE_TTL, lambda v: parse_duration(v).total_seconds(),
                                 defaults.table_cache_ttl_s),
+        metrics_enabled=_take(options, METRICS_ENABLED, _boolean, defaults.metrics_enabled),
+        metrics_listen=_take(options, METRICS_LISTEN, _address, None),
     )
+
+
+def _boolean(text: str) -> bool:
+    if text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"
+    raise ValueError("expected true or false")
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError("expected HOST:PORT")
+    return host.strip("[]"), int(port)
 
 
 def _take(options: MutableMapping[str, str], key: str, parse: Callable[[str], T], default: T) -> T:

@@ -185,7 +185,9 @@ async def test_without_metrics_endpoints_the_pages_say_how_to_chart(metered_serv
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
         page = (await client.get("/console/metrics")).text
-    assert "gateway.console.metrics-endpoints" in page and "<svg" not in page
+    assert "gateway.console.metrics-endpoints" in page and 'id="chart-write-requests-per-second"' not in page
+    assert 'id="chart-this-gateway-s-requests-per-second--by-route"' in page, "the gateway's own are charted"
+
 
 
 # ---- on a secured server ----

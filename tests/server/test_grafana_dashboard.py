@@ -1,5 +1,6 @@
-"""The Grafana dashboard in dashboards/grafana/strom.json against what a real server exports: every metric
-its queries name exists, and every ``strom_*`` family is on it (a new metric needs a panel)."""
+"""The Grafana dashboard in dashboards/grafana/strom.json against what a real server and a real gateway
+export: every metric its queries name exists, and every ``strom_*`` family of the server and every
+``fluss_gateway_*`` family of the gateway is on it (a new metric needs a panel)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow as pa
 
 from strom.client import Connection, Schema, TableDescriptor, TablePath
@@ -18,6 +20,8 @@ from tests.server_process import free_port
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "grafana" / "strom.json"
 METRIC = re.compile(r"\bstrom_[a-z0-9_]+")
+GATEWAY_METRIC = re.compile(r"\bfluss_gateway_[a-z0-9_]+")
+HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 
 
 def _queries(node: Any) -> list[str]:
@@ -59,3 +63,26 @@ def test_the_dashboard_uses_every_strom_metric_and_no_other(server_factory: Any)
             assert name in exported, f"the dashboard queries {name}, which no strom server exports"
             named.add(name)
     assert set(exported) - named == set(), "metric families without a panel on the dashboard"
+
+
+def test_the_dashboard_uses_every_gateway_metric_and_no_other(server: Any) -> None:
+    from strom.gateway.app import create_app
+
+    async def scrape() -> str:
+        app = create_app(server.address, {})
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            assert (await client.get("/v1/databases")).status_code == 200
+            return (await client.get("/metrics")).text
+
+    text = asyncio.run(scrape())
+    exported = {m.group(1): m.group(2) for m in re.finditer(r"^# TYPE (fluss_gateway_\S+) (\w+)$", text, re.MULTILINE)}
+    assert exported, "the gateway exports FIP-49's families"
+    named = set()
+    for query in _queries(json.loads(DASHBOARD.read_text())):
+        for name in GATEWAY_METRIC.findall(query):
+            family = next((name.removesuffix(suffix) for suffix in HISTOGRAM_SERIES
+                           if name.endswith(suffix) and exported.get(name.removesuffix(suffix)) == "histogram"), name)
+            assert family in exported, f"the dashboard queries {name}, which the gateway does not export"
+            named.add(family)
+    assert set(exported) - named == set(), "gateway metric families without a panel on the dashboard"

@@ -4,7 +4,8 @@ rates and lags over time without a Prometheus server.
 strom processes serve their metrics on ``metrics.reporter.prometheus.port`` (one endpoint per process of a
 cluster). The gateway is told which endpoints to scrape (``gateway.console.metrics-endpoints``), scrapes
 them every ``gateway.console.metrics-interval`` and keeps ``gateway.console.metrics-history`` of samples
-per series, summed over the endpoints. Counters are charted as per-second rates between two scrapes.
+per series, summed over the endpoints. Counters are charted as per-second rates between two scrapes. The
+gateway's own ``fluss_gateway_*`` families are sampled from its registry at the same times.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,7 @@ ENDPOINTS = "gateway.console.metrics-endpoints"
 INTERVAL = "gateway.console.metrics-interval"
 HISTORY = "gateway.console.metrics-history"
 DEFAULT_INTERVAL_S = 5.0
+LOCAL_PREFIX = "fluss_gateway_"
 DEFAULT_HISTORY_S = 1800.0
 SCRAPE_TIMEOUT_S = 5.0
 
@@ -53,8 +56,9 @@ class MetricsHistory:
     """Scrapes ``endpoints`` (``host:port`` or URLs) on a task of its own; bounded by ``history_s``."""
 
     def __init__(self, endpoints: Sequence[str], interval_s: float = DEFAULT_INTERVAL_S,
-                 history_s: float = DEFAULT_HISTORY_S) -> None:
+                 history_s: float = DEFAULT_HISTORY_S, local: CollectorRegistry | None = None) -> None:
         self.endpoints = [_url(e) for e in endpoints if e.strip()]
+        self._local = local
         self.interval_s = max(0.2, interval_s)
         self._scrapes: deque[Scrape] = deque(maxlen=max(2, int(history_s / self.interval_s) + 1))
         self._task: asyncio.Task[None] | None = None
@@ -62,7 +66,7 @@ class MetricsHistory:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.endpoints)
+        return bool(self.endpoints) or self._local is not None
 
     @property
     def latest(self) -> Scrape | None:
@@ -115,6 +119,11 @@ class MetricsHistory:
                     labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "instance"))
                     key = (sample.name, labels)
                     values[key] = values.get(key, 0.0) + float(sample.value)
+        if self._local is not None:
+            for family in self._local.collect():
+                if family.name.startswith(LOCAL_PREFIX):
+                    for sample in family.samples:
+                        values[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
         self._scrapes.append(scrape)
         return scrape
 

@@ -20,6 +20,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
+from prometheus_client import CollectorRegistry
 
 from strom.client import Connection
 from strom.errors import AuthenticationError, AuthorizationError, StromError, TableNotExistError
@@ -32,6 +33,7 @@ from strom.gateway.console.metrics import (
     HISTORY,
     INTERVAL,
     MetricsHistory,
+    Point,
     parse_endpoints,
 )
 from strom.ids import TablePath
@@ -66,19 +68,22 @@ ConnectionFor = Callable[[Request], Awaitable[Connection]]
 class Console:
     """The console's state: its templates and the metrics history."""
 
-    def __init__(self, bootstrap: str, options: Mapping[str, str]) -> None:
+    def __init__(self, bootstrap: str, options: Mapping[str, str], gateway_registry: CollectorRegistry | None = None
+                 ) -> None:
+        """``gateway_registry``: the gateway's own metrics, charted beside the servers'."""
         self.bootstrap = bootstrap
         self.refresh_s = int(parse_duration(options.get(REFRESH, f"{DEFAULT_REFRESH_S}s")).total_seconds())
         interval = parse_duration(options.get(INTERVAL, f"{DEFAULT_INTERVAL_S:g}s")).total_seconds()
         history = parse_duration(options.get(HISTORY, f"{DEFAULT_HISTORY_S:g}s")).total_seconds()
-        self.metrics = MetricsHistory(parse_endpoints(options.get(ENDPOINTS)), interval, history)
+        self.metrics = MetricsHistory(parse_endpoints(options.get(ENDPOINTS)), interval, history, gateway_registry)
         self.templates = Environment(loader=FileSystemLoader(_HERE / "templates"),
                                      autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
         self.templates.globals.update(type_name=type_to_string, size=_size, when=_when, duration=_duration)
 
-    def charts(self, *specs: tuple[str, str, dict[str, Any]]) -> list[Markup] | None:
-        """Charts of (title, unit, lines) — None when no endpoint is configured."""
-        if not self.metrics.enabled:
+    def charts(self, *specs: tuple[str, str, dict[str, Any]], servers: bool = True) -> list[Markup] | None:
+        """Charts of (title, unit, lines): of the servers' metrics (None when no endpoint of theirs is
+        configured), or of the gateway's own (``servers=False``; None when its metrics are off)."""
+        if not (self.metrics.endpoints if servers else self.metrics.enabled):
             return None
         return [line_chart(lines, title, unit, chart_id=_slug(title)) for title, unit, lines in specs]
 
@@ -99,9 +104,22 @@ class Console:
              self.metrics.gauge("strom_lake_tiering_data_lag_seconds", group_by="table")),
         )
 
+    def gateway_charts(self) -> list[Markup] | None:
+        requests = self.metrics.rate("fluss_gateway_rest_requests_total", group_by="operation")
+        sums = self.metrics.rate("fluss_gateway_rest_request_duration_seconds_sum", group_by="operation")
+        counts = self.metrics.rate("fluss_gateway_rest_request_duration_seconds_count", group_by="operation")
+        busiest = sorted(requests, key=lambda op: -sum(p.value for p in requests[op]))[:6]
+        return self.charts(
+            ("This gateway's requests per second, by route", "/s", {op: requests[op] for op in busiest}),
+            ("This gateway's mean request time, by route (seconds)", "s",
+             {op: _ratio(sums.get(op, []), counts.get(op, [])) for op in busiest}),
+            servers=False,
+        )
+
     def all_charts(self) -> list[Markup] | None:
         traffic = self.traffic_charts() or []
         tiering = self.tiering_charts() or []
+        gateway = self.gateway_charts() or []
         more = self.charts(
             ("KV write back-pressure (0 to 1)", "", self.metrics.gauge("strom_kv_backpressure_pressure", group_by="table")),
             ("Row cache hits and misses per second", "/s", {
@@ -110,7 +128,7 @@ class Console:
             ("Standby lag (records)", "", self.metrics.gauge("strom_kv_standby_lag_records", group_by="table")),
             ("Open buckets", "", self.metrics.gauge("strom_open_buckets")),
         ) or []
-        return None if not self.metrics.enabled else traffic + tiering + more
+        return None if not self.metrics.enabled else traffic + tiering + more + gateway
 
     def render(self, request: Request, template: str, title: str, current: str, notes: list[str] | None = None,
                status: int = 200, refresh: bool = True, headers: Mapping[str, str] | None = None,
@@ -121,6 +139,7 @@ class Console:
             notes=notes or [], user=_user(request), bootstrap=self.bootstrap, refresh=_refresh(request, self.refresh_s)
             if refresh else 0, rendered_at=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
             metrics_failed=[f"{url} ({why})" for url, why in latest.failed.items()] if latest else [],
+            endpoints_configured=bool(self.metrics.endpoints),
             **context,
         )
         return HTMLResponse(page, status_code=status, headers=dict(headers or {}))
@@ -322,6 +341,13 @@ def _acl_resource(form: Mapping[str, str]) -> Resource:
     if not name:
         raise ValueError(f"a {kind.name} ACL needs a resource name")
     return Resource(kind, name)
+
+
+def _ratio(numerators: list[Point], denominators: list[Point]) -> list[Point]:
+    """Pointwise numerator / denominator (times aligned: both come from the same scrapes), where the
+    denominator is not zero."""
+    by_time = {p.at: p.value for p in denominators}
+    return [Point(p.at, p.value / by_time[p.at]) for p in numerators if by_time.get(p.at)]
 
 
 def _slug(title: str) -> str:
