@@ -121,6 +121,7 @@ async def test_every_page_shows_the_cluster(console: httpx.AsyncClient, metered_
     for path, marker in (("/console/tiering", "No lake-enabled tables"), ("/console/snapshots", str(kv_path)),
                          ("/console/remote-log", "No table has log segments in remote storage yet"),
                          ("/console/rebalance", "No rebalance has run"), ("/console/acls", "ACLs"),
+                         ("/console/configs", 'data-key="kv.snapshot.interval"'),
                          ("/console/metrics", "Scraping http://127.0.0.1:")):
         answer = await console.get(path)
         assert answer.status_code == 200, (path, answer.text[:2000])
@@ -248,3 +249,19 @@ async def test_a_secured_console_asks_for_a_login_and_only_allowed_users_change_
     removed = await secure_console.post("/console/acls/remove", data=form, auth=as_user("admin"))
     assert removed.status_code == 200 and "Removed 1 ACL entries" in removed.text
     assert await _acls_of(secure_server, principal) == []
+
+
+async def test_the_configuration_page_shows_settings_changed_at_run_time(
+    console: httpx.AsyncClient, metered_server: tuple[ServerProcess, int]
+) -> None:
+    server, _ = metered_server
+    async with await Connection.create(server.address) as connection:
+        admin = connection.get_admin()
+        await admin.alter_cluster_configs({"coordinator.producer-offsets.ttl": "3d"})
+        try:
+            page = (await console.get("/console/configs")).text
+        finally:
+            await admin.alter_cluster_configs(reset_configs=["coordinator.producer-offsets.ttl"])
+    rows = cells(page, "data-key")
+    assert rows["coordinator.producer-offsets.ttl"][1:] == ["3d", "DYNAMIC_SERVER_CONFIG"]
+    assert rows["kv.snapshot.interval"][1:] == ["500ms", "INITIAL_SERVER_CONFIG"]

@@ -204,7 +204,7 @@ def test_every_console_page_in_chromium_on_a_cluster_under_writes(spark: Any, br
         assert sorted(int(i) for i in isr.split(", ")) == [1, 2, 3]
         for page, name, heading in (("/snapshots", "snapshots", "KV snapshots and leases"),
                                     ("/remote-log", "remote-log", "Remote log"), ("/rebalance", "rebalance", "Rebalance"),
-                                    ("/acls", "acls", "ACLs")):
+                                    ("/configs", "configs", "Cluster configuration"), ("/acls", "acls", "ACLs")):
             assert visit(page, name) == heading
 
         # the leader of bucket 0 dies: the table page names its successor
@@ -253,7 +253,7 @@ def test_every_console_page_in_chromium_on_a_cluster_under_writes(spark: Any, br
         assert write_chart.find_elements(By.TAG_NAME, "polyline") and "PUT_KV" in write_chart.text
         lag_chart = browser.find_element(By.ID, "chart-tiering-lag")
         assert lag_chart.find_elements(By.TAG_NAME, "polyline")
-        assert len(list(RESULTS.glob("*.png"))) >= 12
+        assert len(list(RESULTS.glob("*.png"))) >= 13
     finally:
         if writer is not None and writer.is_alive():
             writer.stop_event.set()

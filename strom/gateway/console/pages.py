@@ -57,7 +57,8 @@ REFRESH = "gateway.console.refresh"
 DEFAULT_REFRESH_S = 10
 CONSOLE_KEYS = (ENDPOINTS, INTERVAL, HISTORY, REFRESH)
 NAV = (("/", "Overview"), ("/tables", "Tables"), ("/tiering", "Tiering"), ("/snapshots", "Snapshots & leases"),
-       ("/remote-log", "Remote log"), ("/rebalance", "Rebalance"), ("/acls", "ACLs"), ("/metrics", "Metrics"))
+       ("/remote-log", "Remote log"), ("/rebalance", "Rebalance"), ("/configs", "Configuration"), ("/acls", "ACLs"),
+       ("/metrics", "Metrics"))
 WRITE_APIS = ("PUT_KV", "PRODUCE_LOG")
 READ_APIS = ("LOOKUP", "PREFIX_LOOKUP", "SCAN_KV", "LIMIT_SCAN")
 _HERE = Path(__file__).parent
@@ -228,6 +229,14 @@ def install_console(app: FastAPI, console: Console, connection_for: ConnectionFo
             return console.render(request, "rebalance.html", "Rebalance", "/rebalance", notes, progress=progress,
                                   nodes=nodes)
         return await page(request, "/rebalance", "Rebalance", build)
+
+    @router.get("/configs", response_class=HTMLResponse)
+    async def configs(request: Request) -> Response:
+        async def build(connection: Connection) -> Response:
+            entries, notes = await views.configs_page(connection)
+            return console.render(request, "configs.html", "Cluster configuration", "/configs", notes,
+                                  entries=entries)
+        return await page(request, "/configs", "Cluster configuration", build)
 
     async def acl_page(request: Request, connection: Connection, message: str = "", kind: str = "",
                        status: int = 200) -> Response:

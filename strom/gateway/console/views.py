@@ -371,6 +371,13 @@ async def rebalance_page(connection: Connection) -> tuple[Any, list[ServerNode],
     return progress, nodes, notes
 
 
+async def configs_page(connection: Connection) -> tuple[list[Any], list[str]]:
+    """The cluster's settings as DescribeClusterConfigs answers them (secrets left out by the server)."""
+    notes: list[str] = []
+    entries = await guarded(notes, "cluster configuration", connection.get_admin().describe_cluster_configs(), [])
+    return sorted(entries, key=lambda entry: entry.key), notes
+
+
 async def acls_page(connection: Connection) -> tuple[list[Any], list[str]]:
     notes: list[str] = []
     bindings = await guarded(notes, "ACLs", connection.get_admin().list_acls(), [])
@@ -379,5 +386,5 @@ async def acls_page(connection: Connection) -> tuple[list[Any], list[str]]:
 
 __all__ = [
     "BucketRow", "Overview", "RemoteLogPage", "SnapshotsPage", "TablePage", "TieringPage", "acls_page",
-    "all_tables", "overview", "rebalance_page", "remote_log_page", "snapshots_page", "table_page", "tiering_page",
+    "all_tables", "configs_page", "overview", "rebalance_page", "remote_log_page", "snapshots_page", "table_page", "tiering_page",
 ]
