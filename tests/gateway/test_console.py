@@ -19,6 +19,7 @@ from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.gateway.app import create_app
 from strom.security.acl import AclFilter, Principal, ResourceType
 from tests.conftest import unique_name
+from tests.gateway.support import served
 from tests.gateway.test_gateway_security import as_user
 from tests.integration.security_support import SECURE_CONFIG, strom_config
 from tests.server_process import ServerProcess, free_port
@@ -44,8 +45,7 @@ async def console(metered_server: tuple[ServerProcess, int]) -> AsyncIterator[ht
     server, port = metered_server
     app = create_app(server.address, {"gateway.console.metrics-endpoints": f"127.0.0.1:{port}",
                                       "gateway.console.metrics-interval": "200ms"})
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+    async with served(app) as client:
         yield client
 
 
@@ -183,8 +183,7 @@ async def test_charts_come_from_the_server_s_prometheus_endpoint(
 async def test_without_metrics_endpoints_the_pages_say_how_to_chart(metered_server: tuple[ServerProcess, int]) -> None:
     server, _ = metered_server
     app = create_app(server.address, {})
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+    async with served(app) as client:
         page = (await client.get("/console/metrics")).text
     assert "gateway.console.metrics-endpoints" in page and 'id="chart-write-requests-per-second"' not in page
     assert 'id="chart-this-gateway-s-requests-per-second--by-route"' in page, "the gateway's own are charted"
@@ -204,8 +203,7 @@ def secure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 @pytest_asyncio.fixture
 async def secure_console(secure_server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(secure_server.address, {})
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+    async with served(app) as client:
         yield client
 
 

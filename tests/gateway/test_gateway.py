@@ -17,6 +17,7 @@ import pytest_asyncio
 
 from strom.gateway.app import create_app
 from tests.conftest import unique_name
+from tests.gateway.support import served
 from tests.integration.pyfluss_support import poll_records
 from tests.server_process import ServerProcess
 
@@ -28,8 +29,7 @@ DATABASE = "fluss"
 @pytest_asyncio.fixture
 async def gateway(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(server.address, {"gateway.rest.write.max-request-bytes": "64kb"})
-    transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    async with served(app) as client:
         yield client
 
 

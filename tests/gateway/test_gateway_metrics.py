@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from strom.gateway.app import create_app
 from tests.conftest import unique_name
+from tests.gateway.support import served
 from tests.gateway.test_gateway import DATABASE
 from tests.server_process import ServerProcess, free_port
 
@@ -34,8 +35,7 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
 async def gateway(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(server.address, {"gateway.console.metrics-interval": "200ms",
                                       "gateway.rest.write.max-request-bytes": "1kb"})
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+    async with served(app) as client:
         yield client
 
 
@@ -86,14 +86,12 @@ async def test_the_console_charts_the_gateway_s_own_requests(gateway: httpx.Asyn
 
 async def test_metrics_off_and_on_a_listener_of_their_own(server: ServerProcess) -> None:
     app = create_app(server.address, {"gateway.metrics.enabled": "false"})
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+    async with served(app) as client:
         assert (await client.get("/metrics")).status_code == 404
 
     port = free_port()
     app = create_app(server.address, {"gateway.metrics.exporter.prometheus.listen": f"127.0.0.1:{port}"})
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+    async with served(app) as client:
         assert (await client.get("/ready")).status_code == 200
 
         def scrape() -> Any:

@@ -16,6 +16,7 @@ from strom.gateway.app import create_app
 from strom.gateway.log_routes import MAX_LOG_RECORDS
 from strom.gateway.options import GatewayLimits
 from tests.conftest import unique_name
+from tests.gateway.support import served
 from tests.gateway.test_gateway import DATABASE, assert_error
 from tests.server_process import ServerProcess
 
@@ -25,8 +26,7 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio]
 @pytest_asyncio.fixture
 async def gateway(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(server.address, {})
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+    async with served(app) as client:
         yield client
 
 
@@ -167,8 +167,7 @@ async def test_request_limits_follow_fluss_s_options_and_refuse_before_writing(s
     limits = {"gateway.rest.write.max-rows": "3", "gateway.rest.lookup.max-keys": "2",
               "gateway.rest.prefix-lookup.max-prefixes": "1", "gateway.rest.prefix-lookup.max-rows-per-prefix": "2"}
     app = create_app(server.address, limits)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as gateway:
+    async with served(app) as gateway:
         base = await create(gateway, unique_name("gwlimits"), [("user", "INT"), ("item", "STRING")],
                             primary_key=["user", "item"], bucket_keys=["user"])
         four = [{"user": 1, "item": i} for i in "abcd"]
@@ -214,6 +213,5 @@ async def test_default_limits_are_fluss_s(gateway: httpx.AsyncClient) -> None:
 async def test_strom_s_earlier_body_limit_name_still_works(server: ServerProcess, caplog: pytest.LogCaptureFixture) -> None:
     app = create_app(server.address, {"gateway.max-body-size": "1kb"})
     assert "deprecated: use gateway.rest.write.max-request-bytes" in caplog.text
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as gateway:
+    async with served(app) as gateway:
         assert_error(await gateway.post("/v1/databases", content=b"x" * 2048), 413, "limit_exceeded")

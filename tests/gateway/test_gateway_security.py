@@ -19,6 +19,7 @@ from strom.gateway.app import create_app
 from strom.gateway.tokens import TokenFileError
 from strom.security.acl import AclBinding, AclFilter, OperationType, Principal, Resource
 from tests.conftest import unique_name
+from tests.gateway.support import served
 from tests.integration.security_support import SECURE_CONFIG, USERS, strom_config
 from tests.server_process import ServerProcess
 
@@ -39,8 +40,7 @@ def secure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 @pytest_asyncio.fixture
 async def gateway(secure_server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(secure_server.address, {"gateway.max-user-connections": "2"})
-    transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    async with served(app) as client:
         yield client
 
 
@@ -121,8 +121,7 @@ async def token_gateway(secure_server: ServerProcess, tmp_path: Path) -> AsyncIt
     entries = [{"sha256": hashlib.sha256(TOKENS[user].encode()).hexdigest(), "user": user, "password": USERS[user]}
                for user in TOKENS]
     app = create_app(secure_server.address, {"gateway.auth.token-file": str(token_file(tmp_path, {"tokens": entries}))})
-    transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+    async with served(app) as client:
         yield client
 
 

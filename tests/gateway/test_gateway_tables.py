@@ -19,6 +19,7 @@ from strom.client.writer import UpsertWriter
 from strom.gateway.app import create_app
 from strom.records.types import StringType
 from tests.conftest import unique_name
+from tests.gateway.support import served
 from tests.gateway.test_gateway import DATABASE, assert_error, create_pk_table
 from tests.server_process import ServerProcess
 
@@ -271,8 +272,7 @@ async def test_the_cache_can_be_turned_off(server: ServerProcess, monkeypatch: p
         return await get_table(self, path)
 
     monkeypatch.setattr(Connection, "get_table", counting_get_table)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+    async with served(app) as client:
         name = unique_name("gwnocache")
         await create_pk_table(client, name)
         for i in range(2):

@@ -11,11 +11,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyarrow as pa
 
 from strom.client import Connection, Schema, TableDescriptor, TablePath
 from tests.conftest import unique_name
+from tests.gateway.support import served
 from tests.server_process import free_port
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "grafana" / "strom.json"
@@ -70,8 +70,7 @@ def test_the_dashboard_uses_every_gateway_metric_and_no_other(server: Any) -> No
 
     async def scrape() -> str:
         app = create_app(server.address, {})
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        async with served(app) as client:
             assert (await client.get("/v1/databases")).status_code == 200
             return (await client.get("/metrics")).text
 
