@@ -2,9 +2,9 @@
 
 One ``strom server`` and one ``strom gateway`` process in front of it, on loopback. A primary-key table of
 two buckets takes ``--rows`` rows in batches of ``--batch`` (each acknowledged before the next is sent), then
-``--lookups`` batched lookups of ``--batch`` keys each, three ways: strom's client (``upsert_batch``,
-``lookup_many``), the gateway with JSON bodies (``rows:upsert``, ``lookup``; httpx, one kept-alive
-connection), and the gateway with Arrow IPC request bodies for the upserts.
+``--lookups`` batched lookups of ``--batch`` keys each: strom's client (``upsert_batch``, ``lookup_many``
+and ``lookup_arrow``), the gateway with JSON bodies (``rows:upsert``, ``lookup``; httpx, one kept-alive
+connection), and the gateway with Arrow IPC bodies (upserts; lookups with Arrow keys in and Arrow rows out).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _rows(start: int, count: int, tag: str) -> pa.Table:
     return pa.table({"id": ids, "name": [f"{tag}-{i}" for i in ids], "score": ids}, schema=FIELDS)
 
 
-async def _client(address: str, path: TablePath, rows: int, batch: int, lookups: int) -> tuple[float, float]:
+async def _client(address: str, path: TablePath, rows: int, batch: int, lookups: int) -> tuple[float, float, float]:
     async with await Connection.create(address) as connection:
         await connection.get_admin().create_table(path, TableDescriptor(Schema.from_arrow(FIELDS, ["id"]), bucket_count=2))
         table = await connection.get_table(path)
@@ -52,10 +52,16 @@ async def _client(address: str, path: TablePath, rows: int, batch: int, lookups:
             first = (round_ * batch) % rows
             found = await lookuper.lookup_many([{"id": i} for i in range(first, first + batch)])
             assert all(row is not None for row in found)
-        return upserts, lookups * batch / (time.perf_counter() - started)
+        dicts = lookups * batch / (time.perf_counter() - started)
+        started = time.perf_counter()
+        for round_ in range(lookups):
+            first = (round_ * batch) % rows
+            keys = pa.table({"id": pa.array(range(first, first + batch), pa.int64())})
+            assert (await lookuper.lookup_arrow(keys)).num_rows == batch  # type: ignore[union-attr]
+        return upserts, dicts, lookups * batch / (time.perf_counter() - started)
 
 
-def _gateway(base: str, path: TablePath, rows: int, batch: int, lookups: int) -> tuple[float, float, float]:
+def _gateway(base: str, path: TablePath, rows: int, batch: int, lookups: int) -> tuple[float, float, float, float]:
     table = f"{base}/v1/databases/{path.database_name}/tables/{path.table_name}"
     with httpx.Client(timeout=120) as http:
         created = http.post(f"{base}/v1/databases/{path.database_name}/tables", json={
@@ -81,7 +87,19 @@ def _gateway(base: str, path: TablePath, rows: int, batch: int, lookups: int) ->
             answer = http.post(f"{table}/lookup", json={"keys": [{"id": i} for i in range(first, first + batch)]})
             answer.raise_for_status()
             assert all(row is not None for row in answer.json()["rows"])
-        return json_upserts, arrow_upserts, lookups * batch / (time.perf_counter() - started)
+        json_lookups = lookups * batch / (time.perf_counter() - started)
+        started = time.perf_counter()
+        for round_ in range(lookups):
+            first = (round_ * batch) % rows
+            sink = pa.BufferOutputStream()
+            keys = pa.table({"id": pa.array(range(first, first + batch), pa.int64())})
+            with pa.ipc.new_stream(sink, keys.schema) as stream:
+                stream.write_table(keys)
+            answer = http.post(f"{table}/lookup", content=sink.getvalue().to_pybytes(),
+                               headers={"content-type": "application/vnd.apache.arrow.stream"})
+            answer.raise_for_status()
+            assert pa.ipc.open_stream(answer.content).read_all().num_rows == batch
+        return json_upserts, arrow_upserts, json_lookups, lookups * batch / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -109,10 +127,10 @@ def main() -> None:
                     pass
                 assert time.monotonic() < deadline, "the gateway did not become ready"
                 time.sleep(0.1)
-            client_up, client_look = asyncio.run(
+            client_up, client_look, client_arrow_look = asyncio.run(
                 _client(server.address, TablePath("fluss", "through_client"), args.rows, args.batch, args.lookups))
-            json_up, arrow_up, json_look = _gateway(base, TablePath("fluss", "through_gateway"), args.rows,
-                                                    args.batch, args.lookups)
+            json_up, arrow_up, json_look, arrow_look = _gateway(base, TablePath("fluss", "through_gateway"),
+                                                                args.rows, args.batch, args.lookups)
         finally:
             gateway.terminate()
             gateway.wait(30)
@@ -122,6 +140,9 @@ def main() -> None:
         ("gateway, Arrow IPC: upserts", f"{arrow_up:,.0f} rows/s ({arrow_up / client_up:.2f}x)"),
         ("strom client: batched lookups", f"{client_look:,.0f} keys/s"),
         ("gateway, JSON: batched lookups", f"{json_look:,.0f} keys/s ({json_look / client_look:.2f}x)"),
+        ("strom client: lookup_arrow", f"{client_arrow_look:,.0f} keys/s"),
+        ("gateway, Arrow IPC: batched lookups", f"{arrow_look:,.0f} keys/s ({arrow_look / client_arrow_look:.2f}x "
+                                                f"of lookup_arrow, {arrow_look / client_look:.2f}x of lookup_many)"),
     ])
 
 

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import pyarrow as pa
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from starlette.exceptions import HTTPException
 
 from strom.client import Table
@@ -42,6 +42,18 @@ def _body_schema(key: str) -> dict[str, Any]:
         content[ARROW_STREAM] = {"schema": {"type": "string", "format": "binary"}}
     return {"requestBody": {"required": True, "content": content}}
 
+
+_LOOKUP_BODY: dict[str, Any] = {
+    "requestBody": {"required": True, "content": {
+        **_body_schema("keys")["requestBody"]["content"],
+        ARROW_STREAM: {"schema": {"type": "string", "format": "binary", "description": "the key columns"}},
+    }},
+    "responses": {"200": {"content": {
+        "application/json": {"schema": {"type": "object", "properties": {"rows": {"type": "array"}}}},
+        ARROW_STREAM: {"schema": {"type": "string", "format": "binary",
+                                  "description": "the rows of the keys that exist, in key order"}},
+    }}},
+}
 
 _PREFIX_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "required": ["columns", "keys"], "properties": {
@@ -93,15 +105,29 @@ async def append_rows(request: Request, db: str, name: str) -> dict[str, Any]:
     return await gateway_state(request).on_table(request, db, name, use, idempotent=False)
 
 
-@router.post("/v1/databases/{db}/tables/{name}/lookup", openapi_extra=_body_schema("keys"))
-async def lookup_rows(request: Request, db: str, name: str) -> dict[str, Any]:
+@router.post("/v1/databases/{db}/tables/{name}/lookup", openapi_extra=_LOOKUP_BODY)
+async def lookup_rows(request: Request, db: str, name: str) -> Any:
+    """JSON keys in, ``{"rows": [row or null, ...]}`` out, in key order. An Arrow IPC body (the key columns)
+    or ``Accept: application/vnd.apache.arrow.stream`` is answered with an Arrow IPC stream: the rows of the
+    keys that exist, in key order, without a Python object per row."""
     limits = gateway_state(request).limits
+    arrow_answer = ARROW_STREAM in request.headers.get("accept", "")
 
-    async def use(entry: CachedTable) -> dict[str, Any]:
-        keys = await _keys(request, entry.table)
-        _at_most(len(keys), limits.lookup_max_keys, "keys", LOOKUP_MAX_KEYS)
-        rows = await entry.lookuper().lookup_many(keys) if keys else []
-        return {"rows": [None if row is None else _row(row) for row in rows]}
+    async def use(entry: CachedTable) -> Any:
+        layout = entry.table.layout
+        if _content_type(request) == ARROW_STREAM:
+            keys = _key_table(await _arrow_body(request), layout)
+            _at_most(keys.num_rows, limits.lookup_max_keys, "keys", LOOKUP_MAX_KEYS)
+            found = await entry.lookuper().lookup_arrow(keys)
+        else:
+            listed = await _keys(request, entry.table)
+            _at_most(len(listed), limits.lookup_max_keys, "keys", LOOKUP_MAX_KEYS)
+            if not arrow_answer:
+                rows = await entry.lookuper().lookup_many(listed) if listed else []
+                return {"rows": [None if row is None else _row(row) for row in rows]}
+            key_schema = pa.schema([layout.arrow_schema.field(column) for column in layout.primary_key])
+            found = await entry.lookuper().lookup_arrow(pa.Table.from_pylist(listed, schema=key_schema))
+        return Response(_ipc_stream(found), media_type=ARROW_STREAM)
 
     return await gateway_state(request).on_table(request, db, name, use, idempotent=True)
 
@@ -167,13 +193,9 @@ def _fields(body: Any, *keys: str) -> list[Any]:
 async def _rows(request: Request, found: Table) -> pa.Table:
     """The request's rows as an Arrow table of the table's schema: JSON ``{"rows": [...]}`` or an Arrow
     IPC stream."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type = _content_type(request)
     if content_type == ARROW_STREAM:
-        raw = await request.body()
-        try:
-            data = pa.ipc.open_stream(raw).read_all()
-        except (pa.ArrowException, OSError) as exc:
-            raise ValueConversionError(f"the body is not an Arrow IPC stream: {exc}") from None
+        data = await _arrow_body(request)
         unknown = sorted(set(data.schema.names) - set(found.layout.column_names))
         if unknown:
             raise ValueConversionError(f"the table has no columns {unknown}")
@@ -186,6 +208,34 @@ async def _rows(request: Request, found: Table) -> pa.Table:
     if isinstance(rows, list):  # refused before converting a single value
         _at_most(len(rows), gateway_state(request).limits.write_max_rows, "rows", WRITE_MAX_ROWS)
     return rows_to_arrow(found.layout.arrow_schema, rows)
+
+
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def _arrow_body(request: Request) -> pa.Table:
+    try:
+        return pa.ipc.open_stream(await request.body()).read_all()
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueConversionError(f"the body is not an Arrow IPC stream: {exc}") from None
+
+
+def _key_table(keys: pa.Table, layout: Any) -> pa.Table:
+    """An Arrow body of lookup keys: exactly the primary-key columns, by name."""
+    wanted = list(layout.primary_key or [])
+    if not wanted:
+        raise ValueConversionError(f"table {layout.info.path} has no primary key")
+    if sorted(keys.schema.names) != sorted(wanted):
+        raise ValueConversionError(f"the Arrow keys must have exactly the key columns {wanted}, not {keys.schema.names}")
+    return keys.select(wanted)
+
+
+def _ipc_stream(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def _at_most(count: int, limit: int, what: str, key: str) -> None:

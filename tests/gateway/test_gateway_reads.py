@@ -215,3 +215,41 @@ async def test_strom_s_earlier_body_limit_name_still_works(server: ServerProcess
     assert "deprecated: use gateway.rest.write.max-request-bytes" in caplog.text
     async with served(app) as gateway:
         assert_error(await gateway.post("/v1/databases", content=b"x" * 2048), 413, "limit_exceeded")
+
+
+# ---- Arrow lookups ----
+
+def _stream(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+async def test_lookups_take_and_answer_arrow(gateway: httpx.AsyncClient) -> None:
+    base = await create(gateway, unique_name("gwarrowlookup"), [("id", "BIGINT"), ("v", "STRING"), ("n", "INT")],
+                        primary_key=["id"], bucket_count=2)
+    rows = [{"id": i, "v": f"v{i}", "n": i * 10} for i in range(6)]
+    assert (await gateway.post(f"{base}/rows:upsert", json={"rows": rows})).status_code == 200
+
+    arrow = "application/vnd.apache.arrow.stream"
+    keys = pa.table({"id": pa.array([4, 99, 1], pa.int64())})
+    answered = await gateway.post(f"{base}/lookup", content=_stream(keys), headers={"content-type": arrow})
+    assert answered.status_code == 200 and answered.headers["content-type"] == arrow, answered.text
+    found = pa.ipc.open_stream(answered.content).read_all()
+    assert found.column_names == ["id", "v", "n"]
+    assert found.to_pylist() == [rows[4], rows[1]], "the rows of the keys that exist, in key order"
+
+    as_json_keys = await gateway.post(f"{base}/lookup", json={"keys": [[2], [3], [100]]}, headers={"accept": arrow})
+    assert pa.ipc.open_stream(as_json_keys.content).read_all().to_pylist() == [rows[2], rows[3]]
+    plain = await gateway.post(f"{base}/lookup", json={"keys": [[2], [100]]})
+    assert plain.json() == {"rows": [rows[2], None]}, "without Accept the JSON answer keeps key order and nulls"
+
+    wrong = pa.table({"id": pa.array([1], pa.int64()), "v": pa.array(["x"])})
+    assert_error(await gateway.post(f"{base}/lookup", content=_stream(wrong), headers={"content-type": arrow}),
+                 400, "invalid_argument")
+    assert_error(await gateway.post(f"{base}/lookup", content=b"not arrow", headers={"content-type": arrow}),
+                 400, "invalid_argument")
+    too_many = pa.table({"id": pa.array(range(GatewayLimits().lookup_max_keys + 1), pa.int64())})
+    assert_error(await gateway.post(f"{base}/lookup", content=_stream(too_many), headers={"content-type": arrow}),
+                 400, "limit_exceeded")
