@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from strom.cli.common import key_value_pairs
+from strom.gateway.options import DEFAULT_LISTEN, LISTEN, parse_address
 
 GATEWAY_KEY_PREFIX = "gateway."
 """``-D`` keys of ``strom server`` with this prefix configure its embedded gateway, not the server."""
@@ -18,10 +19,10 @@ START_TIMEOUT_S = 30.0
 
 
 def _address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise click.BadParameter(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command("gateway")
@@ -47,7 +48,7 @@ def gateway(bootstrap_servers: str, bind: str | None, defines: tuple[str, ...], 
     except ImportError as exc:
         raise click.ClickException(f"{exc}; install strom's `gateway` extra: pip install 'strom[gateway]'") from None
     options = key_value_pairs(defines, "-D")
-    host, port = _address(bind or options.get("gateway.rest.listen") or "127.0.0.1:8080")
+    host, port = _address(bind or options.get(LISTEN) or DEFAULT_LISTEN)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         app = create_app(bootstrap_servers, options)

@@ -89,6 +89,15 @@ class LakeTieringStatus:
     last_failure_time: int | None = None
 
 
+TIERING_LEASE_SUFFIX = "-kv-snapshots"
+
+
+def tiering_lease_id(job_id: str) -> str:
+    """The KV snapshot lease of the tiering job ``job_id``: a pure function of the job id, so a restarted job
+    owns it again, and operator tools tell tiering leases from others (they end in :data:`TIERING_LEASE_SUFFIX`)."""
+    return f"{job_id}{TIERING_LEASE_SUFFIX}"
+
+
 def _path(table_path: TablePath) -> Any:
     return pb.PbTablePath(database_name=table_path.database_name, table_name=table_path.table_name)
 

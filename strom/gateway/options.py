@@ -32,6 +32,9 @@ TABLE_CACHE_TTL = "gateway.table-cache.ttl"
 METRICS_ENABLED = "gateway.metrics.enabled"
 METRICS_LISTEN = "gateway.metrics.exporter.prometheus.listen"
 
+DEFAULT_LISTEN = "127.0.0.1:8080"
+"""Fluss's gateway's default listen address."""
+
 DEPRECATED = {"gateway.max-body-size": MAX_REQUEST_BYTES}
 """strom's earlier names → Fluss's."""
 
@@ -50,7 +53,7 @@ class GatewayLimits:
 
 @dataclass(frozen=True, slots=True)
 class GatewayOptions:
-    listen: str | None = None
+    listen: tuple[str, int] | None = None
     """``gateway.rest.listen``; ``strom gateway --bind`` wins over it."""
     limits: GatewayLimits = GatewayLimits()
     max_user_connections: int = 64
@@ -88,7 +91,7 @@ def take_gateway_options(options: MutableMapping[str, str]) -> GatewayOptions:
         if value <= 0:
             raise ValueError(f"-D {key}={value}: must be greater than zero")
     return GatewayOptions(
-        listen=options.pop(LISTEN, None),
+        listen=_take(options, LISTEN, parse_address, None),
         limits=limits,
         max_user_connections=_take(options, MAX_USER_CONNECTIONS, int, defaults.max_user_connections),
         token_file=options.pop(TOKEN_FILE, None),
@@ -96,7 +99,7 @@ def take_gateway_options(options: MutableMapping[str, str]) -> GatewayOptions:
         table_cache_ttl_s=_take(options, TABLE_CACHE_TTL, lambda v: parse_duration(v).total_seconds(),
                                 defaults.table_cache_ttl_s),
         metrics_enabled=_take(options, METRICS_ENABLED, _boolean, defaults.metrics_enabled),
-        metrics_listen=_take(options, METRICS_LISTEN, _address, None),
+        metrics_listen=_take(options, METRICS_LISTEN, parse_address, None),
     )
 
 
@@ -106,10 +109,11 @@ def _boolean(text: str) -> bool:
     raise ValueError("expected true or false")
 
 
-def _address(text: str) -> tuple[str, int]:
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets) as (host, port). Raises ValueError."""
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError("expected HOST:PORT")
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
 
 
@@ -123,4 +127,5 @@ def _take(options: MutableMapping[str, str], key: str, parse: Callable[[str], T]
         raise ValueError(f"-D {key}={value!r}: {exc}") from None
 
 
-__all__ = ["DEPRECATED", "GatewayLimits", "GatewayOptions", "take_gateway_options"]
+__all__ = ["DEFAULT_LISTEN", "DEPRECATED", "LISTEN", "GatewayLimits", "GatewayOptions", "parse_address",
+           "take_gateway_options"]

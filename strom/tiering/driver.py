@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from strom.client import Connection
 from strom.client.admin import Admin
-from strom.client.lake import FinishedTiering, HeartbeatResult, TieringAssignment
+from strom.client.lake import FinishedTiering, HeartbeatResult, TieringAssignment, tiering_lease_id
 from strom.client.snapshots import KvSnapshotLease
 from strom.config import parse_duration
 from strom.errors import StromError, UnsupportedVersionError
@@ -64,7 +64,7 @@ def _summary(exc: BaseException) -> str:
 
 def lease_id_for(job_id: str) -> str:
     """The job's KV snapshot lease: a pure function of the job id, so a restarted driver owns it again."""
-    return f"{job_id}-kv-snapshots"
+    return tiering_lease_id(job_id)
 
 
 HEARTBEAT_INTERVAL_MAX_MS = 10_000

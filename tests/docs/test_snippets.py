@@ -48,6 +48,7 @@ from tests.docs.snippets import (
     venv_command,
     wait_until,
 )
+from tests.gateway.support import wait_ready
 from tests.server_process import free_port
 
 # one worker runs the module: its tests share one `make run` server and the README's tables on it
@@ -347,15 +348,7 @@ def test_gateway_docs_on_the_readme_server(readme: Readme) -> None:
     with open(log_path, "ab") as log_file:
         gateway = subprocess.Popen(command, cwd=readme.cwd, stdout=log_file, stderr=subprocess.STDOUT)
     try:
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
-                    return bool(answer.status == 200)
-            except OSError:
-                assert gateway.poll() is None, log_path.read_text()
-                return False
-
-        wait_until(ready, 30, "the gateway to answer /ready")
+        wait_ready(f"http://127.0.0.1:{port}", lambda: gateway.poll() is None, log_path.read_text)
         example = snippet("docs/gateway.md", "Running it", 1)
         for _ in range(2):
             printed = run_script(example, readme.cwd, {"127.0.0.1:8080": f"127.0.0.1:{port}"})

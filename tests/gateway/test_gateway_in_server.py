@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from click.testing import CliRunner
 
 from strom.cli.main import main as strom_cli
 from tests.conftest import unique_name
+from tests.gateway.support import wait_ready
 from tests.server_process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -25,15 +25,8 @@ def server_with_gateway(tmp_path: Path) -> Iterator[tuple[ServerProcess, str]]:
     process = ServerProcess(tmp_path / "data", {"gateway.rest.lookup.max-keys": "2"},
                             server_args=["--gateway", f"127.0.0.1:{port}"])
     process.start()  # ready once it answers RPCs; the gateway starts right after
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, process.log_text()[-3000:]
-        time.sleep(0.1)
+    wait_ready(f"http://127.0.0.1:{port}", lambda: process.process is not None and process.process.poll() is None,
+               process.log_text)
     try:
         yield process, f"http://127.0.0.1:{port}"
     finally:

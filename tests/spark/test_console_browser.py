@@ -16,8 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from strom.server.local_cluster import LocalCluster
 from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_cluster_processes import FAST_SESSIONS, _wait_for_servers
 from tests.conftest import unique_name
+from tests.gateway.support import wait_ready
 from tests.server_process import free_port
 from tests.spark.support import Fluss, wait_until
 from tests.spark.tiering_support import LAKE_TABLE, tier_once, tiering_config
@@ -118,17 +117,7 @@ class GatewayProcess:
              "-D", "gateway.console.metrics-interval=500ms", "--log-level", "warning"],
             stdout=self._log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/ready", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                pass
-            assert self.process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "the gateway did not become ready"
-            time.sleep(0.2)
+        wait_ready(self.url, lambda: self.process.poll() is None, log_path.read_text, WAIT_S)
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from strom.client import Connection
 from strom.errors import AuthenticationError, AuthorizationError, StromError, TableNotExistError
+from strom.gateway.connections import basic_credentials
 from strom.gateway.console import views
 from strom.gateway.console.charts import line_chart
 from strom.gateway.console.metrics import (
@@ -305,8 +306,6 @@ def install_console(app: FastAPI, console: Console, connection_for: ConnectionFo
 # ---- helpers ----
 
 def _user(request: Request) -> str | None:
-    from strom.gateway.connections import basic_credentials
-
     try:
         credentials = basic_credentials(request.headers.get("authorization"))
     except AuthenticationError:

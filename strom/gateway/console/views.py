@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from strom.client import Connection, OffsetSpec
 from strom.client.admin import BucketLeadership, ServerNode
+from strom.client.lake import TIERING_LEASE_SUFFIX
 from strom.client.stats import BucketStats
 from strom.errors import StromError
 from strom.ids import TableBucket, TablePath
@@ -24,8 +25,6 @@ from strom.metadata.table_info import TableInfo
 T = TypeVar("T")
 MAX_PARTITIONS_SHOWN = 50
 """A table page lists every partition but shows buckets of this many (the newest) unless one is chosen."""
-TIERING_LEASE_SUFFIX = "-kv-snapshots"
-"""The tiering service's lease is named ``<job id>-kv-snapshots`` (strom.tiering.driver.lease_id_for)."""
 
 
 async def guarded(notes: list[str], what: str, call: Awaitable[T], default: T) -> T:
