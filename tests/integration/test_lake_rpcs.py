@@ -250,10 +250,10 @@ async def test_heartbeats_from_another_coordinator_epoch_are_refused_per_table(s
     async with await Connection.create(server.address) as connection:
         path = await create(connection, LAKE)
         table_id = (await connection.get_admin().get_table_info(path)).table_id
-        await take_table(connection, table_id)
+        held = await take_table(connection, table_id)  # a job presents the epoch it was handed
         request = pb.LakeTieringHeartbeatRequest()
-        request.tiering_tables.add(table_id=table_id, coordinator_epoch=3, tiering_epoch=1)
-        request.tiering_tables.add(table_id=table_id, coordinator_epoch=0, tiering_epoch=1)
+        request.tiering_tables.add(table_id=table_id, coordinator_epoch=3, tiering_epoch=held.tiering_epoch)
+        request.tiering_tables.add(table_id=table_id, coordinator_epoch=0, tiering_epoch=held.tiering_epoch)
         response = await connection.coordinator_request(ApiKey.LAKE_TIERING_HEARTBEAT, request)
         stale, current = response.tiering_table_resp
         assert stale.error.error_code == InvalidCoordinatorError.code
