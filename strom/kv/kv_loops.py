@@ -77,6 +77,23 @@ def entry_bytes_python(keys: Sequence[bytes], values: Sequence[bytes | None], ov
     return sum(map(len, keys)) + sum(len(v) for v in values if v is not None) + len(keys) * overhead
 
 
+def overlay_python(values: list[bytes | None], keys: Sequence[bytes], index: dict[bytes, bytes | None]) -> None:
+    """Replace ``values[i]`` with ``index[keys[i]]`` wherever the key is in ``index`` (the pre-write buffer
+    over what the cache and RocksDB hold)."""
+    if len(keys) != len(values):
+        raise ValueError("keys and values differ in length")
+    for position, key in enumerate(keys):
+        if key in index:
+            values[position] = index[key]
+
+
+def index_update_python(index: dict[bytes, bytes | None], keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+    """``index[keys[i]] = values[i]`` in order, later positions winning."""
+    if len(keys) != len(values):
+        raise ValueError("keys and values differ in length")
+    index.update(zip(keys, values))  # noqa: B905 - lengths checked above, as the C loop does
+
+
 def read_in_key_order_python(
     get_many: Callable[[list[bytes]], list[bytes | None]], keys: Sequence[bytes]
 ) -> list[bytes | None]:
@@ -122,14 +139,20 @@ def read_in_key_order_native(
 if native is not None:
     cache_get_many: Callable[..., CacheValues] = native.cache_get_many
     cache_put_many: Callable[..., tuple[int, int]] = native.cache_put_many
+    overlay: Callable[[list[bytes | None], Sequence[bytes], dict[bytes, bytes | None]], None] = native.overlay
+    index_update: Callable[[dict[bytes, bytes | None], Sequence[bytes], Sequence[bytes | None]], None] = (
+        native.index_update)
     entry_bytes: Callable[..., int] = native.entry_bytes
     read_in_key_order = read_in_key_order_native
     in_key_order: Callable[..., tuple[list[bytes], list[bytes | None]]] = in_key_order_native
 else:
     cache_get_many = cache_get_many_python
     cache_put_many = cache_put_many_python
+    overlay = overlay_python
+    index_update = index_update_python
     entry_bytes = entry_bytes_python
     read_in_key_order = read_in_key_order_python
     in_key_order = in_key_order_python
 
-__all__ = ["NATIVE_AVAILABLE", "cache_get_many", "cache_put_many", "entry_bytes", "in_key_order", "read_in_key_order"]
+__all__ = ["NATIVE_AVAILABLE", "cache_get_many", "cache_put_many", "entry_bytes", "in_key_order", "index_update",
+           "overlay", "read_in_key_order"]

@@ -51,6 +51,8 @@ ROW_COUNT_KEY = b"row_count"
 INSTANCE_ID_KEY = b"instance_id"
 _OFFSET = struct.Struct("<q")
 _SORTED_READ_MIN_KEYS = 32
+_INDEX_SLACK = 4
+"""The pre-write buffer's index is rebuilt once it holds this many times more keys than the pending batches."""
 _META_KEYS = (APPLIED_OFFSET_KEY, ROW_COUNT_KEY)
 STANDBY_STEP_BYTES = 4 << 20
 """Changelog a standby applies per turn of the event loop, so a follower far behind catches up without
@@ -208,7 +210,7 @@ class KvTablet:
         # crash, RocksDB comes back at its last flush and the changelog replays the rest.
         self._db: KvDatabase = open_rocksdb(directory / "rocksdb", config.rocksdb)
         # The pre-write buffer: batches appended to the log whose values are not in RocksDB yet (in log
-        # order), and an index over them built only when a request needs it.
+        # order), and an index over them (each key's latest write) built only when a request needs it.
         self._pending: list[_PendingBatch] = []
         self._pending_index: dict[bytes, bytes | None] | None = None
         self._pending_bytes = 0
@@ -513,7 +515,7 @@ class KvTablet:
         self._pending.append(_PendingBatch(result.next_offset, new_keys, new_values, delta, size_bytes))
         self._pending_bytes += size_bytes
         if self._pending_index is not None:  # kept up to date, not rebuilt by every request of a group commit
-            self._pending_index.update(zip(new_keys, new_values, strict=True))
+            kv_loops.index_update(self._pending_index, new_keys, new_values)
         return result
 
     def prepare_insert_missing(self, keys: Sequence[bytes], now_ms: int) -> AppendResult:
@@ -544,10 +546,8 @@ class KvTablet:
                 # built only when a request overlaps another's fsync; later batches win
                 index = self._pending_index = {}
                 for pending in self._pending:
-                    index.update(zip(pending.keys, pending.values, strict=True))
-            for position, key in enumerate(keys):
-                if key in index:
-                    values[position] = index[key]
+                    kv_loops.index_update(index, pending.keys, pending.values)
+            kv_loops.overlay(values, keys, index)
         return self._format.current_values(values)
 
     def _read_values(self, keys: Sequence[bytes], *, fill_cache: bool = True) -> list[bytes | None]:
@@ -643,7 +643,14 @@ class KvTablet:
                 self._cache.put_many(self._cache_token, pending.keys, pending.values)
         self._pending_bytes -= sum(pending.size_bytes for pending in self._pending[:durable_count])
         del self._pending[:durable_count]
-        self._pending_index = None
+        # The index stays valid: an entry whose write is now applied is that key's latest write, which is what
+        # RocksDB holds. Rebuilding it from the pending batches after every apply took ~5 % of a loaded
+        # server; it is dropped once nothing is pending, or once mostly applied writes fill it.
+        index = self._pending_index
+        if index is not None and (
+            not self._pending or len(index) > _INDEX_SLACK * sum(len(pending.keys) for pending in self._pending)
+        ):
+            self._pending_index = None
         self._applied_offset = applied_to
         self._row_count = row_count
 

@@ -78,6 +78,27 @@ def test_writes_in_key_order_keep_a_repeated_keys_writes_in_the_order_given(
     assert dict(zip(*expected, strict=True)) == last
 
 
+@settings(max_examples=300, deadline=None)
+@given(index_writes=st.lists(st.tuples(keys_st, values_st), max_size=12),
+       reads=st.lists(st.tuples(keys_st, values_st), max_size=12))
+def test_the_pre_write_buffer_overlays_what_is_stored(
+    index_writes: list[tuple[bytes, bytes | None]], reads: list[tuple[bytes, bytes | None]]
+) -> None:
+    """The index of pending writes (later writes of a key winning, deletes as None) replaces the stored
+    values of the keys it holds and leaves the others."""
+    keys = [key for key, _ in reads]
+    stored = [value for _, value in reads]
+    index_c: dict[bytes, bytes | None] = {}
+    index_py: dict[bytes, bytes | None] = {}
+    native.index_update(index_c, [key for key, _ in index_writes], [value for _, value in index_writes])
+    kv_loops.index_update_python(index_py, [key for key, _ in index_writes], [value for _, value in index_writes])
+    assert index_c == index_py == dict(index_writes)
+    values_c, values_py = list(stored), list(stored)
+    native.overlay(values_c, tuple(keys), index_c)
+    kv_loops.overlay_python(values_py, keys, index_py)
+    assert values_c == values_py == [index_c.get(key, value) for key, value in reads]
+
+
 def test_bad_arguments_raise_instead_of_corrupting() -> None:
     with pytest.raises(ValueError, match="differ in length"):
         native.cache_put_many({}, {}, [b"a"], [], True, 0)
@@ -99,6 +120,16 @@ def test_bad_arguments_raise_instead_of_corrupting() -> None:
             in_key_order([b"a", b"b"], [b"x"])
     with pytest.raises(TypeError):
         native.cache_get_many({}, {}, [[1]], 10, 0)  # an unhashable key: the dict's own error
+    for overlay, index_update in ((native.overlay, native.index_update),
+                                  (kv_loops.overlay_python, kv_loops.index_update_python)):
+        with pytest.raises(ValueError, match="differ in length"):
+            overlay([None], [b"a", b"b"], {})
+        with pytest.raises(ValueError, match="differ in length"):
+            index_update({}, [b"a"], [])
+    with pytest.raises(TypeError):
+        native.overlay((None,), [b"a"], {})  # values must be a list: it is filled in place
+    with pytest.raises(TypeError):
+        native.overlay([None], [[1]], {b"a": b"x"})  # an unhashable key
 
 
 long_keys_st = st.builds(lambda prefix, tail: prefix + tail, st.sampled_from([b"", b"user_000", b"user_0001", b"\x00" * 8]),

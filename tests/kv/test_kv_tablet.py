@@ -384,6 +384,35 @@ async def test_a_retry_is_acknowledged_as_duplicate_only_once_the_original_is_ap
 
 
 @pytest.mark.asyncio
+async def test_applying_some_pending_batches_keeps_the_later_writes_visible_to_puts(bucket: Bucket) -> None:
+    """The pre-write buffer's index outlives an apply that leaves batches pending: a key's latest write,
+    applied or not, is what the next put compares against; it is rebuilt once applied writes fill it."""
+    bucket.kv.log.remove_high_watermark_listener(bucket.kv._apply_committed)  # applies happen when this test says
+    bucket.prepare((1, ("a", 1)), (2, ("b", 2)), (3, ("c", 3)))
+    bucket.prepare((1, ("a2", 1)), (2, None))  # builds the index over both batches
+    durable = bucket.prepare(*[(id_, ("bulk", id_)) for id_ in range(100, 140)])
+    await bucket.kv.log.wait_durable(durable)
+    bucket.prepare((1, ("a3", 1)), (3, None))  # the tail, pending beyond the high watermark
+    bucket.kv.apply_durable()  # the first three batches reach RocksDB; the tail stays pending
+    assert bucket.kv.applied_offset == durable and bucket.lookup(1) == (1, "a2", 1)
+    index = bucket.kv._pending_index
+    assert index is None or len(index) <= 4 * 2, "mostly applied writes: the index is rebuilt"
+    last = bucket.prepare((1, ("a4", 1)), (2, ("b2", 2)), (3, ("c2", 3)), (100, None))
+    await bucket.kv.log.wait_durable(last)
+    bucket.kv.apply_durable()
+    assert [(change, row) for _offset, change, row in bucket.changelog(durable)] == [
+        ("UPDATE_BEFORE", (1, "a2", 1)), ("UPDATE_AFTER", (1, "a3", 1)),  # the tail
+        ("DELETE", (3, "c", 3)),
+        ("UPDATE_BEFORE", (1, "a3", 1)), ("UPDATE_AFTER", (1, "a4", 1)),  # the tail's write, still pending then
+        ("INSERT", (2, "b2", 2)),  # deleted by an applied batch
+        ("INSERT", (3, "c2", 3)),  # deleted by the pending tail
+        ("DELETE", (100, "bulk", 100)),  # written by an applied batch
+    ]
+    assert [bucket.lookup(i) for i in (1, 2, 3, 100, 101)] == [
+        (1, "a4", 1), (2, "b2", 2), (3, "c2", 3), None, (101, "bulk", 101)]
+
+
+@pytest.mark.asyncio
 async def test_a_crash_after_the_log_fsync_and_before_apply_is_recovered_by_replay(bucket: Bucket) -> None:
     await bucket.put((1, ("a", 1)), (2, ("b", 2)))
     applied = bucket.kv.applied_offset

@@ -5,6 +5,7 @@ the offset it records."""
 from __future__ import annotations
 
 import asyncio
+import random
 import struct
 import threading
 from collections.abc import Iterator
@@ -83,6 +84,43 @@ async def test_puts_overlapping_a_write_in_flight_see_its_values(tmp_path: Path,
         assert changes == ["INSERT"] * 50 + ["UPDATE_BEFORE", "UPDATE_AFTER"] * 50 * 29
         assert bucket.lookup(7) == (7, "v", 29)
         assert bucket.kv.row_count == 50
+    finally:
+        bucket.close()
+
+
+async def test_pipelined_puts_and_deletes_of_overlapping_keys_follow_the_sequential_changelog(
+        tmp_path: Path, writer: ThreadPoolExecutor, rocksdb_binding: str) -> None:
+    """Many puts in flight at once, each writing and deleting keys that earlier ones wrote (some twice in
+    one batch), while group commits apply some of them and leave the rest pending: the changelog is exactly
+    the one of the same writes done one at a time, and RocksDB ends with each key's last write."""
+    rng = random.Random(7)
+    keys = 60
+    bucket = WriterBucket(tmp_path, writer)
+    try:
+        model: dict[int, tuple[int, str, int] | None] = {}
+        expected: list[tuple[str, tuple[Any, ...]]] = []
+        puts = []
+        for round_ in range(150):
+            records: list[tuple[int, tuple[str | None, int | None] | None]] = []
+            for _ in range(rng.choice((1, 2, 40))):  # small batches beside large ones
+                id_ = rng.randrange(keys)
+                value = None if rng.random() < 0.3 else (f"r{round_}", rng.randrange(100))
+                records.append((id_, value))
+                old = model.get(id_)
+                if value is None:
+                    if old is not None:
+                        expected.append(("DELETE", old))
+                    model[id_] = None
+                    continue
+                new_row = (id_, *value)
+                expected += [("INSERT", new_row)] if old is None else [("UPDATE_BEFORE", old), ("UPDATE_AFTER", new_row)]
+                model[id_] = new_row  # type: ignore[assignment]
+            puts.append(asyncio.ensure_future(bucket.put_acknowledged(*records)))
+            if rng.random() < 0.3:
+                await asyncio.sleep(0)  # let a group commit and a write happen between some of them
+        await asyncio.gather(*puts)
+        assert [(change, row) for _offset, change, row in bucket.changelog()] == expected
+        assert {id_: bucket.lookup(id_) for id_ in range(keys)} == {id_: model.get(id_) for id_ in range(keys)}
     finally:
         bucket.close()
 

@@ -737,11 +737,19 @@ def test_bucket_ids_match_bucketing():
         )
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(30))
 def test_full_rows_in_c_equal_the_one_emitter(seed: int) -> None:
+    """Batches that write keys several times, and (every third seed) batches of distinct keys, the common
+    case that the C planner handles without a dict of the batch's own writes."""
     rng = random.Random(seed)
-    pool = [bytes([k]) for k in range(8)]
-    keys = [rng.choice(pool) for _ in range(rng.randint(0, 60))]
+    if seed % 3:
+        pool = [bytes([k]) for k in range(8)]
+        keys = [rng.choice(pool) for _ in range(rng.randint(0, 60))]
+    else:
+        pool = [rng.randbytes(rng.randint(0, 9)) for _ in range(rng.randint(0, 3000))]
+        keys = list(dict.fromkeys(pool))
+        if seed % 2 and keys:
+            keys.append(rng.choice(keys))  # one repeat, after thousands of distinct keys
     values = [None if rng.random() < 0.3 else rng.randbytes(rng.randint(0, 12)) for _ in keys]
     state = {k: (None if rng.random() < 0.5 else b"\x01\x00" + rng.randbytes(3)) for k in pool}
     olds = [state[k] for k in keys]

@@ -224,6 +224,76 @@ error:
     return NULL;
 }
 
+/* overlay(values, keys, index) -> None: values[i] = index[keys[i]] wherever keys[i] is in index. */
+static PyObject *
+overlay(PyObject *self, PyObject *args)
+{
+    PyObject *values, *keys_arg, *index;
+    if (!PyArg_ParseTuple(args, "O!OO!", &PyList_Type, &values, &keys_arg, &PyDict_Type, &index)) {
+        return NULL;
+    }
+    PyObject *keys = PySequence_Tuple(keys_arg);
+    if (keys == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    if (PyList_GET_SIZE(values) != count) {
+        PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *value = PyDict_GetItemWithError(index, PyTuple_GET_ITEM(keys, i));
+        if (value == NULL) {
+            if (PyErr_Occurred()) {
+                goto error;
+            }
+            continue;
+        }
+        if (i >= PyList_GET_SIZE(values)) { /* a key's __eq__ shrank the list */
+            PyErr_SetString(PyExc_RuntimeError, "values changed size during overlay");
+            goto error;
+        }
+        Py_INCREF(value);
+        if (PyList_SetItem(values, i, value) < 0) {
+            goto error;
+        }
+    }
+    Py_DECREF(keys);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(keys);
+    return NULL;
+}
+
+/* index_update(index, keys, values) -> None: index[keys[i]] = values[i] in order (later ones win). */
+static PyObject *
+index_update(PyObject *self, PyObject *args)
+{
+    PyObject *index, *keys_arg, *values_arg;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyDict_Type, &index, &keys_arg, &values_arg)) {
+        return NULL;
+    }
+    PyObject *keys, *values;
+    if (two_tuples(keys_arg, values_arg, &keys, &values) < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    int failed = 0;
+    if (PyTuple_GET_SIZE(values) != count) {
+        PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
+        failed = 1;
+    }
+    for (Py_ssize_t i = 0; !failed && i < count; i++) {
+        failed = PyDict_SetItem(index, PyTuple_GET_ITEM(keys, i), PyTuple_GET_ITEM(values, i)) < 0;
+    }
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    if (failed) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 typedef struct {
     uint64_t prefix; /* the first 8 bytes, big-endian, zero-padded: byte order as an integer */
     const char *data;
@@ -441,6 +511,10 @@ static PyMethodDef kvloops_methods[] = {
      "RowCache.put_many's loop over one bucket's generations (see row_cache.py)."},
     {"entry_bytes", entry_bytes, METH_VARARGS,
      "entry_bytes(keys, values, overhead) -> int: key and non-None value bytes plus overhead per key."},
+    {"overlay", overlay, METH_VARARGS,
+     "overlay(values, keys, index) -> None: values[i] = index[keys[i]] wherever the key is in index."},
+    {"index_update", index_update, METH_VARARGS,
+     "index_update(index, keys, values) -> None: index[keys[i]] = values[i], later positions winning."},
     {"key_order", key_order, METH_O,
      "key_order(keys) -> (sorted_keys, order): a stable byte-order sort and the original positions."},
     {"take", take, METH_VARARGS,

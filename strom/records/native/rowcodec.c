@@ -1454,6 +1454,54 @@ fail:
 
 /* ---- PutKv planning -------------------------------------------------------------------------- */
 
+/* 1 when two of the (bytes) keys are equal, 0 when none are, -1 with an exception set. An open-addressing
+ * set of the keys' hashes (cached in each bytes object) and pointers: ~5x cheaper per key than a dict,
+ * which plan_upserts then needs only for a batch that writes a key twice. */
+static int
+has_repeated_key(PyObject *keys)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (n < 2) {
+        return 0;
+    }
+    size_t size = 8;
+    while (size < (size_t)n * 2) {
+        size <<= 1;
+    }
+    struct seen { Py_hash_t hash; PyObject *key; } *slots = PyMem_Calloc(size, sizeof(struct seen));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int repeated = 0;
+    for (Py_ssize_t i = 0; i < n && !repeated; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(key)) {
+            repeated = 1; /* not bytes: let the dict compare it */
+            break;
+        }
+        Py_hash_t hash = PyObject_Hash(key);
+        if (hash == -1) {
+            repeated = -1;
+            break;
+        }
+        size_t slot = (size_t)hash & (size - 1);
+        while (slots[slot].key != NULL) {
+            PyObject *other = slots[slot].key;
+            if (slots[slot].hash == hash && PyBytes_GET_SIZE(other) == PyBytes_GET_SIZE(key)
+                && memcmp(PyBytes_AS_STRING(other), PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)) == 0) {
+                repeated = 1;
+                break;
+            }
+            slot = (slot + 1) & (size - 1);
+        }
+        slots[slot].hash = hash;
+        slots[slot].key = key;
+    }
+    PyMem_Free(slots);
+    return repeated;
+}
+
 /*
  * plan_upserts(keys, values, olds, prefix, ignore_deletes)
  *     -> (change_types: bytes, rows: list, new_keys: list, new_values: list)
@@ -1476,11 +1524,13 @@ plan_upserts(PyObject *self, PyObject *args)
     PyObject *keys = PySequence_Tuple(keys_arg);
     PyObject *values = keys ? PySequence_Tuple(values_arg) : NULL;
     PyObject *olds = values ? PySequence_Tuple(olds_arg) : NULL;
-    PyObject *local = olds ? PyDict_New() : NULL;
+    PyObject *local = NULL; /* what the batch wrote so far: only when it writes a key twice */
     PyObject *change_types = NULL, *rows = NULL, *new_keys = NULL, *new_values = NULL, *result = NULL;
     char *types = NULL;
     Py_ssize_t type_count = 0;
-    if (local == NULL) goto done;
+    if (olds == NULL) goto done;
+    int repeated = has_repeated_key(keys);
+    if (repeated < 0 || (repeated && (local = PyDict_New()) == NULL)) goto done;
     Py_ssize_t n = PyTuple_GET_SIZE(keys);
     if (PyTuple_GET_SIZE(values) != n || PyTuple_GET_SIZE(olds) != n) {
         PyErr_SetString(PyExc_ValueError, "keys, values and olds must have the same length");
@@ -1497,7 +1547,7 @@ plan_upserts(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyTuple_GET_ITEM(keys, i);
         PyObject *value = PyTuple_GET_ITEM(values, i);
-        PyObject *old = PyDict_GetItemWithError(local, key); /* borrowed */
+        PyObject *old = local ? PyDict_GetItemWithError(local, key) : NULL; /* borrowed */
         if (old == NULL) {
             if (PyErr_Occurred()) goto done;
             old = PyTuple_GET_ITEM(olds, i);
@@ -1505,7 +1555,7 @@ plan_upserts(PyObject *self, PyObject *args)
         if (value == Py_None) {
             if (old == Py_None || ignore_deletes) continue;
             types[type_count++] = 4; /* -D */
-            if (PyList_Append(rows, old) < 0 || PyDict_SetItem(local, key, Py_None) < 0 ||
+            if (PyList_Append(rows, old) < 0 || (local && PyDict_SetItem(local, key, Py_None) < 0) ||
                 PyList_Append(new_keys, key) < 0 || PyList_Append(new_values, Py_None) < 0) {
                 goto done;
             }
@@ -1530,7 +1580,7 @@ plan_upserts(PyObject *self, PyObject *args)
             types[type_count++] = 3; /* +U */
             failed = PyList_Append(rows, old) < 0 || PyList_Append(rows, new_value) < 0;
         }
-        failed = failed || PyDict_SetItem(local, key, new_value) < 0 || PyList_Append(new_keys, key) < 0 ||
+        failed = failed || (local && PyDict_SetItem(local, key, new_value) < 0) || PyList_Append(new_keys, key) < 0 ||
                  PyList_Append(new_values, new_value) < 0;
         Py_DECREF(new_value);
         if (failed) goto done;
