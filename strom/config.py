@@ -683,7 +683,8 @@ KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER = int_option(
 KV_ROCKSDB_USE_BLOOM_FILTER = bool_option(
     "kv.rocksdb.use-bloom-filter", True,
     "Bloom filters over RocksDB's SST files and (strom) a whole-key bloom filter over each memtable, so reading "
-    "a key that does not exist — the old value of every new row — is cheap.",
+    "a key that does not exist — the old value of every new row — is cheap. A new bucket whose row cache holds "
+    "all of its keys reads no missing key from RocksDB: its memtables get the filter once its reads reach RocksDB.",
 )
 KV_ROCKSDB_BLOOM_FILTER_BITS_PER_KEY = float_option(
     "kv.rocksdb.bloom-filter.bits-per-key", 10.0, "Bits per key of the SST bloom filters.", minimum=1.0

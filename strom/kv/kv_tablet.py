@@ -33,7 +33,14 @@ from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
 from strom.kv.missing_keys import MissingKeyRows
-from strom.kv.rocksdb import KvDatabase, RocksDbOptions, RowIterator, destroy_rocksdb, open_rocksdb
+from strom.kv.rocksdb import (
+    MEMTABLE_BLOOM_RATIO,
+    KvDatabase,
+    RocksDbOptions,
+    RowIterator,
+    destroy_rocksdb,
+    open_rocksdb,
+)
 from strom.kv.row_cache import RowCache
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
@@ -208,7 +215,16 @@ class KvTablet:
             self._auto_increment = AutoIncrementAssigner(config.auto_increment, ids, row_format)
         # The changelog, fsynced first, is the write-ahead record: writes skip RocksDB's own WAL. After a
         # crash, RocksDB comes back at its last flush and the changelog replays the rest.
-        self._db: KvDatabase = open_rocksdb(directory / "rocksdb", config.rocksdb)
+        # A new bucket whose row cache will hold every key it has (complete, row_cache.py) never reads RocksDB
+        # for a key the cache lacks, so its memtables need no bloom filter (it cost ~10 % of a loaded
+        # server's CPU): one is turned on the first time the bucket's reads reach RocksDB.
+        self._memtable_bloom = not (
+            row_cache is not None and row_cache.capacity_bytes > 0 and config.rocksdb.use_bloom_filter
+            and not (directory / "rocksdb").exists()
+        )
+        self._switch_memtable = False
+        """The next RocksDB write flushes the memtable, so that a new one gets the bloom filter."""
+        self._db: KvDatabase = open_rocksdb(directory / "rocksdb", config.rocksdb, memtable_bloom=self._memtable_bloom)
         # The pre-write buffer: batches appended to the log whose values are not in RocksDB yet (in log
         # order), and an index over them (each key's latest write) built only when a request needs it.
         self._pending: list[_PendingBatch] = []
@@ -303,6 +319,7 @@ class KvTablet:
             self._close_db()
             destroy_rocksdb(self.directory / "rocksdb")
             self._db = open_rocksdb(self.directory / "rocksdb", self._config.rocksdb)
+            self._memtable_bloom = True
             self._applied_offset = 0
             self._row_count = 0
             self.instance_id = self._instance_id()
@@ -562,9 +579,11 @@ class KvTablet:
             return self._read_rocksdb(keys)
         cached = cache.get_many(self._cache_token, keys)
         if cached is None:  # the bucket bypasses the cache for now
+            self._want_memtable_bloom()
             return self._read_rocksdb(keys)
         values, missing = cached
         if missing:
+            self._want_memtable_bloom()
             missing_keys = [keys[position] for position in missing]
             found = self._read_rocksdb(missing_keys)
             for position, value in zip(missing, found, strict=True):
@@ -573,6 +592,28 @@ class KvTablet:
             if fill_cache:
                 cache.put_many(self._cache_token, missing_keys, found)
         return values
+
+    def _want_memtable_bloom(self) -> None:
+        """The bucket's reads reach RocksDB from now on: memtables made from now on get a bloom filter, and
+        the next write flushes the active one, which has none (bloom filters are not added to a memtable)."""
+        if self._memtable_bloom:
+            return
+        self._memtable_bloom = True
+        try:
+            self._db.set_memtable_bloom_ratio(MEMTABLE_BLOOM_RATIO)
+        except Exception as exc:  # only reads of missing keys are slower without it
+            log.warning("%s: cannot turn on the memtable bloom filter: %s", self.directory, exc)
+            return
+        self._switch_memtable = True
+
+    def _write(self, keys: list[bytes], values: list[bytes | None], metas: tuple[bytes, bytes], flush: bool) -> None:
+        """One apply's RocksDB write (on the writer when there is one), then the memtable switch if asked."""
+        self._db.write(keys, values, _META_KEYS, metas)
+        if flush:
+            try:
+                self._db.flush()
+            except Exception as exc:  # the write is done; the next flush switches the memtable instead
+                log.warning("%s: memtable flush for its bloom filter failed: %s", self.directory, exc)
 
     def _read_rocksdb(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if len(keys) < _SORTED_READ_MIN_KEYS:
@@ -614,17 +655,16 @@ class KvTablet:
             durable_count += 1
         keys, values = kv_loops.in_key_order(keys, values)
         metas = (_OFFSET.pack(applied_to), _OFFSET.pack(row_count))
+        flush, self._switch_memtable = self._switch_memtable, False
         loop = _running_loop() if self._writer is not None else None
         if loop is not None:
             # Off the loop: the batches stay in the pre-write buffer (puts see them) until the write is done;
             # lookups see the old values or the new, both committed.
-            self._applying = loop.run_in_executor(
-                self._writer, self._db.write, keys, values, _META_KEYS, metas
-            )
+            self._applying = loop.run_in_executor(self._writer, self._write, keys, values, metas, flush)
             self._applying.add_done_callback(lambda done: self._written(done, durable_count, applied_to, row_count))
             return
         try:
-            self._db.write(keys, values, _META_KEYS, metas)
+            self._write(keys, values, metas, flush)
         except Exception as exc:
             raise self._write_failed(exc) from exc
         self._applied(durable_count, applied_to, row_count)

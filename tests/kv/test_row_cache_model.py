@@ -8,7 +8,10 @@ in RocksDB); with one that rotates now and then, it stops being complete part wa
 from __future__ import annotations
 
 import asyncio
+import glob
+import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
@@ -23,6 +26,7 @@ from strom.kv.rocksdb import RocksDbOptions
 from strom.kv.row_cache import RowCache
 from strom.kv.row_format import TableRowFormat
 from strom.log.log_tablet import LogTablet
+from tests.kv.conftest import BINDINGS
 from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
 
 KEYS = 12
@@ -201,3 +205,79 @@ async def test_a_bucket_that_opened_empty_reads_nothing_from_rocksdb_until_the_c
         assert bucket.lookup(4) == (4, "a", 4)
     finally:
         bucket.close()
+
+
+class NewCachedBucket(CachedBucket):
+    """A cached bucket whose RocksDB is created by the cache-enabled open (a new table's bucket)."""
+
+    def __init__(self, directory: Path, cache: RowCache, writer: ThreadPoolExecutor | None) -> None:
+        self.writer = writer
+        super().__init__(directory, {}, cache)
+        self.close()
+        shutil.rmtree(directory / "kv")
+        self.kv = self._open()
+
+    def _open(self) -> KvTablet:
+        log = LogTablet.open(self.directory / "log", LOG_CONFIG)
+        return KvTablet(self.directory / "kv", log, TableRowFormat(self.table), self.config, row_cache=self.cache,
+                        writer=getattr(self, "writer", None))
+
+    async def put(self, *records: tuple[int, tuple[str | None, int | None] | None], **options: Any) -> int:
+        next_offset = self.prepare(*records, **options)
+        await self.kv.log.wait_durable(next_offset)
+        self.kv.apply_durable()
+        for _ in range(10_000):  # a writer applies off the loop
+            if self.kv.applied_offset >= next_offset:
+                break
+            await asyncio.sleep(0.001)
+        return next_offset
+
+    def memtable_bloom_ratio(self) -> float:
+        """The ratio RocksDB's newest OPTIONS file records (it is rewritten when an option changes)."""
+        latest = max(glob.glob(str(self.directory / "kv" / "rocksdb" / "OPTIONS-*")))
+        for line in Path(latest).read_text().splitlines():
+            if line.strip().startswith("memtable_prefix_bloom_size_ratio="):
+                return float(line.split("=", 1)[1])
+        raise AssertionError("no memtable_prefix_bloom_size_ratio in the OPTIONS file")
+
+    def level0_files(self) -> int:
+        return int(self.kv._db.property("rocksdb.num-files-at-level0") or 0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("with_writer", [False, True])
+@pytest.mark.parametrize("rocksdb_binding", BINDINGS, indirect=True)
+async def test_a_new_bucket_gets_a_memtable_bloom_filter_once_its_reads_reach_rocksdb(
+    tmp_path: Path, rocksdb_binding: str, with_writer: bool,
+) -> None:
+    """A new bucket whose cache holds every key reads nothing from RocksDB, so its memtable has no bloom
+    filter (each insert would pay for it). Once the cache drops some of its rows, reads of keys it lacks
+    go to RocksDB: new memtables get the filter, and the next write switches to one (a flush)."""
+    writer = ThreadPoolExecutor(1) if with_writer else None
+    cache = RowCache(1 << 20)
+    bucket = NewCachedBucket(tmp_path / "b", cache, writer)
+    try:
+        assert cache.is_complete(bucket.kv._cache_token)
+        await bucket.put(*[(i, ("a", i)) for i in range(10)])
+        await bucket.put(*[(i, ("b", i)) for i in range(5)])  # old values from the cache
+        assert [bucket.lookup(i) for i in (3, 7, 42)] == [(3, "b", 3), (7, "a", 7), None]
+        assert bucket.memtable_bloom_ratio() == 0.0 and bucket.level0_files() == 0
+
+        cache._rotate()
+        cache._rotate()  # the rows are gone from the cache, not from RocksDB
+        assert bucket.lookup(8) == (8, "a", 8)  # read from RocksDB
+        assert bucket.memtable_bloom_ratio() == pytest.approx(0.1)
+        assert bucket.level0_files() == 0, "the switch waits for the next write"
+        await bucket.put((11, ("c", 11)), (8, None))
+        assert bucket.level0_files() == 1, "that write flushed the memtable made without a filter"
+        assert [bucket.lookup(i) for i in (8, 9, 11, 12)] == [None, (9, "a", 9), (11, "c", 11), None]
+        await bucket.put((12, ("d", 12)))
+        assert bucket.level0_files() == 1, "one switch only"
+
+        bucket.reopen()  # an existing bucket opens with the filter
+        assert bucket.memtable_bloom_ratio() == pytest.approx(0.1)
+        assert [bucket.lookup(i) for i in (4, 8, 12)] == [(4, "b", 4), None, (12, "d", 12)]
+    finally:
+        bucket.close()
+        if writer is not None:
+            writer.shutdown(wait=True)

@@ -567,6 +567,35 @@ static PyObject *database_flush(DatabaseObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* set_memtable_bloom_ratio(ratio): the rows' memtable bloom filter size (a share of the memtable) for the
+ * memtables made from now on (RocksDB's mutable memtable_prefix_bloom_size_ratio) */
+static PyObject *database_set_memtable_bloom_ratio(DatabaseObject *self, PyObject *arg) {
+    double ratio = PyFloat_AsDouble(arg);
+    if (ratio == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!(ratio >= 0.0 && ratio <= 0.25)) {
+        PyErr_SetString(PyExc_ValueError, "the memtable bloom ratio must be within [0, 0.25]");
+        return NULL;
+    }
+    if (!enter(self)) {
+        return NULL;
+    }
+    char value[32];
+    snprintf(value, sizeof value, "%.6f", ratio);
+    const char *const keys[1] = {"memtable_prefix_bloom_size_ratio"};
+    const char *const values[1] = {value};
+    char *error = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rocksdb_set_options_cf(self->db, self->families[0], 1, keys, values, &error);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    if (error != NULL) {
+        return raise_rocksdb(error);
+    }
+    Py_RETURN_NONE;
+}
+
 /* checkpoint(directory): hard links of the SST files (and copies of the rest) in a new directory */
 static PyObject *database_checkpoint(DatabaseObject *self, PyObject *arg) {
     PyObject *path_object;
@@ -675,6 +704,8 @@ static PyMethodDef database_methods[] = {
      "the GIL"},
     {"flush", (PyCFunction)database_flush, METH_NOARGS, "flush both column families' memtables, atomically"},
     {"checkpoint", (PyCFunction)database_checkpoint, METH_O, "checkpoint(directory): a hard-linked copy"},
+    {"set_memtable_bloom_ratio", (PyCFunction)database_set_memtable_bloom_ratio, METH_O,
+     "set_memtable_bloom_ratio(ratio): the rows' memtable bloom filter of the memtables made from now on"},
     {"property", (PyCFunction)database_property, METH_O, "property(name) -> str or None"},
     {"iterator", (PyCFunction)database_iterator, METH_VARARGS,
      "iterator(start=None): rows in key order from start, as of now"},
