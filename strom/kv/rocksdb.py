@@ -45,7 +45,7 @@ META_WRITE_BUFFER_SIZE_BYTES = 64 << 20
 """Memtable size of the metadata column family (the applied offset and row count, rewritten by every write)."""
 MEMTABLE_BLOOM_RATIO = 0.1
 """Share of a memtable's size given to its whole-key bloom filter (RocksDB's memtable_prefix_bloom_size_ratio).
-It makes reading a key the memtable lacks ~6x cheaper and every insert ~0.15 µs dearer; a bucket whose row
+It makes reading a key the memtable lacks ~6x cheaper and every insert ~0.3 µs dearer; a bucket whose row
 cache holds all of its keys never reads RocksDB for a missing key, so it opens without one (kv_tablet.py)."""
 UNLIMITED_RATE = (1 << 63) - 1
 """``kv.rocksdb.shared-rate-limiter.bytes-per-sec`` at this (Fluss's default, Long.MAX_VALUE): no limiter."""
