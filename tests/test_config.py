@@ -137,6 +137,7 @@ def test_the_kv_rocksdb_keys_have_flusss_names_and_defaults() -> None:
     defaults = {key: option.default for key, option in ALL_OPTIONS.items() if key.startswith("kv.rocksdb.")}
     assert defaults == {
         "kv.rocksdb.binding": "auto",  # strom's own
+        "kv.rocksdb.mmap-reads": True,  # strom's own
         "kv.rocksdb.block.cache-size": 8 << 20,
         "kv.rocksdb.block.blocksize": 4 << 10,
         "kv.rocksdb.writebuffer.size": 64 << 20,

@@ -114,6 +114,8 @@ class RocksDbOptions:
     """``kv.rocksdb.block.pin-l0-filter-and-index-blocks-in-cache``."""
     pin_top_level_index_and_filter: bool = False
     """``kv.rocksdb.block.pin-top-level-index-and-filter``."""
+    mmap_reads: bool = True
+    """``kv.rocksdb.mmap-reads`` (strom): RocksDB's allow_mmap_reads."""
 
     @classmethod
     def from_config(cls, config: cfg.Configuration) -> RocksDbOptions:
@@ -154,6 +156,7 @@ class RocksDbOptions:
             pin_l0_filter_and_index_blocks_in_cache=config.get(
                 cfg.KV_ROCKSDB_BLOCK_PIN_L0_FILTER_AND_INDEX_BLOCKS_IN_CACHE),
             pin_top_level_index_and_filter=config.get(cfg.KV_ROCKSDB_BLOCK_PIN_TOP_LEVEL_INDEX_AND_FILTER),
+            mmap_reads=config.get(cfg.KV_ROCKSDB_MMAP_READS),
         )
 
 
@@ -296,6 +299,7 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
             cache_index_and_filter_blocks_with_high_priority=options.cache_index_and_filter_blocks_with_high_priority,
             pin_l0_filter_and_index_blocks_in_cache=options.pin_l0_filter_and_index_blocks_in_cache,
             pin_top_level_index_and_filter=options.pin_top_level_index_and_filter,
+            allow_mmap_reads=options.mmap_reads,
         )
         return database
     return RocksdictDatabase(path, options, read_only=read_only, memtable_bloom=memtable_bloom)
@@ -503,6 +507,7 @@ def _open_rocksdict_with(db_options: rocksdict.Options, path: Path, options: Roc
         table_options.set_bloom_filter(options.bloom_filter_bits_per_key, False)  # type: ignore[arg-type]
     db_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO if options.use_bloom_filter and memtable_bloom else 0.0)
     db_options.set_memtable_whole_key_filtering(options.use_bloom_filter)
+    db_options.set_allow_mmap_reads(options.mmap_reads)
     db_options.set_block_based_table_factory(table_options)
     meta_options = rocksdict.Options(raw_mode=True)
     meta_options.set_write_buffer_size(META_WRITE_BUFFER_SIZE_BYTES)

@@ -39,6 +39,7 @@ NON_DEFAULT = replace(
     cache_index_and_filter_blocks_with_high_priority=True,
     pin_l0_filter_and_index_blocks_in_cache=True,
     pin_top_level_index_and_filter=True,
+    mmap_reads=False,
 )
 """A value unlike both Fluss's default and RocksDB's for every option a level-style database reads."""
 
@@ -88,6 +89,7 @@ def test_fluss_defaults_reach_rocksdb_where_they_differ_from_rocksdbs(tmp_path: 
     assert db["info_log_level"] == "INFO_LEVEL"
     assert db["max_background_jobs"] == "2"
     assert db["max_open_files"] == "-1"
+    assert db["allow_mmap_reads"] == "true"  # strom's kv.rocksdb.mmap-reads
     assert table["pin_top_level_index_and_filter"] == "false"
     assert table["cache_index_and_filter_blocks"] == "false"
     # rocksdict 0.3.29 cannot set it: RocksDB's true stays (documented on the key)
@@ -103,6 +105,7 @@ def test_every_option_reaches_rocksdb(tmp_path: Path, rocksdb_binding: str) -> N
         effective['TableOptions/BlockBasedTable "default"']
     assert db["max_background_jobs"] == "5"
     assert db["max_open_files"] == "321"
+    assert db["allow_mmap_reads"] == "false"
     assert db["max_log_file_size"] == str(3 << 20)
     assert db["keep_log_file_num"] == "9"
     assert db["db_log_dir"] == str(logs)
@@ -216,6 +219,7 @@ def test_the_server_keys_fill_the_options(caplog: pytest.LogCaptureFixture, rock
         "kv.rocksdb.block.cache-index-and-filter-blocks-with-high-priority": "true",
         "kv.rocksdb.block.pin-l0-filter-and-index-blocks-in-cache": "true",
         "kv.rocksdb.block.pin-top-level-index-and-filter": "true",
+        "kv.rocksdb.mmap-reads": "false",
         "kv.rocksdb.write-batch-size": "4mb",  # accepted, no field: strom never splits a committed group
     }))
     assert configured == RocksDbOptions(
@@ -225,7 +229,7 @@ def test_the_server_keys_fill_the_options(caplog: pytest.LogCaptureFixture, rock
         target_file_size_base_bytes=32 << 20, max_size_level_base_bytes=128 << 20, write_buffer_number_to_merge=2,
         metadata_block_size_bytes=8 << 10, cache_index_and_filter_blocks=True,
         cache_index_and_filter_blocks_with_high_priority=True, pin_l0_filter_and_index_blocks_in_cache=True,
-        pin_top_level_index_and_filter=True,
+        pin_top_level_index_and_filter=True, mmap_reads=False,
     )
     assert RocksDbOptions.from_config(Configuration({"kv.rocksdb.log.dir": ""})).log_dir is None
     with caplog.at_level(logging.WARNING, logger="strom.kv.rocksdb"):

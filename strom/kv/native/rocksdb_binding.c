@@ -173,7 +173,8 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
                             "target_file_size_base", "max_bytes_for_level_base",
                             "min_write_buffer_number_to_merge", "metadata_block_size",
                             "cache_index_and_filter_blocks", "cache_index_and_filter_blocks_with_high_priority",
-                            "pin_l0_filter_and_index_blocks_in_cache", "pin_top_level_index_and_filter", NULL};
+                            "pin_l0_filter_and_index_blocks_in_cache", "pin_top_level_index_and_filter",
+                            "allow_mmap_reads", NULL};
     PyObject *path_object;
     unsigned long long block_cache_size = 8 << 20, write_buffer_size = 64 << 20, block_size = 4 << 10;
     unsigned long long meta_write_buffer_size = 64 << 20;
@@ -182,14 +183,14 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
     /* the rest: strom's defaults (Fluss's), as RocksDbOptions has them; strom/kv/rocksdb.py passes them all */
     int max_background_jobs = 2, max_open_files = -1, info_log_level = 1, compaction_style = rocksdb_level_compaction;
     int dynamic_level_bytes = 0, min_write_buffer_number_to_merge = 1;
-    int cache_index_and_filter_blocks = 0, high_priority = 0, pin_l0 = 0, pin_top_level = 0;
+    int cache_index_and_filter_blocks = 0, high_priority = 0, pin_l0 = 0, pin_top_level = 0, allow_mmap_reads = 0;
     unsigned long long max_log_file_size = 25 << 20, keep_log_file_num = 4;
     unsigned long long target_file_size_base = 64 << 20, max_bytes_for_level_base = 256 << 20;
     unsigned long long metadata_block_size = 4 << 10;
     long long rate_limit = 0; /* bytes per second; 0: no limiter */
     const char *db_log_dir = NULL;
     PyObject *compression_per_level = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|KKiKddKp$iiKKziLipOKKiKpppp", names, PyUnicode_FSConverter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|KKiKddKp$iiKKziLipOKKiKppppp", names, PyUnicode_FSConverter,
                                      &path_object, &block_cache_size, &write_buffer_size, &write_buffer_count,
                                      &block_size, &bloom_bits, &memtable_bloom_ratio, &meta_write_buffer_size,
                                      &read_only, &max_background_jobs, &max_open_files, &max_log_file_size,
@@ -197,7 +198,8 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
                                      &compaction_style, &dynamic_level_bytes, &compression_per_level,
                                      &target_file_size_base, &max_bytes_for_level_base,
                                      &min_write_buffer_number_to_merge, &metadata_block_size,
-                                     &cache_index_and_filter_blocks, &high_priority, &pin_l0, &pin_top_level)) {
+                                     &cache_index_and_filter_blocks, &high_priority, &pin_l0, &pin_top_level,
+                                     &allow_mmap_reads)) {
         return -1;
     }
     if (self->db != NULL) {
@@ -235,6 +237,7 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
     rocksdb_options_set_min_write_buffer_number_to_merge(self->options, min_write_buffer_number_to_merge);
     rocksdb_options_set_max_background_jobs(self->options, max_background_jobs);
     rocksdb_options_set_max_open_files(self->options, max_open_files);
+    rocksdb_options_set_allow_mmap_reads(self->options, (unsigned char)allow_mmap_reads);
     rocksdb_options_set_max_log_file_size(self->options, (size_t)max_log_file_size);
     rocksdb_options_set_keep_log_file_num(self->options, (size_t)keep_log_file_num);
     if (db_log_dir != NULL) {
