@@ -37,6 +37,14 @@ def _rows(start: int, count: int, tag: str) -> pa.Table:
     return pa.table({"id": ids, "name": [f"{tag}-{i}" for i in ids], "score": ids}, schema=FIELDS)
 
 
+def _ipc_stream(table: pa.Table) -> bytes:
+    """``table`` as an Arrow IPC stream (the gateway's Arrow request body)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
 async def _client(address: str, path: TablePath, rows: int, batch: int, lookups: int) -> tuple[float, float, float]:
     async with await Connection.create(address) as connection:
         await connection.get_admin().create_table(path, TableDescriptor(Schema.from_arrow(FIELDS, ["id"]), bucket_count=2))
@@ -75,10 +83,7 @@ def _gateway(base: str, path: TablePath, rows: int, batch: int, lookups: int) ->
         json_upserts = rows / (time.perf_counter() - started)
         started = time.perf_counter()
         for start in range(0, rows, batch):
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, FIELDS) as stream:
-                stream.write_table(_rows(start, batch, "arrow"))
-            http.post(f"{table}/rows:upsert", content=sink.getvalue().to_pybytes(),
+            http.post(f"{table}/rows:upsert", content=_ipc_stream(_rows(start, batch, "arrow")),
                       headers={"content-type": "application/vnd.apache.arrow.stream"}).raise_for_status()
         arrow_upserts = rows / (time.perf_counter() - started)
         started = time.perf_counter()
@@ -91,11 +96,8 @@ def _gateway(base: str, path: TablePath, rows: int, batch: int, lookups: int) ->
         started = time.perf_counter()
         for round_ in range(lookups):
             first = (round_ * batch) % rows
-            sink = pa.BufferOutputStream()
             keys = pa.table({"id": pa.array(range(first, first + batch), pa.int64())})
-            with pa.ipc.new_stream(sink, keys.schema) as stream:
-                stream.write_table(keys)
-            answer = http.post(f"{table}/lookup", content=sink.getvalue().to_pybytes(),
+            answer = http.post(f"{table}/lookup", content=_ipc_stream(keys),
                                headers={"content-type": "application/vnd.apache.arrow.stream"})
             answer.raise_for_status()
             assert pa.ipc.open_stream(answer.content).read_all().num_rows == batch

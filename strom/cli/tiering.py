@@ -67,13 +67,13 @@ def tiering(ctx: click.Context, bootstrap_servers: str, master: str, job_id: str
 def status(bootstrap_servers: str, username: str | None, password: str | None, table: str | None, job_id: str,
            as_json: bool) -> None:
     """Each lake-enabled table's tiering state, last tiered offsets, lag and the job's lease."""
-    from strom.tiering.driver import lease_id_for
+    from strom.client.lake import tiering_lease_id
 
     path = TablePath.parse(table) if table else None
 
     async def fetch(connection: Any) -> tuple[list[Any], list[Any]]:
         admin = connection.get_admin()
-        return await admin.describe_lake_tiering(path), await admin.list_kv_snapshot_leases(lease_id_for(job_id))
+        return await admin.describe_lake_tiering(path), await admin.list_kv_snapshot_leases(tiering_lease_id(job_id))
 
     statuses, leases = run_on_server(client_config(bootstrap_servers, username, password), fetch)
     now = int(time.time() * 1000)
@@ -100,7 +100,7 @@ def status(bootstrap_servers: str, username: str | None, password: str | None, t
         console.print(f"lease {leases[0].lease_id}: {len(leases[0].snapshots)} snapshots pinned, "
                       f"expires {format_time(leases[0].expiration_ms)}")
     else:
-        console.print(f"lease {lease_id_for(job_id)}: none held")
+        console.print(f"lease {tiering_lease_id(job_id)}: none held")
 
 
 def _lag(status: Any, now: int) -> str:

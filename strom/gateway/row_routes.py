@@ -235,7 +235,7 @@ def _ipc_stream(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as stream:
         stream.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+    return sink.getvalue().to_pybytes()
 
 
 def _at_most(count: int, limit: int, what: str, key: str) -> None:

@@ -62,11 +62,6 @@ def _summary(exc: BaseException) -> str:
     return python_errors[-1] if python_errors else (lines[0] if lines else type(exc).__name__)
 
 
-def lease_id_for(job_id: str) -> str:
-    """The job's KV snapshot lease: a pure function of the job id, so a restarted driver owns it again."""
-    return tiering_lease_id(job_id)
-
-
 HEARTBEAT_INTERVAL_MAX_MS = 10_000
 """However long ``tiering.poll.table.interval`` is, a round's heartbeats are at most this far apart."""
 
@@ -97,7 +92,7 @@ class TieringOptions:
 
     @property
     def lease_id(self) -> str:
-        return lease_id_for(self.job_id)
+        return tiering_lease_id(self.job_id)
 
     @property
     def heartbeat_interval_s(self) -> float:

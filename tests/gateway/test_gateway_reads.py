@@ -174,11 +174,9 @@ async def test_request_limits_follow_fluss_s_options_and_refuse_before_writing(s
         refused = await gateway.post(f"{base}/rows:upsert", json={"rows": four})
         assert_error(refused, 400, "limit_exceeded")
         assert "gateway.rest.write.max-rows=3" in refused.json()["error"]["message"]
-        sink = pa.BufferOutputStream()
         schema = pa.schema([("user", pa.int32()), ("item", pa.string())])
-        with pa.ipc.new_stream(sink, schema) as stream:
-            stream.write_table(pa.table({"user": [1] * 4, "item": list("abcd")}, schema=schema))
-        arrow = await gateway.post(f"{base}/rows:upsert", content=sink.getvalue().to_pybytes(),
+        body = _stream(pa.table({"user": [1] * 4, "item": list("abcd")}, schema=schema))
+        arrow = await gateway.post(f"{base}/rows:upsert", content=body,
                                    headers={"content-type": "application/vnd.apache.arrow.stream"})
         assert_error(arrow, 400, "limit_exceeded")
         found = await gateway.post(f"{base}/prefix-lookup", json={"columns": ["user"], "keys": [[1]]})
@@ -223,7 +221,7 @@ def _stream(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as stream:
         stream.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+    return sink.getvalue().to_pybytes()
 
 
 async def test_lookups_take_and_answer_arrow(gateway: httpx.AsyncClient) -> None:

@@ -90,6 +90,15 @@ class Bucket:
         result = self.kv.prepare_put(keys, values, 1, target_columns, writer_id, sequence, T0_MS)
         return result.next_offset
 
+    async def put_acknowledged(self, *records: tuple[int, tuple[str | None, int | None] | None]) -> int:
+        """Prepare a put and wait until it would be answered (committed and in RocksDB, whether the tablet
+        writes on the event loop or on a writer thread); returns its end offset."""
+        keys = [self.key(id_) for id_, _value in records]
+        values = [None if value is None else self.row(id_, *value) for id_, value in records]
+        result = self.kv.prepare_put(keys, values, 1, None, NO_WRITER, -1, T0_MS)
+        await self.kv.acknowledgement(result)
+        return result.next_offset
+
     async def put(self, *records: tuple[int, tuple[str | None, int | None] | None], **options: Any) -> int:
         """The whole write path as the tablet server runs it: prepare, wait for the fsync, apply."""
         next_offset = self.prepare(*records, **options)

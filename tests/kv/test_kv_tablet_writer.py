@@ -19,7 +19,7 @@ from strom.errors import KvStorageError
 from strom.kv.kv_tablet import APPLIED_OFFSET_KEY, ROW_COUNT_KEY, KvTablet
 from strom.kv.rocksdb import open_rocksdb
 from strom.log.log_tablet import LogTablet
-from tests.kv.test_kv_tablet import LOG_CONFIG, NO_WRITER, T0_MS, Bucket
+from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
 
 pytestmark = pytest.mark.asyncio
 
@@ -32,13 +32,6 @@ class WriterBucket(Bucket):
     def _open(self) -> KvTablet:
         log = LogTablet.open(self.directory / "log", LOG_CONFIG)
         return KvTablet(self.directory / "kv", log, self.format, self.config, writer=self.writer)
-
-    async def put_acknowledged(self, *records: tuple[int, tuple[str | None, int | None] | None]) -> int:
-        keys = [self.key(id_) for id_, _ in records]
-        values = [None if value is None else self.row(id_, *value) for id_, value in records]
-        result = self.kv.prepare_put(keys, values, 1, None, NO_WRITER, -1, T0_MS)
-        await self.kv.acknowledgement(result)
-        return result.next_offset
 
 
 @pytest.fixture

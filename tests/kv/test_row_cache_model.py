@@ -222,16 +222,6 @@ class NewCachedBucket(CachedBucket):
         return KvTablet(self.directory / "kv", log, TableRowFormat(self.table), self.config, row_cache=self.cache,
                         writer=getattr(self, "writer", None))
 
-    async def put(self, *records: tuple[int, tuple[str | None, int | None] | None], **options: Any) -> int:
-        next_offset = self.prepare(*records, **options)
-        await self.kv.log.wait_durable(next_offset)
-        self.kv.apply_durable()
-        for _ in range(10_000):  # a writer applies off the loop
-            if self.kv.applied_offset >= next_offset:
-                break
-            await asyncio.sleep(0.001)
-        return next_offset
-
     def memtable_bloom_ratio(self) -> float:
         """The ratio RocksDB's newest OPTIONS file records (it is rewritten when an option changes)."""
         latest = max(glob.glob(str(self.directory / "kv" / "rocksdb" / "OPTIONS-*")))
@@ -258,8 +248,8 @@ async def test_a_new_bucket_gets_a_memtable_bloom_filter_once_its_reads_reach_ro
     bucket = NewCachedBucket(tmp_path / "b", cache, writer)
     try:
         assert cache.is_complete(bucket.kv._cache_token)
-        await bucket.put(*[(i, ("a", i)) for i in range(10)])
-        await bucket.put(*[(i, ("b", i)) for i in range(5)])  # old values from the cache
+        await bucket.put_acknowledged(*[(i, ("a", i)) for i in range(10)])
+        await bucket.put_acknowledged(*[(i, ("b", i)) for i in range(5)])  # old values from the cache
         assert [bucket.lookup(i) for i in (3, 7, 42)] == [(3, "b", 3), (7, "a", 7), None]
         assert bucket.memtable_bloom_ratio() == 0.0 and bucket.level0_files() == 0
 
@@ -268,10 +258,10 @@ async def test_a_new_bucket_gets_a_memtable_bloom_filter_once_its_reads_reach_ro
         assert bucket.lookup(8) == (8, "a", 8)  # read from RocksDB
         assert bucket.memtable_bloom_ratio() == pytest.approx(0.1)
         assert bucket.level0_files() == 0, "the switch waits for the next write"
-        await bucket.put((11, ("c", 11)), (8, None))
+        await bucket.put_acknowledged((11, ("c", 11)), (8, None))
         assert bucket.level0_files() == 1, "that write flushed the memtable made without a filter"
         assert [bucket.lookup(i) for i in (8, 9, 11, 12)] == [None, (9, "a", 9), (11, "c", 11), None]
-        await bucket.put((12, ("d", 12)))
+        await bucket.put_acknowledged((12, ("d", 12)))
         assert bucket.level0_files() == 1, "one switch only"
 
         bucket.reopen()  # an existing bucket opens with the filter

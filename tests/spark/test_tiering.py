@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from strom.client.lake import tiering_lease_id
 from strom.records.types import BigIntType, IntType, StringType
-from strom.tiering.driver import lease_id_for
 from tests.spark.support import Fluss, wait_until
 from tests.spark.tiering_support import (
     FAST_TIERING,
@@ -89,7 +89,7 @@ def test_first_round_reads_the_leased_snapshots_while_they_roll(spark: Any, serv
     gates.hold("task")
     thread = DriverThread(spark, cluster, lease_duration_ms=1500, gate_dir=gates.path).start()
     gates.wait_reached("task")
-    lease_id = lease_id_for("test-job")
+    lease_id = tiering_lease_id("test-job")
     [held] = [lease for lease in cluster.leases() if lease.lease_id == lease_id]
     pinned = held.snapshots
     assert {b.bucket: s for b, s in pinned.items()} == {b: s.snapshot_id for b, s in snapshots.items()}

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from strom.client.lake import tiering_lease_id
 from strom.ids import TablePath
 from strom.records.types import BigIntType, IntType, StringType
-from strom.tiering.driver import lease_id_for
 from tests.spark.support import Fluss, run, wait_until
 from tests.spark.tiering_support import (
     FAST_TIERING,
@@ -59,7 +59,7 @@ def test_driver_killed_at_every_step_of_the_commit_loses_and_repeats_nothing(
         pk_table = create_lake_table(cluster, PK_COLUMNS, primary_key=["id"], bucket_count=2)
         cluster.upsert(pk_table, [{"id": i, "name": f"n{i}", "score": i} for i in range(60)])
         cluster.wait_for_snapshots_at_high_watermark(pk_table, 2)
-    lease_id = lease_id_for("crashy")
+    lease_id = tiering_lease_id("crashy")
     written = 0
     for number, point in enumerate(["lake-commit", "coordinator-commit", "committed"]):
         _append(cluster, log_table, range(written, written + 40))
@@ -140,7 +140,7 @@ def test_lease_lost_mid_round_fails_the_round_and_never_reads_a_deleted_snapshot
     gates.hold("task")
     thread = DriverThread(spark, cluster, gate_dir=gates.path).start()
     gates.wait_reached("task")
-    run(cluster.address, lambda c: c.get_admin().create_kv_snapshot_lease(lease_id_for("test-job"), 1000).drop())
+    run(cluster.address, lambda c: c.get_admin().create_kv_snapshot_lease(tiering_lease_id("test-job"), 1000).drop())
     cluster.upsert(table, [{"id": 500, "name": "later", "score": 0}])
     wait_until(lambda: (0, first[0].snapshot_id) not in cluster.retained_snapshot_ids(table), "the snapshot deleted")
     gates.release("task")
@@ -202,7 +202,7 @@ def test_sigterm_mid_round_cancels_it_reports_it_failed_and_drops_the_lease(serv
                              defines={"testing.tiering.gate-dir": gates.path})
     try:
         gates.wait_reached("task")
-        assert [lease.lease_id for lease in cluster.leases()] == [lease_id_for("stopped")]
+        assert [lease.lease_id for lease in cluster.leases()] == [tiering_lease_id("stopped")]
         process.signal(signal.SIGTERM)
         assert process.wait(120) == 0, process.log()[-4000:]
     finally:

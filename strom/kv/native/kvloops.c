@@ -249,12 +249,8 @@ overlay(PyObject *self, PyObject *args)
             }
             continue;
         }
-        if (i >= PyList_GET_SIZE(values)) { /* a key's __eq__ shrank the list */
-            PyErr_SetString(PyExc_RuntimeError, "values changed size during overlay");
-            goto error;
-        }
         Py_INCREF(value);
-        if (PyList_SetItem(values, i, value) < 0) {
+        if (PyList_SetItem(values, i, value) < 0) { /* checks i: a key's __eq__ may have shrunk the list */
             goto error;
         }
     }
