@@ -684,7 +684,8 @@ KV_ROCKSDB_USE_BLOOM_FILTER = bool_option(
     "kv.rocksdb.use-bloom-filter", True,
     "Bloom filters over RocksDB's SST files and (strom) a whole-key bloom filter over each memtable, so reading "
     "a key that does not exist — the old value of every new row — is cheap. A new bucket whose row cache holds "
-    "all of its keys reads no missing key from RocksDB: its memtables get the filter once its reads reach RocksDB.",
+    "all of its keys reads nothing from RocksDB: it writes an unsorted vector memtable without a filter until its "
+    "first read reaches RocksDB, which reopens it with the skip list and the filter.",
 )
 KV_ROCKSDB_MMAP_READS = bool_option(
     "kv.rocksdb.mmap-reads", True,

@@ -20,10 +20,12 @@ import logging
 import shutil
 import struct
 import uuid
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from strom.errors import DeletionDisabledError, KvStorageError, MalformedRowError, StorageBackpressureError
 from strom.kv import changelog, kv_loops
@@ -34,12 +36,12 @@ from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
 from strom.kv.missing_keys import MissingKeyRows
 from strom.kv.rocksdb import (
-    MEMTABLE_BLOOM_RATIO,
     KvDatabase,
     RocksDbOptions,
     RowIterator,
     destroy_rocksdb,
     open_rocksdb,
+    vector_memtable_supported,
 )
 from strom.kv.row_cache import RowCache
 from strom.kv.row_format import TableRowFormat
@@ -52,6 +54,7 @@ from strom.records.kv_batch import SCHEMA_ID, KvBatch
 from strom.records.log_batch import ChangeType
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 APPLIED_OFFSET_KEY = b"applied_log_offset"
 ROW_COUNT_KEY = b"row_count"
@@ -195,6 +198,9 @@ class KvTablet:
         self._writer = writer
         self._applying: asyncio.Future[None] | None = None
         """The RocksDB write in flight on the writer (one per bucket at a time, in log order)."""
+        self._off_loop: Future[Any] | None = None
+        """The bucket's latest work on the writer (a write or a checkpoint's flush): the memtable switch waits
+        for it before it closes the database."""
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         """Committed puts waiting for their batches' write: (next offset, acknowledgement)."""
         self._writes_held = False
@@ -216,15 +222,15 @@ class KvTablet:
         # The changelog, fsynced first, is the write-ahead record: writes skip RocksDB's own WAL. After a
         # crash, RocksDB comes back at its last flush and the changelog replays the rest.
         # A new bucket whose row cache will hold every key it has (complete, row_cache.py) never reads RocksDB
-        # for a key the cache lacks, so its memtables need no bloom filter (it cost ~10 % of a loaded
-        # server's CPU): one is turned on the first time the bucket's reads reach RocksDB.
-        self._memtable_bloom = not (
-            row_cache is not None and row_cache.capacity_bytes > 0 and config.rocksdb.use_bloom_filter
-            and not (directory / "rocksdb").exists()
+        # until the cache loses a row, so it opens with RocksDB's vector memtable: an insert is an append,
+        # sorted once at flush, instead of a skip-list search (~8x cheaper; reads of it are what cost). The
+        # first read that must reach RocksDB reopens the database with the skip list (_make_readable).
+        self._vector_memtable = (
+            row_cache is not None and row_cache.capacity_bytes > 0 and not (directory / "rocksdb").exists()
+            and vector_memtable_supported(config.rocksdb)
         )
-        self._switch_memtable = False
-        """The next RocksDB write flushes the memtable, so that a new one gets the bloom filter."""
-        self._db: KvDatabase = open_rocksdb(directory / "rocksdb", config.rocksdb, memtable_bloom=self._memtable_bloom)
+        self._db: KvDatabase = open_rocksdb(directory / "rocksdb", config.rocksdb,
+                                            vector_memtable=self._vector_memtable)
         # The pre-write buffer: batches appended to the log whose values are not in RocksDB yet (in log
         # order), and an index over them (each key's latest write) built only when a request needs it.
         self._pending: list[_PendingBatch] = []
@@ -319,7 +325,7 @@ class KvTablet:
             self._close_db()
             destroy_rocksdb(self.directory / "rocksdb")
             self._db = open_rocksdb(self.directory / "rocksdb", self._config.rocksdb)
-            self._memtable_bloom = True
+            self._vector_memtable = False
             self._applied_offset = 0
             self._row_count = 0
             self.instance_id = self._instance_id()
@@ -579,11 +585,9 @@ class KvTablet:
             return self._read_rocksdb(keys)
         cached = cache.get_many(self._cache_token, keys)
         if cached is None:  # the bucket bypasses the cache for now
-            self._want_memtable_bloom()
             return self._read_rocksdb(keys)
         values, missing = cached
         if missing:
-            self._want_memtable_bloom()
             missing_keys = [keys[position] for position in missing]
             found = self._read_rocksdb(missing_keys)
             for position, value in zip(missing, found, strict=True):
@@ -593,33 +597,58 @@ class KvTablet:
                 cache.put_many(self._cache_token, missing_keys, found)
         return values
 
-    def _want_memtable_bloom(self) -> None:
-        """The bucket's reads reach RocksDB from now on: memtables made from now on get a bloom filter, and
-        the next write flushes the active one, which has none (bloom filters are not added to a memtable)."""
-        if self._memtable_bloom:
-            return
-        self._memtable_bloom = True
-        try:
-            self._db.set_memtable_bloom_ratio(MEMTABLE_BLOOM_RATIO)
-        except Exception as exc:  # only reads of missing keys are slower without it
-            log.warning("%s: cannot turn on the memtable bloom filter: %s", self.directory, exc)
-            return
-        self._switch_memtable = True
+    def _make_readable(self) -> None:
+        """Reads reach RocksDB from now on: a vector memtable would sort a copy of itself for every read, so
+        the database is flushed, closed and reopened with the skip list (and its bloom filter) first.
 
-    def _write(self, keys: list[bytes], values: list[bytes | None], metas: tuple[bytes, bytes], flush: bool) -> None:
-        """One apply's RocksDB write (on the writer when there is one), then the memtable switch if asked."""
+        Once in a bucket's life, on the loop: it waits for the bucket's work on the writer, if any, and for
+        the flush (~0.1 s for a full 64 MiB memtable). A failed flush leaves the vector memtable in place, and
+        reads correct but slow until a later read's switch succeeds; a failed reopen fails the bucket, whose
+        replica then reopens it (as after a failed write).
+        """
+        if not self._vector_memtable:
+            return
+        if self._off_loop is not None:
+            wait_for_futures([self._off_loop])  # its outcome is handled by its own callback
+        try:
+            self._db.flush()
+        except Exception as exc:
+            log.warning("%s: flush before leaving the vector memtable failed, reads sort it meanwhile: %s",
+                        self.directory, exc)
+            return
+        self._db.close()
+        self._vector_memtable = False
+        try:
+            self._db = open_rocksdb(self.directory / "rocksdb", self._config.rocksdb)
+        except Exception as exc:
+            if self.failed is None:
+                log.error("%s: RocksDB reopen with the skip-list memtable failed, the bucket is failed until "
+                          "it is reopened: %s", self.directory, exc)
+                self.failed = exc
+            raise KvStorageError(f"RocksDB reopen failed in {self.directory}: {exc}") from exc
+        log.debug("%s: reads reach RocksDB; reopened with the skip-list memtable", self.directory)
+
+    def _write(self, keys: list[bytes], values: list[bytes | None], metas: tuple[bytes, bytes]) -> None:
+        """One apply's RocksDB write (on the writer when there is one)."""
         self._db.write(keys, values, _META_KEYS, metas)
-        if flush:
-            try:
-                self._db.flush()
-            except Exception as exc:  # the write is done; the next flush switches the memtable instead
-                log.warning("%s: memtable flush for its bloom filter failed: %s", self.directory, exc)
 
     def _read_rocksdb(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        self._make_readable()
         if len(keys) < _SORTED_READ_MIN_KEYS:
             get = self._db.get
             return [get(key) for key in keys]
         return kv_loops.read_in_key_order(self._sorted_multi_get, keys)
+
+    def _iterator(self, start: bytes | None = None) -> RowIterator:
+        self._make_readable()
+        return self._db.iterator(start)
+
+    def _on_writer(self, loop: asyncio.AbstractEventLoop, work: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
+        """Run ``work(*args)`` on the writer, remembered as the bucket's work off the loop."""
+        assert self._writer is not None
+        running = self._writer.submit(work, *args)
+        self._off_loop = running
+        return asyncio.wrap_future(running, loop=loop)
 
     def _sorted_multi_get(self, keys: list[bytes]) -> list[bytes | None]:
         return self._db.multi_get(keys, sorted=True)
@@ -655,16 +684,15 @@ class KvTablet:
             durable_count += 1
         keys, values = kv_loops.in_key_order(keys, values)
         metas = (_OFFSET.pack(applied_to), _OFFSET.pack(row_count))
-        flush, self._switch_memtable = self._switch_memtable, False
         loop = _running_loop() if self._writer is not None else None
         if loop is not None:
             # Off the loop: the batches stay in the pre-write buffer (puts see them) until the write is done;
             # lookups see the old values or the new, both committed.
-            self._applying = loop.run_in_executor(self._writer, self._write, keys, values, metas, flush)
+            self._applying = self._on_writer(loop, self._write, keys, values, metas)
             self._applying.add_done_callback(lambda done: self._written(done, durable_count, applied_to, row_count))
             return
         try:
-            self._write(keys, values, metas, flush)
+            self._write(keys, values, metas)
         except Exception as exc:
             raise self._write_failed(exc) from exc
         self._applied(durable_count, applied_to, row_count)
@@ -729,7 +757,7 @@ class KvTablet:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(applying)
             if self._writer is not None:  # the flush and the hard links run off the loop, as the writes do
-                return await asyncio.get_running_loop().run_in_executor(self._writer, self.create_checkpoint, directory)
+                return await self._on_writer(asyncio.get_running_loop(), self.create_checkpoint, directory)
             return self.create_checkpoint(directory)
         finally:
             self._writes_held = False
@@ -822,7 +850,7 @@ class KvTablet:
         self._check_open()
         results: list[list[bytes]] = []
         for prefix in prefixes:
-            rows = self._db.iterator(prefix)
+            rows = self._iterator(prefix)
             try:
                 matches: list[bytes] = rows.next(limit_per_prefix, prefix=prefix, keys=False)
             finally:
@@ -833,7 +861,7 @@ class KvTablet:
     def limit_scan(self, limit: int, bytes_max: int | None = None) -> tuple[list[bytes], bool]:
         """The first ``limit`` values in key order, and whether ``bytes_max`` cut them short."""
         self._check_open()
-        rows = self._db.iterator()
+        rows = self._iterator()
         try:
             values: list[bytes] = rows.next(limit, bytes_max=bytes_max or 0, keys=False)
         finally:
@@ -849,7 +877,7 @@ class KvTablet:
         is the applied offset at this same instant: every change below it is in the view, none above.
         """
         self._check_open()
-        rows = self._db.iterator()  # the view is fixed now
+        rows = self._iterator()  # the view is fixed now
         first = rows.next(SCAN_CHUNK_ROWS, keys=False)
         if not first:
             rows.close()

@@ -45,8 +45,8 @@ META_WRITE_BUFFER_SIZE_BYTES = 64 << 20
 """Memtable size of the metadata column family (the applied offset and row count, rewritten by every write)."""
 MEMTABLE_BLOOM_RATIO = 0.1
 """Share of a memtable's size given to its whole-key bloom filter (RocksDB's memtable_prefix_bloom_size_ratio).
-It makes reading a key the memtable lacks ~6x cheaper and every insert ~0.3 µs dearer; a bucket whose row
-cache holds all of its keys never reads RocksDB for a missing key, so it opens without one (kv_tablet.py)."""
+It makes reading a key the memtable lacks ~6x cheaper and every insert ~0.3 µs dearer; a vector memtable,
+which nothing reads, has none (:func:`open_rocksdb`)."""
 UNLIMITED_RATE = (1 << 63) - 1
 """``kv.rocksdb.shared-rate-limiter.bytes-per-sec`` at this (Fluss's default, Long.MAX_VALUE): no limiter."""
 INFO_LOG_LEVELS = ("debug_level", "info_level", "warn_level", "error_level", "fatal_level", "header_level")
@@ -73,8 +73,9 @@ class RocksDbOptions:
     """``kv.rocksdb.block.blocksize``."""
     use_bloom_filter: bool = True
     """``kv.rocksdb.use-bloom-filter``: a bloom filter per SST file, and (strom) a whole-key bloom filter
-    over each memtable, so the old-value read of a new key — every row of a load — skips the memtable's
-    skip-list search (measured: ~2.3 µs → ~0.4 µs per missing key with the data in a 64 MB memtable)."""
+    over each skip-list memtable, so the old-value read of a new key — every row of a load — skips the
+    memtable's skip-list search (measured: ~2.3 µs → ~0.4 µs per missing key with the data in a 64 MB
+    memtable). A vector memtable, which nothing reads, has none (:func:`open_rocksdb`)."""
     bloom_filter_bits_per_key: float = 10.0
     """``kv.rocksdb.bloom-filter.bits-per-key``."""
     background_jobs: int = 2
@@ -202,9 +203,6 @@ class KvDatabase(Protocol):
     def checkpoint(self, directory: str) -> None:
         """A consistent copy in the new ``directory`` (SST files hard-linked)."""
 
-    def set_memtable_bloom_ratio(self, ratio: float) -> None:
-        """The rows' memtable bloom filter (a share of the memtable's size) of the memtables made from now on."""
-
     def close(self) -> None:
         """Close (open iterators first); idempotent."""
 
@@ -260,10 +258,17 @@ ROCKSDICT_ROCKSDB_VERSION = "9.8.4"
 
 
 def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only: bool = False,
-                 memtable_bloom: bool = True) -> KvDatabase:
-    """Open (creating it unless ``read_only``) a bucket's RocksDB with strom's options; ``memtable_bloom``:
-    give the rows' memtables a bloom filter (when bloom filters are on), which
-    :meth:`KvDatabase.set_memtable_bloom_ratio` can do later."""
+                 vector_memtable: bool = False) -> KvDatabase:
+    """Open (creating it unless ``read_only``) a bucket's RocksDB with strom's options.
+
+    ``vector_memtable``: the rows' memtables are RocksDB's vector memtable instead of its skip list, without
+    a bloom filter. An insert is an append and each memtable is sorted once, when it is flushed, which made
+    a loaded server's RocksDB writes ~8x cheaper (docs/benchmarks.md); but every read of a vector memtable
+    sorts a copy of it. Only for a database that nothing reads until it is reopened without it (a new bucket
+    whose row cache holds all of its keys, kv_tablet.py); where :func:`vector_memtable_supported` is false.
+    """
+    if vector_memtable and not vector_memtable_supported(options or RocksDbOptions()):
+        raise ValueError("rocksdict cannot open a vector memtable beside its shared rate limiter")
     options = options or RocksDbOptions()
     if not read_only:
         path.mkdir(parents=True, exist_ok=True)  # RocksDB creates the last directory only
@@ -278,7 +283,7 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
             write_buffer_count=options.write_buffer_count,
             block_size=options.block_size_bytes,
             bloom_bits_per_key=options.bloom_filter_bits_per_key if options.use_bloom_filter else 0.0,
-            memtable_bloom_ratio=MEMTABLE_BLOOM_RATIO if memtable_bloom else 0.0,
+            memtable_bloom_ratio=MEMTABLE_BLOOM_RATIO,
             meta_write_buffer_size=META_WRITE_BUFFER_SIZE_BYTES,
             read_only=read_only,
             max_background_jobs=options.background_jobs,
@@ -300,9 +305,17 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
             pin_l0_filter_and_index_blocks_in_cache=options.pin_l0_filter_and_index_blocks_in_cache,
             pin_top_level_index_and_filter=options.pin_top_level_index_and_filter,
             allow_mmap_reads=options.mmap_reads,
+            vector_memtable=vector_memtable,
         )
         return database
-    return RocksdictDatabase(path, options, read_only=read_only, memtable_bloom=memtable_bloom)
+    return RocksdictDatabase(path, options, read_only=read_only, vector_memtable=vector_memtable)
+
+
+def vector_memtable_supported(options: RocksDbOptions) -> bool:
+    """Whether :func:`open_rocksdb` can open a vector memtable with ``options``: the native binding can;
+    rocksdict cannot beside its shared rate limiter, since it has no setter that puts the skip list back on
+    the one Options object every rate-limited database opens from."""
+    return _native_in_use() is not None or options.shared_rate_limit_bytes_per_sec is None
 
 
 def destroy_rocksdb(path: Path) -> None:
@@ -318,8 +331,8 @@ class RocksdictDatabase:
     """:class:`KvDatabase` over rocksdict (its put and write hold the GIL; multi-get does not)."""
 
     def __init__(self, path: Path, options: RocksDbOptions, *, read_only: bool = False,
-                 memtable_bloom: bool = True) -> None:
-        self._db = _open_rocksdict(path, options, read_only, memtable_bloom)
+                 vector_memtable: bool = False) -> None:
+        self._db = _open_rocksdict(path, options, read_only, vector_memtable)
         self._meta = self._db.get_column_family(META_COLUMN_FAMILY)
         self._meta_handle = self._db.get_column_family_handle(META_COLUMN_FAMILY)
         self._write_options = rocksdict.WriteOptions()
@@ -369,11 +382,6 @@ class RocksdictDatabase:
 
     def checkpoint(self, directory: str) -> None:
         rocksdict.Checkpoint(self._db).create_checkpoint(directory)
-
-    def set_memtable_bloom_ratio(self, ratio: float) -> None:
-        if not 0.0 <= ratio <= 0.25:
-            raise ValueError("the memtable bloom ratio must be within [0, 0.25]")
-        self._db.set_options({"memtable_prefix_bloom_size_ratio": f"{ratio:.6f}"})
 
     def property(self, name: str) -> str | None:
         return self._db.property_value(name)  # type: ignore[no-any-return]
@@ -454,21 +462,21 @@ is opened from this one object, its per-database settings applied afresh under :
 _rocksdict_lock = threading.Lock()
 
 
-def _open_rocksdict(path: Path, options: RocksDbOptions, read_only: bool, memtable_bloom: bool = True) -> rocksdict.Rdict:
+def _open_rocksdict(path: Path, options: RocksDbOptions, read_only: bool, vector_memtable: bool = False) -> rocksdict.Rdict:
     global _rocksdict_limited
     rate = options.shared_rate_limit_bytes_per_sec
     if rate is None:
-        return _open_rocksdict_with(rocksdict.Options(raw_mode=True), path, options, read_only, memtable_bloom)
+        return _open_rocksdict_with(rocksdict.Options(raw_mode=True), path, options, read_only, vector_memtable)
     with _rocksdict_lock:
         if _rocksdict_limited is None or _rocksdict_limited[0] != rate:
             shared = rocksdict.Options(raw_mode=True)
             shared.set_ratelimiter(rate, RATE_LIMITER_REFILL_US, RATE_LIMITER_FAIRNESS)
             _rocksdict_limited = (rate, shared)
-        return _open_rocksdict_with(_rocksdict_limited[1], path, options, read_only, memtable_bloom)
+        return _open_rocksdict_with(_rocksdict_limited[1], path, options, read_only)
 
 
 def _open_rocksdict_with(db_options: rocksdict.Options, path: Path, options: RocksDbOptions,
-                         read_only: bool, memtable_bloom: bool = True) -> rocksdict.Rdict:
+                         read_only: bool, vector_memtable: bool = False) -> rocksdict.Rdict:
     """Open with every setting of ``options`` applied to ``db_options`` (each one, so a shared Options object
     keeps nothing of the database opened from it before)."""
     db_options.create_if_missing(True)
@@ -505,8 +513,11 @@ def _open_rocksdict_with(db_options: rocksdict.Options, path: Path, options: Roc
     if options.use_bloom_filter:
         # RocksDB takes fractional bits per key (a double), although rocksdict's stub says int
         table_options.set_bloom_filter(options.bloom_filter_bits_per_key, False)  # type: ignore[arg-type]
-    db_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO if options.use_bloom_filter and memtable_bloom else 0.0)
-    db_options.set_memtable_whole_key_filtering(options.use_bloom_filter)
+    if vector_memtable:  # a fresh Options object: nothing opened from it later keeps the vector memtable
+        db_options.set_memtable_factory(rocksdict.MemtableFactory.vector())
+        db_options.set_allow_concurrent_memtable_write(False)
+    db_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO if options.use_bloom_filter and not vector_memtable else 0.0)
+    db_options.set_memtable_whole_key_filtering(options.use_bloom_filter and not vector_memtable)
     db_options.set_allow_mmap_reads(options.mmap_reads)
     db_options.set_block_based_table_factory(table_options)
     meta_options = rocksdict.Options(raw_mode=True)

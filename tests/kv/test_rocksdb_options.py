@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from strom.config import Configuration
-from strom.kv.rocksdb import KvDatabase, RocksDbOptions, open_rocksdb
+from strom.kv.rocksdb import KvDatabase, RocksDbOptions, open_rocksdb, vector_memtable_supported
 
 SMALL = RocksDbOptions(block_cache_size_bytes=1 << 20)
 """strom's defaults, with a small block cache."""
@@ -246,3 +246,54 @@ def _read_all(db: KvDatabase) -> dict[bytes, bytes]:
         return found
     finally:
         rows.close()
+
+
+def test_a_vector_memtable_is_written_sorted_at_flush_and_opens_as_a_skip_list(
+    tmp_path: Path, rocksdb_binding: str,
+) -> None:
+    """``vector_memtable``: the rows' memtables append (no skip list, no bloom filter) and are sorted when
+    flushed; the files are ordinary SST files, which a skip-list open reads in key order. Rewrites of a key
+    keep the last value, within one batch and across batches."""
+    path = tmp_path / "db"
+    db = open_rocksdb(path, SMALL, vector_memtable=True)
+    try:
+        rows = {i.to_bytes(4, "little"): os.urandom(16) for i in range(5000)}  # little-endian: unsorted writes
+        keys = list(rows)
+        for start in range(0, len(keys), 700):
+            db.write(keys[start:start + 700], [rows[k] for k in keys[start:start + 700]], [], [])
+        db.write([keys[7], keys[7]], [b"first", b"second"], [], [])
+        db.write([keys[8]], [None], [], [])
+        rows[keys[7]] = b"second"
+        del rows[keys[8]]
+        db.flush()
+        rows_family = _effective(path)['CFOptions "default"']
+        assert "VectorRep" in rows_family["memtable_factory"]
+        assert float(rows_family["memtable_prefix_bloom_size_ratio"]) == 0.0
+        assert "SkipList" in _effective(path)['CFOptions "strom_meta"']["memtable_factory"]
+    finally:
+        db.close()
+    db = open_rocksdb(path, SMALL)
+    try:
+        assert "SkipList" in _effective(path)['CFOptions "default"']["memtable_factory"]
+        stored = _read_all(db)
+        assert list(stored) == sorted(rows) and stored == rows
+        assert db.get(keys[7]) == b"second" and db.get(keys[8]) is None
+    finally:
+        db.close()
+
+
+def test_rocksdict_opens_no_vector_memtable_beside_its_shared_rate_limiter(
+    tmp_path: Path, rocksdb_binding: str,
+) -> None:
+    limited = replace(SMALL, shared_rate_limit_bytes_per_sec=64 << 20)
+    assert vector_memtable_supported(SMALL)
+    if rocksdb_binding == "native":
+        assert vector_memtable_supported(limited)
+        open_rocksdb(tmp_path / "db", limited, vector_memtable=True).close()
+    else:
+        assert not vector_memtable_supported(limited)
+        with pytest.raises(ValueError, match="rate limiter"):
+            open_rocksdb(tmp_path / "db", limited, vector_memtable=True)
+        db = open_rocksdb(tmp_path / "limited", limited)  # the shared Options object kept its skip list
+        db.close()
+        assert "SkipList" in _effective(tmp_path / "limited")['CFOptions "default"']["memtable_factory"]

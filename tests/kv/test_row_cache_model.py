@@ -11,6 +11,7 @@ import asyncio
 import glob
 import shutil
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
+from strom.errors import KvStorageError
 from strom.kv import kv_loops, row_cache
 from strom.kv.kv_tablet import KvConfig, KvTablet
 from strom.kv.rocksdb import RocksDbOptions
@@ -222,13 +224,19 @@ class NewCachedBucket(CachedBucket):
         return KvTablet(self.directory / "kv", log, TableRowFormat(self.table), self.config, row_cache=self.cache,
                         writer=getattr(self, "writer", None))
 
-    def memtable_bloom_ratio(self) -> float:
-        """The ratio RocksDB's newest OPTIONS file records (it is rewritten when an option changes)."""
+    def rows_options(self) -> dict[str, str]:
+        """The rows' column family's options in RocksDB's newest OPTIONS file (rewritten at every open)."""
         latest = max(glob.glob(str(self.directory / "kv" / "rocksdb" / "OPTIONS-*")))
-        for line in Path(latest).read_text().splitlines():
-            if line.strip().startswith("memtable_prefix_bloom_size_ratio="):
-                return float(line.split("=", 1)[1])
-        raise AssertionError("no memtable_prefix_bloom_size_ratio in the OPTIONS file")
+        text = Path(latest).read_text()
+        section = text.split('[CFOptions "default"]', 1)[1].split("[", 1)[0]
+        return dict(line.strip().split("=", 1) for line in section.splitlines() if "=" in line)
+
+    def memtable(self) -> str:
+        factory = self.rows_options()["memtable_factory"]
+        return "vector" if "VectorRep" in factory else "skiplist" if "SkipList" in factory else factory
+
+    def memtable_bloom_ratio(self) -> float:
+        return float(self.rows_options()["memtable_prefix_bloom_size_ratio"])
 
     def level0_files(self) -> int:
         return int(self.kv._db.property("rocksdb.num-files-at-level0") or 0)
@@ -237,12 +245,12 @@ class NewCachedBucket(CachedBucket):
 @pytest.mark.asyncio
 @pytest.mark.parametrize("with_writer", [False, True])
 @pytest.mark.parametrize("rocksdb_binding", BINDINGS, indirect=True)
-async def test_a_new_bucket_gets_a_memtable_bloom_filter_once_its_reads_reach_rocksdb(
+async def test_a_new_bucket_writes_a_vector_memtable_until_its_reads_reach_rocksdb(
     tmp_path: Path, rocksdb_binding: str, with_writer: bool,
 ) -> None:
-    """A new bucket whose cache holds every key reads nothing from RocksDB, so its memtable has no bloom
-    filter (each insert would pay for it). Once the cache drops some of its rows, reads of keys it lacks
-    go to RocksDB: new memtables get the filter, and the next write switches to one (a flush)."""
+    """A new bucket whose cache holds every key reads nothing from RocksDB, so its rows go to RocksDB's
+    vector memtable (an append per row, no bloom filter). Once the cache drops some of its rows, the first
+    read of a key it lacks flushes and reopens RocksDB with the skip list and its bloom filter."""
     writer = ThreadPoolExecutor(1) if with_writer else None
     cache = RowCache(1 << 20)
     bucket = NewCachedBucket(tmp_path / "b", cache, writer)
@@ -251,23 +259,147 @@ async def test_a_new_bucket_gets_a_memtable_bloom_filter_once_its_reads_reach_ro
         await bucket.put_acknowledged(*[(i, ("a", i)) for i in range(10)])
         await bucket.put_acknowledged(*[(i, ("b", i)) for i in range(5)])  # old values from the cache
         assert [bucket.lookup(i) for i in (3, 7, 42)] == [(3, "b", 3), (7, "a", 7), None]
-        assert bucket.memtable_bloom_ratio() == 0.0 and bucket.level0_files() == 0
+        assert (bucket.memtable(), bucket.memtable_bloom_ratio(), bucket.level0_files()) == ("vector", 0.0, 0)
 
         cache._rotate()
         cache._rotate()  # the rows are gone from the cache, not from RocksDB
-        assert bucket.lookup(8) == (8, "a", 8)  # read from RocksDB
-        assert bucket.memtable_bloom_ratio() == pytest.approx(0.1)
-        assert bucket.level0_files() == 0, "the switch waits for the next write"
+        assert bucket.lookup(8) == (8, "a", 8)  # read from RocksDB, reopened first
+        assert bucket.memtable() == "skiplist" and bucket.memtable_bloom_ratio() == pytest.approx(0.1)
+        assert bucket.level0_files() == 1, "the vector memtable was flushed before the reopen"
         await bucket.put_acknowledged((11, ("c", 11)), (8, None))
-        assert bucket.level0_files() == 1, "that write flushed the memtable made without a filter"
-        assert [bucket.lookup(i) for i in (8, 9, 11, 12)] == [None, (9, "a", 9), (11, "c", 11), None]
-        await bucket.put_acknowledged((12, ("d", 12)))
+        assert [bucket.lookup(i) for i in (3, 8, 9, 11, 12)] == [(3, "b", 3), None, (9, "a", 9), (11, "c", 11), None]
         assert bucket.level0_files() == 1, "one switch only"
 
-        bucket.reopen()  # an existing bucket opens with the filter
-        assert bucket.memtable_bloom_ratio() == pytest.approx(0.1)
-        assert [bucket.lookup(i) for i in (4, 8, 12)] == [(4, "b", 4), None, (12, "d", 12)]
+        bucket.reopen()  # an existing bucket opens with the skip list
+        assert bucket.memtable() == "skiplist" and bucket.memtable_bloom_ratio() == pytest.approx(0.1)
+        assert [bucket.lookup(i) for i in (4, 8, 11)] == [(4, "b", 4), None, (11, "c", 11)]
     finally:
         bucket.close()
         if writer is not None:
             writer.shutdown(wait=True)
+
+
+READS = {
+    "lookup of a key the cache dropped": lambda bucket: bucket.kv.lookup([bucket.key(2)]),
+    "prefix lookup": lambda bucket: bucket.kv.prefix_lookup([bucket.key(2)], 10)[0],
+    "limit scan": lambda bucket: bucket.kv.limit_scan(3)[0],
+    "scan session": lambda bucket: list(bucket.kv.open_scan()[0])[:3],
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("read", list(READS))
+async def test_every_read_of_rocksdb_leaves_the_vector_memtable_first(tmp_path: Path, read: str) -> None:
+    """Reads that go past the row cache (single and multi-gets, prefix lookups, scans) find the rows the
+    vector memtable held, through a database reopened with the skip list."""
+    cache = RowCache(1 << 20)
+    bucket = NewCachedBucket(tmp_path / "b", cache, None)
+    try:
+        await bucket.put_acknowledged(*[(i, ("a", i)) for i in range(5)])
+        await bucket.put_acknowledged((2, ("b", 2)))
+        if read.startswith("lookup"):
+            cache._rotate()
+            cache._rotate()
+        assert bucket.memtable() == "vector"
+        values = READS[read](bucket)
+        if "scan" in read:  # the first three rows in key order (not id order: the keys are varints)
+            rows = sorted((bucket.key(i), bucket.stored(i, "b" if i == 2 else "a", i)) for i in range(5))
+            assert values == [stored for _key, stored in rows[:3]]
+        else:
+            assert values == [bucket.stored(2, "b", 2)]
+        assert bucket.memtable() == "skiplist" and bucket.level0_files() == 1
+    finally:
+        bucket.close()
+
+
+@pytest.mark.asyncio
+async def test_a_read_waits_for_the_write_in_flight_before_it_reopens_rocksdb(tmp_path: Path) -> None:
+    """The switch closes the database: a write of the bucket still running on the writer finishes first,
+    and the read sees it."""
+    writer = ThreadPoolExecutor(1)
+    cache = RowCache(1 << 20)
+    bucket = NewCachedBucket(tmp_path / "b", cache, writer)
+    go = threading.Event()
+    write = bucket.kv._write
+
+    def held_write(*args: Any) -> None:
+        assert go.wait(10), "the test never let the write go"
+        write(*args)
+
+    try:
+        await bucket.put_acknowledged(*[(i, ("a", i)) for i in range(5)])
+        with patch.object(bucket.kv, "_write", held_write):
+            keys = [bucket.key(i) for i in (1, 7)]  # old values from the complete cache: RocksDB is not read
+            result = bucket.kv.prepare_put(keys, [bucket.row(1, "b", 1), bucket.row(7, "b", 7)], 1, None, -1, -1, 0)
+            acknowledged = bucket.kv.acknowledgement(result)
+            await bucket.kv.log.wait_durable(result.next_offset)
+            assert bucket.kv._applying is not None, "the write went to the writer, and waits there"
+            assert bucket.memtable() == "vector"
+            cache._rotate()
+            cache._rotate()  # the next read of a key goes to RocksDB
+            threading.Timer(0.2, go.set).start()
+            assert bucket.lookup(7) == (7, "b", 7), "the read waited for the write, then reopened RocksDB"
+        await acknowledged
+        assert bucket.memtable() == "skiplist"
+        assert [bucket.lookup(i) for i in (0, 1, 7)] == [(0, "a", 0), (1, "b", 1), (7, "b", 7)]
+    finally:
+        bucket.close()
+        writer.shutdown(wait=True)
+
+
+async def _bucket_whose_cache_dropped_its_rows(tmp_path: Path) -> NewCachedBucket:
+    """A new bucket with rows 0-4 in its vector memtable, none in its cache: the next read reaches RocksDB."""
+    cache = RowCache(1 << 20)
+    bucket = NewCachedBucket(tmp_path / "b", cache, None)
+    await bucket.put_acknowledged(*[(i, ("a", i)) for i in range(5)])
+    cache._rotate()
+    cache._rotate()
+    assert bucket.memtable() == "vector"
+    return bucket
+
+
+class FlushFails:
+    """A database whose next ``failures`` flushes fail (as on a full disk); the rest is the real one."""
+
+    def __init__(self, database: Any, failures: int) -> None:
+        self.database = database
+        self.failures = failures
+
+    def flush(self) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise OSError("IO error: No space left on device")
+        self.database.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.database, name)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_flush_keeps_the_vector_memtable_and_reads_stay_right(tmp_path: Path) -> None:
+    bucket = await _bucket_whose_cache_dropped_its_rows(tmp_path)
+    try:
+        bucket.kv._db = FlushFails(bucket.kv._db, failures=1)  # type: ignore[assignment]
+        assert bucket.lookup(3) == (3, "a", 3), "read from the vector memtable itself"
+        assert bucket.memtable() == "vector" and bucket.kv.failed is None
+        assert bucket.lookup(4) == (4, "a", 4)  # the next read's switch succeeds
+        assert bucket.memtable() == "skiplist"
+    finally:
+        bucket.close()
+
+
+@pytest.mark.asyncio
+async def test_a_failed_reopen_fails_the_bucket_until_it_is_reopened(tmp_path: Path) -> None:
+    bucket = await _bucket_whose_cache_dropped_its_rows(tmp_path)
+    try:
+        failing_open = patch("strom.kv.kv_tablet.open_rocksdb", side_effect=OSError("IO error: No space left on device"))
+        with failing_open, pytest.raises(KvStorageError, match="reopen failed"):
+            bucket.lookup(3)
+        assert isinstance(bucket.kv.failed, OSError)
+        with pytest.raises(KvStorageError, match="failed"):
+            bucket.prepare((9, ("z", 9)))  # writes are refused, nothing is appended
+        bucket.reopen()  # what the replica does with a failed bucket
+        assert bucket.kv.failed is None and bucket.memtable() == "skiplist"
+        assert [bucket.lookup(i) for i in (0, 3, 9)] == [(0, "a", 0), (3, "a", 3), None]
+    finally:
+        bucket.close()

@@ -174,7 +174,7 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
                             "min_write_buffer_number_to_merge", "metadata_block_size",
                             "cache_index_and_filter_blocks", "cache_index_and_filter_blocks_with_high_priority",
                             "pin_l0_filter_and_index_blocks_in_cache", "pin_top_level_index_and_filter",
-                            "allow_mmap_reads", NULL};
+                            "allow_mmap_reads", "vector_memtable", NULL};
     PyObject *path_object;
     unsigned long long block_cache_size = 8 << 20, write_buffer_size = 64 << 20, block_size = 4 << 10;
     unsigned long long meta_write_buffer_size = 64 << 20;
@@ -184,13 +184,14 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
     int max_background_jobs = 2, max_open_files = -1, info_log_level = 1, compaction_style = rocksdb_level_compaction;
     int dynamic_level_bytes = 0, min_write_buffer_number_to_merge = 1;
     int cache_index_and_filter_blocks = 0, high_priority = 0, pin_l0 = 0, pin_top_level = 0, allow_mmap_reads = 0;
+    int vector_memtable = 0;
     unsigned long long max_log_file_size = 25 << 20, keep_log_file_num = 4;
     unsigned long long target_file_size_base = 64 << 20, max_bytes_for_level_base = 256 << 20;
     unsigned long long metadata_block_size = 4 << 10;
     long long rate_limit = 0; /* bytes per second; 0: no limiter */
     const char *db_log_dir = NULL;
     PyObject *compression_per_level = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|KKiKddKp$iiKKziLipOKKiKppppp", names, PyUnicode_FSConverter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|KKiKddKp$iiKKziLipOKKiKpppppp", names, PyUnicode_FSConverter,
                                      &path_object, &block_cache_size, &write_buffer_size, &write_buffer_count,
                                      &block_size, &bloom_bits, &memtable_bloom_ratio, &meta_write_buffer_size,
                                      &read_only, &max_background_jobs, &max_open_files, &max_log_file_size,
@@ -199,7 +200,7 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
                                      &target_file_size_base, &max_bytes_for_level_base,
                                      &min_write_buffer_number_to_merge, &metadata_block_size,
                                      &cache_index_and_filter_blocks, &high_priority, &pin_l0, &pin_top_level,
-                                     &allow_mmap_reads)) {
+                                     &allow_mmap_reads, &vector_memtable)) {
         return -1;
     }
     if (self->db != NULL) {
@@ -265,6 +266,12 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
     rocksdb_block_based_options_set_pin_top_level_index_and_filter(self->table_options, (unsigned char)pin_top_level);
     if (bloom_bits > 0) {
         rocksdb_block_based_options_set_filter_policy(self->table_options, rocksdb_filterpolicy_create_bloom(bloom_bits));
+    }
+    if (vector_memtable) {
+        /* an insert appends; the memtable is sorted once, when it is flushed (strom/kv/rocksdb.py says when) */
+        rocksdb_options_set_memtable_vector_rep(self->options);
+        rocksdb_options_set_allow_concurrent_memtable_write(self->options, 0);
+    } else if (bloom_bits > 0) {
         rocksdb_options_set_memtable_prefix_bloom_size_ratio(self->options, memtable_bloom_ratio);
         rocksdb_options_set_memtable_whole_key_filtering(self->options, 1);
     }
@@ -570,35 +577,6 @@ static PyObject *database_flush(DatabaseObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* set_memtable_bloom_ratio(ratio): the rows' memtable bloom filter size (a share of the memtable) for the
- * memtables made from now on (RocksDB's mutable memtable_prefix_bloom_size_ratio) */
-static PyObject *database_set_memtable_bloom_ratio(DatabaseObject *self, PyObject *arg) {
-    double ratio = PyFloat_AsDouble(arg);
-    if (ratio == -1.0 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (!(ratio >= 0.0 && ratio <= 0.25)) {
-        PyErr_SetString(PyExc_ValueError, "the memtable bloom ratio must be within [0, 0.25]");
-        return NULL;
-    }
-    if (!enter(self)) {
-        return NULL;
-    }
-    char value[32];
-    snprintf(value, sizeof value, "%.6f", ratio);
-    const char *const keys[1] = {"memtable_prefix_bloom_size_ratio"};
-    const char *const values[1] = {value};
-    char *error = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rocksdb_set_options_cf(self->db, self->families[0], 1, keys, values, &error);
-    Py_END_ALLOW_THREADS
-    leave(self);
-    if (error != NULL) {
-        return raise_rocksdb(error);
-    }
-    Py_RETURN_NONE;
-}
-
 /* checkpoint(directory): hard links of the SST files (and copies of the rest) in a new directory */
 static PyObject *database_checkpoint(DatabaseObject *self, PyObject *arg) {
     PyObject *path_object;
@@ -707,8 +685,6 @@ static PyMethodDef database_methods[] = {
      "the GIL"},
     {"flush", (PyCFunction)database_flush, METH_NOARGS, "flush both column families' memtables, atomically"},
     {"checkpoint", (PyCFunction)database_checkpoint, METH_O, "checkpoint(directory): a hard-linked copy"},
-    {"set_memtable_bloom_ratio", (PyCFunction)database_set_memtable_bloom_ratio, METH_O,
-     "set_memtable_bloom_ratio(ratio): the rows' memtable bloom filter of the memtables made from now on"},
     {"property", (PyCFunction)database_property, METH_O, "property(name) -> str or None"},
     {"iterator", (PyCFunction)database_iterator, METH_VARARGS,
      "iterator(start=None): rows in key order from start, as of now"},
@@ -733,7 +709,8 @@ static PyTypeObject DatabaseType = {
               "rate_limit_bytes_per_sec, compaction_style, dynamic_level_bytes, compression_per_level, "
               "target_file_size_base, max_bytes_for_level_base, min_write_buffer_number_to_merge, "
               "metadata_block_size, cache_index_and_filter_blocks, cache_index_and_filter_blocks_with_high_priority, "
-              "pin_l0_filter_and_index_blocks_in_cache, pin_top_level_index_and_filter): a bucket's RocksDB",
+              "pin_l0_filter_and_index_blocks_in_cache, pin_top_level_index_and_filter, allow_mmap_reads, "
+              "vector_memtable): a bucket's RocksDB",
     .tp_new = database_new,
     .tp_init = (initproc)database_init,
     .tp_dealloc = (destructor)database_dealloc,
