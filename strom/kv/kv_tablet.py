@@ -602,9 +602,13 @@ class KvTablet:
         the database is flushed, closed and reopened with the skip list (and its bloom filter) first.
 
         Once in a bucket's life, on the loop: it waits for the bucket's work on the writer, if any, and for
-        the flush (~0.1 s for a full 64 MiB memtable). A failed flush leaves the vector memtable in place, and
-        reads correct but slow until a later read's switch succeeds; a failed reopen fails the bucket, whose
-        replica then reopens it (as after a failed write).
+        the flush (~0.35 s for a full 64 MiB memtable, docs/benchmarks.md). A failed flush or reopen fails
+        the bucket, as a failed write does: the read gets the error (reads of the vector memtable would each
+        sort it), and the replica reopens the bucket once its disk has room, replaying the changelog into a
+        skip list.
+
+        Raises:
+            KvStorageError: the flush or the reopen failed.
         """
         if not self._vector_memtable:
             return
@@ -612,20 +616,15 @@ class KvTablet:
             wait_for_futures([self._off_loop])  # its outcome is handled by its own callback
         try:
             self._db.flush()
-        except Exception as exc:
-            log.warning("%s: flush before leaving the vector memtable failed, reads sort it meanwhile: %s",
-                        self.directory, exc)
-            return
-        self._db.close()
-        self._vector_memtable = False
-        try:
+            self._db.close()
+            self._vector_memtable = False
             self._db = open_rocksdb(self.directory / "rocksdb", self._config.rocksdb)
         except Exception as exc:
             if self.failed is None:
-                log.error("%s: RocksDB reopen with the skip-list memtable failed, the bucket is failed until "
-                          "it is reopened: %s", self.directory, exc)
+                log.error("%s: leaving the vector memtable failed (%s), the bucket is failed until it is "
+                          "reopened", self.directory, exc)
                 self.failed = exc
-            raise KvStorageError(f"RocksDB reopen failed in {self.directory}: {exc}") from exc
+            raise KvStorageError(f"RocksDB of {self.directory} cannot switch to the skip list: {exc}") from exc
         log.debug("%s: reads reach RocksDB; reopened with the skip-list memtable", self.directory)
 
     def _write(self, keys: list[bytes], values: list[bytes | None], metas: tuple[bytes, bytes]) -> None:

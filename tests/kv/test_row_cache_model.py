@@ -376,14 +376,20 @@ class FlushFails:
 
 
 @pytest.mark.asyncio
-async def test_a_failed_flush_keeps_the_vector_memtable_and_reads_stay_right(tmp_path: Path) -> None:
+async def test_a_failed_flush_fails_the_bucket_and_its_reopen_replays_the_changelog(tmp_path: Path) -> None:
+    """A read of the vector memtable would sort it per key: a switch whose flush fails (a full disk) fails
+    the bucket at once, with a clear error, and loses nothing."""
     bucket = await _bucket_whose_cache_dropped_its_rows(tmp_path)
     try:
-        bucket.kv._db = FlushFails(bucket.kv._db, failures=1)  # type: ignore[assignment]
-        assert bucket.lookup(3) == (3, "a", 3), "read from the vector memtable itself"
-        assert bucket.memtable() == "vector" and bucket.kv.failed is None
-        assert bucket.lookup(4) == (4, "a", 4)  # the next read's switch succeeds
-        assert bucket.memtable() == "skiplist"
+        bucket.kv._db = FlushFails(bucket.kv._db, failures=2)  # type: ignore[assignment]
+        with pytest.raises(KvStorageError, match="cannot switch to the skip list"):
+            bucket.lookup(3)
+        assert isinstance(bucket.kv.failed, OSError) and bucket.memtable() == "vector"
+        with pytest.raises(KvStorageError, match="failed"):
+            bucket.prepare((9, ("z", 9)))  # writes are refused, nothing is appended
+        bucket.reopen()  # what the replica does with a failed bucket: its close cannot flush either
+        assert bucket.kv.failed is None and bucket.memtable() == "skiplist"
+        assert [bucket.lookup(i) for i in (0, 3, 4, 9)] == [(0, "a", 0), (3, "a", 3), (4, "a", 4), None]
     finally:
         bucket.close()
 
@@ -393,7 +399,7 @@ async def test_a_failed_reopen_fails_the_bucket_until_it_is_reopened(tmp_path: P
     bucket = await _bucket_whose_cache_dropped_its_rows(tmp_path)
     try:
         failing_open = patch("strom.kv.kv_tablet.open_rocksdb", side_effect=OSError("IO error: No space left on device"))
-        with failing_open, pytest.raises(KvStorageError, match="reopen failed"):
+        with failing_open, pytest.raises(KvStorageError, match="cannot switch to the skip list"):
             bucket.lookup(3)
         assert isinstance(bucket.kv.failed, OSError)
         with pytest.raises(KvStorageError, match="failed"):
