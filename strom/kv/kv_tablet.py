@@ -617,14 +617,14 @@ class KvTablet:
         try:
             self._db.flush()
             self._db.close()
-            self._vector_memtable = False
             self._db = open_rocksdb(self.directory / "rocksdb", self._config.rocksdb)
-        except Exception as exc:
+        except Exception as exc:  # a later read tries again, and fails the same way on the closed database
             if self.failed is None:
                 log.error("%s: leaving the vector memtable failed (%s), the bucket is failed until it is "
                           "reopened", self.directory, exc)
                 self.failed = exc
             raise KvStorageError(f"RocksDB of {self.directory} cannot switch to the skip list: {exc}") from exc
+        self._vector_memtable = False
         log.debug("%s: reads reach RocksDB; reopened with the skip-list memtable", self.directory)
 
     def _write(self, keys: list[bytes], values: list[bytes | None], metas: tuple[bytes, bytes]) -> None:

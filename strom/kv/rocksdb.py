@@ -267,9 +267,9 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
     sorts a copy of it. Only for a database that nothing reads until it is reopened without it (a new bucket
     whose row cache holds all of its keys, kv_tablet.py); where :func:`vector_memtable_supported` is false.
     """
-    if vector_memtable and not vector_memtable_supported(options or RocksDbOptions()):
-        raise ValueError("rocksdict cannot open a vector memtable beside its shared rate limiter")
     options = options or RocksDbOptions()
+    if vector_memtable and not vector_memtable_supported(options):
+        raise ValueError("rocksdict cannot open a vector memtable beside its shared rate limiter")
     if not read_only:
         path.mkdir(parents=True, exist_ok=True)  # RocksDB creates the last directory only
     if options.log_dir is not None and not read_only:

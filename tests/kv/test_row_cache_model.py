@@ -8,7 +8,6 @@ in RocksDB); with one that rotates now and then, it stops being complete part wa
 from __future__ import annotations
 
 import asyncio
-import glob
 import shutil
 import tempfile
 import threading
@@ -29,7 +28,7 @@ from strom.kv.row_cache import RowCache
 from strom.kv.row_format import TableRowFormat
 from strom.log.log_tablet import LogTablet
 from tests.kv.conftest import BINDINGS
-from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
+from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket, rocksdb_settings
 
 KEYS = 12
 TINY_CACHE_BYTES = 700  # a handful of rows: nearly every read misses, every write evicts
@@ -226,10 +225,7 @@ class NewCachedBucket(CachedBucket):
 
     def rows_options(self) -> dict[str, str]:
         """The rows' column family's options in RocksDB's newest OPTIONS file (rewritten at every open)."""
-        latest = max(glob.glob(str(self.directory / "kv" / "rocksdb" / "OPTIONS-*")))
-        text = Path(latest).read_text()
-        section = text.split('[CFOptions "default"]', 1)[1].split("[", 1)[0]
-        return dict(line.strip().split("=", 1) for line in section.splitlines() if "=" in line)
+        return rocksdb_settings(self.directory / "kv" / "rocksdb")
 
     def memtable(self) -> str:
         factory = self.rows_options()["memtable_factory"]
@@ -402,6 +398,8 @@ async def test_a_failed_reopen_fails_the_bucket_until_it_is_reopened(tmp_path: P
         with failing_open, pytest.raises(KvStorageError, match="cannot switch to the skip list"):
             bucket.lookup(3)
         assert isinstance(bucket.kv.failed, OSError)
+        with pytest.raises(KvStorageError, match="cannot switch to the skip list"):
+            bucket.lookup(4)  # the database is closed: the same clear error, not a closed-database one
         with pytest.raises(KvStorageError, match="failed"):
             bucket.prepare((9, ("z", 9)))  # writes are refused, nothing is appended
         bucket.reopen()  # what the replica does with a failed bucket
