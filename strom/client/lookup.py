@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from strom.client import encoding
+from strom.client.rpc_client import LEADERSHIP_MOVED
 from strom.client.table_handle import TableHandle
 from strom.errors import (
     CorruptMessageError,
@@ -218,6 +219,52 @@ class Lookuper(_KeyedReader):
         answers, _ = await self._table.connection.read_from_leader(bucket, ApiKey.LOOKUP, request, _lookup_error)
         return _lookup_values(answers, len(keys))
 
+    async def _lookup_buckets(self, keys: dict[TableBucket, list[bytes]]) -> dict[TableBucket, list[bytes | None]]:
+        """Values of each bucket's keys, with one Lookup request per leader (as Fluss's client sends them)
+        instead of one per bucket: a batched lookup over B buckets and N servers costs N round trips' framing
+        on both sides, not B. A bucket whose leader is not cached yet, or whose part of the answer carries an
+        error, goes through :meth:`_lookup_bucket`, which follows its leadership and raises its error."""
+        connection = self._table.connection
+        by_leader: dict[str, list[TableBucket]] = {}
+        alone: list[TableBucket] = []
+        for bucket in keys:
+            address = connection.metadata.cached_leader_address(bucket)
+            if address is None:
+                alone.append(bucket)
+            else:
+                by_leader.setdefault(address, []).append(bucket)
+        values: dict[TableBucket, list[bytes | None]] = {}
+
+        async def one(bucket: TableBucket) -> None:
+            values[bucket] = await self._lookup_bucket(bucket, keys[bucket])
+
+        async def several(address: str, buckets: list[TableBucket]) -> None:
+            # A protobuf message's encodings concatenate: one-bucket requests joined are one request whose
+            # buckets_req holds them all (table_id repeats with the same value).
+            body = b"".join(lookup_wire.lookup_request(b.table_id, b.partition_id, b.bucket, keys[b]) for b in buckets)
+            if self._insert_if_not_exists:
+                body += _INSERTING
+            try:
+                answers = await connection.request(address, ApiKey.LOOKUP, EncodedRequest(body, lookup_wire.parse_lookup_response))
+            except LEADERSHIP_MOVED:
+                answers = []  # every bucket again, alone: that path forgets the leader and retries
+            answered = {(partition_id, bucket_id): found for bucket_id, partition_id, error_code, _message, found in answers
+                        if not error_code}
+            retry = []
+            for bucket in buckets:
+                found = answered.get((bucket.partition_id, bucket.bucket))
+                if found is None or len(found) != len(keys[bucket]):
+                    retry.append(bucket)
+                else:
+                    values[bucket] = found
+            await asyncio.gather(*(one(bucket) for bucket in retry))
+
+        await asyncio.gather(
+            *(one(bucket) for bucket in alone),
+            *(several(address, buckets) if len(buckets) > 1 else one(buckets[0]) for address, buckets in by_leader.items()),
+        )
+        return values
+
     async def lookup_many(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> list[dict[str, Any] | None]:
         """Look up many keys with one request per bucket leader; results in input order."""
         found = await self._lookup_values(self._full_row_batch(keys))
@@ -284,12 +331,14 @@ class Lookuper(_KeyedReader):
             for index, bucket_id in enumerate(encoded.buckets):
                 if partitions[index] in expired:
                     historical.setdefault((partitions[index], bucket_id), []).append(index)
-        answers = await asyncio.gather(
-            *(self._lookup_bucket(bucket, [keys[i] for i in indexes]) for bucket, indexes in groups.items()),
-            *(self._lookup_historical(name, bucket_id, [keys[i] for i in indexes])
-              for (name, bucket_id), indexes in historical.items()),
+        current, past = await asyncio.gather(
+            self._lookup_buckets({bucket: [keys[i] for i in indexes] for bucket, indexes in groups.items()}),
+            asyncio.gather(*(self._lookup_historical(name, bucket_id, [keys[i] for i in indexes])
+                             for (name, bucket_id), indexes in historical.items())),
         )
-        for indexes, values in zip([*groups.values(), *historical.values()], answers, strict=True):
+        for bucket, indexes in groups.items():
+            found.update(zip(indexes, current[bucket], strict=True))
+        for indexes, values in zip(historical.values(), past, strict=True):
             found.update(zip(indexes, values, strict=True))
         return {i: v for i, v in found.items() if v is not None}
 

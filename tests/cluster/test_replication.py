@@ -438,6 +438,52 @@ def test_a_scan_session_ends_when_its_leader_is_replaced_and_a_new_scan_reads_ev
 
 
 
+def test_a_batched_lookup_finds_every_row_after_the_leaders_it_knew_moved(three: LocalCluster) -> None:
+    """A batched lookup asks each leader once for all of its buckets, from the leaders the client has
+    cached. Pause the leader of a bucket past its session: every bucket it led moves, and the client's next
+    lookup sends them all to it in one request. Back as a follower, it answers NotLeaderOrFollower for each;
+    those buckets are asked again alone, at their new leaders, and every row is found."""
+    wait_for_servers(three, 3)
+    rows, buckets = 600, 6
+
+    async def setup() -> tuple[TablePath, int]:
+        async with await Connection.create(three.client_config()) as connection:
+            path = TablePath("fluss", unique_name("grouped_lookups"))
+            descriptor = TableDescriptor(Schema.from_arrow(PK_FIELDS, ["id"]), bucket_count=buckets,
+                                         properties={"table.replication.factor": "3"})
+            await connection.get_admin().create_table(path, descriptor)
+            await _upsert(connection, path, range(rows), "x")
+            return path, (await connection.get_admin().get_table_info(path)).table_id
+
+    path, table_id = asyncio.run(setup())
+    states = States(three)
+    try:
+        layout = {b: states.wait_full_isr(TableBucket(table_id, b)) for b in range(buckets)}
+        old_leader = layout[0].leader
+        led = [b for b, state in layout.items() if state.leader == old_leader]
+
+        async def scenario() -> pa.Table:
+            async with await Connection.create(three.client_config()) as connection:
+                lookuper = (await connection.get_table(path)).new_lookup().create_lookuper()
+                keys = pa.table({"id": list(range(rows))})
+                assert (await lookuper.lookup_arrow(keys)).num_rows == rows  # every leader is cached now
+                old = three.member("tablet-server", old_leader)
+                three.signal_member(old, signal.SIGSTOP)
+                for bucket in led:
+                    await asyncio.to_thread(states.wait_leader_change, TableBucket(table_id, bucket), old_leader)
+                three.signal_member(old, signal.SIGCONT)
+                for bucket in led:
+                    await asyncio.to_thread(states.wait_full_isr, TableBucket(table_id, bucket))
+                return await lookuper.lookup_arrow(keys)
+
+        found = asyncio.run(scenario())
+        assert found.column("id").to_pylist() == list(range(rows))
+        assert set(found.column("v").to_pylist()) == {"x"}
+        assert all(states.get(TableBucket(table_id, b)).leader != old_leader for b in led)
+    finally:
+        states.close()
+
+
 @pytest.mark.parametrize("three", SECURITY, indirect=True)
 def test_a_log_scanner_reads_on_across_a_leader_kill(three: LocalCluster) -> None:
     """A subscribed log scanner whose bucket's leader is SIGKILLed goes on reading from the new leader: every

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import pyarrow as pa
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from strom.client import Connection, OffsetSpec, Schema, TableDescriptor, TablePath
 from strom.errors import StromError
 from tests.conftest import unique_name
+from tests.server_process import free_port
 
 pytestmark = pytest.mark.asyncio
 
@@ -106,6 +108,36 @@ async def test_lookup_arrow_returns_the_existing_rows_in_key_order(server) -> No
         assert found.column("v").to_pylist() == ["v42", "v7", "v99"]
         rows = await lookuper.lookup_many([{"id": 7}, {"id": 1000}, (42,)])
         assert rows == [{"id": 7, "v": "v7"}, None, {"id": 42, "v": "v42"}]
+
+
+def lookup_requests(metrics_port: int) -> float:
+    """Lookup requests the server has routed, from its Prometheus endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    counts = [float(line.split(" ")[1]) for line in lines if line.startswith('strom_rpc_api_requests_total{api="LOOKUP"}')]
+    return counts[0] if counts else 0.0
+
+
+async def test_a_batched_lookup_asks_each_leader_once_for_all_its_buckets(server_factory) -> None:  # type: ignore[no-untyped-def]
+    """As Fluss's client does, a batched lookup sends each leader one Lookup request holding every bucket's
+    keys, not one request per bucket: 8 buckets on one server, one request per lookup_arrow and lookup_many."""
+    port = free_port()
+    server = server_factory({"metrics.reporter.prometheus.port": str(port)})
+    path = TablePath("fluss", unique_name("lookup_grouped"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("v", pa.string())]), primary_key=["id"])
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=8))
+        table = await connection.get_table(path)
+        ids = list(range(400))
+        await table.new_upsert().create_writer().upsert_batch(pa.table({"id": ids, "v": [f"v{i}" for i in ids]}))
+        lookuper = table.new_lookup().create_lookuper()
+        before = lookup_requests(port)
+        found = await lookuper.lookup_arrow(pa.table({"id": [*reversed(ids), 1000]}))
+        assert found.column("id").to_pylist() == list(reversed(ids))
+        assert found.column("v").to_pylist() == [f"v{i}" for i in reversed(ids)]
+        rows = await lookuper.lookup_many([{"id": i} for i in range(0, 420, 7)])
+        assert rows == [{"id": i, "v": f"v{i}"} if i < 400 else None for i in range(0, 420, 7)]
+        assert lookup_requests(port) - before == 2
 
 
 async def test_a_lookup_of_many_keys_answers_like_single_lookups(server) -> None:  # type: ignore[no-untyped-def]
