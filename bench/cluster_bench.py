@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import queue
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -44,10 +45,15 @@ async def create(address: str, buckets: int, replication_factor: int = 1) -> Non
         await connection.get_admin().create_table(PATH, TableDescriptor(schema, bucket_count=buckets, properties=properties))
 
 
-def write_range(address: str, first: int, count: int, batch: int) -> None:
+Ready = Callable[[], None]
+"""What a writer calls once it is connected and about to write: the clock starts when every writer has."""
+
+
+def write_range(address: str, first: int, count: int, batch: int, ready: Ready) -> None:
     async def run() -> None:
         async with await Connection.create(address) as connection:
             writer = (await connection.get_table(PATH)).new_upsert().create_writer()
+            ready()
             for start in range(first, first + count, batch):
                 ids = list(range(start, min(first + count, start + batch)))
                 writer.upsert_arrow_batch(pa.table({"id": ids, "name": [f"name-{i}" for i in ids], "score": ids}))
@@ -56,19 +62,63 @@ def write_range(address: str, first: int, count: int, batch: int) -> None:
     asyncio.run(run())
 
 
-def run_writers(target: Callable[[Any, int, int, int], None], where: Any, rows: int, writers: int, batch: int) -> float:
-    """Rows per second of ``writers`` processes running ``target(where, first, count, batch)`` over disjoint
-    key ranges of ``rows`` keys in total, until every one has finished."""
+WRITERS_READY_S = 120.0
+WRITER_SILENT_S = 1.0
+
+
+def _writer(ready: Any, finished: Any, target: Callable[[Any, int, int, int, Ready], None], where: Any, first: int,
+            count: int, batch: int) -> None:
+    """A writer process: ``target`` waits for the others once connected, so that the clock measures the work
+    and not the interpreters' start; once done it puts the CPU seconds its work took to ``finished`` (its
+    exit is not measured)."""
+    started = [0.0]
+
+    def wait_for_the_others() -> None:
+        ready.wait(WRITERS_READY_S)
+        started[0] = time.process_time()
+
+    target(where, first, count, batch, wait_for_the_others)
+    finished.put(time.process_time() - started[0])
+
+
+def run_writers(target: Callable[[Any, int, int, int, Ready], None], where: Any, rows: int, writers: int,
+                batch: int) -> float:
+    """Rows per second of ``writers`` processes running ``target(where, first, count, batch, ready)`` over
+    disjoint key ranges of ``rows`` keys in total, from the moment all of them are connected and ready until
+    the last one is done."""
+    return run_writers_probed(target, where, rows, writers, batch, lambda: [])[0]
+
+
+def run_writers_probed(
+    target: Callable[[Any, int, int, int, Ready], None], where: Any, rows: int, writers: int, batch: int,
+    probe: Callable[[], list[float]],
+) -> tuple[float, float, list[float]]:
+    """:func:`run_writers`, also returning the measured seconds and how much each of ``probe()``'s counters
+    (CPU seconds, say) grew over exactly those seconds, followed by the writers' own CPU seconds."""
     share = rows // writers
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=target, args=(where, w * share, share, batch)) for w in range(writers)]
-    start = time.perf_counter()
+    ready = context.Barrier(writers + 1)
+    finished = context.Queue()
+    processes = [context.Process(target=_writer, args=(ready, finished, target, where, w * share, share, batch))
+                 for w in range(writers)]
     for process in processes:
         process.start()
+    ready.wait(WRITERS_READY_S)  # BrokenBarrierError when a writer died before it got there
+    before = probe()
+    start = time.perf_counter()
+    writers_cpu_s: list[float] = []
+    while len(writers_cpu_s) < writers:
+        try:
+            writers_cpu_s.append(finished.get(timeout=WRITER_SILENT_S))
+        except queue.Empty:
+            failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+            assert not failed, f"a writer failed with {failed[0]}"
+    seconds = time.perf_counter() - start
+    grown = [after - earlier for after, earlier in zip(probe(), before, strict=True)] + [sum(writers_cpu_s)]
     for process in processes:
         process.join()
         assert process.exitcode == 0, f"a writer failed with {process.exitcode}"
-    return share * writers / (time.perf_counter() - start)
+    return share * writers / seconds, seconds, grown
 
 
 def ingest(address: str, rows: int, writers: int, batch: int) -> float:
@@ -76,7 +126,7 @@ def ingest(address: str, rows: int, writers: int, batch: int) -> float:
     return run_writers(write_range, address, rows, writers, batch)
 
 
-def postgres_write_range(port: int, first: int, count: int, batch: int) -> None:
+def postgres_write_range(port: int, first: int, count: int, batch: int, ready: Ready) -> None:
     """One PostgreSQL connection upserting keys ``[first, first + count)``, one durable transaction per batch."""
     import psycopg
 
@@ -84,6 +134,7 @@ def postgres_write_range(port: int, first: int, count: int, batch: int) -> None:
             connection.cursor() as cursor:
         cursor.execute("CREATE TEMPORARY TABLE stage (id BIGINT, name TEXT, score BIGINT) ON COMMIT DELETE ROWS")
         connection.commit()
+        ready()
         for start in range(first, first + count, batch):
             ids = range(start, min(first + count, start + batch))
             with cursor.copy("COPY stage (id, name, score) FROM STDIN") as copy:

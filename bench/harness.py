@@ -111,6 +111,37 @@ class BenchServer:
             self._temporary.cleanup()
 
 
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and every live descendant (Linux's /proc): a
+    ``--workers N`` server is a supervisor, a coordinator and N tablet servers."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree = {pid}
+    grown = True
+    while grown:
+        children = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= children
+        grown = bool(children)
+    return sum(cpu.get(member, 0.0) for member in tree)
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (not idle or waiting for I/O), summed over its cores."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(function: Callable[[], object]) -> float:
     start = time.perf_counter()
     function()

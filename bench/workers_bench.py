@@ -18,61 +18,81 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import time
+from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
 
 from bench.cluster_bench import (
     PATH,
+    Ready,
     create,
     postgres_ingest_table,
     postgres_write_range,
     run_writers,
+    run_writers_probed,
     write_range,
 )
-from bench.harness import BenchServer, median, report
+from bench.harness import BenchServer, machine_busy_s, median, process_tree_cpu_s, report
 from strom.client import Connection, Lookuper
 
 LOOKUP_KEYS = 1_000
 
 
-def lookup_range(address: str, first: int, count: int, _batch: int) -> None:
+def shuffled(first: int, count: int) -> np.ndarray:
+    """The keys ``[first, first + count)`` in a random order (the same for strom and PostgreSQL), made in
+    milliseconds: the writers' clock is running."""
+    return np.random.default_rng(first).permutation(np.arange(first, first + count, dtype=np.int64))
+
+
+def lookup_range(address: str, first: int, count: int, _batch: int, ready: Ready) -> None:
     """Look up ``count`` keys of ``[first, first + count)`` in random order, 1 000 per ``lookup_arrow``."""
-    keys = list(range(first, first + count))
-    random.Random(first).shuffle(keys)
+    keys = shuffled(first, count)
 
     async def run() -> None:
         async with await Connection.create(address) as connection:
             lookuper = (await connection.get_table(PATH)).new_lookup().create_lookuper()
             assert isinstance(lookuper, Lookuper)
+            ready()
             for start in range(0, len(keys), LOOKUP_KEYS):
-                chunk = pa.table({"id": pa.array(keys[start:start + LOOKUP_KEYS], pa.int64())})
+                chunk = pa.table({"id": pa.array(keys[start:start + LOOKUP_KEYS])})
                 found = await lookuper.lookup_arrow(chunk)
                 assert found.num_rows == chunk.num_rows
 
     asyncio.run(run())
 
 
-def postgres_lookup_range(port: int, first: int, count: int, _batch: int) -> None:
+def postgres_lookup_range(port: int, first: int, count: int, _batch: int, ready: Ready) -> None:
     import psycopg
 
-    keys = list(range(first, first + count))
-    random.Random(first).shuffle(keys)
+    keys = shuffled(first, count).tolist()
     with psycopg.connect(host="127.0.0.1", port=port, user="bench", dbname="postgres") as connection, \
             connection.cursor() as cursor:
+        ready()
         for start in range(0, len(keys), LOOKUP_KEYS):
             cursor.execute("SELECT id, name, score FROM ingest WHERE id = ANY(%s)", (keys[start:start + LOOKUP_KEYS],))
             assert len(cursor.fetchall()) == len(keys[start:start + LOOKUP_KEYS])
 
 
-def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: int) -> tuple[float, float]:
-    """(ingest rows/s, lookup keys/s) of ``strom server --workers N``."""
+Phase = tuple[float, float, float, float]
+"""A measured phase: rows (or keys) per second, then the cores kept busy over the measured seconds by the
+server's processes, by the writers' work, and by the whole machine (those two and anything else)."""
+
+
+def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: int) -> tuple[Phase, Phase]:
+    """(ingest, lookups) of ``strom server --workers N``."""
     with BenchServer({"kv.snapshot.interval": "0s"}, workers=workers) as server:
         asyncio.run(create(server.address, buckets))
-        ingest = run_writers(write_range, server.address, rows, writers, batch)
-        lookups = run_writers(lookup_range, server.address, rows, writers, batch)
-    return ingest, lookups
+        assert server.process is not None
+        pid = server.process.pid
+
+        def phase(target: Callable[[str, int, int, int, Ready], None]) -> Phase:
+            rate, seconds, (server_s, machine_s, writers_s) = run_writers_probed(
+                target, server.address, rows, writers, batch, lambda: [process_tree_cpu_s(pid), machine_busy_s()])
+            return rate, server_s / seconds, writers_s / seconds, machine_s / seconds
+
+        return phase(write_range), phase(lookup_range)
 
 
 def measure_postgres_lookups(rows: int, writers: int, batch: int) -> tuple[float, float] | None:
@@ -95,7 +115,7 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",")]
     buckets = args.buckets or 2 * max(counts)
-    strom: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+    strom: dict[int, list[tuple[Phase, Phase]]] = {n: [] for n in counts}
     postgres: list[tuple[float, float]] = []
     started = time.monotonic()
     for _ in range(args.rounds):
@@ -104,20 +124,28 @@ def main() -> None:
         measured = measure_postgres_lookups(args.rows, args.writers, args.batch)
         if measured is not None:
             postgres.append(measured)
-    ingest = {n: median([r[0] for r in runs]) for n, runs in strom.items()}
-    lookups = {n: median([r[1] for r in runs]) for n, runs in strom.items()}
+    # medians per N and phase, each of a phase's three numbers on its own
+    ingest = {n: tuple(median([r[0][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
+    lookups = {n: tuple(median([r[1][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
     base = counts[0]
+
+    def cores(phase: tuple[float, ...]) -> str:
+        return f"  (cores busy: server {phase[1]:.1f}, writers {phase[2]:.1f}, machine {phase[3]:.1f} of {os.cpu_count()})"
+
     lines = []
     for n in counts:
-        lines.append((f"workers={n}: ingest", f"{ingest[n]:,.0f} rows/s  ×{ingest[n] / ingest[base]:.2f} of workers={base}"))
+        lines.append((f"workers={n}: ingest",
+                      f"{ingest[n][0]:,.0f} rows/s  ×{ingest[n][0] / ingest[base][0]:.2f} of workers={base}" + cores(ingest[n])))
         lines.append((f"workers={n}: lookup_arrow of 1 000 keys",
-                      f"{lookups[n]:,.0f} keys/s  ×{lookups[n] / lookups[base]:.2f} of workers={base}"))
+                      f"{lookups[n][0]:,.0f} keys/s  ×{lookups[n][0] / lookups[base][0]:.2f} of workers={base}"
+                      + cores(lookups[n])))
     if postgres:
         pg_ingest, pg_lookups = median([p[0] for p in postgres]), median([p[1] for p in postgres])
         lines.append((f"PostgreSQL, {args.writers} connections: ingest", f"{pg_ingest:,.0f} rows/s"))
         lines.append((f"PostgreSQL, {args.writers} connections: = ANY of 1 000 keys", f"{pg_lookups:,.0f} keys/s"))
         for n in counts:
-            lines.append((f"workers={n} / PostgreSQL", f"ingest {ingest[n] / pg_ingest:.2f}, lookups {lookups[n] / pg_lookups:.2f}"))
+            lines.append((f"workers={n} / PostgreSQL",
+                          f"ingest {ingest[n][0] / pg_ingest:.2f}, lookups {lookups[n][0] / pg_lookups:.2f}"))
     lines.append(("measured in", f"{time.monotonic() - started:.0f} s"))
     report(f"strom server --workers N: {args.rows:,} rows, {args.writers} writer processes, {buckets} buckets, "
            f"{os.cpu_count()} cores, {args.rounds} round(s) (same run)", lines)
