@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import struct
 import time
@@ -269,8 +270,8 @@ class Lookuper(_KeyedReader):
         """Look up many keys with one request per bucket leader; results in input order."""
         found = await self._lookup_values(self._full_row_batch(keys))
         results: list[dict[str, Any] | None] = [None] * len(keys)
-        indexes = sorted(found)
-        for index, row in zip(indexes, self._decode([found[i] for i in indexes]), strict=True):
+        present = [(index, value) for index, value in enumerate(found) if value is not None]
+        for (index, _), row in zip(present, self._decode([value for _, value in present]), strict=True):
             results[index] = row
         return results
 
@@ -290,57 +291,73 @@ class Lookuper(_KeyedReader):
             else:
                 arrays.append(keys.column(index).cast(field.type))
         found = await self._lookup_values(pa.RecordBatch.from_arrays(arrays, schema=self._lookup_schema))
-        values = [found[i] for i in sorted(found)]
+        values = [value for value in found if value is not None]
         layout.check_values(values)
         batch = row_arrow.rows_to_record_batch(
             values, layout.row_decoder, layout.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
         )
         return pa.Table.from_batches([batch], schema=layout.arrow_schema)
 
-    async def _lookup_values(self, batch: pa.RecordBatch) -> dict[int, bytes]:
-        """Stored values of the keys in ``batch`` that exist, by row index."""
+    async def _lookup_values(self, batch: pa.RecordBatch) -> list[bytes | None]:
+        """Stored values of the keys in ``batch``, one per row in its order (None: no row)."""
         layout = self._table.layout
         encoded = encoding.encode(layout, batch, with_rows=False, with_keys=True)
         assert encoded.keys is not None
         partitions = encoding.partition_names(layout, batch)
+        if partitions is None:
+            return await self._lookup_unpartitioned(encoded.keys, encoded.buckets)
         partition_ids: dict[str, int | None] = {}
-        for name in set(partitions or ()):
+        for name in set(partitions):
             try:
                 partition_ids[name] = await self._partition_id(name)
             except PartitionNotExistError:
                 partition_ids[name] = None  # a missing partition holds no rows
-        found: dict[int, bytes | None] = {}
         table_id = layout.info.table_id
         keys = encoded.keys
-        by_bucket: dict[tuple[int | None, int], list[int]] = {}
-        if partitions is None:  # one vectorised grouping instead of a dict step per key
-            buckets = np.asarray(encoded.buckets, dtype=np.int64)
-            for bucket_id in np.unique(buckets).tolist():
-                by_bucket[(None, bucket_id)] = np.flatnonzero(buckets == bucket_id).tolist()
-        else:
-            for index, bucket_id in enumerate(encoded.buckets):
-                partition_id = partition_ids[partitions[index]]
-                if partition_id is not None:
-                    by_bucket.setdefault((partition_id, bucket_id), []).append(index)
+        by_bucket: dict[tuple[int, int], list[int]] = {}
+        for index, bucket_id in enumerate(encoded.buckets):
+            partition_id = partition_ids[partitions[index]]
+            if partition_id is not None:
+                by_bucket.setdefault((partition_id, bucket_id), []).append(index)
         groups = {TableBucket(table_id, bucket_id, partition_id): indexes
                   for (partition_id, bucket_id), indexes in by_bucket.items()}
+        expired = {name for name, partition_id in partition_ids.items()
+                   if partition_id is None and self._is_historical(name)}
         historical: dict[tuple[str, int], list[int]] = {}
-        if partitions is not None:
-            expired = {name for name, partition_id in partition_ids.items()
-                       if partition_id is None and self._is_historical(name)}
-            for index, bucket_id in enumerate(encoded.buckets):
-                if partitions[index] in expired:
-                    historical.setdefault((partitions[index], bucket_id), []).append(index)
+        for index, bucket_id in enumerate(encoded.buckets):
+            if partitions[index] in expired:
+                historical.setdefault((partitions[index], bucket_id), []).append(index)
         current, past = await asyncio.gather(
             self._lookup_buckets({bucket: [keys[i] for i in indexes] for bucket, indexes in groups.items()}),
             asyncio.gather(*(self._lookup_historical(name, bucket_id, [keys[i] for i in indexes])
                              for (name, bucket_id), indexes in historical.items())),
         )
-        for bucket, indexes in groups.items():
-            found.update(zip(indexes, current[bucket], strict=True))
-        for indexes, values in zip(historical.values(), past, strict=True):
-            found.update(zip(indexes, values, strict=True))
-        return {i: v for i, v in found.items() if v is not None}
+        found: list[bytes | None] = [None] * batch.num_rows
+        for indexes, values in [*((groups[b], current[b]) for b in groups), *zip(historical.values(), past, strict=True)]:
+            for index, value in zip(indexes, values, strict=True):
+                found[index] = value
+        return found
+
+    async def _lookup_unpartitioned(self, keys: list[bytes], buckets: Sequence[int]) -> list[bytes | None]:
+        """:meth:`_lookup_values` of a table without partitions, vectorised: the keys sorted by bucket once
+        (a stable sort, so each bucket's run keeps the request order), every bucket's run asked for, and the
+        answers, concatenated in that same order, put back in the request's order in one step."""
+        count = len(keys)
+        if count == 0:
+            return []
+        table_id = self._table.layout.info.table_id
+        bucket_ids = np.asarray(buckets, dtype=np.int64)
+        order = np.argsort(bucket_ids, kind="stable")
+        ordered = bucket_ids[order]
+        bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), count]
+        sorted_keys = [keys[i] for i in order.tolist()]
+        runs = {TableBucket(table_id, int(ordered[start]), None): sorted_keys[start:end]
+                for start, end in itertools.pairwise(bounds)}
+        answers = await self._lookup_buckets(runs)
+        answered: list[bytes | None] = list(itertools.chain.from_iterable(answers[bucket] for bucket in runs))
+        position = np.empty(count, dtype=np.int64)
+        position[order] = np.arange(count)  # where each request row's answer sits in ``answered``
+        return [answered[i] for i in position.tolist()]
 
 
 class PrefixLookuper(_KeyedReader):

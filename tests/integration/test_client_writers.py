@@ -158,6 +158,8 @@ async def test_a_lookup_of_many_keys_answers_like_single_lookups(server) -> None
         assert found.column("v").to_pylist() == [f"v{i}" for i in expected]
         one_by_one = [await lookuper.lookup({"id": i}) for i in wanted[:300]]
         assert await lookuper.lookup_many([{"id": i} for i in wanted[:300]]) == one_by_one
+        assert (await lookuper.lookup_arrow(pa.table({"id": pa.array([], pa.int64())}))).num_rows == 0
+        assert await lookuper.lookup_many([]) == []
 
 
 async def test_the_blocking_lookuper_finds_rows_without_an_event_loop_in_the_path(server) -> None:  # type: ignore[no-untyped-def]
