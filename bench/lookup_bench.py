@@ -1,7 +1,7 @@
 """Point lookups through the server vs raw rocksdict gets of the same keys.
 
 * batched: keys looked up 1 000 per call (strom client ``lookup_arrow``, Arrow in and out, and
-  ``lookup_many``, dicts; one Lookup RPC per bucket) vs rocksdict multi-get of 1 000 keys — ratio
+  ``lookup_many``, dicts; one Lookup RPC per bucket leader) vs rocksdict multi-get of 1 000 keys — ratio
   server / raw;
 * single: one key per request, sequential, over one connection — strom's asyncio client and its blocking
   lookuper (no event loop in the path) — p50 and p99 latency; the round trip itself dominates (peers.md:
