@@ -111,21 +111,35 @@ class BenchServer:
             self._temporary.cleanup()
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of Linux's ``/proc/<pid>/stat`` after the command name (which may hold spaces and ")")."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    """User + system CPU seconds of :func:`_stat_fields`."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, all its threads together."""
+    return _cpu_s(_stat_fields(pid))
+
+
 def process_tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` and every live descendant (Linux's /proc): a
-    ``--workers N`` server is a supervisor, a coordinator and N tablet servers."""
+    """:func:`process_cpu_s` of ``pid`` and every live descendant: a ``--workers N`` server is a supervisor,
+    a coordinator and N tablet servers."""
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(int(entry.name))
         except OSError:  # gone meanwhile
             continue
         parents[int(entry.name)] = int(fields[1])
-        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+        cpu[int(entry.name)] = _cpu_s(fields)
     tree = {pid}
     grown = True
     while grown:

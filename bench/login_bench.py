@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import subprocess
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bench.harness import BenchServer, median, percentile, report
+from bench.harness import BenchServer, median, percentile, process_cpu_s, report
 from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.rpc.client import RpcConnection
 from strom.security.credentials import SaslCredentials
@@ -34,17 +33,12 @@ JAAS = f'org.apache.fluss.security.auth.sasl.plain.PlainLoginModule required use
 BATCH_KEYS = 1_000
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _logins(server: BenchServer, count: int, credentials: object | None) -> tuple[list[float], float]:
     """Connect and close ``count`` times with ``credentials``; the client's latencies (µs) and the server's
     CPU seconds per login."""
     host, _, port = server.address.rpartition(":")
     assert server.process is not None
-    cpu_before = _cpu_seconds(server.process.pid)
+    cpu_before = process_cpu_s(server.process.pid)
     latencies = []
     for _ in range(count):
         begin = time.perf_counter_ns()
@@ -52,7 +46,7 @@ async def _logins(server: BenchServer, count: int, credentials: object | None) -
         latencies.append((time.perf_counter_ns() - begin) / 1000)
         await connection.close()
     await asyncio.sleep(0.2)
-    return latencies, (_cpu_seconds(server.process.pid) - cpu_before) / count
+    return latencies, (process_cpu_s(server.process.pid) - cpu_before) / count
 
 
 def _certificates(directory: Path) -> dict[str, str]:

@@ -124,7 +124,7 @@ def main() -> None:
         measured = measure_postgres_lookups(args.rows, args.writers, args.batch)
         if measured is not None:
             postgres.append(measured)
-    # medians per N and phase, each of a phase's three numbers on its own
+    # medians per N and phase, each of a phase's four numbers on its own
     ingest = {n: tuple(median([r[0][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
     lookups = {n: tuple(median([r[1][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
     base = counts[0]

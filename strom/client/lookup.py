@@ -333,7 +333,8 @@ class Lookuper(_KeyedReader):
                              for (name, bucket_id), indexes in historical.items())),
         )
         found: list[bytes | None] = [None] * batch.num_rows
-        for indexes, values in [*((groups[b], current[b]) for b in groups), *zip(historical.values(), past, strict=True)]:
+        for indexes, values in zip([*groups.values(), *historical.values()], [*(current[b] for b in groups), *past],
+                                   strict=True):
             for index, value in zip(indexes, values, strict=True):
                 found[index] = value
         return found
