@@ -142,6 +142,8 @@ class LogTablet:
         self._durable_end = self.log_end_offset
         """Everything below is fsynced (what a leader may send its followers)."""
         self._high_watermark = min(self.log_end_offset, _read_checkpoint(directory, self.log_end_offset))
+        self._checkpointed_high_watermark: int | None = None
+        """What this object last wrote to the record (None: nothing yet, so the first checkpoint writes)."""
         self._replication_limit: int | None = None
         """With followers: what every in-sync replica has; the high watermark never passes it."""
         self._flush_target: int | None = None
@@ -389,11 +391,18 @@ class LogTablet:
     def checkpoint_high_watermark(self) -> None:
         """Record the high watermark, so a replica restarted after a crash knows which of its batches surely
         are committed: as a follower it compares what lies above with its leader's before claiming it. A
-        stale record is merely lower: safe."""
+        stale record is merely lower: safe.
+
+        An unchanged high watermark is not written again: the replication manager checkpoints every bucket
+        each second on the event loop, and an idle bucket's file write would stall requests for nothing."""
+        high_watermark = self._high_watermark
+        if high_watermark == self._checkpointed_high_watermark:
+            return
         path = self.directory / HIGH_WATERMARK_FILE
         temporary = path.with_suffix(".tmp")
-        temporary.write_text(str(self._high_watermark))
+        temporary.write_text(str(high_watermark))
         temporary.replace(path)
+        self._checkpointed_high_watermark = high_watermark
 
     def _expire_writers(self, now_ms: int) -> None:
         """Forget writers idle longer than ``writer_expiration_ms``, at most every eighth of that period, so

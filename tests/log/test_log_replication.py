@@ -81,6 +81,33 @@ async def test_truncation_drops_whole_batches_and_what_they_taught_the_writer_st
         reopened.close()
 
 
+async def test_the_high_watermark_is_recorded_only_when_it_moved(tmp_path: Path) -> None:
+    """The replication manager checkpoints every bucket each second on the event loop: an idle bucket
+    writes nothing, and the first checkpoint of a freshly opened log writes its record even unchanged."""
+    record = tmp_path / "log" / HIGH_WATERMARK_FILE
+    tablet = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        first = append(tablet, batch_bytes([1, 2]))
+        await tablet.durable(first.next_offset)
+        tablet.checkpoint_high_watermark()
+        written = record.stat().st_ino  # every record is a new file renamed over the old one
+        tablet.checkpoint_high_watermark()
+        assert record.stat().st_ino == written, "an unchanged high watermark was written again"
+        second = append(tablet, batch_bytes([3]))
+        await tablet.durable(second.next_offset)
+        tablet.checkpoint_high_watermark()
+        assert record.read_text() == "3" and record.stat().st_ino != written
+    finally:
+        tablet.close()
+    record.unlink()
+    reopened = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
+    try:
+        reopened.checkpoint_high_watermark()
+        assert record.read_text() == "3"
+    finally:
+        reopened.close()
+
+
 async def test_a_reopened_replica_starts_from_its_recorded_high_watermark(tmp_path: Path) -> None:
     tablet = LogTablet.open(tmp_path / "log", DURABLE_EACH_APPEND)
     try:
