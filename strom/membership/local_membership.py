@@ -7,9 +7,11 @@ time (``/proc/<pid>/stat``) of the process that wrote them, and an entry whose p
 absent. So a process killed with -9 leaves at once, with no session timeout to wait out, and its restart
 takes its id again; a pid reused by another program does not keep it alive (its start time differs).
 
-A watcher thread per object re-reads its rows (a handful) and checks their owners' liveness every
-:data:`POLL_S`; listeners are called on that thread after a change, as ZooKeeper's watches call them on
-kazoo's.
+A watcher per object looks for changes every :data:`POLL_S`, on one thread per process; listeners are
+called on that thread after a change, as ZooKeeper's watches call them on kazoo's. Every process of a cluster polls all the time,
+and a poll holds the GIL that the process's requests wait on, so an idle poll is made cheap: the file's
+``PRAGMA data_version`` says whether another process wrote since the last read, and the owners are watched
+through pidfds (one ``poll`` system call for all of them) instead of reading ``/proc`` for each.
 
 Every write is one ``BEGIN IMMEDIATE`` transaction (SQLite serialises the processes' writers; a busy file
 is waited for up to :data:`BUSY_TIMEOUT_S`), committed with ``synchronous=FULL``.
@@ -19,11 +21,14 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 from strom.errors import InvalidConfigError, StorageError
 from strom.ids import TableBucket
@@ -98,6 +103,78 @@ def owner_alive(owner: str) -> bool:
     return current is not None and (current == started or "?" in (current, started))
 
 
+class OwnerLiveness:
+    """Whether owner identities are alive, by pidfd where Linux offers one.
+
+    An owner is checked once against ``/proc`` (:func:`owner_alive`) when it is first seen, and then watched
+    through a pidfd of its process, which becomes readable when that process exits; a pid reused later
+    cannot fool it. Without pidfds, every check reads ``/proc``. Not thread-safe: one watcher uses it.
+    """
+
+    def __init__(self) -> None:
+        self._pidfds: dict[str, int] = {}
+        self._dead: set[str] = set()
+
+    def alive(self, owner: str) -> bool:
+        if owner in self._dead:
+            return False
+        if owner in self._pidfds:
+            return not self._exited([owner])
+        if self._watch(owner):
+            return owner in self._pidfds
+        return owner_alive(owner)  # no pidfd here: /proc (or kill 0) each time
+
+    def all_alive(self, owners: set[str]) -> bool:
+        """One system call for the owners already watched."""
+        watched = [owner for owner in owners if owner in self._pidfds]
+        others = [owner for owner in owners if owner not in self._pidfds]
+        return all(self.alive(owner) for owner in others) and not self._exited(watched)
+
+    def retain(self, owners: set[str]) -> None:
+        """Forget owners no longer named by any row."""
+        for owner in [owner for owner in self._pidfds if owner not in owners]:
+            os.close(self._pidfds.pop(owner))
+        self._dead &= owners
+
+    def close(self) -> None:
+        self.retain(set())
+
+    def _watch(self, owner: str) -> bool:
+        """Start watching a live owner, or record a dead one; False where pidfds are not available."""
+        pidfd_open = getattr(os, "pidfd_open", None)
+        pid_text, _, _ = owner.partition(":")
+        if pidfd_open is None or not pid_text.isdigit():
+            return False
+        try:
+            pidfd = pidfd_open(int(pid_text))
+        except ProcessLookupError:
+            self._dead.add(owner)
+            return True
+        except OSError:  # a kernel before 5.3, or a sandbox without the call
+            return False
+        # checked after opening: if the owner was alive then, the pidfd is of its process, not of a reuse
+        if not owner_alive(owner):
+            os.close(pidfd)
+            self._dead.add(owner)
+        else:
+            self._pidfds[owner] = pidfd
+        return True
+
+    def _exited(self, owners: list[str]) -> set[str]:
+        """The watched owners whose processes have exited (now recorded as dead)."""
+        watched = {self._pidfds[owner]: owner for owner in owners if owner in self._pidfds}
+        if not watched:
+            return set()
+        poller = select.poll()
+        for pidfd in watched:
+            poller.register(pidfd, select.POLLIN)
+        exited = {watched[pidfd] for pidfd, _ in poller.poll(0)}
+        for owner in exited:
+            os.close(self._pidfds.pop(owner))
+            self._dead.add(owner)
+        return exited
+
+
 class _MembershipFile:
     """One connection to the shared SQLite file, used under a lock (blocking calls)."""
 
@@ -136,6 +213,10 @@ class _MembershipFile:
             except sqlite3.Error as exc:
                 raise StorageError(f"cannot read the cluster membership in {self.path}: {exc}") from exc
 
+    def data_version(self) -> int:
+        """Changes when another connection commits to the file (never for this connection's own commits)."""
+        return int(self.query("PRAGMA data_version")[0][0])
+
     def remove_owned(self, sql: str, owner: str, what: str) -> None:
         """Delete what ``owner`` wrote (``sql`` takes the owner as its one parameter), as a ZooKeeper session's
         end would; a failure is logged, the rows counting as gone once their process is."""
@@ -151,25 +232,63 @@ class _MembershipFile:
 
 
 class _Watcher:
-    """A daemon thread calling ``poll`` every :data:`POLL_S` until stopped; a failing round is logged."""
+    """Calls ``poll`` every :data:`POLL_S` until stopped; a failing round is logged.
+
+    Every watcher of a process shares one thread (``membership-watch``), which wakes once a round for all of
+    them: each process of a cluster watches both the servers and the coordinator, all the time, and each
+    wake-up of a thread costs more than the poll it runs.
+    """
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _active: ClassVar[list[_Watcher]] = []
+    _thread: ClassVar[threading.Thread | None] = None
 
     def __init__(self, name: str, poll: Callable[[], None]) -> None:
+        self._name = name
         self._poll = poll
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._running = threading.Lock()  # held while one of this watcher's rounds runs
+        self._stopped = False
+        with _Watcher._lock:
+            _Watcher._active.append(self)
+            if _Watcher._thread is None:
+                _Watcher._thread = threading.Thread(target=_Watcher._run_all, name="membership-watch", daemon=True)
+                _Watcher._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+    @staticmethod
+    def _run_all() -> None:
+        """The shared thread: a round for every watcher each :data:`POLL_S`; it ends once none is left."""
+        while True:
+            time.sleep(POLL_S)
+            with _Watcher._lock:
+                watchers = list(_Watcher._active)
+                if not watchers:
+                    _Watcher._thread = None
+                    return
+            for watcher in watchers:
+                watcher._round()
+
+    def _round(self) -> None:
+        with self._running:
+            if self._stopped:
+                return
             try:
                 self._poll()
             except Exception as exc:  # the next round tries again
-                log.info("membership watcher: %s", exc)
+                log.info("membership watcher %s: %s", self._name, exc)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        """No round of this watcher starts after this returns, and one running ends first (unless this is
+        called from that round, or it takes longer than five seconds)."""
+        with _Watcher._lock:
+            if self in _Watcher._active:
+                _Watcher._active.remove(self)
+        if threading.current_thread() is _Watcher._thread:
+            self._stopped = True
+            return
+        waited = self._running.acquire(timeout=5)
+        self._stopped = True
+        if waited:
+            self._running.release()
 
 
 class LocalServerRegistry:
@@ -184,8 +303,12 @@ class LocalServerRegistry:
         self._live: dict[int, ServerNode] = {}
         self._refresh_lock = threading.Lock()
         self._closed = False
+        self._owners = OwnerLiveness()
+        self._read_version: int | None = None
+        self._live_owners: set[str] = set()
+        self._nodes: dict[tuple[int, bytes], ServerNode | None] = {}  # decoded registrations, by their bytes
         self._refresh()
-        self._watcher = _Watcher("membership-servers", self._refresh)
+        self._watcher = _Watcher("membership-servers", self._poll)
 
     def register(self, server: RegisteredServer) -> None:
         value = encode_registration(server)
@@ -200,7 +323,7 @@ class LocalServerRegistry:
                 raise id_taken(server, holder)
             db.execute("INSERT OR REPLACE INTO membership_servers VALUES (?, ?, ?)",
                        (server.server_id, value, self._owner))
-        self._refresh()
+        self._refresh()  # this connection's own commit leaves the data version as it was: read now
 
     def live(self) -> dict[int, ServerNode]:
         return dict(self._live)
@@ -208,26 +331,44 @@ class LocalServerRegistry:
     def add_listener(self, listener: Callable[[dict[int, ServerNode]], None]) -> None:
         self._listeners.append(listener)
 
+    def _poll(self) -> None:
+        """Re-read the rows only when another process wrote to the file or an owner counted live exited."""
+        with self._refresh_lock:
+            unchanged = (not self._closed and self._file.data_version() == self._read_version
+                         and self._owners.all_alive(self._live_owners))
+        if not unchanged:
+            self._refresh()
+
     def _refresh(self) -> None:
         with self._refresh_lock:
             if self._closed:
                 return
+            self._read_version = self._file.data_version()  # before the read: a later write is seen next poll
+            rows = self._file.query("SELECT server_id, registration, owner FROM membership_servers ORDER BY server_id")
             servers: dict[int, ServerNode] = {}
-            for server_id, registration, owner in self._file.query(
-                    "SELECT server_id, registration, owner FROM membership_servers ORDER BY server_id"):
-                if not owner_alive(owner):
+            nodes: dict[tuple[int, bytes], ServerNode | None] = {}
+            live_owners: set[str] = set()
+            for server_id, registration, owner in rows:
+                if not self._owners.alive(owner):
                     continue
-                try:
-                    node = decode_registration(server_id, bytes(registration)).node(self._internal_listener)
-                except (ValueError, KeyError, TypeError, InvalidConfigError):
-                    log.warning("ignoring tablet server registration %s with value %r", server_id, registration)
-                    continue
+                live_owners.add(owner)
+                key = (server_id, bytes(registration))
+                node = nodes[key] = self._nodes[key] if key in self._nodes else self._decode(*key)
                 if node is not None:
                     servers[server_id] = node
+            self._owners.retain({owner for _, _, owner in rows})
+            self._nodes, self._live_owners = nodes, live_owners
             changed = servers != self._live
             self._live = servers
         if changed:
             notify_live_servers(self._listeners, servers)
+
+    def _decode(self, server_id: int, registration: bytes) -> ServerNode | None:
+        try:
+            return decode_registration(server_id, registration).node(self._internal_listener)
+        except (ValueError, KeyError, TypeError, InvalidConfigError):
+            log.warning("ignoring tablet server registration %s with value %r", server_id, registration)
+            return None
 
     def close(self) -> None:
         with self._refresh_lock:
@@ -238,6 +379,7 @@ class LocalServerRegistry:
         self._file.remove_owned("DELETE FROM membership_servers WHERE owner = ?", self._owner,
                                 "this process's registrations")  # it leaves at once
         self._file.close()
+        self._owners.close()
 
 
 class LocalCoordinatorDirectory(FollowedCoordinator):
@@ -250,12 +392,14 @@ class LocalCoordinatorDirectory(FollowedCoordinator):
         self._file = _MembershipFile(path)
         self._owner = this_process()
         self._closed = False
+        self._owners = OwnerLiveness()  # used by the watcher's thread and the first read only
         self._refresh()
         self._watcher = _Watcher("membership-coordinator", self._refresh)
 
     def _read(self) -> ActiveCoordinator | None:
         rows = self._file.query("SELECT address, owner FROM membership_coordinator WHERE slot = 0")
-        if not rows or not owner_alive(rows[0][1]):
+        self._owners.retain({owner for _, owner in rows})
+        if not rows or not self._owners.alive(rows[0][1]):
             return None
         try:
             return ActiveCoordinator.decode(bytes(rows[0][0]))
@@ -299,6 +443,7 @@ class LocalCoordinatorDirectory(FollowedCoordinator):
             self._file.remove_owned("DELETE FROM membership_coordinator WHERE slot = 0 AND owner = ?", self._owner,
                                     "the active coordinator's entry")
         self._file.close()
+        self._owners.close()
 
 
 class LocalBucketStates(BucketStates):
@@ -350,4 +495,4 @@ class LocalBucketStates(BucketStates):
         self._file.close()
 
 
-__all__ = ["LocalBucketStates", "LocalCoordinatorDirectory", "LocalServerRegistry", "owner_alive", "this_process"]
+__all__ = ["LocalBucketStates", "LocalCoordinatorDirectory", "LocalServerRegistry", "OwnerLiveness", "owner_alive", "this_process"]

@@ -23,6 +23,7 @@ from strom.membership.local_membership import (
     LocalBucketStates,
     LocalCoordinatorDirectory,
     LocalServerRegistry,
+    OwnerLiveness,
     owner_alive,
     this_process,
 )
@@ -83,18 +84,86 @@ def holder(path: str) -> Iterator[Callable[[str, int], subprocess.Popen[str]]]:
         process.wait(10)
 
 
-def test_an_owner_is_alive_exactly_while_its_process_runs() -> None:
+@pytest.mark.parametrize("watched", [False, True], ids=["proc", "pidfd"])
+def test_an_owner_is_alive_exactly_while_its_process_runs(watched: bool) -> None:
+    liveness = OwnerLiveness()
+    alive = liveness.alive if watched else owner_alive
     me = this_process()
-    assert owner_alive(me)
+    assert alive(me)
     pid, _, started = me.partition(":")
-    assert not owner_alive(f"{pid}:{int(started) + 1}")  # the same pid, another start time: a reused pid
+    assert not alive(f"{pid}:{int(started) + 1}")  # the same pid, another start time: a reused pid
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     owner = f"{process.pid}:{Path(f'/proc/{process.pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
-    assert owner_alive(owner)
+    assert alive(owner)
     process.kill()
     process.wait(10)
-    assert not owner_alive(owner)
-    assert not owner_alive("not-a-pid:1")
+    assert not alive(owner)
+    assert not alive(owner)  # and stays dead
+    assert alive(me)
+    assert not alive("not-a-pid:1")
+    liveness.close()
+
+
+def test_owner_liveness_answers_for_many_owners_at_once() -> None:
+    liveness = OwnerLiveness()
+    processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        running, killed = (f"{p.pid}:{Path(f'/proc/{p.pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
+                           for p in processes)
+        assert liveness.all_alive({running, killed, this_process()})
+        processes[1].kill()
+        processes[1].wait(10)
+        assert not liveness.all_alive({running, killed})
+        assert liveness.all_alive({running, this_process()})
+        liveness.retain(set())  # forgetting every owner closes their pidfds
+        assert liveness.all_alive(set())
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(10)
+        liveness.close()
+
+
+def test_an_idle_registry_poll_reads_only_the_files_data_version(path: str) -> None:
+    """Every process polls all the time, holding its GIL: a poll that finds nothing new costs one query."""
+    registry, other = LocalServerRegistry(path), LocalServerRegistry(path)
+    try:
+        other.register(server(1, 9001))
+        wait_until(lambda: 1 in registry.live(), "the other connection's registration")
+        statements: list[str] = []
+        registry._file._db.set_trace_callback(statements.append)  # the watcher's connection
+        time.sleep(0.35)  # three polls or more
+        assert statements and set(statements) == {"PRAGMA data_version"}
+        other.register(server(1, 9011))  # rewritten in place by another connection, by the same owner
+        wait_until(lambda: registry.live()[1].port == 9011, "a registration rewritten in place")
+        assert any(statement.startswith("SELECT") for statement in statements)
+    finally:
+        registry.close()
+        other.close()
+
+
+def test_the_watchers_of_a_process_share_one_thread_that_ends_with_the_last(path: str) -> None:
+    def watch_threads() -> list[threading.Thread]:
+        return [thread for thread in threading.enumerate() if thread.name == "membership-watch"]
+
+    registry, directory = LocalServerRegistry(path), LocalCoordinatorDirectory(path)
+    try:
+        assert len(watch_threads()) == 1
+        registry.register(server(1, 9001))
+        assert directory.campaign(server(0, 9300), lambda: 4, threading.Event()) == 4
+        other = LocalServerRegistry(path)
+        assert len(watch_threads()) == 1
+        assert other.live()[1].port == 9001
+        other.close()
+    finally:
+        registry.close()
+        directory.close()
+    wait_until(lambda: not watch_threads(), "the shared thread ends once no watcher is left")
+    again = LocalServerRegistry(path)  # and a new watcher starts it again
+    try:
+        assert len(watch_threads()) == 1
+    finally:
+        again.close()
 
 
 def test_registrations_are_seen_by_every_registry_and_leave_on_close(path: str) -> None:
