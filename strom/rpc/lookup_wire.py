@@ -72,6 +72,29 @@ def parse_lookup_response_python(body: bytes) -> list[BucketAnswer]:
     return answers
 
 
+PlainLookup = tuple[int, list[tuple[int, int | None, list[bytes]]]]
+"""A LookupRequest that only reads: its table id and, per bucket, bucket id, partition id and keys."""
+
+
+def plain_lookup_request_python(body: bytes) -> PlainLookup | None:
+    """The table id and buckets of a well-formed LookupRequest that only reads (no ``insert_if_not_exists``,
+    no ``original_partition_name``), else None: the server's short path, which leaves every other request,
+    malformed ones included, to protobuf and its errors."""
+    try:
+        request = pb.LookupRequest.FromString(body)
+    except DecodeError:
+        return None
+    if not request.IsInitialized() or request.insert_if_not_exists:
+        return None
+    buckets = []
+    for entry in request.buckets_req:
+        if entry.HasField("original_partition_name"):
+            return None
+        buckets.append((entry.bucket_id, entry.partition_id if entry.HasField("partition_id") else None, list(entry.keys)))
+    return request.table_id, buckets
+
+
 lookup_request = native.lookup_request if native is not None else lookup_request_python
 lookup_bucket_entry = native.lookup_bucket_entry if native is not None else lookup_bucket_entry_python
 parse_lookup_response = native.parse_lookup_response if native is not None else parse_lookup_response_python
+plain_lookup_request = native.plain_lookup_request if native is not None else plain_lookup_request_python

@@ -81,6 +81,23 @@ wait for a request (a lookup that inserts missing keys) returns an awaitable, wh
 
 
 @dataclass(frozen=True, slots=True)
+class WithBodyPath:
+    """A handler with a short path that answers the common requests from their body's bytes, before any
+    protobuf object or request context is made: ``answer(body)`` returns the response body, or None to leave
+    the request to ``handler``. A point lookup is nearly all such overhead (lookup_wire.py).
+
+    The short path is taken only while this object is the route's handler itself: a handler wrapped by the
+    access rules (authorization on) is a plain function again, so every request then goes through them.
+    """
+
+    handler: Handler
+    answer: Callable[[bytes], bytes | None]
+
+    def __call__(self, request: Message, context: RequestContext) -> Response | Awaitable[Response]:
+        return self.handler(request, context)
+
+
+@dataclass(frozen=True, slots=True)
 class _Route:
     key: ApiKey
     handler: Handler
@@ -88,6 +105,7 @@ class _Route:
     min_version: int
     max_version: int
     inline: bool
+    answer_body: Callable[[bytes], bytes | None] | None = None
 
 
 @dataclass(slots=True)
@@ -254,7 +272,9 @@ class RpcServer:
                 continue  # not in our protocol definitions: answered as unsupported
             versions = version_range(key)
             inline = not inspect.iscoroutinefunction(handler)
-            built[int(key)] = _Route(key, handler, message_class, versions.min_version, versions.max_version, inline)
+            answer_body = handler.answer if isinstance(handler, WithBodyPath) else None
+            built[int(key)] = _Route(key, handler, message_class, versions.min_version, versions.max_version, inline,
+                                     answer_body)
         self._routes = built
 
     def _api_versions(self, request: Message, context: RequestContext) -> Message:
@@ -292,6 +312,14 @@ class RpcServer:
                 request_id,
                 UnsupportedVersionError(f"{route.key.name} version {api_version} is not supported"),
             )
+        if route.answer_body is not None:
+            try:
+                answer = route.answer_body(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
+            except Exception as exc:  # answered as the handler's failure would be
+                context = RequestContext(route.key, api_version, request_id, connection.peer, connection.connection_id)
+                return self.respond(context, exc)
+            if answer is not None:
+                return framing.encode_response(framing.RESPONSE_SUCCESS, request_id, answer)
         try:
             request = route.request_class.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
         except (DecodeError, ValueError, RuntimeError) as exc:
@@ -497,10 +525,11 @@ class _Connection(asyncio.Protocol):
                 break
             frame = self._waiting.popleft()
             routed = server.route(frame, self)
-            if isinstance(routed, bytes):
+            if isinstance(routed, bytes):  # an error, or an answer from a short path (WithBodyPath)
                 if self.failed_authentication:
                     self._refuse_after_delay(routed)
                     return
+                inline_count += 1
                 self._write(routed)
                 continue
             route, request, context = routed

@@ -29,7 +29,7 @@ from strom.metadata.table_info import TableInfo
 from strom.remote.storage import RemoteStorage
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
-from strom.rpc.server import Handler
+from strom.rpc.server import Handler, WithBodyPath
 from strom.tablet.data_dirs import open_configured
 from strom.tablet.disk_guard import DiskWriteGuard
 from strom.tablet.historical_lookups import HistoricalLookups
@@ -153,7 +153,7 @@ class TabletRole:
             ApiKey.FETCH_LOG: tablet.fetch_log,
             ApiKey.LIST_OFFSETS: tablet.list_offsets,
             ApiKey.PUT_KV: tablet.put_kv,
-            ApiKey.LOOKUP: tablet.lookup,
+            ApiKey.LOOKUP: WithBodyPath(tablet.lookup, tablet.answer_plain_lookup),
             ApiKey.PREFIX_LOOKUP: tablet.prefix_lookup,
             ApiKey.LIMIT_SCAN: tablet.limit_scan,
             ApiKey.GET_TABLE_STATS: tablet.get_table_stats,

@@ -468,6 +468,16 @@ class TabletService:
             return self._lookup_historical(request)
         return b"".join(self._lookup_entry(_bucket(request.table_id, b), b.keys) for b in request.buckets_req)
 
+    def answer_plain_lookup(self, body: bytes) -> bytes | None:
+        """The response body of a Lookup that only reads, from the request's bytes (the server's short path,
+        ``WithBodyPath``); None for any other, which :meth:`lookup` answers."""
+        plain = lookup_wire.plain_lookup_request(body)
+        if plain is None:
+            return None
+        table_id, buckets = plain
+        return b"".join(self._lookup_entry(TableBucket(table_id, bucket_id, partition_id), keys)
+                        for bucket_id, partition_id, keys in buckets)
+
     def _lookup_entry(self, bucket: TableBucket, keys: Any) -> bytes:
         """One bucket's LookupResponse entry: the values of ``keys`` this server leads, or the error."""
         try:

@@ -77,6 +77,64 @@ def test_malformed_responses_are_refused_with_value_error_never_misread(body):
     assert parsed == expected
 
 
+bucket_request = st.tuples(
+    st.one_of(st.none(), int32), partition, st.lists(st.binary(max_size=20), max_size=5),
+    st.one_of(st.none(), st.text(max_size=8)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(table_id=st.one_of(st.none(), int64), buckets=st.lists(bucket_request, max_size=4),
+       inserting=st.one_of(st.none(), st.booleans()), acks=st.one_of(st.none(), int32),
+       unknown=st.binary(max_size=8))
+def test_plain_lookup_requests_read_as_protobuf_reads_them_and_the_rest_are_left_to_it(
+        table_id, buckets, inserting, acks, unknown):
+    request = pb.LookupRequest()
+    if table_id is not None:
+        request.table_id = table_id
+    for bucket_id, partition_id, keys, original in buckets:
+        entry = request.buckets_req.add(keys=keys)
+        if bucket_id is not None:
+            entry.bucket_id = bucket_id
+        if partition_id is not None:
+            entry.partition_id = partition_id
+        if original is not None:
+            entry.original_partition_name = original
+    if inserting is not None:
+        request.insert_if_not_exists = inserting
+    if acks is not None:
+        request.acks = acks
+    body = request.SerializePartialToString() + bytes([15 << 3 | 2, len(unknown)]) + unknown
+    plain = table_id is not None and not inserting and all(
+        bucket_id is not None and original is None for bucket_id, _, _, original in buckets)
+    expected = (table_id, [(b, p, k) for b, p, k, _ in buckets]) if plain else None
+    assert lookup_wire.plain_lookup_request_python(body) == expected
+    assert native.plain_lookup_request(body) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(body=st.binary(max_size=60))
+def test_any_bytes_read_as_a_plain_lookup_are_what_protobuf_reads(body):
+    """None (left to protobuf, which names the error) is always safe; an answer must be protobuf's."""
+    parsed = native.plain_lookup_request(body)
+    if parsed is not None:
+        assert parsed == lookup_wire.plain_lookup_request_python(body)
+    for cut in range(len(body)):
+        native.plain_lookup_request(body[:cut])  # never raises, never crashes
+
+
+@settings(max_examples=500, deadline=None)
+@given(table_id=int64, bucket_id=int32, keys=st.lists(st.binary(max_size=12), min_size=1, max_size=3),
+       position=st.integers(0, 200), byte=st.integers(0, 255))
+def test_a_plain_lookup_with_one_byte_changed_reads_as_protobuf_reads_it_or_is_left_to_it(
+        table_id, bucket_id, keys, position, byte):
+    body = bytearray(native.lookup_request(table_id, None, bucket_id, keys))
+    body[position % len(body)] = byte
+    parsed = native.plain_lookup_request(bytes(body))
+    if parsed is not None:
+        assert parsed == lookup_wire.plain_lookup_request_python(bytes(body))
+
+
 def test_a_truncated_response_or_one_without_bucket_id_is_refused():
     whole = native.lookup_bucket_entry(3, None, [b"\x01\x00abc"])
     for cut in range(1, len(whole)):

@@ -21,7 +21,7 @@ from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.client import RpcConnection
 from strom.rpc.messages import Message, pb
-from strom.rpc.server import RequestContext, RpcServer, bind_listener
+from strom.rpc.server import RequestContext, RpcServer, WithBodyPath, bind_listener
 
 FRAME_SIZE_BYTES_MAX = 1 << 16
 IN_FLIGHT_COUNT_MAX = 3
@@ -230,3 +230,51 @@ async def test_an_unparsable_response_is_a_corrupt_message_error_for_the_caller(
     finally:
         fake.close()
         await fake.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_a_short_path_answers_from_the_body_and_leaves_the_rest_to_the_handler() -> None:
+    """``WithBodyPath``: the answer function sees the body's bytes first; None hands the request to the
+    handler, a failure is answered as the handler's would be, and a wrapped handler (authorization on)
+    never takes the short path."""
+    seen: list[str] = []
+
+    def answer(body: bytes) -> bytes | None:
+        name = pb.GetDatabaseInfoRequest.FromString(body).database_name
+        seen.append(f"short {name}")
+        if name == "bug":
+            raise KeyError("an unexpected failure")
+        return pb.GetDatabaseInfoResponse(database_json=b"short", created_time=0, modified_time=0).SerializeToString() \
+            if name == "short" else None
+
+    def handler(request: Any, _context: RequestContext) -> Message:
+        seen.append(f"handler {request.database_name}")
+        return pb.GetDatabaseInfoResponse(database_json=b"handler", created_time=0, modified_time=0)
+
+    def wrapped(request: Any, context: RequestContext) -> Any:  # as an access rule wraps a handler
+        return short(request, context)
+
+    short = WithBodyPath(handler, answer)
+    for handlers, expected in (({ApiKey.GET_DATABASE_INFO: short}, [b"short", b"handler"]),
+                               ({ApiKey.GET_DATABASE_INFO: wrapped}, [b"handler", b"handler"])):
+        seen.clear()
+        server = RpcServer(handlers, frame_size_bytes_max=FRAME_SIZE_BYTES_MAX,
+                           in_flight_count_max=IN_FLIGHT_COUNT_MAX, idle_timeout_ms=600_000)
+        sock = bind_listener("127.0.0.1", 0)
+        await server.start(sock)
+        connection = await connect(sock.getsockname()[1])
+        try:
+            answers = [(await connection.request(ApiKey.GET_DATABASE_INFO, pb.GetDatabaseInfoRequest(database_name=name)))
+                       .database_json for name in ("short", "long")]
+            assert answers == expected
+            if handlers[ApiKey.GET_DATABASE_INFO] is short:
+                assert seen == ["short short", "short long", "handler long"]
+                with pytest.raises(UnknownServerError, match="unexpected failure"):
+                    await connection.request(ApiKey.GET_DATABASE_INFO, pb.GetDatabaseInfoRequest(database_name="bug"))
+                answer_again = await connection.request(ApiKey.GET_DATABASE_INFO, pb.GetDatabaseInfoRequest(database_name="short"))
+                assert answer_again.database_json == b"short"  # the connection keeps serving after the failure
+            else:
+                assert seen == ["handler short", "handler long"]
+        finally:
+            await connection.close()
+            await server.stop()

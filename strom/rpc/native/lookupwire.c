@@ -487,10 +487,154 @@ done:
     return entries;
 }
 
+/* ----------------------------------------------------------------------------- reading a request */
+
+/* One buckets_req entry as (bucket_id, partition_id, [keys]); 1 when it is not a plain one (it names
+ * original_partition_name, or lacks bucket_id): the caller then leaves the request to protobuf. */
+static int
+read_plain_bucket_request(Reader *reader, PyObject **entry)
+{
+    int64_t bucket_id = 0, partition_id = 0;
+    int has_bucket = 0, has_partition = 0;
+    PyObject *keys = PyList_New(0);
+    if (keys == NULL) {
+        return -1;
+    }
+    while (reader->at < reader->end) {
+        int field, wire_type;
+        uint64_t number;
+        Reader inner;
+        if (read_tag(reader, &field, &wire_type) < 0) {
+            goto error;
+        }
+        if (wire_type == WIRE_VARINT && (field == 1 || field == 2)) {
+            if (read_varint(reader, &number) < 0) {
+                goto error;
+            }
+            if (field == 1) {
+                partition_id = (int64_t)number;
+                has_partition = 1;
+            }
+            else {
+                bucket_id = (int32_t)(uint32_t)number;
+                has_bucket = 1;
+            }
+        }
+        else if (wire_type == WIRE_LEN && field == 3) {
+            if (read_length_delimited(reader, &inner) < 0) {
+                goto error;
+            }
+            PyObject *key = PyBytes_FromStringAndSize((const char *)inner.at, inner.end - inner.at);
+            if (key == NULL) {
+                goto error;
+            }
+            int failed = PyList_Append(keys, key) < 0;
+            Py_DECREF(key);
+            if (failed) {
+                goto error;
+            }
+        }
+        else if (wire_type == WIRE_LEN && field == 4) {
+            Py_DECREF(keys); /* original_partition_name: a historical lookup */
+            return 1;
+        }
+        else if (skip_field(reader, wire_type) < 0) {
+            goto error;
+        }
+    }
+    if (!has_bucket) {
+        Py_DECREF(keys);
+        return 1;
+    }
+    PyObject *partition = has_partition ? PyLong_FromLongLong(partition_id) : Py_NewRef(Py_None);
+    if (partition == NULL) {
+        goto error;
+    }
+    *entry = Py_BuildValue("(LNN)", (long long)bucket_id, partition, keys);
+    return *entry == NULL ? -1 : 0;
+error:
+    Py_DECREF(keys);
+    return -1;
+}
+
+/* plain_lookup_request(body) -> (table_id, [(bucket_id, partition_id, [keys])]) for a well-formed
+ * LookupRequest that only reads (no insert_if_not_exists, no historical partition), else None: the
+ * server's path without protobuf objects, which leaves every other request, malformed ones included, to
+ * protobuf and its errors. */
+static PyObject *
+plain_lookup_request(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    Reader reader = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
+    int64_t table_id = 0;
+    int has_table = 0, inserting = 0;
+    PyObject *result = NULL;
+    PyObject *buckets = PyList_New(0);
+    if (buckets == NULL) {
+        goto done;
+    }
+    while (reader.at < reader.end) {
+        int field, wire_type;
+        uint64_t number;
+        Reader inner;
+        if (read_tag(&reader, &field, &wire_type) < 0) {
+            goto not_plain;
+        }
+        if (wire_type == WIRE_VARINT && (field == 1 || field == 3)) {
+            if (read_varint(&reader, &number) < 0) {
+                goto not_plain;
+            }
+            if (field == 1) {
+                table_id = (int64_t)number;
+                has_table = 1;
+            }
+            else {
+                inserting = number != 0; /* the last occurrence wins */
+            }
+        }
+        else if (wire_type == WIRE_LEN && field == 2) {
+            PyObject *entry = NULL;
+            if (read_length_delimited(&reader, &inner) < 0) {
+                goto not_plain;
+            }
+            int read = read_plain_bucket_request(&inner, &entry);
+            if (read != 0) {
+                if (read < 0 && !PyErr_ExceptionMatches(PyExc_ValueError)) {
+                    goto done; /* out of memory: raised */
+                }
+                goto not_plain;
+            }
+            int failed = PyList_Append(buckets, entry) < 0;
+            Py_DECREF(entry);
+            if (failed) {
+                goto done;
+            }
+        }
+        else if (skip_field(&reader, wire_type) < 0) {
+            goto not_plain;
+        }
+    }
+    if (has_table && !inserting) {
+        result = Py_BuildValue("(LO)", (long long)table_id, buckets);
+        goto done;
+    }
+not_plain:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(buckets);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"lookup_request", lookup_request, METH_VARARGS, "A LookupRequest for one bucket's keys."},
     {"lookup_bucket_entry", lookup_bucket_entry, METH_VARARGS, "One LookupResponse entry, tag included."},
     {"parse_lookup_response", parse_lookup_response, METH_O, "A LookupResponse's entries as tuples."},
+    {"plain_lookup_request", plain_lookup_request, METH_O, "A reading LookupRequest's buckets, else None."},
     {NULL, NULL, 0, NULL},
 };
 
