@@ -126,27 +126,55 @@ def process_cpu_s(pid: int) -> float:
     return _cpu_s(_stat_fields(pid))
 
 
-def process_tree_cpu_s(pid: int) -> float:
-    """:func:`process_cpu_s` of ``pid`` and every live descendant: a ``--workers N`` server is a supervisor,
-    a coordinator and N tablet servers."""
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and every live descendant: a ``--workers N`` server is a supervisor, a coordinator and N
+    tablet servers."""
     parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = _stat_fields(int(entry.name))
-        except OSError:  # gone meanwhile
-            continue
-        parents[int(entry.name)] = int(fields[1])
-        cpu[int(entry.name)] = _cpu_s(fields)
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(_stat_fields(int(entry.name))[1])
+            except OSError:  # gone meanwhile
+                continue
     tree = {pid}
     grown = True
     while grown:
         children = {child for child, parent in parents.items() if parent in tree} - tree
         tree |= children
         grown = bool(children)
-    return sum(cpu.get(member, 0.0) for member in tree)
+    return tree
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """:func:`process_cpu_s` of ``pid`` and every live descendant."""
+    total = 0.0
+    for member in process_tree(pid):
+        try:
+            total += process_cpu_s(member)
+        except OSError:  # gone meanwhile
+            continue
+    return total
+
+
+def threads_run_ns_and_wakeups(pids: set[int]) -> tuple[int, int]:
+    """Nanoseconds on a CPU (``schedstat``, exact where ``stat``'s ticks are 10 ms) and context switches
+    (each one a wake-up or a preemption), summed over every thread of ``pids``."""
+    run_ns = switches = 0
+    for pid in pids:
+        try:
+            threads = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                run_ns += int((thread / "schedstat").read_text().split()[0])
+                status = (thread / "status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if "ctxt_switches:" in line:  # voluntary and nonvoluntary
+                    switches += int(line.split()[1])
+    return run_ns, switches
 
 
 def machine_busy_s() -> float:

@@ -23,6 +23,7 @@ BENCHES = [
     ("bench.schema_evolution_bench", [], ["--rows", "50000", "--lookups", "5000"]),
     ("bench.cluster_bench", [], ["--rows", "100000"]),
     ("bench.workers_bench", [], ["--rows", "100000"]),
+    ("bench.idle_bench", [], ["--seconds", "3"]),
     ("bench.rebalance_bench", [], ["--mb", "50", "--baseline-seconds", "2"]),
     ("bench.spark_bench", [], ["--rows", "200000"]),
     ("bench.spark_exactly_once_bench", [], ["--rows", "100000", "--repeat", "1"]),
