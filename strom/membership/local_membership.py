@@ -8,10 +8,11 @@ absent. So a process killed with -9 leaves at once, with no session timeout to w
 takes its id again; a pid reused by another program does not keep it alive (its start time differs).
 
 A watcher per object looks for changes every :data:`POLL_S`, on one thread per process; listeners are
-called on that thread after a change, as ZooKeeper's watches call them on kazoo's. Every process of a cluster polls all the time,
-and a poll holds the GIL that the process's requests wait on, so an idle poll is made cheap: the file's
-``PRAGMA data_version`` says whether another process wrote since the last read, and the owners are watched
-through pidfds (one ``poll`` system call for all of them) instead of reading ``/proc`` for each.
+called on that thread after a change, as ZooKeeper's watches call them on kazoo's. Every process of a
+cluster polls all the time, and a poll holds the GIL that the process's requests wait on, so an idle poll
+is made cheap: the file's ``PRAGMA data_version`` says whether another process wrote since the last read,
+and the owners are watched through pidfds (one ``poll`` system call for all of them) instead of reading
+``/proc`` for each.
 
 Every write is one ``BEGIN IMMEDIATE`` transaction (SQLite serialises the processes' writers; a busy file
 is waited for up to :data:`BUSY_TIMEOUT_S`), committed with ``synchronous=FULL``.
@@ -108,7 +109,7 @@ class OwnerLiveness:
 
     An owner is checked once against ``/proc`` (:func:`owner_alive`) when it is first seen, and then watched
     through a pidfd of its process, which becomes readable when that process exits; a pid reused later
-    cannot fool it. Without pidfds, every check reads ``/proc``. Not thread-safe: one watcher uses it.
+    cannot fool it. Without pidfds, every check reads ``/proc``. Not thread-safe: its owner serialises calls.
     """
 
     def __init__(self) -> None:
