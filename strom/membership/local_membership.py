@@ -394,19 +394,37 @@ class LocalCoordinatorDirectory(FollowedCoordinator):
         self._owner = this_process()
         self._closed = False
         self._owners = OwnerLiveness()  # used by the watcher's thread and the first read only
+        self._read_version: int | None = None
+        self._read_owner: str | None = None  # the entry's owner at the last read (None: no entry)
+        self._decoded: tuple[bytes, ActiveCoordinator | None] = (b"", None)  # the last entry and its decoding
         self._refresh()
-        self._watcher = _Watcher("membership-coordinator", self._refresh)
+        self._watcher = _Watcher("membership-coordinator", self._poll)
+
+    def _poll(self) -> None:
+        """Re-read the entry only when another process wrote to the file or the entry's owner exited (this
+        process's own campaign records what it won directly)."""
+        if self._closed:
+            return
+        if self._file.data_version() == self._read_version and (
+                self._read_owner is None or self._owners.alive(self._read_owner)):
+            return
+        self._refresh()
 
     def _read(self) -> ActiveCoordinator | None:
+        self._read_version = self._file.data_version()  # before the read: a later write is seen next poll
         rows = self._file.query("SELECT address, owner FROM membership_coordinator WHERE slot = 0")
+        self._read_owner = rows[0][1] if rows else None
         self._owners.retain({owner for _, owner in rows})
         if not rows or not self._owners.alive(rows[0][1]):
             return None
-        try:
-            return ActiveCoordinator.decode(bytes(rows[0][0]))
-        except (ValueError, KeyError, TypeError, InvalidConfigError):
-            log.warning("ignoring an unreadable coordinator address %r", rows[0][0])
-            return None
+        address = bytes(rows[0][0])
+        if address != self._decoded[0]:
+            try:
+                self._decoded = (address, ActiveCoordinator.decode(address))
+            except (ValueError, KeyError, TypeError, InvalidConfigError):
+                log.warning("ignoring an unreadable coordinator address %r", address)
+                self._decoded = (address, None)
+        return self._decoded[1]
 
     def _refresh(self) -> None:
         if not self._closed:

@@ -124,22 +124,27 @@ def test_owner_liveness_answers_for_many_owners_at_once() -> None:
         liveness.close()
 
 
-def test_an_idle_registry_poll_reads_only_the_files_data_version(path: str) -> None:
-    """Every process polls all the time, holding its GIL: a poll that finds nothing new costs one query."""
+def test_an_idle_poll_reads_only_the_files_data_version(path: str) -> None:
+    """Every process polls all the time, holding its GIL: a poll that finds nothing new costs one query, for
+    the registry and for the coordinator's entry alike."""
     registry, other = LocalServerRegistry(path), LocalServerRegistry(path)
+    active, follower = LocalCoordinatorDirectory(path), LocalCoordinatorDirectory(path)
     try:
         other.register(server(1, 9001))
+        assert active.campaign(server(0, 9300), lambda: 5, threading.Event()) == 5
         wait_until(lambda: 1 in registry.live(), "the other connection's registration")
+        wait_until(lambda: follower.current_epoch() == 5, "the other connection's coordinator entry")
         statements: list[str] = []
-        registry._file._db.set_trace_callback(statements.append)  # the watcher's connection
+        registry._file._db.set_trace_callback(statements.append)  # the watchers' connections
+        follower._file._db.set_trace_callback(statements.append)
         time.sleep(0.35)  # three polls or more
         assert statements and set(statements) == {"PRAGMA data_version"}
         other.register(server(1, 9011))  # rewritten in place by another connection, by the same owner
         wait_until(lambda: registry.live()[1].port == 9011, "a registration rewritten in place")
         assert any(statement.startswith("SELECT") for statement in statements)
     finally:
-        registry.close()
-        other.close()
+        for closing in (registry, other, follower, active):
+            closing.close()
 
 
 def test_the_watchers_of_a_process_share_one_thread_that_ends_with_the_last(path: str) -> None:
