@@ -126,34 +126,39 @@ def process_cpu_s(pid: int) -> float:
     return _cpu_s(_stat_fields(pid))
 
 
-def process_tree(pid: int) -> set[int]:
-    """``pid`` and every live descendant: a ``--workers N`` server is a supervisor, a coordinator and N
-    tablet servers."""
-    parents: dict[int, int] = {}
+def _every_stat_fields() -> dict[int, list[str]]:
+    """:func:`_stat_fields` of every process, from one pass over ``/proc``."""
+    stats: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = int(_stat_fields(int(entry.name))[1])
+                stats[int(entry.name)] = _stat_fields(int(entry.name))
             except OSError:  # gone meanwhile
                 continue
+    return stats
+
+
+def _descendants(pid: int, stats: dict[int, list[str]]) -> set[int]:
+    """``pid`` and every process in ``stats`` below it (field 1 of each is its parent's pid)."""
     tree = {pid}
     grown = True
     while grown:
-        children = {child for child, parent in parents.items() if parent in tree} - tree
+        children = {child for child, fields in stats.items() if int(fields[1]) in tree} - tree
         tree |= children
         grown = bool(children)
     return tree
 
 
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and every live descendant: a ``--workers N`` server is a supervisor, a coordinator and N
+    tablet servers."""
+    return _descendants(pid, _every_stat_fields())
+
+
 def process_tree_cpu_s(pid: int) -> float:
-    """:func:`process_cpu_s` of ``pid`` and every live descendant."""
-    total = 0.0
-    for member in process_tree(pid):
-        try:
-            total += process_cpu_s(member)
-        except OSError:  # gone meanwhile
-            continue
-    return total
+    """:func:`process_cpu_s` of ``pid`` and every live descendant, from the same pass over ``/proc``."""
+    stats = _every_stat_fields()
+    return sum(_cpu_s(stats[member]) for member in _descendants(pid, stats) if member in stats)
 
 
 def threads_run_ns_and_wakeups(pids: set[int]) -> tuple[int, int]:
