@@ -6,8 +6,10 @@ machine): a throw-away ``strom server --workers N`` (N = 1: the one-process serv
 ``--buckets`` buckets (default: 2 × the largest N, so every worker leads some), and ``--writers`` client
 processes (default: this machine's cores) that upsert disjoint key ranges in pipelined Arrow batches
 (strom's client; acknowledged = fsynced and applied), then look their keys up again with
-``lookup_arrow`` of 1 000 keys. PostgreSQL (a throw-away cluster, durable commits) takes the same rows from
-the same number of writer processes, one connection each, and answers the same lookups with ``= ANY``.
+``lookup_arrow`` of 1 000 keys, one outstanding per process; then once more from half the processes, each
+with 8 lookups outstanding (the server's scaling, not its clients'). PostgreSQL (a throw-away cluster,
+durable commits) takes the same rows from the same number of writer processes, one connection each, and
+answers the same lookups with ``= ANY``.
 
 Printed: rows/s and keys/s per N, the scaling against N = 1 (the goal: ≥ 0.7 N up to 8 on a machine with
 enough cores for the workers *and* the writers), and strom/PostgreSQL.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -46,21 +49,38 @@ def shuffled(first: int, count: int) -> np.ndarray:
     return np.random.default_rng(first).permutation(np.arange(first, first + count, dtype=np.int64))
 
 
-def lookup_range(address: str, first: int, count: int, _batch: int, ready: Ready) -> None:
-    """Look up ``count`` keys of ``[first, first + count)`` in random order, 1 000 per ``lookup_arrow``."""
+def lookup_range(address: str, first: int, count: int, _batch: int, ready: Ready, in_flight: int = 1) -> None:
+    """Look up ``count`` keys of ``[first, first + count)`` in random order, 1 000 per ``lookup_arrow``, with
+    ``in_flight`` of them outstanding at a time."""
     keys = shuffled(first, count)
+    chunks = [pa.table({"id": pa.array(keys[start:start + LOOKUP_KEYS])}) for start in range(0, len(keys), LOOKUP_KEYS)]
 
     async def run() -> None:
         async with await Connection.create(address) as connection:
             lookuper = (await connection.get_table(PATH)).new_lookup().create_lookuper()
             assert isinstance(lookuper, Lookuper)
+
+            async def every_nth(first_chunk: int) -> None:
+                for chunk in chunks[first_chunk::in_flight]:
+                    found = await lookuper.lookup_arrow(chunk)
+                    assert found.num_rows == chunk.num_rows
+
             ready()
-            for start in range(0, len(keys), LOOKUP_KEYS):
-                chunk = pa.table({"id": pa.array(keys[start:start + LOOKUP_KEYS])})
-                found = await lookuper.lookup_arrow(chunk)
-                assert found.num_rows == chunk.num_rows
+            await asyncio.gather(*(every_nth(i) for i in range(in_flight)))
 
     asyncio.run(run())
+
+
+PIPELINED_IN_FLIGHT = 8
+"""Lookups outstanding per client in the pipelined lookup phase."""
+
+
+def pipelined_clients(writers: int) -> int:
+    """The clients of the pipelined lookup phase: half the writers, each with :data:`PIPELINED_IN_FLIGHT`
+    lookups outstanding. With one lookup outstanding per client the clients' own waiting and CPU bound the
+    rate long before the server does (16 of them kept 10 of 16 cores busy); fewer clients with more in
+    flight leave the cores to the server, so this phase shows how the server's lookups scale."""
+    return max(1, writers // 2)
 
 
 def postgres_lookup_range(port: int, first: int, count: int, _batch: int, ready: Ready) -> None:
@@ -80,19 +100,20 @@ Phase = tuple[float, float, float, float]
 server's processes, by the writers' work, and by the whole machine (those two and anything else)."""
 
 
-def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: int) -> tuple[Phase, Phase]:
-    """(ingest, lookups) of ``strom server --workers N``."""
+def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: int) -> tuple[Phase, Phase, Phase]:
+    """(ingest, lookups, pipelined lookups) of ``strom server --workers N``."""
     with BenchServer({"kv.snapshot.interval": "0s"}, workers=workers) as server:
         asyncio.run(create(server.address, buckets))
         assert server.process is not None
         pid = server.process.pid
 
-        def phase(target: Callable[[str, int, int, int, Ready], None]) -> Phase:
+        def phase(target: Callable[[str, int, int, int, Ready], None], clients: int = writers) -> Phase:
             rate, seconds, (server_s, machine_s, writers_s) = run_writers_probed(
-                target, server.address, rows, writers, batch, lambda: [process_tree_cpu_s(pid), machine_busy_s()])
+                target, server.address, rows, clients, batch, lambda: [process_tree_cpu_s(pid), machine_busy_s()])
             return rate, server_s / seconds, writers_s / seconds, machine_s / seconds
 
-        return phase(write_range), phase(lookup_range)
+        pipelined = functools.partial(lookup_range, in_flight=PIPELINED_IN_FLIGHT)
+        return phase(write_range), phase(lookup_range), phase(pipelined, pipelined_clients(writers))
 
 
 def measure_postgres_lookups(rows: int, writers: int, batch: int) -> tuple[float, float] | None:
@@ -115,7 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",")]
     buckets = args.buckets or 2 * max(counts)
-    strom: dict[int, list[tuple[Phase, Phase]]] = {n: [] for n in counts}
+    strom: dict[int, list[tuple[Phase, Phase, Phase]]] = {n: [] for n in counts}
     postgres: list[tuple[float, float]] = []
     started = time.monotonic()
     for _ in range(args.rounds):
@@ -127,6 +148,7 @@ def main() -> None:
     # medians per N and phase, each of a phase's four numbers on its own
     ingest = {n: tuple(median([r[0][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
     lookups = {n: tuple(median([r[1][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
+    pipelined = {n: tuple(median([r[2][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
     base = counts[0]
 
     def cores(phase: tuple[float, ...]) -> str:
@@ -139,6 +161,9 @@ def main() -> None:
         lines.append((f"workers={n}: lookup_arrow of 1 000 keys",
                       f"{lookups[n][0]:,.0f} keys/s  ×{lookups[n][0] / lookups[base][0]:.2f} of workers={base}"
                       + cores(lookups[n])))
+        lines.append((f"workers={n}: lookup_arrow, {pipelined_clients(args.writers)} clients × {PIPELINED_IN_FLIGHT} in flight",
+                      f"{pipelined[n][0]:,.0f} keys/s  ×{pipelined[n][0] / pipelined[base][0]:.2f} of workers={base}"
+                      + cores(pipelined[n])))
     if postgres:
         pg_ingest, pg_lookups = median([p[0] for p in postgres]), median([p[1] for p in postgres])
         lines.append((f"PostgreSQL, {args.writers} connections: ingest", f"{pg_ingest:,.0f} rows/s"))
