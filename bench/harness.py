@@ -182,6 +182,28 @@ def threads_run_ns_and_wakeups(pids: set[int]) -> tuple[int, int]:
     return run_ns, switches
 
 
+def serving_processes(pid: int) -> list[int]:
+    """The processes of a server that serve tablets: each ``tablet-server`` below ``pid`` of a ``--workers N``
+    server, or ``pid`` itself (the one-process server)."""
+    servers = []
+    for member in sorted(process_tree(pid)):
+        try:
+            command = Path(f"/proc/{member}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tablet-server" in command:
+            servers.append(member)
+    return servers or [pid]
+
+
+def main_thread_run_and_wait_s(pid: int) -> tuple[float, float]:
+    """Seconds process ``pid``'s main thread (a server's event loop) has run on a CPU, and has waited on a
+    run queue while it could have run (``/proc/<pid>/schedstat``): whether a loop that is not busy lacked work
+    or lacked a CPU."""
+    run_ns, wait_ns = Path(f"/proc/{pid}/schedstat").read_text().split()[:2]
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9
+
+
 def machine_busy_s() -> float:
     """CPU seconds the whole machine has spent busy (not idle or waiting for I/O), summed over its cores."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]

@@ -23,6 +23,7 @@ import functools
 import os
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +38,15 @@ from bench.cluster_bench import (
     run_writers_probed,
     write_range,
 )
-from bench.harness import BenchServer, machine_busy_s, median, process_tree_cpu_s, report
+from bench.harness import (
+    BenchServer,
+    machine_busy_s,
+    main_thread_run_and_wait_s,
+    median,
+    process_tree_cpu_s,
+    report,
+    serving_processes,
+)
 from strom.client import Connection, Lookuper
 
 LOOKUP_KEYS = 1_000
@@ -95,9 +104,24 @@ def postgres_lookup_range(port: int, first: int, count: int, _batch: int, ready:
             assert len(cursor.fetchall()) == len(keys[start:start + LOOKUP_KEYS])
 
 
-Phase = tuple[float, float, float, float]
-"""A measured phase: rows (or keys) per second, then the cores kept busy over the measured seconds by the
-server's processes, by the writers' work, and by the whole machine (those two and anything else)."""
+class Phase(NamedTuple):
+    """A measured phase."""
+
+    rate: float
+    """Rows (or keys) per second."""
+    server_cores: float
+    """Cores kept busy over the measured seconds by the server's processes (all their threads)."""
+    writers_cores: float
+    """... by the writers' work."""
+    machine_cores: float
+    """... by the whole machine (those two and anything else)."""
+    loop_busy_least: float
+    """The least busy tablet server's event loop: the share of the seconds its main thread ran."""
+    loop_busy_most: float
+    """The busiest one's."""
+    loop_waiting: float
+    """The share of the seconds the loops waited for a CPU while they could have run, averaged over them:
+    a loop that is neither busy nor waiting had no work (its clients were waiting on something else)."""
 
 
 def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: int) -> tuple[Phase, Phase, Phase]:
@@ -107,10 +131,19 @@ def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: in
         assert server.process is not None
         pid = server.process.pid
 
+        loops = serving_processes(pid)
+
+        def probe() -> list[float]:
+            measured = [main_thread_run_and_wait_s(loop) for loop in loops]
+            return [process_tree_cpu_s(pid), machine_busy_s(), *(run for run, _ in measured),
+                    *(wait for _, wait in measured)]
+
         def phase(target: Callable[[str, int, int, int, Ready], None], clients: int = writers) -> Phase:
-            rate, seconds, (server_s, machine_s, writers_s) = run_writers_probed(
-                target, server.address, rows, clients, batch, lambda: [process_tree_cpu_s(pid), machine_busy_s()])
-            return rate, server_s / seconds, writers_s / seconds, machine_s / seconds
+            rate, seconds, grown = run_writers_probed(target, server.address, rows, clients, batch, probe)
+            server_s, machine_s, writers_s = grown[0], grown[1], grown[-1]
+            runs, waits = grown[2:2 + len(loops)], grown[2 + len(loops):-1]
+            return Phase(rate, server_s / seconds, writers_s / seconds, machine_s / seconds,
+                         min(runs) / seconds, max(runs) / seconds, sum(waits) / len(waits) / seconds)
 
         pipelined = functools.partial(lookup_range, in_flight=PIPELINED_IN_FLIGHT)
         return phase(write_range), phase(lookup_range), phase(pipelined, pipelined_clients(writers))
@@ -145,14 +178,15 @@ def main() -> None:
         measured = measure_postgres_lookups(args.rows, args.writers, args.batch)
         if measured is not None:
             postgres.append(measured)
-    # medians per N and phase, each of a phase's four numbers on its own
-    ingest = {n: tuple(median([r[0][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
-    lookups = {n: tuple(median([r[1][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
-    pipelined = {n: tuple(median([r[2][i] for r in runs]) for i in range(4)) for n, runs in strom.items()}
+    # medians per N and phase, each of a phase's numbers on its own
+    ingest, lookups, pipelined = ({n: Phase._make(median([r[which][i] for r in runs]) for i in range(len(Phase._fields)))
+                                  for n, runs in strom.items()} for which in range(3))
     base = counts[0]
 
-    def cores(phase: tuple[float, ...]) -> str:
-        return f"  (cores busy: server {phase[1]:.1f}, writers {phase[2]:.1f}, machine {phase[3]:.1f} of {os.cpu_count()})"
+    def cores(phase: Phase) -> str:
+        return (f"  (cores busy: server {phase.server_cores:.1f}, writers {phase.writers_cores:.1f}, machine "
+                f"{phase.machine_cores:.1f} of {os.cpu_count()}; event loops busy {phase.loop_busy_least:.0%}–"
+                f"{phase.loop_busy_most:.0%}, waiting for a CPU {phase.loop_waiting:.0%})")
 
     lines = []
     for n in counts:
