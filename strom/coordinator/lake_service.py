@@ -63,6 +63,8 @@ UNCOMMITTED_FILES_MAX = 8
 """Offsets files a table may hold from prepares not yet committed; a prepare beyond deletes the oldest."""
 TICK_INTERVAL_MS = 100
 """How often the loop task fires due schedules (heartbeat timeouts are checked at their own interval)."""
+IDLE_TICK_INTERVAL_MS = 1_000
+"""How often it looks while no lake table is scheduled or tiering (a safety net: arming wakes it)."""
 
 
 def _set_error(target: Any, exc: StromError) -> None:
@@ -96,7 +98,12 @@ class LakeTieringService:
 
     def start(self) -> None:
         async def tick() -> None:
+            manager = self._manager
             while True:
+                manager.armed.clear()
+                if manager.idle():  # no lake table: wait for one instead of waking ten times a second
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(manager.armed.wait(), IDLE_TICK_INTERVAL_MS / 1000)
                 await asyncio.sleep(TICK_INTERVAL_MS / 1000)
                 try:
                     await self._manager.tick()

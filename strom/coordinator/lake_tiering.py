@@ -157,6 +157,8 @@ class LakeTableTieringManager:
         self._heartbeats_ms: dict[int, int] = {}
         """Tiering table id -> last heartbeat (the round's start counts as one)."""
         self._round_started_ms: dict[int, int] = {}
+        self.armed = asyncio.Event()
+        """Set when a timer or a heartbeat check is added: wakes a ticker that waits while :meth:`idle`."""
         self._changing = asyncio.Lock()
         """One change at a time: each decides on the state the one before it left (and stored)."""
         for table_id, payload in store.list_lake_tiering_states().items():
@@ -271,6 +273,7 @@ class LakeTableTieringManager:
         if table.state is TieringState.SCHEDULED and rearmed:
             heapq.heappush(self._timers, (table.due_ms, table.table_id))
             self._compact_timers()
+            self.armed.set()
         elif table.state is TieringState.PENDING and moved:
             self._pending[table.table_id] = None
             self._heartbeats_ms.pop(table.table_id, None)
@@ -301,6 +304,11 @@ class LakeTableTieringManager:
         self._timers = [(t.due_ms, t.table_id) for t in self._tables.values()
                         if t.registered and t.state is TieringState.SCHEDULED]
         heapq.heapify(self._timers)
+
+    def idle(self) -> bool:
+        """Whether :meth:`tick` has nothing to watch: no Scheduled table's timer, no running round's
+        heartbeat. Then only a change makes work for it, and that sets :attr:`armed`."""
+        return not self._timers and not self._heartbeats_ms
 
     async def tick(self) -> None:
         """Make due Scheduled tables Pending and, every check interval, fail rounds whose job went silent."""
@@ -349,6 +357,7 @@ class LakeTableTieringManager:
             del self._pending[table_id]
             self._heartbeats_ms[table_id] = now
             self._round_started_ms[table_id] = now
+            self.armed.set()
             return Assignment(table_id, table.path, table.tiering_epoch)
         return None
 

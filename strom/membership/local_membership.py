@@ -7,12 +7,13 @@ time (``/proc/<pid>/stat``) of the process that wrote them, and an entry whose p
 absent. So a process killed with -9 leaves at once, with no session timeout to wait out, and its restart
 takes its id again; a pid reused by another program does not keep it alive (its start time differs).
 
-A watcher per object looks for changes every :data:`POLL_S`, on one thread per process; listeners are
-called on that thread after a change, as ZooKeeper's watches call them on kazoo's. Every process of a
-cluster polls all the time, and a poll holds the GIL that the process's requests wait on, so an idle poll
-is made cheap: the file's ``PRAGMA data_version`` says whether another process wrote since the last read,
-and the owners are watched through pidfds (one ``poll`` system call for all of them) instead of reading
-``/proc`` for each.
+A watcher per object re-reads what it watches after a change, on one thread per process; listeners are
+called on that thread after a change, as ZooKeeper's watches call them on kazoo's. The thread sleeps until
+something may have changed, woken by the pidfd of an owner that exited or by a write to
+:func:`changes_path`, which every writer touches after its commit (inotify; :class:`_Watcher`), and a round
+is cheap when nothing did: the file's ``PRAGMA data_version`` says whether another process wrote since the
+last read, and one ``poll`` of the owners' pidfds whether one exited. Where inotify or pidfds are missing,
+the watchers poll every :data:`POLL_S`.
 
 Every write is one ``BEGIN IMMEDIATE`` transaction (SQLite serialises the processes' writers; a busy file
 is waited for up to :data:`BUSY_TIMEOUT_S`), committed with ``synchronous=FULL``.
@@ -20,6 +21,7 @@ is waited for up to :data:`BUSY_TIMEOUT_S`), committed with ``synchronous=FULL``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -44,13 +46,19 @@ from strom.membership.contract import (
     id_taken,
     notify_live_servers,
 )
+from strom.membership.file_changes import FileChanges
 from strom.rpc.endpoints import DEFAULT_LISTENER_NAME
 from strom.rpc.peers import ServerNode
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
-"""How often a watcher looks for changes and dead owners: the delay before the cluster sees a process gone."""
+"""How often a watcher looks for changes and dead owners where it cannot wait for them (no inotify or no
+pidfds): then the delay before the cluster sees a process gone."""
+IDLE_POLL_S = 1.0
+"""How often a watcher looks anyway while it waits for changes: a safety net, never needed to see one."""
+ROUND_GAP_S = 0.01
+"""The least time between two rounds of a watcher: bounds the rounds' rate while the file changes quickly."""
 BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -115,6 +123,7 @@ class OwnerLiveness:
     def __init__(self) -> None:
         self._pidfds: dict[str, int] = {}
         self._dead: set[str] = set()
+        self._unwatched: set[str] = set()  # owners without a pidfd, checked through /proc
 
     def alive(self, owner: str) -> bool:
         if owner in self._dead:
@@ -123,7 +132,13 @@ class OwnerLiveness:
             return not self._exited([owner])
         if self._watch(owner):
             return owner in self._pidfds
+        self._unwatched.add(owner)
         return owner_alive(owner)  # no pidfd here: /proc (or kill 0) each time
+
+    def fds(self) -> list[int] | None:
+        """The pidfds of the owners watched, each readable once its process exits; None when some owner
+        has no pidfd (then only polling sees it go)."""
+        return None if self._unwatched else list(self._pidfds.values())
 
     def all_alive(self, owners: set[str]) -> bool:
         """One system call for the owners already watched."""
@@ -136,6 +151,7 @@ class OwnerLiveness:
         for owner in [owner for owner in self._pidfds if owner not in owners]:
             os.close(self._pidfds.pop(owner))
         self._dead &= owners
+        self._unwatched &= owners
 
     def close(self) -> None:
         self.retain(set())
@@ -176,12 +192,19 @@ class OwnerLiveness:
         return exited
 
 
+def changes_path(path: str) -> str:
+    """The file that every writer of the membership file at ``path`` writes to after each commit: what the
+    watchers of other processes wait on (:class:`FileChanges`)."""
+    return f"{path}-changed"
+
+
 class _MembershipFile:
     """One connection to the shared SQLite file, used under a lock (blocking calls)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._changes_fd: int | None = None
         try:
             self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -206,6 +229,16 @@ class _MembershipFile:
                 if isinstance(exc, sqlite3.Error):
                     raise StorageError(f"cannot write the cluster membership in {self.path}: {exc}") from exc
                 raise
+            self._tell_watchers()
+
+    def _tell_watchers(self) -> None:
+        """Wake the other processes' watchers: a write to :func:`changes_path` once the commit is visible."""
+        try:
+            if self._changes_fd is None:
+                self._changes_fd = os.open(changes_path(self.path), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            os.pwrite(self._changes_fd, b"\0", 0)
+        except OSError as exc:  # the others' watchers see the commit at their next round anyway
+            log.warning("cannot signal a membership change through %s: %s", changes_path(self.path), exc)
 
     def query(self, sql: str, *args: object) -> list[tuple]:
         with self._lock:
@@ -230,43 +263,108 @@ class _MembershipFile:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            if self._changes_fd is not None:
+                os.close(self._changes_fd)
+                self._changes_fd = None
 
 
 class _Watcher:
-    """Calls ``poll`` every :data:`POLL_S` until stopped; a failing round is logged.
+    """Calls ``poll`` whenever the membership may have changed, until stopped; a failing round is logged.
 
-    Every watcher of a process shares one thread (``membership-watch``), which wakes once a round for all of
-    them: each process of a cluster watches both the servers and the coordinator, all the time, and each
-    wake-up of a thread costs more than the poll it runs.
+    Every watcher of a process shares one thread (``membership-watch``): each process of a cluster watches
+    both the servers and the coordinator, all the time. The thread sleeps in one ``poll`` on what signals a
+    change: an inotify descriptor on the file's directory (another process committed) and the pidfds of the
+    live owners (one of them exited). So an idle cluster's processes do not wake for it, and a change or a
+    dead process is seen at once rather than at the next tick. A round also runs every :data:`IDLE_POLL_S`,
+    and every :data:`POLL_S` where inotify or pidfds are missing (each round is cheap when nothing changed:
+    :class:`LocalServerRegistry`'s ``_poll``).
     """
 
     _lock: ClassVar[threading.Lock] = threading.Lock()
     _active: ClassVar[list[_Watcher]] = []
     _thread: ClassVar[threading.Thread | None] = None
+    _wake_write: ClassVar[int | None] = None  # a pipe the thread also polls: poke() wakes it
 
-    def __init__(self, name: str, poll: Callable[[], None]) -> None:
+    def __init__(self, name: str, poll: Callable[[], None], path: str,
+                 wake_fds: Callable[[], list[int] | None]) -> None:
         self._name = name
         self._poll = poll
+        self._path = path
+        self._wake_fds = wake_fds
         self._running = threading.Lock()  # held while one of this watcher's rounds runs
         self._stopped = False
         with _Watcher._lock:
             _Watcher._active.append(self)
             if _Watcher._thread is None:
-                _Watcher._thread = threading.Thread(target=_Watcher._run_all, name="membership-watch", daemon=True)
+                wake_read, _Watcher._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+                _Watcher._thread = threading.Thread(target=_Watcher._run_all, args=(wake_read,),
+                                                    name="membership-watch", daemon=True)
                 _Watcher._thread.start()
+            else:
+                _Watcher._poke_locked()  # so the thread waits on this watcher's file and owners too
 
     @staticmethod
-    def _run_all() -> None:
-        """The shared thread: a round for every watcher each :data:`POLL_S`; it ends once none is left."""
-        while True:
-            time.sleep(POLL_S)
-            with _Watcher._lock:
-                watchers = list(_Watcher._active)
-                if not watchers:
-                    _Watcher._thread = None
-                    return
-            for watcher in watchers:
-                watcher._round()
+    def poke() -> None:
+        """Wake the thread to collect what it waits on again (a watcher's owners changed off its thread)."""
+        with _Watcher._lock:
+            _Watcher._poke_locked()
+
+    @staticmethod
+    def _poke_locked() -> None:
+        if _Watcher._wake_write is not None:
+            with contextlib.suppress(BlockingIOError):  # full: the thread has wake-ups waiting already
+                os.write(_Watcher._wake_write, b"\0")
+
+    @staticmethod
+    def _run_all(wake_read: int) -> None:
+        """The shared thread: a round for every watcher after each change (at most one per
+        :data:`ROUND_GAP_S`); it ends once no watcher is left."""
+        changes = FileChanges.open()
+        watched: dict[str, bool] = {}  # path -> whether inotify watches it
+        try:
+            while True:
+                with _Watcher._lock:
+                    watchers = list(_Watcher._active)
+                    if not watchers:
+                        _Watcher._thread = None
+                        os.close(_Watcher._wake_write)  # type: ignore[arg-type]
+                        _Watcher._wake_write = None
+                        return
+                poller = select.poll()
+                poller.register(wake_read, select.POLLIN)
+                waiting = changes is not None
+                if changes is not None:
+                    poller.register(changes.fileno(), select.POLLIN)
+                for watcher in watchers:
+                    if waiting and watcher._path not in watched:
+                        watched[watcher._path] = changes is not None and changes.watch(changes_path(watcher._path))
+                    fds = watcher._owner_fds() if waiting and watched[watcher._path] else None
+                    if fds is None:
+                        waiting = False
+                        continue
+                    for fd in fds:
+                        poller.register(fd, select.POLLIN)
+                ready = {fd for fd, _ in poller.poll((IDLE_POLL_S if waiting else POLL_S) * 1000)}
+                if wake_read in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_read, 4096)
+                if changes is not None and changes.fileno() in ready:
+                    changes.take()
+                for watcher in watchers:
+                    watcher._round()
+                if ready:  # woken by a change, which may come in a burst: pause before the next round
+                    time.sleep(ROUND_GAP_S)
+        finally:
+            os.close(wake_read)
+            if changes is not None:
+                changes.close()
+
+    def _owner_fds(self) -> list[int] | None:
+        try:
+            return self._wake_fds()
+        except Exception as exc:  # the round runs anyway; poll meanwhile
+            log.info("membership watcher %s: %s", self._name, exc)
+            return None
 
     def _round(self) -> None:
         with self._running:
@@ -283,6 +381,7 @@ class _Watcher:
         with _Watcher._lock:
             if self in _Watcher._active:
                 _Watcher._active.remove(self)
+            _Watcher._poke_locked()  # the thread ends at once when this was the last watcher
         if threading.current_thread() is _Watcher._thread:
             self._stopped = True
             return
@@ -309,7 +408,7 @@ class LocalServerRegistry:
         self._live_owners: set[str] = set()
         self._nodes: dict[tuple[int, bytes], ServerNode | None] = {}  # decoded registrations, by their bytes
         self._refresh()
-        self._watcher = _Watcher("membership-servers", self._poll)
+        self._watcher = _Watcher("membership-servers", self._poll, path, self._owner_fds)
 
     def register(self, server: RegisteredServer) -> None:
         value = encode_registration(server)
@@ -340,6 +439,10 @@ class LocalServerRegistry:
         if not unchanged:
             self._refresh()
 
+    def _owner_fds(self) -> list[int] | None:
+        with self._refresh_lock:
+            return self._owners.fds()
+
     def _refresh(self) -> None:
         with self._refresh_lock:
             if self._closed:
@@ -358,9 +461,12 @@ class LocalServerRegistry:
                 if node is not None:
                     servers[server_id] = node
             self._owners.retain({owner for _, _, owner in rows})
+            owners_changed = live_owners != self._live_owners
             self._nodes, self._live_owners = nodes, live_owners
             changed = servers != self._live
             self._live = servers
+        if owners_changed and threading.current_thread() is not _Watcher._thread:
+            _Watcher.poke()  # its thread waits on the owners' pidfds: a new one was opened here
         if changed:
             notify_live_servers(self._listeners, servers)
 
@@ -398,7 +504,7 @@ class LocalCoordinatorDirectory(FollowedCoordinator):
         self._read_owner: str | None = None  # the entry's owner at the last read (None: no entry)
         self._decoded: tuple[bytes, ActiveCoordinator | None] = (b"", None)  # the last entry and its decoding
         self._refresh()
-        self._watcher = _Watcher("membership-coordinator", self._poll)
+        self._watcher = _Watcher("membership-coordinator", self._poll, path, self._owners.fds)
 
     def _poll(self) -> None:
         """Re-read the entry only when another process wrote to the file or the entry's owner exited (this

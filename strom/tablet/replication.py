@@ -469,12 +469,19 @@ class ReplicationManager:
                          bucket, state.leader, state.leader_epoch)
                 await self.apply(table, bucket)
 
+    def _watching_followers(self) -> bool:
+        """Whether a bucket led here has another replica in its ISR or joining it."""
+        me = self._me
+        return any(r != me for lead in self._leading.values() for r in (*lead.state.isr, *lead.joining))
+
     async def _maintain(self) -> None:
         """Shrink the ISR of followers that fell behind or fell silent, keep the high watermark recorded, and
         take up role changes whose notice never came."""
         last_checkpoint = last_recheck = time.monotonic()
         while True:
-            await asyncio.sleep(ISR_CHECK_S)
+            # a follower's lag is only watched where one is in an ISR or joining it; with none (every bucket
+            # with one replica) this loop wakes for the checkpoint alone
+            await asyncio.sleep(ISR_CHECK_S if self._watching_followers() else CHECKPOINT_S)
             if time.monotonic() - last_recheck > RECHECK_ROLES_S:
                 last_recheck = time.monotonic()
                 try:

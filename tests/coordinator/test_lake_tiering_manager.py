@@ -445,3 +445,23 @@ async def test_one_table_s_failed_write_does_not_spare_the_other_timed_out_round
         assert state_of(manager, T1).state is TieringState.PENDING
     finally:
         store.close()
+
+
+async def test_the_manager_is_idle_without_lake_tables_and_arms_its_ticker_when_one_comes(
+    manager: LakeTableTieringManager, clock: ManualClock
+) -> None:
+    """The coordinator's ticker waits while the manager is idle (no timer ticking ten times a second in a
+    cluster without lake tables), and whatever gives it work wakes it."""
+    assert manager.idle() and not manager.armed.is_set()
+    await manager.add_table(T1, P1, 10_000)
+    assert manager.armed.is_set() and not manager.idle()  # a timer to fire
+    clock.advance(ms=10_000)
+    manager.armed.clear()
+    assert await requested(manager) == Assignment(T1, P1, 1)
+    assert manager.armed.is_set() and not manager.idle()  # a round's heartbeat to check
+    await manager.finish(T1, 1, False)
+    assert not manager.idle()  # due again a freshness later
+    await manager.drop_table(T1)
+    clock.advance(ms=10_000)
+    await manager.tick()  # the dropped table's timer falls due and goes
+    assert manager.idle()

@@ -5,6 +5,7 @@ compare-and-set on a version."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sqlite3
 import subprocess
@@ -18,12 +19,15 @@ import pytest
 
 from strom.errors import InvalidConfigError
 from strom.ids import TableBucket
+from strom.membership import local_membership
 from strom.membership.contract import LeaderAndIsr, RegisteredServer
+from strom.membership.file_changes import FileChanges
 from strom.membership.local_membership import (
     LocalBucketStates,
     LocalCoordinatorDirectory,
     LocalServerRegistry,
     OwnerLiveness,
+    _Watcher,
     owner_alive,
     this_process,
 )
@@ -124,9 +128,20 @@ def test_owner_liveness_answers_for_many_owners_at_once() -> None:
         liveness.close()
 
 
-def test_an_idle_poll_reads_only_the_files_data_version(path: str) -> None:
-    """Every process polls all the time, holding its GIL: a poll that finds nothing new costs one query, for
-    the registry and for the coordinator's entry alike."""
+@pytest.fixture
+def waiting_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Watchers that never poll on a timer: a change is seen through a wake-up (inotify, a pidfd) or not at
+    all within a test's time."""
+    monkeypatch.setattr(local_membership, "POLL_S", 600.0)
+    monkeypatch.setattr(local_membership, "IDLE_POLL_S", 600.0)
+    _Watcher.poke()  # a thread already waiting picks up the new timeouts
+
+
+def test_an_idle_watcher_sleeps_and_a_round_reads_only_the_files_data_version(
+        path: str, waiting_only: None) -> None:
+    """Every process of a cluster watches all the time, and a round holds its GIL: an idle process runs no
+    round at all, and a round that finds nothing new costs one query, for the registry and for the
+    coordinator's entry alike. Another connection's write, though, wakes the watchers at once."""
     registry, other = LocalServerRegistry(path), LocalServerRegistry(path)
     active, follower = LocalCoordinatorDirectory(path), LocalCoordinatorDirectory(path)
     try:
@@ -134,17 +149,61 @@ def test_an_idle_poll_reads_only_the_files_data_version(path: str) -> None:
         assert active.campaign(server(0, 9300), lambda: 5, threading.Event()) == 5
         wait_until(lambda: 1 in registry.live(), "the other connection's registration")
         wait_until(lambda: follower.current_epoch() == 5, "the other connection's coordinator entry")
+        time.sleep(0.1)  # the rounds that the writes above woke are over
         statements: list[str] = []
         registry._file._db.set_trace_callback(statements.append)  # the watchers' connections
         follower._file._db.set_trace_callback(statements.append)
-        time.sleep(0.35)  # three polls or more
-        assert statements and set(statements) == {"PRAGMA data_version"}
+        time.sleep(0.35)
+        assert statements == []  # nothing changed: no round ran
+        registry._poll()
+        follower._poll()
+        assert statements == ["PRAGMA data_version"] * 2
         other.register(server(1, 9011))  # rewritten in place by another connection, by the same owner
         wait_until(lambda: registry.live()[1].port == 9011, "a registration rewritten in place")
         assert any(statement.startswith("SELECT") for statement in statements)
     finally:
         for closing in (registry, other, follower, active):
             closing.close()
+
+
+def test_a_killed_owner_wakes_the_watchers(
+        path: str, holder: Callable[[str, int], subprocess.Popen[str]], waiting_only: None) -> None:
+    """A registration and a coordinator's entry whose process is killed drop out without any timer: the
+    pidfd of the process wakes the watchers (kill -9 leaves the file as it was, so no write does)."""
+    server_holder, coordinator_holder = holder("server", 9005), holder("coordinator", 9100)
+    registry, follower = LocalServerRegistry(path), LocalCoordinatorDirectory(path)
+    try:
+        wait_until(lambda: 5 in registry.live(), "the other process's registration")
+        wait_until(lambda: follower.current_epoch() == 7, "the other process's coordinator entry")
+        for process in (server_holder, coordinator_holder):
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
+        wait_until(lambda: 5 not in registry.live(), "a killed process's registration drops out")
+        wait_until(lambda: follower.current() is None, "a killed coordinator's entry drops out")
+    finally:
+        registry.close()
+        follower.close()
+
+
+def test_file_changes_wake_for_a_write_to_the_watched_file_only(tmp_path: Path) -> None:
+    changes = FileChanges.open()
+    assert changes is not None  # Linux
+    try:
+        assert changes.watch(str(tmp_path / "cluster.sqlite-changed"))
+        readable = select.poll()
+        readable.register(changes.fileno(), select.POLLIN)
+        assert readable.poll(0) == [] and not changes.take()
+        (tmp_path / "cluster.sqlite-wal").write_bytes(b"x")
+        assert readable.poll(1000) != []  # the directory's event, which take() finds not to be about the file
+        assert not changes.take()
+        assert readable.poll(0) == []
+        (tmp_path / "cluster.sqlite-changed").write_bytes(b"x")  # created
+        assert readable.poll(1000) != [] and changes.take()
+        with (tmp_path / "cluster.sqlite-changed").open("r+b") as written:  # written in place
+            written.write(b"\0")
+        assert readable.poll(1000) != [] and changes.take()
+    finally:
+        changes.close()
 
 
 def test_the_watchers_of_a_process_share_one_thread_that_ends_with_the_last(path: str) -> None:
@@ -242,7 +301,7 @@ def test_an_active_coordinator_whose_entry_is_taken_over_is_deposed(path: str) -
         assert not deposed.wait(0.3)
         with sqlite3.connect(path) as db:  # the entry removed behind its back (as an expired ZooKeeper node)
             db.execute("DELETE FROM membership_coordinator")
-        assert deposed.wait(WAIT_S)
+        assert deposed.wait(WAIT_S)  # by the watcher's safety-net round: only strom's writers wake it
     finally:
         directory.close()
 

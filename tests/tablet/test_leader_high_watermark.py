@@ -200,3 +200,24 @@ async def test_a_follower_joins_only_once_it_holds_what_the_leader_held_when_its
     finally:
         await manager.stop()
         await replicas.stop_bucket(BUCKET)
+
+
+async def test_the_lag_check_runs_often_only_while_a_follower_is_in_the_isr_or_joining(
+        leader: Leader, tmp_path: Path) -> None:
+    """The ISR check wakes the loop four times a second; a server whose buckets have one replica each has
+    no follower to watch, and its loop wakes once a second, for the high watermark's checkpoint."""
+    assert leader.manager._watching_followers()  # SECOND in the ISR
+    alone = tmp_path / "alone"
+    replicas = ReplicaManager(alone, Configuration())
+    manager = ReplicationManager(
+        ME, replicas, GatedStates(LeaderAndIsr(ME, 1, (ME,), (ME,))), registry=None, peers=None,  # type: ignore[arg-type]
+        table_of=lambda _table_id: TABLE, lag_max_ms=60_000, silence_max_ms=60_000,
+    )
+    try:
+        await manager.apply(TABLE, BUCKET)
+        assert not manager._watching_followers()
+        manager._leading[BUCKET].joining = (SECOND,)  # a follower caught up, its ISR write under way
+        assert manager._watching_followers()
+    finally:
+        await manager.stop()
+        await replicas.stop_bucket(BUCKET)
