@@ -194,6 +194,7 @@ def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | Non
               embedded_gateway: EmbeddedGateway | None = None) -> None:
     """``check_data_dir``: refuses (ValueError) a data directory this kind of server must not open;
     ``embedded_gateway``: served beside the node once it listens, stopped before it."""
+    from strom.server.collector import tune_for_serving
     from strom.server.workers import watch_supervisor
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -226,6 +227,7 @@ def _run_node(node_class: Any, what: str, bind: str | None, data_dir: Path | Non
             await node.stop()
             raise click.ClickException(f"cannot start: {exc}") from exc
         click.echo(f"{what} listening on {host}:{node.port}, data in {directory}", err=True)
+        tune_for_serving()
         if embedded_gateway is not None:
             where = embedded_gateway.bind
             try:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import GC_COLLECTOR, CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -281,5 +281,6 @@ def serve_metrics(host: str, port: int, collector: StromCollector) -> tuple[WSGI
     """Start the HTTP endpoint in a daemon thread; returns the server and its bound port."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    registry.register(GC_COLLECTOR)  # python_gc_*: the cycle collector's work (strom.server.collector)
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server, server.server_port
