@@ -1,8 +1,8 @@
 """What an idle server costs: CPU and wake-ups per second of ``strom server --workers N`` with no client
 requests, against the one-process server (``--workers 1``) measured in the same run.
 
-An idle server is not free: its processes poll their membership, check their replicas, sweep idle
-connections. That matters beyond the CPU. On a machine with few cores each wake-up can land on the core a
+An idle server is not free: its processes watch their membership, check their replicas, record high
+watermarks, sweep idle connections. That matters beyond the CPU. On a machine with few cores each wake-up can land on the core a
 request needs, and every poll holds its process's GIL while a request waits for it, so a busy idle loop
 shows up in the tail of single-lookup latency (docs/benchmarks.md).
 
