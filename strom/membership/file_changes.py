@@ -16,7 +16,6 @@ and callers poll as before.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import struct
@@ -35,13 +34,14 @@ _READ_SIZE_BYTES = 64 * 1024
 
 
 def _libc() -> ctypes.CDLL | None:
+    """The C library's inotify calls, from the symbols the interpreter has loaded (no search of the system,
+    which would start ``ldconfig``); None where they are missing."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.inotify_init1  # noqa: B018  # present?
-        libc.inotify_add_watch  # noqa: B018
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     except (OSError, AttributeError):
         return None
-    libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     return libc
 
 

@@ -321,14 +321,21 @@ class _Watcher:
         :data:`ROUND_GAP_S`); it ends once no watcher is left."""
         changes = FileChanges.open()
         watched: dict[str, bool] = {}  # path -> whether inotify watches it
+
+        def close() -> None:
+            os.close(wake_read)
+            if changes is not None:
+                changes.close()
+
         try:
             while True:
                 with _Watcher._lock:
                     watchers = list(_Watcher._active)
-                    if not watchers:
-                        _Watcher._thread = None
+                    if not watchers:  # closed before a new watcher can start the next thread
+                        close()
                         os.close(_Watcher._wake_write)  # type: ignore[arg-type]
                         _Watcher._wake_write = None
+                        _Watcher._thread = None
                         return
                 poller = select.poll()
                 poller.register(wake_read, select.POLLIN)
@@ -354,10 +361,9 @@ class _Watcher:
                     watcher._round()
                 if ready:  # woken by a change, which may come in a burst: pause before the next round
                     time.sleep(ROUND_GAP_S)
-        finally:
-            os.close(wake_read)
-            if changes is not None:
-                changes.close()
+        except BaseException:
+            close()
+            raise
 
     def _owner_fds(self) -> list[int] | None:
         try:
