@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -17,16 +16,15 @@ from pathlib import Path
 from strom.security.server_security import main_listener_protocol
 from strom.security.tls import uses_tls
 from strom.server.local_cluster import answers_rpc
+from strom.zk import zookeeper_server
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A free loopback port outside the kernel's ephemeral range (:func:`strom.zk.zookeeper_server.free_port`)."""
+    return zookeeper_server.free_port()
 
 
 class ServerProcess:

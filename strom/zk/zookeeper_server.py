@@ -53,7 +53,35 @@ def unavailable_reason() -> str | None:
     return None
 
 
+EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+FIXED_PORT_LOW = 10_000
+"""The lowest port :func:`free_port` picks below the kernel's ephemeral range."""
+FIXED_PORT_TRIES = 64
+
+
 def free_port() -> int:
+    """A loopback port that is free now, below the kernel's ephemeral range where there is room (Linux's
+    default range starts at 32768).
+
+    A port the kernel hands out for ``bind(0)`` lies in that range, and so does the source port of every
+    outgoing connection: between this call and the server's bind (or while a killed member is down before
+    its restart on the same port), any connection made on the machine could take it, and the server would
+    then fail with "address already in use". A port below the range is only ever taken by a bind that
+    names it.
+    """
+    try:
+        low = int(EPHEMERAL_PORT_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    if low - FIXED_PORT_LOW >= 1_000:
+        for _ in range(FIXED_PORT_TRIES):
+            port = FIXED_PORT_LOW + int.from_bytes(os.urandom(2), "big") % (low - FIXED_PORT_LOW)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
