@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,11 @@ import time
 import httpx
 import pyarrow as pa
 
-from bench.harness import BenchServer, report
+from bench.harness import BenchServer, free_port, report
 from strom.client import Connection, Schema, TableDescriptor, TablePath
 
 FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("score", pa.int64())])
 READY_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rows(start: int, count: int, tag: str) -> pa.Table:
@@ -111,7 +104,7 @@ def main() -> None:
     parser.add_argument("--lookups", type=int, default=200)
     args = parser.parse_args()
     with BenchServer({"kv.snapshot.interval": "0s"}) as server:
-        port = _free_port()
+        port = free_port()
         gateway = subprocess.Popen([sys.executable, "-m", "strom.cli.main", "gateway", "--bootstrap", server.address,
                                     "--bind", f"127.0.0.1:{port}", "--log-level", "WARNING",
                                     # batches above Fluss's default limits (128 lookup keys, 10 000 rows)

@@ -24,16 +24,15 @@ import rocksdict
 from strom.records import row_batches
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.schema import Schema
+from strom.zk import zookeeper_server
 
 READY_TIMEOUT_S = 30.0
 RAW_BATCH_ROWS = 10_000
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A free loopback port outside the kernel's ephemeral range (:func:`strom.zk.zookeeper_server.free_port`)."""
+    return zookeeper_server.free_port()
 
 
 class BenchServer:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from tests.integration.test_remote_log import (
     create_log_table,
     read_with_strom,
 )
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -34,9 +33,7 @@ ROWS = 2000
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     moto_server = pytest.importorskip("moto.server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
