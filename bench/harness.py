@@ -24,15 +24,10 @@ import rocksdict
 from strom.records import row_batches
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.schema import Schema
-from strom.zk import zookeeper_server
+from strom.zk.zookeeper_server import free_port  # the benches' import of it too
 
 READY_TIMEOUT_S = 30.0
 RAW_BATCH_ROWS = 10_000
-
-
-def free_port() -> int:
-    """A free loopback port outside the kernel's ephemeral range (:func:`strom.zk.zookeeper_server.free_port`)."""
-    return zookeeper_server.free_port()
 
 
 class BenchServer:

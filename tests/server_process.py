@@ -16,15 +16,10 @@ from pathlib import Path
 from strom.security.server_security import main_listener_protocol
 from strom.security.tls import uses_tls
 from strom.server.local_cluster import answers_rpc
-from strom.zk import zookeeper_server
+from strom.zk.zookeeper_server import free_port  # the tests' import of it too
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
-
-
-def free_port() -> int:
-    """A free loopback port outside the kernel's ephemeral range (:func:`strom.zk.zookeeper_server.free_port`)."""
-    return zookeeper_server.free_port()
 
 
 class ServerProcess:

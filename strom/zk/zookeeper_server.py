@@ -75,6 +75,7 @@ def free_port() -> int:
         low = 0
     if low - FIXED_PORT_LOW >= 1_000:
         for _ in range(FIXED_PORT_TRIES):
+            # os.urandom, not random: processes that seed random alike (test runners do) would pick alike
             port = FIXED_PORT_LOW + int.from_bytes(os.urandom(2), "big") % (low - FIXED_PORT_LOW)
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
                 try:
