@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from bench.harness import BenchServer, report
 from bench.peers_bench import BenchPostgres, postgres_binaries, postgres_unavailable
-from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.client import Connection, Schema, TableDescriptor, TablePath, WriteResultHandle
 from strom.server.local_cluster import LocalCluster
 
 FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()), ("score", pa.int64())])
@@ -48,59 +48,105 @@ async def create(address: str, buckets: int, replication_factor: int = 1) -> Non
 Ready = Callable[[], None]
 """What a writer calls once it is connected and about to write: the clock starts when every writer has."""
 
+Acks = list[tuple[float, int]]
+"""A writer's acknowledgements: ``(time.monotonic(), rows)`` as each batch was acknowledged (or each lookup
+answered). ``time.monotonic`` is the machine's one clock (CLOCK_MONOTONIC), so the writers' lists merge."""
 
-def write_range(address: str, first: int, count: int, batch: int, ready: Ready) -> None:
+Target = Callable[[Any, int, int, int, Ready], Acks]
+"""A writer's work: ``target(where, first, count, batch, ready)`` over keys ``[first, first + count)``."""
+
+STEADY_FROM, STEADY_TO = 0.25, 0.75
+"""The steady rate is measured between these shares of all rows acknowledged: it leaves out the start, when
+the first batches are in flight and none is acknowledged yet, and the end, when writers that are done leave
+the others' servers idle (with N processes the slowest of them sets that end)."""
+
+
+def write_range(address: str, first: int, count: int, batch: int, ready: Ready) -> Acks:
     """Upsert keys ``[first, first + count)`` in pipelined Arrow batches of ``batch`` rows, made before the clock
     starts: the client's work is measured, not the making of its rows (the same for PostgreSQL's writers)."""
     tables = []
     for start in range(first, first + count, batch):
         ids = list(range(start, min(first + count, start + batch)))
         tables.append(pa.table({"id": ids, "name": [f"name-{i}" for i in ids], "score": ids}))
+    acks: Acks = []
+
+    async def acknowledged(handle: WriteResultHandle, rows: int) -> None:
+        await handle.wait()
+        acks.append((time.monotonic(), rows))
 
     async def run() -> None:
         async with await Connection.create(address) as connection:
             writer = (await connection.get_table(PATH)).new_upsert().create_writer()
             ready()
-            for table in tables:
-                writer.upsert_arrow_batch(table)
+            waits = [asyncio.ensure_future(acknowledged(writer.upsert_arrow_batch(table), table.num_rows))
+                     for table in tables]
             await writer.flush()
+            await asyncio.gather(*waits)
 
     asyncio.run(run())
+    return acks
 
 
 WRITERS_READY_S = 120.0
 WRITER_SILENT_S = 1.0
 
 
-def _writer(ready: Any, finished: Any, target: Callable[[Any, int, int, int, Ready], None], where: Any, first: int,
-            count: int, batch: int) -> None:
+def _writer(ready: Any, finished: Any, target: Target, where: Any, first: int, count: int, batch: int) -> None:
     """A writer process: ``target`` waits for the others once connected, so that the clock measures the work
-    and not the interpreters' start; once done it puts the CPU seconds its work took to ``finished`` (its
-    exit is not measured)."""
+    and not the interpreters' start; once done it puts the CPU seconds its work took and its acknowledgements
+    to ``finished`` (its exit is not measured)."""
     started = [0.0]
 
     def wait_for_the_others() -> None:
         ready.wait(WRITERS_READY_S)
         started[0] = time.process_time()
 
-    target(where, first, count, batch, wait_for_the_others)
-    finished.put(time.process_time() - started[0])
+    acks = target(where, first, count, batch, wait_for_the_others)
+    finished.put((time.process_time() - started[0], acks))
 
 
-def run_writers(target: Callable[[Any, int, int, int, Ready], None], where: Any, rows: int, writers: int,
-                batch: int) -> float:
+def steady_rate(acks: Acks, total: int) -> float:
+    """Rows per second between :data:`STEADY_FROM` and :data:`STEADY_TO` of ``total`` rows acknowledged, over
+    every writer's acknowledgements; 0.0 when the acknowledgements are too coarse to tell (one batch holds
+    that half)."""
+    done, first, last, first_done, last_done = 0, None, None, 0, 0
+    for at, rows in sorted(acks):
+        done += rows
+        if first is None and done >= STEADY_FROM * total:
+            first, first_done = at, done
+        if done >= STEADY_TO * total:
+            last, last_done = at, done
+            break
+    if first is None or last is None or last <= first:
+        return 0.0
+    return (last_done - first_done) / (last - first)
+
+
+class Measured(NamedTuple):
+    """What :func:`run_writers_probed` measured."""
+
+    rate: float
+    """Rows per second from the moment every writer was ready until the last one was done."""
+    seconds: float
+    """Those seconds."""
+    grown: list[float]
+    """How much each of the probe's counters grew over them, followed by the writers' own CPU seconds."""
+    steady_rate: float
+    """Rows per second over the middle half of the acknowledgements (:func:`steady_rate`)."""
+
+
+def run_writers(target: Target, where: Any, rows: int, writers: int, batch: int) -> float:
     """Rows per second of ``writers`` processes running ``target(where, first, count, batch, ready)`` over
     disjoint key ranges of ``rows`` keys in total, from the moment all of them are connected and ready until
     the last one is done."""
-    return run_writers_probed(target, where, rows, writers, batch, lambda: [])[0]
+    return run_writers_probed(target, where, rows, writers, batch, lambda: []).rate
 
 
 def run_writers_probed(
-    target: Callable[[Any, int, int, int, Ready], None], where: Any, rows: int, writers: int, batch: int,
-    probe: Callable[[], list[float]],
-) -> tuple[float, float, list[float]]:
-    """:func:`run_writers`, also returning the measured seconds and how much each of ``probe()``'s counters
-    (CPU seconds, say) grew over exactly those seconds, followed by the writers' own CPU seconds."""
+    target: Target, where: Any, rows: int, writers: int, batch: int, probe: Callable[[], list[float]],
+) -> Measured:
+    """:func:`run_writers`, also returning the measured seconds, how much each of ``probe()``'s counters (CPU
+    seconds, say) grew over exactly those seconds, and the steady rate."""
     share = rows // writers
     context = multiprocessing.get_context("spawn")
     ready = context.Barrier(writers + 1)
@@ -113,18 +159,22 @@ def run_writers_probed(
     before = probe()
     start = time.perf_counter()
     writers_cpu_s: list[float] = []
+    acks: Acks = []
     while len(writers_cpu_s) < writers:
         try:
-            writers_cpu_s.append(finished.get(timeout=WRITER_SILENT_S))
+            cpu_s, writer_acks = finished.get(timeout=WRITER_SILENT_S)
         except queue.Empty:
             failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
             assert not failed, f"a writer failed with {failed[0]}"
+            continue
+        writers_cpu_s.append(cpu_s)
+        acks.extend(writer_acks)
     seconds = time.perf_counter() - start
     grown = [after - earlier for after, earlier in zip(probe(), before, strict=True)] + [sum(writers_cpu_s)]
     for process in processes:
         process.join()
         assert process.exitcode == 0, f"a writer failed with {process.exitcode}"
-    return share * writers / seconds, seconds, grown
+    return Measured(share * writers / seconds, seconds, grown, steady_rate(acks, share * writers))
 
 
 def ingest(address: str, rows: int, writers: int, batch: int) -> float:
@@ -132,7 +182,7 @@ def ingest(address: str, rows: int, writers: int, batch: int) -> float:
     return run_writers(write_range, address, rows, writers, batch)
 
 
-def postgres_write_range(port: int, first: int, count: int, batch: int, ready: Ready) -> None:
+def postgres_write_range(port: int, first: int, count: int, batch: int, ready: Ready) -> Acks:
     """One PostgreSQL connection upserting keys ``[first, first + count)``, one durable transaction per batch
     (its COPY text made before the clock starts)."""
     import psycopg
@@ -141,15 +191,18 @@ def postgres_write_range(port: int, first: int, count: int, batch: int, ready: R
             connection.cursor() as cursor:
         cursor.execute("CREATE TEMPORARY TABLE stage (id BIGINT, name TEXT, score BIGINT) ON COMMIT DELETE ROWS")
         connection.commit()
-        payloads = ["".join(f"{i}\tname-{i}\t{i}\n" for i in range(start, min(first + count, start + batch))).encode()
-                    for start in range(first, first + count, batch)]
+        payloads = [("".join(f"{i}\tname-{i}\t{i}\n" for i in range(start, end)).encode(), end - start)
+                    for start in range(first, first + count, batch) for end in [min(first + count, start + batch)]]
+        acks: Acks = []
         ready()
-        for payload in payloads:
+        for payload, rows in payloads:
             with cursor.copy("COPY stage (id, name, score) FROM STDIN") as copy:
                 copy.write(payload)
             cursor.execute("INSERT INTO ingest SELECT id, name, score FROM stage ON CONFLICT (id) DO UPDATE "
                            "SET name = EXCLUDED.name, score = EXCLUDED.score")
             connection.commit()
+            acks.append((time.monotonic(), rows))
+        return acks
 
 
 @contextmanager

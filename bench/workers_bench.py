@@ -11,8 +11,10 @@ with 8 lookups outstanding (the server's scaling, not its clients'). PostgreSQL 
 durable commits) takes the same rows from the same number of writer processes, one connection each, and
 answers the same lookups with ``= ANY``.
 
-Printed: rows/s and keys/s per N, the scaling against N = 1 (the goal: ≥ 0.7 N up to 8 on a machine with
-enough cores for the workers *and* the writers), and strom/PostgreSQL.
+Printed: rows/s and keys/s per N, over the whole phase and steady (the middle half of the acknowledgements,
+without the start and the end, where the slowest of N processes leaves the others idle); the scaling against
+N = 1 (the goal: ≥ 0.7 N up to 8 on a machine with enough cores for the workers *and* the writers); and
+strom/PostgreSQL.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -30,7 +31,9 @@ import pyarrow as pa
 
 from bench.cluster_bench import (
     PATH,
+    Acks,
     Ready,
+    Target,
     create,
     postgres_ingest_table,
     postgres_write_range,
@@ -58,11 +61,12 @@ def shuffled(first: int, count: int) -> np.ndarray:
     return np.random.default_rng(first).permutation(np.arange(first, first + count, dtype=np.int64))
 
 
-def lookup_range(address: str, first: int, count: int, _batch: int, ready: Ready, in_flight: int = 1) -> None:
+def lookup_range(address: str, first: int, count: int, _batch: int, ready: Ready, in_flight: int = 1) -> Acks:
     """Look up ``count`` keys of ``[first, first + count)`` in random order, 1 000 per ``lookup_arrow``, with
     ``in_flight`` of them outstanding at a time."""
     keys = shuffled(first, count)
     chunks = [pa.table({"id": pa.array(keys[start:start + LOOKUP_KEYS])}) for start in range(0, len(keys), LOOKUP_KEYS)]
+    acks: Acks = []
 
     async def run() -> None:
         async with await Connection.create(address) as connection:
@@ -73,11 +77,13 @@ def lookup_range(address: str, first: int, count: int, _batch: int, ready: Ready
                 for chunk in chunks[first_chunk::in_flight]:
                     found = await lookuper.lookup_arrow(chunk)
                     assert found.num_rows == chunk.num_rows
+                    acks.append((time.monotonic(), chunk.num_rows))
 
             ready()
             await asyncio.gather(*(every_nth(i) for i in range(in_flight)))
 
     asyncio.run(run())
+    return acks
 
 
 PIPELINED_IN_FLIGHT = 8
@@ -92,23 +98,29 @@ def pipelined_clients(writers: int) -> int:
     return max(1, writers // 2)
 
 
-def postgres_lookup_range(port: int, first: int, count: int, _batch: int, ready: Ready) -> None:
+def postgres_lookup_range(port: int, first: int, count: int, _batch: int, ready: Ready) -> Acks:
     import psycopg
 
     keys = shuffled(first, count).tolist()
+    acks: Acks = []
     with psycopg.connect(host="127.0.0.1", port=port, user="bench", dbname="postgres") as connection, \
             connection.cursor() as cursor:
         ready()
         for start in range(0, len(keys), LOOKUP_KEYS):
             cursor.execute("SELECT id, name, score FROM ingest WHERE id = ANY(%s)", (keys[start:start + LOOKUP_KEYS],))
             assert len(cursor.fetchall()) == len(keys[start:start + LOOKUP_KEYS])
+            acks.append((time.monotonic(), len(keys[start:start + LOOKUP_KEYS])))
+    return acks
 
 
 class Phase(NamedTuple):
     """A measured phase."""
 
     rate: float
-    """Rows (or keys) per second."""
+    """Rows (or keys) per second, from when every writer was ready until the last was done."""
+    steady_rate: float
+    """Rows (or keys) per second over the middle half of the acknowledgements (``cluster_bench.steady_rate``):
+    without the start and the end, where the slowest of N processes leaves the others idle."""
     server_cores: float
     """Cores kept busy over the measured seconds by the server's processes (all their threads)."""
     writers_cores: float
@@ -138,11 +150,11 @@ def measure_strom(workers: int, rows: int, writers: int, batch: int, buckets: in
             return [process_tree_cpu_s(pid), machine_busy_s(), *(run for run, _ in measured),
                     *(wait for _, wait in measured)]
 
-        def phase(target: Callable[[str, int, int, int, Ready], None], clients: int = writers) -> Phase:
-            rate, seconds, grown = run_writers_probed(target, server.address, rows, clients, batch, probe)
+        def phase(target: Target, clients: int = writers) -> Phase:
+            rate, seconds, grown, steady = run_writers_probed(target, server.address, rows, clients, batch, probe)
             server_s, machine_s, writers_s = grown[0], grown[1], grown[-1]
             runs, waits = grown[2:2 + len(loops)], grown[2 + len(loops):-1]
-            return Phase(rate, server_s / seconds, writers_s / seconds, machine_s / seconds,
+            return Phase(rate, steady, server_s / seconds, writers_s / seconds, machine_s / seconds,
                          min(runs) / seconds, max(runs) / seconds, sum(waits) / len(waits) / seconds)
 
         pipelined = functools.partial(lookup_range, in_flight=PIPELINED_IN_FLIGHT)
@@ -188,16 +200,17 @@ def main() -> None:
                 f"{phase.machine_cores:.1f} of {os.cpu_count()}; event loops busy {phase.loop_busy_least:.0%}–"
                 f"{phase.loop_busy_most:.0%}, waiting for a CPU {phase.loop_waiting:.0%})")
 
+    def rates(phase: dict[int, Phase], n: int, unit: str) -> str:
+        whole, steady = phase[n].rate, phase[n].steady_rate
+        return (f"{whole:,.0f} {unit}  ×{whole / phase[base].rate:.2f} of workers={base}; steady {steady:,.0f} "
+                f"×{steady / phase[base].steady_rate if phase[base].steady_rate else float('nan'):.2f}" + cores(phase[n]))
+
     lines = []
     for n in counts:
-        lines.append((f"workers={n}: ingest",
-                      f"{ingest[n][0]:,.0f} rows/s  ×{ingest[n][0] / ingest[base][0]:.2f} of workers={base}" + cores(ingest[n])))
-        lines.append((f"workers={n}: lookup_arrow of 1 000 keys",
-                      f"{lookups[n][0]:,.0f} keys/s  ×{lookups[n][0] / lookups[base][0]:.2f} of workers={base}"
-                      + cores(lookups[n])))
+        lines.append((f"workers={n}: ingest", rates(ingest, n, "rows/s")))
+        lines.append((f"workers={n}: lookup_arrow of 1 000 keys", rates(lookups, n, "keys/s")))
         lines.append((f"workers={n}: lookup_arrow, {pipelined_clients(args.writers)} clients × {PIPELINED_IN_FLIGHT} in flight",
-                      f"{pipelined[n][0]:,.0f} keys/s  ×{pipelined[n][0] / pipelined[base][0]:.2f} of workers={base}"
-                      + cores(pipelined[n])))
+                      rates(pipelined, n, "keys/s")))
     if postgres:
         pg_ingest, pg_lookups = median([p[0] for p in postgres]), median([p[1] for p in postgres])
         lines.append((f"PostgreSQL, {args.writers} connections: ingest", f"{pg_ingest:,.0f} rows/s"))
