@@ -8,8 +8,8 @@ change the log could lose, lookups never see an unacknowledged value, and after 
 recovered by replaying the changelog from its applied offset.
 
 Not thread-safe: every method runs on the server's event loop. The blocking I/O runs off it: the log
-fsync in a worker thread inside LogTablet, and (with the native RocksDB binding) RocksDB's writes, multi-gets
-and file reads without the GIL.
+fsync in a worker thread inside LogTablet, and (with the native RocksDB binding) RocksDB's writes, and the
+reads of lookups that the row cache cannot answer, on the writer threads without the GIL.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from strom.kv.rocksdb import (
     RowIterator,
     destroy_rocksdb,
     open_rocksdb,
+    reads_off_loop_safe,
     vector_memtable_supported,
 )
 from strom.kv.row_cache import RowCache
@@ -61,6 +62,9 @@ ROW_COUNT_KEY = b"row_count"
 INSTANCE_ID_KEY = b"instance_id"
 _OFFSET = struct.Struct("<q")
 _SORTED_READ_MIN_KEYS = 32
+OFF_LOOP_READ_MIN_KEYS = 32
+"""A lookup that must read at least this many keys from RocksDB reads them on a writer thread (the loop serves
+other requests meanwhile); fewer cost less than the hand-off to a thread and back (~20 µs here)."""
 _INDEX_SLACK = 4
 """The pre-write buffer's index is rebuilt once it holds this many times more keys than the pending batches."""
 _META_KEYS = (APPLIED_OFFSET_KEY, ROW_COUNT_KEY)
@@ -128,6 +132,15 @@ class _PendingBatch:
     row_count_delta: int
     size_bytes: int
     """What the batch weighs in the pre-write buffer (its request's bytes)."""
+
+
+def _read_database(database: KvDatabase, keys: Sequence[bytes]) -> list[bytes | None]:
+    """RocksDB's values of ``keys`` in their order: single gets for a few, else one multi-get in key order
+    (neighbouring keys share blocks; the sort runs in C, kv_loops.py). Any thread, with the native binding."""
+    if len(keys) < _SORTED_READ_MIN_KEYS:
+        get = database.get
+        return [get(key) for key in keys]
+    return kv_loops.read_in_key_order(lambda ordered: database.multi_get(ordered, sorted=True), keys)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -207,6 +220,9 @@ class KvTablet:
         """A checkpoint waits for the write in flight: no other starts meanwhile."""
         self._cache = row_cache
         self._cache_token = row_cache.register() if row_cache is not None else 0
+        self._cache_writes = 0
+        """Write-throughs to the row cache so far: a read off the loop fills the cache with what it read only
+        if none happened meanwhile (one could have written a newer value of a key it read)."""
         self.directory = directory
         self.log = log_tablet
         self._format = row_format
@@ -453,6 +469,7 @@ class KvTablet:
                            (_OFFSET.pack(offset), _OFFSET.pack(self._row_count)))
             self._applied_offset = offset
             if self._cache is not None:
+                self._cache_writes += 1
                 self._cache.put_many(self._cache_token, written_keys, written_values)
         return applied
 
@@ -580,22 +597,30 @@ class KvTablet:
         the SST's cache lines and blocks, which makes a hit ~30 % cheaper than random-order single gets (the
         sort runs in C, kv_loops.py). Small batches use single gets, which cost less per call.
         """
-        cache = self._cache
-        if cache is None:
-            return self._read_rocksdb(keys)
-        cached = cache.get_many(self._cache_token, keys)
-        if cached is None:  # the bucket bypasses the cache for now
+        cached = self._cached_values(keys)
+        if cached is None:  # no cache, or the bucket bypasses it for now
             return self._read_rocksdb(keys)
         values, missing = cached
         if missing:
             missing_keys = [keys[position] for position in missing]
-            found = self._read_rocksdb(missing_keys)
-            for position, value in zip(missing, found, strict=True):
-                values[position] = value
-            cache.record_misses(self._cache_token, len(keys) - len(missing), len(found) - found.count(None))
-            if fill_cache:
-                cache.put_many(self._cache_token, missing_keys, found)
+            self._place_read(values, missing, missing_keys, self._read_rocksdb(missing_keys), fill_cache)
         return values
+
+    def _cached_values(self, keys: Sequence[bytes]) -> tuple[list[bytes | None], list[int]] | None:
+        """The row cache's values of ``keys`` and the positions to read from RocksDB; None without a cache or
+        while the bucket bypasses it (read every key, fill nothing)."""
+        return None if self._cache is None else self._cache.get_many(self._cache_token, keys)
+
+    def _place_read(self, values: list[bytes | None], missing: list[int], missing_keys: list[bytes],
+                    found: list[bytes | None], fill_cache: bool) -> None:
+        """Put RocksDB's values of the keys the cache lacked in their places, count them, and (``fill_cache``)
+        keep them in the cache."""
+        assert self._cache is not None
+        for position, value in zip(missing, found, strict=True):
+            values[position] = value
+        self._cache.record_misses(self._cache_token, len(values) - len(missing), len(found) - found.count(None))
+        if fill_cache:
+            self._cache.put_many(self._cache_token, missing_keys, found)
 
     def _make_readable(self) -> None:
         """Reads reach RocksDB from now on: a vector memtable would sort a copy of itself for every read, so
@@ -633,10 +658,7 @@ class KvTablet:
 
     def _read_rocksdb(self, keys: Sequence[bytes]) -> list[bytes | None]:
         self._make_readable()
-        if len(keys) < _SORTED_READ_MIN_KEYS:
-            get = self._db.get
-            return [get(key) for key in keys]
-        return kv_loops.read_in_key_order(self._sorted_multi_get, keys)
+        return _read_database(self._db, keys)
 
     def _iterator(self, start: bytes | None = None) -> RowIterator:
         self._make_readable()
@@ -648,9 +670,6 @@ class KvTablet:
         running = self._writer.submit(work, *args)
         self._off_loop = running
         return asyncio.wrap_future(running, loop=loop)
-
-    def _sorted_multi_get(self, keys: list[bytes]) -> list[bytes | None]:
-        return self._db.multi_get(keys, sorted=True)
 
     def apply_durable(self) -> None:
         """Move every pre-write batch the log made durable into RocksDB, in order, with its offset.
@@ -706,6 +725,7 @@ class KvTablet:
     def _applied(self, durable_count: int, applied_to: int, row_count: int) -> None:
         """The first ``durable_count`` pending batches are in RocksDB now."""
         if self._cache is not None and not self._closed:  # write-through, in log order: later batches win
+            self._cache_writes += 1
             for pending in self._pending[:durable_count]:
                 self._cache.put_many(self._cache_token, pending.keys, pending.values)
         self._pending_bytes -= sum(pending.size_bytes for pending in self._pending[:durable_count])
@@ -844,6 +864,62 @@ class KvTablet:
         """Stored values (schema id + row) of durable writes; None for missing keys."""
         self._check_open()
         return self._format.current_values(self._read_values(keys))
+
+    def lookup_soon(self, keys: Sequence[bytes]) -> list[bytes | None] | asyncio.Future[list[bytes | None]]:
+        """:meth:`lookup`, answered now where the row cache holds the keys (or few miss it); otherwise a future
+        of the answer, whose RocksDB read runs on a writer thread without the GIL, so that the event loop
+        serves every other request meanwhile: a read of keys no cache holds takes milliseconds (more where
+        the files are not in memory), and on the loop every client of the server would wait for it.
+
+        A read off the loop sees each key's latest applied value at some moment after this call. It fills
+        the row cache with what it read unless a write-through happened meanwhile (which may hold a newer
+        value of one of its keys). Raises KvStorageError as :meth:`lookup` does; the future fails with it
+        when the tablet closes before the read runs."""
+        self._check_open()
+        loop = _running_loop() if self._writer is not None and reads_off_loop_safe(self._db) else None
+        if loop is None:
+            return self.lookup(keys)
+        cached = self._cached_values(keys)
+        if cached is None:
+            values: list[bytes | None] = [None] * len(keys)
+            missing = list(range(len(keys)))
+        else:
+            values, missing = cached
+        if len(missing) < OFF_LOOP_READ_MIN_KEYS:
+            if missing:
+                missing_keys = [keys[position] for position in missing]
+                found = self._read_rocksdb(missing_keys)
+                if cached is None:
+                    values = found
+                else:
+                    self._place_read(values, missing, missing_keys, found, fill_cache=True)
+            return self._format.current_values(values)
+        self._make_readable()  # on the loop, before any read: it may reopen the database
+        missing_keys = list(keys) if cached is None else [keys[position] for position in missing]
+        cache_writes = self._cache_writes
+        assert self._writer is not None
+        reading = asyncio.wrap_future(self._writer.submit(_read_database, self._db, missing_keys), loop=loop)
+        answer: asyncio.Future[list[bytes | None]] = loop.create_future()
+
+        def read(done: asyncio.Future[list[bytes | None]]) -> None:
+            if answer.cancelled():  # the request went away; its read fills nothing
+                return
+            if self._closed or done.cancelled() or done.exception() is not None:
+                failure = None if done.cancelled() else done.exception()
+                answer.set_exception(KvStorageError(
+                    f"the lookup's read of {self.directory} failed: {failure or 'the kv tablet closed'}"))
+                return
+            try:
+                found = done.result()
+                if cached is not None:
+                    self._place_read(values, missing, missing_keys, found,
+                                     fill_cache=cache_writes == self._cache_writes)
+                answer.set_result(self._format.current_values(found if cached is None else values))
+            except Exception as exc:  # answered as the failure it is, never left waiting
+                answer.set_exception(exc)
+
+        reading.add_done_callback(read)
+        return answer
 
     def prefix_lookup(self, prefixes: Sequence[bytes], limit_per_prefix: int) -> list[list[bytes]]:
         self._check_open()

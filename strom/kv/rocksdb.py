@@ -327,6 +327,13 @@ def destroy_rocksdb(path: Path) -> None:
         rocksdict.Rdict.destroy(str(path))
 
 
+def reads_off_loop_safe(database: KvDatabase) -> bool:
+    """Whether ``database`` may be read on another thread while the event loop goes on: the native binding
+    reads without the GIL, and its close waits for a read in progress (a read after it raises). rocksdict
+    promises neither."""
+    return not isinstance(database, RocksdictDatabase)
+
+
 class RocksdictDatabase:
     """:class:`KvDatabase` over rocksdict (its put and write hold the GIL; multi-get does not)."""
 

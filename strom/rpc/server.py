@@ -83,15 +83,16 @@ wait for a request (a lookup that inserts missing keys) returns an awaitable, wh
 @dataclass(frozen=True, slots=True)
 class WithBodyPath:
     """A handler with a short path that answers the common requests from their body's bytes, before any
-    protobuf object or request context is made: ``answer(body)`` returns the response body, or None to leave
-    the request to ``handler``. A point lookup is nearly all such overhead (lookup_wire.py).
+    protobuf object or request context is made: ``answer(body)`` returns the response body (or an awaitable
+    of it, for an answer that waits), or None to leave the request to ``handler``. A point lookup is nearly
+    all such overhead (lookup_wire.py).
 
     The short path is taken only while this object is the route's handler itself: a handler wrapped by the
     access rules (authorization on) is a plain function again, so every request then goes through them.
     """
 
     handler: Handler
-    answer: Callable[[bytes], bytes | None]
+    answer: Callable[[bytes], bytes | Awaitable[bytes] | None]
 
     def __call__(self, request: Message, context: RequestContext) -> Response | Awaitable[Response]:
         return self.handler(request, context)
@@ -105,7 +106,15 @@ class _Route:
     min_version: int
     max_version: int
     inline: bool
-    answer_body: Callable[[bytes], bytes | None] | None = None
+    answer_body: Callable[[bytes], bytes | Awaitable[bytes] | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A request whose short path (:class:`WithBodyPath`) answers later: its body once ``answer`` is done."""
+
+    context: RequestContext
+    answer: Awaitable[bytes]
 
 
 @dataclass(slots=True)
@@ -291,8 +300,9 @@ class RpcServer:
         # the client rejects a node whose declared type differs from the role it expected.
         return response
 
-    def route(self, frame: bytes, connection: _Connection) -> tuple[_Route, Message, RequestContext] | bytes:
-        """Parse and validate one request frame: its route, request and context, or an error frame."""
+    def route(self, frame: bytes, connection: _Connection) -> tuple[_Route, Message, RequestContext] | _Pending | bytes:
+        """Parse and validate one request frame: its route, request and context; or the response frame (an
+        error, or a short path's answer), or a short path's answer to come."""
         self.stats.requests += 1
         header = framing.decode_request_header(frame)
         api_key, api_version, request_id = header
@@ -318,8 +328,11 @@ class RpcServer:
             except Exception as exc:  # answered as the handler's failure would be
                 context = RequestContext(route.key, api_version, request_id, connection.peer, connection.connection_id)
                 return self.respond(context, exc)
-            if answer is not None:
+            if isinstance(answer, bytes):
                 return framing.encode_response(framing.RESPONSE_SUCCESS, request_id, answer)
+            if answer is not None:
+                return _Pending(RequestContext(route.key, api_version, request_id, connection.peer,
+                                               connection.connection_id), answer)
         try:
             request = route.request_class.FromString(frame[framing.REQUEST_HEADER_SIZE_BYTES :])
         except (DecodeError, ValueError, RuntimeError) as exc:
@@ -532,6 +545,12 @@ class _Connection(asyncio.Protocol):
                 inline_count += 1
                 self._write(routed)
                 continue
+            if isinstance(routed, _Pending):
+                self.in_flight_count += 1
+                task = asyncio.ensure_future(self._handle(None, None, routed.context, routed.answer))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                continue
             route, request, context = routed
             if route.inline:  # never waits: answer now, without the cost of a task
                 inline_count += 1
@@ -584,12 +603,18 @@ class _Connection(asyncio.Protocol):
             self._transport.write(response)
 
     async def _handle(
-        self, route: _Route, request: Message, context: RequestContext, started: Awaitable[Message] | None = None
+        self, route: _Route | None, request: Message | None, context: RequestContext,
+        started: Awaitable[Response] | None = None,
     ) -> None:
-        """Answer one request from its handler's coroutine (``started``: one an inline handler returned)."""
+        """Answer one request from its handler's coroutine (``started``: one an inline handler or a short
+        path returned)."""
         try:
             try:
-                pending = route.handler(request, context) if started is None else started
+                if started is None:
+                    assert route is not None and request is not None
+                    pending = route.handler(request, context)
+                else:
+                    pending = started
                 response: Response | BaseException = await pending  # type: ignore[misc]
             except asyncio.CancelledError:
                 raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from strom.clock import Clock
@@ -80,6 +80,26 @@ def _lookup_error_entry(bucket: TableBucket, exc: BaseException) -> bytes:
     response = pb.LookupResponse()
     _set_error(_bucket_entry(response, bucket), exc)
     return response.SerializeToString()  # type: ignore[no-any-return]
+
+
+def _joined(entries: list[bytes | Awaitable[bytes]]) -> bytes | Awaitable[bytes]:
+    """A LookupResponse body of its bucket entries: the bytes now when every entry is, else a coroutine."""
+    if all(isinstance(entry, bytes) for entry in entries):
+        return b"".join(entries)  # type: ignore[arg-type]
+    return _joined_once_read(entries)
+
+
+async def _joined_once_read(entries: list[bytes | Awaitable[bytes]]) -> bytes:
+    return b"".join([entry if isinstance(entry, bytes) else await entry for entry in entries])
+
+
+async def _entry_once_read(bucket: TableBucket, found: Awaitable[list[bytes | None]]) -> bytes:
+    """One bucket's LookupResponse entry once its read off the loop is done (or its error)."""
+    try:
+        values = await found
+    except Exception as exc:
+        return _lookup_error_entry(bucket, exc)
+    return lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, values)
 
 
 def _bucket_response(response: Any, table_id: int, bucket_request: Any) -> tuple[TableBucket, Any]:
@@ -457,8 +477,9 @@ class TabletService:
         return response
 
     def lookup(self, request: Any, _context: object) -> Any:
-        """Answered inline, as the response's bytes (lookup_wire.py); with ``insert_if_not_exists`` a
-        coroutine that first inserts the missing keys."""
+        """Answered inline, as the response's bytes (lookup_wire.py), or a coroutine of them where a bucket
+        reads RocksDB off the loop (:meth:`KvTablet.lookup_soon`); with ``insert_if_not_exists`` a coroutine
+        that first inserts the missing keys."""
         historical = any(b.HasField("original_partition_name") for b in request.buckets_req)
         if request.HasField("insert_if_not_exists") and request.insert_if_not_exists:
             if historical:
@@ -466,25 +487,29 @@ class TabletService:
             return self._lookup_inserting(request)
         if historical:
             return self._lookup_historical(request)
-        return b"".join(self._lookup_entry(_bucket(request.table_id, b), b.keys) for b in request.buckets_req)
+        return _joined([self._lookup_entry(_bucket(request.table_id, b), b.keys) for b in request.buckets_req])
 
-    def answer_plain_lookup(self, body: bytes) -> bytes | None:
+    def answer_plain_lookup(self, body: bytes) -> bytes | Awaitable[bytes] | None:
         """The response body of a Lookup that only reads, from the request's bytes (the server's short path,
-        ``WithBodyPath``); None for any other, which :meth:`lookup` answers."""
+        ``WithBodyPath``), or a coroutine of it where a bucket reads RocksDB off the loop; None for any
+        other Lookup, which :meth:`lookup` answers."""
         plain = lookup_wire.plain_lookup_request(body)
         if plain is None:
             return None
         table_id, buckets = plain
-        return b"".join(self._lookup_entry(TableBucket(table_id, bucket_id, partition_id), keys)
-                        for bucket_id, partition_id, keys in buckets)
+        return _joined([self._lookup_entry(TableBucket(table_id, bucket_id, partition_id), keys)
+                        for bucket_id, partition_id, keys in buckets])
 
-    def _lookup_entry(self, bucket: TableBucket, keys: Any) -> bytes:
-        """One bucket's LookupResponse entry: the values of ``keys`` this server leads, or the error."""
+    def _lookup_entry(self, bucket: TableBucket, keys: Any) -> bytes | Awaitable[bytes]:
+        """One bucket's LookupResponse entry: the values of ``keys`` this server leads, or the error; a
+        coroutine of it while the bucket reads RocksDB off the loop."""
         try:
-            values = self._replicas.get(bucket).kv.lookup(keys)
+            found = self._replicas.get(bucket).kv.lookup_soon(keys)
         except Exception as exc:
             return _lookup_error_entry(bucket, exc)
-        return lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, values)
+        if isinstance(found, list):
+            return lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, found)
+        return _entry_once_read(bucket, found)
 
     async def _lookup_inserting(self, request: Any) -> bytes:
         """Look the keys up; insert a key-only row for each missing key (durably, as a PutKv with acks=-1)
@@ -518,7 +543,8 @@ class TabletService:
         for bucket_request in request.buckets_req:
             bucket = _bucket(request.table_id, bucket_request)
             if not bucket_request.HasField("original_partition_name"):
-                entries.append(self._lookup_entry(bucket, bucket_request.keys))
+                entry_or_read = self._lookup_entry(bucket, bucket_request.keys)
+                entries.append(entry_or_read if isinstance(entry_or_read, bytes) else await entry_or_read)
                 continue
             original = bucket_request.original_partition_name
             response = pb.LookupResponse()

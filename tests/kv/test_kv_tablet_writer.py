@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from strom.errors import KvStorageError
+from strom.kv import kv_tablet
 from strom.kv.kv_tablet import APPLIED_OFFSET_KEY, ROW_COUNT_KEY, KvTablet
 from strom.kv.rocksdb import open_rocksdb
+from strom.kv.row_cache import RowCache
 from strom.log.log_tablet import LogTablet
 from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
 
@@ -211,3 +213,150 @@ async def test_a_failed_write_fails_the_puts_it_held_and_refuses_new_ones(
         assert reopened.lookup(3) is None
     finally:
         reopened.close()
+
+
+# ---- lookups that read RocksDB off the loop ----
+
+class CachedWriterBucket(WriterBucket):
+    """A bucket with a writer and a row cache of its own (a tablet server's setting)."""
+
+    def __init__(self, directory: Path, writer: ThreadPoolExecutor, cache_bytes: int = 1 << 20) -> None:
+        self.cache = RowCache(cache_bytes)
+        super().__init__(directory, writer)
+
+    def _open(self) -> KvTablet:
+        log = LogTablet.open(self.directory / "log", LOG_CONFIG)
+        return KvTablet(self.directory / "kv", log, self.format, self.config, row_cache=self.cache,
+                        writer=self.writer)
+
+    def keys(self, ids: range | list[int]) -> list[bytes]:
+        return [self.key(id_) for id_ in ids]
+
+    def decoded(self, values: list[bytes | None]) -> list[tuple[Any, ...] | None]:
+        return [None if value is None else self.format.decode_stored(value) for value in values]
+
+
+class HeldReads(ThreadPoolExecutor):
+    """A writer whose lookup reads (``kv_tablet._read_database``) wait for :attr:`release`, either before
+    they read or after, so that a test can interleave other work with a read in flight; writes pass."""
+
+    def __init__(self, *, hold_after_read: bool) -> None:
+        super().__init__(4, thread_name_prefix="test-held-reads")
+        self.hold_after_read = hold_after_read
+        self.release = threading.Event()
+        self.holding = threading.Event()
+        """Set once a read waits for the release."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if fn is not kv_tablet._read_database:
+            return super().submit(fn, *args, **kwargs)
+
+        def held() -> Any:
+            if not self.hold_after_read:
+                self.holding.set()
+                self.release.wait(HOLD_S)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self.hold_after_read:
+                    self.holding.set()
+                    self.release.wait(HOLD_S)
+
+        return super().submit(held)
+
+
+HOLD_S = 30.0
+"""The longest a held read waits (a failing test must not hang)."""
+
+
+async def write_and_reopen(bucket: CachedWriterBucket, count: int) -> None:
+    """``count`` rows ``(id, "v1", id)`` applied, then the tablet reopened: RocksDB holds them and the row
+    cache (a new instance's) none, so lookups of them miss it."""
+    await bucket.put_acknowledged(*((id_, ("v1", id_)) for id_ in range(count)))
+    bucket.reopen()
+
+
+async def test_a_lookup_that_misses_the_row_cache_reads_rocksdb_off_the_loop(
+        tmp_path: Path, writer: ThreadPoolExecutor, rocksdb_binding: str) -> None:
+    """With the native binding a lookup whose cache misses are many answers with a future, its values those
+    the loop would read; what it read fills the cache, so the same lookup again is answered at once. With
+    rocksdict (whose close does not wait for a read in another thread) it reads on the loop as before."""
+    bucket = CachedWriterBucket(tmp_path, writer)
+    try:
+        await write_and_reopen(bucket, 200)
+        keys = bucket.keys([*range(150, 200), *range(1_000, 1_000 + kv_tablet.OFF_LOOP_READ_MIN_KEYS - 1)])
+        answer = bucket.kv.lookup_soon(keys)
+        if rocksdb_binding == "native":
+            assert isinstance(answer, asyncio.Future)
+            values = await answer
+        else:
+            assert isinstance(answer, list)
+            values = answer
+        expected = [(id_, "v1", id_) for id_ in range(150, 200)] + [None] * (kv_tablet.OFF_LOOP_READ_MIN_KEYS - 1)
+        assert bucket.decoded(values) == expected
+        # the 50 rows are cached now; the absent keys, fewer than the threshold, are read on the loop
+        again = bucket.kv.lookup_soon(keys)
+        assert isinstance(again, list)
+        assert bucket.decoded(again) == expected
+        # a few misses are read on the loop too, and the cache bypass (no cache entry read) as well
+        assert bucket.decoded(bucket.kv.lookup_soon(bucket.keys([3, 4]))) == [(3, "v1", 3), (4, "v1", 4)]  # type: ignore[arg-type]
+    finally:
+        bucket.close()
+
+
+async def test_a_read_off_the_loop_leaves_the_cache_to_a_write_that_passed_it(tmp_path: Path,
+                                                                              rocksdb_binding: str) -> None:
+    """A lookup reads key 5 from RocksDB; before its answer reaches the loop, a put of key 5 is applied and
+    written through the cache. The lookup may answer the value it read, but it must not put that older
+    value into the cache: every later read of the key, lookups and the next put's changelog alike, would
+    see it."""
+    held = HeldReads(hold_after_read=True)
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        await write_and_reopen(bucket, 100)
+        answer = bucket.kv.lookup_soon(bucket.keys(range(100)))
+        if rocksdb_binding == "native":
+            assert isinstance(answer, asyncio.Future)
+            assert await asyncio.to_thread(held.holding.wait, HOLD_S)  # read, its answer not yet on the loop
+            await bucket.put_acknowledged((5, ("v2", -5)))  # applied and written through meanwhile
+            held.release.set()
+            values = await answer
+            assert bucket.decoded(values)[5] in ((5, "v1", 5), (5, "v2", -5))
+        else:
+            assert isinstance(answer, list)
+            await bucket.put_acknowledged((5, ("v2", -5)))
+        assert bucket.lookup(5) == (5, "v2", -5)
+        assert bucket.lookup(6) == (6, "v1", 6)
+        await bucket.put_acknowledged((5, ("v3", 0)))
+        assert [row for _offset, _change, row in bucket.changelog()][-2:] == [(5, "v2", -5), (5, "v3", 0)]
+    finally:
+        held.release.set()
+        bucket.close()
+        held.shutdown(wait=True)
+
+
+async def test_a_lookup_whose_tablet_closes_before_its_read_fails_with_a_storage_error(
+        tmp_path: Path, rocksdb_binding: str) -> None:
+    """The bucket closes (leadership moved, the table dropped) while its read waits for a thread: the read
+    then finds the database closed, and the lookup fails with KvStorageError instead of crashing or
+    answering from a closed database."""
+    held = HeldReads(hold_after_read=False)
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        await write_and_reopen(bucket, 100)
+        answer = bucket.kv.lookup_soon(bucket.keys(range(100)))
+        if rocksdb_binding == "native":
+            assert isinstance(answer, asyncio.Future)
+            assert await asyncio.to_thread(held.holding.wait, HOLD_S)
+            bucket.close()
+            held.release.set()
+            with pytest.raises(KvStorageError, match="closed"):
+                await answer
+        else:
+            assert bucket.decoded(answer)[7] == (7, "v1", 7)  # type: ignore[arg-type]
+            bucket.close()
+        with pytest.raises(KvStorageError, match="closed"):
+            bucket.kv.lookup_soon(bucket.keys(range(100)))
+    finally:
+        held.release.set()
+        held.shutdown(wait=True)

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 
 from strom.errors import KvStorageError
-from strom.kv import kv_loops, row_cache
+from strom.kv import kv_loops, kv_tablet, rocksdb, row_cache
 from strom.kv.kv_tablet import KvConfig, KvTablet
 from strom.kv.rocksdb import RocksDbOptions
 from strom.kv.row_cache import RowCache
@@ -306,6 +306,30 @@ async def test_every_read_of_rocksdb_leaves_the_vector_memtable_first(tmp_path: 
         assert bucket.memtable() == "skiplist" and bucket.level0_files() == 1
     finally:
         bucket.close()
+
+
+@pytest.mark.asyncio
+async def test_a_lookup_read_off_the_loop_leaves_the_vector_memtable_first(tmp_path: Path) -> None:
+    """A lookup of many keys the cache dropped reads RocksDB on a writer thread: the switch to the skip list
+    (which closes and reopens the database) happens on the loop before that read, never under it."""
+    cache = RowCache(1 << 20)
+    writer = ThreadPoolExecutor(2)
+    bucket = NewCachedBucket(tmp_path / "b", cache, writer)
+    try:
+        rows = kv_tablet.OFF_LOOP_READ_MIN_KEYS + 8
+        await bucket.put_acknowledged(*[(i, ("a", i)) for i in range(rows)])
+        cache._rotate()
+        cache._rotate()
+        assert bucket.memtable() == "vector"
+        answer = bucket.kv.lookup_soon([bucket.key(i) for i in range(rows)])
+        assert bucket.memtable() == "skiplist", "switched before the read left the loop"
+        if rocksdb.binding() == "native":
+            assert isinstance(answer, asyncio.Future)
+        values = await answer if isinstance(answer, asyncio.Future) else answer
+        assert values == [bucket.stored(i, "a", i) for i in range(rows)]
+    finally:
+        bucket.close()
+        writer.shutdown(wait=True)
 
 
 @pytest.mark.asyncio
