@@ -5,10 +5,11 @@ the offset it records."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -304,17 +305,29 @@ async def test_a_lookup_that_misses_the_row_cache_reads_rocksdb_off_the_loop(
         bucket.close()
 
 
+@contextlib.asynccontextmanager
+async def lookup_of_held_reads(tmp_path: Path, *, hold_after_read: bool) -> AsyncIterator[
+        tuple[HeldReads, CachedWriterBucket, list[bytes | None] | asyncio.Future[list[bytes | None]]]]:
+    """A bucket of 100 rows none of which its cache holds, its writer holding lookup reads, and the answer
+    of a lookup of all 100 (a future with the native binding, whose read then waits for the release)."""
+    held = HeldReads(hold_after_read=hold_after_read)
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        await write_and_reopen(bucket, 100)
+        yield held, bucket, bucket.kv.lookup_soon(bucket.keys(range(100)))
+    finally:
+        held.release.set()
+        bucket.close()
+        held.shutdown(wait=True)
+
+
 async def test_a_read_off_the_loop_leaves_the_cache_to_a_write_that_passed_it(tmp_path: Path,
                                                                               rocksdb_binding: str) -> None:
     """A lookup reads key 5 from RocksDB; before its answer reaches the loop, a put of key 5 is applied and
     written through the cache. The lookup may answer the value it read, but it must not put that older
     value into the cache: every later read of the key, lookups and the next put's changelog alike, would
     see it."""
-    held = HeldReads(hold_after_read=True)
-    bucket = CachedWriterBucket(tmp_path, held)
-    try:
-        await write_and_reopen(bucket, 100)
-        answer = bucket.kv.lookup_soon(bucket.keys(range(100)))
+    async with lookup_of_held_reads(tmp_path, hold_after_read=True) as (held, bucket, answer):
         if rocksdb_binding == "native":
             assert isinstance(answer, asyncio.Future)
             assert await asyncio.to_thread(held.holding.wait, HOLD_S)  # read, its answer not yet on the loop
@@ -329,10 +342,6 @@ async def test_a_read_off_the_loop_leaves_the_cache_to_a_write_that_passed_it(tm
         assert bucket.lookup(6) == (6, "v1", 6)
         await bucket.put_acknowledged((5, ("v3", 0)))
         assert [row for _offset, _change, row in bucket.changelog()][-2:] == [(5, "v2", -5), (5, "v3", 0)]
-    finally:
-        held.release.set()
-        bucket.close()
-        held.shutdown(wait=True)
 
 
 async def test_a_lookup_whose_tablet_closes_before_its_read_fails_with_a_storage_error(
@@ -340,11 +349,7 @@ async def test_a_lookup_whose_tablet_closes_before_its_read_fails_with_a_storage
     """The bucket closes (leadership moved, the table dropped) while its read waits for a thread: the read
     then finds the database closed, and the lookup fails with KvStorageError instead of crashing or
     answering from a closed database."""
-    held = HeldReads(hold_after_read=False)
-    bucket = CachedWriterBucket(tmp_path, held)
-    try:
-        await write_and_reopen(bucket, 100)
-        answer = bucket.kv.lookup_soon(bucket.keys(range(100)))
+    async with lookup_of_held_reads(tmp_path, hold_after_read=False) as (held, bucket, answer):
         if rocksdb_binding == "native":
             assert isinstance(answer, asyncio.Future)
             assert await asyncio.to_thread(held.holding.wait, HOLD_S)
@@ -357,6 +362,3 @@ async def test_a_lookup_whose_tablet_closes_before_its_read_fails_with_a_storage
             bucket.close()
         with pytest.raises(KvStorageError, match="closed"):
             bucket.kv.lookup_soon(bucket.keys(range(100)))
-    finally:
-        held.release.set()
-        held.shutdown(wait=True)
