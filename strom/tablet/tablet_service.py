@@ -509,7 +509,7 @@ class TabletService:
             return _lookup_error_entry(bucket, exc)
         if isinstance(found, list):
             return lookup_wire.lookup_bucket_entry(bucket.bucket, bucket.partition_id, found)
-        return _entry_once_read(bucket, found)
+        return asyncio.ensure_future(_entry_once_read(bucket, found))  # a task: if the answer is cancelled, it still ends
 
     async def _lookup_inserting(self, request: Any) -> bytes:
         """Look the keys up; insert a key-only row for each missing key (durably, as a PutKv with acks=-1)
