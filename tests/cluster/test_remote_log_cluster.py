@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import signal
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from strom.zk.zookeeper_server import unavailable_reason
 from tests.cluster.test_replication import States, wait_for_servers
 from tests.conftest import unique_name
 from tests.integration.test_remote_log import read_with_pyfluss
+from tests.remote_log_support import read_listed_manifest
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("cluster")]
 
@@ -68,10 +68,8 @@ def manifest(local: LocalCluster, table_id: int) -> dict[str, Any] | None:
         finally:
             await rpc.close()
 
-    response = asyncio.run(ask())
-    if not response.manifests:
-        return None
-    return json.loads(Path(response.manifests[0].remote_log_manifest_path).read_bytes())
+    found = read_listed_manifest(lambda: asyncio.run(ask()))
+    return None if found is None else found[1]
 
 
 async def append(bootstrap: str, path: TablePath, start: int, count: int) -> None:

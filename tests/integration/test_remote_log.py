@@ -27,6 +27,7 @@ from strom.rpc.client import RpcConnection
 from strom.rpc.messages import pb
 from tests.conftest import unique_name
 from tests.integration.pyfluss_support import poll_records
+from tests.remote_log_support import read_listed_manifest
 from tests.server_process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -104,9 +105,10 @@ def manifest_of(server: ServerProcess, path: TablePath, table_id: int) -> dict[s
         finally:
             await rpc.close()
 
-    response = asyncio.run(ask())
-    [entry] = response.manifests
-    return json.loads(Path(entry.remote_log_manifest_path).read_bytes()) | {"_end": entry.remote_log_end_offset}
+    found = read_listed_manifest(lambda: asyncio.run(ask()))
+    assert found is not None, f"no manifest committed for table {table_id}"
+    entry, manifest = found
+    return manifest | {"_end": entry.remote_log_end_offset}
 
 
 def offloaded(server: ServerProcess, path: TablePath, table_id: int) -> bool:
