@@ -597,7 +597,12 @@ class KvTablet:
         the SST's cache lines and blocks, which makes a hit ~30 % cheaper than random-order single gets (the
         sort runs in C, kv_loops.py). Small batches use single gets, which cost less per call.
         """
-        cached = self._cached_values(keys)
+        return self._finish_read(keys, self._cached_values(keys), fill_cache)
+
+    def _finish_read(self, keys: Sequence[bytes], cached: tuple[list[bytes | None], list[int]] | None,
+                     fill_cache: bool) -> list[bytes | None]:
+        """The values of ``keys`` once the cache answered (``cached``, :meth:`_cached_values`): what it lacked
+        read from RocksDB on the loop."""
         if cached is None:  # no cache, or the bucket bypasses it for now
             return self._read_rocksdb(keys)
         values, missing = cached
@@ -880,22 +885,10 @@ class KvTablet:
         if loop is None:
             return self.lookup(keys)
         cached = self._cached_values(keys)
-        if cached is None:
-            values: list[bytes | None] = [None] * len(keys)
-            missing = list(range(len(keys)))
-        else:
-            values, missing = cached
-        if len(missing) < OFF_LOOP_READ_MIN_KEYS:
-            if missing:
-                missing_keys = [keys[position] for position in missing]
-                found = self._read_rocksdb(missing_keys)
-                if cached is None:
-                    values = found
-                else:
-                    self._place_read(values, missing, missing_keys, found, fill_cache=True)
-            return self._format.current_values(values)
+        if (len(keys) if cached is None else len(cached[1])) < OFF_LOOP_READ_MIN_KEYS:
+            return self._format.current_values(self._finish_read(keys, cached, fill_cache=True))
         self._make_readable()  # on the loop, before any read: it may reopen the database
-        missing_keys = list(keys) if cached is None else [keys[position] for position in missing]
+        missing_keys = list(keys) if cached is None else [keys[position] for position in cached[1]]
         cache_writes = self._cache_writes
         assert self._writer is not None
         reading = asyncio.wrap_future(self._writer.submit(_read_database, self._db, missing_keys), loop=loop)
@@ -912,9 +905,11 @@ class KvTablet:
             try:
                 found = done.result()
                 if cached is not None:
+                    values, missing = cached
                     self._place_read(values, missing, missing_keys, found,
                                      fill_cache=cache_writes == self._cache_writes)
-                answer.set_result(self._format.current_values(found if cached is None else values))
+                    found = values
+                answer.set_result(self._format.current_values(found))
             except Exception as exc:  # answered as the failure it is, never left waiting
                 answer.set_exception(exc)
 
