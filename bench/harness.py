@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import rocksdict
 
+from strom.client import Connection, Table, TableDescriptor, TablePath
 from strom.records import row_batches
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.schema import Schema
@@ -28,6 +29,20 @@ from strom.zk.zookeeper_server import free_port  # the benches' import of it too
 
 READY_TIMEOUT_S = 30.0
 RAW_BATCH_ROWS = 10_000
+
+
+async def create_loaded_table(connection: Connection, path: TablePath, rows: pa.Table, buckets: int,
+                              batch_rows: int) -> Table:
+    """A new primary-key table (``id`` the key) holding ``rows``, upserted in Arrow batches of ``batch_rows``
+    and flushed: every row acknowledged when it returns."""
+    schema = Schema.from_arrow(rows.schema, primary_key=["id"])
+    await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=buckets))
+    table = await connection.get_table(path)
+    writer = table.new_upsert().create_writer()
+    for batch in rows.to_batches(max_chunksize=batch_rows):
+        writer.upsert_arrow_batch(batch)
+    await writer.flush()
+    return table
 
 
 class BenchServer:

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bench.harness import BenchServer, percentile, report
+from bench.harness import BenchServer, create_loaded_table, percentile, report
 from bench.peers_bench import make_rows
-from strom.client import Connection, Lookuper, Schema, TableDescriptor, TablePath
+from strom.client import Connection, Lookuper, TablePath
 
 SMALL_ROWS = 10_000
 BATCH_KEYS = 1_000
@@ -54,12 +54,7 @@ async def load(address: str, rows: int) -> None:
     big = make_rows(rows, seed=5)
     async with await Connection.create(address) as connection:
         for path, table in ((BIG, big), (SMALL, big.slice(0, SMALL_ROWS))):
-            schema = Schema.from_arrow(table.schema, primary_key=["id"])
-            await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=2))
-            writer = (await connection.get_table(path)).new_upsert().create_writer()
-            for batch in table.to_batches(max_chunksize=10_000):
-                writer.upsert_arrow_batch(batch)
-            await writer.flush()
+            await create_loaded_table(connection, path, table, buckets=2, batch_rows=10_000)
 
 
 async def single_lookups(address: str, keys: list[int]) -> list[float]:

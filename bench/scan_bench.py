@@ -17,9 +17,9 @@ import time
 
 import pyarrow as pa
 
-from bench.harness import BenchServer, load_raw_rocksdb, report
+from bench.harness import BenchServer, create_loaded_table, load_raw_rocksdb, report
 from bench.ingest_bench import make_rows
-from strom.client import Connection, Schema, TableDescriptor, TablePath
+from strom.client import Connection, Schema, TablePath
 
 
 def raw_iteration(rows: pa.Table, schema: Schema) -> float:
@@ -38,13 +38,7 @@ def raw_iteration(rows: pa.Table, schema: Schema) -> float:
 
 async def load(address: str, rows: pa.Table, name: str) -> None:
     async with await Connection.create(address) as connection:
-        path = TablePath("fluss", name)
-        schema = Schema.from_arrow(rows.schema, primary_key=["id"])
-        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=1))
-        writer = (await connection.get_table(path)).new_upsert().create_writer()
-        for batch in rows.to_batches(max_chunksize=20_000):
-            writer.upsert_arrow_batch(batch)
-        await writer.flush()
+        await create_loaded_table(connection, TablePath("fluss", name), rows, buckets=1, batch_rows=20_000)
 
 
 async def scan(address: str, name: str) -> tuple[int, float]:
