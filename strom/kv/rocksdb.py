@@ -306,9 +306,25 @@ def open_rocksdb(path: Path, options: RocksDbOptions | None = None, *, read_only
             pin_top_level_index_and_filter=options.pin_top_level_index_and_filter,
             allow_mmap_reads=options.mmap_reads,
             vector_memtable=vector_memtable,
+            max_file_opening_threads=file_opening_threads(path),
         )
         return database
     return RocksdictDatabase(path, options, read_only=read_only, vector_memtable=vector_memtable)
+
+
+FILE_OPENING_THREADS_MAX = 16
+"""RocksDB's default ``max_file_opening_threads``."""
+
+
+def file_opening_threads(path: Path) -> int:
+    """Threads to open the SST files of the database at ``path`` with: one per file, at most RocksDB's
+    default. RocksDB starts and joins every one of them on each open, files or not: 16 threads cost a new
+    bucket's open ~2 ms of its ~7 ms here (docs/benchmarks.md), for no file to open."""
+    try:
+        files = sum(1 for entry in os.scandir(path) if entry.name.endswith(".sst"))
+    except OSError:
+        files = 0
+    return min(FILE_OPENING_THREADS_MAX, max(1, files))
 
 
 def vector_memtable_supported(options: RocksDbOptions) -> bool:
@@ -500,6 +516,7 @@ def _open_rocksdict_with(db_options: rocksdict.Options, path: Path, options: Roc
     db_options.set_min_write_buffer_number_to_merge(options.write_buffer_number_to_merge)
     db_options.set_max_background_jobs(options.background_jobs)
     db_options.set_max_open_files(options.max_open_files)
+    db_options.set_max_file_opening_threads(file_opening_threads(path))
     db_options.set_max_log_file_size(options.log_max_file_size_bytes)
     db_options.set_keep_log_file_num(options.log_file_num)
     db_options.set_db_log_dir(options.log_dir or "")

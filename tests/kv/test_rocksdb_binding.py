@@ -119,6 +119,44 @@ def test_flush_and_checkpoint_keep_writes_made_without_a_wal(tmp_path: Path, roc
         reader.close()
 
 
+def test_a_database_opens_its_sst_files_with_a_thread_each_up_to_rocksdbs_default(
+        tmp_path: Path, rocksdb_binding: str) -> None:
+    """RocksDB starts and joins every file-opening thread on each open, files or not: a new database opens
+    with one, a database of files with one per file, at most RocksDB's default, and reads back every row."""
+    path = tmp_path / "db"
+    assert rocksdb.file_opening_threads(path) == 1  # not there yet
+    db = open_rocksdb(path)
+    try:
+        assert rocksdb.file_opening_threads(path) == 1
+        parts = [dict(list(ROWS.items())[i::3]) for i in range(3)]
+        for part in parts:  # one SST file each
+            _fill(db, part)
+            db.flush()
+    finally:
+        db.close()
+    files = len(list(path.glob("*.sst")))
+    assert files >= 1 and rocksdb.file_opening_threads(path) == min(files, rocksdb.FILE_OPENING_THREADS_MAX)
+    db = open_rocksdb(path)
+    try:
+        assert db.multi_get(sorted(ROWS), sorted=True) == [ROWS[key] for key in sorted(ROWS)]
+    finally:
+        db.close()
+    many = tmp_path / "many"
+    many.mkdir()
+    for number in range(rocksdb.FILE_OPENING_THREADS_MAX + 4):
+        (many / f"{number:06d}.sst").touch()
+    assert rocksdb.file_opening_threads(many) == rocksdb.FILE_OPENING_THREADS_MAX
+
+
+@native_only
+def test_the_native_binding_refuses_no_file_opening_thread(tmp_path: Path) -> None:
+    import strom.kv._rocksdb as native
+
+    with pytest.raises(ValueError, match="max_file_opening_threads"):
+        native.Database(str(tmp_path / "db"), max_file_opening_threads=0)
+    assert not (tmp_path / "db" / "CURRENT").exists()
+
+
 def test_bad_input_raises_and_loses_nothing(tmp_path: Path, rocksdb_binding: str) -> None:
     db = open_rocksdb(tmp_path / "db")
     try:

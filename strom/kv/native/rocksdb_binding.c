@@ -174,7 +174,7 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
                             "min_write_buffer_number_to_merge", "metadata_block_size",
                             "cache_index_and_filter_blocks", "cache_index_and_filter_blocks_with_high_priority",
                             "pin_l0_filter_and_index_blocks_in_cache", "pin_top_level_index_and_filter",
-                            "allow_mmap_reads", "vector_memtable", NULL};
+                            "allow_mmap_reads", "vector_memtable", "max_file_opening_threads", NULL};
     PyObject *path_object;
     unsigned long long block_cache_size = 8 << 20, write_buffer_size = 64 << 20, block_size = 4 << 10;
     unsigned long long meta_write_buffer_size = 64 << 20;
@@ -185,13 +185,14 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
     int dynamic_level_bytes = 0, min_write_buffer_number_to_merge = 1;
     int cache_index_and_filter_blocks = 0, high_priority = 0, pin_l0 = 0, pin_top_level = 0, allow_mmap_reads = 0;
     int vector_memtable = 0;
+    int max_file_opening_threads = 16; /* RocksDB's default */
     unsigned long long max_log_file_size = 25 << 20, keep_log_file_num = 4;
     unsigned long long target_file_size_base = 64 << 20, max_bytes_for_level_base = 256 << 20;
     unsigned long long metadata_block_size = 4 << 10;
     long long rate_limit = 0; /* bytes per second; 0: no limiter */
     const char *db_log_dir = NULL;
     PyObject *compression_per_level = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|KKiKddKp$iiKKziLipOKKiKpppppp", names, PyUnicode_FSConverter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|KKiKddKp$iiKKziLipOKKiKppppppi", names, PyUnicode_FSConverter,
                                      &path_object, &block_cache_size, &write_buffer_size, &write_buffer_count,
                                      &block_size, &bloom_bits, &memtable_bloom_ratio, &meta_write_buffer_size,
                                      &read_only, &max_background_jobs, &max_open_files, &max_log_file_size,
@@ -200,7 +201,7 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
                                      &target_file_size_base, &max_bytes_for_level_base,
                                      &min_write_buffer_number_to_merge, &metadata_block_size,
                                      &cache_index_and_filter_blocks, &high_priority, &pin_l0, &pin_top_level,
-                                     &allow_mmap_reads, &vector_memtable)) {
+                                     &allow_mmap_reads, &vector_memtable, &max_file_opening_threads)) {
         return -1;
     }
     if (self->db != NULL) {
@@ -210,9 +211,11 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
     }
     /* RocksDB takes these enums as ints without checking them */
     if (info_log_level < 0 || info_log_level > HEADER_LEVEL || compaction_style < 0 ||
-        compaction_style > COMPACTION_STYLE_NONE || rate_limit < 0) {
+        compaction_style > COMPACTION_STYLE_NONE || rate_limit < 0 || max_file_opening_threads < 1) {
         Py_DECREF(path_object);
-        PyErr_SetString(PyExc_ValueError, "info_log_level, compaction_style or rate_limit_bytes_per_sec out of range");
+        PyErr_SetString(PyExc_ValueError,
+                        "info_log_level, compaction_style, rate_limit_bytes_per_sec or max_file_opening_threads "
+                        "out of range");
         return -1;
     }
     int *compressions = NULL;
@@ -238,6 +241,9 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
     rocksdb_options_set_min_write_buffer_number_to_merge(self->options, min_write_buffer_number_to_merge);
     rocksdb_options_set_max_background_jobs(self->options, max_background_jobs);
     rocksdb_options_set_max_open_files(self->options, max_open_files);
+    /* the threads that open the SST files (all of them, with max_open_files -1) while the database opens:
+       each is started and joined by the open, files or not (strom/kv/rocksdb.py sizes them) */
+    rocksdb_options_set_max_file_opening_threads(self->options, max_file_opening_threads);
     rocksdb_options_set_allow_mmap_reads(self->options, (unsigned char)allow_mmap_reads);
     rocksdb_options_set_max_log_file_size(self->options, (size_t)max_log_file_size);
     rocksdb_options_set_keep_log_file_num(self->options, (size_t)keep_log_file_num);
@@ -710,7 +716,7 @@ static PyTypeObject DatabaseType = {
               "target_file_size_base, max_bytes_for_level_base, min_write_buffer_number_to_merge, "
               "metadata_block_size, cache_index_and_filter_blocks, cache_index_and_filter_blocks_with_high_priority, "
               "pin_l0_filter_and_index_blocks_in_cache, pin_top_level_index_and_filter, allow_mmap_reads, "
-              "vector_memtable): a bucket's RocksDB",
+              "vector_memtable, max_file_opening_threads): a bucket's RocksDB",
     .tp_new = database_new,
     .tp_init = (initproc)database_init,
     .tp_dealloc = (destructor)database_dealloc,
