@@ -14,6 +14,7 @@ BENCHES = [
     ("bench.small_writers_bench", ["--wal"], ["--connections", "20", "--seconds", "3", "--warmup", "1"]),
     ("bench.lookup_bench", [], ["--rows", "50000", "--lookups", "20000", "--singles", "2000"]),
     ("bench.lookup_isolation_bench", [], ["--rows", "200000", "--singles", "2000", "--rounds", "1"]),
+    ("bench.first_write_bench", [], ["--tables", "2"]),
     ("bench.log_bench", [], ["--rows", "100000", "--rounds", "1"]),
     ("bench.remote_log_bench", [], ["--rows", "200000", "--rounds", "1"]),
     ("bench.kv_write_path_bench", [], ["--rows", "50000", "--rounds", "1"]),

@@ -160,6 +160,34 @@ def reset_instance_id(path: Path) -> None:
         db.close()
 
 
+@dataclass(frozen=True, slots=True)
+class BucketDatabase:
+    """A bucket's RocksDB, open with the memtable its tablet starts with (:func:`open_bucket_database`)."""
+
+    db: KvDatabase
+    vector_memtable: bool
+    """RocksDB's vector memtable: the bucket was new and its row cache will hold every key it gets."""
+
+
+def open_bucket_database(directory: Path, config: KvConfig, row_cache: RowCache | None) -> BucketDatabase:
+    """Open (creating it if new) the RocksDB of the bucket whose KV directory is ``directory``.
+
+    Touches nothing the event loop owns, so it may run on a thread: the RocksDB open is ~7 ms here, mostly
+    its fsyncs, and the native binding releases the GIL for it (:meth:`ReplicaManager.open_soon`).
+
+    A new bucket whose row cache will hold every key it has (complete, row_cache.py) never reads RocksDB
+    until the cache loses a row, so it opens with RocksDB's vector memtable: an insert is an append, sorted
+    once at flush, instead of a skip-list search (~8x cheaper; reads of it are what cost). The first read
+    that must reach RocksDB reopens the database with the skip list (:meth:`KvTablet._make_readable`).
+    """
+    vector_memtable = (
+        row_cache is not None and row_cache.capacity_bytes > 0 and not (directory / "rocksdb").exists()
+        and vector_memtable_supported(config.rocksdb)
+    )
+    return BucketDatabase(open_rocksdb(directory / "rocksdb", config.rocksdb, vector_memtable=vector_memtable),
+                          vector_memtable)
+
+
 @dataclass
 class StagedPut:
     """A bucket's PutKv batches in the changelog. Batches appended before a failing one still become
@@ -201,13 +229,15 @@ class KvTablet:
         writer: Executor | None = None,
         *,
         standby: bool = False,
+        database: BucketDatabase | None = None,
     ) -> None:
         """``id_counter`` reserves ids for an auto-increment column (required when the table has one);
         ``row_cache``: the tablet server's cache of current rows (consulted before RocksDB); ``writer``:
         threads that write committed batches to RocksDB while the event loop goes on (for a binding whose
         write releases the GIL; without it the write runs on the loop); ``standby``: the tablet of a
         follower, which applies the changelog its log replicates as it becomes committed, takes no writes,
-        and is promoted when its replica leads (:meth:`promote`)."""
+        and is promoted when its replica leads (:meth:`promote`); ``database``: its RocksDB, opened already
+        (:func:`open_bucket_database`, on a thread); the caller closes it if the tablet fails to open."""
         self._writer = writer
         self._applying: asyncio.Future[None] | None = None
         """The RocksDB write in flight on the writer (one per bucket at a time, in log order)."""
@@ -237,16 +267,9 @@ class KvTablet:
             self._auto_increment = AutoIncrementAssigner(config.auto_increment, ids, row_format)
         # The changelog, fsynced first, is the write-ahead record: writes skip RocksDB's own WAL. After a
         # crash, RocksDB comes back at its last flush and the changelog replays the rest.
-        # A new bucket whose row cache will hold every key it has (complete, row_cache.py) never reads RocksDB
-        # until the cache loses a row, so it opens with RocksDB's vector memtable: an insert is an append,
-        # sorted once at flush, instead of a skip-list search (~8x cheaper; reads of it are what cost). The
-        # first read that must reach RocksDB reopens the database with the skip list (_make_readable).
-        self._vector_memtable = (
-            row_cache is not None and row_cache.capacity_bytes > 0 and not (directory / "rocksdb").exists()
-            and vector_memtable_supported(config.rocksdb)
-        )
-        self._db: KvDatabase = open_rocksdb(directory / "rocksdb", config.rocksdb,
-                                            vector_memtable=self._vector_memtable)
+        opened = database if database is not None else open_bucket_database(directory, config, row_cache)
+        self._vector_memtable = opened.vector_memtable
+        self._db: KvDatabase = opened.db
         # The pre-write buffer: batches appended to the log whose values are not in RocksDB yet (in log
         # order), and an index over them (each key's latest write) built only when a request needs it.
         self._pending: list[_PendingBatch] = []

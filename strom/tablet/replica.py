@@ -20,10 +20,11 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from strom.config import (
     KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER,
@@ -45,7 +46,14 @@ from strom.errors import (
 from strom.ids import TableBucket
 from strom.kv import rocksdb
 from strom.kv.auto_increment import IdCounter
-from strom.kv.kv_tablet import KvConfig, KvRestoreNeededError, KvTablet, reset_instance_id
+from strom.kv.kv_tablet import (
+    BucketDatabase,
+    KvConfig,
+    KvRestoreNeededError,
+    KvTablet,
+    open_bucket_database,
+    reset_instance_id,
+)
 from strom.kv.rocksdb import RocksDbOptions
 from strom.kv.row_cache import RowCache, default_capacity_bytes
 from strom.kv.row_format import TableRowFormat
@@ -64,9 +72,32 @@ log = logging.getLogger(__name__)
 RECOVERY_INTERVAL_S = 1.0
 ROCKSDB_WRITER_THREADS = min(4, os.cpu_count() or 1)
 """Buckets whose RocksDB writes run at the same time (each bucket writes one batch at a time, in order)."""
+BUCKET_OPENER_THREADS = 4
+"""Buckets whose storage opens at the same time (:meth:`ReplicaManager.open_soon`). An open mostly waits for
+its fsyncs, so more of them than cores help."""
 RECOVERY_FREE_BYTES_MIN = 16 << 20
 """A failed bucket is reopened only when its disk has this much room: reopening needs some, and closing
 it while the disk is still full would stop its reads too."""
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenedAhead:
+    log: LogTablet | None
+    """None: the log was open already."""
+    database: BucketDatabase
+
+
+def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path, kv_config: KvConfig,
+                row_cache: RowCache) -> _OpenedAhead:
+    """A bucket's log (unless ``log_dir`` is None) and RocksDB, opened on a thread (:meth:`Replica.open_ahead`).
+    Neither touches the event loop until it is handed to it."""
+    log_tablet = LogTablet.open(log_dir, log_config) if log_dir is not None else None
+    try:
+        return _OpenedAhead(log_tablet, open_bucket_database(kv_dir, kv_config, row_cache))
+    except BaseException:
+        if log_tablet is not None:
+            log_tablet.close()
+        raise
 
 
 class ReplicaStorage(Protocol):
@@ -84,6 +115,8 @@ class ReplicaStorage(Protocol):
     def kv_config(self, table: TableInfo) -> KvConfig: ...
 
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool: ...
+
+    def may_restore(self, bucket: TableBucket) -> bool: ...
 
     def replace_offline(self, replica: Replica) -> Path: ...
 
@@ -110,6 +143,10 @@ class Replica:
         self._standby_failed = False
         """The standby state could not open in this role: not tried again on every use (each follower fetch
         opens the replica) until the replica's KV state is dropped (a role change)."""
+        self._ahead: Future[_OpenedAhead] | None = None
+        """Its storage, opening on a thread ahead of its first use (:meth:`open_ahead`)."""
+        self._ahead_database: BucketDatabase | None = None
+        """The RocksDB opened ahead, until the KV state takes it."""
 
     @property
     def is_open(self) -> bool:
@@ -124,6 +161,57 @@ class Replica:
         """A follower of a primary-key table with ``table.kv.standby-replica.enabled``: it keeps the KV state
         warm, applying the changelog it replicates, so it serves at once when it leads."""
         return self.is_kv and not self.is_leader and self.table.options.standby_replica
+
+    @property
+    def may_open_ahead(self) -> bool:
+        """Whether :meth:`open_ahead` may start opening the storage that :meth:`open` would open: the replica
+        leads (or keeps a standby of) a primary-key bucket whose KV state is not open or opening, and opening
+        it would not restore a snapshot, which replaces the RocksDB directory (so only a bucket whose RocksDB
+        is there already, or that has no snapshot to restore, is opened ahead)."""
+        if self._kv is not None or self._ahead is not None or self._ahead_database is not None or self.stopped:
+            return False
+        if self.offline is not None or not self.is_kv:
+            return False
+        if not (self.is_leader or (self.keeps_standby and not self._standby_failed)):
+            return False
+        return (self.directory / "kv" / "rocksdb").exists() or not self._storage.may_restore(self.bucket)
+
+    def open_ahead(self, executor: Executor) -> None:
+        """Start opening the bucket's log (unless open) and RocksDB on ``executor``: their files' creation
+        and fsyncs, without the event loop. :meth:`open` takes them from there, waiting for the thread if it
+        is still at work. Only where :attr:`may_open_ahead`."""
+        log_dir = self.directory / "log" if self._log is None else None
+        self._ahead = executor.submit(_open_ahead, log_dir, self._storage.log_config, self.directory / "kv",
+                                      self._storage.kv_config(self.table), self._storage.row_cache)
+
+    @property
+    def opening_ahead(self) -> Future[Any] | None:
+        """What :meth:`open_ahead` is opening, until :meth:`open` takes it."""
+        return self._ahead
+
+    def _take_ahead(self) -> None:
+        """Wait for what :meth:`open_ahead` is opening and take it: the log becomes the replica's, the
+        RocksDB waits for the KV state. An open that failed is left to :meth:`open`, which meets the
+        failure itself."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        try:
+            opened = ahead.result()
+        except Exception as exc:  # concurrent.futures' CancelledError too
+            log.debug("%s: opening its storage ahead failed (%r); it opens on use", self.bucket, exc)
+            return
+        if opened.log is not None:
+            assert self._log is None, "the log opens ahead only while it is closed, and opening takes the ahead first"
+            self._log = opened.log
+        self._ahead_database = opened.database
+
+    def _discard_ahead_database(self) -> None:
+        """Close a RocksDB opened ahead that no KV state took (the replica closes or stops leading)."""
+        self._take_ahead()
+        database, self._ahead_database = self._ahead_database, None
+        if database is not None:
+            database.db.close()
 
     def open(self) -> None:
         """Open the log and, while leading a primary-key bucket (or following one as a standby), its KV state."""
@@ -172,6 +260,7 @@ class Replica:
 
     def open_log(self) -> LogTablet:
         """Open the log alone (a leader sets its replication limit before its KV state catches up)."""
+        self._take_ahead()
         if self._log is None:
             self._check_online()
             self._log = LogTablet.open(self.directory / "log", self._storage.log_config)
@@ -191,6 +280,8 @@ class Replica:
         """Its data directory is gone: close what is open (failing the writes that wait on it) and refuse
         from now on."""
         self.offline = reason
+        with contextlib.suppress(Exception):
+            self._discard_ahead_database()
         kv, log_tablet, self._kv, self._log = self._kv, self._log, None, None
         if log_tablet is not None:
             with contextlib.suppress(Exception):
@@ -206,6 +297,7 @@ class Replica:
         """Drop the KV state (this replica now follows): unacknowledged writes die with it; the next time it
         leads, RocksDB is caught up from the log."""
         self._standby_failed = False
+        self._discard_ahead_database()
         if self._kv is not None:
             self._kv.close()
             self._kv = None
@@ -251,16 +343,25 @@ class Replica:
         (a rebuilt server) or can no longer be caught up from the changelog."""
         kv_dir = self.directory / "kv"
 
-        def open_tablet() -> KvTablet:
-            return KvTablet(
-                kv_dir, log_tablet, self._storage.row_format(self.table), self._storage.kv_config(self.table),
-                self._storage.id_counter, self._storage.row_cache, self._storage.rocksdb_writer, standby=standby,
-            )
+        def open_tablet(database: BucketDatabase | None = None) -> KvTablet:
+            try:
+                return KvTablet(
+                    kv_dir, log_tablet, self._storage.row_format(self.table), self._storage.kv_config(self.table),
+                    self._storage.id_counter, self._storage.row_cache, self._storage.rocksdb_writer,
+                    standby=standby, database=database,
+                )
+            except BaseException:
+                if database is not None:
+                    database.db.close()
+                raise
 
-        if not (kv_dir / "rocksdb").exists() and self._storage.restore_from_snapshot(self, log_tablet, kv_dir):
+        self._take_ahead()
+        ahead, self._ahead_database = self._ahead_database, None  # only where no snapshot is restored
+        if ahead is None and not (kv_dir / "rocksdb").exists() and \
+                self._storage.restore_from_snapshot(self, log_tablet, kv_dir):
             return open_tablet()
         try:
-            return open_tablet()
+            return open_tablet(ahead)
         except KvRestoreNeededError:
             if not self._storage.restore_from_snapshot(self, log_tablet, kv_dir):
                 raise
@@ -326,6 +427,7 @@ class Replica:
 
     def close(self) -> None:
         self.stopped = True
+        self._discard_ahead_database()
         if self._kv is not None:
             self._kv.close()
         if self._log is not None:
@@ -372,8 +474,12 @@ class ReplicaManager:
         self.rocksdb_writer: Executor | None = None
         """Threads writing the buckets' committed batches to RocksDB while the event loop goes on; only with
         a binding whose write releases the GIL (with rocksdict a thread would stop the loop all the same)."""
+        self.bucket_opener: Executor | None = None
+        """Threads opening the storage of buckets a request is about to open (:meth:`open_soon`); only with a
+        binding whose RocksDB open releases the GIL."""
         if rocksdb.binding() == "native":
             self.rocksdb_writer = ThreadPoolExecutor(ROCKSDB_WRITER_THREADS, thread_name_prefix="strom-rocksdb-write")
+            self.bucket_opener = ThreadPoolExecutor(BUCKET_OPENER_THREADS, thread_name_prefix="strom-bucket-open")
         self._replicas: dict[TableBucket, Replica] = {}
         self.retained = RetainedOffsets()
         """What the coordinator said the buckets must keep (NotifyKvSnapshotOffset, NotifyLakeTableOffset)."""
@@ -412,6 +518,10 @@ class ReplicaManager:
 
     def kv_config(self, table: TableInfo) -> KvConfig:
         return KvConfig.for_table(table, self._rocksdb, self._config.get(KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER))
+
+    def may_restore(self, bucket: TableBucket) -> bool:
+        """Whether opening ``bucket`` without its RocksDB directory could restore a snapshot."""
+        return self._remote is not None and self._latest_snapshot(bucket) is not None
 
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool:
         """Put the latest usable snapshot's files in ``kv_dir/rocksdb``; False if there is none.
@@ -471,15 +581,48 @@ class ReplicaManager:
             raise UnknownTableOrBucketError.not_hosted(bucket)
         return replica
 
-    def get_hosted(self, bucket: TableBucket) -> Replica:
-        """The replica of ``bucket``, leader or follower, its log open."""
+    def _hosted_or_assigned(self, bucket: TableBucket) -> Replica | None:
+        """The replica of ``bucket`` if this server hosts it or (in a cluster) it was assigned here; not opened."""
         replica = self._replicas.get(bucket)
         if (replica is None or replica.stopped) and self.resolve_bucket is not None:
             table = self.resolve_bucket(bucket)  # a cluster's tablet server takes a bucket assigned to it
             if table is not None:
                 self.become_leader(table, [bucket])
                 replica = self._replicas.get(bucket)
-        if replica is None or replica.stopped:
+        return None if replica is None or replica.stopped else replica
+
+    def open_soon(self, buckets: Iterable[TableBucket]) -> asyncio.Future[Any] | None:
+        """Start opening on threads, all at once, the storage of each of ``buckets`` whose KV state is about to
+        open; a future done once every one is open ahead (None: none is to open). A request that awaits it
+        before it uses the buckets (:meth:`TabletService.put_kv`) leaves the event loop to the server's other
+        clients meanwhile, and waits for the slowest bucket instead of their sum: each is ~7 ms here, mostly
+        their files' creation and fsyncs. The recovery stays on the loop, where :meth:`get` finishes each
+        bucket's opening."""
+        if self.bucket_opener is None:
+            return None
+        opening: list[asyncio.Future[Any]] = []
+        for bucket in buckets:
+            replica = self._replicas.get(bucket)
+            if replica is not None and replica.kv_if_open is not None:
+                continue  # the common case, decided in one lookup
+            try:
+                replica = self._hosted_or_assigned(bucket)
+                if replica is None:
+                    continue
+                if replica.may_open_ahead:
+                    replica.open_ahead(self.bucket_opener)
+                ahead = replica.opening_ahead
+            except Exception:  # the request meets it when it opens the bucket, and answers it for that bucket
+                continue
+            if ahead is not None:
+                opening.append(asyncio.wrap_future(ahead))
+        # shielded: a request cancelled while it waits must not cancel the opens that other requests await
+        return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
+
+    def get_hosted(self, bucket: TableBucket) -> Replica:
+        """The replica of ``bucket``, leader or follower, its log open."""
+        replica = self._hosted_or_assigned(bucket)
+        if replica is None:
             raise UnknownTableOrBucketError.not_hosted(bucket)
         replica.open()  # a follower's log only
         if replica.storage_failure is not None:
@@ -531,3 +674,5 @@ class ReplicaManager:
         self._replicas.clear()
         if self.rocksdb_writer is not None:
             self.rocksdb_writer.shutdown(wait=True)
+        if self.bucket_opener is not None:
+            self.bucket_opener.shutdown(wait=True)

@@ -40,6 +40,7 @@ from strom.remote.s3_credentials import S3TokenProvider
 from strom.rpc import lookup_wire
 from strom.rpc.messages import pb
 from strom.table_properties import HISTORICAL_PARTITION_VALUE
+from strom.tablet.arrival_order import ArrivalOrder
 from strom.tablet.disk_guard import DiskWriteGuard
 from strom.tablet.historical_lookups import HistoricalLookups
 from strom.tablet.remote_log_manager import RemoteLogManager
@@ -142,6 +143,7 @@ class TabletService:
     def __init__(self, replicas: ReplicaManager, config: Configuration, clock: Clock) -> None:
         self._replicas = replicas
         self._clock = clock
+        self._put_order = ArrivalOrder()
         self._fetch_wait_ms_max = config.get_ms(LOG_FETCH_WAIT_MAX)
         self._on_follower_fetch: FollowerFetch | None = None
         self._in_sync: InSyncCount = _alone
@@ -423,6 +425,8 @@ class TabletService:
     async def put_kv(self, request: Any, context: Any) -> Any:
         """Every bucket's records are appended and its fsync started before any is awaited, in this one
         task: no task per bucket, and the answer goes out on the loop turn after the last fsync ends.
+        Buckets to open first are opened on threads meanwhile, the request waiting in arrival order
+        (:mod:`strom.tablet.arrival_order`).
 
         ``agg_mode`` OVERWRITE (1) bypasses the table's merge engine (Fluss's MergeMode; any other value is
         the default). A bucket over its write budget refuses its batches with StorageBackpressure (72) — to
@@ -432,8 +436,18 @@ class TabletService:
         overwrite = request.HasField("agg_mode") and request.agg_mode == AGG_MODE_OVERWRITE
         knows_backpressure = getattr(context, "api_version", PUT_KV_VERSION_WITH_BACKPRESSURE) >= \
             PUT_KV_VERSION_WITH_BACKPRESSURE
-        staged = [self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure)
-                  for b in request.buckets_req]
+
+        def stage() -> list[tuple[Any, StagedPut, TableBucket, KvTablet | None]]:
+            return [self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure)
+                    for b in request.buckets_req]
+
+        buckets = [_bucket(request.table_id, b) for b in request.buckets_req]
+        opening = self._replicas.open_soon(buckets)
+        if self._put_order.must_wait(buckets, opening):
+            async with self._put_order.turn(buckets, opening):
+                staged = stage()
+        else:
+            staged = stage()
         return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry, request.acks) for entry in staged])
 
     def _stage_put(

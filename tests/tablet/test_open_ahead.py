@@ -1,0 +1,178 @@
+"""A bucket's storage opened ahead, on a thread (``ReplicaManager.open_soon``): its log and RocksDB open off
+the event loop and the replica takes them when it opens; a replica that closes first closes them; a bucket
+that may be restored from a snapshot, a follower's, and every bucket under rocksdict open on use instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.config import Configuration
+from strom.ids import TableBucket, TablePath
+from strom.kv import rocksdb
+from strom.kv.rocksdb import open_rocksdb
+from strom.log.log_tablet import LogTablet
+from strom.metadata.table_info import TableInfo
+from strom.records.schema import Schema, TableDescriptor
+from strom.records.types import IntType, StringType
+from strom.remote.storage import RemoteStorage
+from strom.tablet.replica import ReplicaManager
+
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.skipif(not rocksdb.NATIVE_AVAILABLE, reason="buckets open ahead with the native binding only"),
+]
+
+BUCKETS = 3
+T0_MS = 1_700_000_000_000
+
+
+def _table() -> TableInfo:
+    schema = Schema.of([("id", IntType()), ("name", StringType())], primary_key=["id"])
+    descriptor = TableDescriptor(schema, bucket_count=BUCKETS)
+    return TableInfo(7, TablePath("db", "names"), 1, descriptor.to_json(), T0_MS, T0_MS)
+
+
+TABLE = _table()
+ALL = [TableBucket(TABLE.table_id, bucket) for bucket in range(BUCKETS)]
+
+
+class RecordingOpener(ThreadPoolExecutor):
+    """The bucket opener, keeping what each open returned and on which thread it ran."""
+
+    def __init__(self) -> None:
+        super().__init__(2, thread_name_prefix="test-opener")
+        self.opened: list[Any] = []
+        self.threads: list[str] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        def recorded() -> Any:
+            result = fn(*args, **kwargs)
+            with self._lock:
+                self.opened.append(result)
+                self.threads.append(threading.current_thread().name)
+            return result
+
+        return super().submit(recorded)
+
+
+class FailingOpener(ThreadPoolExecutor):
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        failed: Future[Any] = Future()
+        failed.set_exception(OSError("the disk said no"))
+        return failed
+
+
+@pytest.fixture
+def binding_kept() -> Iterator[None]:
+    """A ReplicaManager picks the process's binding from its configuration: put back the one before."""
+    before = rocksdb.binding()
+    try:
+        yield
+    finally:
+        rocksdb.use_binding(before)
+
+
+def _replicas(tmp_path: Path, **kwargs: Any) -> ReplicaManager:
+    replicas = ReplicaManager(tmp_path / "data", Configuration(), **kwargs)
+    replicas.become_leader(TABLE, ALL)
+    return replicas
+
+
+async def test_open_soon_opens_logs_and_rocksdb_on_threads_and_the_replicas_take_them(
+        tmp_path: Path, binding_kept: None) -> None:
+    replicas = _replicas(tmp_path)
+    opener = RecordingOpener()
+    assert replicas.bucket_opener is not None
+    replicas.bucket_opener.shutdown()
+    replicas.bucket_opener = opener
+    try:
+        opening = replicas.open_soon(ALL)
+        assert opening is not None
+        await opening
+        assert len(opener.opened) == BUCKETS and all(name.startswith("test-opener") for name in opener.threads)
+        by_directory = {opened.log.directory.parent: opened for opened in opener.opened}
+        for bucket in ALL:
+            replica = replicas.get(bucket)  # opens it: the log and RocksDB are the ones opened ahead
+            ahead = by_directory[replica.directory]
+            assert replica.log is ahead.log and replica.kv.db is ahead.database.db
+            assert replica.kv.lookup([b"\x00\x00\x00\x01"]) == [None]
+        assert replicas.open_soon(ALL) is None  # open: nothing to open ahead
+    finally:
+        replicas.close()
+
+
+async def test_a_replica_closed_before_it_takes_what_opened_ahead_closes_it(tmp_path: Path, binding_kept: None) -> None:
+    replicas = _replicas(tmp_path)
+    opener = RecordingOpener()
+    assert replicas.bucket_opener is not None
+    replicas.bucket_opener.shutdown()
+    replicas.bucket_opener = opener
+    assert replicas.open_soon(ALL) is not None
+    directories = [replicas.replica(bucket).directory for bucket in ALL]
+    replicas.close()  # waits for the opens in flight, then closes what they opened
+    assert len(opener.opened) == BUCKETS
+    for opened in opener.opened:
+        assert opened.database.db.closed
+    for directory in directories:  # their locks are free: this process opens them again
+        open_rocksdb(directory / "kv" / "rocksdb").close()
+        LogTablet.open(directory / "log", replicas.log_config).close()
+
+
+async def test_a_failed_open_ahead_leaves_the_bucket_to_open_on_use(tmp_path: Path, binding_kept: None) -> None:
+    replicas = _replicas(tmp_path)
+    assert replicas.bucket_opener is not None
+    replicas.bucket_opener.shutdown()
+    replicas.bucket_opener = FailingOpener()
+    try:
+        opening = replicas.open_soon(ALL)
+        assert opening is not None
+        await opening  # the failures are the opens' own; the request goes on
+        for bucket in ALL:
+            assert replicas.get(bucket).kv.lookup([b"\x00\x00\x00\x01"]) == [None]
+    finally:
+        replicas.close()
+
+
+async def test_a_bucket_a_snapshot_may_restore_opens_on_use_unless_its_rocksdb_is_there(
+        tmp_path: Path, binding_kept: None) -> None:
+    """Restoring replaces the RocksDB directory, so only the open itself decides it (Replica._open_kv)."""
+    remote = RemoteStorage(str(tmp_path / "remote"))
+    replicas = _replicas(tmp_path, remote=remote, latest_snapshot=lambda _bucket: object())
+    try:
+        present = replicas.replica(ALL[0]).directory / "kv" / "rocksdb"
+        open_rocksdb(present).close()
+        assert replicas.replica(ALL[0]).may_open_ahead
+        assert not replicas.replica(ALL[1]).may_open_ahead and not replicas.replica(ALL[2]).may_open_ahead
+        opening = replicas.open_soon(ALL)
+        assert opening is not None
+        await opening
+        assert replicas.replica(ALL[0]).opening_ahead is not None
+        assert replicas.replica(ALL[1]).opening_ahead is None and replicas.replica(ALL[2]).opening_ahead is None
+        assert not (replicas.replica(ALL[1]).directory / "kv").exists()  # nothing made before the open decides
+        assert replicas.get(ALL[0]).kv.lookup([b"\x00\x00\x00\x01"]) == [None]
+    finally:
+        replicas.close()
+
+
+async def test_followers_and_rocksdict_buckets_open_on_use(tmp_path: Path, binding_kept: None) -> None:
+    replicas = _replicas(tmp_path)
+    try:
+        for bucket in ALL:
+            replicas.replica(bucket).is_leader = False  # no standby: a follower keeps the log only
+        assert replicas.open_soon(ALL) is None
+    finally:
+        replicas.close()
+    plain = ReplicaManager(tmp_path / "plain", Configuration({"kv.rocksdb.binding": "rocksdict"}))
+    try:
+        plain.become_leader(TABLE, ALL)
+        assert plain.bucket_opener is None and plain.open_soon(ALL) is None
+    finally:
+        plain.close()
