@@ -135,9 +135,14 @@ class RemoteLogManager:
     async def run_once(self) -> None:
         """One round over every hosted bucket: leaders copy and expire, followers follow the manifest."""
         async with self._lock:
-            for replica in self._replicas.hosted():
-                if replica.stopped or (not replica.is_open and not replica.directory.exists()):
-                    continue  # a bucket never written has nothing to copy
+            # a bucket never written has nothing to copy
+            hosted = [r for r in self._replicas.hosted() if not r.stopped and (r.is_open or r.directory.exists())]
+            opening = self._replicas.open_soon(r.bucket for r in hosted if not r.is_open)
+            if opening is not None:
+                await opening  # on threads, as a request's buckets open: the loop serves requests meanwhile
+            for replica in hosted:
+                if replica.stopped:
+                    continue
                 try:
                     if not replica.is_open:
                         self._replicas.get_hosted(replica.bucket)  # opens it, as its first request would

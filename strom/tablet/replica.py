@@ -84,16 +84,18 @@ it while the disk is still full would stop its reads too."""
 class _OpenedAhead:
     log: LogTablet | None
     """None: the log was open already."""
-    database: BucketDatabase
+    database: BucketDatabase | None
+    """None: a log table's bucket."""
 
 
-def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path, kv_config: KvConfig,
+def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None, kv_config: KvConfig,
                 row_cache: RowCache) -> _OpenedAhead:
-    """A bucket's log (unless ``log_dir`` is None) and RocksDB, opened on a thread (:meth:`Replica.open_ahead`).
-    Neither touches the event loop until it is handed to it."""
+    """A bucket's log (unless ``log_dir`` is None) and RocksDB (unless ``kv_dir`` is None), opened on a thread
+    (:meth:`Replica.open_ahead`). Neither touches the event loop until it is handed to it."""
     log_tablet = LogTablet.open(log_dir, log_config) if log_dir is not None else None
     try:
-        return _OpenedAhead(log_tablet, open_bucket_database(kv_dir, kv_config, row_cache))
+        database = open_bucket_database(kv_dir, kv_config, row_cache) if kv_dir is not None else None
+        return _OpenedAhead(log_tablet, database)
     except BaseException:
         if log_tablet is not None:
             log_tablet.close()
@@ -163,25 +165,31 @@ class Replica:
         return self.is_kv and not self.is_leader and self.table.options.standby_replica
 
     @property
+    def writable_open(self) -> bool:
+        """Whether what a write to the bucket needs is open: its log, and a primary-key bucket's KV state."""
+        return self._log is not None and (self._kv is not None or not self.is_kv)
+
+    @property
     def may_open_ahead(self) -> bool:
-        """Whether :meth:`open_ahead` may start opening the storage that :meth:`open` would open: the replica
-        leads (or keeps a standby of) a primary-key bucket whose KV state is not open or opening, and opening
-        it would not restore a snapshot, which replaces the RocksDB directory (so only a bucket whose RocksDB
-        is there already, or that has no snapshot to restore, is opened ahead)."""
-        if self._kv is not None or self._ahead is not None or self._ahead_database is not None or self.stopped:
+        """Whether :meth:`open_ahead` may start opening the storage that :meth:`open` would open, none of it
+        opening yet: a leader's closed log, or the KV state of a primary-key bucket it leads (or keeps a
+        standby of) whose opening would not restore a snapshot, which replaces the RocksDB directory (so only
+        a bucket whose RocksDB is there already, or that has no snapshot to restore, is opened ahead)."""
+        if self._ahead is not None or self._ahead_database is not None or self.stopped or self.offline is not None:
             return False
-        if self.offline is not None or not self.is_kv:
-            return False
-        if not (self.is_leader or (self.keeps_standby and not self._standby_failed)):
+        if not self.is_kv:
+            return self.is_leader and self._log is None
+        if self._kv is not None or not (self.is_leader or (self.keeps_standby and not self._standby_failed)):
             return False
         return (self.directory / "kv" / "rocksdb").exists() or not self._storage.may_restore(self.bucket)
 
     def open_ahead(self, executor: Executor) -> None:
-        """Start opening the bucket's log (unless open) and RocksDB on ``executor``: their files' creation
-        and fsyncs, without the event loop. :meth:`open` takes them from there, waiting for the thread if it
-        is still at work. Only where :attr:`may_open_ahead`."""
+        """Start opening the bucket's log (unless open) and RocksDB (a primary-key bucket's) on ``executor``:
+        their files' creation and fsyncs, without the event loop. :meth:`open` takes them from there, waiting
+        for the thread if it is still at work. Only where :attr:`may_open_ahead`."""
         log_dir = self.directory / "log" if self._log is None else None
-        self._ahead = executor.submit(_open_ahead, log_dir, self._storage.log_config, self.directory / "kv",
+        kv_dir = self.directory / "kv" if self.is_kv else None
+        self._ahead = executor.submit(_open_ahead, log_dir, self._storage.log_config, kv_dir,
                                       self._storage.kv_config(self.table), self._storage.row_cache)
 
     @property
@@ -592,18 +600,18 @@ class ReplicaManager:
         return None if replica is None or replica.stopped else replica
 
     def open_soon(self, buckets: Iterable[TableBucket]) -> asyncio.Future[Any] | None:
-        """Start opening on threads, all at once, the storage of each of ``buckets`` whose KV state is about to
-        open; a future done once every one is open ahead (None: none is to open). A request that awaits it
-        before it uses the buckets (:meth:`TabletService.put_kv`) leaves the event loop to the server's other
-        clients meanwhile, and waits for the slowest bucket instead of their sum: each is ~7 ms here, mostly
-        their files' creation and fsyncs. The recovery stays on the loop, where :meth:`get` finishes each
-        bucket's opening."""
+        """Start opening on threads, all at once, the storage of each of ``buckets`` that a request is about
+        to open; a future done once every one is open ahead (None: none is to open). A request that awaits it
+        before it uses the buckets (TabletService's writes and lookups) leaves the event loop to the server's
+        other clients meanwhile, and waits for the slowest bucket instead of their sum: a primary-key bucket
+        is ~7 ms here, mostly its files' creation and fsyncs. The recovery stays on the loop, where
+        :meth:`get` finishes each bucket's opening."""
         if self.bucket_opener is None:
             return None
         opening: list[asyncio.Future[Any]] = []
         for bucket in buckets:
             replica = self._replicas.get(bucket)
-            if replica is not None and replica.kv_if_open is not None:
+            if replica is not None and replica.writable_open:
                 continue  # the common case, decided in one lookup
             try:
                 replica = self._hosted_or_assigned(bucket)

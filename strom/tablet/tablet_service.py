@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from strom.clock import Clock
 from strom.config import LOG_FETCH_WAIT_MAX, LOG_REPLICA_MIN_IN_SYNC_REPLICAS_NUMBER, Configuration
@@ -31,7 +31,7 @@ from strom.errors import (
 )
 from strom.ids import TableBucket
 from strom.kv.kv_tablet import KvTablet, StagedPut
-from strom.log.log_tablet import EARLIEST_OFFSET, LogTablet, ReadResult
+from strom.log.log_tablet import EARLIEST_OFFSET, AppendResult, LogTablet, ReadResult
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
 from strom.records.batch_filter import BatchFilter
@@ -44,9 +44,10 @@ from strom.tablet.arrival_order import ArrivalOrder
 from strom.tablet.disk_guard import DiskWriteGuard
 from strom.tablet.historical_lookups import HistoricalLookups
 from strom.tablet.remote_log_manager import RemoteLogManager
-from strom.tablet.replica import ReplicaManager
+from strom.tablet.replica import Replica, ReplicaManager
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 FILTERED_SCAN_READS_MAX = 16
 """How many reads of ``max_fetch_bytes`` a filtered fetch of one bucket scans at most while the batches it
@@ -143,7 +144,7 @@ class TabletService:
     def __init__(self, replicas: ReplicaManager, config: Configuration, clock: Clock) -> None:
         self._replicas = replicas
         self._clock = clock
-        self._put_order = ArrivalOrder()
+        self._append_order = ArrivalOrder()
         self._fetch_wait_ms_max = config.get_ms(LOG_FETCH_WAIT_MAX)
         self._on_follower_fetch: FollowerFetch | None = None
         self._in_sync: InSyncCount = _alone
@@ -214,14 +215,30 @@ class TabletService:
 
     # ---- log tables ----
     async def produce_log(self, request: Any, _context: object) -> Any:
-        results = await asyncio.gather(
-            *(self._produce_bucket(request.table_id, bucket_request, request.acks)
-              for bucket_request in request.buckets_req)
-        )
+        """Every bucket's batches are appended in the loop turn the request arrives in (or, while buckets
+        open, in its turn: :meth:`_appended_in_order`), then their fsyncs are awaited together."""
+        buckets = [_bucket(request.table_id, b) for b in request.buckets_req]
+        appended = await self._appended_in_order(buckets, lambda: [
+            self._append_bucket(bucket, bucket_request, request.acks)
+            for bucket, bucket_request in zip(buckets, request.buckets_req, strict=True)
+        ])
+        results = await asyncio.gather(*(self._produced(*entry, request.acks) for entry in appended))
         return pb.ProduceLogResponse(buckets_resp=results)
 
-    async def _produce_bucket(self, table_id: int, bucket_request: Any, acks: int) -> Any:
-        bucket = _bucket(table_id, bucket_request)
+    async def _appended_in_order(self, buckets: list[TableBucket], append: Callable[[], _T]) -> _T:
+        """``append()`` now, or, while any of ``buckets`` opens or waits for a request that arrived before,
+        once the buckets are open and the requests before have appended (:mod:`strom.tablet.arrival_order`).
+        Unopened buckets open on threads meanwhile, and the event loop serves the server's other clients."""
+        opening = self._replicas.open_soon(buckets)
+        if not self._append_order.must_wait(buckets, opening):
+            return append()
+        async with self._append_order.turn(buckets, opening):
+            return append()
+
+    def _append_bucket(
+        self, bucket: TableBucket, bucket_request: Any, acks: int
+    ) -> tuple[Any, Replica | None, AppendResult | BaseException]:
+        """One bucket's answer-to-be, its replica, and its append (or why it was refused)."""
         response = pb.PbProduceLogRespForBucket(bucket_id=bucket.bucket)
         _echo_partition(response, bucket)
         try:
@@ -236,10 +253,19 @@ class TabletService:
                 raise CorruptRecordError("ProduceLog carried no record batch")
             replica.check_produced(data, batches)  # reject batches that do not decode in the table's format
             self._check_writable(bucket, acks)
-            result = replica.log.append(data, batches, self._clock.now_ms())
-            await replica.log.wait_durable(result.next_offset)
-            self._check_in_sync(bucket, acks, appended=True)
-            response.base_offset = result.base_offset
+            return response, replica, replica.log.append(data, batches, self._clock.now_ms())
+        except Exception as exc:
+            return response, None, exc
+
+    async def _produced(self, response: Any, replica: Replica | None, appended: AppendResult | BaseException,
+                        acks: int) -> Any:
+        try:
+            if isinstance(appended, BaseException):
+                raise appended
+            assert replica is not None
+            await replica.log.wait_durable(appended.next_offset)
+            self._check_in_sync(replica.bucket, acks, appended=True)
+            response.base_offset = appended.base_offset
         except Exception as exc:
             _set_error(response, exc)
         return response
@@ -426,7 +452,7 @@ class TabletService:
         """Every bucket's records are appended and its fsync started before any is awaited, in this one
         task: no task per bucket, and the answer goes out on the loop turn after the last fsync ends.
         Buckets to open first are opened on threads meanwhile, the request waiting in arrival order
-        (:mod:`strom.tablet.arrival_order`).
+        (:meth:`_appended_in_order`).
 
         ``agg_mode`` OVERWRITE (1) bypasses the table's merge engine (Fluss's MergeMode; any other value is
         the default). A bucket over its write budget refuses its batches with StorageBackpressure (72) — to
@@ -437,17 +463,10 @@ class TabletService:
         knows_backpressure = getattr(context, "api_version", PUT_KV_VERSION_WITH_BACKPRESSURE) >= \
             PUT_KV_VERSION_WITH_BACKPRESSURE
 
-        def stage() -> list[tuple[Any, StagedPut, TableBucket, KvTablet | None]]:
-            return [self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure)
-                    for b in request.buckets_req]
-
-        buckets = [_bucket(request.table_id, b) for b in request.buckets_req]
-        opening = self._replicas.open_soon(buckets)
-        if self._put_order.must_wait(buckets, opening):
-            async with self._put_order.turn(buckets, opening):
-                staged = stage()
-        else:
-            staged = stage()
+        staged = await self._appended_in_order([_bucket(request.table_id, b) for b in request.buckets_req], lambda: [
+            self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure)
+            for b in request.buckets_req
+        ])
         return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry, request.acks) for entry in staged])
 
     def _stage_put(
@@ -501,7 +520,8 @@ class TabletService:
             return self._lookup_inserting(request)
         if historical:
             return self._lookup_historical(request)
-        return _joined([self._lookup_entry(_bucket(request.table_id, b), b.keys) for b in request.buckets_req])
+        wanted = [(_bucket(request.table_id, b), b.keys) for b in request.buckets_req]
+        return self._looked_up(wanted)
 
     def answer_plain_lookup(self, body: bytes) -> bytes | Awaitable[bytes] | None:
         """The response body of a Lookup that only reads, from the request's bytes (the server's short path,
@@ -511,8 +531,21 @@ class TabletService:
         if plain is None:
             return None
         table_id, buckets = plain
-        return _joined([self._lookup_entry(TableBucket(table_id, bucket_id, partition_id), keys)
-                        for bucket_id, partition_id, keys in buckets])
+        return self._looked_up([(TableBucket(table_id, bucket_id, partition_id), keys)
+                                for bucket_id, partition_id, keys in buckets])
+
+    def _looked_up(self, wanted: list[tuple[TableBucket, Any]]) -> bytes | Awaitable[bytes]:
+        """The entries of each bucket's keys, joined; once its buckets are open where some open on threads
+        first (``ReplicaManager.open_soon``), the event loop serving other requests meanwhile."""
+        opening = self._replicas.open_soon(bucket for bucket, _keys in wanted)
+        if opening is None:
+            return _joined([self._lookup_entry(bucket, keys) for bucket, keys in wanted])
+        return self._looked_up_once_open(opening, wanted)
+
+    async def _looked_up_once_open(self, opening: Awaitable[Any], wanted: list[tuple[TableBucket, Any]]) -> bytes:
+        await opening
+        entries = _joined([self._lookup_entry(bucket, keys) for bucket, keys in wanted])
+        return entries if isinstance(entries, bytes) else await entries
 
     def _lookup_entry(self, bucket: TableBucket, keys: Any) -> bytes | Awaitable[bytes]:
         """One bucket's LookupResponse entry: the values of ``keys`` this server leads, or the error; a

@@ -1,6 +1,6 @@
 """The first write into a new table opens its buckets off the event loop: while their logs and RocksDB open
 the server answers other lookups and acknowledges other writes, and the new table's writes are acknowledged,
-in the order they were sent, once the buckets are open.
+in the order they were sent, once the buckets are open. A log table's buckets open their logs so too.
 
 The server runs in this process with a bucket opener whose opens wait until the test releases them, so the
 order of events is fixed and nothing is timed.
@@ -21,12 +21,13 @@ import pytest_asyncio
 
 from strom.client import Connection, Lookuper, Schema, TableDescriptor, TablePath
 from strom.config import Configuration
+from strom.ids import TableBucket
 from strom.kv import rocksdb
 from strom.server.node import StromServer
 
 pytestmark = pytest.mark.asyncio
 
-HOT, NEW = TablePath("fluss", "hot"), TablePath("fluss", "new")
+HOT, NEW, EVENTS = TablePath("fluss", "hot"), TablePath("fluss", "new"), TablePath("fluss", "events")
 ROWS = 200
 FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string())])
 HOLD_S = 30.0
@@ -66,10 +67,18 @@ def _rows(names: str) -> pa.Table:
     return pa.table({"id": list(range(ROWS)), "name": [f"{names}{i}" for i in range(ROWS)]}, schema=FIELDS)
 
 
-async def _create(connection: Connection, path: TablePath, buckets: int) -> Any:
-    await connection.get_admin().create_table(path, TableDescriptor(Schema.from_arrow(FIELDS, ["id"]),
-                                                                    bucket_count=buckets))
+async def _create(connection: Connection, path: TablePath, buckets: int, *, log_table: bool = False) -> Any:
+    schema = Schema.from_arrow(FIELDS, None if log_table else ["id"])
+    await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=buckets))
     return await connection.get_table(path)
+
+
+def _held(server: StromServer) -> tuple[HeldOpens, Any]:
+    """Put a held opener in place of the server's; returns it and the real one."""
+    held = HeldOpens()
+    assert server.replicas is not None and server.replicas.bucket_opener is not None
+    real_opener, server.replicas.bucket_opener = server.replicas.bucket_opener, held
+    return held, real_opener
 
 
 async def test_a_new_tables_first_writes_wait_for_its_buckets_off_the_loop(server: StromServer) -> None:
@@ -81,9 +90,7 @@ async def test_a_new_tables_first_writes_wait_for_its_buckets_off_the_loop(serve
         hot = hot_table.new_lookup().create_lookuper()
         assert isinstance(hot, Lookuper)
 
-        held = HeldOpens()
-        assert server.replicas is not None and server.replicas.bucket_opener is not None
-        real_opener, server.replicas.bucket_opener = server.replicas.bucket_opener, held
+        held, real_opener = _held(server)
         try:
             new_table = await _create(connection, NEW, buckets=4)
             new_writer = new_table.new_upsert().create_writer()
@@ -109,3 +116,71 @@ async def test_a_new_tables_first_writes_wait_for_its_buckets_off_the_loop(serve
             held.release.set()
             held.shutdown(wait=True)
             server.replicas.bucket_opener = real_opener
+
+
+async def test_a_new_log_tables_first_appends_wait_for_its_logs_off_the_loop(server: StromServer) -> None:
+    async with await Connection.create(f"127.0.0.1:{server.port}") as connection:
+        hot_table = await _create(connection, HOT, buckets=1)
+        hot_writer = hot_table.new_upsert().create_writer()
+        hot_writer.upsert_arrow_batch(_rows("h"))
+        await hot_writer.flush()
+        held, real_opener = _held(server)
+        try:
+            events = await _create(connection, EVENTS, buckets=3, log_table=True)
+            writer = events.new_append().create_writer()
+            first, second = writer.append_arrow_batch(_rows("first")), writer.append_arrow_batch(_rows("second"))
+            assert await asyncio.to_thread(held.holding.wait, HOLD_S)
+            hot = hot_table.new_lookup().create_lookuper()
+            assert isinstance(hot, Lookuper)
+            assert await hot.lookup({"id": 3}) == {"id": 3, "name": "h3"}
+            waits = asyncio.ensure_future(asyncio.gather(first.wait(), second.wait()))
+            await asyncio.sleep(0.05)
+            assert not waits.done()
+            held.release.set()
+            await waits
+            assert server.replicas is not None
+            table_id = events.layout.info.table_id
+            ends = [server.replicas.get(TableBucket(table_id, bucket)).log.log_end_offset for bucket in range(3)]
+            assert sum(ends) == 2 * ROWS
+        finally:
+            held.release.set()
+            held.shutdown(wait=True)
+            server.replicas.bucket_opener = real_opener
+
+
+async def test_a_restarted_servers_first_lookups_wait_for_their_buckets_off_the_loop(tmp_path: Path) -> None:
+    # remote log storage off: its first round would open every bucket right at the start (on threads too)
+    config = Configuration({"kv.snapshot.interval": "0s", "remote.log.task-interval-duration": "0s"})
+    first = StromServer(tmp_path / "data", "127.0.0.1", 0, config)
+    await first.start()
+    try:
+        async with await Connection.create(f"127.0.0.1:{first.port}") as connection:
+            for path, buckets in ((HOT, 1), (NEW, 4)):
+                writer = (await _create(connection, path, buckets)).new_upsert().create_writer()
+                writer.upsert_arrow_batch(_rows(path.table_name))
+                await writer.flush()
+    finally:
+        await first.stop()
+    restarted = StromServer(tmp_path / "data", "127.0.0.1", 0, config)
+    await restarted.start()
+    try:
+        async with await Connection.create(f"127.0.0.1:{restarted.port}") as connection:
+            hot = (await connection.get_table(HOT)).new_lookup().create_lookuper()
+            new = (await connection.get_table(NEW)).new_lookup().create_lookuper()
+            assert isinstance(hot, Lookuper) and isinstance(new, Lookuper)
+            assert await hot.lookup({"id": 1}) == {"id": 1, "name": "hot1"}
+            held, real_opener = _held(restarted)
+            try:
+                reading = asyncio.ensure_future(new.lookup_arrow(pa.table({"id": pa.array(range(ROWS), pa.int64())})))
+                assert await asyncio.to_thread(held.holding.wait, HOLD_S)
+                assert await hot.lookup({"id": 2}) == {"id": 2, "name": "hot2"}  # served while NEW's buckets open
+                assert not reading.done()
+                held.release.set()
+                assert (await reading).to_pylist() == _rows("new").to_pylist()
+            finally:
+                held.release.set()
+                held.shutdown(wait=True)
+                assert restarted.replicas is not None
+                restarted.replicas.bucket_opener = real_opener
+    finally:
+        await restarted.stop()

@@ -1,18 +1,22 @@
 """A bucket's storage opened ahead, on a thread (``ReplicaManager.open_soon``): its log and RocksDB open off
 the event loop and the replica takes them when it opens; a replica that closes first closes them; a bucket
 that may be restored from a snapshot, a follower's, and every bucket under rocksdict open on use instead.
+The remote log manager's round opens a restarted server's buckets so too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from strom.clock import ManualClock
 from strom.config import Configuration
 from strom.ids import TableBucket, TablePath
 from strom.kv import rocksdb
@@ -22,6 +26,7 @@ from strom.metadata.table_info import TableInfo
 from strom.records.schema import Schema, TableDescriptor
 from strom.records.types import IntType, StringType
 from strom.remote.storage import RemoteStorage
+from strom.tablet.remote_log_manager import RemoteLogManager, RemoteLogSettings
 from strom.tablet.replica import ReplicaManager
 
 pytestmark = [
@@ -33,13 +38,13 @@ BUCKETS = 3
 T0_MS = 1_700_000_000_000
 
 
-def _table() -> TableInfo:
-    schema = Schema.of([("id", IntType()), ("name", StringType())], primary_key=["id"])
+def _table(table_id: int = 7, primary_key: list[str] | None = None) -> TableInfo:
+    schema = Schema.of([("id", IntType()), ("name", StringType())], primary_key=primary_key)
     descriptor = TableDescriptor(schema, bucket_count=BUCKETS)
-    return TableInfo(7, TablePath("db", "names"), 1, descriptor.to_json(), T0_MS, T0_MS)
+    return TableInfo(table_id, TablePath("db", f"names_{table_id}"), 1, descriptor.to_json(), T0_MS, T0_MS)
 
 
-TABLE = _table()
+TABLE = _table(primary_key=["id"])
 ALL = [TableBucket(TABLE.table_id, bucket) for bucket in range(BUCKETS)]
 
 
@@ -106,6 +111,83 @@ async def test_open_soon_opens_logs_and_rocksdb_on_threads_and_the_replicas_take
             assert replica.kv.lookup([b"\x00\x00\x00\x01"]) == [None]
         assert replicas.open_soon(ALL) is None  # open: nothing to open ahead
     finally:
+        replicas.close()
+
+
+async def test_a_log_tables_buckets_open_their_logs_ahead(tmp_path: Path, binding_kept: None) -> None:
+    events = _table(8)
+    buckets = [TableBucket(events.table_id, bucket) for bucket in range(BUCKETS)]
+    replicas = ReplicaManager(tmp_path / "data", Configuration())
+    replicas.become_leader(events, buckets)
+    opener = RecordingOpener()
+    assert replicas.bucket_opener is not None
+    replicas.bucket_opener.shutdown()
+    replicas.bucket_opener = opener
+    try:
+        opening = replicas.open_soon(buckets)
+        assert opening is not None
+        await opening
+        assert all(opened.database is None for opened in opener.opened)
+        logs = {opened.log.directory.parent: opened.log for opened in opener.opened}
+        for bucket in buckets:
+            replica = replicas.get(bucket)
+            assert replica.log is logs[replica.directory]
+        assert replicas.open_soon(buckets) is None
+    finally:
+        replicas.close()
+
+
+class HeldOpener(ThreadPoolExecutor):
+    """A bucket opener whose opens wait for :attr:`release`."""
+
+    def __init__(self) -> None:
+        super().__init__(2, thread_name_prefix="test-held-opener")
+        self.release = threading.Event()
+        self.holding = threading.Event()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        def held() -> Any:
+            self.holding.set()
+            self.release.wait(HOLD_S)
+            return fn(*args, **kwargs)
+
+        return super().submit(held)
+
+
+HOLD_S = 30.0
+
+
+async def test_a_remote_log_round_opens_a_restarted_servers_buckets_on_threads(tmp_path: Path, binding_kept: None) -> None:
+    """Its first round, right at the start, opens every bucket with files; the loop serves meanwhile."""
+    events = _table(8)
+    buckets = [TableBucket(events.table_id, bucket) for bucket in range(BUCKETS)]
+    before = ReplicaManager(tmp_path / "data", Configuration())
+    before.become_leader(events, buckets)
+    for bucket in buckets:
+        before.get(bucket)  # its log is made
+    before.close()
+    replicas = ReplicaManager(tmp_path / "data", Configuration())
+    replicas.become_leader(events, buckets)
+    assert replicas.bucket_opener is not None
+    replicas.bucket_opener.shutdown()
+    replicas.bucket_opener = held = HeldOpener()
+    manager = RemoteLogManager(
+        replicas, RemoteStorage(str(tmp_path / "remote")),
+        RemoteLogSettings(interval_ms=60_000, max_upload_segments=1, index_interval_bytes=4096,
+                          default_ttl=timedelta(days=7)),
+        ManualClock(0), read_handle=lambda _bucket: None, commit=None,  # type: ignore[arg-type]
+        partition_name=lambda _partition: None, oldest_snapshot=lambda _bucket: None,  # type: ignore[arg-type]
+    )
+    try:
+        round_ = asyncio.ensure_future(manager.run_once())
+        assert await asyncio.to_thread(held.holding.wait, HOLD_S)
+        await asyncio.sleep(0.01)  # the loop runs: the round waits for the opens off it
+        assert not round_.done() and not any(replicas.replica(bucket).is_open for bucket in buckets)
+        held.release.set()
+        await round_
+        assert all(replicas.replica(bucket).is_open for bucket in buckets)
+    finally:
+        held.release.set()
         replicas.close()
 
 
