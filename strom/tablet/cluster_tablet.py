@@ -8,6 +8,7 @@ snapshot (CommitKvSnapshot), so that retention and leases stay with the one proc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from collections.abc import Awaitable, Callable, Iterator
@@ -248,20 +249,37 @@ class TabletControlService:
         self._coordinator_epoch = epoch
 
     async def notify_leader_and_isr(self, request: Any, _context: object) -> Any:
-        """Lead or follow each bucket as ZooKeeper's state says now (the notice says that it changed)."""
+        """Lead or follow each bucket as ZooKeeper's state says now (the notice says that it changed).
+
+        The buckets the notice says this server leads and has no directory for yet (a new table's) first
+        open their storage on threads, all at once, while the event loop serves other requests
+        (``ReplicaManager.open_new_soon``); leading them then finds it open."""
         self._check_epoch(request.coordinator_epoch)
         response = pb.NotifyLeaderAndIsrResponse()
+        noticed: list[tuple[Any, TableBucket, TableInfo | None]] = []
         for entry in request.notify_buckets_leader_req:
             result = response.notify_buckets_leader_resp.add()
             bucket = _answered_bucket(result, entry.table_bucket)
-            table = await self._resolve_table(bucket.table_id)
-            if table is None:
-                result.error_code, result.error_message = 7, f"table {bucket.table_id} does not exist"
-                continue
-            try:
-                await self._replication.apply(table, bucket)
-            except StromError as exc:
-                result.error_code, result.error_message = exc.code, str(exc)
+            noticed.append((result, bucket, await self._resolve_table(bucket.table_id)))
+        led: dict[int, tuple[TableInfo, list[TableBucket]]] = {}
+        for (_result, bucket, table), entry in zip(noticed, request.notify_buckets_leader_req, strict=True):
+            if table is not None and entry.leader == self._replication.server_id:
+                led.setdefault(table.table_id, (table, []))[1].append(bucket)
+        opening = [self._replicas.open_new_soon(table, buckets) for table, buckets in led.values()]
+        started = [future for future in opening if future is not None]
+        if started:
+            await asyncio.gather(*started)
+        try:
+            for result, bucket, table in noticed:
+                if table is None:
+                    result.error_code, result.error_message = 7, f"table {bucket.table_id} does not exist"
+                    continue
+                try:
+                    await self._replication.apply(table, bucket)
+                except StromError as exc:
+                    result.error_code, result.error_message = exc.code, str(exc)
+        finally:
+            await self._replicas.discard_new_ahead(bucket for _result, bucket, _table in noticed)
         return response
 
     async def stop_replica(self, request: Any, _context: object) -> Any:

@@ -102,6 +102,13 @@ def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None
         raise
 
 
+def _close_opened(opened: _OpenedAhead) -> None:
+    if opened.database is not None:
+        opened.database.db.close()
+    if opened.log is not None:
+        opened.log.close()
+
+
 class ReplicaStorage(Protocol):
     """What a replica takes from the server that hosts it to open its log and KV state (the
     :class:`ReplicaManager`): settings shared by every bucket, one row format per table, the row cache,
@@ -191,6 +198,11 @@ class Replica:
         kv_dir = self.directory / "kv" if self.is_kv else None
         self._ahead = executor.submit(_open_ahead, log_dir, self._storage.log_config, kv_dir,
                                       self._storage.kv_config(self.table), self._storage.row_cache)
+
+    def adopt_ahead(self, ahead: Future[_OpenedAhead]) -> None:
+        """Take the storage :meth:`ReplicaManager.open_new_soon` is opening for this new replica."""
+        assert self._ahead is None and self._log is None, "only a new replica adopts what was opened for it"
+        self._ahead = ahead
 
     @property
     def opening_ahead(self) -> Future[Any] | None:
@@ -489,6 +501,8 @@ class ReplicaManager:
             self.rocksdb_writer = ThreadPoolExecutor(ROCKSDB_WRITER_THREADS, thread_name_prefix="strom-rocksdb-write")
             self.bucket_opener = ThreadPoolExecutor(BUCKET_OPENER_THREADS, thread_name_prefix="strom-bucket-open")
         self._replicas: dict[TableBucket, Replica] = {}
+        self._new_ahead: dict[TableBucket, Future[_OpenedAhead]] = {}
+        """Storage opening for buckets this server is about to host (:meth:`open_new_soon`)."""
         self.retained = RetainedOffsets()
         """What the coordinator said the buckets must keep (NotifyKvSnapshotOffset, NotifyLakeTableOffset)."""
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
@@ -558,6 +572,9 @@ class ReplicaManager:
                 continue
             replica = self._replicas[bucket] = Replica(table, bucket, self.replica_directory(table, bucket), self)
             replica.offline = self.directories.offline_reason(bucket)
+            ahead = self._new_ahead.pop(bucket, None)
+            if ahead is not None:
+                replica.adopt_ahead(ahead)
 
     def change_table(self, table: TableInfo) -> None:
         """The table changed (columns added, options altered): every hosted bucket serves it from now on."""
@@ -627,6 +644,48 @@ class ReplicaManager:
         # shielded: a request cancelled while it waits must not cancel the opens that other requests await
         return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
 
+    def open_new_soon(self, table: TableInfo, buckets: Iterable[TableBucket]) -> asyncio.Future[Any] | None:
+        """Start opening on threads, all at once, the storage of each of ``buckets`` that this server is told
+        to lead and has no directory for yet (a new table's or partition's buckets, or ones moved here); a
+        future done once every one is open (None: none is to open). :meth:`become_leader` hands each to the
+        replica it makes; :meth:`discard_new_ahead` closes and removes what none took. A bucket a snapshot
+        may restore opens as before, where the restore is decided."""
+        if self.bucket_opener is None:
+            return None
+        opening: list[asyncio.Future[Any]] = []
+        for bucket in buckets:
+            ahead = self._new_ahead.get(bucket)
+            if ahead is None:
+                hosted = self._replicas.get(bucket)
+                if (hosted is not None and not hosted.stopped) or self.directories.offline_reason(bucket) is not None:
+                    continue
+                directory = self.replica_directory(table, bucket)  # placed now, where become_leader finds it
+                if directory.exists() or (table.has_primary_key and self.may_restore(bucket)):
+                    continue
+                kv_dir = directory / "kv" if table.has_primary_key else None
+                ahead = self._new_ahead[bucket] = self.bucket_opener.submit(
+                    _open_ahead, directory / "log", self.log_config, kv_dir, self.kv_config(table), self.row_cache
+                )
+            opening.append(asyncio.wrap_future(ahead))
+        # shielded: a request cancelled while it waits must not cancel the opens that other requests await
+        return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
+
+    async def discard_new_ahead(self, buckets: Iterable[TableBucket]) -> None:
+        """Close what :meth:`open_new_soon` opened for any of ``buckets`` that no replica took (this server
+        was not made a replica of it after all), and remove the directory it made."""
+        for bucket in buckets:
+            ahead = self._new_ahead.pop(bucket, None)
+            if ahead is None:
+                continue
+            try:
+                opened = await asyncio.wrap_future(ahead)
+            except Exception:  # nothing was left open
+                continue
+            _close_opened(opened)
+            if opened.log is not None and bucket not in self._replicas:
+                shutil.rmtree(opened.log.directory.parent, ignore_errors=True)
+                self.directories.forget(bucket)
+
     def get_hosted(self, bucket: TableBucket) -> Replica:
         """The replica of ``bucket``, leader or follower, its log open."""
         replica = self._hosted_or_assigned(bucket)
@@ -680,6 +739,10 @@ class ReplicaManager:
         for replica in self._replicas.values():
             replica.close()
         self._replicas.clear()
+        for ahead in self._new_ahead.values():
+            with contextlib.suppress(Exception):
+                _close_opened(ahead.result())
+        self._new_ahead.clear()
         if self.rocksdb_writer is not None:
             self.rocksdb_writer.shutdown(wait=True)
         if self.bucket_opener is not None:

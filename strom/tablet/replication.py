@@ -150,6 +150,10 @@ class ReplicationManager:
         self._maintenance: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()
 
+    @property
+    def server_id(self) -> int:
+        return self._me
+
     def start(self) -> None:
         self._maintenance = asyncio.create_task(self._maintain())
 

@@ -191,6 +191,77 @@ async def test_a_remote_log_round_opens_a_restarted_servers_buckets_on_threads(t
         replicas.close()
 
 
+async def test_buckets_told_to_lead_open_ahead_before_their_replicas_exist(tmp_path: Path, binding_kept: None) -> None:
+    """A cluster's tablet server told to lead a new table's buckets (NotifyLeaderAndIsr) opens them before it
+    makes their replicas: each replica made then takes what was opened for it."""
+    replicas = ReplicaManager(tmp_path / "data", Configuration())
+    opener = RecordingOpener()
+    assert replicas.bucket_opener is not None
+    replicas.bucket_opener.shutdown()
+    replicas.bucket_opener = opener
+    try:
+        opening = replicas.open_new_soon(TABLE, ALL)
+        assert opening is not None
+        await opening
+        assert len(opener.opened) == BUCKETS and not replicas.hosted()
+        replicas.become_leader(TABLE, ALL)
+        await replicas.discard_new_ahead(ALL)  # every one was taken: nothing to discard
+        by_directory = {opened.log.directory.parent: opened for opened in opener.opened}
+        for bucket in ALL:
+            replica = replicas.get(bucket)
+            ahead = by_directory[replica.directory]
+            assert replica.log is ahead.log and replica.kv.db is ahead.database.db and not ahead.database.db.closed
+        assert replicas.open_new_soon(TABLE, ALL) is None  # hosted: opened as they are
+    finally:
+        replicas.close()
+
+
+async def test_what_opened_for_buckets_no_replica_took_is_closed_and_removed(tmp_path: Path, binding_kept: None) -> None:
+    replicas = ReplicaManager(tmp_path / "data", Configuration())
+    opener = RecordingOpener()
+    assert replicas.bucket_opener is not None
+    replicas.bucket_opener.shutdown()
+    replicas.bucket_opener = opener
+    try:
+        opening = replicas.open_new_soon(TABLE, ALL)
+        assert opening is not None
+        await opening
+        replicas.become_leader(TABLE, ALL[:1])  # the others' notices said otherwise after all
+        await replicas.discard_new_ahead(ALL)
+        directories = {bucket: replicas.replica_directory(TABLE, bucket) for bucket in ALL[1:]}
+        for opened in opener.opened:
+            closed = opened.database.db.closed
+            assert closed == (opened.log.directory.parent != replicas.replica(ALL[0]).directory)
+        assert not any(directory.exists() for directory in directories.values())
+        assert replicas.replica(ALL[0]).kv.lookup([b"\x00\x00\x00\x01"]) == [None]
+    finally:
+        replicas.close()
+
+
+async def test_buckets_with_a_directory_or_a_snapshot_to_restore_are_not_opened_before_they_are_hosted(
+        tmp_path: Path, binding_kept: None) -> None:
+    remote = RemoteStorage(str(tmp_path / "remote"))
+    replicas = ReplicaManager(tmp_path / "data", Configuration(), remote=remote, latest_snapshot=lambda _bucket: object())
+    try:
+        assert replicas.open_new_soon(TABLE, ALL) is None  # a snapshot may restore each: opened when hosted
+        assert not any(replicas.replica_directory(TABLE, bucket).exists() for bucket in ALL)
+    finally:
+        replicas.close()
+    plain = ReplicaManager(tmp_path / "plain", Configuration())
+    try:
+        plain.become_leader(TABLE, ALL[:1])
+        plain.get(ALL[0])  # hosted and open
+        plain.close()
+        again = ReplicaManager(tmp_path / "plain", Configuration())
+        try:
+            # its directory is there (a restart): it opens as it did, recovering what it holds
+            assert again.open_new_soon(TABLE, ALL[:1]) is None
+        finally:
+            again.close()
+    finally:
+        plain.close()
+
+
 async def test_a_replica_closed_before_it_takes_what_opened_ahead_closes_it(tmp_path: Path, binding_kept: None) -> None:
     replicas = _replicas(tmp_path)
     opener = RecordingOpener()
