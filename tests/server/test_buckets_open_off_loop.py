@@ -1,6 +1,7 @@
 """The first write into a new table opens its buckets off the event loop: while their logs and RocksDB open
 the server answers other lookups and acknowledges other writes, and the new table's writes are acknowledged,
-in the order they were sent, once the buckets are open. A log table's buckets open their logs so too.
+in the order they were sent, once the buckets are open. A log table's buckets open their logs so too, and
+a restarted server's buckets so on its first lookup of them.
 
 The server runs in this process with a bucket opener whose opens wait until the test releases them, so the
 order of events is fixed and nothing is timed.
@@ -9,9 +10,8 @@ order of events is fixed and nothing is timed.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncIterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,32 +24,13 @@ from strom.config import Configuration
 from strom.ids import TableBucket
 from strom.kv import rocksdb
 from strom.server.node import StromServer
+from tests.tablet.test_open_ahead import HOLD_S, HeldOpener
 
 pytestmark = pytest.mark.asyncio
 
 HOT, NEW, EVENTS = TablePath("fluss", "hot"), TablePath("fluss", "new"), TablePath("fluss", "events")
 ROWS = 200
 FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string())])
-HOLD_S = 30.0
-"""The longest a held open waits (a failing test must not hang)."""
-
-
-class HeldOpens(ThreadPoolExecutor):
-    """A bucket opener whose opens wait for :attr:`release`."""
-
-    def __init__(self) -> None:
-        super().__init__(4, thread_name_prefix="test-held-opens")
-        self.release = threading.Event()
-        self.holding = threading.Event()
-        """Set once an open waits for the release."""
-
-    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
-        def held() -> Any:
-            self.holding.set()
-            self.release.wait(HOLD_S)
-            return fn(*args, **kwargs)
-
-        return super().submit(held)
 
 
 @pytest_asyncio.fixture
@@ -73,79 +54,80 @@ async def _create(connection: Connection, path: TablePath, buckets: int, *, log_
     return await connection.get_table(path)
 
 
-def _held(server: StromServer) -> tuple[HeldOpens, Any]:
-    """Put a held opener in place of the server's; returns it and the real one."""
-    held = HeldOpens()
+@contextmanager
+def _held(server: StromServer) -> Iterator[HeldOpener]:
+    """The server's bucket opens wait for the test's release while in the block."""
+    held = HeldOpener()
     assert server.replicas is not None and server.replicas.bucket_opener is not None
     real_opener, server.replicas.bucket_opener = server.replicas.bucket_opener, held
-    return held, real_opener
+    try:
+        yield held
+    finally:
+        held.release.set()
+        held.shutdown(wait=True)
+        server.replicas.bucket_opener = real_opener
+
+
+async def _loaded(connection: Connection, path: TablePath, buckets: int) -> tuple[Any, Any]:
+    """A primary-key table holding ``_rows(path.table_name)``, and the writer that wrote them."""
+    table = await _create(connection, path, buckets)
+    writer = table.new_upsert().create_writer()
+    writer.upsert_arrow_batch(_rows(path.table_name))
+    await writer.flush()
+    return table, writer
+
+
+async def _still_waiting(*handles: Any) -> asyncio.Future[Any]:
+    """The writes' acknowledgements, checked not to have come yet."""
+    waits = asyncio.ensure_future(asyncio.gather(*(handle.wait() for handle in handles)))
+    await asyncio.sleep(0.05)
+    assert not waits.done()
+    return waits
 
 
 async def test_a_new_tables_first_writes_wait_for_its_buckets_off_the_loop(server: StromServer) -> None:
     async with await Connection.create(f"127.0.0.1:{server.port}") as connection:
-        hot_table = await _create(connection, HOT, buckets=1)
-        writer = hot_table.new_upsert().create_writer()
-        writer.upsert_arrow_batch(_rows("h"))
-        await writer.flush()
+        hot_table, writer = await _loaded(connection, HOT, buckets=1)
         hot = hot_table.new_lookup().create_lookuper()
         assert isinstance(hot, Lookuper)
-
-        held, real_opener = _held(server)
-        try:
+        with _held(server) as held:
             new_table = await _create(connection, NEW, buckets=4)
             new_writer = new_table.new_upsert().create_writer()
             first = new_writer.upsert_arrow_batch(_rows("first"))  # sent at once, pipelined
             second = new_writer.upsert_arrow_batch(_rows("second"))
             assert await asyncio.to_thread(held.holding.wait, HOLD_S)
             # the new table's buckets wait to open; the server goes on serving meanwhile
-            assert await hot.lookup({"id": 7}) == {"id": 7, "name": "h7"}
+            assert await hot.lookup({"id": 7}) == {"id": 7, "name": "hot7"}
             await writer.upsert_batch(pa.table({"id": [7], "name": ["changed"]}, schema=FIELDS))
             await writer.flush()
             assert await hot.lookup({"id": 7}) == {"id": 7, "name": "changed"}
-            waits = asyncio.ensure_future(asyncio.gather(first.wait(), second.wait()))
-            await asyncio.sleep(0.05)
-            assert not waits.done()
-
+            waits = await _still_waiting(first, second)
             held.release.set()
             await waits
-            new = new_table.new_lookup().create_lookuper()
-            assert isinstance(new, Lookuper)
-            found = await new.lookup_arrow(pa.table({"id": pa.array(range(ROWS), pa.int64())}))
-            assert found.to_pylist() == _rows("second").to_pylist()  # the second write, sent last, is the latest
-        finally:
-            held.release.set()
-            held.shutdown(wait=True)
-            server.replicas.bucket_opener = real_opener
+        new = new_table.new_lookup().create_lookuper()
+        assert isinstance(new, Lookuper)
+        found = await new.lookup_arrow(pa.table({"id": pa.array(range(ROWS), pa.int64())}))
+        assert found.to_pylist() == _rows("second").to_pylist()  # the second write, sent last, is the latest
 
 
 async def test_a_new_log_tables_first_appends_wait_for_its_logs_off_the_loop(server: StromServer) -> None:
     async with await Connection.create(f"127.0.0.1:{server.port}") as connection:
-        hot_table = await _create(connection, HOT, buckets=1)
-        hot_writer = hot_table.new_upsert().create_writer()
-        hot_writer.upsert_arrow_batch(_rows("h"))
-        await hot_writer.flush()
-        held, real_opener = _held(server)
-        try:
+        hot_table, _writer = await _loaded(connection, HOT, buckets=1)
+        hot = hot_table.new_lookup().create_lookuper()
+        assert isinstance(hot, Lookuper)
+        with _held(server) as held:
             events = await _create(connection, EVENTS, buckets=3, log_table=True)
             writer = events.new_append().create_writer()
             first, second = writer.append_arrow_batch(_rows("first")), writer.append_arrow_batch(_rows("second"))
             assert await asyncio.to_thread(held.holding.wait, HOLD_S)
-            hot = hot_table.new_lookup().create_lookuper()
-            assert isinstance(hot, Lookuper)
-            assert await hot.lookup({"id": 3}) == {"id": 3, "name": "h3"}
-            waits = asyncio.ensure_future(asyncio.gather(first.wait(), second.wait()))
-            await asyncio.sleep(0.05)
-            assert not waits.done()
+            assert await hot.lookup({"id": 3}) == {"id": 3, "name": "hot3"}
+            waits = await _still_waiting(first, second)
             held.release.set()
             await waits
-            assert server.replicas is not None
-            table_id = events.layout.info.table_id
-            ends = [server.replicas.get(TableBucket(table_id, bucket)).log.log_end_offset for bucket in range(3)]
-            assert sum(ends) == 2 * ROWS
-        finally:
-            held.release.set()
-            held.shutdown(wait=True)
-            server.replicas.bucket_opener = real_opener
+        assert server.replicas is not None
+        table_id = events.layout.info.table_id
+        ends = [server.replicas.get(TableBucket(table_id, bucket)).log.log_end_offset for bucket in range(3)]
+        assert sum(ends) == 2 * ROWS
 
 
 async def test_a_restarted_servers_first_lookups_wait_for_their_buckets_off_the_loop(tmp_path: Path) -> None:
@@ -155,10 +137,8 @@ async def test_a_restarted_servers_first_lookups_wait_for_their_buckets_off_the_
     await first.start()
     try:
         async with await Connection.create(f"127.0.0.1:{first.port}") as connection:
-            for path, buckets in ((HOT, 1), (NEW, 4)):
-                writer = (await _create(connection, path, buckets)).new_upsert().create_writer()
-                writer.upsert_arrow_batch(_rows(path.table_name))
-                await writer.flush()
+            await _loaded(connection, HOT, buckets=1)
+            await _loaded(connection, NEW, buckets=4)
     finally:
         await first.stop()
     restarted = StromServer(tmp_path / "data", "127.0.0.1", 0, config)
@@ -169,18 +149,12 @@ async def test_a_restarted_servers_first_lookups_wait_for_their_buckets_off_the_
             new = (await connection.get_table(NEW)).new_lookup().create_lookuper()
             assert isinstance(hot, Lookuper) and isinstance(new, Lookuper)
             assert await hot.lookup({"id": 1}) == {"id": 1, "name": "hot1"}
-            held, real_opener = _held(restarted)
-            try:
+            with _held(restarted) as held:
                 reading = asyncio.ensure_future(new.lookup_arrow(pa.table({"id": pa.array(range(ROWS), pa.int64())})))
                 assert await asyncio.to_thread(held.holding.wait, HOLD_S)
                 assert await hot.lookup({"id": 2}) == {"id": 2, "name": "hot2"}  # served while NEW's buckets open
                 assert not reading.done()
                 held.release.set()
                 assert (await reading).to_pylist() == _rows("new").to_pylist()
-            finally:
-                held.release.set()
-                held.shutdown(wait=True)
-                assert restarted.replicas is not None
-                restarted.replicas.bucket_opener = real_opener
     finally:
         await restarted.stop()

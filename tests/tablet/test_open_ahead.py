@@ -85,6 +85,14 @@ def binding_kept() -> Iterator[None]:
         rocksdb.use_binding(before)
 
 
+def _opening_with(replicas: ReplicaManager, opener: ThreadPoolExecutor) -> ReplicaManager:
+    """``replicas`` with ``opener`` in place of its bucket opener."""
+    assert replicas.bucket_opener is not None
+    replicas.bucket_opener.shutdown()
+    replicas.bucket_opener = opener
+    return replicas
+
+
 def _replicas(tmp_path: Path, **kwargs: Any) -> ReplicaManager:
     replicas = ReplicaManager(tmp_path / "data", Configuration(), **kwargs)
     replicas.become_leader(TABLE, ALL)
@@ -93,11 +101,8 @@ def _replicas(tmp_path: Path, **kwargs: Any) -> ReplicaManager:
 
 async def test_open_soon_opens_logs_and_rocksdb_on_threads_and_the_replicas_take_them(
         tmp_path: Path, binding_kept: None) -> None:
-    replicas = _replicas(tmp_path)
     opener = RecordingOpener()
-    assert replicas.bucket_opener is not None
-    replicas.bucket_opener.shutdown()
-    replicas.bucket_opener = opener
+    replicas = _opening_with(_replicas(tmp_path), opener)
     try:
         opening = replicas.open_soon(ALL)
         assert opening is not None
@@ -117,12 +122,9 @@ async def test_open_soon_opens_logs_and_rocksdb_on_threads_and_the_replicas_take
 async def test_a_log_tables_buckets_open_their_logs_ahead(tmp_path: Path, binding_kept: None) -> None:
     events = _table(8)
     buckets = [TableBucket(events.table_id, bucket) for bucket in range(BUCKETS)]
-    replicas = ReplicaManager(tmp_path / "data", Configuration())
-    replicas.become_leader(events, buckets)
     opener = RecordingOpener()
-    assert replicas.bucket_opener is not None
-    replicas.bucket_opener.shutdown()
-    replicas.bucket_opener = opener
+    replicas = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), opener)
+    replicas.become_leader(events, buckets)
     try:
         opening = replicas.open_soon(buckets)
         assert opening is not None
@@ -166,11 +168,9 @@ async def test_a_remote_log_round_opens_a_restarted_servers_buckets_on_threads(t
     for bucket in buckets:
         before.get(bucket)  # its log is made
     before.close()
-    replicas = ReplicaManager(tmp_path / "data", Configuration())
+    held = HeldOpener()
+    replicas = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), held)
     replicas.become_leader(events, buckets)
-    assert replicas.bucket_opener is not None
-    replicas.bucket_opener.shutdown()
-    replicas.bucket_opener = held = HeldOpener()
     manager = RemoteLogManager(
         replicas, RemoteStorage(str(tmp_path / "remote")),
         RemoteLogSettings(interval_ms=60_000, max_upload_segments=1, index_interval_bytes=4096,
@@ -194,11 +194,8 @@ async def test_a_remote_log_round_opens_a_restarted_servers_buckets_on_threads(t
 async def test_buckets_told_to_lead_open_ahead_before_their_replicas_exist(tmp_path: Path, binding_kept: None) -> None:
     """A cluster's tablet server told to lead a new table's buckets (NotifyLeaderAndIsr) opens them before it
     makes their replicas: each replica made then takes what was opened for it."""
-    replicas = ReplicaManager(tmp_path / "data", Configuration())
     opener = RecordingOpener()
-    assert replicas.bucket_opener is not None
-    replicas.bucket_opener.shutdown()
-    replicas.bucket_opener = opener
+    replicas = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), opener)
     try:
         opening = replicas.open_new_soon(TABLE, ALL)
         assert opening is not None
@@ -217,11 +214,8 @@ async def test_buckets_told_to_lead_open_ahead_before_their_replicas_exist(tmp_p
 
 
 async def test_what_opened_for_buckets_no_replica_took_is_closed_and_removed(tmp_path: Path, binding_kept: None) -> None:
-    replicas = ReplicaManager(tmp_path / "data", Configuration())
     opener = RecordingOpener()
-    assert replicas.bucket_opener is not None
-    replicas.bucket_opener.shutdown()
-    replicas.bucket_opener = opener
+    replicas = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), opener)
     try:
         opening = replicas.open_new_soon(TABLE, ALL)
         assert opening is not None
@@ -263,11 +257,8 @@ async def test_buckets_with_a_directory_or_a_snapshot_to_restore_are_not_opened_
 
 
 async def test_a_replica_closed_before_it_takes_what_opened_ahead_closes_it(tmp_path: Path, binding_kept: None) -> None:
-    replicas = _replicas(tmp_path)
     opener = RecordingOpener()
-    assert replicas.bucket_opener is not None
-    replicas.bucket_opener.shutdown()
-    replicas.bucket_opener = opener
+    replicas = _opening_with(_replicas(tmp_path), opener)
     assert replicas.open_soon(ALL) is not None
     directories = [replicas.replica(bucket).directory for bucket in ALL]
     replicas.close()  # waits for the opens in flight, then closes what they opened
@@ -280,10 +271,7 @@ async def test_a_replica_closed_before_it_takes_what_opened_ahead_closes_it(tmp_
 
 
 async def test_a_failed_open_ahead_leaves_the_bucket_to_open_on_use(tmp_path: Path, binding_kept: None) -> None:
-    replicas = _replicas(tmp_path)
-    assert replicas.bucket_opener is not None
-    replicas.bucket_opener.shutdown()
-    replicas.bucket_opener = FailingOpener()
+    replicas = _opening_with(_replicas(tmp_path), FailingOpener())
     try:
         opening = replicas.open_soon(ALL)
         assert opening is not None
