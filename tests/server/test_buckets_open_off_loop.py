@@ -77,6 +77,14 @@ async def _loaded(connection: Connection, path: TablePath, buckets: int) -> tupl
     return table, writer
 
 
+async def _hot(connection: Connection) -> tuple[Lookuper, Any]:
+    """The other table: a lookuper of it, and its writer."""
+    table, writer = await _loaded(connection, HOT, buckets=1)
+    lookuper = table.new_lookup().create_lookuper()
+    assert isinstance(lookuper, Lookuper)
+    return lookuper, writer
+
+
 async def _still_waiting(*handles: Any) -> asyncio.Future[Any]:
     """The writes' acknowledgements, checked not to have come yet."""
     waits = asyncio.ensure_future(asyncio.gather(*(handle.wait() for handle in handles)))
@@ -87,9 +95,7 @@ async def _still_waiting(*handles: Any) -> asyncio.Future[Any]:
 
 async def test_a_new_tables_first_writes_wait_for_its_buckets_off_the_loop(server: StromServer) -> None:
     async with await Connection.create(f"127.0.0.1:{server.port}") as connection:
-        hot_table, writer = await _loaded(connection, HOT, buckets=1)
-        hot = hot_table.new_lookup().create_lookuper()
-        assert isinstance(hot, Lookuper)
+        hot, writer = await _hot(connection)
         with _held(server) as held:
             new_table = await _create(connection, NEW, buckets=4)
             new_writer = new_table.new_upsert().create_writer()
@@ -112,9 +118,7 @@ async def test_a_new_tables_first_writes_wait_for_its_buckets_off_the_loop(serve
 
 async def test_a_new_log_tables_first_appends_wait_for_its_logs_off_the_loop(server: StromServer) -> None:
     async with await Connection.create(f"127.0.0.1:{server.port}") as connection:
-        hot_table, _writer = await _loaded(connection, HOT, buckets=1)
-        hot = hot_table.new_lookup().create_lookuper()
-        assert isinstance(hot, Lookuper)
+        hot, _writer = await _hot(connection)
         with _held(server) as held:
             events = await _create(connection, EVENTS, buckets=3, log_table=True)
             writer = events.new_append().create_writer()

@@ -93,6 +93,13 @@ def _opening_with(replicas: ReplicaManager, opener: ThreadPoolExecutor) -> Repli
     return replicas
 
 
+async def _opened_new(replicas: ReplicaManager) -> None:
+    """Every bucket of TABLE opened before it is hosted, as a tablet server told to lead them does."""
+    opening = replicas.open_new_soon(TABLE, ALL)
+    assert opening is not None
+    await opening
+
+
 def _replicas(tmp_path: Path, **kwargs: Any) -> ReplicaManager:
     replicas = ReplicaManager(tmp_path / "data", Configuration(), **kwargs)
     replicas.become_leader(TABLE, ALL)
@@ -197,9 +204,7 @@ async def test_buckets_told_to_lead_open_ahead_before_their_replicas_exist(tmp_p
     opener = RecordingOpener()
     replicas = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), opener)
     try:
-        opening = replicas.open_new_soon(TABLE, ALL)
-        assert opening is not None
-        await opening
+        await _opened_new(replicas)
         assert len(opener.opened) == BUCKETS and not replicas.hosted()
         replicas.become_leader(TABLE, ALL)
         await replicas.discard_new_ahead(ALL)  # every one was taken: nothing to discard
@@ -217,9 +222,7 @@ async def test_what_opened_for_buckets_no_replica_took_is_closed_and_removed(tmp
     opener = RecordingOpener()
     replicas = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), opener)
     try:
-        opening = replicas.open_new_soon(TABLE, ALL)
-        assert opening is not None
-        await opening
+        await _opened_new(replicas)
         replicas.become_leader(TABLE, ALL[:1])  # the others' notices said otherwise after all
         await replicas.discard_new_ahead(ALL)
         directories = {bucket: replicas.replica_directory(TABLE, bucket) for bucket in ALL[1:]}
