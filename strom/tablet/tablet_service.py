@@ -462,8 +462,8 @@ class TabletService:
         overwrite = request.HasField("agg_mode") and request.agg_mode == AGG_MODE_OVERWRITE
         knows_backpressure = getattr(context, "api_version", PUT_KV_VERSION_WITH_BACKPRESSURE) >= \
             PUT_KV_VERSION_WITH_BACKPRESSURE
-
-        staged = await self._appended_in_order([_bucket(request.table_id, b) for b in request.buckets_req], lambda: [
+        buckets = [_bucket(request.table_id, b) for b in request.buckets_req]
+        staged = await self._appended_in_order(buckets, lambda: [
             self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure)
             for b in request.buckets_req
         ])
