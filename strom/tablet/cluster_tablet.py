@@ -265,10 +265,10 @@ class TabletControlService:
         for (_result, bucket, table), entry in zip(noticed, request.notify_buckets_leader_req, strict=True):
             if table is not None and entry.leader == self._replication.server_id:
                 led.setdefault(table.table_id, (table, []))[1].append(bucket)
-        opening = [self._replicas.open_new_soon(table, buckets) for table, buckets in led.values()]
-        started = [future for future in opening if future is not None]
-        if started:
-            await asyncio.gather(*started)
+        opening = [future for table, buckets in led.values()
+                   if (future := self._replicas.open_new_soon(table, buckets)) is not None]
+        if opening:
+            await asyncio.gather(*opening)
         try:
             for result, bucket, table in noticed:
                 if table is None:

@@ -127,6 +127,8 @@ class ReplicaStorage(Protocol):
 
     def may_restore(self, bucket: TableBucket) -> bool: ...
 
+    def start_opening(self, table: TableInfo, directory: Path, *, log: bool) -> Future[_OpenedAhead]: ...
+
     def replace_offline(self, replica: Replica) -> Path: ...
 
 
@@ -190,14 +192,11 @@ class Replica:
             return False
         return (self.directory / "kv" / "rocksdb").exists() or not self._storage.may_restore(self.bucket)
 
-    def open_ahead(self, executor: Executor) -> None:
-        """Start opening the bucket's log (unless open) and RocksDB (a primary-key bucket's) on ``executor``:
+    def open_ahead(self) -> None:
+        """Start opening the bucket's log (unless open) and RocksDB (a primary-key bucket's) on a thread:
         their files' creation and fsyncs, without the event loop. :meth:`open` takes them from there, waiting
         for the thread if it is still at work. Only where :attr:`may_open_ahead`."""
-        log_dir = self.directory / "log" if self._log is None else None
-        kv_dir = self.directory / "kv" if self.is_kv else None
-        self._ahead = executor.submit(_open_ahead, log_dir, self._storage.log_config, kv_dir,
-                                      self._storage.kv_config(self.table), self._storage.row_cache)
+        self._ahead = self._storage.start_opening(self.table, self.directory, log=self._log is None)
 
     def adopt_ahead(self, ahead: Future[_OpenedAhead]) -> None:
         """Take the storage :meth:`ReplicaManager.open_new_soon` is opening for this new replica."""
@@ -635,7 +634,7 @@ class ReplicaManager:
                 if replica is None:
                     continue
                 if replica.may_open_ahead:
-                    replica.open_ahead(self.bucket_opener)
+                    replica.open_ahead()
                 ahead = replica.opening_ahead
             except Exception:  # the request meets it when it opens the bucket, and answers it for that bucket
                 continue
@@ -662,13 +661,18 @@ class ReplicaManager:
                 directory = self.replica_directory(table, bucket)  # placed now, where become_leader finds it
                 if directory.exists() or (table.has_primary_key and self.may_restore(bucket)):
                     continue
-                kv_dir = directory / "kv" if table.has_primary_key else None
-                ahead = self._new_ahead[bucket] = self.bucket_opener.submit(
-                    _open_ahead, directory / "log", self.log_config, kv_dir, self.kv_config(table), self.row_cache
-                )
+                ahead = self._new_ahead[bucket] = self.start_opening(table, directory, log=True)
             opening.append(asyncio.wrap_future(ahead))
         # shielded: a request cancelled while it waits must not cancel the opens that other requests await
         return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
+
+    def start_opening(self, table: TableInfo, directory: Path, *, log: bool) -> Future[_OpenedAhead]:
+        """Open, on :attr:`bucket_opener`, the storage of ``table``'s bucket in ``directory``: its log if
+        ``log``, and a primary-key table's RocksDB."""
+        assert self.bucket_opener is not None, "storage opens ahead with the native binding only"
+        kv_dir = directory / "kv" if table.has_primary_key else None
+        return self.bucket_opener.submit(_open_ahead, directory / "log" if log else None, self.log_config, kv_dir,
+                                         self.kv_config(table), self.row_cache)
 
     async def discard_new_ahead(self, buckets: Iterable[TableBucket]) -> None:
         """Close what :meth:`open_new_soon` opened for any of ``buckets`` that no replica took (this server
@@ -683,7 +687,7 @@ class ReplicaManager:
                 continue
             _close_opened(opened)
             if opened.log is not None and bucket not in self._replicas:
-                shutil.rmtree(opened.log.directory.parent, ignore_errors=True)
+                await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, opened.log.directory.parent, True)
                 self.directories.forget(bucket)
 
     def get_hosted(self, bucket: TableBucket) -> Replica:
