@@ -60,6 +60,7 @@ DEFAULT_REPLICATION_FACTOR = 1
 DEFAULT_LOG_FORMAT = "ARROW"
 DEFAULT_KV_FORMAT = "COMPACTED"
 DEFAULT_ARROW_COMPRESSION = "ZSTD"
+DEFAULT_ZSTD_LEVEL = 3
 DEFAULT_CHANGELOG_IMAGE = "FULL"
 DEFAULT_TIERED_LOCAL_SEGMENTS = 2
 
@@ -171,6 +172,10 @@ class TableProperties:
     @property
     def arrow_compression(self) -> str:
         return self.upper(ARROW_COMPRESSION_TYPE, DEFAULT_ARROW_COMPRESSION)
+
+    @property
+    def arrow_compression_zstd_level(self) -> int:
+        return self.parsed(ZSTD_LEVEL, parse_int, DEFAULT_ZSTD_LEVEL)
 
     @property
     def changelog_image(self) -> str:

@@ -12,6 +12,7 @@ from strom import table_properties
 from strom.errors import SchemaNotExistError
 from strom.metadata.table_info import TableInfo
 from strom.records import batch_statistics, keys, row_batches, row_log
+from strom.records.arrow_compression import ArrowCompression
 from strom.records.compacted import CompactedRowDecoder, CompactedRowEncoder
 from strom.records.indexed import IndexedRowDecoder, IndexedRowEncoder
 from strom.records.kv_batch import SCHEMA_ID
@@ -36,8 +37,8 @@ class TableLayout:
         self.partition_key_indexes = [self.column_names.index(k) for k in self.partition_keys]
         self.bucket_count = info.bucket_count
         self.kv_format = info.options.kv_format
-        compression = info.options.arrow_compression
-        self.log_compression = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}[compression]
+        self.log_compression = ArrowCompression.of_table(info.options.arrow_compression,
+                                                         info.options.arrow_compression_zstd_level)
         self.log_format = row_log.log_format(info.properties)
         self.key_lake_format = keys.key_lake_format(info.properties)
         """Iceberg changes how keys are encoded and bucketed (:mod:`strom.records.keys`); None: Fluss's way."""

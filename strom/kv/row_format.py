@@ -14,11 +14,11 @@ import pyarrow as pa
 from strom.errors import SchemaNotExistError
 from strom.metadata.table_info import TableInfo
 from strom.records import compacted, indexed, keys, log_batch, row_arrow, row_batches, row_log
+from strom.records.arrow_compression import ArrowCompression
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.log_batch import ChangeType, LogBatchHeader
 from strom.records.schema_evolution import RowUpgrader
 
-_COMPRESSION = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}
 SCHEMA_ID_SIZE_BYTES = 2
 
 
@@ -35,7 +35,8 @@ class TableRowFormat:
         names = schema.column_names
         self.key_indexes = [names.index(name) for name in physical]
         self.kv_format = table.options.kv_format
-        self.log_compression = _COMPRESSION[table.options.arrow_compression]
+        self.log_compression = ArrowCompression.of_table(table.options.arrow_compression,
+                                                         table.options.arrow_compression_zstd_level)
         log_format = row_log.log_format(table.properties)
         self.log_decoder = row_log.LogBatchDecoder(log_format, self.row_type, self.arrow_schema)
         self._log_decoders = {

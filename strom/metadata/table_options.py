@@ -144,9 +144,9 @@ TABLE_OPTIONS: Mapping[str, TableOption] = {option.key: option for option in (
     _option(
         ZSTD_LEVEL, "Integer", "3",
         "ZSTD level (1 to 22) of ARROW log batches compressed with ZSTD.",
-        Support.NO_EFFECT,
-        "Checked (1 to 22), not applied: strom compresses at pyarrow's default ZSTD level. The level only "
-        "trades CPU for size; every reader decompresses any level.",
+        Support.IMPLEMENTED,
+        "The level of the changelog's and strom's client's ZSTD frames (`strom.records.arrow_compression`). "
+        "It trades CPU for size; every reader decompresses any level.",
         parse_int,
     ),
     _option(

@@ -25,6 +25,7 @@ from fuzz.fuzz_log_batch import SCHEMA as LOG_SCHEMA
 from fuzz.fuzz_log_batch import fix_crc as fix_log_crc
 from strom.errors import CorruptRecordError
 from strom.records import kv_batch, log_batch, row_batches
+from strom.records.arrow_compression import ArrowCompression
 from strom.records.compacted import CompactedRowEncoder
 from strom.records.types import to_arrow_schema
 from tests.fuzz.mutations import (
@@ -187,17 +188,19 @@ def test_changelog_batches_of_every_fluss_type_round_trip(rng: random.Random) ->
 
 def test_compressed_arrow_claiming_a_huge_uncompressed_size_is_corrupt_record() -> None:
     """The fuzzer's ArrowMemoryError: an lz4/zstd body whose declared size cannot be allocated."""
-    batch = _record_batch([(1, "x" * 40, [1], None, b"y" * 40)])
-    data = bytearray(log_batch.build_arrow_batch(batch, schema_id=1, compression="zstd"))
-    # each compressed buffer starts with its uncompressed length (int64); make every one of them lie
-    for length in {len(b"x" * 40), len(b"y" * 40)}:
-        packed = struct.pack("<q", length)
-        index = data.find(packed, log_batch.HEADER_SIZE_BYTES)
-        if index >= 0:
-            struct.pack_into("<q", data, index, 0x6000000000000000)
+    batch = _record_batch([(i, "x" * 40, [1], None, b"y" * 40) for i in range(200)])
+    assert batch.nbytes >= log_batch.COMPRESSION_MIN_BYTES  # so its body is compressed
+    data = bytearray(log_batch.build_arrow_batch(batch, schema_id=1, compression=ArrowCompression("zstd")))
+    # each compressed buffer starts with its uncompressed length (int64); make the strings' and bytes' lie
+    packed = struct.pack("<q", 200 * 40)
+    index = data.find(packed, log_batch.HEADER_SIZE_BYTES)
+    assert index >= 0
+    while index >= 0:
+        struct.pack_into("<q", data, index, 0x6000000000000000)
+        index = data.find(packed, index + 8)
     data = bytearray(fix_log_crc(bytes(data)))
     result = outcome(lambda: parse_log(bytes(data)))
-    assert result[0] == "ok" or issubclass(result[1][0], CorruptRecordError), result
+    assert result[0] != "ok" and issubclass(result[1][0], CorruptRecordError), result
 
 
 # ---- kv batches ----

@@ -26,7 +26,7 @@ ACCEPTED = {
     "table.log.local-ttl": "30 min",  # Duration, no effect (no remote log tiering)
     "table.datalake.freshness": "45s",  # Duration
     "table.log.tiered.local-segments": "4",  # Integer, no effect
-    "table.log.arrow.compression.zstd.level": "9",  # Integer, no effect
+    "table.log.arrow.compression.zstd.level": "9",  # Integer
     "table.auto-increment.cache-size": "5000000000",  # Long
     "table.kv.standby-replica.enabled": "True",  # Boolean, no effect
     "table.datalake.auto-compaction": "false",  # Boolean, no effect

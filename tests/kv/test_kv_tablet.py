@@ -21,6 +21,7 @@ from strom.kv.row_format import TableRowFormat
 from strom.log.log_tablet import LogConfig, LogTablet
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
+from strom.records.arrow_compression import ArrowCompression, compressed_message
 from strom.records.compacted import CompactedRowEncoder
 from strom.records.kv_batch import SCHEMA_ID
 from strom.records.schema import Schema, TableDescriptor
@@ -136,6 +137,33 @@ def bucket(tmp_path: Path) -> Any:
 
 
 # ---- changelog of each kind of write ----
+
+
+@pytest.mark.parametrize(("properties", "compression"), [
+    ({}, ArrowCompression("zstd", 3)),
+    ({"table.log.arrow.compression.zstd.level": "19"}, ArrowCompression("zstd", 19)),
+    ({"table.log.arrow.compression.type": "LZ4_FRAME"}, ArrowCompression("lz4")),
+])
+@pytest.mark.asyncio
+async def test_the_changelog_is_compressed_as_the_table_says(
+    tmp_path: Path, properties: dict[str, str], compression: ArrowCompression
+) -> None:
+    """``table.log.arrow.compression.type`` and ``...zstd.level`` (Fluss's default: ZSTD at 3) decide the
+    changelog's Arrow body: its message is the one that codec and level make of the rows it holds."""
+    bucket = Bucket(tmp_path / "bucket", properties)
+    try:
+        await bucket.put(*((i, (f"name-{i % 17}" * 3, i // 3)) for i in range(600)))
+        data = bucket.kv.log.read_range(0, bucket.kv.log.high_watermark, 1 << 30)
+        ((position, header),) = list(log_batch.iter_batches(data))
+        _, batch = log_batch.read_arrow(data, position, header, bucket.format.arrow_schema)
+        start = position + header.records_offset + header.record_count
+        message = bytes(data[start : position + header.size_bytes])
+        assert message == compressed_message(batch, compression)
+        if compression.codec == "zstd":  # the level shows in the frames
+            assert message != compressed_message(batch, ArrowCompression("zstd", 22 - compression.level))
+    finally:
+        bucket.close()
+
 
 
 @pytest.mark.asyncio

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from strom.records import log_batch
+from strom.records.arrow_compression import ArrowCompression
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
@@ -21,8 +22,8 @@ def read_back(data: bytes) -> pa.RecordBatch:
     return batch
 
 
-@pytest.mark.parametrize("codec", ["zstd", "lz4"])
-def test_a_tiny_batch_goes_uncompressed_and_a_large_one_compressed(codec: str) -> None:
+@pytest.mark.parametrize("codec", [ArrowCompression("zstd"), ArrowCompression("lz4")])
+def test_a_tiny_batch_goes_uncompressed_and_a_large_one_compressed(codec: ArrowCompression) -> None:
     small, large = batch_of(10), batch_of(5_000)
     assert small.nbytes < log_batch.COMPRESSION_MIN_BYTES <= large.nbytes
     # an uncompressed message is exactly what Arrow writes without body compression
