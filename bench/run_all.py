@@ -15,6 +15,7 @@ BENCHES = [
     ("bench.lookup_bench", [], ["--rows", "50000", "--lookups", "20000", "--singles", "2000"]),
     ("bench.lookup_isolation_bench", [], ["--rows", "200000", "--singles", "2000", "--rounds", "1"]),
     ("bench.first_write_bench", [], ["--tables", "2"]),
+    ("bench.crash_recovery_bench", [], ["--rows", "200000"]),
     ("bench.log_bench", [], ["--rows", "100000", "--rounds", "1"]),
     ("bench.remote_log_bench", [], ["--rows", "200000", "--rounds", "1"]),
     ("bench.kv_write_path_bench", [], ["--rows", "50000", "--rounds", "1"]),

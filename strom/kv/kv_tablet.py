@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import struct
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
@@ -31,6 +30,16 @@ from strom.errors import DeletionDisabledError, KvStorageError, MalformedRowErro
 from strom.kv import changelog, kv_loops
 from strom.kv.auto_increment import AutoIncrementAssigner, AutoIncrementSpec, IdAllocator, IdCounter
 from strom.kv.backpressure import BackpressureConfig, BucketBackpressure
+from strom.kv.changelog_replay import (
+    APPLIED_OFFSET_KEY,
+    META_KEYS,
+    OFFSET,
+    ROW_COUNT_KEY,
+    Replayed,
+    batch_changes,
+    read_meta_int,
+    replay,
+)
 from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
@@ -57,17 +66,13 @@ from strom.records.log_batch import ChangeType
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-APPLIED_OFFSET_KEY = b"applied_log_offset"
-ROW_COUNT_KEY = b"row_count"
 INSTANCE_ID_KEY = b"instance_id"
-_OFFSET = struct.Struct("<q")
 _SORTED_READ_MIN_KEYS = 32
 OFF_LOOP_READ_MIN_KEYS = 32
 """A lookup that must read at least this many keys from RocksDB reads them on a writer thread (the loop serves
 other requests meanwhile); fewer cost less than the hand-off to a thread and back (~20 µs here)."""
 _INDEX_SLACK = 4
 """The pre-write buffer's index is rebuilt once it holds this many times more keys than the pending batches."""
-_META_KEYS = (APPLIED_OFFSET_KEY, ROW_COUNT_KEY)
 STANDBY_STEP_BYTES = 4 << 20
 """Changelog a standby applies per turn of the event loop, so a follower far behind catches up without
 holding the loop for long."""
@@ -277,8 +282,8 @@ class KvTablet:
         self._pending_bytes = 0
         """What the pending batches weigh (their requests' bytes): the pre-write buffer's memory debt."""
         self.backpressure = BucketBackpressure(self._read_property, config.backpressure)
-        self._applied_offset = self._read_meta_int(APPLIED_OFFSET_KEY)
-        self._row_count = self._read_meta_int(ROW_COUNT_KEY)
+        self._applied_offset = read_meta_int(self._db, APPLIED_OFFSET_KEY)
+        self._row_count = read_meta_int(self._db, ROW_COUNT_KEY)
         if row_cache is not None and self._holds_no_rows():
             row_cache.mark_complete(self._cache_token)  # the replay below and every later write go through it
         self.instance_id = self._instance_id()
@@ -305,10 +310,6 @@ class KvTablet:
         self._apply_committed()
 
     # ---- recovery ----
-    def _read_meta_int(self, key: bytes) -> int:
-        raw = self._db.get_meta(key)
-        return int(_OFFSET.unpack(raw)[0]) if raw else 0
-
     def _holds_no_rows(self) -> bool:
         rows = self._db.iterator()
         try:
@@ -439,7 +440,7 @@ class KvTablet:
             return
         data = self.log.read_range(start, end, 1 << 62, unacknowledged=True)
         held = 0
-        for header, keys, values, delta in self._batch_changes(data, start):
+        for header, keys, values, delta in batch_changes(self._format, data, start):
             self._pending.append(_PendingBatch(header.next_offset, keys, values, delta, header.size_bytes))
             self._pending_bytes += header.size_bytes
             held += len(keys)
@@ -447,54 +448,22 @@ class KvTablet:
         if held:
             log.info("%s: holding %d unacknowledged changelog records in [%d, %d)", self.directory, held, start, end)
 
-    def _batch_changes(
-        self, data: bytes, from_offset: int
-    ) -> Iterator[tuple[log_batch.LogBatchHeader, list[bytes], list[bytes | None], int]]:
-        """Per changelog batch of ``data`` that ends after ``from_offset``: its header, the writes of its
-        records at or after that offset (key, value; None deletes; a -U is left out, the +U after it carries
-        the new value) and the batch's change of the row count."""
-        for position, header in log_batch.iter_batches(data, verify_crc=False):
-            if header.next_offset <= from_offset:
-                continue
-            change_types, batch = self._format.read_log_batch(data, position, header)  # in the current schema
-            types = change_types or b""
-            keys: list[bytes] = []
-            values: list[bytes | None] = []
-            if batch.num_rows:
-                all_keys, all_values = self._format.changelog_to_kv(batch, types)
-                first = max(0, from_offset - header.base_offset)
-                for key, value in zip(all_keys[first:], all_values[first:], strict=True):
-                    if key is not None:
-                        keys.append(key)
-                        values.append(value)
-            yield header, keys, values, types.count(ChangeType.INSERT) - types.count(ChangeType.DELETE)
-
     def replay_changelog(self, start_offset: int, end_offset: int, bytes_max: int | None = None) -> int:
         """Apply changelog records in ``[start_offset, end_offset)`` to RocksDB (``bytes_max``: stop after about
-        that much of the log); returns records applied."""
-        applied = 0
-        offset = start_offset
-        read = 0
-        while offset < end_offset and (bytes_max is None or read < bytes_max):
-            data = self.log.read_range(offset, end_offset, 16 << 20 if bytes_max is None else min(16 << 20, bytes_max))
-            if not data:
-                break
-            read += len(data)
-            written_keys: list[bytes] = []
-            written_values: list[bytes | None] = []
-            for header, keys, values, delta in self._batch_changes(data, offset):
-                self._row_count += delta
-                written_keys += keys
-                written_values += values
-                applied += len(keys)
-                offset = header.next_offset
-            self._db.write(written_keys, written_values, _META_KEYS,
-                           (_OFFSET.pack(offset), _OFFSET.pack(self._row_count)))
-            self._applied_offset = offset
+        that much of the log), writing them through the row cache; returns records applied."""
+
+        def written(keys: list[bytes], values: list[bytes | None]) -> None:
             if self._cache is not None:
                 self._cache_writes += 1
-                self._cache.put_many(self._cache_token, written_keys, written_values)
-        return applied
+                self._cache.put_many(self._cache_token, keys, values)
+
+        assert start_offset == self._applied_offset, "the changelog replays from where RocksDB is"
+        at = Replayed(start_offset, self._row_count)
+        try:
+            replay(self._db, self.log, self._format, at, end_offset, bytes_max, written)
+        finally:  # as far as RocksDB got, should a later write of the replay fail
+            self._applied_offset, self._row_count = at.offset, at.row_count
+        return at.records
 
     # ---- writes ----
     def prepare_put(
@@ -682,7 +651,7 @@ class KvTablet:
 
     def _write(self, keys: list[bytes], values: list[bytes | None], metas: tuple[bytes, bytes]) -> None:
         """One apply's RocksDB write (on the writer when there is one)."""
-        self._db.write(keys, values, _META_KEYS, metas)
+        self._db.write(keys, values, META_KEYS, metas)
 
     def _read_rocksdb(self, keys: Sequence[bytes]) -> list[bytes | None]:
         self._make_readable()
@@ -729,7 +698,7 @@ class KvTablet:
             row_count += pending.row_count_delta
             durable_count += 1
         keys, values = kv_loops.in_key_order(keys, values)
-        metas = (_OFFSET.pack(applied_to), _OFFSET.pack(row_count))
+        metas = (OFFSET.pack(applied_to), OFFSET.pack(row_count))
         loop = _running_loop() if self._writer is not None else None
         if loop is not None:
             # Off the loop: the batches stay in the pre-write buffer (puts see them) until the write is done;

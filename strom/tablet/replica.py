@@ -44,7 +44,7 @@ from strom.errors import (
     UnknownTableOrBucketError,
 )
 from strom.ids import TableBucket
-from strom.kv import rocksdb
+from strom.kv import changelog_replay, rocksdb
 from strom.kv.auto_increment import IdCounter
 from strom.kv.kv_tablet import (
     BucketDatabase,
@@ -75,6 +75,10 @@ ROCKSDB_WRITER_THREADS = min(4, os.cpu_count() or 1)
 BUCKET_OPENER_THREADS = 4
 """Buckets whose storage opens at the same time (:meth:`ReplicaManager.open_soon`). An open mostly waits for
 its fsyncs, so more of them than cores help."""
+BACKGROUND_OPENER_THREADS = 2
+"""Buckets opening at the same time for the server's own rounds (the remote log manager's first, which opens
+every bucket of a restarted server): on threads of their own, so that a request's buckets never queue behind
+them (each may replay its changelog for seconds)."""
 RECOVERY_FREE_BYTES_MIN = 16 << 20
 """A failed bucket is reopened only when its disk has this much room: reopening needs some, and closing
 it while the disk is still full would stop its reads too."""
@@ -89,17 +93,32 @@ class _OpenedAhead:
 
 
 def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None, kv_config: KvConfig,
-                row_cache: RowCache) -> _OpenedAhead:
+                row_cache: RowCache, replay_with: TableRowFormat | None = None) -> _OpenedAhead:
     """A bucket's log (unless ``log_dir`` is None) and RocksDB (unless ``kv_dir`` is None), opened on a thread
-    (:meth:`Replica.open_ahead`). Neither touches the event loop until it is handed to it."""
+    (:meth:`Replica.open_ahead`). Neither touches the event loop until it is handed to it. With
+    ``replay_with`` (a leader's bucket) and both opened here, the committed changelog that RocksDB lacks
+    after a crash is replayed into it here too (:func:`changelog_replay.catch_up_opened`)."""
     log_tablet = LogTablet.open(log_dir, log_config) if log_dir is not None else None
+    database = None
     try:
         database = open_bucket_database(kv_dir, kv_config, row_cache) if kv_dir is not None else None
+        if replay_with is not None and log_tablet is not None and database is not None:
+            changelog_replay.catch_up_opened(database, log_tablet, replay_with)
         return _OpenedAhead(log_tablet, database)
     except BaseException:
+        if database is not None:
+            database.db.close()
         if log_tablet is not None:
             log_tablet.close()
         raise
+
+
+async def _opened_ahead(replicas: Sequence[Replica]) -> None:
+    """Done once none of ``replicas`` is opening ahead any more: what each opens ahead *now* is waited for,
+    since a request may move a bucket's queued open to its own threads meanwhile (:meth:`Replica.hurry_ahead`)."""
+    for replica in replicas:
+        while (ahead := replica.opening_ahead) is not None and not ahead.done():
+            await asyncio.wait([asyncio.wrap_future(ahead)])  # not cancelled with the waiter, unlike an await
 
 
 def _close_opened(opened: _OpenedAhead) -> None:
@@ -127,7 +146,8 @@ class ReplicaStorage(Protocol):
 
     def may_restore(self, bucket: TableBucket) -> bool: ...
 
-    def start_opening(self, table: TableInfo, directory: Path, *, log: bool) -> Future[_OpenedAhead]: ...
+    def start_opening(self, table: TableInfo, directory: Path, *, log: bool, replay: bool = False,
+                      background: bool = False) -> Future[_OpenedAhead]: ...
 
     def replace_offline(self, replica: Replica) -> Path: ...
 
@@ -156,6 +176,8 @@ class Replica:
         opens the replica) until the replica's KV state is dropped (a role change)."""
         self._ahead: Future[_OpenedAhead] | None = None
         """Its storage, opening on a thread ahead of its first use (:meth:`open_ahead`)."""
+        self._ahead_in_background = False
+        """... for the server's own round (:meth:`hurry_ahead` moves it to the requests' threads)."""
         self._ahead_database: BucketDatabase | None = None
         """The RocksDB opened ahead, until the KV state takes it."""
 
@@ -192,11 +214,22 @@ class Replica:
             return False
         return (self.directory / "kv" / "rocksdb").exists() or not self._storage.may_restore(self.bucket)
 
-    def open_ahead(self) -> None:
+    def open_ahead(self, *, background: bool = False) -> None:
         """Start opening the bucket's log (unless open) and RocksDB (a primary-key bucket's) on a thread:
-        their files' creation and fsyncs, without the event loop. :meth:`open` takes them from there, waiting
-        for the thread if it is still at work. Only where :attr:`may_open_ahead`."""
-        self._ahead = self._storage.start_opening(self.table, self.directory, log=self._log is None)
+        their files' creation and fsyncs, and a leader's changelog replay after a crash, without the event
+        loop. :meth:`open` takes them from there, waiting for the thread if it is still at work. Only where
+        :attr:`may_open_ahead`; ``background``: for the server's own round, not a request."""
+        self._ahead = self._storage.start_opening(self.table, self.directory, log=self._log is None,
+                                                  replay=self.is_leader, background=background)
+        self._ahead_in_background = background
+
+    def hurry_ahead(self) -> None:
+        """A request waits for this bucket: an open still queued for the server's own round (behind others
+        that may replay for seconds) is cancelled and started again on the requests' threads."""
+        if self._ahead is not None and self._ahead_in_background and self._ahead.cancel():
+            self._ahead = None
+            if self.may_open_ahead:
+                self.open_ahead()
 
     def adopt_ahead(self, ahead: Future[_OpenedAhead]) -> None:
         """Take the storage :meth:`ReplicaManager.open_new_soon` is opening for this new replica."""
@@ -211,9 +244,10 @@ class Replica:
     def _take_ahead(self) -> None:
         """Wait for what :meth:`open_ahead` is opening and take it: the log becomes the replica's, the
         RocksDB waits for the KV state. An open that failed is left to :meth:`open`, which meets the
-        failure itself."""
+        failure itself, and so is one still queued behind others' (cancelled): a caller that did not wait
+        for it off the loop (:meth:`ReplicaManager.open_soon`) waits for at most the bucket's own open."""
         ahead, self._ahead = self._ahead, None
-        if ahead is None:
+        if ahead is None or ahead.cancel():  # still queued: the bucket opens here now, not after those before it
             return
         try:
             opened = ahead.result()
@@ -226,7 +260,8 @@ class Replica:
         self._ahead_database = opened.database
 
     def _discard_ahead_database(self) -> None:
-        """Close a RocksDB opened ahead that no KV state took (the replica closes or stops leading)."""
+        """Close a RocksDB opened ahead that no KV state took (the replica closes or stops leading). An open
+        still queued is cancelled; one at work is waited for."""
         self._take_ahead()
         database, self._ahead_database = self._ahead_database, None
         if database is not None:
@@ -496,9 +531,13 @@ class ReplicaManager:
         self.bucket_opener: Executor | None = None
         """Threads opening the storage of buckets a request is about to open (:meth:`open_soon`); only with a
         binding whose RocksDB open releases the GIL."""
+        self.background_opener: Executor | None = None
+        """Threads opening buckets for the server's own rounds (:data:`BACKGROUND_OPENER_THREADS`)."""
         if rocksdb.binding() == "native":
             self.rocksdb_writer = ThreadPoolExecutor(ROCKSDB_WRITER_THREADS, thread_name_prefix="strom-rocksdb-write")
             self.bucket_opener = ThreadPoolExecutor(BUCKET_OPENER_THREADS, thread_name_prefix="strom-bucket-open")
+            self.background_opener = ThreadPoolExecutor(BACKGROUND_OPENER_THREADS,
+                                                        thread_name_prefix="strom-bucket-open-background")
         self._replicas: dict[TableBucket, Replica] = {}
         self._new_ahead: dict[TableBucket, Future[_OpenedAhead]] = {}
         """Storage opening for buckets this server is about to host (:meth:`open_new_soon`)."""
@@ -615,16 +654,18 @@ class ReplicaManager:
                 replica = self._replicas.get(bucket)
         return None if replica is None or replica.stopped else replica
 
-    def open_soon(self, buckets: Iterable[TableBucket]) -> asyncio.Future[Any] | None:
+    def open_soon(self, buckets: Iterable[TableBucket], *, background: bool = False) -> asyncio.Future[Any] | None:
         """Start opening on threads, all at once, the storage of each of ``buckets`` that a request is about
         to open; a future done once every one is open ahead (None: none is to open). A request that awaits it
         before it uses the buckets (TabletService's writes and lookups) leaves the event loop to the server's
         other clients meanwhile, and waits for the slowest bucket instead of their sum: a primary-key bucket
-        is ~7 ms here, mostly its files' creation and fsyncs. The recovery stays on the loop, where
-        :meth:`get` finishes each bucket's opening."""
+        is ~7 ms here, mostly its files' creation and fsyncs, and a leader's changelog replay after a crash
+        (~2 µs a record) is done there too. What is left of the recovery stays on the loop, where :meth:`get`
+        finishes each bucket's opening. ``background``: the server's own round opens them, on threads of its
+        own (:data:`BACKGROUND_OPENER_THREADS`)."""
         if self.bucket_opener is None:
             return None
-        opening: list[asyncio.Future[Any]] = []
+        opening: list[Replica] = []
         for bucket in buckets:
             replica = self._replicas.get(bucket)
             if replica is not None and replica.writable_open:
@@ -634,14 +675,15 @@ class ReplicaManager:
                 if replica is None:
                     continue
                 if replica.may_open_ahead:
-                    replica.open_ahead()
-                ahead = replica.opening_ahead
+                    replica.open_ahead(background=background)
+                elif not background:
+                    replica.hurry_ahead()
             except Exception:  # the request meets it when it opens the bucket, and answers it for that bucket
                 continue
-            if ahead is not None:
-                opening.append(asyncio.wrap_future(ahead))
+            if replica.opening_ahead is not None:
+                opening.append(replica)
         # shielded: a request cancelled while it waits must not cancel the opens that other requests await
-        return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
+        return asyncio.shield(asyncio.ensure_future(_opened_ahead(opening))) if opening else None
 
     def open_new_soon(self, table: TableInfo, buckets: Iterable[TableBucket]) -> asyncio.Future[Any] | None:
         """Start opening on threads, all at once, the storage of each of ``buckets`` that this server is told
@@ -666,13 +708,17 @@ class ReplicaManager:
         # shielded: a request cancelled while it waits must not cancel the opens that other requests await
         return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
 
-    def start_opening(self, table: TableInfo, directory: Path, *, log: bool) -> Future[_OpenedAhead]:
-        """Open, on :attr:`bucket_opener`, the storage of ``table``'s bucket in ``directory``: its log if
-        ``log``, and a primary-key table's RocksDB."""
-        assert self.bucket_opener is not None, "storage opens ahead with the native binding only"
+    def start_opening(self, table: TableInfo, directory: Path, *, log: bool, replay: bool = False,
+                      background: bool = False) -> Future[_OpenedAhead]:
+        """Open, on :attr:`bucket_opener` (:attr:`background_opener` if ``background``), the storage of
+        ``table``'s bucket in ``directory``: its log if ``log``, and a primary-key table's RocksDB, replaying
+        the committed changelog it lacks if ``replay`` (the bucket is led here)."""
+        opener = self.background_opener if background else self.bucket_opener
+        assert opener is not None, "storage opens ahead with the native binding only"
         kv_dir = directory / "kv" if table.has_primary_key else None
-        return self.bucket_opener.submit(_open_ahead, directory / "log" if log else None, self.log_config, kv_dir,
-                                         self.kv_config(table), self.row_cache)
+        replay_with = self.row_format(table) if replay and kv_dir is not None else None
+        return opener.submit(_open_ahead, directory / "log" if log else None, self.log_config, kv_dir,
+                             self.kv_config(table), self.row_cache, replay_with)
 
     async def discard_new_ahead(self, buckets: Iterable[TableBucket]) -> None:
         """Close what :meth:`open_new_soon` opened for any of ``buckets`` that no replica took (this server
@@ -749,5 +795,6 @@ class ReplicaManager:
         self._new_ahead.clear()
         if self.rocksdb_writer is not None:
             self.rocksdb_writer.shutdown(wait=True)
-        if self.bucket_opener is not None:
-            self.bucket_opener.shutdown(wait=True)
+        for opener in (self.bucket_opener, self.background_opener):
+            if opener is not None:
+                opener.shutdown(wait=True)

@@ -1,7 +1,8 @@
 """The first write into a new table opens its buckets off the event loop: while their logs and RocksDB open
 the server answers other lookups and acknowledges other writes, and the new table's writes are acknowledged,
 in the order they were sent, once the buckets are open. A log table's buckets open their logs so too, and
-a restarted server's buckets so on its first lookup of them.
+a restarted server's buckets so on its first lookup of them, replaying there what a crash left RocksDB
+without.
 
 The server runs in this process with a bucket opener whose opens wait until the test releases them, so the
 order of events is fixed and nothing is timed.
@@ -10,7 +11,9 @@ order of events is fixed and nothing is timed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import shutil
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ import pytest_asyncio
 from strom.client import Connection, Lookuper, Schema, TableDescriptor, TablePath
 from strom.config import Configuration
 from strom.ids import TableBucket
-from strom.kv import rocksdb
+from strom.kv import changelog_replay, rocksdb
 from strom.server.node import StromServer
 from tests.tablet.test_open_ahead import HOLD_S, HeldOpener
 
@@ -161,4 +164,71 @@ async def test_a_restarted_servers_first_lookups_wait_for_their_buckets_off_the_
                 held.release.set()
                 assert (await reading).to_pylist() == _rows("new").to_pylist()
     finally:
+        await restarted.stop()
+
+
+async def test_a_crashed_buckets_changelog_replays_off_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RocksDB came back at its last flush (a crash; WAL off): the restarted server replays the changelog
+    since on the thread that opens the bucket, answering another table meanwhile."""
+    config = Configuration({"kv.snapshot.interval": "0s", "remote.log.task-interval-duration": "0s"})
+
+    async def run(write: Callable[[Connection], Awaitable[None]]) -> None:
+        served = StromServer(tmp_path / "data", "127.0.0.1", 0, config)
+        await served.start()
+        try:
+            async with await Connection.create(f"127.0.0.1:{served.port}") as connection:
+                await write(connection)
+        finally:
+            await served.stop()
+
+    async def first(connection: Connection) -> None:
+        await _loaded(connection, HOT, buckets=1)
+        await _loaded(connection, NEW, buckets=2)
+
+    async def second(connection: Connection) -> None:
+        writer = (await connection.get_table(NEW)).new_upsert().create_writer()
+        writer.upsert_arrow_batch(_rows("second"))
+        await writer.flush()
+
+    await run(first)
+    flushed = {kv: tmp_path / f"flushed-{i}" for i, kv in enumerate((tmp_path / "data").glob("tablets/fluss/new-*/*/kv"))}
+    assert len(flushed) == 2
+    for kv, copy in flushed.items():
+        shutil.copytree(kv, copy)
+    await run(second)
+    for kv, copy in flushed.items():  # RocksDB as a crash leaves it: without what came after its flush
+        shutil.rmtree(kv)
+        shutil.copytree(copy, kv)
+
+    replaying, release = threading.Event(), threading.Event()
+    threads: list[str] = []
+    real = changelog_replay.catch_up_opened
+
+    def held(database: Any, log: Any, row_format: Any) -> int:
+        if log.directory.parent.parent.name.startswith("new-"):  # NEW's buckets wait for the test
+            threads.append(threading.current_thread().name)
+            replaying.set()
+            release.wait(HOLD_S)
+        return real(database, log, row_format)
+
+    monkeypatch.setattr(changelog_replay, "catch_up_opened", held)
+    restarted = StromServer(tmp_path / "data", "127.0.0.1", 0, config)
+    await restarted.start()
+    try:
+        async with await Connection.create(f"127.0.0.1:{restarted.port}") as connection:
+            hot = (await connection.get_table(HOT)).new_lookup().create_lookuper()
+            new = (await connection.get_table(NEW)).new_lookup().create_lookuper()
+            assert isinstance(hot, Lookuper) and isinstance(new, Lookuper)
+            assert await hot.lookup({"id": 1}) == {"id": 1, "name": "hot1"}
+            reading = asyncio.ensure_future(new.lookup_arrow(pa.table({"id": pa.array(range(ROWS), pa.int64())})))
+            try:
+                assert await asyncio.to_thread(replaying.wait, HOLD_S)
+                assert await hot.lookup({"id": 2}) == {"id": 2, "name": "hot2"}  # served while NEW replays
+                assert not reading.done()
+            finally:
+                release.set()
+            assert (await reading).to_pylist() == _rows("second").to_pylist()
+        assert threads and all(name.startswith("strom-bucket-open") for name in threads)
+    finally:
+        release.set()
         await restarted.stop()

@@ -85,11 +85,15 @@ def binding_kept() -> Iterator[None]:
         rocksdb.use_binding(before)
 
 
-def _opening_with(replicas: ReplicaManager, opener: ThreadPoolExecutor) -> ReplicaManager:
-    """``replicas`` with ``opener`` in place of its bucket opener."""
-    assert replicas.bucket_opener is not None
-    replicas.bucket_opener.shutdown()
-    replicas.bucket_opener = opener
+def _opening_with(replicas: ReplicaManager, opener: ThreadPoolExecutor, *, background: bool = False) -> ReplicaManager:
+    """``replicas`` with ``opener`` in place of its bucket opener (``background``: of its background opener)."""
+    replaced = replicas.background_opener if background else replicas.bucket_opener
+    assert replaced is not None
+    replaced.shutdown()
+    if background:
+        replicas.background_opener = opener
+    else:
+        replicas.bucket_opener = opener
     return replicas
 
 
@@ -149,13 +153,16 @@ async def test_a_log_tables_buckets_open_their_logs_ahead(tmp_path: Path, bindin
 class HeldOpener(ThreadPoolExecutor):
     """A bucket opener whose opens wait for :attr:`release`."""
 
-    def __init__(self) -> None:
-        super().__init__(2, thread_name_prefix="test-held-opener")
+    def __init__(self, threads: int = 2) -> None:
+        super().__init__(threads, thread_name_prefix="test-held-opener")
         self.release = threading.Event()
         self.holding = threading.Event()
+        self.started = 0
+        """Opens begun (each is held until :attr:`release`)."""
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         def held() -> Any:
+            self.started += 1
             self.holding.set()
             self.release.wait(HOLD_S)
             return fn(*args, **kwargs)
@@ -167,7 +174,8 @@ HOLD_S = 30.0
 
 
 async def test_a_remote_log_round_opens_a_restarted_servers_buckets_on_threads(tmp_path: Path, binding_kept: None) -> None:
-    """Its first round, right at the start, opens every bucket with files; the loop serves meanwhile."""
+    """Its first round, right at the start, opens every bucket with files, on the background threads; the
+    loop serves meanwhile."""
     events = _table(8)
     buckets = [TableBucket(events.table_id, bucket) for bucket in range(BUCKETS)]
     before = ReplicaManager(tmp_path / "data", Configuration())
@@ -176,7 +184,7 @@ async def test_a_remote_log_round_opens_a_restarted_servers_buckets_on_threads(t
         before.get(bucket)  # its log is made
     before.close()
     held = HeldOpener()
-    replicas = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), held)
+    replicas = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), held, background=True)
     replicas.become_leader(events, buckets)
     manager = RemoteLogManager(
         replicas, RemoteStorage(str(tmp_path / "remote")),
@@ -320,3 +328,29 @@ async def test_followers_and_rocksdict_buckets_open_on_use(tmp_path: Path, bindi
         assert plain.bucket_opener is None and plain.open_soon(ALL) is None
     finally:
         plain.close()
+
+
+async def test_a_request_does_not_wait_behind_the_servers_own_round(tmp_path: Path, binding_kept: None) -> None:
+    """The background round's opens queue on threads of their own (each may replay a changelog for
+    seconds): a request for a bucket still queued there moves it to the requests' threads, and a bucket
+    opened on the loop meanwhile opens at once instead of waiting its turn."""
+    held = HeldOpener(threads=1)
+    replicas = _opening_with(_replicas(tmp_path), held, background=True)
+    try:
+        round_ = replicas.open_soon(ALL, background=True)
+        assert round_ is not None
+        assert await asyncio.to_thread(held.holding.wait, HOLD_S)  # ALL[0] at work, the others queued
+        request = replicas.open_soon(ALL[1:2])
+        assert request is not None
+        await request  # on the requests' threads, while the round's thread is still held
+        assert replicas.replica(ALL[1]).opening_ahead is not None and replicas.replica(ALL[1]).opening_ahead.done()
+        assert replicas.get(ALL[2]).kv.lookup([b"\x00\x00\x00\x01"]) == [None]  # queued: opened here, now
+        assert held.started == 1 and not round_.done()  # neither waited for the round's queue
+        held.release.set()
+        await round_
+        for bucket in ALL:
+            assert replicas.get(bucket).kv.lookup([b"\x00\x00\x00\x01"]) == [None]
+    finally:
+        held.release.set()
+        replicas.close()
+        held.shutdown(wait=True)

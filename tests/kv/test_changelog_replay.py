@@ -1,0 +1,101 @@
+"""A crashed primary-key bucket's changelog replayed into RocksDB where its files were opened, before the
+event loop takes them (``changelog_replay.catch_up_opened``): the tablet then finds nothing left to replay and
+holds exactly what a replay on the loop gives; the cases it leaves to the tablet are left untouched."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from strom.kv import changelog_replay
+from strom.kv.changelog_replay import APPLIED_OFFSET_KEY, ROW_COUNT_KEY, read_meta_int
+from strom.kv.kv_tablet import BucketDatabase, KvTablet, open_bucket_database
+from strom.kv.row_cache import RowCache
+from strom.log.log_tablet import LogTablet
+from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _crashed(directory: Path) -> Bucket:
+    """A bucket as a crash leaves it: RocksDB (WAL off) at its last flush, after the inserts, and the
+    changelog with every acknowledged write since, updates and deletes."""
+    bucket = Bucket(directory)
+    await bucket.put(*((i, (f"name-{i}", i)) for i in range(300)))
+    bucket.close()  # flushed here
+    shutil.copytree(directory / "kv", directory.parent / f"{directory.name}-flushed")
+    bucket = Bucket(directory)
+    await bucket.put(*((i, (f"renamed-{i}", -i)) for i in range(0, 300, 3)))
+    await bucket.put(*((i, None) for i in range(1, 300, 7)))
+    bucket.close()
+    shutil.rmtree(directory / "kv")
+    shutil.copytree(directory.parent / f"{directory.name}-flushed", directory / "kv")
+    return bucket
+
+
+def _opened(directory: Path, bucket: Bucket, cache: RowCache | None = None) -> tuple[LogTablet, BucketDatabase]:
+    log = LogTablet.open(directory / "log", LOG_CONFIG)
+    return log, open_bucket_database(directory / "kv", bucket.config, cache)
+
+
+def _state(kv: KvTablet, bucket: Bucket) -> tuple[int, int, list[object]]:
+    found = kv.lookup([bucket.key(i) for i in range(300)])
+    return kv.applied_offset, kv.row_count, [None if v is None else bucket.format.decode_stored(v) for v in found]
+
+
+async def test_a_crashed_buckets_changelog_replays_where_it_opened(tmp_path: Path) -> None:
+    on_loop_dir, ahead_dir = tmp_path / "on_loop", tmp_path / "ahead"
+    bucket = await _crashed(on_loop_dir)  # its encoders and options serve both
+    await _crashed(ahead_dir)
+
+    log, database = _opened(on_loop_dir, bucket)
+    behind = read_meta_int(database.db, APPLIED_OFFSET_KEY)
+    assert behind < log.high_watermark  # the crash lost what RocksDB had not flushed
+    on_loop = KvTablet(on_loop_dir / "kv", log, bucket.format, bucket.config, database=database)  # replays itself
+    expected = _state(on_loop, bucket)
+    on_loop.close()
+    log.close()
+
+    log, database = _opened(ahead_dir, bucket)
+    updates, deletes = len(range(0, 300, 3)), len(range(1, 300, 7))
+    assert log.high_watermark - behind == 2 * updates + deletes  # -U/+U pairs, then -D
+    assert changelog_replay.catch_up_opened(database, log, bucket.format) == updates + deletes  # -U written by +U
+    assert read_meta_int(database.db, APPLIED_OFFSET_KEY) == log.high_watermark
+    assert read_meta_int(database.db, ROW_COUNT_KEY) == expected[1]
+    ahead = KvTablet(ahead_dir / "kv", log, bucket.format, bucket.config, database=database)
+    try:
+        assert _state(ahead, bucket) == expected
+        assert expected[2][0] == (0, "renamed-0", 0) and expected[2][1] is None  # updates and deletes replayed
+        assert changelog_replay.catch_up_opened(database, log, bucket.format) == 0  # nothing left
+    finally:
+        ahead.close()
+        log.close()
+
+
+async def test_what_the_tablet_replays_itself_is_left_to_it(tmp_path: Path) -> None:
+    """RocksDB that is not behind the log's high watermark (a clean close flushed it), and a new bucket's
+    vector memtable (its tablet fills the row cache as it replays, and keeps it complete), are not touched."""
+    clean = Bucket(tmp_path / "clean")
+    await clean.put(*((i, (f"n{i}", i)) for i in range(50)))
+    clean.close()
+    log, database = _opened(tmp_path / "clean", clean)
+    try:
+        assert read_meta_int(database.db, APPLIED_OFFSET_KEY) == log.high_watermark > 0
+        assert changelog_replay.catch_up_opened(database, log, clean.format) == 0
+    finally:
+        database.db.close()
+        log.close()
+
+    bucket = await _crashed(tmp_path / "crashed")
+    log, database = _opened(tmp_path / "crashed", bucket)
+    try:
+        behind = read_meta_int(database.db, APPLIED_OFFSET_KEY)
+        assert behind < log.high_watermark
+        vector = BucketDatabase(database.db, vector_memtable=True)
+        assert changelog_replay.catch_up_opened(vector, log, bucket.format) == 0
+        assert read_meta_int(database.db, APPLIED_OFFSET_KEY) == behind
+    finally:
+        database.db.close()
+        log.close()
