@@ -251,9 +251,10 @@ class TabletControlService:
     async def notify_leader_and_isr(self, request: Any, _context: object) -> Any:
         """Lead or follow each bucket as ZooKeeper's state says now (the notice says that it changed).
 
-        The buckets the notice says this server leads and has no directory for yet (a new table's) first
-        open their storage on threads, all at once, while the event loop serves other requests
-        (``ReplicaManager.open_new_soon``); leading them then finds it open."""
+        The buckets the notice says this server leads and does not host yet (a new table's, or a restarted
+        server's, whose changelog replays there) first open their storage on threads, all at once, while the
+        event loop serves other requests (``ReplicaManager.open_new_soon``); leading them then finds it
+        open."""
         self._check_epoch(request.coordinator_epoch)
         response = pb.NotifyLeaderAndIsrResponse()
         noticed: list[tuple[Any, TableBucket, TableInfo | None]] = []

@@ -234,7 +234,7 @@ class Replica:
     def adopt_ahead(self, ahead: Future[_OpenedAhead]) -> None:
         """Take the storage :meth:`ReplicaManager.open_new_soon` is opening for this new replica."""
         assert self._ahead is None and self._log is None, "only a new replica adopts what was opened for it"
-        self._ahead = ahead
+        self._ahead, self._ahead_in_background = ahead, False
 
     @property
     def opening_ahead(self) -> Future[Any] | None:
@@ -541,6 +541,8 @@ class ReplicaManager:
         self._replicas: dict[TableBucket, Replica] = {}
         self._new_ahead: dict[TableBucket, Future[_OpenedAhead]] = {}
         """Storage opening for buckets this server is about to host (:meth:`open_new_soon`)."""
+        self._made_ahead: set[TableBucket] = set()
+        """... of those, the ones whose directory the opening made (removed again if no replica takes it)."""
         self.retained = RetainedOffsets()
         """What the coordinator said the buckets must keep (NotifyKvSnapshotOffset, NotifyLakeTableOffset)."""
         self._row_formats: dict[tuple[int, int], TableRowFormat] = {}
@@ -611,6 +613,7 @@ class ReplicaManager:
             replica = self._replicas[bucket] = Replica(table, bucket, self.replica_directory(table, bucket), self)
             replica.offline = self.directories.offline_reason(bucket)
             ahead = self._new_ahead.pop(bucket, None)
+            self._made_ahead.discard(bucket)
             if ahead is not None:
                 replica.adopt_ahead(ahead)
 
@@ -687,10 +690,12 @@ class ReplicaManager:
 
     def open_new_soon(self, table: TableInfo, buckets: Iterable[TableBucket]) -> asyncio.Future[Any] | None:
         """Start opening on threads, all at once, the storage of each of ``buckets`` that this server is told
-        to lead and has no directory for yet (a new table's or partition's buckets, or ones moved here); a
-        future done once every one is open (None: none is to open). :meth:`become_leader` hands each to the
-        replica it makes; :meth:`discard_new_ahead` closes and removes what none took. A bucket a snapshot
-        may restore opens as before, where the restore is decided."""
+        to lead and does not host yet: a new table's or partition's buckets, ones moved here, and a
+        restarted server's, whose directories are there (their changelog replays there too, as a request's
+        buckets' do); a future done once every one is open (None: none is to open). :meth:`become_leader`
+        hands each to the replica it makes; :meth:`discard_new_ahead` closes what none took, and removes the
+        directories it made. A bucket a snapshot may restore (a primary-key bucket without RocksDB) opens as
+        before, where the restore is decided."""
         if self.bucket_opener is None:
             return None
         opening: list[asyncio.Future[Any]] = []
@@ -701,9 +706,11 @@ class ReplicaManager:
                 if (hosted is not None and not hosted.stopped) or self.directories.offline_reason(bucket) is not None:
                     continue
                 directory = self.replica_directory(table, bucket)  # placed now, where become_leader finds it
-                if directory.exists() or (table.has_primary_key and self.may_restore(bucket)):
+                if table.has_primary_key and not (directory / "kv" / "rocksdb").exists() and self.may_restore(bucket):
                     continue
-                ahead = self._new_ahead[bucket] = self.start_opening(table, directory, log=True)
+                if not directory.exists():
+                    self._made_ahead.add(bucket)
+                ahead = self._new_ahead[bucket] = self.start_opening(table, directory, log=True, replay=True)
             opening.append(asyncio.wrap_future(ahead))
         # shielded: a request cancelled while it waits must not cancel the opens that other requests await
         return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
@@ -722,9 +729,11 @@ class ReplicaManager:
 
     async def discard_new_ahead(self, buckets: Iterable[TableBucket]) -> None:
         """Close what :meth:`open_new_soon` opened for any of ``buckets`` that no replica took (this server
-        was not made a replica of it after all), and remove the directory it made."""
+        was not made a replica of it after all), and remove the directory if it made it."""
         for bucket in buckets:
             ahead = self._new_ahead.pop(bucket, None)
+            made = bucket in self._made_ahead
+            self._made_ahead.discard(bucket)
             if ahead is None:
                 continue
             try:
@@ -732,7 +741,7 @@ class ReplicaManager:
             except Exception:  # nothing was left open
                 continue
             _close_opened(opened)
-            if opened.log is not None and bucket not in self._replicas:
+            if made and opened.log is not None and bucket not in self._replicas:
                 await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, opened.log.directory.parent, True)
                 self.directories.forget(bucket)
 

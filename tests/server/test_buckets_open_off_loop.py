@@ -88,6 +88,15 @@ async def _hot(connection: Connection) -> tuple[Lookuper, Any]:
     return lookuper, writer
 
 
+async def _restarted_lookupers(connection: Connection) -> tuple[Lookuper, Lookuper]:
+    """Lookupers of HOT and NEW on a restarted server; HOT's bucket opened and answering."""
+    hot = (await connection.get_table(HOT)).new_lookup().create_lookuper()
+    new = (await connection.get_table(NEW)).new_lookup().create_lookuper()
+    assert isinstance(hot, Lookuper) and isinstance(new, Lookuper)
+    assert await hot.lookup({"id": 1}) == {"id": 1, "name": "hot1"}
+    return hot, new
+
+
 async def _still_waiting(*handles: Any) -> asyncio.Future[Any]:
     """The writes' acknowledgements, checked not to have come yet."""
     waits = asyncio.ensure_future(asyncio.gather(*(handle.wait() for handle in handles)))
@@ -152,10 +161,7 @@ async def test_a_restarted_servers_first_lookups_wait_for_their_buckets_off_the_
     await restarted.start()
     try:
         async with await Connection.create(f"127.0.0.1:{restarted.port}") as connection:
-            hot = (await connection.get_table(HOT)).new_lookup().create_lookuper()
-            new = (await connection.get_table(NEW)).new_lookup().create_lookuper()
-            assert isinstance(hot, Lookuper) and isinstance(new, Lookuper)
-            assert await hot.lookup({"id": 1}) == {"id": 1, "name": "hot1"}
+            hot, new = await _restarted_lookupers(connection)
             with _held(restarted) as held:
                 reading = asyncio.ensure_future(new.lookup_arrow(pa.table({"id": pa.array(range(ROWS), pa.int64())})))
                 assert await asyncio.to_thread(held.holding.wait, HOLD_S)
@@ -216,10 +222,7 @@ async def test_a_crashed_buckets_changelog_replays_off_the_loop(tmp_path: Path, 
     await restarted.start()
     try:
         async with await Connection.create(f"127.0.0.1:{restarted.port}") as connection:
-            hot = (await connection.get_table(HOT)).new_lookup().create_lookuper()
-            new = (await connection.get_table(NEW)).new_lookup().create_lookuper()
-            assert isinstance(hot, Lookuper) and isinstance(new, Lookuper)
-            assert await hot.lookup({"id": 1}) == {"id": 1, "name": "hot1"}
+            hot, new = await _restarted_lookupers(connection)
             reading = asyncio.ensure_future(new.lookup_arrow(pa.table({"id": pa.array(range(ROWS), pa.int64())})))
             try:
                 assert await asyncio.to_thread(replaying.wait, HOLD_S)

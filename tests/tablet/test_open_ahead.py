@@ -243,7 +243,7 @@ async def test_what_opened_for_buckets_no_replica_took_is_closed_and_removed(tmp
         replicas.close()
 
 
-async def test_buckets_with_a_directory_or_a_snapshot_to_restore_are_not_opened_before_they_are_hosted(
+async def test_buckets_with_a_snapshot_to_restore_are_not_opened_before_they_are_hosted(
         tmp_path: Path, binding_kept: None) -> None:
     remote = RemoteStorage(str(tmp_path / "remote"))
     replicas = ReplicaManager(tmp_path / "data", Configuration(), remote=remote, latest_snapshot=lambda _bucket: object())
@@ -252,19 +252,32 @@ async def test_buckets_with_a_directory_or_a_snapshot_to_restore_are_not_opened_
         assert not any(replicas.replica_directory(TABLE, bucket).exists() for bucket in ALL)
     finally:
         replicas.close()
-    plain = ReplicaManager(tmp_path / "plain", Configuration())
+
+
+async def test_a_restarted_servers_buckets_told_to_lead_open_ahead_and_keep_their_directories(
+        tmp_path: Path, binding_kept: None) -> None:
+    """After a restart their directories are there: they open ahead (their changelog replaying there, as a
+    request's buckets' do), the replicas take them, and one no replica takes is closed, its data kept."""
+    before = ReplicaManager(tmp_path / "data", Configuration())
+    before.become_leader(TABLE, ALL)
+    for bucket in ALL:
+        before.get(bucket)  # its log and RocksDB are made
+    before.close()
+    opener = RecordingOpener()
+    again = _opening_with(ReplicaManager(tmp_path / "data", Configuration()), opener)
     try:
-        plain.become_leader(TABLE, ALL[:1])
-        plain.get(ALL[0])  # hosted and open
-        plain.close()
-        again = ReplicaManager(tmp_path / "plain", Configuration())
-        try:
-            # its directory is there (a restart): it opens as it did, recovering what it holds
-            assert again.open_new_soon(TABLE, ALL[:1]) is None
-        finally:
-            again.close()
+        await _opened_new(again)
+        assert len(opener.opened) == BUCKETS
+        again.become_leader(TABLE, ALL[:2])  # the last one's notice said otherwise after all
+        await again.discard_new_ahead(ALL)
+        by_directory = {opened.log.directory.parent: opened for opened in opener.opened}
+        for bucket in ALL[:2]:
+            replica = again.get(bucket)
+            assert replica.kv.db is by_directory[replica.directory].database.db
+        last = again.replica_directory(TABLE, ALL[2])
+        assert by_directory[last].database.db.closed and (last / "kv" / "rocksdb").exists()
     finally:
-        plain.close()
+        again.close()
 
 
 async def test_a_replica_closed_before_it_takes_what_opened_ahead_closes_it(tmp_path: Path, binding_kept: None) -> None:
