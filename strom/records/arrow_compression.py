@@ -30,10 +30,10 @@ from typing import Literal
 import pyarrow as pa
 import zstandard
 
+from strom.table_properties import DEFAULT_ZSTD_LEVEL
+
 CODECS: dict[str, Literal["lz4", "zstd"] | None] = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}
 """Fluss's ``table.log.arrow.compression.type`` values and the codec each stands for."""
-DEFAULT_ZSTD_LEVEL = 3
-"""Fluss's default ``table.log.arrow.compression.zstd.level``."""
 
 _CONTINUATION = 0xFFFFFFFF
 _PREFIX = struct.Struct("<Ii")
