@@ -121,6 +121,13 @@ async def _opened_ahead(replicas: Sequence[Replica]) -> None:
             await asyncio.wait([asyncio.wrap_future(ahead)])  # not cancelled with the waiter, unlike an await
 
 
+def _kv_opens_ahead(directory: Path, bucket: TableBucket, may_restore: Callable[[TableBucket], bool]) -> bool:
+    """Whether a primary-key bucket's RocksDB in ``directory`` may open ahead: a restore from a KV snapshot
+    replaces the RocksDB directory and is decided where the bucket opens, so only one whose RocksDB is there
+    already, or that has no snapshot to restore, opens ahead."""
+    return (directory / "kv" / "rocksdb").exists() or not may_restore(bucket)
+
+
 def _close_opened(opened: _OpenedAhead) -> None:
     if opened.database is not None:
         opened.database.db.close()
@@ -212,7 +219,7 @@ class Replica:
             return self.is_leader and self._log is None
         if self._kv is not None or not (self.is_leader or (self.keeps_standby and not self._standby_failed)):
             return False
-        return (self.directory / "kv" / "rocksdb").exists() or not self._storage.may_restore(self.bucket)
+        return _kv_opens_ahead(self.directory, self.bucket, self._storage.may_restore)
 
     def open_ahead(self, *, background: bool = False) -> None:
         """Start opening the bucket's log (unless open) and RocksDB (a primary-key bucket's) on a thread:
@@ -706,7 +713,7 @@ class ReplicaManager:
                 if (hosted is not None and not hosted.stopped) or self.directories.offline_reason(bucket) is not None:
                     continue
                 directory = self.replica_directory(table, bucket)  # placed now, where become_leader finds it
-                if table.has_primary_key and not (directory / "kv" / "rocksdb").exists() and self.may_restore(bucket):
+                if table.has_primary_key and not _kv_opens_ahead(directory, bucket, self.may_restore):
                     continue
                 if not directory.exists():
                     self._made_ahead.add(bucket)
