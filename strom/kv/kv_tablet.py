@@ -370,7 +370,7 @@ class KvTablet:
             self._row_count = 0
             self.instance_id = self._instance_id()
         if self._applied_offset < end:
-            replayed = self.replay_changelog(self._applied_offset, end)
+            replayed = self.replay_changelog(end)
             log.info("%s: replayed %d changelog records up to offset %d", self.directory, replayed, end)
         if not self.standby:
             self._hold_unacknowledged()
@@ -402,7 +402,7 @@ class KvTablet:
         try:
             if start < self.log.log_start_offset:
                 raise KvRestoreNeededError(f"the log starts at {self.log.log_start_offset}, RocksDB is at {start}")
-            self.replay_changelog(start, end, STANDBY_STEP_BYTES)
+            self.replay_changelog(end, STANDBY_STEP_BYTES)
         except Exception as exc:
             self.standby_lost = str(exc)
             self.log.remove_high_watermark_listener(self._schedule_catch_up)
@@ -426,7 +426,7 @@ class KvTablet:
         self.standby = False
         end = self.log.high_watermark
         if self._applied_offset < end:
-            self.replay_changelog(self._applied_offset, end)
+            self.replay_changelog(end)
         self._hold_unacknowledged()
         self.log.add_high_watermark_listener(self._apply_committed)
         self._apply_committed()
@@ -448,17 +448,16 @@ class KvTablet:
         if held:
             log.info("%s: holding %d unacknowledged changelog records in [%d, %d)", self.directory, held, start, end)
 
-    def replay_changelog(self, start_offset: int, end_offset: int, bytes_max: int | None = None) -> int:
-        """Apply changelog records in ``[start_offset, end_offset)`` to RocksDB (``bytes_max``: stop after about
-        that much of the log), writing them through the row cache; returns records applied."""
+    def replay_changelog(self, end_offset: int, bytes_max: int | None = None) -> int:
+        """Apply changelog records from where RocksDB is up to ``end_offset`` to it (``bytes_max``: stop after
+        about that much of the log), writing them through the row cache; returns records applied."""
 
         def written(keys: list[bytes], values: list[bytes | None]) -> None:
             if self._cache is not None:
                 self._cache_writes += 1
                 self._cache.put_many(self._cache_token, keys, values)
 
-        assert start_offset == self._applied_offset, "the changelog replays from where RocksDB is"
-        at = Replayed(start_offset, self._row_count)
+        at = Replayed(self._applied_offset, self._row_count)
         try:
             replay(self._db, self.log, self._format, at, end_offset, bytes_max, written)
         finally:  # as far as RocksDB got, should a later write of the replay fail
