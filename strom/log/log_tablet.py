@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import shutil
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +128,8 @@ class ReadResult:
 
 
 class LogTablet:
-    """One bucket's log. Not thread-safe: owned by the event loop."""
+    """One bucket's log. Not thread-safe: owned by the event loop (a thread may read committed batches while
+    the loop holds its segments: :meth:`hold_segments`)."""
 
     def __init__(
         self, directory: Path, config: LogConfig, segments: list[LogSegment], writer_state: WriterStateManager
@@ -161,6 +163,8 @@ class LogTablet:
         self._failed: Exception | None = None
         self._closed = False
         self._writers_expired_at_ms = self._last_commit_timestamp
+        self._segment_holds = 0
+        self._segment_holds_lock = threading.Lock()
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig) -> LogTablet:
@@ -662,10 +666,30 @@ class LogTablet:
             and (older_than_ms is None or segment.last_timestamp < older_than_ms)
         )
 
+    def hold_segments(self) -> Callable[[], None]:
+        """Keep every segment until the returned release is called (from any thread, once): a thread reads
+        the log meanwhile (a new leader's changelog replay, :meth:`ReplicaManager.start_opening`), and a
+        segment deleted under it would close the file it reads, whose descriptor the process may reuse."""
+        with self._segment_holds_lock:
+            self._segment_holds += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._segment_holds_lock:
+                if not released:
+                    released = True
+                    self._segment_holds -= 1
+
+        return release
+
     def _delete_oldest(self, deletable: Callable[[LogSegment], bool], keep: int = 1) -> int:
         """Delete the oldest durable segments while ``deletable`` says so and more than ``keep`` remain (the
-        active one always does), saving the writer state first; returns the bytes freed."""
+        active one always does), saving the writer state first; returns the bytes freed. Nothing is deleted
+        while a segment hold lasts: the next round of retention deletes it."""
         freed = 0
+        if self._segment_holds:
+            return freed
         while len(self._segments) > max(keep, 1):
             oldest = self._segments[0]
             if oldest in self._unflushed_segments or not deletable(oldest):

@@ -557,12 +557,12 @@ class TabletServerNode(_ClusterProcess):
         moved = remove_moved_bucket_data(self.replicas, tables, placed)
         if moved:
             log.info("removed %d bucket copies moved to other servers while this server was down", len(moved))
-        for table, buckets in tables.assigned(placed):  # lead or follow each as ZooKeeper says
-            for bucket in buckets:
-                try:
-                    await replication.apply(table, bucket)
-                except StorageError as exc:  # led here, on a data directory that is offline: the others serve
-                    log.error("%s: %s", bucket, exc)
+        assigned = [(table, bucket) for table, buckets in tables.assigned(placed) for bucket in buckets]
+        for (_table, bucket), failure in zip(assigned, await replication.apply_all(assigned), strict=True):
+            if isinstance(failure, StorageError):  # led here, on a data directory that is offline: the others serve
+                log.error("%s: %s", bucket, failure)
+            elif failure is not None:
+                raise failure
         replication.start()
         control = TabletControlService(
             self.replicas, self.catalog.resolve_table_by_id, tablets.stop_replicas, replication, self.catalog

@@ -271,14 +271,16 @@ class TabletControlService:
         if opening:
             await asyncio.gather(*opening)
         try:
+            known = [(result, bucket, table) for result, bucket, table in noticed if table is not None]
             for result, bucket, table in noticed:
                 if table is None:
                     result.error_code, result.error_message = 7, f"table {bucket.table_id} does not exist"
-                    continue
-                try:
-                    await self._replication.apply(table, bucket)
-                except StromError as exc:
-                    result.error_code, result.error_message = exc.code, str(exc)
+            outcomes = await self._replication.apply_all((table, bucket) for _result, bucket, table in known)
+            for (result, _bucket, _table), failure in zip(known, outcomes, strict=True):
+                if isinstance(failure, StromError):
+                    result.error_code, result.error_message = failure.code, str(failure)
+                elif failure is not None:
+                    raise failure
         finally:
             await self._replicas.discard_new_ahead(bucket for _result, bucket, _table in noticed)
         return response

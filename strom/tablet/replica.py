@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -93,17 +94,24 @@ class _OpenedAhead:
 
 
 def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None, kv_config: KvConfig,
-                row_cache: RowCache, replay_with: TableRowFormat | None = None) -> _OpenedAhead:
+                row_cache: RowCache, replay_with: TableRowFormat | None = None, *, open_log: LogTablet | None = None,
+                restore: Callable[[LogTablet, Path], bool] | None = None) -> _OpenedAhead:
     """A bucket's log (unless ``log_dir`` is None) and RocksDB (unless ``kv_dir`` is None), opened on a thread
-    (:meth:`Replica.open_ahead`). Neither touches the event loop until it is handed to it. With
-    ``replay_with`` (a leader's bucket) and both opened here, the committed changelog that RocksDB lacks
-    after a crash is replayed into it here too (:func:`changelog_replay.catch_up_opened`)."""
+    (:meth:`Replica.open_ahead`). Neither touches the event loop until it is handed to it. ``open_log``: the
+    log, open already (a follower that now leads; the loop holds its segments meanwhile). ``restore``: puts
+    the bucket's latest KV snapshot where its RocksDB is missing (a replica that never held it, or a rebuilt
+    server). With ``replay_with`` (a leader's bucket), the committed changelog that RocksDB lacks (after a
+    crash, since the snapshot, or since this replica last led) is replayed into it here too
+    (:func:`changelog_replay.catch_up_opened`)."""
     log_tablet = LogTablet.open(log_dir, log_config) if log_dir is not None else None
+    changelog = log_tablet if log_tablet is not None else open_log
     database = None
     try:
+        if kv_dir is not None and restore is not None and changelog is not None and not (kv_dir / "rocksdb").exists():
+            restore(changelog, kv_dir)
         database = open_bucket_database(kv_dir, kv_config, row_cache) if kv_dir is not None else None
-        if replay_with is not None and log_tablet is not None and database is not None:
-            changelog_replay.catch_up_opened(database, log_tablet, replay_with)
+        if replay_with is not None and changelog is not None and database is not None:
+            changelog_replay.catch_up_opened(database, changelog, replay_with)
         return _OpenedAhead(log_tablet, database)
     except BaseException:
         if database is not None:
@@ -121,11 +129,21 @@ async def _opened_ahead(replicas: Sequence[Replica]) -> None:
             await asyncio.wait([asyncio.wrap_future(ahead)])  # not cancelled with the waiter, unlike an await
 
 
-def _kv_opens_ahead(directory: Path, bucket: TableBucket, may_restore: Callable[[TableBucket], bool]) -> bool:
-    """Whether a primary-key bucket's RocksDB in ``directory`` may open ahead: a restore from a KV snapshot
-    replaces the RocksDB directory and is decided where the bucket opens, so only one whose RocksDB is there
-    already, or that has no snapshot to restore, opens ahead."""
-    return (directory / "kv" / "rocksdb").exists() or not may_restore(bucket)
+def _restore_snapshot(remote: RemoteStorage, snapshot: CompletedKvSnapshot, bucket: TableBucket,
+                      log_tablet: LogTablet, kv_dir: Path) -> bool:
+    """Put ``snapshot``'s files in ``kv_dir/rocksdb`` if the changelog still holds everything after it (its
+    offset lies in the log's range, so a replay brings the restored state up to date); False if it does not.
+    Blocking (a download): on the loop where the bucket opens there, else on its opener's thread."""
+    if not log_tablet.log_start_offset <= snapshot.log_offset <= log_tablet.high_watermark:
+        log.error("%s: latest snapshot %d covers offset %d, outside the changelog [%d, %d]", bucket,
+                  snapshot.snapshot_id, snapshot.log_offset, log_tablet.log_start_offset, log_tablet.high_watermark)
+        return False
+    log.warning("%s: restoring RocksDB from snapshot %d (log offset %d)", bucket, snapshot.snapshot_id,
+                snapshot.log_offset)
+    target = kv_dir / "rocksdb"
+    download_snapshot(remote, snapshot, target)
+    reset_instance_id(target)
+    return True
 
 
 def _close_opened(opened: _OpenedAhead) -> None:
@@ -151,9 +169,8 @@ class ReplicaStorage(Protocol):
 
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool: ...
 
-    def may_restore(self, bucket: TableBucket) -> bool: ...
-
-    def start_opening(self, table: TableInfo, directory: Path, *, log: bool, replay: bool = False,
+    def start_opening(self, table: TableInfo, bucket: TableBucket, directory: Path, *,
+                      open_log: LogTablet | None = None, replay: bool = False,
                       background: bool = False) -> Future[_OpenedAhead]: ...
 
     def replace_offline(self, replica: Replica) -> Path: ...
@@ -211,22 +228,19 @@ class Replica:
     def may_open_ahead(self) -> bool:
         """Whether :meth:`open_ahead` may start opening the storage that :meth:`open` would open, none of it
         opening yet: a leader's closed log, or the KV state of a primary-key bucket it leads (or keeps a
-        standby of) whose opening would not restore a snapshot, which replaces the RocksDB directory (so only
-        a bucket whose RocksDB is there already, or that has no snapshot to restore, is opened ahead)."""
+        standby of)."""
         if self._ahead is not None or self._ahead_database is not None or self.stopped or self.offline is not None:
             return False
         if not self.is_kv:
             return self.is_leader and self._log is None
-        if self._kv is not None or not (self.is_leader or (self.keeps_standby and not self._standby_failed)):
-            return False
-        return _kv_opens_ahead(self.directory, self.bucket, self._storage.may_restore)
+        return self._kv is None and (self.is_leader or (self.keeps_standby and not self._standby_failed))
 
     def open_ahead(self, *, background: bool = False) -> None:
         """Start opening the bucket's log (unless open) and RocksDB (a primary-key bucket's) on a thread:
-        their files' creation and fsyncs, and a leader's changelog replay after a crash, without the event
-        loop. :meth:`open` takes them from there, waiting for the thread if it is still at work. Only where
-        :attr:`may_open_ahead`; ``background``: for the server's own round, not a request."""
-        self._ahead = self._storage.start_opening(self.table, self.directory, log=self._log is None,
+        their files' creation and fsyncs, a snapshot's restore, and a leader's changelog replay, without the
+        event loop. :meth:`open` takes them from there, waiting for the thread if it is still at work. Only
+        where :attr:`may_open_ahead`; ``background``: for the server's own round, not a request."""
+        self._ahead = self._storage.start_opening(self.table, self.bucket, self.directory, open_log=self._log,
                                                   replay=self.is_leader, background=background)
         self._ahead_in_background = background
 
@@ -320,8 +334,10 @@ class Replica:
         log.info("%s: the standby KV state leads, at offset %d", self.bucket, self._kv.applied_offset)
 
     def open_log(self) -> LogTablet:
-        """Open the log alone (a leader sets its replication limit before its KV state catches up)."""
-        self._take_ahead()
+        """Open the log alone (a leader sets its replication limit before its KV state catches up; a
+        follower's fetch reads it while the new leader's KV state still opens on a thread)."""
+        if self._log is None:
+            self._take_ahead()  # what opens ahead with the log: the log is taken from it
         if self._log is None:
             self._check_online()
             self._log = LogTablet.open(self.directory / "log", self._storage.log_config)
@@ -391,6 +407,7 @@ class Replica:
         log.warning("%s: reopening after a storage failure (%s); %d MB free", self.bucket, failure, free >> 20)
         if before_close is not None:
             before_close(self.bucket)
+        self._discard_ahead_database()  # a thread may be reading the log
         if self._kv is not None:
             self._kv.close()
         self._log.close()
@@ -430,9 +447,8 @@ class Replica:
 
     @property
     def log(self) -> LogTablet:
-        self.open()
-        assert self._log is not None
-        return self._log
+        """The open log; a primary-key leader's KV state opens where it is used (:attr:`kv`)."""
+        return self.open_log()
 
     @property
     def kv(self) -> KvTablet:
@@ -588,29 +604,23 @@ class ReplicaManager:
     def kv_config(self, table: TableInfo) -> KvConfig:
         return KvConfig.for_table(table, self._rocksdb, self._config.get(KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER))
 
-    def may_restore(self, bucket: TableBucket) -> bool:
-        """Whether opening ``bucket`` without its RocksDB directory could restore a snapshot."""
-        return self._remote is not None and self._latest_snapshot(bucket) is not None
-
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool:
-        """Put the latest usable snapshot's files in ``kv_dir/rocksdb``; False if there is none.
-
-        Usable means the changelog still holds everything after it (its offset lies in the log's range),
-        so replay brings the restored state up to date.
-        """
+        """Put the latest usable snapshot's files in ``kv_dir/rocksdb``; False if there is none (see
+        :func:`_restore_snapshot`)."""
         snapshot = self._latest_snapshot(replica.bucket)
         if snapshot is None or self._remote is None:
             return False
-        if not log_tablet.log_start_offset <= snapshot.log_offset <= log_tablet.high_watermark:
-            log.error("%s: latest snapshot %d covers offset %d, outside the changelog [%d, %d]", replica.bucket,
-                      snapshot.snapshot_id, snapshot.log_offset, log_tablet.log_start_offset, log_tablet.high_watermark)
-            return False
-        log.warning("%s: restoring RocksDB from snapshot %d (log offset %d)", replica.bucket, snapshot.snapshot_id,
-                    snapshot.log_offset)
-        target = kv_dir / "rocksdb"
-        download_snapshot(self._remote, snapshot, target)
-        reset_instance_id(target)
-        return True
+        return _restore_snapshot(self._remote, snapshot, replica.bucket, log_tablet, kv_dir)
+
+    def _snapshot_restore(self, table: TableInfo, directory: Path,
+                          bucket: TableBucket) -> Callable[[LogTablet, Path], bool] | None:
+        """What restores a primary-key bucket in ``directory`` that has no RocksDB from its latest snapshot,
+        chosen here (on the loop, where the coordinator's view is read) and run where the bucket opens;
+        None: it has its RocksDB, or no snapshot to restore."""
+        if not table.has_primary_key or self._remote is None or (directory / "kv" / "rocksdb").exists():
+            return None
+        snapshot = self._latest_snapshot(bucket)
+        return None if snapshot is None else functools.partial(_restore_snapshot, self._remote, snapshot, bucket)
 
     def become_leader(self, table: TableInfo, buckets: Sequence[TableBucket]) -> None:
         for bucket in buckets:
@@ -713,26 +723,32 @@ class ReplicaManager:
                 if (hosted is not None and not hosted.stopped) or self.directories.offline_reason(bucket) is not None:
                     continue
                 directory = self.replica_directory(table, bucket)  # placed now, where become_leader finds it
-                if table.has_primary_key and not _kv_opens_ahead(directory, bucket, self.may_restore):
-                    continue
                 if not directory.exists():
                     self._made_ahead.add(bucket)
-                ahead = self._new_ahead[bucket] = self.start_opening(table, directory, log=True, replay=True)
+                ahead = self._new_ahead[bucket] = self.start_opening(table, bucket, directory, replay=True)
             opening.append(asyncio.wrap_future(ahead))
         # shielded: a request cancelled while it waits must not cancel the opens that other requests await
         return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
 
-    def start_opening(self, table: TableInfo, directory: Path, *, log: bool, replay: bool = False,
+    def start_opening(self, table: TableInfo, bucket: TableBucket, directory: Path, *,
+                      open_log: LogTablet | None = None, replay: bool = False,
                       background: bool = False) -> Future[_OpenedAhead]:
         """Open, on :attr:`bucket_opener` (:attr:`background_opener` if ``background``), the storage of
-        ``table``'s bucket in ``directory``: its log if ``log``, and a primary-key table's RocksDB, replaying
-        the committed changelog it lacks if ``replay`` (the bucket is led here)."""
+        ``table``'s bucket in ``directory``: its log unless ``open_log`` is it, open already, and a
+        primary-key table's RocksDB, restored from the bucket's latest snapshot where it is missing, and
+        with the committed changelog it lacks replayed if ``replay`` (the bucket is led here). The open
+        log's segments are held while the thread may read them."""
         opener = self.background_opener if background else self.bucket_opener
         assert opener is not None, "storage opens ahead with the native binding only"
         kv_dir = directory / "kv" if table.has_primary_key else None
         replay_with = self.row_format(table) if replay and kv_dir is not None else None
-        return opener.submit(_open_ahead, directory / "log" if log else None, self.log_config, kv_dir,
-                             self.kv_config(table), self.row_cache, replay_with)
+        restore = self._snapshot_restore(table, directory, bucket)
+        ahead = opener.submit(_open_ahead, directory / "log" if open_log is None else None, self.log_config, kv_dir,
+                              self.kv_config(table), self.row_cache, replay_with, open_log=open_log, restore=restore)
+        if open_log is not None and (replay_with is not None or restore is not None):
+            release = open_log.hold_segments()
+            ahead.add_done_callback(lambda _ahead: release())
+        return ahead
 
     async def discard_new_ahead(self, buckets: Iterable[TableBucket]) -> None:
         """Close what :meth:`open_new_soon` opened for any of ``buckets`` that no replica took (this server
@@ -757,10 +773,10 @@ class ReplicaManager:
         replica = self._hosted_or_assigned(bucket)
         if replica is None:
             raise UnknownTableOrBucketError.not_hosted(bucket)
-        replica.open()  # a follower's log only
+        replica.open_log()  # a primary-key leader's KV state opens where it is used (Replica.kv)
         if replica.storage_failure is not None:
             self.directories.check()  # the failure may be its directory vanishing: then it goes offline now
-            replica.open()
+            replica.open_log()
         replica.recover_if_failed(self.before_reopen)
         return replica
 

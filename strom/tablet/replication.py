@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from strom.errors import LogOffsetOutOfRangeError, NotLeaderOrFollowerError, StromError, error_for_code
@@ -197,6 +197,14 @@ class ReplicationManager:
             else:
                 await self._follow(table, bucket, state)
 
+    async def apply_all(self, assigned: Iterable[tuple[TableInfo, TableBucket]]) -> list[BaseException | None]:
+        """:meth:`apply` to every bucket at once (each has a lock of its own), so that the buckets this
+        server now leads open their KV state side by side, on threads; what each raised, in order (None: it
+        was applied)."""
+        outcomes = await asyncio.gather(*(self.apply(table, bucket) for table, bucket in assigned),
+                                        return_exceptions=True)
+        return [outcome if isinstance(outcome, BaseException) else None for outcome in outcomes]
+
     async def _lead(self, table: TableInfo, bucket: TableBucket, state: LeaderAndIsr, version: int) -> None:
         current = self._leading.get(bucket)
         if current is not None and current.state.leader_epoch == state.leader_epoch:
@@ -221,7 +229,13 @@ class ReplicationManager:
                                                 epoch_start=replica.log.log_end_offset)
         self._update_limit(lead)  # alone in the ISR, everything durable here is acknowledged
         replica.log.checkpoint_high_watermark()  # from now on a restart finds a record, never "all committed"
-        replica.open()  # the KV state catches up from the log, holding what the followers lack
+        # The KV state catches up from the log, holding what the followers lack: its snapshot's restore and
+        # the changelog's replay run on a thread, while the loop serves the server's other buckets and the
+        # followers' fetches of this one (its writes and lookups wait for it, as a request's opening does).
+        opening = self._replicas.open_soon([bucket])
+        if opening is not None:
+            await opening
+        replica.open()
         log.info("%s: leading at epoch %d (ISR %s)", bucket, state.leader_epoch, list(state.isr))
 
     async def _follow(self, table: TableInfo, bucket: TableBucket, state: LeaderAndIsr) -> None:

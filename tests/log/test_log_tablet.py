@@ -475,6 +475,27 @@ async def test_retention_deletes_old_closed_segments_but_never_the_active_one(lo
     reopened.close()
 
 
+@pytest.mark.asyncio
+async def test_no_segment_is_deleted_while_a_thread_reads_the_log(log_dir: Path) -> None:
+    """A new leader's changelog replays on a thread while the loop keeps the log: retention deletes nothing
+    until every hold is released (a deleted segment's file would close under the reader), then catches up."""
+    batch_size = len(batch_bytes([0]))
+    config = LogConfig(segment_size_bytes_max=batch_size * 2, flush_interval_messages=1, writer_expiration_ms=60_000)
+    tablet = LogTablet.open(log_dir, config)
+    for index in range(5):  # segments [0,1] [2,3] [4]
+        await append_durable(tablet, batch_bytes([index]), now_ms=T0_MS + 1000 * index)
+    first, second = tablet.hold_segments(), tablet.hold_segments()
+    assert tablet.delete_segments(older_than_ms=None, below_offset=4) == 0
+    assert tablet.delete_tiered_segments(4, keep=1) == 0
+    first()
+    first()  # a release counts once
+    assert tablet.delete_segments(older_than_ms=None, below_offset=4) == 0
+    await asyncio.to_thread(second)  # released from the reading thread
+    assert tablet.delete_segments(older_than_ms=None, below_offset=4) == 4 * batch_size
+    assert tablet.log_start_offset == 4
+    tablet.close()
+
+
 # ---- durability and group commit ----
 
 

@@ -1,14 +1,13 @@
 """A bucket's storage opened ahead, on a thread (``ReplicaManager.open_soon``): its log and RocksDB open off
-the event loop and the replica takes them when it opens; a replica that closes first closes them; a bucket
-that may be restored from a snapshot, a follower's, and every bucket under rocksdict open on use instead.
-The remote log manager's round opens a restarted server's buckets so too.
+the event loop and the replica takes them when it opens; a replica that closes first closes them; a
+follower's and every bucket under rocksdict open on use instead. The remote log manager's round opens a
+restarted server's buckets so too (a snapshot restored ahead: tests/tablet/test_new_leader_opens_off_loop.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -73,16 +72,6 @@ class FailingOpener(ThreadPoolExecutor):
         failed: Future[Any] = Future()
         failed.set_exception(OSError("the disk said no"))
         return failed
-
-
-@pytest.fixture
-def binding_kept() -> Iterator[None]:
-    """A ReplicaManager picks the process's binding from its configuration: put back the one before."""
-    before = rocksdb.binding()
-    try:
-        yield
-    finally:
-        rocksdb.use_binding(before)
 
 
 def _opening_with(replicas: ReplicaManager, opener: ThreadPoolExecutor, *, background: bool = False) -> ReplicaManager:
@@ -243,17 +232,6 @@ async def test_what_opened_for_buckets_no_replica_took_is_closed_and_removed(tmp
         replicas.close()
 
 
-async def test_buckets_with_a_snapshot_to_restore_are_not_opened_before_they_are_hosted(
-        tmp_path: Path, binding_kept: None) -> None:
-    remote = RemoteStorage(str(tmp_path / "remote"))
-    replicas = ReplicaManager(tmp_path / "data", Configuration(), remote=remote, latest_snapshot=lambda _bucket: object())
-    try:
-        assert replicas.open_new_soon(TABLE, ALL) is None  # a snapshot may restore each: opened when hosted
-        assert not any(replicas.replica_directory(TABLE, bucket).exists() for bucket in ALL)
-    finally:
-        replicas.close()
-
-
 async def test_a_restarted_servers_buckets_told_to_lead_open_ahead_and_keep_their_directories(
         tmp_path: Path, binding_kept: None) -> None:
     """After a restart their directories are there: they open ahead (their changelog replaying there, as a
@@ -302,27 +280,6 @@ async def test_a_failed_open_ahead_leaves_the_bucket_to_open_on_use(tmp_path: Pa
         await opening  # the failures are the opens' own; the request goes on
         for bucket in ALL:
             assert replicas.get(bucket).kv.lookup([b"\x00\x00\x00\x01"]) == [None]
-    finally:
-        replicas.close()
-
-
-async def test_a_bucket_a_snapshot_may_restore_opens_on_use_unless_its_rocksdb_is_there(
-        tmp_path: Path, binding_kept: None) -> None:
-    """Restoring replaces the RocksDB directory, so only the open itself decides it (Replica._open_kv)."""
-    remote = RemoteStorage(str(tmp_path / "remote"))
-    replicas = _replicas(tmp_path, remote=remote, latest_snapshot=lambda _bucket: object())
-    try:
-        present = replicas.replica(ALL[0]).directory / "kv" / "rocksdb"
-        open_rocksdb(present).close()
-        assert replicas.replica(ALL[0]).may_open_ahead
-        assert not replicas.replica(ALL[1]).may_open_ahead and not replicas.replica(ALL[2]).may_open_ahead
-        opening = replicas.open_soon(ALL)
-        assert opening is not None
-        await opening
-        assert replicas.replica(ALL[0]).opening_ahead is not None
-        assert replicas.replica(ALL[1]).opening_ahead is None and replicas.replica(ALL[2]).opening_ahead is None
-        assert not (replicas.replica(ALL[1]).directory / "kv").exists()  # nothing made before the open decides
-        assert replicas.get(ALL[0]).kv.lookup([b"\x00\x00\x00\x01"]) == [None]
     finally:
         replicas.close()
 
