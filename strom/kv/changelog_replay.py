@@ -116,11 +116,9 @@ def replay(
 def catch_up_opened(database: OpenedDatabase, log_tablet: LogTablet, row_format: TableRowFormat) -> int:
     """Replay the committed changelog into a bucket's RocksDB that was just opened with its log, before
     either is handed to the event loop; returns the records applied. Only the plain case: RocksDB within the
-    log and behind its high watermark, with the skip-list memtable. Whatever else (RocksDB ahead of the log
-    or before its start, a new bucket's vector memtable, whose tablet fills the row cache as it replays) is
-    left to the tablet's own recovery, which then finds this part done."""
-    if database.vector_memtable:
-        return 0
+    log and behind its high watermark. Whatever else (RocksDB ahead of the log or before its start) is left
+    to the tablet's own recovery, which then finds this part done. A new bucket's vector memtable takes the
+    replay as a bulk load; the caller reopens it with the skip list (``kv_tablet.bulk_loaded``)."""
     db = database.db
     at = Replayed(read_meta_int(db, APPLIED_OFFSET_KEY), read_meta_int(db, ROW_COUNT_KEY))
     end = log_tablet.high_watermark

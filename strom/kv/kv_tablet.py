@@ -193,6 +193,18 @@ def open_bucket_database(directory: Path, config: KvConfig, row_cache: RowCache 
                           vector_memtable)
 
 
+def bulk_loaded(directory: Path, config: KvConfig, database: BucketDatabase) -> BucketDatabase:
+    """A new bucket's RocksDB that a changelog replay filled off the loop through its vector memtable (into
+    an empty database a replay is a bulk load: appends, sorted once at flush), flushed and reopened with the
+    skip list, as its first read would have done on the loop (:meth:`KvTablet._make_readable`): the row
+    cache did not see the replayed rows, so the bucket is not complete and its reads reach RocksDB."""
+    if not database.vector_memtable:
+        return database
+    database.db.flush()
+    database.db.close()
+    return BucketDatabase(open_rocksdb(directory / "rocksdb", config.rocksdb), vector_memtable=False)
+
+
 @dataclass
 class StagedPut:
     """A bucket's PutKv batches in the changelog. Batches appended before a failing one still become

@@ -52,6 +52,7 @@ from strom.kv.kv_tablet import (
     KvConfig,
     KvRestoreNeededError,
     KvTablet,
+    bulk_loaded,
     open_bucket_database,
     reset_instance_id,
 )
@@ -110,8 +111,9 @@ def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None
         if kv_dir is not None and restore is not None and changelog is not None and not (kv_dir / "rocksdb").exists():
             restore(changelog, kv_dir)
         database = open_bucket_database(kv_dir, kv_config, row_cache) if kv_dir is not None else None
-        if replay_with is not None and changelog is not None and database is not None:
-            changelog_replay.catch_up_opened(database, changelog, replay_with)
+        if replay_with is not None and changelog is not None and database is not None and kv_dir is not None \
+                and changelog_replay.catch_up_opened(database, changelog, replay_with):
+            database = bulk_loaded(kv_dir, kv_config, database)
         return _OpenedAhead(log_tablet, database)
     except BaseException:
         if database is not None:

@@ -11,7 +11,7 @@ import pytest
 
 from strom.kv import changelog_replay
 from strom.kv.changelog_replay import APPLIED_OFFSET_KEY, ROW_COUNT_KEY, read_meta_int
-from strom.kv.kv_tablet import BucketDatabase, KvTablet, open_bucket_database
+from strom.kv.kv_tablet import BucketDatabase, KvTablet, bulk_loaded, open_bucket_database
 from strom.kv.row_cache import RowCache
 from strom.log.log_tablet import LogTablet
 from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
@@ -75,8 +75,7 @@ async def test_a_crashed_buckets_changelog_replays_where_it_opened(tmp_path: Pat
 
 
 async def test_what_the_tablet_replays_itself_is_left_to_it(tmp_path: Path) -> None:
-    """RocksDB that is not behind the log's high watermark (a clean close flushed it), and a new bucket's
-    vector memtable (its tablet fills the row cache as it replays, and keeps it complete), are not touched."""
+    """RocksDB that is not behind the log's high watermark (a clean close flushed it) is not touched."""
     clean = Bucket(tmp_path / "clean")
     await clean.put(*((i, (f"n{i}", i)) for i in range(50)))
     clean.close()
@@ -88,14 +87,27 @@ async def test_what_the_tablet_replays_itself_is_left_to_it(tmp_path: Path) -> N
         database.db.close()
         log.close()
 
-    bucket = await _crashed(tmp_path / "crashed")
-    log, database = _opened(tmp_path / "crashed", bucket)
+
+async def test_a_new_rocksdb_takes_the_whole_changelog_as_a_bulk_load_then_reads_through_the_skip_list(
+        tmp_path: Path) -> None:
+    """A replica without RocksDB (a follower that now leads, no snapshot): the replay where it opens fills
+    the vector memtable, then the database is reopened for reads; the tablet finds nothing left to replay,
+    and its row cache, which saw none of the rows, is not complete."""
+    bucket = await _crashed(tmp_path / "bucket")
+    shutil.rmtree(tmp_path / "bucket" / "kv")
+    cache = RowCache(1 << 20)
+    log, database = _opened(tmp_path / "bucket", bucket, cache)
+    assert database.vector_memtable
+    assert changelog_replay.catch_up_opened(database, log, bucket.format) > 0
+    readable = bulk_loaded(tmp_path / "bucket" / "kv", bucket.config, database)
+    assert database.db.closed and not readable.vector_memtable
+    assert bulk_loaded(tmp_path / "bucket" / "kv", bucket.config, readable) is readable
+    kv = KvTablet(tmp_path / "bucket" / "kv", log, bucket.format, bucket.config, row_cache=cache, database=readable)
     try:
-        behind = read_meta_int(database.db, APPLIED_OFFSET_KEY)
-        assert behind < log.high_watermark
-        vector = BucketDatabase(database.db, vector_memtable=True)
-        assert changelog_replay.catch_up_opened(vector, log, bucket.format) == 0
-        assert read_meta_int(database.db, APPLIED_OFFSET_KEY) == behind
+        assert kv.applied_offset == log.high_watermark and not cache.is_complete(kv._cache_token)
+        _offset, rows, found = _state(kv, bucket)
+        assert rows == sum(value is not None for value in found) == 300 - len(range(1, 300, 7))
+        assert found[0] == (0, "renamed-0", 0) and found[1] is None and found[2] == (2, "name-2", 2)
     finally:
-        database.db.close()
+        kv.close()
         log.close()

@@ -19,7 +19,7 @@ import pytest
 
 from strom.config import Configuration
 from strom.ids import TableBucket
-from strom.kv import rocksdb
+from strom.kv import changelog_replay, kv_tablet, rocksdb
 from strom.kv.snapshot import CompletedKvSnapshot, bucket_remote_dir, upload_checkpoint
 from strom.membership.contract import LeaderAndIsr
 from strom.remote.storage import RemoteStorage
@@ -102,8 +102,28 @@ def _expected(i: int) -> tuple[int, str, int]:
     return (i, f"renamed-{i}", -i) if i % 10 == 0 else (i, f"name-{i}", i)
 
 
+class ReplayThreads:
+    """Where the changelog's records were replayed into RocksDB: (thread name, records) per replay."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.replays: list[tuple[str, int]] = []
+        original = changelog_replay.replay
+
+        def recorded(*args: Any, **kwargs: Any) -> changelog_replay.Replayed:
+            at = original(*args, **kwargs)
+            self.replays.append((threading.current_thread().name, at.records))
+            return at
+
+        monkeypatch.setattr(changelog_replay, "replay", recorded)
+        monkeypatch.setattr(kv_tablet, "replay", recorded)
+
+    def records(self, on_loop: bool) -> int:
+        return sum(n for name, n in self.replays if (name == threading.main_thread().name) == on_loop)
+
+
 async def test_a_follower_elected_leader_replays_its_changelog_on_a_thread_while_the_loop_serves(
-        tmp_path: Path, binding_kept: None) -> None:
+        tmp_path: Path, binding_kept: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    replays = ReplayThreads(monkeypatch)
     replicas = ReplicaManager(tmp_path / "data", Configuration())
     table_bucket = TableBucket(7, 0)
     bucket, _ = await _followers_copy(replicas.replica_directory(table_info(), table_bucket))
@@ -127,11 +147,14 @@ async def test_a_follower_elected_leader_replays_its_changelog_on_a_thread_while
         await leading
         kv = replica.kv_if_open
         assert kv is not None and not kv.standby and kv.applied_offset == replica.log.high_watermark
+        assert replays.records(on_loop=False) == ROWS + ROWS // 10 and replays.records(on_loop=True) == 0
         assert _rows(replicas, bucket) == [_expected(i) for i in range(ROWS)]
     held.shutdown(wait=True)
 
 
-async def test_a_follower_elected_leader_restores_its_snapshot_on_a_thread(tmp_path: Path, binding_kept: None) -> None:
+async def test_a_follower_elected_leader_restores_its_snapshot_on_a_thread(
+        tmp_path: Path, binding_kept: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    replays = ReplayThreads(monkeypatch)
     remote = ThreadRecordingRemote(str(tmp_path / "remote"))
     table_bucket = TableBucket(7, 0)
     snapshot: list[CompletedKvSnapshot] = []
@@ -149,6 +172,8 @@ async def test_a_follower_elected_leader_restores_its_snapshot_on_a_thread(tmp_p
         await manager.apply(bucket.table, table_bucket)
         assert remote.download_threads and all(name.startswith("test-opener") for name in remote.download_threads)
         assert len(opener.opened) == 1 and opener.opened[0].log is None  # the follower's log, open already
+        assert replays.records(on_loop=False) == ROWS - SNAPSHOT_ROWS + ROWS // 10  # what came after the snapshot
+        assert replays.records(on_loop=True) == 0
         assert _rows(replicas, bucket) == [_expected(i) for i in range(ROWS)]  # the snapshot, then the changelog
     opener.shutdown(wait=True)
 
