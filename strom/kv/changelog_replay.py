@@ -113,18 +113,19 @@ def replay(
     return at
 
 
-def catch_up_opened(database: OpenedDatabase, log_tablet: LogTablet, row_format: TableRowFormat) -> int:
+def catch_up_opened(database: OpenedDatabase, log_tablet: LogTablet, row_format: TableRowFormat,
+                    written: Callable[[list[bytes], list[bytes | None]], None] | None = None) -> int:
     """Replay the committed changelog into a bucket's RocksDB that was just opened with its log, before
     either is handed to the event loop; returns the records applied. Only the plain case: RocksDB within the
     log and behind its high watermark. Whatever else (RocksDB ahead of the log or before its start) is left
-    to the tablet's own recovery, which then finds this part done. A new bucket's vector memtable takes the
-    replay as a bulk load; the caller reopens it with the skip list (``kv_tablet.bulk_loaded``)."""
+    to the tablet's own recovery, which then finds this part done. ``written`` is told each RocksDB write's
+    keys and values (a new bucket's replay collects its rows for the row cache, ``kv_tablet.bulk_loaded``)."""
     db = database.db
     at = Replayed(read_meta_int(db, APPLIED_OFFSET_KEY), read_meta_int(db, ROW_COUNT_KEY))
     end = log_tablet.high_watermark
     if not log_tablet.log_start_offset <= at.offset < end:
         return 0
-    replay(db, log_tablet, row_format, at, end)
+    replay(db, log_tablet, row_format, at, end, written=written)
     log.info("%s: replayed %d changelog records up to offset %d before opening", log_tablet.directory, at.records,
              end)
     return at.records

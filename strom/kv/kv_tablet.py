@@ -53,7 +53,7 @@ from strom.kv.rocksdb import (
     reads_off_loop_safe,
     vector_memtable_supported,
 )
-from strom.kv.row_cache import RowCache
+from strom.kv.row_cache import ReplayedRows, RowCache
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import Checkpoint, create_checkpoint
 from strom.log.log_tablet import AppendResult, LogTablet
@@ -172,6 +172,9 @@ class BucketDatabase:
     db: KvDatabase
     vector_memtable: bool
     """RocksDB's vector memtable: the bucket was new and its row cache will hold every key it gets."""
+    replayed_rows: ReplayedRows | None = None
+    """What a changelog replay on the opener thread put into the new database (its vector memtable), for the
+    row cache to adopt as the tablet opens (:func:`bulk_loaded`)."""
 
 
 def open_bucket_database(directory: Path, config: KvConfig, row_cache: RowCache | None) -> BucketDatabase:
@@ -193,13 +196,17 @@ def open_bucket_database(directory: Path, config: KvConfig, row_cache: RowCache 
                           vector_memtable)
 
 
-def bulk_loaded(directory: Path, config: KvConfig, database: BucketDatabase) -> BucketDatabase:
-    """A new bucket's RocksDB that a changelog replay filled off the loop through its vector memtable (into
-    an empty database a replay is a bulk load: appends, sorted once at flush), flushed and reopened with the
-    skip list, as its first read would have done on the loop (:meth:`KvTablet._make_readable`): the row
-    cache did not see the replayed rows, so the bucket is not complete and its reads reach RocksDB."""
+def bulk_loaded(directory: Path, config: KvConfig, database: BucketDatabase, rows: ReplayedRows) -> BucketDatabase:
+    """A new bucket's RocksDB that a changelog replay on its opener thread filled through its vector memtable
+    (into an empty database a replay is a bulk load: appends, sorted once at flush), with the rows it wrote
+    (``rows``). The row cache adopts them as the tablet opens, and the bucket stays complete, as a replay
+    on the loop would have left it. Rows more than the cache holds cannot keep it complete: the database is
+    then flushed and reopened with the skip list here, as its first read would have done on the loop
+    (:meth:`KvTablet._make_readable`), and its reads reach RocksDB."""
     if not database.vector_memtable:
         return database
+    if not rows.overflowed:
+        return BucketDatabase(database.db, vector_memtable=True, replayed_rows=rows)
     database.db.flush()
     database.db.close()
     return BucketDatabase(open_rocksdb(directory / "rocksdb", config.rocksdb), vector_memtable=False)
@@ -296,8 +303,12 @@ class KvTablet:
         self.backpressure = BucketBackpressure(self._read_property, config.backpressure)
         self._applied_offset = read_meta_int(self._db, APPLIED_OFFSET_KEY)
         self._row_count = read_meta_int(self._db, ROW_COUNT_KEY)
-        if row_cache is not None and self._holds_no_rows():
-            row_cache.mark_complete(self._cache_token)  # the replay below and every later write go through it
+        if row_cache is not None:
+            if opened.replayed_rows is not None:  # the rows a replay on the opener thread wrote, and no others
+                if row_cache.adopt(self._cache_token, opened.replayed_rows):
+                    row_cache.mark_complete(self._cache_token)
+            elif self._holds_no_rows():
+                row_cache.mark_complete(self._cache_token)  # the replay below and every later write go through it
         self.instance_id = self._instance_id()
         self._closed = False
         self.failed: Exception | None = None

@@ -194,6 +194,21 @@ class RowCache:
             bucket.old_bytes, bucket.young_bytes = bucket.young_bytes, 0
         self._old_bytes, self._young_bytes = self._young_bytes, 0
 
+    def adopt(self, token: int, rows: ReplayedRows) -> bool:
+        """Take whole, as a new bucket instance's young generation, the rows a replay into its empty RocksDB
+        collected off the loop (:class:`ReplayedRows`); True if kept, which leaves the bucket complete once
+        marked so. One dict handed over: the loop does not put the rows one by one."""
+        if not self.capacity_bytes or token in self._bypass or rows.overflowed or token in self._buckets:
+            return False
+        half = self.capacity_bytes // 2
+        if rows.size_bytes > half:
+            return False
+        if self._young_bytes + rows.size_bytes > half:
+            self._rotate()  # each generation stays within half the bound
+        self._buckets[token] = _Bucket(young=rows.rows, young_bytes=rows.size_bytes)
+        self._young_bytes += rows.size_bytes
+        return True
+
     def forget(self, token: int) -> None:
         """Drop a bucket instance's entries (it closed, or its data is gone)."""
         self._complete.discard(token)
@@ -208,4 +223,28 @@ class RowCache:
         self._bypass.pop(token, None)
 
 
-__all__ = ["RowCache", "default_capacity_bytes"]
+class ReplayedRows:
+    """The current rows of a bucket whose changelog replays into an empty RocksDB on its opener thread (a
+    follower that now leads, without a snapshot), collected there in a dict of its own as the cache would
+    hold them, for :meth:`RowCache.adopt`. Past ``limit_bytes`` (what a cache generation may hold) they are
+    dropped: the bucket then cannot be complete."""
+
+    __slots__ = ("limit_bytes", "overflowed", "rows", "size_bytes")
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.rows: dict[bytes, bytes] = {}
+        self.size_bytes = 0
+        self.limit_bytes = limit_bytes
+        self.overflowed = limit_bytes <= 0
+
+    def add(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """What one write of the replay put into RocksDB (None: deleted), later positions winning."""
+        if self.overflowed:
+            return
+        added, _old = kv_loops.cache_put_many(self.rows, {}, keys, values, True, ENTRY_OVERHEAD_BYTES)
+        self.size_bytes += added
+        if self.size_bytes > self.limit_bytes:
+            self.overflowed, self.rows, self.size_bytes = True, {}, 0
+
+
+__all__ = ["ReplayedRows", "RowCache", "default_capacity_bytes"]

@@ -57,7 +57,7 @@ from strom.kv.kv_tablet import (
     reset_instance_id,
 )
 from strom.kv.rocksdb import RocksDbOptions
-from strom.kv.row_cache import RowCache, default_capacity_bytes
+from strom.kv.row_cache import ReplayedRows, RowCache, default_capacity_bytes
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import CompletedKvSnapshot, download_snapshot
 from strom.log.log_tablet import LogConfig, LogTablet
@@ -111,9 +111,10 @@ def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None
         if kv_dir is not None and restore is not None and changelog is not None and not (kv_dir / "rocksdb").exists():
             restore(changelog, kv_dir)
         database = open_bucket_database(kv_dir, kv_config, row_cache) if kv_dir is not None else None
-        if replay_with is not None and changelog is not None and database is not None and kv_dir is not None \
-                and changelog_replay.catch_up_opened(database, changelog, replay_with):
-            database = bulk_loaded(kv_dir, kv_config, database)
+        if replay_with is not None and changelog is not None and database is not None and kv_dir is not None:
+            rows = ReplayedRows(row_cache.capacity_bytes // 2 if database.vector_memtable else 0)
+            if changelog_replay.catch_up_opened(database, changelog, replay_with, rows.add):
+                database = bulk_loaded(kv_dir, kv_config, database, rows)
         return _OpenedAhead(log_tablet, database)
     except BaseException:
         if database is not None:

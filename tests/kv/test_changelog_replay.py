@@ -12,7 +12,7 @@ import pytest
 from strom.kv import changelog_replay
 from strom.kv.changelog_replay import APPLIED_OFFSET_KEY, ROW_COUNT_KEY, read_meta_int
 from strom.kv.kv_tablet import BucketDatabase, KvTablet, bulk_loaded, open_bucket_database
-from strom.kv.row_cache import RowCache
+from strom.kv.row_cache import ReplayedRows, RowCache
 from strom.log.log_tablet import LogTablet
 from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
 
@@ -88,26 +88,54 @@ async def test_what_the_tablet_replays_itself_is_left_to_it(tmp_path: Path) -> N
         log.close()
 
 
-async def test_a_new_rocksdb_takes_the_whole_changelog_as_a_bulk_load_then_reads_through_the_skip_list(
-        tmp_path: Path) -> None:
-    """A replica without RocksDB (a follower that now leads, no snapshot): the replay where it opens fills
-    the vector memtable, then the database is reopened for reads; the tablet finds nothing left to replay,
-    and its row cache, which saw none of the rows, is not complete."""
-    bucket = await _crashed(tmp_path / "bucket")
-    shutil.rmtree(tmp_path / "bucket" / "kv")
-    cache = RowCache(1 << 20)
-    log, database = _opened(tmp_path / "bucket", bucket, cache)
+async def _replayed_into_a_new_rocksdb(directory: Path, cache: RowCache) -> tuple[Bucket, LogTablet, BucketDatabase]:
+    """A replica without RocksDB (a follower that now leads, no snapshot), its changelog replayed where it
+    opened as ``replica._open_ahead`` does it."""
+    bucket = await _crashed(directory)
+    shutil.rmtree(directory / "kv")
+    log, database = _opened(directory, bucket, cache)
     assert database.vector_memtable
-    assert changelog_replay.catch_up_opened(database, log, bucket.format) > 0
-    readable = bulk_loaded(tmp_path / "bucket" / "kv", bucket.config, database)
-    assert database.db.closed and not readable.vector_memtable
-    assert bulk_loaded(tmp_path / "bucket" / "kv", bucket.config, readable) is readable
-    kv = KvTablet(tmp_path / "bucket" / "kv", log, bucket.format, bucket.config, row_cache=cache, database=readable)
+    rows = ReplayedRows(cache.capacity_bytes // 2)
+    assert changelog_replay.catch_up_opened(database, log, bucket.format, rows.add) > 0
+    return bucket, log, bulk_loaded(directory / "kv", bucket.config, database, rows)
+
+
+def _check_rows(kv: KvTablet, bucket: Bucket, log: LogTablet) -> None:
+    _offset, rows, found = _state(kv, bucket)
+    assert kv.applied_offset == log.high_watermark
+    assert rows == sum(value is not None for value in found) == 300 - len(range(1, 300, 7))
+    assert found[0] == (0, "renamed-0", 0) and found[1] is None and found[2] == (2, "name-2", 2)
+
+
+async def test_a_new_rocksdb_takes_the_changelog_as_a_bulk_load_and_the_row_cache_adopts_its_rows(
+        tmp_path: Path) -> None:
+    """The replay fills the vector memtable and collects the rows it writes; the row cache takes them whole
+    as the tablet opens, so the bucket is complete (no read reaches the vector memtable) as after a replay
+    on the loop, and the tablet finds nothing left to replay."""
+    cache = RowCache(64 << 20)
+    bucket, log, database = await _replayed_into_a_new_rocksdb(tmp_path / "bucket", cache)
+    assert database.vector_memtable and database.replayed_rows is not None
+    kv = KvTablet(tmp_path / "bucket" / "kv", log, bucket.format, bucket.config, row_cache=cache, database=database)
     try:
-        assert kv.applied_offset == log.high_watermark and not cache.is_complete(kv._cache_token)
-        _offset, rows, found = _state(kv, bucket)
-        assert rows == sum(value is not None for value in found) == 300 - len(range(1, 300, 7))
-        assert found[0] == (0, "renamed-0", 0) and found[1] is None and found[2] == (2, "name-2", 2)
+        assert cache.is_complete(kv._cache_token) and cache.entries == 300 - len(range(1, 300, 7))
+        _check_rows(kv, bucket, log)
+        assert kv._vector_memtable, "every read was answered by the cache"
+    finally:
+        kv.close()
+        log.close()
+
+
+async def test_a_bulk_load_larger_than_the_row_cache_is_flushed_and_read_through_the_skip_list(
+        tmp_path: Path) -> None:
+    """Rows more than a cache generation holds cannot keep the bucket complete: the database is flushed and
+    reopened with the skip list where it opened, and its reads reach RocksDB."""
+    cache = RowCache(8 << 10)
+    bucket, log, database = await _replayed_into_a_new_rocksdb(tmp_path / "bucket", cache)
+    assert not database.vector_memtable and database.replayed_rows is None
+    kv = KvTablet(tmp_path / "bucket" / "kv", log, bucket.format, bucket.config, row_cache=cache, database=database)
+    try:
+        assert not cache.is_complete(kv._cache_token)
+        _check_rows(kv, bucket, log)
     finally:
         kv.close()
         log.close()

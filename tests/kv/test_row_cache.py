@@ -82,3 +82,27 @@ def test_a_complete_bucket_answers_every_key_until_it_loses_an_entry() -> None:
     assert not cache.is_complete(bypassing)
     cache.close(kept)
     assert not cache.is_complete(kept)
+
+
+def test_rows_collected_off_the_loop_are_adopted_whole_within_a_generation() -> None:
+    """A new bucket's replay on its opener thread collects its rows (ReplayedRows); the cache takes them as
+    the instance's young generation, within the bound, or not at all."""
+    cache = RowCache(PER_ENTRY * 40)
+    other = cache.register()
+    cache.put_many(other, [key(i) for i in range(15)], [b"o" * 100] * 15)
+    rows = row_cache.ReplayedRows(cache.capacity_bytes // 2)
+    rows.add([key(i) for i in range(12)], [b"x" * 100] * 12)
+    rows.add([key(3), key(4)], [None, b"y" * 100])  # later writes win; a delete drops the row
+    assert not rows.overflowed and len(rows.rows) == 11
+    token = cache.register()
+    assert cache.adopt(token, rows)
+    assert cache.size_bytes <= cache.capacity_bytes
+    assert cached(cache, token, 4) == b"y" * 100 and cached(cache, token, 3) is None
+    assert cached(cache, other, 1) == b"o" * 100, "the other bucket's entries moved to the old generation"
+    assert not cache.adopt(token, rows), "an instance that holds entries adopts nothing"
+
+    too_many = row_cache.ReplayedRows(PER_ENTRY * 5)
+    too_many.add([key(i) for i in range(6)], [b"x" * 100] * 6)
+    assert too_many.overflowed and not too_many.rows
+    assert not cache.adopt(cache.register(), too_many)
+    assert not cache.adopt(RowCache(0).register(), row_cache.ReplayedRows(0))

@@ -210,12 +210,12 @@ async def test_a_crashed_buckets_changelog_replays_off_the_loop(tmp_path: Path, 
     threads: list[str] = []
     real = changelog_replay.catch_up_opened
 
-    def held(database: Any, log: Any, row_format: Any) -> int:
+    def held(database: Any, log: Any, row_format: Any, written: Any = None) -> int:
         if log.directory.parent.parent.name.startswith("new-"):  # NEW's buckets wait for the test
             threads.append(threading.current_thread().name)
             replaying.set()
             release.wait(HOLD_S)
-        return real(database, log, row_format)
+        return real(database, log, row_format, written)
 
     monkeypatch.setattr(changelog_replay, "catch_up_opened", held)
     restarted = StromServer(tmp_path / "data", "127.0.0.1", 0, config)

@@ -148,6 +148,7 @@ async def test_a_follower_elected_leader_replays_its_changelog_on_a_thread_while
         kv = replica.kv_if_open
         assert kv is not None and not kv.standby and kv.applied_offset == replica.log.high_watermark
         assert replays.records(on_loop=False) == ROWS + ROWS // 10 and replays.records(on_loop=True) == 0
+        assert replicas.row_cache.is_complete(kv._cache_token), "the cache adopted the replayed rows"
         assert _rows(replicas, bucket) == [_expected(i) for i in range(ROWS)]
     held.shutdown(wait=True)
 
