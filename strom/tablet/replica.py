@@ -23,6 +23,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -96,14 +97,18 @@ class _OpenedAhead:
 
 def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None, kv_config: KvConfig,
                 row_cache: RowCache, replay_with: TableRowFormat | None = None, *, open_log: LogTablet | None = None,
-                restore: Callable[[LogTablet, Path], bool] | None = None) -> _OpenedAhead:
+                restore: Callable[[LogTablet, Path], bool] | None = None,
+                after: Future[None] | None = None) -> _OpenedAhead:
     """A bucket's log (unless ``log_dir`` is None) and RocksDB (unless ``kv_dir`` is None), opened on a thread
     (:meth:`Replica.open_ahead`). Neither touches the event loop until it is handed to it. ``open_log``: the
     log, open already (a follower that now leads; the loop holds its segments meanwhile). ``restore``: puts
     the bucket's latest KV snapshot where its RocksDB is missing (a replica that never held it, or a rebuilt
     server). With ``replay_with`` (a leader's bucket), the committed changelog that RocksDB lacks (after a
     crash, since the snapshot, or since this replica last led) is replayed into it here too
-    (:func:`changelog_replay.catch_up_opened`)."""
+    (:func:`changelog_replay.catch_up_opened`). ``after``: the bucket's RocksDB still closing on another
+    thread (RocksDB locks its directory), waited for first."""
+    if after is not None:
+        wait_for_futures([after])
     log_tablet = LogTablet.open(log_dir, log_config) if log_dir is not None else None
     changelog = log_tablet if log_tablet is not None else open_log
     database = None
@@ -173,8 +178,8 @@ class ReplicaStorage(Protocol):
     def restore_from_snapshot(self, replica: Replica, log_tablet: LogTablet, kv_dir: Path) -> bool: ...
 
     def start_opening(self, table: TableInfo, bucket: TableBucket, directory: Path, *,
-                      open_log: LogTablet | None = None, replay: bool = False,
-                      background: bool = False) -> Future[_OpenedAhead]: ...
+                      open_log: LogTablet | None = None, replay: bool = False, background: bool = False,
+                      after: Future[None] | None = None) -> Future[_OpenedAhead]: ...
 
     def replace_offline(self, replica: Replica) -> Path: ...
 
@@ -207,6 +212,8 @@ class Replica:
         """... for the server's own round (:meth:`hurry_ahead` moves it to the requests' threads)."""
         self._ahead_database: BucketDatabase | None = None
         """The RocksDB opened ahead, until the KV state takes it."""
+        self._kv_closing: Future[None] | None = None
+        """The KV state's flush and close, running on a thread (:meth:`close_kv`)."""
 
     @property
     def is_open(self) -> bool:
@@ -244,7 +251,8 @@ class Replica:
         event loop. :meth:`open` takes them from there, waiting for the thread if it is still at work. Only
         where :attr:`may_open_ahead`; ``background``: for the server's own round, not a request."""
         self._ahead = self._storage.start_opening(self.table, self.bucket, self.directory, open_log=self._log,
-                                                  replay=self.is_leader, background=background)
+                                                  replay=self.is_leader, background=background,
+                                                  after=self._kv_closing)
         self._ahead_in_background = background
 
     def hurry_ahead(self) -> None:
@@ -283,10 +291,19 @@ class Replica:
             self._log = opened.log
         self._ahead_database = opened.database
 
+    def _kv_closed(self) -> None:
+        """Wait for the KV state's close still running on a thread (:meth:`close_kv` with a ``closer``):
+        before its RocksDB opens again here, or the replica's files close or go."""
+        closing, self._kv_closing = self._kv_closing, None
+        if closing is not None and not closing.done():
+            log.info("%s: waiting for its KV state's close on a thread", self.bucket)
+            wait_for_futures([closing])
+
     def _discard_ahead_database(self) -> None:
         """Close a RocksDB opened ahead that no KV state took (the replica closes or stops leading). An open
-        still queued is cancelled; one at work is waited for."""
+        still queued is cancelled; one at work is waited for, and so is a close of the KV state."""
         self._take_ahead()
+        self._kv_closed()
         database, self._ahead_database = self._ahead_database, None
         if database is not None:
             database.db.close()
@@ -373,14 +390,19 @@ class Replica:
                 except Exception as exc:  # its files are gone: what it still held is lost with them
                     log.warning("%s: closing after its data directory went offline: %s", self.bucket, exc)
 
-    def close_kv(self) -> None:
+    def close_kv(self, closer: Executor | None = None) -> None:
         """Drop the KV state (this replica now follows): unacknowledged writes die with it; the next time it
-        leads, RocksDB is caught up from the log."""
+        leads, RocksDB is caught up from the log. ``closer``: RocksDB's flush and close run there, off the
+        loop (:meth:`KvTablet.close_soon`); the bucket's RocksDB opens again only once they are done."""
         self._standby_failed = False
         self._discard_ahead_database()
-        if self._kv is not None:
-            self._kv.close()
-            self._kv = None
+        kv, self._kv = self._kv, None
+        if kv is None:
+            return
+        if closer is None:
+            kv.close()
+        else:
+            self._kv_closing = kv.close_soon(closer)
 
     @property
     def storage_failure(self) -> Exception | None:
@@ -437,6 +459,7 @@ class Replica:
                 raise
 
         self._take_ahead()
+        self._kv_closed()
         ahead, self._ahead_database = self._ahead_database, None  # only where no snapshot is restored
         if ahead is None and not (kv_dir / "rocksdb").exists() and \
                 self._storage.restore_from_snapshot(self, log_tablet, kv_dir):
@@ -559,11 +582,15 @@ class ReplicaManager:
         binding whose RocksDB open releases the GIL."""
         self.background_opener: Executor | None = None
         """Threads opening buckets for the server's own rounds (:data:`BACKGROUND_OPENER_THREADS`)."""
+        self.kv_closer: Executor | None = None
+        """A thread flushing and closing the RocksDB of buckets that stopped leading (``Replica.close_kv``);
+        of its own, since an open ahead may wait for a close."""
         if rocksdb.binding() == "native":
             self.rocksdb_writer = ThreadPoolExecutor(ROCKSDB_WRITER_THREADS, thread_name_prefix="strom-rocksdb-write")
             self.bucket_opener = ThreadPoolExecutor(BUCKET_OPENER_THREADS, thread_name_prefix="strom-bucket-open")
             self.background_opener = ThreadPoolExecutor(BACKGROUND_OPENER_THREADS,
                                                         thread_name_prefix="strom-bucket-open-background")
+            self.kv_closer = ThreadPoolExecutor(1, thread_name_prefix="strom-kv-close")
         self._replicas: dict[TableBucket, Replica] = {}
         self._new_ahead: dict[TableBucket, Future[_OpenedAhead]] = {}
         """Storage opening for buckets this server is about to host (:meth:`open_new_soon`)."""
@@ -734,20 +761,22 @@ class ReplicaManager:
         return asyncio.shield(asyncio.gather(*opening, return_exceptions=True)) if opening else None
 
     def start_opening(self, table: TableInfo, bucket: TableBucket, directory: Path, *,
-                      open_log: LogTablet | None = None, replay: bool = False,
-                      background: bool = False) -> Future[_OpenedAhead]:
+                      open_log: LogTablet | None = None, replay: bool = False, background: bool = False,
+                      after: Future[None] | None = None) -> Future[_OpenedAhead]:
         """Open, on :attr:`bucket_opener` (:attr:`background_opener` if ``background``), the storage of
         ``table``'s bucket in ``directory``: its log unless ``open_log`` is it, open already, and a
         primary-key table's RocksDB, restored from the bucket's latest snapshot where it is missing, and
         with the committed changelog it lacks replayed if ``replay`` (the bucket is led here). The open
-        log's segments are held while the thread may read them."""
+        log's segments are held while the thread may read them. ``after``: the bucket's KV state still
+        closing on :attr:`kv_closer`, waited for first."""
         opener = self.background_opener if background else self.bucket_opener
         assert opener is not None, "storage opens ahead with the native binding only"
         kv_dir = directory / "kv" if table.has_primary_key else None
         replay_with = self.row_format(table) if replay and kv_dir is not None else None
         restore = self._snapshot_restore(table, directory, bucket)
         ahead = opener.submit(_open_ahead, directory / "log" if open_log is None else None, self.log_config, kv_dir,
-                              self.kv_config(table), self.row_cache, replay_with, open_log=open_log, restore=restore)
+                              self.kv_config(table), self.row_cache, replay_with, open_log=open_log, restore=restore,
+                              after=after)
         if open_log is not None and (replay_with is not None or restore is not None):
             release = open_log.hold_segments()
             ahead.add_done_callback(lambda _ahead: release())
@@ -830,6 +859,6 @@ class ReplicaManager:
         self._new_ahead.clear()
         if self.rocksdb_writer is not None:
             self.rocksdb_writer.shutdown(wait=True)
-        for opener in (self.bucket_opener, self.background_opener):
-            if opener is not None:
-                opener.shutdown(wait=True)
+        for executor in (self.bucket_opener, self.background_opener, self.kv_closer):
+            if executor is not None:
+                executor.shutdown(wait=True)

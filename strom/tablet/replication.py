@@ -249,14 +249,19 @@ class ReplicationManager:
         replica.is_leader, replica.leader_epoch = False, state.leader_epoch  # before its storage opens: no KV
         if self._replicas.before_reopen is not None:
             self._replicas.before_reopen(bucket)  # scan sessions end before the RocksDB they read closes
-        replica.close_kv()
-        replica.open()
+        replica.close_kv(self._replicas.kv_closer)  # RocksDB's flush and close run off the loop
+        replica.open_log()
         replica.log.fail_unacknowledged(NotLeaderOrFollowerError(f"{bucket} is now led by server {state.leader}"))
         # Nothing is truncated here: what lies above the recorded high watermark may have been acknowledged
         # (the record lags, and this replica may be the last in-sync one: it may lead next). It is compared
         # with the leader's log instead, and given up only where the two differ (LogTablet.append_from_leader).
         replica.log.set_replication_limit(replica.log.high_watermark)
         replica.log.checkpoint_high_watermark()
+        if replica.keeps_standby:  # the state reopens as a standby, off the loop too, once its close is done
+            opening = self._replicas.open_soon([bucket])
+            if opening is not None:
+                await opening
+        replica.open()
         following = self._following[bucket] = _Following(replica, state.leader, state.leader_epoch)
         if replica.log.high_watermark < replica.log.log_end_offset:
             following.matched = replica.log.high_watermark

@@ -1,7 +1,7 @@
 """A bucket's storage opened ahead, on a thread (``ReplicaManager.open_soon``): its log and RocksDB open off
 the event loop and the replica takes them when it opens; a replica that closes first closes them; a
 follower's and every bucket under rocksdict open on use instead. The remote log manager's round opens a
-restarted server's buckets so too (a snapshot restored ahead: tests/tablet/test_new_leader_opens_off_loop.py).
+restarted server's buckets so too (a snapshot restored ahead: tests/tablet/test_role_changes_off_loop.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""A replica that starts to lead a primary-key bucket it followed has a log and no KV state: its RocksDB is
+"""A bucket's leadership changes without its RocksDB work on the event loop.
+
+A replica that starts to lead a primary-key bucket it followed has a log and no KV state: its RocksDB is
 restored from the bucket's latest KV snapshot (or made empty) and the changelog replayed into it. That work
 runs on a bucket opener's thread (``ReplicaManager.start_opening``), not on the event loop, which meanwhile
 serves the server's other buckets and the followers' fetches of this one; a rebuilt server's buckets told to
-lead restore their snapshots there too.
+lead restore their snapshots there too. A leader that starts to follow flushes and closes its RocksDB on a
+thread of its own (``Replica.close_kv``), and leading again waits for that close.
 """
 
 from __future__ import annotations
@@ -219,3 +222,43 @@ async def test_buckets_told_to_lead_restore_their_snapshots_on_threads_before_th
     finally:
         replicas.close()
         opener.shutdown(wait=True)
+
+
+class HeldCloser(HeldOpener):
+    """The KV closer, its closes held until :attr:`release`."""
+
+
+async def test_a_leader_that_starts_to_follow_closes_its_rocksdb_on_a_thread_and_leads_again_after_it(
+        tmp_path: Path, binding_kept: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its flush and close run on the closer's thread: the role change does not wait for them, and leading
+    the bucket again opens its RocksDB only once they are done (RocksDB locks its directory)."""
+    replays = ReplayThreads(monkeypatch)
+    replicas = ReplicaManager(tmp_path / "data", Configuration())
+    table_bucket = TableBucket(7, 0)
+    bucket, _ = await _followers_copy(replicas.replica_directory(table_info(), table_bucket))
+    held = HeldCloser()
+    assert replicas.kv_closer is not None
+    replicas.kv_closer.shutdown()
+    replicas.kv_closer = held
+    async with _following(replicas, bucket) as (manager, states):
+        _elected(states)
+        await manager.apply(bucket.table, table_bucket)
+        replica = replicas.replica(table_bucket)
+        assert replica.kv_if_open is not None
+        states.state, states.version = LeaderAndIsr(SECOND, 3, (ME, SECOND), (ME, SECOND)), states.version + 1
+        await asyncio.wait_for(manager.apply(bucket.table, table_bucket), HOLD_S)  # does not wait for the close
+        assert not replica.is_leader and replica.kv_if_open is None
+        assert await asyncio.to_thread(held.holding.wait, HOLD_S)
+
+        states.state, states.version = LeaderAndIsr(ME, 4, (ME, SECOND), (ME,)), states.version + 1
+        leading = asyncio.ensure_future(manager.apply(bucket.table, table_bucket))
+        try:
+            await asyncio.sleep(0.2)
+            assert not leading.done(), "it leads once its RocksDB is closed"
+        finally:
+            held.release.set()
+        await asyncio.wait_for(leading, HOLD_S)
+        assert replica.is_leader
+        assert _rows(replicas, bucket) == [_expected(i) for i in range(ROWS)]
+        assert replays.records(on_loop=True) == 0
+    held.shutdown(wait=True)
