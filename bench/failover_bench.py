@@ -13,21 +13,30 @@ written before it answers (strom's client, retrying as it does). Three ways, in 
 Each also reports when the metadata first named the new leader: the election, which waits for the killed
 server's ZooKeeper session to end (``zookeeper.client.session-timeout``, 4 s here) and is the same in each;
 what comes after it is the new leader making its state ready.
+
+Beside it, a small primary-key table (one bucket, replication factor 2) is looked up by another process, one
+key at a time, from before the kill to the end: how many of its lookups the surviving server answered while
+it made the large bucket's state ready (from the election to the large table's first lookup), and the
+longest wait for one from the election on. A new leader whose restore and replay stop its event loop
+answers none of them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import multiprocessing
 import signal
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from bench.cluster_bench import FIELDS, PATH, run_writers, write_range
 from bench.harness import report
-from strom.client import Connection, Schema, TableDescriptor
+from strom.client import Connection, Schema, TableDescriptor, TablePath
 from strom.client.admin import OffsetSpec
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -37,6 +46,8 @@ from strom.zk.zookeeper_server import free_port
 SESSION_TIMEOUT = "4s"
 MODES = ("standby", "snapshot", "log")
 WAIT_S = 900.0
+SMALL = TablePath("fluss", "small")
+SMALL_KEYS = 1_000
 
 
 async def _create(address: str, standby: bool) -> None:
@@ -44,8 +55,34 @@ async def _create(address: str, standby: bool) -> None:
         properties = {"table.replication.factor": "2"}
         if standby:
             properties["table.kv.standby-replica.enabled"] = "true"
+        schema = Schema.from_arrow(FIELDS, ["id"])
+        await connection.get_admin().create_table(PATH, TableDescriptor(schema, bucket_count=1, properties=properties))
         await connection.get_admin().create_table(
-            PATH, TableDescriptor(Schema.from_arrow(FIELDS, ["id"]), bucket_count=1, properties=properties))
+            SMALL, TableDescriptor(schema, bucket_count=1, properties={"table.replication.factor": "2"}))
+
+
+def _probe(address: str, started: Any, stop: Any, results: Any) -> None:
+    """Look up single keys of the small table until ``stop`` is set, retrying each until it is answered (its
+    leader may move); put each answered lookup's (start on the monotonic clock, seconds) to ``results``."""
+    async def run() -> list[tuple[float, float]]:
+        answered: list[tuple[float, float]] = []
+        async with await Connection.create(address) as connection:
+            lookuper = (await connection.get_table(SMALL)).new_lookup().create_lookuper()
+            key = 0
+            started.set()
+            while not stop.is_set():
+                key = (key + 7) % SMALL_KEYS
+                begin = time.monotonic()
+                try:
+                    row = await asyncio.wait_for(lookuper.lookup({"id": key}), 5)
+                except Exception:
+                    await asyncio.sleep(0.01)
+                    continue
+                assert row is not None and row["score"] == key
+                answered.append((begin, time.monotonic() - begin))
+        return answered
+
+    results.put(asyncio.run(run()))
 
 
 def _load(address: str, keys: int, writers: int, batch: int) -> float:
@@ -82,7 +119,15 @@ async def _wait_snapshot(connection: Connection, deadline: float) -> None:
         await asyncio.sleep(0.5)
 
 
-def measure(mode: str, keys: int, writers: int, batch: int) -> dict[str, float]:
+async def _write_small(address: str) -> None:
+    async with await Connection.create(address) as connection:
+        writer = (await connection.get_table(SMALL)).new_upsert().create_writer()
+        for key in range(SMALL_KEYS):
+            writer.upsert({"id": key, "name": f"small-{key}", "score": key})
+        await writer.flush()
+
+
+def measure(mode: str, keys: int, writers: int, batch: int, probe_small: bool = True) -> dict[str, float]:
     ports = {1: free_port(), 2: free_port()}
     settings = {
         "kv.snapshot.interval": "2s" if mode == "snapshot" else "0s",
@@ -102,6 +147,7 @@ def measure(mode: str, keys: int, writers: int, batch: int) -> dict[str, float]:
                         raise
                     time.sleep(0.2)
             load_rate = _load(cluster.bootstrap, keys, writers, batch)
+            asyncio.run(_write_small(cluster.bootstrap))
 
             async def prepare() -> int:
                 async with await Connection.create(cluster.bootstrap) as connection:
@@ -120,7 +166,7 @@ def measure(mode: str, keys: int, writers: int, batch: int) -> dict[str, float]:
             caught_up_s = time.monotonic() - settled
             probe = keys // 2
 
-            async def failover() -> tuple[float, float]:
+            async def failover() -> tuple[float, float, float]:
                 async with await Connection.create(cluster.bootstrap) as connection:
                     lookuper = (await connection.get_table(PATH)).new_lookup().create_lookuper()
                     assert (await lookuper.lookup({"id": probe}))["score"] == probe  # type: ignore[index]
@@ -139,10 +185,28 @@ def measure(mode: str, keys: int, writers: int, batch: int) -> dict[str, float]:
                             await asyncio.sleep(0.05)
                             continue
                         assert row is not None and row["score"] == probe
-                        return elected, time.monotonic() - killed
+                        return elected, time.monotonic() - killed, killed
 
-            elected_s, first_lookup_s = asyncio.run(failover())
-            return {"load": load_rate, "caught_up": caught_up_s, "elected": elected_s, "first_lookup": first_lookup_s}
+            if not probe_small:
+                elected_s, first_lookup_s, _killed = asyncio.run(failover())
+                return {"load": load_rate, "caught_up": caught_up_s, "elected": elected_s,
+                        "first_lookup": first_lookup_s}
+            context = multiprocessing.get_context("spawn")
+            started, stop, results = context.Event(), context.Event(), context.Queue()
+            prober = context.Process(target=_probe, args=(cluster.bootstrap, started, stop, results), daemon=True)
+            prober.start()
+            assert started.wait(60), "the small table's prober did not start"
+            time.sleep(0.5)
+            elected_s, first_lookup_s, killed_at = asyncio.run(failover())
+            stop.set()
+            answered = results.get(timeout=60)
+            prober.join(30)
+            elected_at, ready_at = killed_at + elected_s, killed_at + first_lookup_s
+            during = [latency for begin, latency in answered if elected_at <= begin and begin + latency <= ready_at]
+            ends = [elected_at, *sorted(begin + latency for begin, latency in answered if begin + latency >= elected_at)]
+            longest_wait = max((later - earlier for earlier, later in itertools.pairwise(ends)), default=0.0)
+            return {"load": load_rate, "caught_up": caught_up_s, "elected": elected_s, "first_lookup": first_lookup_s,
+                    "small_during": float(len(during)), "small_wait": longest_wait}
         finally:
             cluster.stop()
 
@@ -153,8 +217,10 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=20_000)
     parser.add_argument("--modes", default=",".join(MODES), help="which of standby, snapshot, log, in order")
+    parser.add_argument("--no-probe", action="store_true", help="leave the small table idle during the failover")
     args = parser.parse_args()
-    results = {mode: measure(mode, args.keys, args.writers, args.batch) for mode in args.modes.split(",")}
+    results = {mode: measure(mode, args.keys, args.writers, args.batch, not args.no_probe)
+               for mode in args.modes.split(",")}
     lines = []
     for mode, result in results.items():
         lines += [
@@ -163,6 +229,11 @@ def main() -> None:
             (f"{mode}: kill -> first lookup answered", f"{result['first_lookup']:.2f} s"),
             (f"{mode}: state ready after the election", f"{result['first_lookup'] - result['elected']:.2f} s"),
         ]
+        if "small_during" in result:
+            lines += [
+                (f"{mode}: small table's lookups answered meanwhile", f"{result['small_during']:,.0f}"),
+                (f"{mode}: small table's longest wait after the election", f"{result['small_wait']:.2f} s"),
+            ]
         if mode == "standby":
             lines.append((f"{mode}: standby caught up, after the load", f"{result['caught_up']:.2f} s"))
     if "standby" in results:

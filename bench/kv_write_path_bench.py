@@ -212,6 +212,20 @@ def table_info() -> TableInfo:
     return TableInfo(1, TablePath("bench", "kv"), 1, descriptor.to_json(), 0, 0)
 
 
+async def put_all(kv: KvTablet, keys: list[bytes], values: list[bytes]) -> float:
+    """Seconds to put every key in BATCH-key puts, IN_FLIGHT at a time, each acknowledged (committed, and
+    applied as the watermark passes it)."""
+    begin = time.perf_counter()
+    in_flight: list[asyncio.Future[None]] = []
+    for start in range(0, len(keys), BATCH):
+        result = kv.prepare_put(keys[start:start + BATCH], values[start:start + BATCH], 1, None, -1, -1, 0)
+        in_flight.append(kv.acknowledgement(result))
+        if len(in_flight) >= IN_FLIGHT:
+            await in_flight.pop(0)
+    await asyncio.gather(*in_flight)
+    return time.perf_counter() - begin
+
+
 async def bucket_run(directory: Path, rows: int, writer: ThreadPoolExecutor | None) -> dict[str, float]:
     info = table_info()
     row_format = TableRowFormat(info)
@@ -227,15 +241,7 @@ async def bucket_run(directory: Path, rows: int, writer: ThreadPoolExecutor | No
     rates: dict[str, float] = {}
     try:
         for name, values in (("load", loads), ("update", updates)):
-            begin = time.perf_counter()
-            in_flight: list[asyncio.Future[None]] = []
-            for start in range(0, rows, BATCH):
-                result = kv.prepare_put(keys[start:start + BATCH], values[start:start + BATCH], 1, None, -1, -1, 0)
-                in_flight.append(kv.acknowledgement(result))  # committed, and applied as the watermark passes it
-                if len(in_flight) >= IN_FLIGHT:
-                    await in_flight.pop(0)
-            await asyncio.gather(*in_flight)
-            rates[name] = rows / (time.perf_counter() - begin)
+            rates[name] = rows / await put_all(kv, keys, values)
         begin = time.perf_counter()
         for start in range(0, rows, LOOKUP_KEYS):
             kv.lookup(keys[start:start + LOOKUP_KEYS])

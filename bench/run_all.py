@@ -19,6 +19,7 @@ BENCHES = [
     ("bench.log_bench", [], ["--rows", "100000", "--rounds", "1"]),
     ("bench.remote_log_bench", [], ["--rows", "200000", "--rounds", "1"]),
     ("bench.kv_write_path_bench", [], ["--rows", "50000", "--rounds", "1"]),
+    ("bench.kv_close_bench", [], ["--rows", "100000", "--rounds", "1"]),
     ("bench.row_cache_soak", [], ["--keys", "100000", "--rows", "100000", "--cache", "2mb"]),
     ("bench.scan_bench", [], ["--rows", "200000"]),
     ("bench.lease_bench", [], []),

@@ -1024,17 +1024,25 @@ class KvTablet:
         except Exception as exc:  # a RocksDB in an error state (disk full) may fail to close cleanly
             log.warning("%s: RocksDB close failed: %s", self.directory, exc)
 
-    def close(self) -> None:
-        """Flush and close; after a clean close the next open needs no changelog replay."""
+    def _begin_close(self) -> bool:
+        """Mark the tablet closed and stop following its log's high watermark; False if it was already."""
         if self._closed:
-            return
+            return False
         self._closed = True
         self.log.remove_high_watermark_listener(self._apply_committed)
         self.log.remove_high_watermark_listener(self._schedule_catch_up)
-        try:
-            self._flush_memtables()
-        except Exception as exc:  # the changelog still covers whatever did not reach an SST
-            log.warning("%s: flush on close failed: %s", self.directory, exc)
+        return True
+
+    def close(self, *, flush: bool = True) -> None:
+        """Flush and close; after a clean close the next open needs no changelog replay. Without ``flush``
+        (its files are deleted next: a dropped table, a replica moved away) the memtables are dropped."""
+        if not self._begin_close():
+            return
+        if flush:
+            try:
+                self._flush_memtables()
+            except Exception as exc:  # the changelog still covers whatever did not reach an SST
+                log.warning("%s: flush on close failed: %s", self.directory, exc)
         self._close_db()
 
     def close_soon(self, executor: Executor) -> Future[None]:
@@ -1043,13 +1051,10 @@ class KvTablet:
         loop the tablet is closed at once: its listeners and cached rows go now. The native binding's close
         waits for calls still running on other threads (a write on the writer); whoever opens the bucket's
         RocksDB again waits for the returned future first (RocksDB locks its directory)."""
-        if self._closed:
+        if not self._begin_close():
             done: Future[None] = Future()
             done.set_result(None)
             return done
-        self._closed = True
-        self.log.remove_high_watermark_listener(self._apply_committed)
-        self.log.remove_high_watermark_listener(self._schedule_catch_up)
         if self._cache is not None:
             self._cache.close(self._cache_token)
         return executor.submit(_flush_and_close, self._db, self.directory)

@@ -528,11 +528,12 @@ class Replica:
                 f"The target columns {columns} of a partial update must include the primary key columns {missing}."
             )
 
-    def close(self) -> None:
+    def close(self, *, deleting: bool = False) -> None:
+        """Stop hosting the bucket; ``deleting``: its files are removed next, so RocksDB is not flushed."""
         self.stopped = True
         self._discard_ahead_database()
         if self._kv is not None:
-            self._kv.close()
+            self._kv.close(flush=not deleting)
         if self._log is not None:
             self._log.close()
 
@@ -823,7 +824,7 @@ class ReplicaManager:
         ]
         for replica in stopped:
             del self._replicas[replica.bucket]
-            replica.close()
+            replica.close(deleting=delete and replica.offline is None)
         if delete and stopped:
             online = [replica for replica in stopped if replica.offline is None]  # an offline one's is not ours
             directories = {replica.directory for replica in online}
@@ -844,7 +845,7 @@ class ReplicaManager:
             return
         if self.before_reopen is not None:
             self.before_reopen(bucket)  # scan sessions end before the RocksDB they read closes
-        replica.close()
+        replica.close(deleting=replica.offline is None)
         if replica.offline is None:  # an offline directory's files are not touched (another process may own them)
             await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, replica.directory, True)
         self.directories.forget(bucket)

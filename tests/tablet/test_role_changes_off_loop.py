@@ -262,3 +262,35 @@ async def test_a_leader_that_starts_to_follow_closes_its_rocksdb_on_a_thread_and
         assert _rows(replicas, bucket) == [_expected(i) for i in range(ROWS)]
         assert replays.records(on_loop=True) == 0
     held.shutdown(wait=True)
+
+
+async def test_a_bucket_whose_files_are_deleted_next_is_closed_without_a_flush(
+        tmp_path: Path, binding_kept: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica moved away (stop_bucket) or a dropped table (stop_replicas with delete): the memtables
+    are dropped with the files, not flushed first on the loop; a replica closed to stay (a stopping
+    server) still flushes, so its next open replays nothing."""
+    flushed: list[Path] = []
+    real = kv_tablet.KvTablet._flush_memtables
+
+    def recorded(self: kv_tablet.KvTablet) -> None:
+        flushed.append(self.directory)
+        real(self)
+
+    monkeypatch.setattr(kv_tablet.KvTablet, "_flush_memtables", recorded)
+    replicas = ReplicaManager(tmp_path / "data", Configuration())
+    table = table_info()
+    buckets = [TableBucket(table.table_id, 0)]
+    replicas.become_leader(table, buckets)
+    try:
+        assert replicas.get(buckets[0]).kv.row_count == 0
+        await replicas.stop_bucket(buckets[0])
+        assert not flushed and not replicas.replica_directory(table, buckets[0]).exists()
+        replicas.become_leader(table, buckets)
+        assert replicas.get(buckets[0]).kv.row_count == 0
+        await replicas.stop_replicas(table.table_id, None, delete=True)
+        assert not flushed
+        replicas.become_leader(table, buckets)
+        directory = replicas.get(buckets[0]).kv.directory
+    finally:
+        replicas.close()
+    assert flushed == [directory]
