@@ -119,7 +119,7 @@ def catch_up_opened(database: OpenedDatabase, log_tablet: LogTablet, row_format:
     either is handed to the event loop; returns the records applied. Only the plain case: RocksDB within the
     log and behind its high watermark. Whatever else (RocksDB ahead of the log or before its start) is left
     to the tablet's own recovery, which then finds this part done. ``written`` is told each RocksDB write's
-    keys and values (a new bucket's replay collects its rows for the row cache, ``kv_tablet.bulk_loaded``)."""
+    keys and values (the replay collects its rows for the row cache, ``kv_tablet.replayed_database``)."""
     db = database.db
     at = Replayed(read_meta_int(db, APPLIED_OFFSET_KEY), read_meta_int(db, ROW_COUNT_KEY))
     end = log_tablet.high_watermark

@@ -173,8 +173,9 @@ class BucketDatabase:
     vector_memtable: bool
     """RocksDB's vector memtable: the bucket was new and its row cache will hold every key it gets."""
     replayed_rows: ReplayedRows | None = None
-    """What a changelog replay on the opener thread put into the new database (its vector memtable), for the
-    row cache to adopt as the tablet opens (:func:`bulk_loaded`)."""
+    """What a changelog replay on the opener thread wrote, for the row cache to adopt as the tablet opens
+    (:func:`replayed_database`): every row of a new database (its vector memtable), the latest rows of one
+    that crashed."""
 
 
 def open_bucket_database(directory: Path, config: KvConfig, row_cache: RowCache | None) -> BucketDatabase:
@@ -196,17 +197,18 @@ def open_bucket_database(directory: Path, config: KvConfig, row_cache: RowCache 
                           vector_memtable)
 
 
-def bulk_loaded(directory: Path, config: KvConfig, database: BucketDatabase, rows: ReplayedRows) -> BucketDatabase:
-    """A new bucket's RocksDB that a changelog replay on its opener thread filled through its vector memtable
-    (into an empty database a replay is a bulk load: appends, sorted once at flush), with the rows it wrote
-    (``rows``). The row cache adopts them as the tablet opens, and the bucket stays complete, as a replay
-    on the loop would have left it. Rows more than the cache holds cannot keep it complete: the database is
-    then flushed and reopened with the skip list here, as its first read would have done on the loop
-    (:meth:`KvTablet._make_readable`), and its reads reach RocksDB."""
+def replayed_database(directory: Path, config: KvConfig, database: BucketDatabase,
+                      rows: ReplayedRows) -> BucketDatabase:
+    """A bucket's RocksDB that a changelog replay on its opener thread caught up, with the rows the replay
+    wrote (``rows``), which the row cache adopts as the tablet opens, as a replay on the loop would have
+    put them there. Into a new database the replay is a bulk load (its vector memtable: appends, sorted
+    once at flush), and the bucket stays complete. Rows more than the cache holds cannot keep it complete:
+    a new database is then flushed and reopened with the skip list here, as its first read would have done
+    on the loop (:meth:`KvTablet._make_readable`), and its reads reach RocksDB."""
+    if not rows.overflowed:
+        return BucketDatabase(database.db, database.vector_memtable, replayed_rows=rows)
     if not database.vector_memtable:
         return database
-    if not rows.overflowed:
-        return BucketDatabase(database.db, vector_memtable=True, replayed_rows=rows)
     database.db.flush()
     database.db.close()
     return BucketDatabase(open_rocksdb(directory / "rocksdb", config.rocksdb), vector_memtable=False)
@@ -316,8 +318,9 @@ class KvTablet:
         self._applied_offset = read_meta_int(self._db, APPLIED_OFFSET_KEY)
         self._row_count = read_meta_int(self._db, ROW_COUNT_KEY)
         if row_cache is not None:
-            if opened.replayed_rows is not None:  # the rows a replay on the opener thread wrote, and no others
-                if row_cache.adopt(self._cache_token, opened.replayed_rows):
+            if opened.replayed_rows is not None:  # the rows a replay on the opener thread wrote
+                adopted = row_cache.adopt(self._cache_token, opened.replayed_rows)
+                if adopted and opened.vector_memtable:  # into a new database: they are all it holds
                     row_cache.mark_complete(self._cache_token)
             elif self._holds_no_rows():
                 row_cache.mark_complete(self._cache_token)  # the replay below and every later write go through it

@@ -53,8 +53,8 @@ from strom.kv.kv_tablet import (
     KvConfig,
     KvRestoreNeededError,
     KvTablet,
-    bulk_loaded,
     open_bucket_database,
+    replayed_database,
     reset_instance_id,
 )
 from strom.kv.rocksdb import RocksDbOptions
@@ -117,9 +117,9 @@ def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None
             restore(changelog, kv_dir)
         database = open_bucket_database(kv_dir, kv_config, row_cache) if kv_dir is not None else None
         if replay_with is not None and changelog is not None and database is not None and kv_dir is not None:
-            rows = ReplayedRows(row_cache.capacity_bytes // 2 if database.vector_memtable else 0)
+            rows = ReplayedRows(row_cache.capacity_bytes // 2)
             if changelog_replay.catch_up_opened(database, changelog, replay_with, rows.add):
-                database = bulk_loaded(kv_dir, kv_config, database, rows)
+                database = replayed_database(kv_dir, kv_config, database, rows)
         return _OpenedAhead(log_tablet, database)
     except BaseException:
         if database is not None:

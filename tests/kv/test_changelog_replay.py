@@ -11,7 +11,7 @@ import pytest
 
 from strom.kv import changelog_replay
 from strom.kv.changelog_replay import APPLIED_OFFSET_KEY, ROW_COUNT_KEY, read_meta_int
-from strom.kv.kv_tablet import BucketDatabase, KvTablet, bulk_loaded, open_bucket_database
+from strom.kv.kv_tablet import BucketDatabase, KvTablet, open_bucket_database, replayed_database
 from strom.kv.row_cache import ReplayedRows, RowCache
 from strom.log.log_tablet import LogTablet
 from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
@@ -97,7 +97,7 @@ async def _replayed_into_a_new_rocksdb(directory: Path, cache: RowCache) -> tupl
     assert database.vector_memtable
     rows = ReplayedRows(cache.capacity_bytes // 2)
     assert changelog_replay.catch_up_opened(database, log, bucket.format, rows.add) > 0
-    return bucket, log, bulk_loaded(directory / "kv", bucket.config, database, rows)
+    return bucket, log, replayed_database(directory / "kv", bucket.config, database, rows)
 
 
 def _check_rows(kv: KvTablet, bucket: Bucket, log: LogTablet) -> None:
@@ -135,6 +135,30 @@ async def test_a_bulk_load_larger_than_the_row_cache_is_flushed_and_read_through
     kv = KvTablet(tmp_path / "bucket" / "kv", log, bucket.format, bucket.config, row_cache=cache, database=database)
     try:
         assert not cache.is_complete(kv._cache_token)
+        _check_rows(kv, bucket, log)
+    finally:
+        kv.close()
+        log.close()
+
+
+async def test_a_crashed_buckets_replayed_rows_are_in_its_row_cache(tmp_path: Path) -> None:
+    """The rows the replay wrote where the bucket opened are in the row cache as the tablet opens, as a replay
+    on the loop leaves them; RocksDB holds others too, so the bucket is not complete."""
+    bucket = await _crashed(tmp_path / "bucket")
+    cache = RowCache(64 << 20)
+    log, database = _opened(tmp_path / "bucket", bucket, cache)
+    assert not database.vector_memtable
+    rows = ReplayedRows(cache.capacity_bytes // 2)
+    updates, deletes = len(range(0, 300, 3)), len(range(1, 300, 7))
+    assert changelog_replay.catch_up_opened(database, log, bucket.format, rows.add) == updates + deletes
+    kv = KvTablet(tmp_path / "bucket" / "kv", log, bucket.format, bucket.config, row_cache=cache,
+                  database=replayed_database(tmp_path / "bucket" / "kv", bucket.config, database, rows))
+    try:
+        assert not cache.is_complete(kv._cache_token)
+        assert cache.entries == len({i for i in range(0, 300, 3)} - set(range(1, 300, 7)))
+        found = cache.get_many(kv._cache_token, [bucket.key(0), bucket.key(2)])
+        assert found is not None and found[1] == [1]  # key 0 was replayed (renamed), key 2 was not
+        assert bucket.format.decode_stored(found[0][0]) == (0, "renamed-0", 0)
         _check_rows(kv, bucket, log)
     finally:
         kv.close()
