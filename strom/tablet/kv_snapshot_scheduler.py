@@ -154,6 +154,8 @@ class KvSnapshotScheduler:
             for replica in self._replicas.hosted():
                 if not (replica.is_kv and replica.is_open and replica.is_leader and not replica.stopped):
                     continue
+                if replica.opening_on_thread:
+                    continue  # a new leader's replay, say: snapshotted once it is open, not waited for here
                 state = await self._state(replica.bucket)
                 if state.in_flight or now < state.next_due_ms:
                     continue
@@ -182,7 +184,7 @@ class KvSnapshotScheduler:
     async def snapshot(self, replica: Replica) -> CompletedKvSnapshot | None:
         """Take, upload and commit one snapshot of ``replica`` if it changed; None if nothing to do."""
         state = await self._state(replica.bucket)
-        if state.in_flight:
+        if state.in_flight or replica.opening_on_thread:
             return None
         kv = replica.kv
         if kv.failed is not None:

@@ -144,8 +144,8 @@ class RemoteLogManager:
                 if replica.stopped:
                     continue
                 try:
-                    if not replica.is_open:
-                        self._replicas.get_hosted(replica.bucket)  # opens it, as its first request would
+                    if not replica.is_open:  # opens it, KV state too, as its first request would
+                        self._replicas.get_hosted(replica.bucket).open()
                     if replica.is_leader:
                         await self._tier(replica)
                     else:

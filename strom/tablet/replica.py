@@ -21,12 +21,12 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from strom.config import (
     KV_BACKPRESSURE_L0_SLOWDOWN_TRIGGER,
@@ -71,6 +71,7 @@ from strom.tablet.data_dirs import DataDirectories, DataDirectory
 from strom.tablet.retained_offsets import RetainedOffsets
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 RECOVERY_INTERVAL_S = 1.0
 ROCKSDB_WRITER_THREADS = min(4, os.cpu_count() or 1)
@@ -135,6 +136,11 @@ async def _opened_ahead(replicas: Sequence[Replica]) -> None:
     for replica in replicas:
         while (ahead := replica.opening_ahead) is not None and not ahead.done():
             await asyncio.wait([asyncio.wrap_future(ahead)])  # not cancelled with the waiter, unlike an await
+
+
+async def _answered_once_open(opening: Awaitable[Any], answer: Callable[[], _T]) -> _T:
+    await opening
+    return answer()
 
 
 def _restore_snapshot(remote: RemoteStorage, snapshot: CompletedKvSnapshot, bucket: TableBucket,
@@ -272,6 +278,12 @@ class Replica:
     def opening_ahead(self) -> Future[Any] | None:
         """What :meth:`open_ahead` is opening, until :meth:`open` takes it."""
         return self._ahead
+
+    @property
+    def opening_on_thread(self) -> bool:
+        """Whether its storage is opening on a thread now: using it from the loop would wait for the thread
+        there (a new leader's replay may take seconds)."""
+        return self._ahead is not None and not self._ahead.done()
 
     def _take_ahead(self) -> None:
         """Wait for what :meth:`open_ahead` is opening and take it: the log becomes the replica's, the
@@ -735,6 +747,15 @@ class ReplicaManager:
                 opening.append(replica)
         # shielded: a request cancelled while it waits must not cancel the opens that other requests await
         return asyncio.shield(asyncio.ensure_future(_opened_ahead(opening))) if opening else None
+
+    def once_open(self, buckets: Iterable[TableBucket], answer: Callable[[], _T]) -> _T | Awaitable[_T]:
+        """``answer()`` now, or, where some of ``buckets`` open on threads first (:meth:`open_soon`), a
+        coroutine of it once they are: a request that reads a bucket's KV state does not wait on the event
+        loop for its open (a new leader's restore and replay)."""
+        opening = self.open_soon(buckets)
+        if opening is None:
+            return answer()
+        return _answered_once_open(opening, answer)
 
     def open_new_soon(self, table: TableInfo, buckets: Iterable[TableBucket]) -> asyncio.Future[Any] | None:
         """Start opening on threads, all at once, the storage of each of ``buckets`` that this server is told

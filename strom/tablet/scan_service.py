@@ -73,6 +73,14 @@ class ScanKvService:
         self._prune_finished()
 
     def scan_kv(self, request: Any, context: Any) -> Any:
+        if not request.HasField("bucket_scan_req"):
+            return self._scan_answer(request, context)
+        scan_request = request.bucket_scan_req
+        partition_id = scan_request.partition_id if scan_request.HasField("partition_id") else None
+        bucket = TableBucket(scan_request.table_id, scan_request.bucket_id, partition_id)
+        return self._replicas.once_open([bucket], lambda: self._scan_answer(request, context))
+
+    def _scan_answer(self, request: Any, context: Any) -> Any:
         try:
             return self._scan(request, getattr(context, "connection_id", None))
         except StromError as exc:

@@ -414,6 +414,10 @@ class TabletService:
         a WAL changelog image, which cannot count them), a log bucket's records from its earliest offset
         (remote segments included) to its high watermark. Column statistics (``target_columns``) are
         reserved in Fluss and not collected."""
+        buckets = [_bucket(request.table_id, bucket_request) for bucket_request in request.buckets_req]
+        return self._replicas.once_open(buckets, lambda: self._table_stats(request))
+
+    def _table_stats(self, request: Any) -> Any:
         response = pb.GetTableStatsResponse()
         for bucket_request in request.buckets_req:
             bucket, bucket_response = _bucket_response(response, request.table_id, bucket_request)
@@ -624,6 +628,10 @@ class TabletService:
         return b"".join(entries)
 
     def prefix_lookup(self, request: Any, _context: object) -> Any:
+        buckets = [_bucket(request.table_id, bucket_request) for bucket_request in request.buckets_req]
+        return self._replicas.once_open(buckets, lambda: self._prefix_lookup(request))
+
+    def _prefix_lookup(self, request: Any) -> Any:
         response = pb.PrefixLookupResponse()
         for bucket_request in request.buckets_req:
             bucket, bucket_response = _bucket_response(response, request.table_id, bucket_request)
@@ -640,6 +648,9 @@ class TabletService:
         bucket = TableBucket(
             request.table_id, request.bucket_id, request.partition_id if request.HasField("partition_id") else None
         )
+        return self._replicas.once_open([bucket], lambda: self._limit_scan(request, bucket))
+
+    def _limit_scan(self, request: Any, bucket: TableBucket) -> Any:
         response = pb.LimitScanResponse()
         try:
             if request.limit <= 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -282,5 +283,34 @@ async def test_a_storage_error_inside_scan_kv_is_answered_in_the_response_body(t
         finally:
             await rpc.close()
             await connection.close()
+    finally:
+        await server.stop()
+
+
+async def test_a_bucket_whose_kv_state_opens_on_a_thread_is_snapshotted_once_it_is_open(tmp_path: Path) -> None:
+    """A new leader's KV state opens on a thread (its replay may take seconds): the snapshot scheduler does
+    not open it on the loop meanwhile, which would wait there for the thread, and snapshots it once open."""
+    server = await _started(tmp_path / "data")
+    try:
+        connection, table, bucket, _first = await _table_with_a_snapshot(server, "opening")
+        await _write(table, range(10, 20), "b")
+        assert server.replicas is not None
+        replica = server.replicas.get(bucket)
+        replica.close_kv()  # as a follower that now leads: its log open, its KV state not yet
+        opening: Future[Any] = Future()
+        replica._ahead = opening  # at work on an opener thread
+        opening.set_running_or_notify_cancel()
+        given_up = OSError("the test's open, given up: the bucket opens on use")
+        timer = threading.Timer(3, opening.set_exception, (given_up,))  # what a scheduler that waited would see
+        timer.start()
+        assert replica.opening_on_thread
+        try:
+            assert await _snapshot(server, bucket) is None
+            assert replica.kv_if_open is None and opening.running()
+        finally:
+            timer.cancel()
+        opening.set_exception(given_up)
+        assert await _snapshot(server, bucket) is not None
+        await connection.close()
     finally:
         await server.stop()

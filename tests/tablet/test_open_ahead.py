@@ -324,3 +324,34 @@ async def test_a_request_does_not_wait_behind_the_servers_own_round(tmp_path: Pa
         held.release.set()
         replicas.close()
         held.shutdown(wait=True)
+
+
+async def test_an_answer_that_reads_a_bucket_opening_on_a_thread_waits_for_it_off_the_loop(
+        tmp_path: Path, binding_kept: None) -> None:
+    """GetTableStats, PrefixLookup, LimitScan and ScanKv answer through ``once_open``: while a bucket opens
+    on a thread (a new leader's replay) the answer is a coroutine that waits for it, and the loop serves
+    meanwhile; once the bucket is open, the answer comes at once."""
+    held = HeldOpener()
+    replicas = _opening_with(_replicas(tmp_path), held)
+    answered: list[int] = []
+
+    def answer() -> int:
+        answered.append(replicas.get(ALL[0]).kv.row_count)
+        return len(answered)
+
+    try:
+        pending = replicas.once_open(ALL[:1], answer)
+        assert asyncio.iscoroutine(pending) and not answered
+        assert await asyncio.to_thread(held.holding.wait, HOLD_S)
+        assert replicas.replica(ALL[0]).opening_on_thread
+        waiting = asyncio.ensure_future(pending)
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and not answered  # the loop runs; the answer waits for the open
+        held.release.set()
+        assert await asyncio.wait_for(waiting, HOLD_S) == 1 and answered == [0]
+        assert not replicas.replica(ALL[0]).opening_on_thread
+        assert replicas.once_open(ALL[:1], answer) == 2  # open: answered now
+    finally:
+        held.release.set()
+        replicas.close()
+        held.shutdown(wait=True)
