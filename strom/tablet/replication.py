@@ -256,7 +256,10 @@ class ReplicationManager:
         # (the record lags, and this replica may be the last in-sync one: it may lead next). It is compared
         # with the leader's log instead, and given up only where the two differ (LogTablet.append_from_leader).
         replica.log.set_replication_limit(replica.log.high_watermark)
-        replica.log.checkpoint_high_watermark()
+        try:
+            replica.log.checkpoint_high_watermark()
+        except (OSError, StromError) as exc:  # a full disk: the once-a-second checkpoint writes it when there is room
+            log.warning("%s: recording the high watermark failed (%s); following all the same", bucket, exc)
         if replica.keeps_standby:  # the state reopens as a standby, off the loop too, once its close is done
             opening = self._replicas.open_soon([bucket])
             if opening is not None:

@@ -156,3 +156,39 @@ async def test_a_follower_whose_disk_filled_up_fetches_on_once_there_is_room(tmp
         await manager.stop()
         await replicas.stop_bucket(BUCKET)
         leader_log.close()
+
+
+async def test_a_leader_told_to_follow_while_its_disk_is_full_follows_all_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the nemesis (seed 422): the high watermark's record could not be written (no space left on
+    the device) as the replica started to follow, and the role change stopped there: neither leading nor
+    following, it fetched nothing until another notice came. The record is written by the once-a-second
+    checkpoint when there is room; the replica follows at once."""
+    leader_log = LogTablet.open(tmp_path / "leader", DURABLE_EACH_APPEND)
+    replicas = ReplicaManager(tmp_path / "follower", Configuration())
+    states = GatedStates(LeaderAndIsr(ME, 1, (ME, SECOND), (ME,)))
+    manager = ReplicationManager(
+        ME, replicas, states, registry=Registry(), peers=LeaderLog(leader_log),  # type: ignore[arg-type]
+        table_of=lambda _table_id: TABLE, lag_max_ms=60_000, silence_max_ms=60_000,
+    )
+    await manager.apply(TABLE, BUCKET)  # leading
+    try:
+        def disk_full(_log: LogTablet) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(LogTablet, "checkpoint_high_watermark", disk_full)
+        states.state, states.version = LeaderAndIsr(SECOND, 2, (ME, SECOND), (ME, SECOND)), states.version + 1
+        await manager.apply(TABLE, BUCKET)
+        replica = replicas.replica(BUCKET)
+        assert not replica.is_leader and BUCKET in manager._following
+        await leader_log.durable(append(leader_log, batch_bytes([1, 2])).next_offset)
+        for _ in range(100):
+            if replica.log.log_end_offset == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert replica.log.log_end_offset == 2, "it fetches from the leader"
+    finally:
+        monkeypatch.undo()
+        await manager.stop()
+        await replicas.stop_bucket(BUCKET)
+        leader_log.close()
