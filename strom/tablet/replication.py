@@ -478,7 +478,10 @@ class ReplicationManager:
             lead.changing = False
 
     async def _recheck_roles(self) -> None:
-        """Lead or follow each hosted bucket as ZooKeeper says, where this server's role or epoch differs."""
+        """Lead or follow each hosted bucket as ZooKeeper says, where this server's role or epoch differs, and
+        take up the ISR and replicas a leader's state has in ZooKeeper where they differ from its own (the
+        coordinator changed them at the same epoch, and its notice was lost: a leader that still counted a
+        dead follower in the ISR would never let it join again)."""
         buckets = [*self._leading, *self._following]
         if not buckets:
             return
@@ -486,13 +489,17 @@ class ReplicationManager:
         for bucket, state in found.items():
             lead, following = self._leading.get(bucket), self._following.get(bucket)
             if lead is not None and state.leader == self._me and state.leader_epoch == lead.state.leader_epoch:
+                if lead.changing or (state.isr, state.replicas) == (lead.state.isr, lead.state.replicas):
+                    continue  # an ISR change of its own in flight is taken up where it ends
+                what = "ISR"
+            elif following is not None and state.leader != self._me and state.leader_epoch == following.leader_epoch:
                 continue
-            if following is not None and state.leader != self._me and state.leader_epoch == following.leader_epoch:
-                continue
+            else:
+                what = "role"
             table = self._table_of(bucket.table_id)
             if table is not None:
-                log.info("%s: ZooKeeper names leader %d at epoch %d, unlike this replica's role; taking it up",
-                         bucket, state.leader, state.leader_epoch)
+                log.info("%s: ZooKeeper names leader %d at epoch %d (ISR %s), unlike this replica's %s; taking it up",
+                         bucket, state.leader, state.leader_epoch, list(state.isr), what)
                 await self.apply(table, bucket)
 
     def _watching_followers(self) -> bool:

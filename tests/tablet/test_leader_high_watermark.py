@@ -221,3 +221,23 @@ async def test_the_lag_check_runs_often_only_while_a_follower_is_in_the_isr_or_j
     finally:
         await manager.stop()
         await replicas.stop_bucket(BUCKET)
+
+
+async def test_an_isr_change_whose_notice_never_came_is_taken_up_from_zookeeper(tmp_path: Path) -> None:
+    """Found by the nemesis (seed 423): the coordinator took a dead follower out of the ISR at the same
+    leader epoch, and its notice to the leader was lost (the leader's ZooKeeper connection dropped). The
+    leader, still counting the follower in, never let it join again when it came back. It now takes up
+    the ISR ZooKeeper holds, and the follower rejoins once caught up."""
+    async with leading(tmp_path) as leader:
+        leader.manager.start()
+        first = await append_durable(leader.replica, [1, 2])
+        states = leader.states
+        states.state, states.version = LeaderAndIsr(ME, 1, (ME, SECOND, THIRD), (ME,)), states.version + 1  # no notice
+        for _ in range(100):
+            if leader.manager._leading[BUCKET].state.isr == (ME,):
+                break
+            await asyncio.sleep(0.1)
+        assert leader.manager._leading[BUCKET].state.isr == (ME,)
+        leader.manager.on_follower_fetch(BUCKET, SECOND, first)  # back and caught up: it joins again
+        await asyncio.gather(*leader.manager._writes)
+        assert SECOND in states.state.isr
