@@ -4,7 +4,6 @@ lost — at start (removed while the server was down) or while the server runs."
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from strom.tablet.disk_guard import DiskWriteGuard
 from strom.tablet.replica import ReplicaManager
 from strom.tablet.replication import ReplicationManager
 from tests.log.test_log_tablet import DURABLE_EACH_APPEND, append, batch_bytes
-from tests.tablet.test_follower import LeaderLog, Registry
+from tests.tablet.test_follower import LeaderLog, Registry, fetched_up_to
 from tests.tablet.test_leader_high_watermark import BUCKET, ME, SECOND, GatedStates
 from tests.tablet.test_leader_high_watermark import TABLE as FOLLOWED
 
@@ -286,11 +285,7 @@ async def test_a_follower_refetches_a_bucket_lost_with_its_directory_from_the_le
     try:
         replica = replicas.replica(BUCKET)
         assert replica.directory.is_relative_to(a) and replica.offline is None, "started over in the online one"
-        for _ in range(100):
-            if replica.log.log_end_offset == 2:
-                break
-            await asyncio.sleep(0.02)
-        assert replica.log.log_end_offset == 2, "replication filled it in"
+        assert await fetched_up_to(replica, 2), "replication filled it in"
     finally:
         await manager.stop()
         replicas.close()

@@ -25,7 +25,7 @@ from strom.log.log_tablet import LogTablet
 from strom.membership.contract import LeaderAndIsr
 from strom.rpc.messages import pb
 from strom.rpc.peers import ServerNode
-from strom.tablet.replica import ReplicaManager
+from strom.tablet.replica import Replica, ReplicaManager
 from strom.tablet.replication import ReplicationManager
 from tests.log.test_log_tablet import DURABLE_EACH_APPEND, append, batch_bytes
 from tests.tablet.test_leader_high_watermark import BUCKET, ME, SECOND, TABLE, GatedStates
@@ -106,6 +106,15 @@ async def test_a_role_change_whose_notice_never_came_is_taken_up_from_zookeeper(
         await replicas.stop_bucket(BUCKET)
 
 
+async def fetched_up_to(replica: Replica, end: int) -> bool:
+    """Whether a follower's log reaches ``end`` within two seconds."""
+    for _ in range(100):
+        if replica.log.log_end_offset == end:
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
 class LeaderLog:
     """A leader answering follower fetches from a real log."""
 
@@ -136,10 +145,7 @@ async def test_a_follower_whose_disk_filled_up_fetches_on_once_there_is_room(tmp
     try:
         await leader_log.durable(append(leader_log, batch_bytes([1, 2])).next_offset)
         replica = replicas.replica(BUCKET)
-        for _ in range(100):
-            if replica.log.log_end_offset == 2:
-                break
-            await asyncio.sleep(0.02)
+        assert await fetched_up_to(replica, 2)
         disk = shutil.disk_usage(tmp_path)
         monkeypatch.setattr(shutil, "disk_usage", lambda _path: disk._replace(free=0))  # full: no reopening yet
         replica.log._fail(OSError(28, "No space left on device"))  # as a failed append leaves it
@@ -182,11 +188,7 @@ async def test_a_leader_told_to_follow_while_its_disk_is_full_follows_all_the_sa
         replica = replicas.replica(BUCKET)
         assert not replica.is_leader and BUCKET in manager._following
         await leader_log.durable(append(leader_log, batch_bytes([1, 2])).next_offset)
-        for _ in range(100):
-            if replica.log.log_end_offset == 2:
-                break
-            await asyncio.sleep(0.02)
-        assert replica.log.log_end_offset == 2, "it fetches from the leader"
+        assert await fetched_up_to(replica, 2), "it fetches from the leader"
     finally:
         monkeypatch.undo()
         await manager.stop()
