@@ -214,16 +214,27 @@ def replayed_database(directory: Path, config: KvConfig, database: BucketDatabas
     return BucketDatabase(open_rocksdb(directory / "rocksdb", config.rocksdb), vector_memtable=False)
 
 
-def _flush_and_close(db: KvDatabase, directory: Path) -> None:
-    """A closed tablet's database, flushed and closed off the loop (:meth:`KvTablet.close_soon`)."""
+def _flush_quietly(flush: Callable[[], None], directory: Path) -> None:
+    """A closing tablet's flush; a failure is logged (the changelog still covers what did not reach an SST)."""
     try:
-        db.flush()
-    except Exception as exc:  # the changelog still covers whatever did not reach an SST
+        flush()
+    except Exception as exc:
         log.warning("%s: flush on close failed: %s", directory, exc)
+
+
+def _close_quietly(db: KvDatabase, directory: Path) -> None:
+    """A closing tablet's RocksDB close; a failure is logged (one in an error state, a full disk, may fail
+    to close cleanly)."""
     try:
         db.close()
-    except Exception as exc:  # a RocksDB in an error state (disk full) may fail to close cleanly
+    except Exception as exc:
         log.warning("%s: RocksDB close failed: %s", directory, exc)
+
+
+def _flush_and_close(flush: Callable[[], None], db: KvDatabase, directory: Path) -> None:
+    """A closed tablet's database, flushed and closed off the loop (:meth:`KvTablet.close_soon`)."""
+    _flush_quietly(flush, directory)
+    _close_quietly(db, directory)
 
 
 @dataclass
@@ -1022,10 +1033,7 @@ class KvTablet:
     def _close_db(self) -> None:
         if self._cache is not None:
             self._cache.close(self._cache_token)
-        try:
-            self._db.close()
-        except Exception as exc:  # a RocksDB in an error state (disk full) may fail to close cleanly
-            log.warning("%s: RocksDB close failed: %s", self.directory, exc)
+        _close_quietly(self._db, self.directory)
 
     def _begin_close(self) -> bool:
         """Mark the tablet closed and stop following its log's high watermark; False if it was already."""
@@ -1042,10 +1050,7 @@ class KvTablet:
         if not self._begin_close():
             return
         if flush:
-            try:
-                self._flush_memtables()
-            except Exception as exc:  # the changelog still covers whatever did not reach an SST
-                log.warning("%s: flush on close failed: %s", self.directory, exc)
+            _flush_quietly(self._flush_memtables, self.directory)
         self._close_db()
 
     def close_soon(self, executor: Executor) -> Future[None]:
@@ -1060,7 +1065,7 @@ class KvTablet:
             return done
         if self._cache is not None:
             self._cache.close(self._cache_token)
-        return executor.submit(_flush_and_close, self._db, self.directory)
+        return executor.submit(_flush_and_close, self._flush_memtables, self._db, self.directory)
 
     def delete(self) -> None:
         self.close()
