@@ -196,10 +196,14 @@ class RowCache:
             bucket.old_bytes, bucket.young_bytes = bucket.young_bytes, 0
         self._old_bytes, self._young_bytes = self._young_bytes, 0
 
+    def replayed_rows(self) -> ReplayedRows:
+        """A collector for a replay off the loop, bounded by what one generation holds (:meth:`adopt`)."""
+        return ReplayedRows(self.capacity_bytes // 2)
+
     def adopt(self, token: int, rows: ReplayedRows) -> bool:
-        """Take whole, as a new bucket instance's young generation, the rows a replay into its empty RocksDB
-        collected off the loop (:class:`ReplayedRows`); True if kept, which leaves the bucket complete once
-        marked so. One dict handed over: the loop does not put the rows one by one."""
+        """Take whole, as a new bucket instance's young generation, the rows its changelog replay collected
+        off the loop (:class:`ReplayedRows`); True if kept (a bucket whose RocksDB was empty is complete then,
+        once marked so). One dict handed over: the loop does not put the rows one by one."""
         if not self.capacity_bytes or token in self._bypass or rows.overflowed or token in self._buckets:
             return False
         half = self.capacity_bytes // 2
@@ -226,10 +230,10 @@ class RowCache:
 
 
 class ReplayedRows:
-    """The current rows of a bucket whose changelog replays into an empty RocksDB on its opener thread (a
-    follower that now leads, without a snapshot), collected there in a dict of its own as the cache would
-    hold them, for :meth:`RowCache.adopt`. Past ``limit_bytes`` (what a cache generation may hold) they are
-    dropped: the bucket then cannot be complete."""
+    """The rows a bucket's changelog replay on its opener thread writes (a follower that now leads, a crashed
+    bucket), collected there in a dict of its own as the cache would hold them, for :meth:`RowCache.adopt`
+    (:meth:`RowCache.replayed_rows` makes one). Past ``limit_bytes`` (what a cache generation may hold) they
+    are dropped: the bucket then starts without them, and one whose RocksDB was empty cannot be complete."""
 
     __slots__ = ("limit_bytes", "overflowed", "rows", "size_bytes")
 

@@ -137,9 +137,8 @@ class RemoteLogManager:
         async with self._lock:
             # a bucket never written has nothing to copy
             hosted = [r for r in self._replicas.hosted() if not r.stopped and (r.is_open or r.directory.exists())]
-            opening = self._replicas.open_soon((r.bucket for r in hosted if not r.is_open), background=True)
-            if opening is not None:
-                await opening  # on threads of their own: the loop serves requests meanwhile, theirs open first
+            # on threads of their own: the loop serves requests meanwhile, theirs open first
+            await self._replicas.opened((r.bucket for r in hosted if not r.is_open), background=True)
             for replica in hosted:
                 if replica.stopped:
                     continue

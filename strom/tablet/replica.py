@@ -58,7 +58,7 @@ from strom.kv.kv_tablet import (
     reset_instance_id,
 )
 from strom.kv.rocksdb import RocksDbOptions
-from strom.kv.row_cache import ReplayedRows, RowCache, default_capacity_bytes
+from strom.kv.row_cache import RowCache, default_capacity_bytes
 from strom.kv.row_format import TableRowFormat
 from strom.kv.snapshot import CompletedKvSnapshot, download_snapshot
 from strom.log.log_tablet import LogConfig, LogTablet
@@ -118,7 +118,7 @@ def _open_ahead(log_dir: Path | None, log_config: LogConfig, kv_dir: Path | None
             restore(changelog, kv_dir)
         database = open_bucket_database(kv_dir, kv_config, row_cache) if kv_dir is not None else None
         if replay_with is not None and changelog is not None and database is not None and kv_dir is not None:
-            rows = ReplayedRows(row_cache.capacity_bytes // 2)
+            rows = row_cache.replayed_rows()
             if changelog_replay.catch_up_opened(database, changelog, replay_with, rows.add):
                 database = replayed_database(kv_dir, kv_config, database, rows)
         return _OpenedAhead(log_tablet, database)
@@ -747,6 +747,12 @@ class ReplicaManager:
                 opening.append(replica)
         # shielded: a request cancelled while it waits must not cancel the opens that other requests await
         return asyncio.shield(asyncio.ensure_future(_opened_ahead(opening))) if opening else None
+
+    async def opened(self, buckets: Iterable[TableBucket], *, background: bool = False) -> None:
+        """:meth:`open_soon`, waited for: done once each of ``buckets`` that opens on a thread is open there."""
+        opening = self.open_soon(buckets, background=background)
+        if opening is not None:
+            await opening
 
     def once_open(self, buckets: Iterable[TableBucket], answer: Callable[[], _T]) -> _T | Awaitable[_T]:
         """``answer()`` now, or, where some of ``buckets`` open on threads first (:meth:`open_soon`), a

@@ -232,9 +232,7 @@ class ReplicationManager:
         # The KV state catches up from the log, holding what the followers lack: its snapshot's restore and
         # the changelog's replay run on a thread, while the loop serves the server's other buckets and the
         # followers' fetches of this one (its writes and lookups wait for it, as a request's opening does).
-        opening = self._replicas.open_soon([bucket])
-        if opening is not None:
-            await opening
+        await self._replicas.opened([bucket])
         replica.open()
         log.info("%s: leading at epoch %d (ISR %s)", bucket, state.leader_epoch, list(state.isr))
 
@@ -261,9 +259,7 @@ class ReplicationManager:
         except (OSError, StromError) as exc:  # a full disk: the once-a-second checkpoint writes it when there is room
             log.warning("%s: recording the high watermark failed (%s); following all the same", bucket, exc)
         if replica.keeps_standby:  # the state reopens as a standby, off the loop too, once its close is done
-            opening = self._replicas.open_soon([bucket])
-            if opening is not None:
-                await opening
+            await self._replicas.opened([bucket])
         replica.open()
         following = self._following[bucket] = _Following(replica, state.leader, state.leader_epoch)
         if replica.log.high_watermark < replica.log.log_end_offset:

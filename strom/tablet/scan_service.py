@@ -75,9 +75,7 @@ class ScanKvService:
     def scan_kv(self, request: Any, context: Any) -> Any:
         if not request.HasField("bucket_scan_req"):
             return self._scan_answer(request, context)
-        scan_request = request.bucket_scan_req
-        partition_id = scan_request.partition_id if scan_request.HasField("partition_id") else None
-        bucket = TableBucket(scan_request.table_id, scan_request.bucket_id, partition_id)
+        bucket = _scanned_bucket(request.bucket_scan_req)
         return self._replicas.once_open([bucket], lambda: self._scan_answer(request, context))
 
     def _scan_answer(self, request: Any, context: Any) -> Any:
@@ -115,8 +113,7 @@ class ScanKvService:
     def _open(self, scan_request: Any, call_seq_id: int, batch_size: int, owner: int | None) -> Any:
         if call_seq_id != 0:
             raise InvalidScanRequestError(f"Out-of-order scan request: expected callSeqId=0 but got {call_seq_id}.")
-        partition_id = scan_request.partition_id if scan_request.HasField("partition_id") else None
-        bucket = TableBucket(scan_request.table_id, scan_request.bucket_id, partition_id)
+        bucket = _scanned_bucket(scan_request)
         kv = self._replicas.get(bucket).kv  # 21 unknown bucket, 20 log table
         self.scanners.check_capacity(bucket)
         limit = scan_request.limit if scan_request.HasField("limit") else None
@@ -189,3 +186,9 @@ def _error_response(exc: Exception, request: Any) -> Any:
     if request.HasField("scanner_id"):
         response.scanner_id = request.scanner_id
     return response
+
+
+def _scanned_bucket(scan_request: Any) -> TableBucket:
+    """The bucket a ScanKv that opens a scanner names."""
+    partition_id = scan_request.partition_id if scan_request.HasField("partition_id") else None
+    return TableBucket(scan_request.table_id, scan_request.bucket_id, partition_id)

@@ -12,7 +12,7 @@ import pytest
 from strom.kv import changelog_replay
 from strom.kv.changelog_replay import APPLIED_OFFSET_KEY, ROW_COUNT_KEY, read_meta_int
 from strom.kv.kv_tablet import BucketDatabase, KvTablet, open_bucket_database, replayed_database
-from strom.kv.row_cache import ReplayedRows, RowCache
+from strom.kv.row_cache import RowCache
 from strom.log.log_tablet import LogTablet
 from tests.kv.test_kv_tablet import LOG_CONFIG, Bucket
 
@@ -95,7 +95,7 @@ async def _replayed_into_a_new_rocksdb(directory: Path, cache: RowCache) -> tupl
     shutil.rmtree(directory / "kv")
     log, database = _opened(directory, bucket, cache)
     assert database.vector_memtable
-    rows = ReplayedRows(cache.capacity_bytes // 2)
+    rows = cache.replayed_rows()
     assert changelog_replay.catch_up_opened(database, log, bucket.format, rows.add) > 0
     return bucket, log, replayed_database(directory / "kv", bucket.config, database, rows)
 
@@ -148,7 +148,7 @@ async def test_a_crashed_buckets_replayed_rows_are_in_its_row_cache(tmp_path: Pa
     cache = RowCache(64 << 20)
     log, database = _opened(tmp_path / "bucket", bucket, cache)
     assert not database.vector_memtable
-    rows = ReplayedRows(cache.capacity_bytes // 2)
+    rows = cache.replayed_rows()
     updates, deletes = len(range(0, 300, 3)), len(range(1, 300, 7))
     assert changelog_replay.catch_up_opened(database, log, bucket.format, rows.add) == updates + deletes
     kv = KvTablet(tmp_path / "bucket" / "kv", log, bucket.format, bucket.config, row_cache=cache,

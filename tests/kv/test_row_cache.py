@@ -90,7 +90,7 @@ def test_rows_collected_off_the_loop_are_adopted_whole_within_a_generation() -> 
     cache = RowCache(PER_ENTRY * 40)
     other = cache.register()
     cache.put_many(other, [key(i) for i in range(15)], [b"o" * 100] * 15)
-    rows = row_cache.ReplayedRows(cache.capacity_bytes // 2)
+    rows = cache.replayed_rows()
     rows.add([key(i) for i in range(12)], [b"x" * 100] * 12)
     rows.add([key(3), key(4)], [None, b"y" * 100])  # later writes win; a delete drops the row
     assert not rows.overflowed and len(rows.rows) == 11
