@@ -9,7 +9,8 @@ recovered by replaying the changelog from its applied offset.
 
 Not thread-safe: every method runs on the server's event loop. The blocking I/O runs off it: the log
 fsync in a worker thread inside LogTablet, and (with the native RocksDB binding) RocksDB's writes, and the
-reads of lookups that the row cache cannot answer, on the writer threads without the GIL.
+reads that the row cache cannot answer (of lookups, and of puts' old values: :meth:`KvTablet.read_ahead`),
+on the writer threads without the GIL.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from strom.kv.merge import options as merge_options
 from strom.kv.merge.options import DeleteBehavior, MergeOptions
 from strom.kv.merge.row_merger import create_row_merger
 from strom.kv.missing_keys import MissingKeyRows
+from strom.kv.read_ahead import ReadAhead, ReadAheads
 from strom.kv.rocksdb import (
     KvDatabase,
     RocksDbOptions,
@@ -325,6 +327,8 @@ class KvTablet:
         self._pending_index: dict[bytes, bytes | None] | None = None
         self._pending_bytes = 0
         """What the pending batches weigh (their requests' bytes): the pre-write buffer's memory debt."""
+        self.reads_ahead = ReadAheads()
+        """Puts' old values being read on the writer before their turn (:meth:`read_ahead`)."""
         self.backpressure = BucketBackpressure(self._read_property, config.backpressure)
         self._applied_offset = read_meta_int(self._db, APPLIED_OFFSET_KEY)
         self._row_count = read_meta_int(self._db, ROW_COUNT_KEY)
@@ -526,12 +530,14 @@ class KvTablet:
         size_bytes: int = 0,
         *,
         overwrite: bool = False,
+        ahead: ReadAhead | None = None,
     ) -> AppendResult:
         """Turn one request's records into a changelog batch and append it; values wait in the pre-write
         buffer until the log's high watermark passes them (:meth:`acknowledgement` waits for that).
         ``size_bytes``: the records' size on the wire (what they weigh in the pre-write buffer);
         ``overwrite``: bypass the table's merge engine, each row replacing the stored one and deletes always
-        allowed (Fluss's ``agg_mode`` OVERWRITE, which writers use to undo what they wrote).
+        allowed (Fluss's ``agg_mode`` OVERWRITE, which writers use to undo what they wrote); ``ahead``: the
+        keys' old values, read before (:meth:`read_ahead`).
 
         Raises DuplicateSequenceError / OutOfOrderSequenceError (nothing written) for a replayed or
         skipped writer sequence, RequestTimeoutError (retriable) for a replay whose original is not applied
@@ -556,14 +562,14 @@ class KvTablet:
         old_values: list[bytes | None] | None = None  # read once, by whichever step needs them first
         if self._auto_increment is not None:
             self._auto_increment.spec.check_target_columns(target_columns)
-            old_values = self._current_values(keys)
+            old_values = self._current_values(keys, ahead)
             values = self._auto_increment.assign(keys, values, old_values, deletes_remove=not ignore_deletes)
         prefix = SCHEMA_ID.pack(schema_id)
         if merger is not None or target_columns:  # rows decoded and merged per row, in Python
             rule = (merger.configure(target_columns) if merger is not None
                     else self._partial(target_columns or ()))
             change_types, rows, new_keys, new_values = changelog.emit(
-                keys, values, old_values if old_values is not None else self._current_values(keys), prefix, rule,
+                keys, values, old_values if old_values is not None else self._current_values(keys, ahead), prefix, rule,
                 ignore_deletes=ignore_deletes, wal_image=self._wal,
             )
         elif self._wal:
@@ -571,7 +577,7 @@ class KvTablet:
                 keys, values, prefix, ignore_deletes, lambda key: self._current_values([key])[0]
             )
         else:
-            old_values = self._current_values(keys)
+            old_values = self._current_values(keys, ahead)
             change_types, rows, new_keys, new_values = changelog.emit_full_rows(
                 keys, values, old_values, prefix, ignore_deletes
             )
@@ -613,13 +619,60 @@ class KvTablet:
             keys, rows, self._format.schema_id, self._missing_rows.target_columns, NO_WRITER_ID, NO_WRITER_ID, now_ms
         )
 
+    def read_ahead(self, keys: Sequence[bytes], target_columns: Sequence[int] | None, *,
+                   overwrite: bool = False) -> ReadAhead | None:
+        """Begin getting the old values that a put of ``keys`` will plan from (:mod:`strom.kv.read_ahead`):
+        the row cache's now, and where it lacks :data:`OFF_LOOP_READ_MIN_KEYS` or more, RocksDB's on a
+        writer thread without the GIL; the put awaits ``reading`` (if any), then hands the result to
+        :meth:`prepare_put`, and releases it in any case. None where the put reads no old values (a ``WAL``
+        changelog image without merging) or cannot read them off the loop (no writer, rocksdict)."""
+        if self.failed is not None or self._closed or self.standby:
+            return None
+        if (self._wal and self._auto_increment is None and not target_columns
+                and (overwrite or self._merger is None)):
+            return None  # planned without old values (emit_wal_full_rows)
+        loop = _running_loop() if self._writer is not None and reads_off_loop_safe(self._db) else None
+        if loop is None:
+            return None
+        floor = self._applied_offset
+        cached = self._cached_values(keys)
+        if (len(keys) if cached is None else len(cached[1])) < OFF_LOOP_READ_MIN_KEYS:
+            return self.reads_ahead.begin(keys, floor, None, self._finish_read(keys, cached, fill_cache=False))
+        self._make_readable()  # on the loop, before any read: it may reopen the database
+        missing_keys = list(keys) if cached is None else [keys[position] for position in cached[1]]
+        assert self._writer is not None
+        reading = asyncio.wrap_future(self._writer.submit(_read_database, self._db, missing_keys), loop=loop)
+        ready: asyncio.Future[None] = loop.create_future()
+        ahead = self.reads_ahead.begin(keys, floor, ready, None)
+
+        def read(done: asyncio.Future[list[bytes | None]]) -> None:
+            try:  # a failed read leaves no values: the put reads on the loop, and meets the failure there
+                if self._closed or done.cancelled() or done.exception() is not None:
+                    return
+                found = done.result()
+                if cached is not None:
+                    values, missing = cached
+                    self._place_read(values, missing, missing_keys, found, fill_cache=False)
+                    found = values
+                if ahead.generation >= 0:  # not released meanwhile
+                    ahead.values = found
+            finally:
+                if not ready.done():  # cancelled where its request went away
+                    ready.set_result(None)
+
+        reading.add_done_callback(read)
+        return ahead
+
     def _partial(self, target_columns: Sequence[int]) -> changelog.PartialUpdate:
         owned = self._auto_increment.spec.column_index if self._auto_increment is not None else None
         return changelog.PartialUpdate(self._format, target_columns, owned)
 
-    def _current_values(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Latest values including the pre-write buffer (what the changelog must compare against)."""
-        values = self._read_values(keys, fill_cache=False)  # the put writes the new values through next
+    def _current_values(self, keys: Sequence[bytes], ahead: ReadAhead | None = None) -> list[bytes | None]:
+        """Latest values including the pre-write buffer (what the changelog must compare against); from
+        ``ahead`` where it read them."""
+        values = self.reads_ahead.take(ahead, keys) if ahead is not None else None
+        if values is None:
+            values = self._read_values(keys, fill_cache=False)  # the put writes the new values through next
         if self._pending:
             index = self._pending_index
             if index is None:
@@ -773,6 +826,7 @@ class KvTablet:
             self._cache_writes += 1
             for pending in self._pending[:durable_count]:
                 self._cache.put_many(self._cache_token, pending.keys, pending.values)
+        self.reads_ahead.applied(self._pending[:durable_count])
         self._pending_bytes -= sum(pending.size_bytes for pending in self._pending[:durable_count])
         del self._pending[:durable_count]
         # The index stays valid: an entry whose write is now applied is that key's latest write, which is what
@@ -828,15 +882,16 @@ class KvTablet:
             self._apply_committed()
 
     def stage_put(self, batches: Sequence[KvBatch], target_columns: Sequence[int] | None, now_ms: int,
-                  *, overwrite: bool = False) -> StagedPut:
+                  *, overwrite: bool = False, ahead: ReadAhead | None = None) -> StagedPut:
         """One PutKv's batches of this bucket, appended in order up to the first that fails; the wait for
-        them to be committed and applied is requested at once (:meth:`acknowledgement`)."""
+        them to be committed and applied is requested at once (:meth:`acknowledgement`). ``ahead``: the old
+        values of one batch's keys, read before (:meth:`read_ahead`)."""
         result: AppendResult | None = None
         try:
             for batch in batches:
                 result = self.prepare_put(batch.keys, batch.values, batch.schema_id, target_columns,
                                           batch.writer_id, batch.batch_sequence, now_ms, batch.size_bytes,
-                                          overwrite=overwrite)
+                                          overwrite=overwrite, ahead=ahead)
         except Exception as exc:
             error: BaseException | None = exc
         else:

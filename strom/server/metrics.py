@@ -163,7 +163,8 @@ class StromCollector(Collector):
 
     def _backpressure_families(self, open_buckets: list[Replica]) -> Iterator[Metric]:
         """Per primary-key table: the highest pressure its buckets last answered, the puts refused for
-        their write budget, and what their pre-write buffers hold (strom/kv/backpressure.py)."""
+        their write budget, what their pre-write buffers hold (strom/kv/backpressure.py), and the puts
+        whose old values were read ahead."""
         pressure = GaugeMetricFamily(
             "strom_kv_backpressure_pressure",
             "The highest back-pressure signal a bucket of the table last answered a put with (0 to 1).",
@@ -178,22 +179,30 @@ class StromCollector(Collector):
             "Bytes of changelog batches appended and not in RocksDB yet (waiting for the high watermark).",
             labels=["table"],
         )
-        per_table: dict[int, tuple[float, int, int]] = {}
+        reads_ahead = CounterMetricFamily(
+            "strom_kv_reads_ahead",
+            "Puts whose old values the row cache lacked, read from RocksDB on a writer thread before their turn "
+            "(strom/kv/read_ahead.py), since the buckets opened.", labels=["table"],
+        )
+        per_table: dict[int, tuple[float, int, int, int]] = {}
         for replica in open_buckets:
             kv = replica.kv_if_open
             if kv is None or kv.standby:
                 continue
-            high, refused, held = per_table.get(replica.table.table_id, (0.0, 0, 0))
+            high, refused, held, read = per_table.get(replica.table.table_id, (0.0, 0, 0, 0))
             per_table[replica.table.table_id] = (max(high, kv.backpressure.last_pressure),
-                                                 refused + kv.backpressure.rejections, held + kv.buffered_bytes)
-        for table_id, (high, refused, held) in sorted(per_table.items()):
+                                                 refused + kv.backpressure.rejections, held + kv.buffered_bytes,
+                                                 read + kv.reads_ahead.read)
+        for table_id, (high, refused, held, read) in sorted(per_table.items()):
             name = self._table_name(table_id)
             pressure.add_metric([name], high)
             rejections.add_metric([name], refused)
             buffered.add_metric([name], held)
+            reads_ahead.add_metric([name], read)
         yield pressure
         yield rejections
         yield buffered
+        yield reads_ahead
 
     def _standby_families(self, open_buckets: list[Replica]) -> Iterator[Metric]:
         """Per primary-key table with standby replicas: the followers here that keep its state warm, and how

@@ -3,10 +3,10 @@
 A PutKv request appends its batches to the buckets' logs in the same loop turn it arrives in, so the
 requests of a connection reach each bucket's log in the order they were sent: a writer's batches to a
 bucket carry consecutive sequence numbers, and one that overtook the batch before it would be refused as
-out of order. A request whose buckets are opening (``ReplicaManager.open_soon``) waits for them instead,
-leaving the event loop to the server's other clients; from then on, every PutKv that arrives for one of
-its buckets waits for its turn behind it, until none waits there. Requests for other buckets go on as
-they arrive.
+out of order. A request whose buckets are opening (``ReplicaManager.open_soon``), or whose old values are read
+on a writer thread (``KvTablet.read_ahead``), waits for them instead, leaving the event loop to the server's
+other clients; from then on, every PutKv that arrives for one of its buckets waits for its turn behind it,
+until none waits there. Requests for other buckets go on as they arrive.
 """
 
 from __future__ import annotations

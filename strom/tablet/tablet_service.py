@@ -31,11 +31,12 @@ from strom.errors import (
 )
 from strom.ids import TableBucket
 from strom.kv.kv_tablet import KvTablet, StagedPut
+from strom.kv.read_ahead import ReadAhead
 from strom.log.log_tablet import EARLIEST_OFFSET, AppendResult, LogTablet, ReadResult
 from strom.metadata.table_info import TableInfo
 from strom.records import log_batch
 from strom.records.batch_filter import BatchFilter
-from strom.records.kv_batch import build_value_batch, parse_kv_batches
+from strom.records.kv_batch import KvBatch, build_value_batch, parse_kv_batches
 from strom.remote.s3_credentials import S3TokenProvider
 from strom.rpc import lookup_wire
 from strom.rpc.messages import pb
@@ -93,6 +94,12 @@ def _joined(entries: list[bytes | Awaitable[bytes]]) -> bytes | Awaitable[bytes]
 
 async def _joined_once_read(entries: list[bytes | Awaitable[bytes]]) -> bytes:
     return b"".join([entry if isinstance(entry, bytes) else await entry for entry in entries])
+
+
+async def _both(first: Awaitable[Any] | None, second: Awaitable[Any]) -> None:
+    if first is not None:
+        await first
+    await second
 
 
 async def _entry_once_read(bucket: TableBucket, found: Awaitable[list[bytes | None]]) -> bytes:
@@ -225,11 +232,15 @@ class TabletService:
         results = await asyncio.gather(*(self._produced(*entry, request.acks) for entry in appended))
         return pb.ProduceLogResponse(buckets_resp=results)
 
-    async def _appended_in_order(self, buckets: list[TableBucket], append: Callable[[], _T]) -> _T:
+    async def _appended_in_order(self, buckets: list[TableBucket], append: Callable[[], _T],
+                                 reading: Awaitable[Any] | None = None) -> _T:
         """``append()`` now, or, while any of ``buckets`` opens or waits for a request that arrived before,
-        once the buckets are open and the requests before have appended (:mod:`strom.tablet.arrival_order`).
+        once the buckets are open and the requests before have appended (:mod:`strom.tablet.arrival_order`);
+        ``reading``: the request's reads ahead (:meth:`KvTablet.read_ahead`), awaited in its turn too.
         Unopened buckets open on threads meanwhile, and the event loop serves the server's other clients."""
         opening = self._replicas.open_soon(buckets)
+        if reading is not None:
+            opening = asyncio.ensure_future(_both(opening, reading))
         if not self._append_order.must_wait(buckets, opening):
             return append()
         async with self._append_order.turn(buckets, opening):
@@ -467,18 +478,47 @@ class TabletService:
         knows_backpressure = getattr(context, "api_version", PUT_KV_VERSION_WITH_BACKPRESSURE) >= \
             PUT_KV_VERSION_WITH_BACKPRESSURE
         buckets = [_bucket(request.table_id, b) for b in request.buckets_req]
-        staged = await self._appended_in_order(buckets, lambda: [
-            self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure)
-            for b in request.buckets_req
-        ])
+        aheads = [self._read_ahead(bucket, b, target_columns, overwrite)
+                  for bucket, b in zip(buckets, request.buckets_req, strict=True)]
+        readings = [ahead.reading for _batches, ahead in filter(None, aheads) if ahead.reading is not None]
+        try:
+            staged = await self._appended_in_order(buckets, lambda: [
+                self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure,
+                                ahead)
+                for b, ahead in zip(request.buckets_req, aheads, strict=True)
+            ], asyncio.gather(*readings) if readings else None)
+        finally:
+            for entry in aheads:
+                if entry is not None:
+                    entry[1].release()
         return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry, request.acks) for entry in staged])
+
+    def _read_ahead(self, bucket: TableBucket, bucket_request: Any, target_columns: list[int], overwrite: bool,
+                    ) -> tuple[list[KvBatch], ReadAhead] | None:
+        """A bucket's batch, parsed, and its old values being read (:meth:`KvTablet.read_ahead`), where the
+        bucket is open and its request holds one batch; None otherwise, and wherever something is wrong:
+        :meth:`_stage_put` meets it and answers it."""
+        try:
+            replica = self._replicas.replica(bucket)  # opens nothing: a bucket still to open reads as it opens
+            kv = replica.kv_if_open
+            if kv is None or not replica.writable_open or not replica.is_leader:
+                return None
+            batches = parse_kv_batches(bucket_request.records)
+            if len(batches) != 1:
+                return None
+            ahead = kv.read_ahead(batches[0].keys, target_columns, overwrite=overwrite)
+        except Exception:
+            return None
+        return None if ahead is None else (batches, ahead)
 
     def _stage_put(
         self, table_id: int, bucket_request: Any, target_columns: list[int], acks: int = ACKS_ALL,
         overwrite: bool = False, knows_backpressure: bool = True,
+        ahead: tuple[list[KvBatch], ReadAhead] | None = None,
     ) -> tuple[Any, StagedPut, TableBucket, KvTablet | None]:
         """One bucket's answer-to-be, its batches handed to the tablet (which appends them and drives their
-        commit and apply), and the tablet (None when the put was refused before it)."""
+        commit and apply), and the tablet (None when the put was refused before it). ``ahead``: the batches
+        parsed, and their old values read, before the request's turn (:meth:`_read_ahead`)."""
         bucket = _bucket(table_id, bucket_request)
         response = pb.PbPutKvRespForBucket(bucket_id=bucket.bucket)
         _echo_partition(response, bucket)
@@ -487,7 +527,7 @@ class TabletService:
             kv = replica.kv
             if target_columns:
                 replica.validate_target_columns(target_columns)
-            batches = parse_kv_batches(bucket_request.records)
+            batches = parse_kv_batches(bucket_request.records) if ahead is None else ahead[0]
             if not batches:
                 raise CorruptRecordError("PutKv carried no kv record batch")
             self._check_writable(bucket, acks)
@@ -497,7 +537,8 @@ class TabletService:
             return response, StagedPut(None, None, refusal), bucket, None
         except Exception as exc:
             return response, StagedPut(None, None, exc), bucket, None
-        staged = kv.stage_put(batches, target_columns, self._clock.now_ms(), overwrite=overwrite)
+        staged = kv.stage_put(batches, target_columns, self._clock.now_ms(), overwrite=overwrite,
+                              ahead=None if ahead is None else ahead[1])
         return response, staged, bucket, kv
 
     async def _finish_put(

@@ -1,0 +1,130 @@
+"""A put's old values read before its turn: RocksDB's multi-get on a writer thread, the event loop serving
+meanwhile.
+
+A FULL-changelog put (or one that merges, updates some columns, or assigns ids) needs each key's current
+value. Where the row cache lacks most keys, reading them from RocksDB took ~60 % of a tablet server's event
+loop in a cache-cold update (py-spy, docs/benchmarks.md), time in which it planned nothing else although
+the read holds no GIL. :meth:`KvTablet.read_ahead <strom.kv.kv_tablet.KvTablet.read_ahead>` starts that read
+on a writer thread when the request arrives; the request then waits for it in its bucket's arrival order
+(strom/tablet/arrival_order.py) and plans its batch from the values read.
+
+Why the values are right at the put although other writes go on meanwhile: the read starts from what the
+cache holds and RocksDB has, which reflects every batch below the bucket's applied offset at the start (the
+*floor*); batches at or above it may or may not be in what was read. At the put, every batch from the floor
+on is laid over the values, in log order: those applied meanwhile (kept here while a read ahead needs them)
+and those still in the pre-write buffer. A batch's values are whole stored rows, so laying one over values
+that already reflect it changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from strom.kv import kv_loops
+
+RETAINED_KEYS_MAX = 1 << 20
+"""Keys of applied batches kept for the reads ahead in flight. Past it the reads in flight are dropped (their
+puts read on the loop, as before): a read that never ends must not keep a bucket's writes in memory."""
+
+
+class AppliedBatch(Protocol):
+    """A changelog batch whose values went into RocksDB (the pre-write buffer's entries)."""
+
+    @property
+    def next_offset(self) -> int: ...
+
+    @property
+    def keys(self) -> list[bytes]: ...
+
+    @property
+    def values(self) -> list[bytes | None]: ...
+
+
+@dataclass(slots=True, eq=False)
+class ReadAhead:
+    """One put's old values, read ahead of its turn (:class:`ReadAheads`)."""
+
+    owner: ReadAheads
+    keys: Sequence[bytes]
+    """The put's keys: the batch it was started for, the same list object."""
+    floor: int
+    """The bucket's applied offset when the read began: batches from it on are laid over :attr:`values`."""
+    generation: int
+    reading: asyncio.Future[Any] | None
+    """The read on the writer thread; None where the cache (and a few gets on the loop) answered at once."""
+    values: list[bytes | None] | None = None
+    """The keys' values as cached or read (None while read, where the read failed, or once taken)."""
+
+    def release(self) -> None:
+        """The put is planned, or will not be: the applied batches kept for this read may go."""
+        self.owner.release(self)
+
+
+class ReadAheads:
+    """A bucket's reads ahead in flight and the applied batches they must still see. Owned by the event loop."""
+
+    def __init__(self) -> None:
+        self._floors: list[int] = []
+        """The floors of the reads in flight, in the order they began (so ascending)."""
+        self._retained: list[AppliedBatch] = []
+        self._retained_keys = 0
+        self._generation = 0
+        self.read = 0
+        """Reads ahead that went to RocksDB on a writer thread (the metric ``strom_kv_reads_ahead``)."""
+        self.stale = 0
+        """Reads ahead dropped before their put used them (:data:`RETAINED_KEYS_MAX`)."""
+
+    def begin(self, keys: Sequence[bytes], floor: int, reading: asyncio.Future[Any] | None,
+              values: list[bytes | None] | None) -> ReadAhead:
+        self._floors.append(floor)
+        self.read += reading is not None
+        return ReadAhead(self, keys, floor, self._generation, reading, values)
+
+    def release(self, ahead: ReadAhead) -> None:
+        ahead.values = None
+        if ahead.generation != self._generation:
+            return  # dropped already
+        ahead.generation = -1
+        self._floors.remove(ahead.floor)
+        if not self._floors:
+            self._retained.clear()
+            self._retained_keys = 0
+            return
+        lowest = self._floors[0]
+        kept = [batch for batch in self._retained if batch.next_offset > lowest]
+        if len(kept) != len(self._retained):
+            self._retained = kept
+            self._retained_keys = sum(len(batch.keys) for batch in kept)
+
+    def applied(self, batches: Sequence[AppliedBatch]) -> None:
+        """``batches`` went into RocksDB and leave the pre-write buffer: kept while a read ahead may not
+        reflect them."""
+        if not self._floors:
+            return
+        self._retained.extend(batches)
+        self._retained_keys += sum(len(batch.keys) for batch in batches)
+        if self._retained_keys > RETAINED_KEYS_MAX:
+            self.stale += len(self._floors)
+            self._generation += 1
+            self._floors.clear()
+            self._retained.clear()
+            self._retained_keys = 0
+
+    def take(self, ahead: ReadAhead, keys: Sequence[bytes]) -> list[bytes | None] | None:
+        """The values of ``keys`` as of now, save the pre-write buffer (the caller lays it over them, as over
+        any read): ``ahead``'s values with every batch applied since its floor laid over them. None where
+        ``ahead`` is not of these keys, was dropped, or its read failed: the caller reads as usual."""
+        values = ahead.values
+        if values is None or ahead.keys is not keys or ahead.owner is not self or ahead.generation != self._generation:
+            return None
+        ahead.values = None
+        index: dict[bytes, bytes | None] = {}
+        for batch in self._retained:
+            if batch.next_offset > ahead.floor:
+                kv_loops.index_update(index, batch.keys, batch.values)
+        if index:
+            kv_loops.overlay(values, keys, index)
+        return values

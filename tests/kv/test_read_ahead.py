@@ -1,0 +1,297 @@
+"""A put's old values read ahead on a writer thread (strom/kv/read_ahead.py): the put plans from them
+exactly the changelog it would plan reading on the loop, whatever was applied, buffered or dropped while
+the read was in flight.
+
+The writer holds the reads where a test needs an order of events (``HeldReads``), so nothing is timed.
+The tests run on the native binding, the suite's; with rocksdict (whose close does not wait for a read on
+another thread) nothing is read ahead, and the put reads on the loop as before (the last test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+
+from strom.kv import kv_tablet, read_ahead, rocksdb
+from strom.kv.read_ahead import ReadAhead
+from tests.kv.test_kv_tablet import NO_WRITER, T0_MS
+from tests.kv.test_kv_tablet_writer import HOLD_S, CachedWriterBucket, HeldReads, write_and_reopen
+
+pytestmark = pytest.mark.asyncio
+
+Record = tuple[int, tuple[str | None, int | None] | None]
+
+
+@pytest.fixture(autouse=True)
+def native_binding() -> None:
+    assert rocksdb.binding() == "native", "reads ahead need the native binding, which the suite builds"
+
+
+def _put_args(bucket: CachedWriterBucket, records: list[Record]) -> tuple[list[bytes], list[bytes | None]]:
+    keys = [bucket.key(id_) for id_, _value in records]
+    return keys, [None if value is None else bucket.row(id_, *value) for id_, value in records]
+
+
+async def _planned(bucket: CachedWriterBucket, keys: list[bytes], values: list[bytes | None],
+                   ahead: ReadAhead | None, *, on_loop: bool = True) -> int:
+    """The put planned from ``ahead`` once its read is done (``on_loop=False``: reading RocksDB on the loop
+    fails the test), released, and acknowledged; its end offset."""
+    try:
+        if ahead is not None and ahead.reading is not None:
+            await ahead.reading
+        if on_loop:
+            result = bucket.kv.prepare_put(keys, values, 1, None, NO_WRITER, -1, T0_MS, ahead=ahead)
+        else:
+            with patch.object(kv_tablet, "_read_database", side_effect=AssertionError("RocksDB read on the loop")):
+                result = bucket.kv.prepare_put(keys, values, 1, None, NO_WRITER, -1, T0_MS, ahead=ahead)
+    finally:
+        if ahead is not None:
+            ahead.release()
+    await bucket.kv.acknowledgement(result)
+    return result.next_offset
+
+
+async def test_a_put_whose_cache_lacks_its_keys_reads_them_on_a_writer_thread(tmp_path: Path) -> None:
+    """The read waits on the writer while the loop acknowledges another put; the put then plans from it
+    without touching RocksDB on the loop, and its changelog holds each key's stored row as -U."""
+    held = HeldReads(hold_after_read=False)
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        await write_and_reopen(bucket, 100)  # in RocksDB, none in the new instance's cache
+        keys, values = _put_args(bucket, [(id_, ("v2", -id_)) for id_ in range(100)])
+        ahead = bucket.kv.read_ahead(keys, None)
+        assert ahead is not None and ahead.reading is not None
+        assert await asyncio.to_thread(held.holding.wait, HOLD_S)
+        await bucket.put_acknowledged((500, ("other", 1)))  # the loop goes on meanwhile
+        assert not ahead.reading.done()
+        held.release.set()
+        end = await _planned(bucket, keys, values, ahead, on_loop=False)
+        assert bucket.kv.reads_ahead.read == 1
+        assert [(change, row) for _offset, change, row in bucket.changelog(end - 200)] == [
+            entry for id_ in range(100)
+            for entry in (("UPDATE_BEFORE", (id_, "v1", id_)), ("UPDATE_AFTER", (id_, "v2", -id_)))
+        ]
+        assert bucket.kv.row_count == 101
+    finally:
+        held.release.set()
+        bucket.close()
+        held.shutdown(wait=True)
+
+
+async def test_writes_applied_while_the_read_is_in_flight_are_laid_over_what_it_read(
+        tmp_path: Path) -> None:
+    """The read has RocksDB's rows, then (before its result reaches the loop) a put updates key 5 and deletes
+    key 6, and is applied: it left the pre-write buffer. The read-ahead put must still compare against them:
+    -U of key 5's new row, and +I for key 6."""
+    held = HeldReads(hold_after_read=True)
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        await write_and_reopen(bucket, 100)
+        keys, values = _put_args(bucket, [(id_, ("v3", 3)) for id_ in range(100)])
+        ahead = bucket.kv.read_ahead(keys, None)
+        assert ahead is not None and ahead.reading is not None
+        assert await asyncio.to_thread(held.holding.wait, HOLD_S)  # read: key 5 and key 6 as "v1"
+        await bucket.put_acknowledged((5, ("v2", -5)), (6, None))
+        assert bucket.kv.buffered_bytes == 0
+        held.release.set()
+        end = await _planned(bucket, keys, values, ahead, on_loop=False)
+        changes = {row[0]: (change, row) for _offset, change, row in bucket.changelog(end - 199)
+                   if change != "UPDATE_AFTER"}
+        assert changes[5] == ("UPDATE_BEFORE", (5, "v2", -5))
+        assert changes[6] == ("INSERT", (6, "v3", 3))
+        assert changes[7] == ("UPDATE_BEFORE", (7, "v1", 7))
+        assert bucket.kv.row_count == 100
+        assert bucket.kv.reads_ahead.stale == 0
+    finally:
+        held.release.set()
+        bucket.close()
+        held.shutdown(wait=True)
+
+
+async def test_a_read_that_would_keep_too_many_applied_writes_is_dropped_and_the_put_reads_on_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(read_ahead, "RETAINED_KEYS_MAX", 1)
+    held = HeldReads(hold_after_read=True)
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        await write_and_reopen(bucket, 100)
+        keys, values = _put_args(bucket, [(id_, ("v3", 3)) for id_ in range(100)])
+        ahead = bucket.kv.read_ahead(keys, None)
+        assert ahead is not None
+        assert await asyncio.to_thread(held.holding.wait, HOLD_S)
+        await bucket.put_acknowledged((5, ("v2", -5)), (6, None))  # two keys kept: past the bound
+        assert bucket.kv.reads_ahead.stale == 1
+        held.release.set()
+        end = await _planned(bucket, keys, values, ahead)  # planned from a read on the loop
+        changes = {row[0]: change for _offset, change, row in bucket.changelog(end - 199) if change != "UPDATE_AFTER"}
+        assert changes[5] == "UPDATE_BEFORE" and changes[6] == "INSERT"
+        assert bucket.kv.row_count == 100
+    finally:
+        held.release.set()
+        bucket.close()
+        held.shutdown(wait=True)
+
+
+async def test_a_read_of_another_batch_or_of_a_tablet_since_reopened_is_not_used(
+        tmp_path: Path) -> None:
+    held = HeldReads(hold_after_read=False)
+    held.release.set()
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        await write_and_reopen(bucket, 100)
+        keys, values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
+        ahead = bucket.kv.read_ahead(list(keys), None)  # an equal list, not the batch's own
+        assert ahead is not None and ahead.reading is not None
+        await ahead.reading
+        with patch.object(kv_tablet, "_read_database", wraps=kv_tablet._read_database) as read:
+            await _planned(bucket, keys, values, ahead)
+        assert read.call_count == 1  # the put read for itself
+        stale = bucket.kv.read_ahead(keys, None)
+        assert stale is not None and stale.values is not None  # the cache holds the keys now
+        bucket.reopen()  # a new tablet (the replica reopened its state): the read was another's
+        _keys, values3 = _put_args(bucket, [(id_, ("v3", 3)) for id_ in range(100)])
+        with patch.object(kv_tablet, "_read_database", wraps=kv_tablet._read_database) as read:
+            end = await _planned(bucket, keys, values3, stale)
+        assert read.call_count == 1
+        assert [row for _offset, change, row in bucket.changelog(end - 200) if change == "UPDATE_BEFORE"] == [
+            (id_, "v2", 2) for id_ in range(100)]
+    finally:
+        bucket.close()
+        held.shutdown(wait=True)
+
+
+async def test_a_wal_table_reads_no_old_values_ahead_unless_its_put_needs_them(tmp_path: Path) -> None:
+    held = HeldReads(hold_after_read=False)
+    held.release.set()
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        bucket.config = dataclasses.replace(bucket.config, changelog_image="WAL")
+        bucket.reopen()
+        await write_and_reopen(bucket, 100)
+        keys, _values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
+        assert bucket.kv.read_ahead(keys, None) is None  # +U without reading
+        partial = bucket.kv.read_ahead(keys, [0, 2])  # a partial update merges with the stored row
+        assert partial is not None and partial.reading is not None
+        await partial.reading
+        rows = [bucket.row(id_, None, -id_) for id_ in range(100)]
+        result = bucket.kv.prepare_put(keys, rows, 1, [0, 2], NO_WRITER, -1, T0_MS, ahead=partial)
+        partial.release()
+        await bucket.kv.acknowledgement(result)
+        assert bucket.lookup(42) == (42, "v1", -42)
+    finally:
+        bucket.close()
+        held.shutdown(wait=True)
+
+
+class SlowReads(ThreadPoolExecutor):
+    """A writer whose reads ahead each take up to 3 ms longer, at random, while writes pass: more puts
+    are applied while a read is in flight, and reads end out of the order they began."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__(4, thread_name_prefix="test-slow-reads")
+        self.rng = rng
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if fn is not kv_tablet._read_database:
+            return super().submit(fn, *args, **kwargs)
+        delay = self.rng.choice((0.0, 0.0, 0.001, 0.003))
+
+        def slow() -> Any:
+            found = fn(*args, **kwargs)
+            time.sleep(delay)
+            return found
+
+        return super().submit(slow)
+
+
+async def test_pipelined_puts_read_ahead_in_arrival_order_follow_the_sequential_changelog(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Puts of overlapping keys and deletes, each reading ahead as it arrives and planned in arrival order
+    once its read is done (as the tablet service runs them), beside group commits and applies, with a row
+    cache of a few rows: the changelog is exactly the one of the same writes done one at a time."""
+    monkeypatch.setattr(kv_tablet, "OFF_LOOP_READ_MIN_KEYS", 1)  # every miss is read on a thread
+    rng = random.Random(11)
+    key_count = 60
+    writer = SlowReads(random.Random(12))
+    bucket = CachedWriterBucket(tmp_path, writer, cache_bytes=2_000)
+    try:
+        model: dict[int, tuple[Any, ...] | None] = {}
+        expected: list[tuple[str, tuple[Any, ...]]] = []
+        turn: asyncio.Future[None] | None = None
+        puts = []
+        for round_ in range(150):
+            records: list[Record] = []
+            for _ in range(rng.choice((1, 3, 40))):
+                id_ = rng.randrange(key_count)
+                value = None if rng.random() < 0.25 else (f"r{round_}", rng.randrange(100))
+                records.append((id_, value))
+                old = model.get(id_)
+                if value is None:
+                    if old is not None:
+                        expected.append(("DELETE", old))
+                    model[id_] = None
+                    continue
+                new_row = (id_, *value)
+                expected += [("INSERT", new_row)] if old is None else [("UPDATE_BEFORE", old), ("UPDATE_AFTER", new_row)]
+                model[id_] = new_row
+            keys, values = _put_args(bucket, records)
+            ahead = bucket.kv.read_ahead(keys, None)
+            mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            async def put(keys: list[bytes], values: list[bytes | None], ahead: ReadAhead | None,
+                          before: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> int:
+                if before is not None:
+                    await before
+                try:
+                    if ahead is not None and ahead.reading is not None:
+                        await ahead.reading
+                    result = bucket.kv.prepare_put(keys, values, 1, None, NO_WRITER, -1, T0_MS, ahead=ahead)
+                finally:
+                    if ahead is not None:
+                        ahead.release()
+                    mine.set_result(None)
+                await bucket.kv.acknowledgement(result)
+                return result.next_offset
+
+            puts.append(asyncio.ensure_future(put(keys, values, ahead, turn, mine)))
+            turn = mine
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.choice((0, 0, 0.002)))  # fsyncs, group commits and writes go on
+            if rng.random() < 0.05:
+                await asyncio.gather(*puts)  # let every write reach RocksDB now and then
+        await asyncio.gather(*puts)
+        assert [(change, row) for _offset, change, row in bucket.changelog()] == expected
+        assert {id_: bucket.lookup(id_) for id_ in range(key_count)} == {id_: model.get(id_) for id_ in range(key_count)}
+        assert bucket.kv.reads_ahead.read > 50
+    finally:
+        bucket.close()
+        writer.shutdown(wait=True)
+
+
+async def test_with_rocksdict_nothing_is_read_ahead(tmp_path: Path) -> None:
+    before = rocksdb.binding()
+    rocksdb.use_binding("rocksdict")
+    writer = HeldReads(hold_after_read=False)
+    writer.release.set()
+    try:
+        bucket = CachedWriterBucket(tmp_path, writer)
+        try:
+            await write_and_reopen(bucket, 100)
+            keys, values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
+            assert bucket.kv.read_ahead(keys, None) is None
+            end = await _planned(bucket, keys, values, None)
+            assert [change for _offset, change, _row in bucket.changelog(end - 200)] == [
+                "UPDATE_BEFORE", "UPDATE_AFTER"] * 100
+        finally:
+            bucket.close()
+    finally:
+        rocksdb.use_binding(before)
+        writer.shutdown(wait=True)
