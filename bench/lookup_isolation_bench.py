@@ -1,13 +1,15 @@
-"""Single lookups beside a client whose batched lookups miss the row cache, in one run: what a cold read
-costs everyone else on the server.
+"""Single lookups beside a client whose batched lookups or updates miss the row cache, in one run: what a
+cold read costs everyone else on the server.
 
 A ``strom server`` (``--workers 1``, a 16 MiB row cache) holds a small table, whose rows the cache keeps,
 and a large one (``--rows``, 1 M by default, ~150 MB), which it cannot. One client looks the small table's
 keys up one at a time through the blocking lookuper (``--singles`` of them; p50, p90, p99, p99.9 and the
 longest): alone, then while another process keeps looking up 1 000 random keys of the large table with
-``lookup_arrow``, and so on for ``--rounds`` pairs. The single lookups alone are the ceiling; the pairs say
-how far a cold reader moves them. A RocksDB read of keys no cache holds takes milliseconds; where it runs
-on the event loop, every request that arrives meanwhile waits for it.
+``lookup_arrow`` (``--beside lookups``), or keeps updating 10 000 random rows of it at a time, pipelined,
+with the table's FULL changelog (``--beside updates``: each update reads the rows' old values), and so on
+for ``--rounds`` rounds. The single lookups alone are the ceiling; the others say how far a cold reader
+moves them. A RocksDB read of keys no cache holds takes milliseconds; where it runs on the event loop,
+every request that arrives meanwhile waits for it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,35 @@ def cold_reader(address: str, rows: int, stop: Any, keys_read: Any) -> None:
     asyncio.run(run())
 
 
+UPDATE_ROWS = 10_000
+UPDATE_BATCHES = 10
+"""Batches a cold updater sends before it waits for their acknowledgements."""
+
+
+def cold_updater(address: str, rows: int, stop: Any, rows_written: Any) -> None:
+    """Upsert 10 000 random rows of the large table at a time (new payloads), until ``stop`` is set."""
+    async def run() -> None:
+        rng = np.random.default_rng(4)
+        payloads = make_rows(UPDATE_ROWS, seed=6).column("payload")
+        batches = [pa.table({"id": pa.array(rng.integers(0, rows, UPDATE_ROWS), pa.int64()), "payload": payloads})
+                   for _ in range(UPDATE_BATCHES)]
+        async with await Connection.create(address) as connection:
+            writer = (await connection.get_table(BIG)).new_upsert().create_writer()
+            count = 0
+            while not stop.is_set():
+                for batch in batches:
+                    writer.upsert_arrow_batch(batch)  # pipelined; flush waits for their acknowledgements
+                await writer.flush()
+                count += UPDATE_ROWS * UPDATE_BATCHES
+            rows_written.value = count
+
+    asyncio.run(run())
+
+
+NEIGHBOURS = {"lookups": ("cold lookup_arrow", "keys/s", cold_reader),
+              "updates": ("cold FULL updates", "rows/s", cold_updater)}
+
+
 async def load(address: str, rows: int) -> None:
     big = make_rows(rows, seed=5)
     async with await Connection.create(address) as connection:
@@ -88,7 +119,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the large table")
     parser.add_argument("--singles", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--beside", default="lookups,updates", help="the cold neighbours, in each round")
     args = parser.parse_args()
+    neighbours = [NEIGHBOURS[name] for name in args.beside.split(",")]
     keys = random.Random(7).choices(range(SMALL_ROWS), k=args.singles)
     context = multiprocessing.get_context("spawn")
     lines = []
@@ -96,21 +129,22 @@ def main() -> None:
         asyncio.run(load(server.address, args.rows))
         for round_ in range(1, args.rounds + 1):
             lines.append((f"round {round_}: alone", describe(asyncio.run(single_lookups(server.address, keys)))))
-            stop, keys_read = context.Event(), context.Value("q", 0)
-            reader = context.Process(target=cold_reader, args=(server.address, args.rows, stop, keys_read))
-            reader.start()
-            try:
-                time.sleep(COLD_WARM_UP_S)
-                started = time.perf_counter()
-                beside = asyncio.run(single_lookups(server.address, keys))
-                seconds = time.perf_counter() - started + COLD_WARM_UP_S
-            finally:
-                stop.set()
-                reader.join()
-            assert reader.exitcode == 0, f"the cold reader failed with {reader.exitcode}"
-            lines.append((f"round {round_}: beside cold lookup_arrow", describe(beside)))
-            lines.append((f"round {round_}: the cold reader", f"{keys_read.value / seconds:,.0f} keys/s"))
-    report(f"single lookups beside a cold batched reader: {args.rows:,} cold rows, {COLD_CACHE} row cache, "
+            for label, unit, neighbour in neighbours:
+                stop, done = context.Event(), context.Value("q", 0)
+                cold = context.Process(target=neighbour, args=(server.address, args.rows, stop, done))
+                cold.start()
+                try:
+                    time.sleep(COLD_WARM_UP_S)
+                    started = time.perf_counter()
+                    beside = asyncio.run(single_lookups(server.address, keys))
+                    seconds = time.perf_counter() - started + COLD_WARM_UP_S
+                finally:
+                    stop.set()
+                    cold.join()
+                assert cold.exitcode == 0, f"the {label} process failed with {cold.exitcode}"
+                lines.append((f"round {round_}: beside {label}", describe(beside)))
+                lines.append((f"round {round_}: the {label} themselves", f"{done.value / seconds:,.0f} {unit}"))
+    report(f"single lookups beside cold neighbours: {args.rows:,} cold rows, {COLD_CACHE} row cache, "
            f"{args.singles:,} singles", lines)
 
 

@@ -27,6 +27,8 @@ PlannedPut = tuple[bytes, list[bytes], list[bytes], list["bytes | None"]]
 
 ReadOld = Callable[[bytes], "bytes | None"]
 """A key's stored value, read when a record needs it (only deletes do, for a WAL image of full rows)."""
+ReadOlds = Callable[[list[bytes]], "list[bytes | None]"]
+"""The stored values of keys, in their order."""
 
 
 class RowMerge(Protocol):
@@ -159,14 +161,33 @@ def emit_full_rows(
 
 
 def emit_wal_full_rows(
-    keys: Sequence[bytes], values: Sequence[bytes | None], prefix: bytes, ignore_deletes: bool, read_old: ReadOld,
+    keys: Sequence[bytes], values: Sequence[bytes | None], prefix: bytes, ignore_deletes: bool, read_olds: ReadOlds,
 ) -> PlannedPut:
     """:func:`emit` of full rows under :data:`LAST_WRITE_WINS` with a WAL image: upserts read no old value
-    (each is +U of its row), so a batch without deletes is one pass with no per-row branching."""
+    (each is +U of its row), so a batch without deletes is one pass with no per-row branching. The deletes'
+    old values are read in one call (:func:`deletes_to_read`), not one key at a time."""
     if None not in values:
         stored_rows = [prefix + value for value in values]  # type: ignore[operator]
         return CHANGE_UPDATE_AFTER * len(stored_rows), stored_rows, list(keys), list(stored_rows)
-    return emit(keys, values, read_old, prefix, LAST_WRITE_WINS, ignore_deletes=ignore_deletes, wal_image=True)
+    if ignore_deletes:
+        olds: dict[bytes, bytes | None] = {}  # deletes change nothing and read nothing
+    else:
+        deleted = deletes_to_read(keys, values)
+        olds = dict(zip(deleted, read_olds(deleted), strict=True))
+    return emit(keys, values, olds.get, prefix, LAST_WRITE_WINS, ignore_deletes=ignore_deletes, wal_image=True)
+
+
+def deletes_to_read(keys: Sequence[bytes], values: Sequence[bytes | None]) -> list[bytes]:
+    """The keys whose old value a WAL image's batch needs: those whose first record in the batch deletes
+    them (a delete after the key's own write in the batch deletes that write), each once, in batch order."""
+    seen: set[bytes] = set()
+    deleted = []
+    for key, value in zip(keys, values, strict=True):
+        if key not in seen:
+            seen.add(key)
+            if value is None:
+                deleted.append(key)
+    return deleted
 
 
 __all__ = [
@@ -174,7 +195,9 @@ __all__ = [
     "PartialUpdate",
     "PlannedPut",
     "ReadOld",
+    "ReadOlds",
     "RowMerge",
+    "deletes_to_read",
     "emit",
     "emit_full_rows",
     "emit_wal_full_rows",

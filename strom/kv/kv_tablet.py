@@ -574,7 +574,7 @@ class KvTablet:
             )
         elif self._wal:
             change_types, rows, new_keys, new_values = changelog.emit_wal_full_rows(
-                keys, values, prefix, ignore_deletes, lambda key: self._current_values([key])[0]
+                keys, values, prefix, ignore_deletes, lambda deleted: self._current_values(deleted, ahead)
             )
         else:
             old_values = self._current_values(keys, ahead)
@@ -619,18 +619,21 @@ class KvTablet:
             keys, rows, self._format.schema_id, self._missing_rows.target_columns, NO_WRITER_ID, NO_WRITER_ID, now_ms
         )
 
-    def read_ahead(self, keys: Sequence[bytes], target_columns: Sequence[int] | None, *,
-                   overwrite: bool = False) -> ReadAhead | None:
-        """Begin getting the old values that a put of ``keys`` will plan from (:mod:`strom.kv.read_ahead`):
-        the row cache's now, and where it lacks :data:`OFF_LOOP_READ_MIN_KEYS` or more, RocksDB's on a
-        writer thread without the GIL; the put awaits ``reading`` (if any), then hands the result to
-        :meth:`prepare_put`, and releases it in any case. None where the put reads no old values (a ``WAL``
-        changelog image without merging) or cannot read them off the loop (no writer, rocksdict)."""
+    def read_ahead(self, keys: Sequence[bytes], values: Sequence[bytes | None], target_columns: Sequence[int] | None,
+                   *, overwrite: bool = False) -> ReadAhead | None:
+        """Begin getting the old values that a put of ``keys`` and ``values`` will plan from
+        (:mod:`strom.kv.read_ahead`): the row cache's now, and where it lacks :data:`OFF_LOOP_READ_MIN_KEYS`
+        or more, RocksDB's on a writer thread without the GIL; the put awaits ``reading`` (if any), then
+        hands the result to :meth:`prepare_put`, and releases it in any case. A ``WAL`` changelog image's
+        full rows read only their deletes' old values (:func:`changelog.deletes_to_read`). None where the
+        put reads no old values, or cannot read them off the loop (no writer, rocksdict)."""
         if self.failed is not None or self._closed or self.standby:
             return None
         if (self._wal and self._auto_increment is None and not target_columns
-                and (overwrite or self._merger is None)):
-            return None  # planned without old values (emit_wal_full_rows)
+                and (overwrite or self._merger is None)):  # planned by emit_wal_full_rows
+            if None not in values or (not overwrite and self._config.delete_behavior != "ALLOW"):
+                return None  # upserts read nothing; deletes ignored or refused read nothing either
+            keys = changelog.deletes_to_read(keys, values)
         loop = _running_loop() if self._writer is not None and reads_off_loop_safe(self._db) else None
         if loop is None:
             return None

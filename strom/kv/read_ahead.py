@@ -49,7 +49,7 @@ class ReadAhead:
 
     owner: ReadAheads
     keys: Sequence[bytes]
-    """The put's keys: the batch it was started for, the same list object."""
+    """The keys read: the put's, or a WAL image's deleted keys (the put reads the same keys, or none of these)."""
     floor: int
     """The bucket's applied offset when the read began: batches from it on are laid over :attr:`values`."""
     generation: int
@@ -118,7 +118,8 @@ class ReadAheads:
         any read): ``ahead``'s values with every batch applied since its floor laid over them. None where
         ``ahead`` is not of these keys, was dropped, or its read failed: the caller reads as usual."""
         values = ahead.values
-        if values is None or ahead.keys is not keys or ahead.owner is not self or ahead.generation != self._generation:
+        if (values is None or ahead.owner is not self or ahead.generation != self._generation
+                or (ahead.keys is not keys and ahead.keys != keys)):
             return None
         ahead.values = None
         index: dict[bytes, bytes | None] = {}

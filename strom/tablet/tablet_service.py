@@ -506,7 +506,7 @@ class TabletService:
             batches = parse_kv_batches(bucket_request.records)
             if len(batches) != 1:
                 return None
-            ahead = kv.read_ahead(batches[0].keys, target_columns, overwrite=overwrite)
+            ahead = kv.read_ahead(batches[0].keys, batches[0].values, target_columns, overwrite=overwrite)
         except Exception:
             return None
         return None if ahead is None else (batches, ahead)
@@ -612,7 +612,8 @@ class TabletService:
             try:
                 kv = self._replicas.get(bucket).kv
                 keys = list(bucket_request.keys)
-                values = kv.lookup(keys)
+                found = kv.lookup_soon(keys)  # off the loop where many keys miss the row cache
+                values = found if isinstance(found, list) else await found
                 missing = list(dict.fromkeys(key for key, value in zip(keys, values, strict=True) if value is None))
                 if missing:
                     self._check_writable(bucket, ACKS_ALL)

@@ -67,7 +67,7 @@ async def test_a_put_whose_cache_lacks_its_keys_reads_them_on_a_writer_thread(tm
     try:
         await write_and_reopen(bucket, 100)  # in RocksDB, none in the new instance's cache
         keys, values = _put_args(bucket, [(id_, ("v2", -id_)) for id_ in range(100)])
-        ahead = bucket.kv.read_ahead(keys, None)
+        ahead = bucket.kv.read_ahead(keys, values, None)
         assert ahead is not None and ahead.reading is not None
         assert await asyncio.to_thread(held.holding.wait, HOLD_S)
         await bucket.put_acknowledged((500, ("other", 1)))  # the loop goes on meanwhile
@@ -96,7 +96,7 @@ async def test_writes_applied_while_the_read_is_in_flight_are_laid_over_what_it_
     try:
         await write_and_reopen(bucket, 100)
         keys, values = _put_args(bucket, [(id_, ("v3", 3)) for id_ in range(100)])
-        ahead = bucket.kv.read_ahead(keys, None)
+        ahead = bucket.kv.read_ahead(keys, values, None)
         assert ahead is not None and ahead.reading is not None
         assert await asyncio.to_thread(held.holding.wait, HOLD_S)  # read: key 5 and key 6 as "v1"
         await bucket.put_acknowledged((5, ("v2", -5)), (6, None))
@@ -124,7 +124,7 @@ async def test_a_read_that_would_keep_too_many_applied_writes_is_dropped_and_the
     try:
         await write_and_reopen(bucket, 100)
         keys, values = _put_args(bucket, [(id_, ("v3", 3)) for id_ in range(100)])
-        ahead = bucket.kv.read_ahead(keys, None)
+        ahead = bucket.kv.read_ahead(keys, values, None)
         assert ahead is not None
         assert await asyncio.to_thread(held.holding.wait, HOLD_S)
         await bucket.put_acknowledged((5, ("v2", -5)), (6, None))  # two keys kept: past the bound
@@ -148,13 +148,13 @@ async def test_a_read_of_another_batch_or_of_a_tablet_since_reopened_is_not_used
     try:
         await write_and_reopen(bucket, 100)
         keys, values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
-        ahead = bucket.kv.read_ahead(list(keys), None)  # an equal list, not the batch's own
+        ahead = bucket.kv.read_ahead(keys[:50], values[:50], None)  # a read of other keys than the put's
         assert ahead is not None and ahead.reading is not None
         await ahead.reading
         with patch.object(kv_tablet, "_read_database", wraps=kv_tablet._read_database) as read:
             await _planned(bucket, keys, values, ahead)
         assert read.call_count == 1  # the put read for itself
-        stale = bucket.kv.read_ahead(keys, None)
+        stale = bucket.kv.read_ahead(keys, values, None)
         assert stale is not None and stale.values is not None  # the cache holds the keys now
         bucket.reopen()  # a new tablet (the replica reopened its state): the read was another's
         _keys, values3 = _put_args(bucket, [(id_, ("v3", 3)) for id_ in range(100)])
@@ -176,9 +176,9 @@ async def test_a_wal_table_reads_no_old_values_ahead_unless_its_put_needs_them(t
         bucket.config = dataclasses.replace(bucket.config, changelog_image="WAL")
         bucket.reopen()
         await write_and_reopen(bucket, 100)
-        keys, _values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
-        assert bucket.kv.read_ahead(keys, None) is None  # +U without reading
-        partial = bucket.kv.read_ahead(keys, [0, 2])  # a partial update merges with the stored row
+        keys, values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
+        assert bucket.kv.read_ahead(keys, values, None) is None  # +U without reading
+        partial = bucket.kv.read_ahead(keys, values, [0, 2])  # a partial update merges with the stored row
         assert partial is not None and partial.reading is not None
         await partial.reading
         rows = [bucket.row(id_, None, -id_) for id_ in range(100)]
@@ -186,6 +186,39 @@ async def test_a_wal_table_reads_no_old_values_ahead_unless_its_put_needs_them(t
         partial.release()
         await bucket.kv.acknowledgement(result)
         assert bucket.lookup(42) == (42, "v1", -42)
+    finally:
+        bucket.close()
+        held.shutdown(wait=True)
+
+
+async def test_a_wal_table_reads_its_deletes_old_values_ahead_all_at_once(tmp_path: Path) -> None:
+    """A WAL image's deletes are -D of the stored row: a batch of them reads their old values on the writer,
+    in one read of each key once, and upserts beside them read nothing. With deletes ignored nothing is
+    read at all."""
+    held = HeldReads(hold_after_read=False)
+    held.release.set()
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        bucket.config = dataclasses.replace(bucket.config, changelog_image="WAL")
+        bucket.reopen()
+        await write_and_reopen(bucket, 100)
+        records: list[Record] = [*((id_, None) for id_ in range(0, 120, 2)), *((id_, ("new", id_)) for id_ in range(1, 80, 2)),
+                                 (4, None), (1, None)]  # 4 deleted twice; 1 deleted after its upsert
+        keys, values = _put_args(bucket, records)
+        with patch.object(kv_tablet, "_read_database", wraps=kv_tablet._read_database) as read:
+            ahead = bucket.kv.read_ahead(keys, values, None)
+            assert ahead is not None and ahead.reading is not None
+            await ahead.reading
+        (_database, read_keys), _ = read.call_args
+        assert read_keys == [bucket.key(id_) for id_ in range(0, 120, 2)]  # the deleted keys, once each
+        end = await _planned(bucket, keys, values, ahead, on_loop=False)
+        changes = [(change, row) for _offset, change, row in bucket.changelog(end - 91)]
+        assert changes == [*(("DELETE", (id_, "v1", id_)) for id_ in range(0, 100, 2)),
+                           *(("UPDATE_AFTER", (id_, "new", id_)) for id_ in range(1, 80, 2)),
+                           ("DELETE", (1, "new", 1))]
+        bucket.config = dataclasses.replace(bucket.config, delete_behavior="IGNORE")
+        bucket.reopen()
+        assert bucket.kv.read_ahead(keys, values, None) is None
     finally:
         bucket.close()
         held.shutdown(wait=True)
@@ -243,7 +276,7 @@ async def test_pipelined_puts_read_ahead_in_arrival_order_follow_the_sequential_
                 expected += [("INSERT", new_row)] if old is None else [("UPDATE_BEFORE", old), ("UPDATE_AFTER", new_row)]
                 model[id_] = new_row
             keys, values = _put_args(bucket, records)
-            ahead = bucket.kv.read_ahead(keys, None)
+            ahead = bucket.kv.read_ahead(keys, values, None)
             mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
             async def put(keys: list[bytes], values: list[bytes | None], ahead: ReadAhead | None,
@@ -286,7 +319,7 @@ async def test_with_rocksdict_nothing_is_read_ahead(tmp_path: Path) -> None:
         try:
             await write_and_reopen(bucket, 100)
             keys, values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
-            assert bucket.kv.read_ahead(keys, None) is None
+            assert bucket.kv.read_ahead(keys, values, None) is None
             end = await _planned(bucket, keys, values, None)
             assert [change for _offset, change, _row in bucket.changelog(end - 200)] == [
                 "UPDATE_BEFORE", "UPDATE_AFTER"] * 100

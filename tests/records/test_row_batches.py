@@ -771,16 +771,17 @@ def test_full_rows_follow_the_changelog_rules() -> None:
 
 def test_a_wal_image_of_full_rows_reads_old_values_for_deletes_alone() -> None:
     stored = {b"b": b"\x01\x00old", b"c": b"\x01\x00c"}
-    read: list[bytes] = []
+    read: list[list[bytes]] = []
 
-    def read_old(key: bytes) -> bytes | None:
-        read.append(key)
-        return stored.get(key)
+    def read_old(keys: list[bytes]) -> list[bytes | None]:
+        read.append(keys)
+        return [stored.get(key) for key in keys]
 
     change_types, rows, keys, values = changelog.emit_wal_full_rows(
-        [b"a", b"b", b"c", b"a", b"d"], [b"1", b"2", None, None, None], b"\x01\x00", False, read_old
+        [b"a", b"b", b"c", b"a", b"d", b"c"], [b"1", b"2", None, None, None, None], b"\x01\x00", False, read_old
     )
-    assert read == [b"c", b"d"]  # an upsert reads nothing; a delete of a key written in the batch neither
+    # one read, of each key once: an upsert reads nothing, a delete of a key written in the batch neither
+    assert read == [[b"c", b"d"]]
     assert change_types == bytes([3, 3, 4, 4])  # +U a, +U b (new or not), -D c, -D a (its own write)
     assert rows == [b"\x01\x001", b"\x01\x002", b"\x01\x00c", b"\x01\x001"]
     assert keys == [b"a", b"b", b"c", b"a"] and values == [b"\x01\x001", b"\x01\x002", None, None]

@@ -150,3 +150,30 @@ async def test_a_put_reading_its_old_values_leaves_the_loop_to_others_and_keeps_
         (replica,) = [r for r in server.replicas.hosted() if r.table.path == COLD]
         assert replica.kv_if_open is not None
         assert replica.kv_if_open.reads_ahead.read == 2, "each put read once: none was refused as out of order"
+
+
+async def test_a_lookup_that_inserts_missing_keys_reads_them_off_the_loop(
+        served: tuple[StromServer, EachHeld]) -> None:
+    """``insert_if_not_exists``: the lookup's read of keys the cache lacks waits on a writer thread while the
+    server serves another table; then the missing keys are inserted and every key answered."""
+    server, held = served
+    async with await Connection.create(f"127.0.0.1:{server.port}") as connection:
+        cold_table = await _table(connection, COLD, buckets=1)
+        hot_table = await _table(connection, HOT, buckets=1)
+        held.holding = True
+        inserting = cold_table.new_lookup().insert_if_not_exists().create_lookuper()
+        assert isinstance(inserting, Lookuper)
+        wanted = list(range(ROWS - 50, ROWS + 50))  # 50 stored rows, 50 keys to insert
+        reading = asyncio.ensure_future(inserting.lookup_arrow(pa.table({"id": pa.array(wanted, pa.int64())})))
+        assert await asyncio.to_thread(held.arrived.acquire, True, HOLD_S)
+        hot = hot_table.new_lookup().create_lookuper()
+        assert isinstance(hot, Lookuper)
+        assert await hot.lookup({"id": 9}) == {"id": 9, "name": "n9"}
+        assert not reading.done()
+        held.holding = False
+        held.release_all()
+        found = await reading
+        assert found.to_pylist() == [{"id": i, "name": f"n{i}" if i < ROWS else None} for i in wanted]
+        plain = cold_table.new_lookup().create_lookuper()
+        assert isinstance(plain, Lookuper)
+        assert await plain.lookup({"id": ROWS + 7}) == {"id": ROWS + 7, "name": None}
