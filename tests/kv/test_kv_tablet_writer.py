@@ -93,24 +93,11 @@ async def test_pipelined_puts_and_deletes_of_overlapping_keys_follow_the_sequent
     keys = 60
     bucket = WriterBucket(tmp_path, writer)
     try:
-        model: dict[int, tuple[int, str, int] | None] = {}
+        model: dict[int, tuple[Any, ...] | None] = {}
         expected: list[tuple[str, tuple[Any, ...]]] = []
         puts = []
         for round_ in range(150):
-            records: list[tuple[int, tuple[str | None, int | None] | None]] = []
-            for _ in range(rng.choice((1, 2, 40))):  # small batches beside large ones
-                id_ = rng.randrange(keys)
-                value = None if rng.random() < 0.3 else (f"r{round_}", rng.randrange(100))
-                records.append((id_, value))
-                old = model.get(id_)
-                if value is None:
-                    if old is not None:
-                        expected.append(("DELETE", old))
-                    model[id_] = None
-                    continue
-                new_row = (id_, *value)
-                expected += [("INSERT", new_row)] if old is None else [("UPDATE_BEFORE", old), ("UPDATE_AFTER", new_row)]
-                model[id_] = new_row  # type: ignore[assignment]
+            records = random_put(rng, round_, keys, model, expected, sizes=(1, 2, 40), deletes=0.3)
             puts.append(asyncio.ensure_future(bucket.put_acknowledged(*records)))
             if rng.random() < 0.3:
                 await asyncio.sleep(0)  # let a group commit and a write happen between some of them
@@ -119,6 +106,32 @@ async def test_pipelined_puts_and_deletes_of_overlapping_keys_follow_the_sequent
         assert {id_: bucket.lookup(id_) for id_ in range(keys)} == {id_: model.get(id_) for id_ in range(keys)}
     finally:
         bucket.close()
+
+
+Record = tuple[int, tuple[str | None, int | None] | None]
+"""An upsert ``(id, (name, score))`` or a delete ``(id, None)``."""
+
+
+def random_put(rng: random.Random, round_: int, key_count: int, model: dict[int, tuple[Any, ...] | None],
+               expected: list[tuple[str, tuple[Any, ...]]], *, sizes: tuple[int, ...], deletes: float) -> list[Record]:
+    """A put of random upserts and deletes of ``key_count`` keys (some twice in the batch; its size one of
+    ``sizes``); ``model`` (each key's row) and ``expected`` (the changelog) advance as the same writes done
+    one at a time would make them."""
+    records: list[Record] = []
+    for _ in range(rng.choice(sizes)):
+        id_ = rng.randrange(key_count)
+        value = None if rng.random() < deletes else (f"r{round_}", rng.randrange(100))
+        records.append((id_, value))
+        old = model.get(id_)
+        if value is None:
+            if old is not None:
+                expected.append(("DELETE", old))
+            model[id_] = None
+            continue
+        new_row = (id_, *value)
+        expected += [("INSERT", new_row)] if old is None else [("UPDATE_BEFORE", old), ("UPDATE_AFTER", new_row)]
+        model[id_] = new_row
+    return records
 
 
 async def test_a_checkpoint_records_exactly_what_it_holds(tmp_path: Path, writer: ThreadPoolExecutor,

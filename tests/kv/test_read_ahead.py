@@ -10,9 +10,11 @@ another thread) nothing is read ahead, and the put reads on the loop as before (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,11 +25,37 @@ import pytest
 from strom.kv import kv_tablet, read_ahead, rocksdb
 from strom.kv.read_ahead import ReadAhead
 from tests.kv.test_kv_tablet import NO_WRITER, T0_MS
-from tests.kv.test_kv_tablet_writer import HOLD_S, CachedWriterBucket, HeldReads, write_and_reopen
+from tests.kv.test_kv_tablet_writer import (
+    HOLD_S,
+    CachedWriterBucket,
+    HeldReads,
+    Record,
+    random_put,
+    write_and_reopen,
+)
 
 pytestmark = pytest.mark.asyncio
 
-Record = tuple[int, tuple[str | None, int | None] | None]
+@contextlib.asynccontextmanager
+async def held_bucket(tmp_path: Path, *, hold: bool = False, hold_after_read: bool = False,
+                      wal: bool = False) -> AsyncIterator[tuple[HeldReads, CachedWriterBucket]]:
+    """A bucket of 100 rows ``(id, "v1", id)`` in RocksDB and none in its cache (``wal``: a WAL changelog
+    image), whose writer holds each read (before or ``hold_after_read``) until the test releases it
+    (``hold``)."""
+    held = HeldReads(hold_after_read=hold_after_read)
+    if not hold:
+        held.release.set()
+    bucket = CachedWriterBucket(tmp_path, held)
+    try:
+        if wal:
+            bucket.config = dataclasses.replace(bucket.config, changelog_image="WAL")
+            bucket.reopen()
+        await write_and_reopen(bucket, 100)
+        yield held, bucket
+    finally:
+        held.release.set()
+        bucket.close()
+        held.shutdown(wait=True)
 
 
 @pytest.fixture(autouse=True)
@@ -62,10 +90,7 @@ async def _planned(bucket: CachedWriterBucket, keys: list[bytes], values: list[b
 async def test_a_put_whose_cache_lacks_its_keys_reads_them_on_a_writer_thread(tmp_path: Path) -> None:
     """The read waits on the writer while the loop acknowledges another put; the put then plans from it
     without touching RocksDB on the loop, and its changelog holds each key's stored row as -U."""
-    held = HeldReads(hold_after_read=False)
-    bucket = CachedWriterBucket(tmp_path, held)
-    try:
-        await write_and_reopen(bucket, 100)  # in RocksDB, none in the new instance's cache
+    async with held_bucket(tmp_path, hold=True) as (held, bucket):
         keys, values = _put_args(bucket, [(id_, ("v2", -id_)) for id_ in range(100)])
         ahead = bucket.kv.read_ahead(keys, values, None)
         assert ahead is not None and ahead.reading is not None
@@ -80,10 +105,6 @@ async def test_a_put_whose_cache_lacks_its_keys_reads_them_on_a_writer_thread(tm
             for entry in (("UPDATE_BEFORE", (id_, "v1", id_)), ("UPDATE_AFTER", (id_, "v2", -id_)))
         ]
         assert bucket.kv.row_count == 101
-    finally:
-        held.release.set()
-        bucket.close()
-        held.shutdown(wait=True)
 
 
 async def test_writes_applied_while_the_read_is_in_flight_are_laid_over_what_it_read(
@@ -91,10 +112,7 @@ async def test_writes_applied_while_the_read_is_in_flight_are_laid_over_what_it_
     """The read has RocksDB's rows, then (before its result reaches the loop) a put updates key 5 and deletes
     key 6, and is applied: it left the pre-write buffer. The read-ahead put must still compare against them:
     -U of key 5's new row, and +I for key 6."""
-    held = HeldReads(hold_after_read=True)
-    bucket = CachedWriterBucket(tmp_path, held)
-    try:
-        await write_and_reopen(bucket, 100)
+    async with held_bucket(tmp_path, hold=True, hold_after_read=True) as (held, bucket):
         keys, values = _put_args(bucket, [(id_, ("v3", 3)) for id_ in range(100)])
         ahead = bucket.kv.read_ahead(keys, values, None)
         assert ahead is not None and ahead.reading is not None
@@ -110,19 +128,12 @@ async def test_writes_applied_while_the_read_is_in_flight_are_laid_over_what_it_
         assert changes[7] == ("UPDATE_BEFORE", (7, "v1", 7))
         assert bucket.kv.row_count == 100
         assert bucket.kv.reads_ahead.stale == 0
-    finally:
-        held.release.set()
-        bucket.close()
-        held.shutdown(wait=True)
 
 
 async def test_a_read_that_would_keep_too_many_applied_writes_is_dropped_and_the_put_reads_on_the_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(read_ahead, "RETAINED_KEYS_MAX", 1)
-    held = HeldReads(hold_after_read=True)
-    bucket = CachedWriterBucket(tmp_path, held)
-    try:
-        await write_and_reopen(bucket, 100)
+    async with held_bucket(tmp_path, hold=True, hold_after_read=True) as (held, bucket):
         keys, values = _put_args(bucket, [(id_, ("v3", 3)) for id_ in range(100)])
         ahead = bucket.kv.read_ahead(keys, values, None)
         assert ahead is not None
@@ -134,19 +145,11 @@ async def test_a_read_that_would_keep_too_many_applied_writes_is_dropped_and_the
         changes = {row[0]: change for _offset, change, row in bucket.changelog(end - 199) if change != "UPDATE_AFTER"}
         assert changes[5] == "UPDATE_BEFORE" and changes[6] == "INSERT"
         assert bucket.kv.row_count == 100
-    finally:
-        held.release.set()
-        bucket.close()
-        held.shutdown(wait=True)
 
 
 async def test_a_read_of_another_batch_or_of_a_tablet_since_reopened_is_not_used(
         tmp_path: Path) -> None:
-    held = HeldReads(hold_after_read=False)
-    held.release.set()
-    bucket = CachedWriterBucket(tmp_path, held)
-    try:
-        await write_and_reopen(bucket, 100)
+    async with held_bucket(tmp_path) as (_held, bucket):
         keys, values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
         ahead = bucket.kv.read_ahead(keys[:50], values[:50], None)  # a read of other keys than the put's
         assert ahead is not None and ahead.reading is not None
@@ -163,19 +166,10 @@ async def test_a_read_of_another_batch_or_of_a_tablet_since_reopened_is_not_used
         assert read.call_count == 1
         assert [row for _offset, change, row in bucket.changelog(end - 200) if change == "UPDATE_BEFORE"] == [
             (id_, "v2", 2) for id_ in range(100)]
-    finally:
-        bucket.close()
-        held.shutdown(wait=True)
 
 
 async def test_a_wal_table_reads_no_old_values_ahead_unless_its_put_needs_them(tmp_path: Path) -> None:
-    held = HeldReads(hold_after_read=False)
-    held.release.set()
-    bucket = CachedWriterBucket(tmp_path, held)
-    try:
-        bucket.config = dataclasses.replace(bucket.config, changelog_image="WAL")
-        bucket.reopen()
-        await write_and_reopen(bucket, 100)
+    async with held_bucket(tmp_path, wal=True) as (_held, bucket):
         keys, values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
         assert bucket.kv.read_ahead(keys, values, None) is None  # +U without reading
         partial = bucket.kv.read_ahead(keys, values, [0, 2])  # a partial update merges with the stored row
@@ -186,22 +180,13 @@ async def test_a_wal_table_reads_no_old_values_ahead_unless_its_put_needs_them(t
         partial.release()
         await bucket.kv.acknowledgement(result)
         assert bucket.lookup(42) == (42, "v1", -42)
-    finally:
-        bucket.close()
-        held.shutdown(wait=True)
 
 
 async def test_a_wal_table_reads_its_deletes_old_values_ahead_all_at_once(tmp_path: Path) -> None:
     """A WAL image's deletes are -D of the stored row: a batch of them reads their old values on the writer,
     in one read of each key once, and upserts beside them read nothing. With deletes ignored nothing is
     read at all."""
-    held = HeldReads(hold_after_read=False)
-    held.release.set()
-    bucket = CachedWriterBucket(tmp_path, held)
-    try:
-        bucket.config = dataclasses.replace(bucket.config, changelog_image="WAL")
-        bucket.reopen()
-        await write_and_reopen(bucket, 100)
+    async with held_bucket(tmp_path, wal=True) as (_held, bucket):
         records: list[Record] = [*((id_, None) for id_ in range(0, 120, 2)), *((id_, ("new", id_)) for id_ in range(1, 80, 2)),
                                  (4, None), (1, None)]  # 4 deleted twice; 1 deleted after its upsert
         keys, values = _put_args(bucket, records)
@@ -219,9 +204,6 @@ async def test_a_wal_table_reads_its_deletes_old_values_ahead_all_at_once(tmp_pa
         bucket.config = dataclasses.replace(bucket.config, delete_behavior="IGNORE")
         bucket.reopen()
         assert bucket.kv.read_ahead(keys, values, None) is None
-    finally:
-        bucket.close()
-        held.shutdown(wait=True)
 
 
 class SlowReads(ThreadPoolExecutor):
@@ -261,20 +243,7 @@ async def test_pipelined_puts_read_ahead_in_arrival_order_follow_the_sequential_
         turn: asyncio.Future[None] | None = None
         puts = []
         for round_ in range(150):
-            records: list[Record] = []
-            for _ in range(rng.choice((1, 3, 40))):
-                id_ = rng.randrange(key_count)
-                value = None if rng.random() < 0.25 else (f"r{round_}", rng.randrange(100))
-                records.append((id_, value))
-                old = model.get(id_)
-                if value is None:
-                    if old is not None:
-                        expected.append(("DELETE", old))
-                    model[id_] = None
-                    continue
-                new_row = (id_, *value)
-                expected += [("INSERT", new_row)] if old is None else [("UPDATE_BEFORE", old), ("UPDATE_AFTER", new_row)]
-                model[id_] = new_row
+            records = random_put(rng, round_, key_count, model, expected, sizes=(1, 3, 40), deletes=0.25)
             keys, values = _put_args(bucket, records)
             ahead = bucket.kv.read_ahead(keys, values, None)
             mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -312,19 +281,12 @@ async def test_pipelined_puts_read_ahead_in_arrival_order_follow_the_sequential_
 async def test_with_rocksdict_nothing_is_read_ahead(tmp_path: Path) -> None:
     before = rocksdb.binding()
     rocksdb.use_binding("rocksdict")
-    writer = HeldReads(hold_after_read=False)
-    writer.release.set()
     try:
-        bucket = CachedWriterBucket(tmp_path, writer)
-        try:
-            await write_and_reopen(bucket, 100)
+        async with held_bucket(tmp_path) as (_held, bucket):
             keys, values = _put_args(bucket, [(id_, ("v2", 2)) for id_ in range(100)])
             assert bucket.kv.read_ahead(keys, values, None) is None
             end = await _planned(bucket, keys, values, None)
             assert [change for _offset, change, _row in bucket.changelog(end - 200)] == [
                 "UPDATE_BEFORE", "UPDATE_AFTER"] * 100
-        finally:
-            bucket.close()
     finally:
         rocksdb.use_binding(before)
-        writer.shutdown(wait=True)

@@ -8,7 +8,9 @@ whose lookup reads wait until the test releases them, so the order of events is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +32,34 @@ ROWS = 400
 FIELDS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string())])
 
 
-@pytest_asyncio.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[StromServer, HeldReads]]:
-    """An in-process server without a row cache whose lookup reads wait for the test."""
+@contextlib.asynccontextmanager
+async def server_writing_with(tmp_path: Path, writer: ThreadPoolExecutor) -> AsyncIterator[StromServer]:
+    """An in-process server without a row cache whose buckets read and write RocksDB on ``writer`` (which the
+    test controls); ``writer`` is shut down at the end."""
     assert rocksdb.NATIVE_AVAILABLE, "reads run off the loop with the native binding, which the suite builds"
     server = StromServer(tmp_path / "data", "127.0.0.1", 0,
                          Configuration({"kv.row-cache.size": "0", "kv.snapshot.interval": "0s"}))
     await server.start()
-    held = HeldReads(hold_after_read=False)
     assert server.replicas is not None and server.replicas.rocksdb_writer is not None
     real_writer = server.replicas.rocksdb_writer
-    server.replicas.rocksdb_writer = held  # buckets take it as they open, after this
+    server.replicas.rocksdb_writer = writer  # buckets take it as they open, after this
     try:
-        yield server, held
+        yield server
     finally:
-        held.release.set()
         await server.stop()
-        held.shutdown(wait=True)
+        writer.shutdown(wait=True)
         real_writer.shutdown(wait=True)
+
+
+@pytest_asyncio.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[StromServer, HeldReads]]:
+    """An in-process server without a row cache whose lookup reads wait for the test."""
+    held = HeldReads(hold_after_read=False)
+    async with server_writing_with(tmp_path, held) as server:
+        try:
+            yield server, held
+        finally:
+            held.release.set()  # before the server stops: a held read would hold up its stop
 
 
 async def _table(connection: Connection, path: TablePath, buckets: int) -> Any:

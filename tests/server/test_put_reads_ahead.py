@@ -21,11 +21,10 @@ import pytest
 import pytest_asyncio
 
 from strom.client import Connection, Lookuper, TablePath
-from strom.config import Configuration
-from strom.kv import kv_tablet, rocksdb
+from strom.kv import kv_tablet
 from strom.server.node import StromServer
 from tests.kv.test_kv_tablet_writer import HOLD_S
-from tests.server.test_lookup_reads_off_loop import COLD, FIELDS, HOT, ROWS, _table
+from tests.server.test_lookup_reads_off_loop import COLD, FIELDS, HOT, ROWS, _table, server_writing_with
 
 pytestmark = pytest.mark.asyncio
 
@@ -66,22 +65,13 @@ class EachHeld(ThreadPoolExecutor):
 @pytest_asyncio.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[StromServer, EachHeld]]:
     """An in-process server without a row cache whose reads wait for the test once it says so."""
-    assert rocksdb.NATIVE_AVAILABLE, "reads run off the loop with the native binding, which the suite builds"
-    server = StromServer(tmp_path / "data", "127.0.0.1", 0,
-                         Configuration({"kv.row-cache.size": "0", "kv.snapshot.interval": "0s"}))
-    await server.start()
     held = EachHeld()
-    assert server.replicas is not None and server.replicas.rocksdb_writer is not None
-    real_writer = server.replicas.rocksdb_writer
-    server.replicas.rocksdb_writer = held  # buckets take it as they open, after this
-    try:
-        yield server, held
-    finally:
-        held.holding = False
-        held.release_all()
-        await server.stop()
-        held.shutdown(wait=True)
-        real_writer.shutdown(wait=True)
+    async with server_writing_with(tmp_path, held) as server:
+        try:
+            yield server, held
+        finally:
+            held.holding = False
+            held.release_all()  # before the server stops: a held read would hold up its stop
 
 
 def _rows(ids: range, name: str) -> pa.Table:
