@@ -71,8 +71,9 @@ _T = TypeVar("_T")
 INSTANCE_ID_KEY = b"instance_id"
 _SORTED_READ_MIN_KEYS = 32
 OFF_LOOP_READ_MIN_KEYS = 32
-"""A lookup that must read at least this many keys from RocksDB reads them on a writer thread (the loop serves
-other requests meanwhile); fewer cost less than the hand-off to a thread and back (~20 µs here)."""
+"""A lookup, or a put's old values (:meth:`KvTablet.read_ahead`), that must read at least this many keys from
+RocksDB reads them on a writer thread (the loop serves other requests meanwhile); fewer cost less than the
+hand-off to a thread and back (~20 µs here)."""
 _INDEX_SLACK = 4
 """The pre-write buffer's index is rebuilt once it holds this many times more keys than the pending batches."""
 STANDBY_STEP_BYTES = 4 << 20
@@ -325,6 +326,9 @@ class KvTablet:
         # order), and an index over them (each key's latest write) built only when a request needs it.
         self._pending: list[_PendingBatch] = []
         self._pending_index: dict[bytes, bytes | None] | None = None
+        self._pending_index_since = 0
+        """The index holds each key's latest write among every batch from this offset on (the applied offset
+        when it was built; it is kept up to date, applies included, until dropped)."""
         self._pending_bytes = 0
         """What the pending batches weigh (their requests' bytes): the pre-write buffer's memory debt."""
         self.reads_ahead = ReadAheads()
@@ -673,7 +677,10 @@ class KvTablet:
     def _current_values(self, keys: Sequence[bytes], ahead: ReadAhead | None = None) -> list[bytes | None]:
         """Latest values including the pre-write buffer (what the changelog must compare against); from
         ``ahead`` where it read them."""
-        values = self.reads_ahead.take(ahead, keys) if ahead is not None else None
+        values = None
+        if ahead is not None:  # the pre-write buffer's index, laid over below, may cover what the read needs
+            covered = self._pending_index_since if self._pending and self._pending_index is not None else None
+            values = self.reads_ahead.take(ahead, keys, covered_from=covered)
         if values is None:
             values = self._read_values(keys, fill_cache=False)  # the put writes the new values through next
         if self._pending:
@@ -681,6 +688,7 @@ class KvTablet:
             if index is None:
                 # built only when a request overlaps another's fsync; later batches win
                 index = self._pending_index = {}
+                self._pending_index_since = self._applied_offset
                 for pending in self._pending:
                     kv_loops.index_update(index, pending.keys, pending.values)
             kv_loops.overlay(values, keys, index)

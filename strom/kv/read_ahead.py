@@ -113,15 +113,19 @@ class ReadAheads:
             self._retained.clear()
             self._retained_keys = 0
 
-    def take(self, ahead: ReadAhead, keys: Sequence[bytes]) -> list[bytes | None] | None:
+    def take(self, ahead: ReadAhead, keys: Sequence[bytes], covered_from: int | None = None) -> list[bytes | None] | None:
         """The values of ``keys`` as of now, save the pre-write buffer (the caller lays it over them, as over
-        any read): ``ahead``'s values with every batch applied since its floor laid over them. None where
-        ``ahead`` is not of these keys, was dropped, or its read failed: the caller reads as usual."""
+        any read): ``ahead``'s values with every batch applied since its floor laid over them, unless the
+        pre-write buffer's index holds every batch from ``covered_from`` on, the floor included (it then
+        lays their latest writes over them itself). None where ``ahead`` is not of these keys, was dropped,
+        or its read failed: the caller reads as usual."""
         values = ahead.values
         if (values is None or ahead.owner is not self or ahead.generation != self._generation
                 or (ahead.keys is not keys and ahead.keys != keys)):
             return None
         ahead.values = None
+        if covered_from is not None and covered_from <= ahead.floor:
+            return values
         index: dict[bytes, bytes | None] = {}
         for batch in self._retained:
             if batch.next_offset > ahead.floor:
