@@ -638,36 +638,24 @@ class KvTablet:
             if None not in values or (not overwrite and self._config.delete_behavior != "ALLOW"):
                 return None  # upserts read nothing; deletes ignored or refused read nothing either
             keys = changelog.deletes_to_read(keys, values)
-        loop = _running_loop() if self._writer is not None and reads_off_loop_safe(self._db) else None
+        loop = self._off_loop_reads()
         if loop is None:
             return None
         floor = self._applied_offset
-        cached = self._cached_values(keys)
-        if (len(keys) if cached is None else len(cached[1])) < OFF_LOOP_READ_MIN_KEYS:
-            return self.reads_ahead.begin(keys, floor, None, self._finish_read(keys, cached, fill_cache=False))
-        self._make_readable()  # on the loop, before any read: it may reopen the database
-        missing_keys = list(keys) if cached is None else [keys[position] for position in cached[1]]
-        assert self._writer is not None
-        reading = asyncio.wrap_future(self._writer.submit(_read_database, self._db, missing_keys), loop=loop)
+        found = self._values_soon(keys, loop, fill_cache=False)  # the put writes the new values through next
+        if isinstance(found, list):
+            return self.reads_ahead.begin(keys, floor, None, found)
         ready: asyncio.Future[None] = loop.create_future()
         ahead = self.reads_ahead.begin(keys, floor, ready, None)
 
         def read(done: asyncio.Future[list[bytes | None]]) -> None:
-            try:  # a failed read leaves no values: the put reads on the loop, and meets the failure there
-                if self._closed or done.cancelled() or done.exception() is not None:
-                    return
-                found = done.result()
-                if cached is not None:
-                    values, missing = cached
-                    self._place_read(values, missing, missing_keys, found, fill_cache=False)
-                    found = values
-                if ahead.generation >= 0:  # not released meanwhile
-                    ahead.values = found
-            finally:
-                if not ready.done():  # cancelled where its request went away
-                    ready.set_result(None)
+            # a failed read leaves no values: the put reads on the loop, and meets the failure there
+            if not done.cancelled() and done.exception() is None and ahead.generation >= 0:  # not released
+                ahead.values = done.result()
+            if not ready.done():  # cancelled where its request went away
+                ready.set_result(None)
 
-        reading.add_done_callback(read)
+        found.add_done_callback(read)
         return ahead
 
     def _partial(self, target_columns: Sequence[int]) -> changelog.PartialUpdate:
@@ -987,12 +975,29 @@ class KvTablet:
         value of one of its keys). Raises KvStorageError as :meth:`lookup` does; the future fails with it
         when the tablet closes before the read runs."""
         self._check_open()
-        loop = _running_loop() if self._writer is not None and reads_off_loop_safe(self._db) else None
+        loop = self._off_loop_reads()
         if loop is None:
             return self.lookup(keys)
+        return self._values_soon(keys, loop, fill_cache=True, then=self._format.current_values)
+
+    def _off_loop_reads(self) -> asyncio.AbstractEventLoop | None:
+        """The running event loop where RocksDB reads may leave it for a writer thread (a writer, and the
+        native binding); None otherwise."""
+        return _running_loop() if self._writer is not None and reads_off_loop_safe(self._db) else None
+
+    def _values_soon(
+        self, keys: Sequence[bytes], loop: asyncio.AbstractEventLoop, *, fill_cache: bool,
+        then: Callable[[list[bytes | None]], list[bytes | None]] | None = None,
+    ) -> list[bytes | None] | asyncio.Future[list[bytes | None]]:
+        """The values of ``keys`` as the row cache and RocksDB hold them (``then`` applied to them): now
+        where the cache lacks fewer than :data:`OFF_LOOP_READ_MIN_KEYS`, else a future whose RocksDB read
+        runs on a writer thread without the GIL. ``fill_cache``: what the read finds goes into the cache,
+        unless a write-through happened meanwhile (it may have written a newer value of a key read). The
+        future fails with KvStorageError where the read failed or the tablet closed before it ran."""
         cached = self._cached_values(keys)
         if (len(keys) if cached is None else len(cached[1])) < OFF_LOOP_READ_MIN_KEYS:
-            return self._format.current_values(self._finish_read(keys, cached, fill_cache=True))
+            found = self._finish_read(keys, cached, fill_cache=fill_cache)
+            return found if then is None else then(found)
         self._make_readable()  # on the loop, before any read: it may reopen the database
         missing_keys = list(keys) if cached is None else [keys[position] for position in cached[1]]
         cache_writes = self._cache_writes
@@ -1006,16 +1011,16 @@ class KvTablet:
             if self._closed or done.cancelled() or done.exception() is not None:
                 failure = None if done.cancelled() else done.exception()
                 answer.set_exception(KvStorageError(
-                    f"the lookup's read of {self.directory} failed: {failure or 'the kv tablet closed'}"))
+                    f"the read of {self.directory} failed: {failure or 'the kv tablet closed'}"))
                 return
             try:
                 found = done.result()
                 if cached is not None:
                     values, missing = cached
                     self._place_read(values, missing, missing_keys, found,
-                                     fill_cache=cache_writes == self._cache_writes)
+                                     fill_cache=fill_cache and cache_writes == self._cache_writes)
                     found = values
-                answer.set_result(self._format.current_values(found))
+                answer.set_result(found if then is None else then(found))
             except Exception as exc:  # answered as the failure it is, never left waiting
                 answer.set_exception(exc)
 
