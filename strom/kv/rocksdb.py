@@ -519,6 +519,7 @@ def _open_rocksdict_with(db_options: rocksdict.Options, path: Path, options: Roc
     db_options.set_max_file_opening_threads(file_opening_threads(path))
     db_options.set_max_log_file_size(options.log_max_file_size_bytes)
     db_options.set_keep_log_file_num(options.log_file_num)
+    db_options.set_stats_dump_period_sec(0)  # Fluss's DBOptions: no periodic stats dump
     db_options.set_db_log_dir(options.log_dir or "")
     # no setter for info_log_level in rocksdict 0.3.29: RocksDB's INFO_LEVEL (kv.rocksdb.log.level says so)
     db_options.set_compaction_style(_ROCKSDICT_COMPACTION_STYLES[options.compaction_style]())

@@ -89,6 +89,8 @@ def test_fluss_defaults_reach_rocksdb_where_they_differ_from_rocksdbs(tmp_path: 
     assert db["info_log_level"] == "INFO_LEVEL"
     assert db["max_background_jobs"] == "2"
     assert db["max_open_files"] == "-1"
+    # Fluss's DBOptions: no periodic stats dump (RocksDB's default is every 600 s, into each bucket's LOG)
+    assert db["stats_dump_period_sec"] == "0"
     assert db["allow_mmap_reads"] == "true"  # strom's kv.rocksdb.mmap-reads
     assert table["pin_top_level_index_and_filter"] == "false"
     assert table["cache_index_and_filter_blocks"] == "false"

@@ -251,6 +251,9 @@ static int database_init(DatabaseObject *self, PyObject *args, PyObject *kwargs)
         rocksdb_options_set_db_log_dir(self->options, db_log_dir);
     }
     rocksdb_options_set_info_log_level(self->options, info_log_level);
+    /* Fluss's DBOptions: no periodic stats dump. RocksDB's (every 600 s, the first ones seconds after the
+       process's first opens) collects block-cache statistics on its timer thread for every bucket */
+    rocksdb_options_set_stats_dump_period_sec(self->options, 0);
     if (rate_limit > 0) {
         rocksdb_options_set_ratelimiter(self->options, rate_limiter_for(rate_limit));
     }
