@@ -6,6 +6,7 @@ same run, and never assert timings.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -208,8 +209,12 @@ def serving_processes(pid: int) -> list[int]:
 def main_thread_run_and_wait_s(pid: int) -> tuple[float, float]:
     """Seconds process ``pid``'s main thread (a server's event loop) has run on a CPU, and has waited on a
     run queue while it could have run (``/proc/<pid>/schedstat``): whether a loop that is not busy lacked work
-    or lacked a CPU."""
-    run_ns, wait_ns = Path(f"/proc/{pid}/schedstat").read_text().split()[:2]
+    or lacked a CPU. The wait is NaN where the kernel keeps no schedstat."""
+    try:
+        run_ns, wait_ns = Path(f"/proc/{pid}/schedstat").read_text().split()[:2]
+    except FileNotFoundError:  # a kernel built without schedstat: the thread's ticks, and no wait measured
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), math.nan
     return int(run_ns) / 1e9, int(wait_ns) / 1e9
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import math
 import os
 import time
 from typing import NamedTuple
@@ -198,7 +199,10 @@ def main() -> None:
     def cores(phase: Phase) -> str:
         return (f"  (cores busy: server {phase.server_cores:.1f}, writers {phase.writers_cores:.1f}, machine "
                 f"{phase.machine_cores:.1f} of {os.cpu_count()}; event loops busy {phase.loop_busy_least:.0%}–"
-                f"{phase.loop_busy_most:.0%}, waiting for a CPU {phase.loop_waiting:.0%})")
+                f"{phase.loop_busy_most:.0%}, waiting for a CPU {waiting(phase)})")
+
+    def waiting(phase: Phase) -> str:
+        return "not measured (no schedstat)" if math.isnan(phase.loop_waiting) else f"{phase.loop_waiting:.0%}"
 
     def rates(phase: dict[int, Phase], n: int, unit: str) -> str:
         whole, steady = phase[n].rate, phase[n].steady_rate
