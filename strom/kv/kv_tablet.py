@@ -142,6 +142,12 @@ class _PendingBatch:
     """What the batch weighs in the pre-write buffer (its request's bytes)."""
 
 
+def _lacks_many(keys: Sequence[bytes], cached: tuple[list[bytes | None], list[int]] | None) -> bool:
+    """Whether a read of ``keys`` whose row cache answered ``cached`` (None: no cache) leaves the loop: it
+    lacks :data:`OFF_LOOP_READ_MIN_KEYS` or more."""
+    return (len(keys) if cached is None else len(cached[1])) >= OFF_LOOP_READ_MIN_KEYS
+
+
 def _read_database(database: KvDatabase, keys: Sequence[bytes]) -> list[bytes | None]:
     """RocksDB's values of ``keys`` in their order: single gets for a few, else one multi-get in key order
     (neighbouring keys share blocks; the sort runs in C, kv_loops.py). Any thread, with the native binding."""
@@ -626,11 +632,12 @@ class KvTablet:
     def read_ahead(self, keys: Sequence[bytes], values: Sequence[bytes | None], target_columns: Sequence[int] | None,
                    *, overwrite: bool = False) -> ReadAhead | None:
         """Begin getting the old values that a put of ``keys`` and ``values`` will plan from
-        (:mod:`strom.kv.read_ahead`): the row cache's now, and where it lacks :data:`OFF_LOOP_READ_MIN_KEYS`
-        or more, RocksDB's on a writer thread without the GIL; the put awaits ``reading`` (if any), then
-        hands the result to :meth:`prepare_put`, and releases it in any case. A ``WAL`` changelog image's
-        full rows read only their deletes' old values (:func:`changelog.deletes_to_read`). None where the
-        put reads no old values, or cannot read them off the loop (no writer, rocksdict)."""
+        (:mod:`strom.kv.read_ahead`) where the row cache lacks :data:`OFF_LOOP_READ_MIN_KEYS` or more of
+        them: the cache's now, and RocksDB's on a writer thread without the GIL; the put awaits ``reading``,
+        then hands the result to :meth:`prepare_put`, and releases it in any case. A ``WAL`` changelog
+        image's full rows read only their deletes' old values (:func:`changelog.deletes_to_read`). None
+        where the put reads no old values, where the cache answers it at its turn, or where it cannot read
+        off the loop (no writer, rocksdict)."""
         if self.failed is not None or self._closed or self.standby:
             return None
         if (self._wal and self._auto_increment is None and not target_columns
@@ -641,12 +648,16 @@ class KvTablet:
         loop = self._off_loop_reads()
         if loop is None:
             return None
+        cached = self._cached_values(keys)
+        if not _lacks_many(keys, cached):
+            # the cache answers (a few gets aside) as cheaply at the put's turn: reading it now would keep
+            # every batch applied meanwhile for the put to lay over, a cost that grows with the requests in
+            # flight for the bucket (16 pipelined writers: 43 % of a loaded loop, docs/benchmarks.md)
+            return None
         floor = self._applied_offset
-        found = self._values_soon(keys, loop, fill_cache=False)  # the put writes the new values through next
-        if isinstance(found, list):
-            return self.reads_ahead.begin(keys, floor, None, found)
+        found = self._read_soon(keys, cached, loop, fill_cache=False)  # the put writes the new values through next
         ready: asyncio.Future[None] = loop.create_future()
-        ahead = self.reads_ahead.begin(keys, floor, ready, None)
+        ahead = self.reads_ahead.begin(keys, floor, ready)
 
         def read(done: asyncio.Future[list[bytes | None]]) -> None:
             # a failed read leaves no values: the put reads on the loop, and meets the failure there
@@ -995,9 +1006,18 @@ class KvTablet:
         unless a write-through happened meanwhile (it may have written a newer value of a key read). The
         future fails with KvStorageError where the read failed or the tablet closed before it ran."""
         cached = self._cached_values(keys)
-        if (len(keys) if cached is None else len(cached[1])) < OFF_LOOP_READ_MIN_KEYS:
+        if not _lacks_many(keys, cached):
             found = self._finish_read(keys, cached, fill_cache=fill_cache)
             return found if then is None else then(found)
+        return self._read_soon(keys, cached, loop, fill_cache=fill_cache, then=then)
+
+    def _read_soon(
+        self, keys: Sequence[bytes], cached: tuple[list[bytes | None], list[int]] | None,
+        loop: asyncio.AbstractEventLoop, *, fill_cache: bool,
+        then: Callable[[list[bytes | None]], list[bytes | None]] | None = None,
+    ) -> asyncio.Future[list[bytes | None]]:
+        """:meth:`_values_soon`'s read on a writer thread of what the cache lacked (``cached``,
+        :meth:`_cached_values`)."""
         self._make_readable()  # on the loop, before any read: it may reopen the database
         missing_keys = list(keys) if cached is None else [keys[position] for position in cached[1]]
         cache_writes = self._cache_writes

@@ -6,7 +6,9 @@ value. Where the row cache lacks most keys, reading them from RocksDB took ~60 %
 loop in a cache-cold update (py-spy, docs/benchmarks.md), time in which it planned nothing else although
 the read holds no GIL. :meth:`KvTablet.read_ahead <strom.kv.kv_tablet.KvTablet.read_ahead>` starts that read
 on a writer thread when the request arrives; the request then waits for it in its bucket's arrival order
-(strom/tablet/arrival_order.py) and plans its batch from the values read.
+(strom/tablet/arrival_order.py) and plans its batch from the values read. Where the cache holds nearly all
+of the keys nothing is read ahead: the put reads the cache at its turn, as cheaply, and keeps no applied
+batches waiting for it.
 
 Why the values are right at the put although other writes go on meanwhile: the read starts from what the
 cache holds and RocksDB has, which reflects every batch below the bucket's applied offset at the start (the
@@ -53,10 +55,10 @@ class ReadAhead:
     floor: int
     """The bucket's applied offset when the read began: batches from it on are laid over :attr:`values`."""
     generation: int
-    reading: asyncio.Future[Any] | None
-    """The read on the writer thread; None where the cache (and a few gets on the loop) answered at once."""
+    reading: asyncio.Future[Any]
+    """The read on the writer thread."""
     values: list[bytes | None] | None = None
-    """The keys' values as cached or read (None while read, where the read failed, or once taken)."""
+    """The keys' values as cached and read (None while read, where the read failed, or once taken)."""
 
     def release(self) -> None:
         """The put is planned, or will not be: the applied batches kept for this read may go."""
@@ -77,11 +79,10 @@ class ReadAheads:
         self.stale = 0
         """Reads ahead dropped before their put used them (:data:`RETAINED_KEYS_MAX`)."""
 
-    def begin(self, keys: Sequence[bytes], floor: int, reading: asyncio.Future[Any] | None,
-              values: list[bytes | None] | None) -> ReadAhead:
+    def begin(self, keys: Sequence[bytes], floor: int, reading: asyncio.Future[Any]) -> ReadAhead:
         self._floors.append(floor)
-        self.read += reading is not None
-        return ReadAhead(self, keys, floor, self._generation, reading, values)
+        self.read += 1
+        return ReadAhead(self, keys, floor, self._generation, reading)
 
     def release(self, ahead: ReadAhead) -> None:
         ahead.values = None

@@ -480,7 +480,7 @@ class TabletService:
         buckets = [_bucket(request.table_id, b) for b in request.buckets_req]
         aheads = [self._read_ahead(bucket, b, target_columns, overwrite)
                   for bucket, b in zip(buckets, request.buckets_req, strict=True)]
-        readings = [ahead.reading for _batches, ahead in filter(None, aheads) if ahead.reading is not None]
+        readings = [ahead.reading for _batches, ahead in filter(None, aheads) if ahead is not None]
         try:
             staged = await self._appended_in_order(buckets, lambda: [
                 self._stage_put(request.table_id, b, target_columns, request.acks, overwrite, knows_backpressure,
@@ -489,15 +489,15 @@ class TabletService:
             ], asyncio.gather(*readings) if readings else None)
         finally:
             for entry in aheads:
-                if entry is not None:
+                if entry is not None and entry[1] is not None:
                     entry[1].release()
         return pb.PutKvResponse(buckets_resp=[await self._finish_put(*entry, request.acks) for entry in staged])
 
     def _read_ahead(self, bucket: TableBucket, bucket_request: Any, target_columns: list[int], overwrite: bool,
-                    ) -> tuple[list[KvBatch], ReadAhead] | None:
-        """A bucket's batch, parsed, and its old values being read (:meth:`KvTablet.read_ahead`), where the
-        bucket is open and its request holds one batch; None otherwise, and wherever something is wrong:
-        :meth:`_stage_put` meets it and answers it."""
+                    ) -> tuple[list[KvBatch], ReadAhead | None] | None:
+        """A bucket's batch, parsed, and its old values being read (:meth:`KvTablet.read_ahead`; None where
+        the put reads none ahead), where the bucket is open and its request holds one batch; None otherwise,
+        and wherever something is wrong: :meth:`_stage_put` meets it and answers it."""
         try:
             replica = self._replicas.replica(bucket)  # opens nothing: a bucket still to open reads as it opens
             kv = replica.kv_if_open
@@ -509,16 +509,16 @@ class TabletService:
             ahead = kv.read_ahead(batches[0].keys, batches[0].values, target_columns, overwrite=overwrite)
         except Exception:
             return None
-        return None if ahead is None else (batches, ahead)
+        return batches, ahead
 
     def _stage_put(
         self, table_id: int, bucket_request: Any, target_columns: list[int], acks: int = ACKS_ALL,
         overwrite: bool = False, knows_backpressure: bool = True,
-        ahead: tuple[list[KvBatch], ReadAhead] | None = None,
+        ahead: tuple[list[KvBatch], ReadAhead | None] | None = None,
     ) -> tuple[Any, StagedPut, TableBucket, KvTablet | None]:
         """One bucket's answer-to-be, its batches handed to the tablet (which appends them and drives their
         commit and apply), and the tablet (None when the put was refused before it). ``ahead``: the batches
-        parsed, and their old values read, before the request's turn (:meth:`_read_ahead`)."""
+        parsed, and their old values read (if any), before the request's turn (:meth:`_read_ahead`)."""
         bucket = _bucket(table_id, bucket_request)
         response = pb.PbPutKvRespForBucket(bucket_id=bucket.bucket)
         _echo_partition(response, bucket)
