@@ -12,10 +12,10 @@ batches waiting for it.
 
 Why the values are right at the put although other writes go on meanwhile: the read starts from what the
 cache holds and RocksDB has, which reflects every batch below the bucket's applied offset at the start (the
-*floor*); batches at or above it may or may not be in what was read. At the put, every batch from the floor
-on is laid over the values, in log order: those applied meanwhile (kept here while a read ahead needs them)
-and those still in the pre-write buffer. A batch's values are whole stored rows, so laying one over values
-that already reflect it changes nothing.
+*floor*); batches at or above it may or may not be in what was read. At the put, what every batch from the
+floor on wrote is laid over the values, in log order: the latest write of each key applied meanwhile (kept
+here while a read ahead needs it), then the pre-write buffer. A batch's values are whole stored rows, so
+laying one over values that already reflect it changes nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from typing import Any, Protocol
 from strom.kv import kv_loops
 
 RETAINED_KEYS_MAX = 1 << 20
-"""Keys of applied batches kept for the reads ahead in flight. Past it the reads in flight are dropped (their
-puts read on the loop, as before): a read that never ends must not keep a bucket's writes in memory."""
+"""Keys of applied batches kept for the reads ahead in flight. Past it, once what no read in flight needs is
+forgotten, the reads in flight are dropped (their puts read on the loop, as before): a read that never ends
+must not keep a bucket's writes in memory."""
 
 
 class AppliedBatch(Protocol):
@@ -66,13 +67,19 @@ class ReadAhead:
 
 
 class ReadAheads:
-    """A bucket's reads ahead in flight and the applied batches they must still see. Owned by the event loop."""
+    """A bucket's reads ahead in flight and what was applied while they were: each key's latest applied value
+    and the end offset of the batch that wrote it, so that a put lays over its values only its own keys'
+    writes since its floor, at a cost of its keys (laying whole batches over it cost each put all the keys
+    applied since its floor, which grew with the requests in flight: 39 % of a loaded loop with 16
+    pipelined writers, docs/benchmarks.md). Owned by the event loop."""
 
     def __init__(self) -> None:
         self._floors: list[int] = []
         """The floors of the reads in flight, in the order they began (so ascending)."""
-        self._retained: list[AppliedBatch] = []
-        self._retained_keys = 0
+        self._latest: dict[bytes, bytes | None] = {}
+        """Each key a batch applied while a read was in flight wrote: its latest value (None: deleted)."""
+        self._written_at: dict[bytes, int] = {}
+        """The same keys: the end offset of the batch that last wrote each."""
         self._generation = 0
         self.read = 0
         """Reads ahead that went to RocksDB on a writer thread (the metric ``strom_kv_reads_ahead``)."""
@@ -91,32 +98,34 @@ class ReadAheads:
         ahead.generation = -1
         self._floors.remove(ahead.floor)
         if not self._floors:
-            self._retained.clear()
-            self._retained_keys = 0
-            return
-        lowest = self._floors[0]
-        kept = [batch for batch in self._retained if batch.next_offset > lowest]
-        if len(kept) != len(self._retained):
-            self._retained = kept
-            self._retained_keys = sum(len(batch.keys) for batch in kept)
+            self._latest.clear()
+            self._written_at.clear()
 
     def applied(self, batches: Sequence[AppliedBatch]) -> None:
-        """``batches`` went into RocksDB and leave the pre-write buffer: kept while a read ahead may not
-        reflect them."""
+        """``batches`` went into RocksDB and leave the pre-write buffer: their writes are kept while a read
+        ahead may not reflect them."""
         if not self._floors:
             return
-        self._retained.extend(batches)
-        self._retained_keys += sum(len(batch.keys) for batch in batches)
-        if self._retained_keys > RETAINED_KEYS_MAX:
-            self.stale += len(self._floors)
-            self._generation += 1
-            self._floors.clear()
-            self._retained.clear()
-            self._retained_keys = 0
+        for batch in batches:
+            kv_loops.index_update(self._latest, batch.keys, batch.values)
+            self._written_at.update(dict.fromkeys(batch.keys, batch.next_offset))
+        if len(self._written_at) > RETAINED_KEYS_MAX:
+            self._forget_up_to(self._floors[0])  # what no read in flight needs any more
+            if len(self._written_at) > RETAINED_KEYS_MAX:
+                self.stale += len(self._floors)
+                self._generation += 1
+                self._floors.clear()
+                self._latest.clear()
+                self._written_at.clear()
+
+    def _forget_up_to(self, floor: int) -> None:
+        """Drop the keys last written by batches ending at or below ``floor``, the lowest floor in flight."""
+        self._written_at = {key: at for key, at in self._written_at.items() if at > floor}
+        self._latest = {key: self._latest[key] for key in self._written_at}
 
     def take(self, ahead: ReadAhead, keys: Sequence[bytes], covered_from: int | None = None) -> list[bytes | None] | None:
         """The values of ``keys`` as of now, save the pre-write buffer (the caller lays it over them, as over
-        any read): ``ahead``'s values with every batch applied since its floor laid over them, unless the
+        any read): ``ahead``'s values with every write applied since its floor laid over them, unless the
         pre-write buffer's index holds every batch from ``covered_from`` on, the floor included (it then
         lays their latest writes over them itself). None where ``ahead`` is not of these keys, was dropped,
         or its read failed: the caller reads as usual."""
@@ -127,10 +136,10 @@ class ReadAheads:
         ahead.values = None
         if covered_from is not None and covered_from <= ahead.floor:
             return values
-        index: dict[bytes, bytes | None] = {}
-        for batch in self._retained:
-            if batch.next_offset > ahead.floor:
-                kv_loops.index_update(index, batch.keys, batch.values)
-        if index:
-            kv_loops.overlay(values, keys, index)
+        floor, written_at, latest = ahead.floor, self._written_at, self._latest
+        if written_at:
+            for position, key in enumerate(keys):
+                at = written_at.get(key)
+                if at is not None and at > floor:
+                    values[position] = latest[key]
         return values

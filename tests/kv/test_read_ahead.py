@@ -147,6 +147,33 @@ async def test_a_read_that_would_keep_too_many_applied_writes_is_dropped_and_the
         assert bucket.kv.row_count == 100
 
 
+@dataclasses.dataclass
+class Applied:
+    next_offset: int
+    keys: list[bytes]
+    values: list[bytes | None]
+
+
+async def test_the_bound_on_kept_writes_first_forgets_what_no_read_in_flight_needs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads overlap without end under a steady load, so the writes kept for them are pruned to those above
+    the lowest floor in flight before any read is dropped; a key's latest write since a read's floor is laid
+    over what it read, and one from before its floor is not needed."""
+    monkeypatch.setattr(read_ahead, "RETAINED_KEYS_MAX", 4)
+    loop = asyncio.get_running_loop()
+    reads = read_ahead.ReadAheads()
+    first = reads.begin([b"a"], 0, loop.create_future())
+    reads.applied([Applied(10, [b"a", b"b", b"c"], [b"a1", b"b1", None])])
+    second = reads.begin([b"a", b"c", b"d", b"e"], 10, loop.create_future())
+    first.release()
+    reads.applied([Applied(20, [b"d", b"e"], [b"d2", None])])  # 5 keys kept: those below floor 10 go
+    assert reads.stale == 0
+    second.values = [b"a1", None, b"d0", b"e0"]  # what the read found: the batch ending at 10 included
+    assert reads.take(second, second.keys) == [b"a1", None, b"d2", None]
+    reads.applied([Applied(30, [b"f", b"g", b"h", b"i", b"j"], [b"x"] * 5)])  # all above the floor: dropped
+    assert reads.stale == 1
+
+
 async def test_a_read_of_another_batch_or_of_a_tablet_since_reopened_is_not_used(
         tmp_path: Path) -> None:
     async with held_bucket(tmp_path) as (_held, bucket):
