@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from strom.kv import kv_loops
-
 RETAINED_KEYS_MAX = 1 << 20
 """Keys of applied batches kept for the reads ahead in flight. Past it, once what no read in flight needs is
 forgotten, the reads in flight are dropped (their puts read on the loop, as before): a read that never ends
@@ -67,19 +65,20 @@ class ReadAhead:
 
 
 class ReadAheads:
-    """A bucket's reads ahead in flight and what was applied while they were: each key's latest applied value
-    and the end offset of the batch that wrote it, so that a put lays over its values only its own keys'
-    writes since its floor, at a cost of its keys (laying whole batches over it cost each put all the keys
-    applied since its floor, which grew with the requests in flight: 39 % of a loaded loop with 16
-    pipelined writers, docs/benchmarks.md). Owned by the event loop."""
+    """A bucket's reads ahead in flight and what was applied while they were: for each key, the batch that
+    last wrote it, so that a put lays over its values only its own keys' writes since its floor, at a cost
+    of its keys (laying whole batches over it cost each put all the keys applied since its floor, which grew
+    with the requests in flight: 39 % of a loaded loop with 16 pipelined writers, docs/benchmarks.md).
+    Owned by the event loop."""
 
     def __init__(self) -> None:
         self._floors: list[int] = []
         """The floors of the reads in flight, in the order they began (so ascending)."""
-        self._latest: dict[bytes, bytes | None] = {}
-        """Each key a batch applied while a read was in flight wrote: its latest value (None: deleted)."""
-        self._written_at: dict[bytes, int] = {}
-        """The same keys: the end offset of the batch that last wrote each."""
+        self._written_by: dict[bytes, AppliedBatch] = {}
+        """Each key a batch applied while a read was in flight wrote: the batch that last wrote it. Its value
+        there is looked up only where a put needs it (a key written since the put's read began: rare)."""
+        self._kept_keys = 0
+        """The keys of the batches :attr:`_written_by` keeps alive (what the bound counts)."""
         self._generation = 0
         self.read = 0
         """Reads ahead that went to RocksDB on a writer thread (the metric ``strom_kv_reads_ahead``)."""
@@ -98,8 +97,8 @@ class ReadAheads:
         ahead.generation = -1
         self._floors.remove(ahead.floor)
         if not self._floors:
-            self._latest.clear()
-            self._written_at.clear()
+            self._written_by.clear()
+            self._kept_keys = 0
 
     def applied(self, batches: Sequence[AppliedBatch]) -> None:
         """``batches`` went into RocksDB and leave the pre-write buffer: their writes are kept while a read
@@ -107,21 +106,22 @@ class ReadAheads:
         if not self._floors:
             return
         for batch in batches:
-            kv_loops.index_update(self._latest, batch.keys, batch.values)
-            self._written_at.update(dict.fromkeys(batch.keys, batch.next_offset))
-        if len(self._written_at) > RETAINED_KEYS_MAX:
+            self._written_by.update(dict.fromkeys(batch.keys, batch))
+            self._kept_keys += len(batch.keys)
+        if self._kept_keys > RETAINED_KEYS_MAX:
             self._forget_up_to(self._floors[0])  # what no read in flight needs any more
-            if len(self._written_at) > RETAINED_KEYS_MAX:
+            if self._kept_keys > RETAINED_KEYS_MAX:
                 self.stale += len(self._floors)
                 self._generation += 1
                 self._floors.clear()
-                self._latest.clear()
-                self._written_at.clear()
+                self._written_by.clear()
+                self._kept_keys = 0
 
     def _forget_up_to(self, floor: int) -> None:
         """Drop the keys last written by batches ending at or below ``floor``, the lowest floor in flight."""
-        self._written_at = {key: at for key, at in self._written_at.items() if at > floor}
-        self._latest = {key: self._latest[key] for key in self._written_at}
+        self._written_by = {key: batch for key, batch in self._written_by.items() if batch.next_offset > floor}
+        kept = {id(batch): batch for batch in self._written_by.values()}
+        self._kept_keys = sum(len(batch.keys) for batch in kept.values())
 
     def take(self, ahead: ReadAhead, keys: Sequence[bytes], covered_from: int | None = None) -> list[bytes | None] | None:
         """The values of ``keys`` as of now, save the pre-write buffer (the caller lays it over them, as over
@@ -136,10 +136,14 @@ class ReadAheads:
         ahead.values = None
         if covered_from is not None and covered_from <= ahead.floor:
             return values
-        floor, written_at, latest = ahead.floor, self._written_at, self._latest
-        if written_at:
+        floor, written_by = ahead.floor, self._written_by
+        if written_by:
+            indexes: dict[int, dict[bytes, bytes | None]] = {}
             for position, key in enumerate(keys):
-                at = written_at.get(key)
-                if at is not None and at > floor:
-                    values[position] = latest[key]
+                batch = written_by.get(key)
+                if batch is not None and batch.next_offset > floor:
+                    index = indexes.get(id(batch))
+                    if index is None:  # a batch holds a key once or more: its last write wins
+                        index = indexes[id(batch)] = dict(zip(batch.keys, batch.values, strict=True))
+                    values[position] = index[key]
         return values
