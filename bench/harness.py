@@ -121,9 +121,11 @@ class BenchServer:
             self._temporary.cleanup()
 
 
-def _stat_fields(pid: int) -> list[str]:
-    """The fields of Linux's ``/proc/<pid>/stat`` after the command name (which may hold spaces and ")")."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _stat_fields(pid: int, thread: int | None = None) -> list[str]:
+    """The fields of Linux's ``/proc/<pid>/stat`` (``thread``: ``/proc/<pid>/task/<thread>/stat``, that thread's
+    alone) after the command name (which may hold spaces and ")")."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    return Path(path).read_text().rsplit(")", 1)[1].split()
 
 
 def _cpu_s(fields: list[str]) -> float:
@@ -213,8 +215,7 @@ def main_thread_run_and_wait_s(pid: int) -> tuple[float, float]:
     try:
         run_ns, wait_ns = Path(f"/proc/{pid}/schedstat").read_text().split()[:2]
     except FileNotFoundError:  # a kernel built without schedstat: the thread's ticks, and no wait measured
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), math.nan
+        return _cpu_s(_stat_fields(pid, thread=pid)), math.nan
     return int(run_ns) / 1e9, int(wait_ns) / 1e9
 
 
