@@ -989,35 +989,26 @@ class KvTablet:
         loop = self._off_loop_reads()
         if loop is None:
             return self.lookup(keys)
-        return self._values_soon(keys, loop, fill_cache=True, then=self._format.current_values)
+        cached = self._cached_values(keys)
+        if not _lacks_many(keys, cached):
+            return self._format.current_values(self._finish_read(keys, cached, fill_cache=True))
+        return self._read_soon(keys, cached, loop, fill_cache=True, then=self._format.current_values)
 
     def _off_loop_reads(self) -> asyncio.AbstractEventLoop | None:
         """The running event loop where RocksDB reads may leave it for a writer thread (a writer, and the
         native binding); None otherwise."""
         return _running_loop() if self._writer is not None and reads_off_loop_safe(self._db) else None
 
-    def _values_soon(
-        self, keys: Sequence[bytes], loop: asyncio.AbstractEventLoop, *, fill_cache: bool,
-        then: Callable[[list[bytes | None]], list[bytes | None]] | None = None,
-    ) -> list[bytes | None] | asyncio.Future[list[bytes | None]]:
-        """The values of ``keys`` as the row cache and RocksDB hold them (``then`` applied to them): now
-        where the cache lacks fewer than :data:`OFF_LOOP_READ_MIN_KEYS`, else a future whose RocksDB read
-        runs on a writer thread without the GIL. ``fill_cache``: what the read finds goes into the cache,
-        unless a write-through happened meanwhile (it may have written a newer value of a key read). The
-        future fails with KvStorageError where the read failed or the tablet closed before it ran."""
-        cached = self._cached_values(keys)
-        if not _lacks_many(keys, cached):
-            found = self._finish_read(keys, cached, fill_cache=fill_cache)
-            return found if then is None else then(found)
-        return self._read_soon(keys, cached, loop, fill_cache=fill_cache, then=then)
-
     def _read_soon(
         self, keys: Sequence[bytes], cached: tuple[list[bytes | None], list[int]] | None,
         loop: asyncio.AbstractEventLoop, *, fill_cache: bool,
         then: Callable[[list[bytes | None]], list[bytes | None]] | None = None,
     ) -> asyncio.Future[list[bytes | None]]:
-        """:meth:`_values_soon`'s read on a writer thread of what the cache lacked (``cached``,
-        :meth:`_cached_values`)."""
+        """The values of ``keys`` (``then`` applied to them) once a writer thread read what the row cache
+        lacked (``cached``, :meth:`_cached_values`) from RocksDB without the GIL. ``fill_cache``: what the
+        read finds goes into the cache, unless a write-through happened meanwhile (it may have written a
+        newer value of a key read). The future fails with KvStorageError where the read failed or the
+        tablet closed before it ran."""
         self._make_readable()  # on the loop, before any read: it may reopen the database
         missing_keys = list(keys) if cached is None else [keys[position] for position in cached[1]]
         cache_writes = self._cache_writes
