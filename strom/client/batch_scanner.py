@@ -20,7 +20,14 @@ import pyarrow as pa
 
 from strom.client.log_scanner import LogScanner
 from strom.client.table_handle import TableHandle
-from strom.errors import NetworkError, RequestTimeoutError, StromError, TooManyScannersError, error_for_code
+from strom.errors import (
+    ConnectionFailedError,
+    NetworkError,
+    RequestTimeoutError,
+    StromError,
+    TooManyScannersError,
+    error_for_code,
+)
 from strom.ids import TableBucket
 from strom.records import row_arrow
 from strom.records.kv_batch import parse_value_batch
@@ -117,7 +124,7 @@ class BucketBatchScanner:
         for attempt in range(CONTINUE_RETRIES + 1):
             try:
                 return await self._request(request)
-            except (NetworkError, RequestTimeoutError):
+            except (ConnectionFailedError, NetworkError, RequestTimeoutError):
                 if attempt == CONTINUE_RETRIES:
                     raise
                 await asyncio.sleep(OPEN_BACKOFF_MS * (attempt + 1) / 1000)  # then ask for the same batch again

@@ -61,7 +61,10 @@ class _BlockingRpc:
         self._address = address
         self._request_id = 0
         hello = pb.ApiVersionsRequest(client_software_name=STROM_CLIENT_NAME, client_software_version="0.1.0")
-        self.call(ApiKey.API_VERSIONS, 0, hello, pb.ApiVersionsResponse)
+        try:
+            self.call(ApiKey.API_VERSIONS, 0, hello, pb.ApiVersionsResponse)
+        except NetworkError as exc:  # as the asyncio client says: no request of the caller's went out
+            raise ConnectionFailedError(f"no handshake with {address}: {exc}") from exc
 
     def call(self, key: ApiKey, version: int, message: Any, response_class: Any) -> Any:
         return response_class.FromString(self.call_bytes(key, version, message.SerializeToString()))

@@ -117,7 +117,8 @@ class RpcConnection:
         (SASL).
 
         Raises:
-            ConnectionFailedError: nothing answers at ``host:port``, or the TLS handshake failed.
+            ConnectionFailedError: nothing answers at ``host:port``, the TLS handshake failed, or the
+                ApiVersions or SASL exchange timed out or lost the connection.
             AuthenticationError: the server refused the credentials.
         """
         connection = cls(f"{host}:{port}")
@@ -142,6 +143,11 @@ class RpcConnection:
             )
             if credentials is not None:
                 await connection._authenticate(credentials, timeout_ms)
+        except (RequestTimeoutError, NetworkError) as exc:
+            # No request of the caller's went out, so say so: a process stopped (SIGSTOP) or hung still has
+            # its connections accepted by the kernel, and only the handshake finds out nothing answers.
+            await connection.close()
+            raise ConnectionFailedError(f"no handshake with {host}:{port}: {exc}") from exc
         except BaseException:
             await connection.close()
             raise

@@ -437,26 +437,33 @@ async def snapshot_after(admin: Any, path: TablePath, snapshot_id: int) -> int:
 
 def test_a_coordinator_paused_beyond_its_session_is_deposed_and_stops(tmp_path: Path) -> None:
     """SIGSTOP the active coordinator longer than the ZooKeeper session timeout (4 s here): the standby takes
-    over; on SIGCONT the paused one learns it was deposed and exits non-zero instead of acting."""
+    over, and a client whose metadata still names the paused one fails over to it (the paused process's
+    kernel still accepts connections; only the handshake times out); on SIGCONT the paused one learns it
+    was deposed and exits non-zero instead of acting."""
     local = _cluster(tmp_path / "cluster", 1, {"kv.snapshot.interval": "0s", **FAST_SESSIONS}, coordinators=2)
     cluster = next(local)
     try:
         first, second = (cluster.member("coordinator", index) for index in (1, 2))
-        cluster.signal_member(first, signal.SIGSTOP)
 
-        async def new_active() -> str:
-            async with await Connection.create(second.address) as connection:
+        async def new_active() -> tuple[str, bool]:
+            stale_config = {"bootstrap.servers": second.address, "client.connect-timeout": "1s"}
+            async with await Connection.create(stale_config) as stale, \
+                    await Connection.create(second.address) as connection:
+                assert await stale.metadata.coordinator_address() == first.address
+                cluster.signal_member(first, signal.SIGSTOP)
                 deadline = time.monotonic() + WAIT_S
                 while True:
-                    coordinator = (await connection.get_admin().get_server_nodes())[0]
-                    if f"{coordinator.host}:{coordinator.port}" == second.address:
+                    # the client's own view, which its coordinator requests go by
+                    await connection.metadata.refresh()
+                    if await connection.metadata.coordinator_address() == second.address:
                         await connection.get_admin().create_database(unique_name("after_pause"))
-                        return second.address
+                        break
                     assert time.monotonic() < deadline, "the standby was never elected"
                     await asyncio.sleep(0.2)
-                    await connection.metadata.refresh()
+                await stale.get_admin().create_database(unique_name("stale_client"))
+                return second.address, await stale.metadata.coordinator_address() == second.address
 
-        assert asyncio.run(new_active()) == second.address
+        assert asyncio.run(new_active()) == (second.address, True)
         cluster.signal_member(first, signal.SIGCONT)
         process = cluster.processes[first.pid]
         assert process.wait(WAIT_S) == 1, "the deposed coordinator stops with a failure code"

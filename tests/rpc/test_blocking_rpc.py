@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from strom.client.blocking import _BlockingRpc, use_kernel_timeouts
-from strom.errors import NetworkError
+from strom.errors import ConnectionFailedError, NetworkError
 from strom.rpc import framing
 from strom.rpc.api_keys import ApiKey
 from strom.rpc.messages import pb
@@ -88,3 +88,12 @@ def test_an_answer_that_never_comes_times_out_in_the_kernel_and_closes_the_conne
     with server, pytest.raises(NetworkError, match="failed"):
         rpc.call(ApiKey.LOOKUP, 1, pb.LookupRequest(table_id=1), pb.LookupResponse)
     assert client.fileno() == -1
+
+
+def test_a_listener_that_never_answers_the_handshake_is_a_failed_connection() -> None:
+    """As with the asyncio client: a stopped server's kernel accepts the connection, the handshake times out,
+    and no request of the caller's went out."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(ConnectionFailedError, match="handshake"):
+            _BlockingRpc(address, 0.3)

@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 
 from strom.errors import (
+    ConnectionFailedError,
     CorruptMessageError,
     DatabaseNotExistError,
     NetworkError,
@@ -227,6 +228,25 @@ async def test_an_unparsable_response_is_a_corrupt_message_error_for_the_caller(
                 await connection.request(ApiKey.LIST_DATABASES, pb.ListDatabasesRequest())
         finally:
             await connection.close()
+    finally:
+        fake.close()
+        await fake.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_a_server_that_accepts_but_never_answers_the_handshake_is_a_failed_connection() -> None:
+    """A stopped process (SIGSTOP) still has its connections accepted by the kernel. Its handshake timing out
+    means no request of the caller's was sent, so the failure is ConnectionFailedError, the error a caller
+    (coordinator_request) may resend on, not RequestTimeoutError, which may hide a processed request."""
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    fake = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = fake.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ConnectionFailedError, match="handshake"):
+            await RpcConnection.connect("127.0.0.1", port, timeout_ms=300)
     finally:
         fake.close()
         await fake.wait_closed()
