@@ -239,3 +239,17 @@ def test_table_options_are_spelled_in_one_module() -> None:
         for text, line in _string_literals(path) if text.startswith("table.")
     ]
     assert found == [], "table option names outside strom/table_properties.py:\n" + "\n".join(found)
+
+
+def test_no_asyncio_wait_for() -> None:
+    """Before Python 3.12 ``asyncio.wait_for`` returns the inner result instead of raising when its caller is
+    cancelled just as the inner await completes: a loop around it outlives the ``stop()`` that cancelled it
+    (a coordinator hung that way). ``async with asyncio.timeout(...)`` has no such window."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in MODULES.values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "wait_for"
+        and isinstance(node.value, ast.Name) and node.value.id == "asyncio"
+    ]
+    assert found == [], "asyncio.wait_for in:\n" + "\n".join(found)

@@ -102,8 +102,9 @@ class LakeTieringService:
             while True:
                 manager.armed.clear()
                 if manager.idle():  # no lake table: wait for one instead of waking ten times a second
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(manager.armed.wait(), IDLE_TICK_INTERVAL_MS / 1000)
+                    with contextlib.suppress(TimeoutError):  # not wait_for: see LeaderElector._run
+                        async with asyncio.timeout(IDLE_TICK_INTERVAL_MS / 1000):
+                            await manager.armed.wait()
                 await asyncio.sleep(TICK_INTERVAL_MS / 1000)
                 try:
                     await self._manager.tick()

@@ -84,8 +84,11 @@ class LeaderElector:
             except Exception:
                 log.exception("leader election round failed; trying again")
             self._wake.clear()
+            # asyncio.timeout, not wait_for: before Python 3.12 wait_for swallows a cancel that comes as the
+            # wake does, and this loop would outlive the stop() that awaits it
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), RECONCILE_INTERVAL_S)
+                async with asyncio.timeout(RECONCILE_INTERVAL_S):
+                    await self._wake.wait()
 
     async def shut_down(self, server_id: int) -> list[TableBucket]:
         """ControlledShutdown: move every leadership off ``server_id`` (to a live member of the ISR) and take
