@@ -67,6 +67,10 @@ class _KeyedReader:
         self._plain_key = all(isinstance(types[i], _PLAIN_TYPES) for i in self._key_positions)
         self._plain_rows = all(isinstance(t, _PLAIN_TYPES) for t in types)
         self._bucket_key_is_key = layout.bucket_key_indexes == layout.key_indexes
+        self._key_lane = (self._plain_key and self._bucket_key_is_key and not layout.partition_keys
+                          and layout.key_lake_format is None and self._key_positions == layout.key_indexes)
+        """A key of plain values is encoded from its own values, in key order (a single lookup's hot path):
+        the bucket is the key's, and no partition is named by the row."""
 
     def _full_row_batch(self, keys: Sequence[Mapping[str, Any] | Sequence[Any]]) -> pa.RecordBatch:
         """A batch of the table's schema holding the keys' columns (the others null), built column by
@@ -98,6 +102,16 @@ class _KeyedReader:
         layout = self._table.layout
         if not self._plain_key:
             return None
+        if self._key_lane and type(key) is dict:
+            values = [key.get(name) for name in self._key_columns]
+            for value in values:
+                if type(value) not in _PLAIN_PYTHON:  # None included
+                    return None
+            try:
+                key_bytes = layout.key_writer.encode_values(values, len(layout.column_names))
+            except (TypeError, ValueError, OverflowError, struct.error):
+                return None
+            return key_bytes, bucketing.bucket_ids([key_bytes], layout.bucket_count)[0], None
         get = key.get if type(key) is dict or isinstance(key, Mapping) else dict(zip(self._key_columns, key, strict=True)).get
         try:
             row = [get(name) for name in layout.column_names]

@@ -986,11 +986,11 @@ class KvTablet:
         value of one of its keys). Raises KvStorageError as :meth:`lookup` does; the future fails with it
         when the tablet closes before the read runs."""
         self._check_open()
-        loop = self._off_loop_reads()
-        if loop is None:
-            return self.lookup(keys)
         cached = self._cached_values(keys)
-        if not _lacks_many(keys, cached):
+        if cached is not None and not cached[1]:  # the cache answered every key: no read, on or off the loop
+            return self._format.current_values(cached[0])
+        loop = self._off_loop_reads()
+        if loop is None or not _lacks_many(keys, cached):
             return self._format.current_values(self._finish_read(keys, cached, fill_cache=True))
         return self._read_soon(keys, cached, loop, fill_cache=True, then=self._format.current_values)
 

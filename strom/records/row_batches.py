@@ -503,3 +503,17 @@ class KeyWriter:
             except ValueError:
                 pass  # another type or a value out of range: the reference decides
         return self._encoder.encode(row)
+
+    def encode_values(self, values: Sequence[Any], column_count: int) -> bytes:
+        """The key bytes of the key columns' own values, in key order (a lookup's key, without a full row of
+        ``column_count`` values to build first). CompactedRow keys only; raises what the encoder raises."""
+        assert isinstance(self._encoder, CompactedKeyEncoder)
+        if self._specs is not None:
+            try:
+                return native.encode_plain_key(values, self._specs)  # type: ignore[no-any-return]
+            except ValueError:
+                pass
+        row: list[Any] = [None] * column_count
+        for index, value in zip(self._indexes, values, strict=True):
+            row[index] = value
+        return self._encoder.encode(row)

@@ -304,10 +304,9 @@ class RpcServer:
         """Parse and validate one request frame: its route, request and context; or the response frame (an
         error, or a short path's answer), or a short path's answer to come."""
         self.stats.requests += 1
-        header = framing.decode_request_header(frame)
-        api_key, api_version, request_id = header
+        api_key, api_version, request_id = framing.REQUEST_HEADER.unpack_from(frame, 0)  # no header object
         if api_key == ApiKey.AUTHENTICATE or (connection.principal is None and api_key != ApiKey.API_VERSIONS):
-            return self._authenticate(header, frame, connection)
+            return self._authenticate(framing.RequestHeader(api_key, api_version, request_id), frame, connection)
         route = self._routes.get(api_key)
         if route is None:
             try:
@@ -507,7 +506,10 @@ class _Connection(asyncio.Protocol):
                 return
         self._waiting.extend(frames)
         self._start_waiting()
-        self.retry_reservation()
+        if self._reserved_bytes or self._waiting_for_budget or self._frames.buffered_size_bytes:
+            self.retry_reservation()
+        else:  # whole frames only and no budget held or awaited: nothing to reserve, only reading to decide
+            self._update_reading()
 
     def retry_reservation(self) -> None:
         """Reserve budget for the large frame being received, or stop reading until it fits."""

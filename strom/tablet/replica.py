@@ -834,10 +834,10 @@ class ReplicaManager:
         if replica is None:
             raise UnknownTableOrBucketError.not_hosted(bucket)
         replica.open_log()  # a primary-key leader's KV state opens where it is used (Replica.kv)
-        if replica.storage_failure is not None:
+        if replica.storage_failure is not None:  # else nothing to recover from: the common case, one check
             self.directories.check()  # the failure may be its directory vanishing: then it goes offline now
             replica.open_log()
-        replica.recover_if_failed(self.before_reopen)
+            replica.recover_if_failed(self.before_reopen)
         return replica
 
     def hosted(self, table_id: int | None = None) -> list[Replica]:

@@ -576,6 +576,13 @@ class TabletService:
         if plain is None:
             return None
         table_id, buckets = plain
+        if len(buckets) == 1:  # a single lookup's request: one bucket's entry is the whole body
+            bucket_id, partition_id, keys = buckets[0]
+            bucket = TableBucket(table_id, bucket_id, partition_id)
+            opening = self._replicas.open_soon((bucket,))
+            if opening is None:
+                return self._lookup_entry(bucket, keys)  # its bytes, or a task of them
+            return self._looked_up_once_open(opening, [(bucket, keys)])
         return self._looked_up([(TableBucket(table_id, bucket_id, partition_id), keys)
                                 for bucket_id, partition_id, keys in buckets])
 

@@ -196,6 +196,34 @@ async def test_the_blocking_lookuper_finds_rows_without_an_event_loop_in_the_pat
         ]
 
 
+async def test_single_lookups_of_a_key_out_of_column_order_find_the_rows_batched_lookups_find(server) -> None:  # type: ignore[no-untyped-def]
+    """A key of plain values is encoded from its own values (the single lookup's lane): a composite key
+    whose order is not the columns' order, after a value column, lands in the same bucket and finds the
+    same rows as the batched Arrow path, through both single-key lookupers."""
+    import asyncio
+
+    path = TablePath("fluss", unique_name("key_order"))
+    schema = Schema.from_arrow(pa.schema([("v", pa.string()), ("b", pa.int64()), ("a", pa.string())]),
+                               primary_key=["a", "b"])
+    rows = pa.table({"v": [f"v{i}" for i in range(60)], "b": list(range(60)), "a": [f"k{i % 7}" for i in range(60)]})
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=4))
+        table = await connection.get_table(path)
+        await table.new_upsert().create_writer().upsert_batch(rows)
+        keys = [{"b": i, "a": f"k{i % 7}"} for i in range(0, 70, 3)]  # past 59: no such row
+        lookuper = table.new_lookup().create_lookuper()
+        batched = await lookuper.lookup_many(keys)
+        singles = [await lookuper.lookup(key) for key in keys]
+
+        def blocking_reads() -> list[object]:
+            with table.new_lookup().create_blocking_lookuper() as blocking:
+                return [blocking.lookup(key) for key in keys]
+
+        assert singles == batched == await asyncio.to_thread(blocking_reads)
+        assert batched[:2] == [{"v": "v0", "b": 0, "a": "k0"}, {"v": "v3", "b": 3, "a": "k3"}]
+        assert batched[-1] is None
+
+
 async def test_waiting_on_a_buffered_row_sends_it(server) -> None:  # type: ignore[no-untyped-def]
     """A row waits in the writer's buffer for a full batch or a flush; waiting on its handle sends it, as
     waiting on a row of Fluss's clients does, instead of hanging."""

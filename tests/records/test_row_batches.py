@@ -902,6 +902,8 @@ def test_single_keys_encode_to_the_reference_bytes(seed):
         expected = encoder.encode(row)
         assert native.encode_plain_key([row[i] for i in key_indexes], specs) == expected, f"seed={seed} row={row}"
         assert row_batches.KeyWriter(encoder).encode(row) == expected
+        key_values = [row[i] for i in key_indexes]  # a lookup's key alone, in key order
+        assert row_batches.KeyWriter(encoder).encode_values(key_values, row_type.field_count) == expected
 
 
 @pytest.mark.parametrize(("data_type", "value"), [
@@ -914,5 +916,16 @@ def test_key_values_the_c_code_does_not_take_get_the_reference_outcome(data_type
     row_type = RowType.of(("k", data_type))
     encoder = CompactedKeyEncoder(row_type, [0])
     assert_same_outcome(lambda: row_batches.KeyWriter(encoder).encode([value]), lambda: encoder.encode([value]), repr(value))
+    assert_same_outcome(lambda: row_batches.KeyWriter(encoder).encode_values([value], 1), lambda: encoder.encode([value]),
+                        repr(value))
     with pytest.raises(ValueError):
         native.encode_plain_key([value], row_batches._key_specs(row_type, (0,)))
+
+
+def test_key_values_of_a_key_the_c_code_does_not_take_are_placed_in_a_full_row_for_the_reference():
+    """A key of a second column whose type the C code lacks (CHAR): the reference encoder gets a row with
+    the key's values at their columns."""
+    row_type = RowType.of(("a", IntType()), ("c", CharType(4)), ("b", BigIntType()))
+    encoder = CompactedKeyEncoder(row_type, [1, 2])
+    writer = row_batches.KeyWriter(encoder)
+    assert writer.encode_values(["ab", 7], 3) == encoder.encode([None, "ab", 7]) == writer.encode([1, "ab", 7])
