@@ -173,6 +173,27 @@ def process_tree_cpu_s(pid: int) -> float:
     return sum(_cpu_s(stats[member]) for member in _descendants(pid, stats) if member in stats)
 
 
+QUIET_CORE_FRACTION = 0.05
+QUIET_WINDOW_S = 0.5
+QUIET_TIMEOUT_S = 120.0
+
+
+def wait_for_quiet(pid: int) -> float:
+    """Wait until ``pid`` and its descendants use under :data:`QUIET_CORE_FRACTION` of a core over
+    :data:`QUIET_WINDOW_S` (or :data:`QUIET_TIMEOUT_S` passed); the seconds waited. A latency measured right
+    after a bulk write otherwise measures the write's leftovers (RocksDB's flushes and compactions, a
+    database's background writers) competing for the cores, not the request path."""
+    start = time.monotonic()
+    before = process_tree_cpu_s(pid)
+    while time.monotonic() - start < QUIET_TIMEOUT_S:
+        time.sleep(QUIET_WINDOW_S)
+        after = process_tree_cpu_s(pid)
+        if after - before < QUIET_CORE_FRACTION * QUIET_WINDOW_S:
+            break
+        before = after
+    return time.monotonic() - start
+
+
 def threads_run_ns_and_wakeups(pids: set[int]) -> tuple[int, int]:
     """Nanoseconds on a CPU (``schedstat``, exact where ``stat``'s ticks are 10 ms) and context switches
     (each one a wake-up or a preemption), summed over every thread of ``pids``."""

@@ -20,6 +20,10 @@ synchronous_commit and full_page_writes at their defaults, i.e. on):
 * batched lookups ``SELECT … WHERE id = ANY($1)`` of 1 000 keys; single lookups with a prepared
   ``SELECT … WHERE id = $1``, p50/p99.
 
+Before the lookups each server is left to go quiet (under 5 % of a core for half a second: RocksDB's flushes
+and compactions after the writes; PostgreSQL's after its VACUUM ANALYZE), and the wait is printed: a latency
+taken while the writes' leftovers share the two cores measures those, not the request path.
+
 Floor: a blocking Python socket's round trip to a uvloop echo server, p50/p99 — what any single lookup
 between a Python client and a Python server pays here before doing any work.
 
@@ -52,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from bench.harness import BenchServer, free_port, median, percentile, report
+from bench.harness import BenchServer, free_port, median, percentile, report, wait_for_quiet
 from bench.ingest_bench import pyfluss_client
 from strom.client import Connection, Lookuper, Schema, TableDescriptor, TablePath
 
@@ -144,6 +148,8 @@ def run_strom(load: pa.Table, update: pa.Table, lookups: list[int], singles: int
             name = f"peers_{image.lower()}_{round_}"
             results[image] = asyncio.run(strom_writes(server.address, load, update, name, image))
         results["pyfluss"] = asyncio.run(pyfluss_load(server.address, load, f"peers_pyfluss_{round_}"))
+        assert server.process is not None
+        results["quiet_wait_s"] = wait_for_quiet(server.process.pid)  # the writes' compactions, as below
         results["lookups"] = asyncio.run(strom_lookups(server.address, f"peers_full_{round_}", lookups, singles))
     return results
 
@@ -257,6 +263,10 @@ class BenchPostgres:
 
         return psycopg.connect(host="127.0.0.1", port=self.port, user="bench", dbname="postgres")
 
+    def postmaster_pid(self) -> int:
+        """The server's first process (its first line of ``postmaster.pid``); every backend descends from it."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
     def stop(self) -> None:
         if self.started:
             self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
@@ -311,6 +321,7 @@ def run_postgres(pg: BenchPostgres, load: pa.Table, update: pa.Table, lookups: l
         connection.autocommit = True
         with connection.cursor() as cursor:
             cursor.execute("VACUUM ANALYZE kv")
+            results["quiet_wait_s"] = wait_for_quiet(pg.postmaster_pid())  # as for strom: the writes' leftovers
             start = time.perf_counter()
             for offset in range(0, len(lookups), LOOKUP_KEYS):
                 cursor.execute("SELECT id, payload FROM kv WHERE id = ANY(%s::bigint[])",
@@ -437,6 +448,9 @@ def main() -> None:
             latencies = [x for r in stroms for x in r["lookups"][index]]
             lines.append((f"single lookups p50 / p99: {label}{tag}",
                           f"{median(latencies):.0f} / {percentile(latencies, 0.99):.0f} µs"))
+    waits = [r["quiet_wait_s"] for runs in hot.values() for r in runs]
+    lines.append(("waited for the servers to go quiet before lookups, median: strom / PostgreSQL",
+                  f"{median(waits):.1f} / {median([r['quiet_wait_s'] for r in postgreses]):.1f} s"))
     floor = [x for trips in round_trips for x in trips]
     lines.append(("floor: Python socket round trip to a uvloop echo server, p50 / p99",
                   f"{median(floor):.0f} / {percentile(floor, 0.99):.0f} µs"))
