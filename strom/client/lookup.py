@@ -102,22 +102,16 @@ class _KeyedReader:
         layout = self._table.layout
         if not self._plain_key:
             return None
-        if self._key_lane and type(key) is dict:
-            values = [key.get(name) for name in self._key_columns]
-            for value in values:
-                if type(value) not in _PLAIN_PYTHON:  # None included
-                    return None
-            try:
-                key_bytes = layout.key_writer.encode_values(values, len(layout.column_names))
-            except (TypeError, ValueError, OverflowError, struct.error):
-                return None
-            return key_bytes, bucketing.bucket_ids([key_bytes], layout.bucket_count)[0], None
         get = key.get if type(key) is dict or isinstance(key, Mapping) else dict(zip(self._key_columns, key, strict=True)).get
+        values = [get(name) for name in self._key_columns]
+        for value in values:
+            if type(value) not in _PLAIN_PYTHON:  # None included
+                return None
         try:
+            if self._key_lane:  # no row of every column to build: the key's values are all it needs
+                key_bytes = layout.key_writer.encode_values(values, len(layout.column_names))
+                return key_bytes, bucketing.bucket_ids([key_bytes], layout.bucket_count)[0], None
             row = [get(name) for name in layout.column_names]
-            for position in self._key_positions:
-                if type(row[position]) not in _PLAIN_PYTHON:  # None included
-                    return None
             key_bytes = layout.key_writer.encode(row)
             bucket_key = key_bytes if self._bucket_key_is_key else layout.bucket_key_writer.encode(row)
         except (TypeError, ValueError, OverflowError, struct.error):

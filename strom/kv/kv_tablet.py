@@ -987,12 +987,11 @@ class KvTablet:
         when the tablet closes before the read runs."""
         self._check_open()
         cached = self._cached_values(keys)
-        if cached is not None and not cached[1]:  # the cache answered every key: no read, on or off the loop
-            return self._format.current_values(cached[0])
-        loop = self._off_loop_reads()
-        if loop is None or not _lacks_many(keys, cached):
-            return self._format.current_values(self._finish_read(keys, cached, fill_cache=True))
-        return self._read_soon(keys, cached, loop, fill_cache=True, then=self._format.current_values)
+        if _lacks_many(keys, cached):  # only then whether reads may leave the loop (not per cache hit)
+            loop = self._off_loop_reads()
+            if loop is not None:
+                return self._read_soon(keys, cached, loop, fill_cache=True, then=self._format.current_values)
+        return self._format.current_values(self._finish_read(keys, cached, fill_cache=True))
 
     def _off_loop_reads(self) -> asyncio.AbstractEventLoop | None:
         """The running event loop where RocksDB reads may leave it for a writer thread (a writer, and the

@@ -497,23 +497,25 @@ class KeyWriter:
 
     def encode(self, row: Sequence[Any]) -> bytes:
         """The key bytes of a full row's values. Raises what the encoder raises."""
-        if self._specs is not None:
-            try:
-                return native.encode_plain_key([row[i] for i in self._indexes], self._specs)  # type: ignore[no-any-return]
-            except ValueError:
-                pass  # another type or a value out of range: the reference decides
-        return self._encoder.encode(row)
+        encoded = self._compiled([row[i] for i in self._indexes]) if self._specs is not None else None
+        return encoded if encoded is not None else self._encoder.encode(row)
 
     def encode_values(self, values: Sequence[Any], column_count: int) -> bytes:
         """The key bytes of the key columns' own values, in key order (a lookup's key, without a full row of
         ``column_count`` values to build first). CompactedRow keys only; raises what the encoder raises."""
         assert isinstance(self._encoder, CompactedKeyEncoder)
-        if self._specs is not None:
-            try:
-                return native.encode_plain_key(values, self._specs)  # type: ignore[no-any-return]
-            except ValueError:
-                pass
+        encoded = self._compiled(values) if self._specs is not None else None
+        if encoded is not None:
+            return encoded
         row: list[Any] = [None] * column_count
         for index, value in zip(self._indexes, values, strict=True):
             row[index] = value
         return self._encoder.encode(row)
+
+    def _compiled(self, values: Sequence[Any]) -> bytes | None:
+        """The C encoding of the key's values; None where it declines (another type or a value out of
+        range): the reference decides then."""
+        try:
+            return native.encode_plain_key(values, self._specs)  # type: ignore[no-any-return]
+        except ValueError:
+            return None

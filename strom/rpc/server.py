@@ -506,14 +506,14 @@ class _Connection(asyncio.Protocol):
                 return
         self._waiting.extend(frames)
         self._start_waiting()
-        if self._reserved_bytes or self._waiting_for_budget or self._frames.buffered_size_bytes:
-            self.retry_reservation()
-        else:  # whole frames only and no budget held or awaited: nothing to reserve, only reading to decide
-            self._update_reading()
+        self.retry_reservation()
 
     def retry_reservation(self) -> None:
         """Reserve budget for the large frame being received, or stop reading until it fits."""
         if self._transport is None:
+            return
+        if not (self._reserved_bytes or self._waiting_for_budget or self._frames.buffered_size_bytes):
+            self._update_reading()  # whole frames only, no budget held or awaited: only reading to decide
             return
         budget = self._server.budget
         pending = self._frames.pending_frame_size_bytes

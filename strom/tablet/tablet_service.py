@@ -576,22 +576,21 @@ class TabletService:
         if plain is None:
             return None
         table_id, buckets = plain
-        if len(buckets) == 1:  # a single lookup's request: one bucket's entry is the whole body
-            bucket_id, partition_id, keys = buckets[0]
-            bucket = TableBucket(table_id, bucket_id, partition_id)
-            opening = self._replicas.open_soon((bucket,))
-            if opening is None:
-                return self._lookup_entry(bucket, keys)  # its bytes, or a task of them
-            return self._looked_up_once_open(opening, [(bucket, keys)])
         return self._looked_up([(TableBucket(table_id, bucket_id, partition_id), keys)
                                 for bucket_id, partition_id, keys in buckets])
 
     def _looked_up(self, wanted: list[tuple[TableBucket, Any]]) -> bytes | Awaitable[bytes]:
         """The entries of each bucket's keys, joined; once its buckets are open where some open on threads
         first (``ReplicaManager.open_soon``), the event loop serving other requests meanwhile."""
-        opening = self._replicas.open_soon(bucket for bucket, _keys in wanted)
-        if opening is None:
-            return _joined([self._lookup_entry(bucket, keys) for bucket, keys in wanted])
+        if len(wanted) == 1:  # a single lookup's: its bucket's entry is the body, no list of entries to join
+            bucket, keys = wanted[0]
+            opening = self._replicas.open_soon((bucket,))
+            if opening is None:
+                return self._lookup_entry(bucket, keys)  # its bytes, or a task of them
+        else:
+            opening = self._replicas.open_soon(bucket for bucket, _keys in wanted)
+            if opening is None:
+                return _joined([self._lookup_entry(bucket, keys) for bucket, keys in wanted])
         return self._looked_up_once_open(opening, wanted)
 
     async def _looked_up_once_open(self, opening: Awaitable[Any], wanted: list[tuple[TableBucket, Any]]) -> bytes:
