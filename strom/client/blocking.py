@@ -20,6 +20,7 @@ from strom.client.lookup import _KeyedReader, one_bucket_values
 from strom.client.table_handle import TableHandle
 from strom.errors import (
     ConnectionFailedError,
+    CorruptMessageError,
     LeaderNotAvailableError,
     NetworkError,
     error_for_code,
@@ -27,7 +28,7 @@ from strom.errors import (
 from strom.ids import TableBucket
 from strom.rpc import framing, lookup_wire
 from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey
-from strom.rpc.messages import pb
+from strom.rpc.messages import DecodeError, pb
 
 LOOKUP_VERSION = 1
 TIMEOUT_S = 30.0
@@ -58,6 +59,7 @@ class _BlockingRpc:
             raise ConnectionFailedError(f"cannot connect to {address}: {exc}") from exc
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         use_kernel_timeouts(self._sock, timeout_s)
+        self._fd = self._sock.fileno()
         self._address = address
         self._request_id = 0
         hello = pb.ApiVersionsRequest(client_software_name=STROM_CLIENT_NAME, client_software_version="0.1.0")
@@ -83,10 +85,36 @@ class _BlockingRpc:
             self.close()
             raise NetworkError(f"{self._address} answered request {request_id}, expected {self._request_id}")
         body = frame[framing.RESPONSE_HEADER_SIZE_BYTES :]
-        if response_type == framing.RESPONSE_ERROR:
+        if response_type == framing.RESPONSE_SUCCESS:
+            return body
+        if response_type != framing.RESPONSE_ERROR:
+            raise CorruptMessageError(f"{self._address} answered with unknown response type {response_type}")
+        try:  # the caller gets a strom error, never a protobuf internals one (as from the asyncio client)
             error = pb.ErrorResponse.FromString(body)
-            raise error_for_code(error.error_code, error.error_message or None)
-        return body
+        except DecodeError as exc:
+            raise CorruptMessageError(f"{self._address} sent an unparsable ErrorResponse: {exc}") from exc
+        if not error.HasField("error_code"):
+            raise CorruptMessageError(f"{self._address} sent an ErrorResponse without its error_code")
+        raise error_for_code(error.error_code, error.error_message or None)
+
+    def lookup_one(self, table_id: int, partition_id: int | None, bucket_id: int, key: bytes) -> bytes | None:
+        """The stored value of one key of one bucket (None: no row); raises the bucket's error. One C call
+        where the module is built: a single lookup's client side is then mostly its two system calls."""
+        round_trip = lookup_wire.lookup_round_trip
+        if round_trip is None:
+            body = lookup_wire.lookup_request(table_id, partition_id, bucket_id, (key,))
+            return one_bucket_values(self.call_bytes(ApiKey.LOOKUP, LOOKUP_VERSION, body), 1)[0]
+        self._request_id = request_id = (self._request_id + 1) & framing.REQUEST_ID_MASK
+        try:
+            answer = round_trip(self._fd, ApiKey.LOOKUP, LOOKUP_VERSION, request_id, table_id, partition_id, bucket_id, key)
+        except OSError as exc:
+            self.close()
+            raise NetworkError(f"connection to {self._address} failed: {exc}") from exc
+        except ValueError as exc:
+            raise CorruptMessageError(str(exc)) from exc
+        if isinstance(answer, tuple):
+            raise error_for_code(*answer)
+        return answer
 
     def _read_frame(self) -> bytes:
         """The response frame after its length: usually one ``recv`` (one request is in flight, so anything
@@ -116,7 +144,12 @@ class _BlockingRpc:
             size -= len(chunk)
         return b"".join(chunks)
 
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
     def close(self) -> None:
+        self._fd = -1  # the number may name another file once closed
         self._sock.close()
 
 
@@ -129,48 +162,60 @@ class BlockingLookuper(_KeyedReader):
             raise ValueError("the blocking lookuper speaks neither SASL nor TLS; use create_lookuper()")
         super().__init__(table, table.layout.primary_key)
         self._timeout_s = timeout_s
+        self._metadata = table.connection.metadata
         self._servers: dict[str, _BlockingRpc] = {}
+        self._leaders: dict[tuple[int, str | None], tuple[int, _BlockingRpc, int, int | None]] = {}
+        """(bucket id, partition name) → (the metadata cache's leaders version, the leader's connection, table
+        id, partition id): a lookup's route without a metadata lookup."""
 
     def lookup(self, key: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any] | None:
         """Raises LeaderNotAvailableError if the table's (or partition's) metadata is not cached: load it
         with ``await connection.get_table(...)`` (or one async lookup into the partition) first."""
-        layout = self._table.layout
         simple = self._simple_key(key)
         if simple is None:
+            layout = self._table.layout
             batch = self._full_row_batch([key])
             encoded = encoding.encode(layout, batch, with_rows=False, with_keys=True)
             assert encoded.keys is not None
             partitions = encoding.partition_names(layout, batch)
             simple = (encoded.keys[0], encoded.buckets[0], partitions[0] if partitions else None)
         key_bytes, bucket_id, partition_name = simple
+        leader = self._leaders.get((bucket_id, partition_name))
+        if leader is None or leader[0] != self._metadata.leaders_version or leader[1].closed:
+            leader = self._leader(bucket_id, partition_name)
+        _version, server, table_id, partition_id = leader
+        value = server.lookup_one(table_id, partition_id, bucket_id, key_bytes)
+        return None if value is None else self._decode_one(value)
+
+    def _leader(self, bucket_id: int, partition_name: str | None) -> tuple[int, _BlockingRpc, int, int | None]:
+        """The connection to a bucket's leader, as the metadata cache names it now (kept until the cache's
+        leaders move or the connection fails), with the ids a request names the bucket by."""
+        metadata = self._metadata
+        version = metadata.leaders_version
+        info = self._table.layout.info
         partition_id = None
-        metadata = self._table.connection.metadata
         if partition_name is not None:
-            partition_id = metadata.cached_partition_id(layout.info.table_id, partition_name)
+            partition_id = metadata.cached_partition_id(info.table_id, partition_name)
             if partition_id is None:
                 raise LeaderNotAvailableError(
-                    f"partition {partition_name!r} of {layout.info.path} is not in the metadata cache; "
+                    f"partition {partition_name!r} of {info.path} is not in the metadata cache; "
                     "look it up once with the async Lookuper"
                 )
-        bucket = TableBucket(layout.info.table_id, bucket_id, partition_id)
+        bucket = TableBucket(info.table_id, bucket_id, partition_id)
         address = metadata.cached_leader_address(bucket)
         if address is None:
             raise LeaderNotAvailableError(f"no cached leader for {bucket}; reload the table with get_table()")
-        body = lookup_wire.lookup_request(bucket.table_id, partition_id, bucket.bucket, (key_bytes,))
-        answer = self._server(address).call_bytes(ApiKey.LOOKUP, LOOKUP_VERSION, body)
-        value = one_bucket_values(answer, 1)[0]
-        return None if value is None else self._decode_one(value)
-
-    def _server(self, address: str) -> _BlockingRpc:
         server = self._servers.get(address)
-        if server is None:
+        if server is None or server.closed:  # a connection that failed is opened again
             server = self._servers[address] = _BlockingRpc(address, self._timeout_s)
-        return server
+        leader = self._leaders[(bucket_id, partition_name)] = (version, server, info.table_id, partition_id)
+        return leader
 
     def close(self) -> None:
         for server in self._servers.values():
             server.close()
         self._servers.clear()
+        self._leaders.clear()
 
     def __enter__(self) -> BlockingLookuper:
         return self

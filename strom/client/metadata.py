@@ -34,8 +34,12 @@ class MetadataCache:
         self._leaders: dict[TableBucket, int] = {}
         self._partition_ids: dict[tuple[int, str], int] = {}
         self._partition_names: dict[int, str] = {}
+        self.leaders_version = 0
+        """Moves whenever a bucket's leader or a server's address may have changed: a blocking reader keeps
+        the leaders it looked up until it moves."""
 
     def _absorb(self, response: Any) -> None:
+        self.leaders_version += 1
         if response.HasField("coordinator_server"):
             node = response.coordinator_server
             self._coordinator = f"{node.host}:{node.port}"
@@ -159,3 +163,4 @@ class MetadataCache:
     def invalidate(self, bucket: TableBucket) -> None:
         """Forget a bucket's leader after a NotLeaderOrFollower / UnknownTableOrBucket answer."""
         self._leaders.pop(bucket, None)
+        self.leaders_version += 1

@@ -987,6 +987,8 @@ class KvTablet:
         when the tablet closes before the read runs."""
         self._check_open()
         cached = self._cached_values(keys)
+        if cached is not None and not cached[1]:  # the cache answered every key (a single lookup's, mostly)
+            return self._format.current_values(cached[0])
         if _lacks_many(keys, cached):  # only then whether reads may leave the loop (not per cache hit)
             loop = self._off_loop_reads()
             if loop is not None:

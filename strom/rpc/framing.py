@@ -15,6 +15,8 @@ from typing import NamedTuple
 LENGTH = struct.Struct(">i")
 REQUEST_HEADER = struct.Struct(">hhi")
 RESPONSE_HEADER = struct.Struct(">bi")
+RESPONSE_PREFIX = struct.Struct(">ibi")
+"""A response's length and header in one ``pack``."""
 LENGTH_SIZE_BYTES = 4
 REQUEST_HEADER_SIZE_BYTES = 8
 RESPONSE_HEADER_SIZE_BYTES = 5
@@ -42,7 +44,7 @@ def encode_request(api_key: int, api_version: int, request_id: int, body: bytes)
 
 
 def encode_response(response_type: int, request_id: int, body: bytes) -> bytes:
-    return LENGTH.pack(RESPONSE_HEADER_SIZE_BYTES + len(body)) + RESPONSE_HEADER.pack(response_type, request_id) + body
+    return RESPONSE_PREFIX.pack(RESPONSE_HEADER_SIZE_BYTES + len(body), response_type, request_id) + body
 
 
 def decode_request_header(frame: bytes | memoryview) -> RequestHeader:

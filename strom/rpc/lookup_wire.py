@@ -1,4 +1,4 @@
-"""Lookup (api key 1016) requests and responses as bytes, without a protobuf object per key.
+"""Lookup (api key 1017) requests and responses as bytes, without a protobuf object per key.
 
 A point lookup is nearly all overhead: through protobuf's Python objects the server built a response
 entry and a ``PbValue`` per key and the client walked them back out, several µs of a single lookup and
@@ -10,7 +10,7 @@ module was built without a C compiler.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from strom.rpc.messages import DecodeError, pb
 
@@ -98,3 +98,16 @@ lookup_request = native.lookup_request if native is not None else lookup_request
 lookup_bucket_entry = native.lookup_bucket_entry if native is not None else lookup_bucket_entry_python
 parse_lookup_response = native.parse_lookup_response if native is not None else parse_lookup_response_python
 plain_lookup_request = native.plain_lookup_request if native is not None else plain_lookup_request_python
+
+OneKeyAnswer = bytes | tuple[int, str | None] | None
+"""A single lookup's answer: the stored value, None (no row), or the bucket's (or the frame's) error code and
+message."""
+
+lookup_round_trip: Callable[[int, int, int, int, int, int | None, int, bytes], OneKeyAnswer] | None = (
+    native.lookup_round_trip if native is not None else None
+)
+"""``lookup_round_trip(fd, api_key, api_version, request_id, table_id, partition_id, bucket_id, key)``: one key of one
+bucket looked up over a blocking socket in one C call (frame written, sent, received and read without the
+GIL held across a system call), or None where the module was built without a C compiler: the blocking
+client then sends the same request through its Python frames, which are the reference. Raises OSError when
+the connection fails or answers another request, ValueError when the answer is malformed."""

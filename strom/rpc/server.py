@@ -504,9 +504,20 @@ class _Connection(asyncio.Protocol):
             if not admission.hold_unauthenticated(change):
                 self.close()
                 return
+        if len(frames) == 1 and not self._waiting and self._serving_every_frame():
+            self._run(frames[0])  # the common read, one whole request: nothing waits, nothing is reserved
+            if self.in_flight_count >= self._server._in_flight_count_max:
+                self._update_reading()
+            return
         self._waiting.extend(frames)
         self._start_waiting()
         self.retry_reservation()
+
+    def _serving_every_frame(self) -> bool:
+        """Whether a frame read now runs at once: reading is not paused (for answers the client does not
+        read, a budget awaited or requests in flight at the limit) and no partial frame holds budget."""
+        return not (self._reading_paused or self._writing_paused or self._reserved_bytes or self._waiting_for_budget
+                    or self._frames.buffered_size_bytes) and self._transport is not None
 
     def retry_reservation(self) -> None:
         """Reserve budget for the large frame being received, or stop reading until it fits."""
@@ -532,47 +543,54 @@ class _Connection(asyncio.Protocol):
 
     def _start_waiting(self) -> None:
         in_flight_count_max = self._server._in_flight_count_max
-        server = self._server
         inline_count = 0
+        in_flight_before = self.in_flight_count
         while self._waiting and self.in_flight_count < in_flight_count_max and not self._writing_paused:
             if inline_count >= INLINE_BATCH_COUNT:  # let other connections run; continue on the next turn
                 self._schedule_start()
                 break
             frame = self._waiting.popleft()
-            routed = server.route(frame, self)
-            if isinstance(routed, bytes):  # an error, or an answer from a short path (WithBodyPath)
-                if self.failed_authentication:
-                    self._refuse_after_delay(routed)
-                    return
-                inline_count += 1
-                self._write(routed)
-                continue
-            if isinstance(routed, _Pending):
-                self.in_flight_count += 1
-                task = asyncio.ensure_future(self._handle(None, None, routed.context, routed.answer))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                continue
-            route, request, context = routed
-            if route.inline:  # never waits: answer now, without the cost of a task
-                inline_count += 1
-                try:
-                    response = route.handler(request, context)
-                except Exception as exc:
-                    response = exc
-                if isinstance(response, (bytes, Message, BaseException)) or not inspect.isawaitable(response):
-                    self._write(server.respond(context, response))  # type: ignore[arg-type]
-                    continue
-                self.in_flight_count += 1
-                task = asyncio.ensure_future(self._handle(route, request, context, response))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                continue
-            self.in_flight_count += 1
-            task = asyncio.ensure_future(self._handle(route, request, context))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            if not self._run(frame):
+                return
+            if self.in_flight_count == in_flight_before:
+                inline_count += 1  # answered inline (a task's answer comes on a later turn)
+            in_flight_before = self.in_flight_count
         assert self.in_flight_count <= in_flight_count_max
+
+    def _run(self, frame: bytes) -> bool:
+        """Answer one request frame now, or start the task that answers it; False once the connection
+        refuses further frames (a failed login's answer is delayed, then it closes)."""
+        server = self._server
+        routed = server.route(frame, self)
+        if isinstance(routed, bytes):  # an error, or an answer from a short path (WithBodyPath)
+            if self.failed_authentication:
+                self._refuse_after_delay(routed)
+                return False
+            self._write(routed)
+            return True
+        if isinstance(routed, _Pending):
+            self._start_task(None, None, routed.context, routed.answer)
+            return True
+        route, request, context = routed
+        if route.inline:  # never waits: answer now, without the cost of a task
+            try:
+                response = route.handler(request, context)
+            except Exception as exc:
+                response = exc
+            if isinstance(response, (bytes, Message, BaseException)) or not inspect.isawaitable(response):
+                self._write(server.respond(context, response))  # type: ignore[arg-type]
+            else:
+                self._start_task(route, request, context, response)
+            return True
+        self._start_task(route, request, context)
+        return True
+
+    def _start_task(self, route: _Route | None, request: Message | None, context: RequestContext,
+                    started: Awaitable[Response] | None = None) -> None:
+        self.in_flight_count += 1
+        task = asyncio.ensure_future(self._handle(route, request, context, started))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _refuse_after_delay(self, answer: bytes) -> None:
         """Stop reading, answer the failed authentication after the server's delay, and close: a guesser

@@ -417,6 +417,16 @@ class Replica:
             self._kv_closing = kv.close_soon(closer)
 
     @property
+    def serving_kv(self) -> KvTablet | None:
+        """The KV state a lookup reads at once: open, leading and healthy. None where :attr:`kv` (after
+        :meth:`ReplicaManager.get`) decides instead: it opens the state, promotes a standby, recovers a failed
+        bucket or refuses one this server does not lead."""
+        kv = self._kv
+        if kv is None or kv.standby or kv.failed is not None or not self.is_leader or self.stopped:
+            return None
+        return kv if self._log is not None and self._log.failed is None else None
+
+    @property
     def storage_failure(self) -> Exception | None:
         """Why the open log or RocksDB refuses writes, if it does."""
         if self._log is None:
@@ -690,6 +700,13 @@ class ReplicaManager:
                 kv.change_table(self.row_format(table), self.kv_config(table))
             elif replica.keeps_standby and replica.is_open:
                 replica.open()  # turned on: the follower's state opens and catches up
+
+    def serving_kv(self, bucket: TableBucket) -> KvTablet | None:
+        """The KV state of a bucket this server leads, where a lookup reads it at once (one dictionary lookup
+        and a few checks, :attr:`Replica.serving_kv`); None: ``get(bucket).kv`` decides, after
+        :meth:`open_soon`."""
+        replica = self._replicas.get(bucket)
+        return None if replica is None else replica.serving_kv
 
     def get(self, bucket: TableBucket) -> Replica:
         """The open replica of ``bucket`` that this server leads; raises UnknownTableOrBucketError if it is not

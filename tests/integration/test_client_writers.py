@@ -196,6 +196,41 @@ async def test_the_blocking_lookuper_finds_rows_without_an_event_loop_in_the_pat
         ]
 
 
+async def test_the_blocking_lookuper_follows_the_metadata_cache_and_reconnects_after_a_failure(server) -> None:  # type: ignore[no-untyped-def]
+    """The lookuper keeps each bucket's leader connection between lookups, but not past a change of the
+    connection's metadata cache (a forgotten leader is not used), nor past a failed connection (the next
+    lookup opens a new one)."""
+    import socket
+
+    from strom.errors import LeaderNotAvailableError, NetworkError
+    from strom.ids import TableBucket
+
+    path = TablePath("fluss", unique_name("blocking_cache"))
+    schema = Schema.from_arrow(pa.schema([("id", pa.int64()), ("v", pa.string())]), primary_key=["id"])
+    async with await Connection.create(server.address) as connection:
+        await connection.get_admin().create_table(path, TableDescriptor(schema, bucket_count=2))
+        table = await connection.get_table(path)
+        await table.new_upsert().create_writer().upsert_batch(pa.table({"id": [1, 2], "v": ["a", "b"]}))
+        lookuper = table.new_lookup().create_blocking_lookuper()
+        try:
+            assert await asyncio.to_thread(lookuper.lookup, {"id": 1}) == {"id": 1, "v": "a"}
+            for bucket_id in range(2):
+                connection.metadata.invalidate(TableBucket(table.layout.info.table_id, bucket_id))
+            with pytest.raises(LeaderNotAvailableError):
+                await asyncio.to_thread(lookuper.lookup, {"id": 1})
+            await connection.get_table(path)  # the leaders are known again
+            assert await asyncio.to_thread(lookuper.lookup, {"id": 2}) == {"id": 2, "v": "b"}
+
+            for rpc in lookuper._servers.values():
+                rpc._sock.shutdown(socket.SHUT_RDWR)  # the connection breaks under the lookuper
+            with pytest.raises(NetworkError):
+                await asyncio.to_thread(lookuper.lookup, {"id": 2})
+            assert await asyncio.to_thread(lookuper.lookup, {"id": 2}) == {"id": 2, "v": "b"}
+            assert await asyncio.to_thread(lookuper.lookup, {"id": 3}) is None
+        finally:
+            lookuper.close()
+
+
 async def test_single_lookups_of_a_key_out_of_column_order_find_the_rows_batched_lookups_find(server) -> None:  # type: ignore[no-untyped-def]
     """A key of plain values is encoded from its own values (the single lookup's lane): a composite key
     whose order is not the columns' order, after a value column, lands in the same bucket and finds the
