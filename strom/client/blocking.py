@@ -31,6 +31,7 @@ from strom.rpc.api_keys import STROM_CLIENT_NAME, ApiKey
 from strom.rpc.messages import DecodeError, pb
 
 LOOKUP_VERSION = 1
+_LOOKUP = int(ApiKey.LOOKUP)  # a plain int: an enum member's lookup costs ~0.1 µs a lookup
 TIMEOUT_S = 30.0
 RECEIVE_BYTES = 1 << 16
 """The first read of a response takes up to this much: a point lookup's answer in one system call."""
@@ -106,7 +107,7 @@ class _BlockingRpc:
             return one_bucket_values(self.call_bytes(ApiKey.LOOKUP, LOOKUP_VERSION, body), 1)[0]
         self._request_id = request_id = (self._request_id + 1) & framing.REQUEST_ID_MASK
         try:
-            answer = round_trip(self._fd, ApiKey.LOOKUP, LOOKUP_VERSION, request_id, table_id, partition_id, bucket_id, key)
+            answer = round_trip(self._fd, _LOOKUP, LOOKUP_VERSION, request_id, table_id, partition_id, bucket_id, key)
         except OSError as exc:
             self.close()
             raise NetworkError(f"connection to {self._address} failed: {exc}") from exc

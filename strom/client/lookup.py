@@ -25,7 +25,7 @@ from strom.errors import (
 )
 from strom.ids import TableBucket
 from strom.metadata.auto_partition import AutoPartitionStrategy
-from strom.records import bucketing, row_arrow, types
+from strom.records import bucketing, positions, row_arrow, types
 from strom.records.compacted import CompactedKeyEncoder
 from strom.rpc import lookup_wire
 from strom.rpc.api_keys import ApiKey
@@ -299,8 +299,7 @@ class Lookuper(_KeyedReader):
             else:
                 arrays.append(keys.column(index).cast(field.type))
         found = await self._lookup_values(pa.RecordBatch.from_arrays(arrays, schema=self._lookup_schema))
-        values = [value for value in found if value is not None]
-        layout.check_values(values)
+        values = layout.present_rows(found)
         batch = row_arrow.rows_to_record_batch(
             values, layout.row_decoder, layout.arrow_schema, offset=SCHEMA_ID_SIZE_BYTES
         )
@@ -359,14 +358,12 @@ class Lookuper(_KeyedReader):
         order = np.argsort(bucket_ids, kind="stable")
         ordered = bucket_ids[order]
         bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), count]
-        sorted_keys = [keys[i] for i in order.tolist()]
+        sorted_keys = positions.take(keys, order)
         runs = {TableBucket(table_id, int(ordered[start]), None): sorted_keys[start:end]
                 for start, end in itertools.pairwise(bounds)}
         answers = await self._lookup_buckets(runs)
         answered: list[bytes | None] = list(itertools.chain.from_iterable(answers[bucket] for bucket in runs))
-        position = np.empty(count, dtype=np.int64)
-        position[order] = np.arange(count)  # where each request row's answer sits in ``answered``
-        return [answered[i] for i in position.tolist()]
+        return positions.unsort(answered, order)  # each answer back at its request row
 
 
 class PrefixLookuper(_KeyedReader):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from strom.records import positions
+
 try:
     import strom.kv._kvloops as native
 except ImportError:  # built without a C compiler
@@ -124,7 +126,7 @@ def in_key_order_native(
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys and {len(values)} values differ in length")
     sorted_keys, order = native.key_order(keys)
-    return sorted_keys, native.take(values, order)
+    return sorted_keys, positions.take(values, order)
 
 
 def read_in_key_order_native(
@@ -132,7 +134,7 @@ def read_in_key_order_native(
 ) -> list[bytes | None]:
     assert native is not None
     sorted_keys, order = native.key_order(keys)
-    result: list[bytes | None] = native.unsort(get_many(sorted_keys), order)
+    result: list[bytes | None] = positions.unsort(get_many(sorted_keys), order)
     return result
 
 

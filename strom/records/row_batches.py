@@ -201,6 +201,22 @@ def _encoder(row_type: RowType, java_decimal_layout: bool) -> CompactedRowEncode
 # ---------------------------------------------------------------------------------------------
 
 
+def present_rows_python(values: Sequence[bytes | None], prefix: bytes) -> tuple[list[bytes], int]:
+    """The values that are not None, in order, and the position among them of the first that does not
+    start with ``prefix`` (a stored value's schema id), or -1."""
+    rows = [value for value in values if value is not None]
+    mismatch = next((position for position, row in enumerate(rows) if row[: len(prefix)] != prefix), -1)
+    return rows, mismatch
+
+
+def present_rows(values: Sequence[bytes | None], prefix: bytes) -> tuple[list[bytes], int]:
+    """:func:`present_rows_python`, one C call where built (a batched lookup's answers, ~0.1 µs a value
+    as a bytecode loop)."""
+    if native is not None:
+        return native.present_rows(values, prefix)  # type: ignore[no-any-return]
+    return present_rows_python(values, prefix)
+
+
 def decode_rows_python(
     rows: Sequence[RowBytes], row_type: RowType, *, offset: int = 0, arrow_schema: pa.Schema | None = None
 ) -> pa.RecordBatch:

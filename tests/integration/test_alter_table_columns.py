@@ -275,6 +275,11 @@ async def test_a_table_opened_before_the_change_refuses_rows_it_cannot_decode(se
         await upsert(connection, path, {"id": [1], "name": ["a"], "email": ["a@x"]})
         with pytest.raises(SchemaNotExistError, match="open the table again"):
             await stale.new_lookup().create_lookuper().lookup({"id": 1})
+        with pytest.raises(SchemaNotExistError, match="open the table again"):  # a batch: one C pass finds it
+            await stale.new_lookup().create_lookuper().lookup_arrow(pa.table({"id": [2, 1]}))
+        with stale.new_lookup().create_blocking_lookuper() as blocking, \
+                pytest.raises(SchemaNotExistError, match="open the table again"):
+            await asyncio.to_thread(blocking.lookup, {"id": 1})
         with pytest.raises(SchemaNotExistError, match="open the table again"):
             await (await stale.new_scan().create_batch_scanner()).to_arrow()
         fresh = await connection.get_table(path)

@@ -106,15 +106,6 @@ def test_bad_arguments_raise_instead_of_corrupting() -> None:
         kv_loops.cache_put_many_python({}, {}, [b"a"], [], True, 0)
     with pytest.raises(TypeError, match="keys must be bytes"):
         native.key_order([b"a", "b"])
-    with pytest.raises(ValueError, match="differ in length"):
-        native.unsort([b"x"], b"")
-    _, order = native.key_order([b"b", b"a"])
-    with pytest.raises(ValueError, match="out of range"):
-        native.unsort([b"x", b"y"], b"\xff" * len(order))  # positions of -1
-    with pytest.raises(ValueError, match="out of range"):
-        native.take([b"x", b"y"], b"\xff" * len(order))
-    with pytest.raises(ValueError, match="differ in length"):
-        native.take([b"x"], order)
     for in_key_order in (kv_loops.in_key_order_native, kv_loops.in_key_order_python):
         with pytest.raises(ValueError, match="differ in length"):
             in_key_order([b"a", b"b"], [b"x"])

@@ -426,78 +426,6 @@ error:
     return NULL;
 }
 
-/* The items of (items, order) rearranged by order's positions (as key_order packs them): gathered,
- * result[i] = items[order[i]] (take), or scattered, result[order[i]] = items[i] (unsort, key_order's
- * inverse; a position given twice keeps the later item and leaves a hole, answered as None). */
-static PyObject *
-reorder(PyObject *args, int scatter)
-{
-    PyObject *items_arg;
-    Py_buffer order;
-    if (!PyArg_ParseTuple(args, "Oy*", &items_arg, &order)) {
-        return NULL;
-    }
-    PyObject *items = PySequence_Tuple(items_arg);
-    PyObject *result = NULL;
-    if (items == NULL) {
-        goto done;
-    }
-    Py_ssize_t count = PyTuple_GET_SIZE(items);
-    if (order.len != count * (Py_ssize_t)sizeof(Py_ssize_t)) {
-        PyErr_SetString(PyExc_ValueError, "items and order differ in length");
-        goto done;
-    }
-    const Py_ssize_t *positions = order.buf;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (positions[i] < 0 || positions[i] >= count) {
-            PyErr_SetString(PyExc_ValueError, "order holds a position out of range");
-            goto done;
-        }
-    }
-    result = PyList_New(count);
-    if (result == NULL) {
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (!scatter) {
-            PyObject *item = PyTuple_GET_ITEM(items, positions[i]);
-            Py_INCREF(item);
-            PyList_SET_ITEM(result, i, item);
-            continue;
-        }
-        PyObject *item = PyTuple_GET_ITEM(items, i);
-        PyObject *previous = PyList_GET_ITEM(result, positions[i]);
-        Py_INCREF(item);
-        PyList_SET_ITEM(result, positions[i], item);
-        Py_XDECREF(previous);  /* only with a repeated position (not from key_order) */
-    }
-    for (Py_ssize_t i = 0; scatter && i < count; i++) {
-        if (PyList_GET_ITEM(result, i) == NULL) {  /* a repeated position left a hole */
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(result, i, Py_None);
-        }
-    }
-done:
-    Py_XDECREF(items);
-    PyBuffer_Release(&order);
-    return result;
-}
-
-/* unsort(found, order) -> list: found[i] placed at position order[i] (key_order's inverse). */
-static PyObject *
-unsort(PyObject *self, PyObject *args)
-{
-    return reorder(args, 1);
-}
-
-/* take(items, order) -> list: items[order[0]], items[order[1]], ... — the items of sorted keys put in
- * key order. */
-static PyObject *
-take(PyObject *self, PyObject *args)
-{
-    return reorder(args, 0);
-}
-
 static PyMethodDef kvloops_methods[] = {
     {"cache_get_many", cache_get_many, METH_VARARGS,
      "cache_get_many(young, old, keys, room, overhead) -> (values, missing, promoted)\n\n"
@@ -513,10 +441,6 @@ static PyMethodDef kvloops_methods[] = {
      "index_update(index, keys, values) -> None: index[keys[i]] = values[i], later positions winning."},
     {"key_order", key_order, METH_O,
      "key_order(keys) -> (sorted_keys, order): a stable byte-order sort and the original positions."},
-    {"take", take, METH_VARARGS,
-     "take(items, order) -> list: the items at the positions key_order gave, in key order."},
-    {"unsort", unsort, METH_VARARGS,
-     "unsort(found, order) -> list: values of sorted keys back in the keys' original order."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1979,6 +1979,126 @@ done:
     return result;
 }
 
+/* The items of (items, order) rearranged by order's positions (native Py_ssize_t, as numpy's int64 arrays and kv's key_order pack them): gathered,
+ * result[i] = items[order[i]] (take), or scattered, result[order[i]] = items[i] (unsort, a sort's
+ * inverse; a position given twice keeps the later item and leaves a hole, answered as None). */
+static PyObject *
+reorder(PyObject *args, int scatter)
+{
+    PyObject *items_arg;
+    Py_buffer order;
+    if (!PyArg_ParseTuple(args, "Oy*", &items_arg, &order)) {
+        return NULL;
+    }
+    PyObject *items = PySequence_Tuple(items_arg);
+    PyObject *result = NULL;
+    if (items == NULL) {
+        goto done;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(items);
+    if (order.len != count * (Py_ssize_t)sizeof(Py_ssize_t)) {
+        PyErr_SetString(PyExc_ValueError, "items and order differ in length");
+        goto done;
+    }
+    const Py_ssize_t *positions = order.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (positions[i] < 0 || positions[i] >= count) {
+            PyErr_SetString(PyExc_ValueError, "order holds a position out of range");
+            goto done;
+        }
+    }
+    result = PyList_New(count);
+    if (result == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!scatter) {
+            PyObject *item = PyTuple_GET_ITEM(items, positions[i]);
+            Py_INCREF(item);
+            PyList_SET_ITEM(result, i, item);
+            continue;
+        }
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        PyObject *previous = PyList_GET_ITEM(result, positions[i]);
+        Py_INCREF(item);
+        PyList_SET_ITEM(result, positions[i], item);
+        Py_XDECREF(previous);  /* only with a repeated position (not from a sort) */
+    }
+    for (Py_ssize_t i = 0; scatter && i < count; i++) {
+        if (PyList_GET_ITEM(result, i) == NULL) {  /* a repeated position left a hole */
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(result, i, Py_None);
+        }
+    }
+done:
+    Py_XDECREF(items);
+    PyBuffer_Release(&order);
+    return result;
+}
+
+/* unsort(found, order) -> list: found[i] placed at position order[i] (a sort's inverse). */
+static PyObject *
+unsort(PyObject *self, PyObject *args)
+{
+    return reorder(args, 1);
+}
+
+/* take(items, order) -> list: items[order[0]], items[order[1]], ... — the items put in
+ * order. */
+static PyObject *
+take(PyObject *self, PyObject *args)
+{
+    return reorder(args, 0);
+}
+
+/* present_rows(values, prefix) -> (rows, mismatch): the values that are not None, in order, and the
+ * position in rows of the first that does not start with prefix (a stored value's schema id), or -1. */
+static PyObject *
+present_rows(PyObject *self, PyObject *args)
+{
+    PyObject *values_arg;
+    Py_buffer prefix;
+    if (!PyArg_ParseTuple(args, "Oy*", &values_arg, &prefix)) {
+        return NULL;
+    }
+    PyObject *values = PySequence_Tuple(values_arg);
+    PyObject *rows = NULL;
+    PyObject *result = NULL;
+    if (values == NULL) {
+        goto done;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(values), present = 0, mismatch = -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        present += PyTuple_GET_ITEM(values, i) != Py_None;
+    }
+    rows = PyList_New(present);
+    if (rows == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0, at = 0; i < count; i++) {
+        PyObject *value = PyTuple_GET_ITEM(values, i);
+        if (value == Py_None) {
+            continue;
+        }
+        if (!PyBytes_Check(value)) {
+            PyErr_Format(PyExc_TypeError, "a stored value must be bytes or None, not %.100s", Py_TYPE(value)->tp_name);
+            goto done;
+        }
+        if (mismatch < 0 && (PyBytes_GET_SIZE(value) < prefix.len
+                             || memcmp(PyBytes_AS_STRING(value), prefix.buf, (size_t)prefix.len) != 0)) {
+            mismatch = at;
+        }
+        Py_INCREF(value);
+        PyList_SET_ITEM(rows, at++, value);
+    }
+    result = Py_BuildValue("(On)", rows, mismatch);
+done:
+    Py_XDECREF(rows);
+    Py_XDECREF(values);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
 static PyMethodDef rowcodec_methods[] = {
     {"parse_kv_records", parse_kv_records, METH_VARARGS,
      "parse_kv_records(buffer, position, end, count) -> (keys, values)\n\n"
@@ -2009,6 +2129,13 @@ static PyMethodDef rowcodec_methods[] = {
      "parse_value_records(buffer, position, end, count) -> list[bytes]: the records of a value batch."},
     {"fill_value_batch", fill_value_batch, METH_VARARGS,
      "fill_value_batch(iterator, lookahead, batch_size_bytes, limit) -> (records, count, lookahead)"},
+    {"take", take, METH_VARARGS,
+     "take(items, order) -> list: items[order[0]], items[order[1]], ... (order: native Py_ssize_t)."},
+    {"unsort", unsort, METH_VARARGS,
+     "unsort(found, order) -> list: found[i] placed at position order[i], take's inverse."},
+    {"present_rows", present_rows, METH_VARARGS,
+     "present_rows(values, prefix) -> (rows, mismatch): the non-None values, and the position of the\n"
+     "first that does not start with prefix (-1: none)."},
     {"bucket_ids", bucket_ids, METH_VARARGS,
      "bucket_ids(keys, bucket_count) -> list[int]: bucketing.bucket_for_key for each key."},
     {"decode_plain_row", decode_plain_row, METH_VARARGS,
