@@ -510,6 +510,26 @@ read_bucket_entry(Reader *reader)
     return Py_BuildValue("(LNNNN)", (long long)entry.bucket_id, partition, code, message, values);
 }
 
+/* Moves the reader to the next buckets_resp entry of a LookupResponse, skipping other fields: 1 with
+ * *entry over its bytes, 0 at the end, -1 with ValueError set. */
+static int
+next_bucket_entry(Reader *reader, Reader *entry)
+{
+    while (reader->at < reader->end) {
+        int field, wire_type;
+        if (read_tag(reader, &field, &wire_type) < 0) {
+            return -1;
+        }
+        if (field == 1 && wire_type == WIRE_LEN) {
+            return read_length_delimited(reader, entry) < 0 ? -1 : 1;
+        }
+        if (skip_field(reader, wire_type) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* parse_lookup_response(body) -> [(bucket_id, partition_id, error_code, error_message, values)], one
  * tuple per buckets_resp entry, absent optional fields as None. */
 static PyObject *
@@ -524,29 +544,21 @@ parse_lookup_response(PyObject *self, PyObject *arg)
     if (entries == NULL) {
         goto done;
     }
-    while (reader.at < reader.end) {
-        int field, wire_type;
-        if (read_tag(&reader, &field, &wire_type) < 0) {
+    Reader inner;
+    int next;
+    while ((next = next_bucket_entry(&reader, &inner)) > 0) {
+        PyObject *entry = read_bucket_entry(&inner);
+        if (entry == NULL) {
             goto error;
         }
-        if (field == 1 && wire_type == WIRE_LEN) {
-            Reader inner;
-            if (read_length_delimited(&reader, &inner) < 0) {
-                goto error;
-            }
-            PyObject *entry = read_bucket_entry(&inner);
-            if (entry == NULL) {
-                goto error;
-            }
-            int failed = PyList_Append(entries, entry) < 0;
-            Py_DECREF(entry);
-            if (failed) {
-                goto error;
-            }
-        }
-        else if (skip_field(&reader, wire_type) < 0) {
+        int failed = PyList_Append(entries, entry) < 0;
+        Py_DECREF(entry);
+        if (failed) {
             goto error;
         }
+    }
+    if (next < 0) {
+        goto error;
     }
     goto done;
 error:
@@ -838,24 +850,19 @@ one_key_answer(Reader reader)
 {
     BucketEntry entry;
     int entries = 0;
-    while (reader.at < reader.end) {
-        int field, wire_type;
-        if (read_tag(&reader, &field, &wire_type) < 0) {
+    Reader inner;
+    int next;
+    while ((next = next_bucket_entry(&reader, &inner)) > 0) {
+        BucketEntry scanned;
+        if (scan_bucket_entry(&inner, &scanned, NULL) < 0) {
             return NULL;
         }
-        if (field == 1 && wire_type == WIRE_LEN) {
-            Reader inner;
-            BucketEntry scanned;
-            if (read_length_delimited(&reader, &inner) < 0 || scan_bucket_entry(&inner, &scanned, NULL) < 0) {
-                return NULL;
-            }
-            if (entries++ == 0) {
-                entry = scanned;
-            }
+        if (entries++ == 0) {
+            entry = scanned;
         }
-        else if (skip_field(&reader, wire_type) < 0) {
-            return NULL;
-        }
+    }
+    if (next < 0) {
+        return NULL;
     }
     if (entries != 1) {
         PyErr_Format(PyExc_ValueError, "a Lookup for one bucket was answered with %d bucket entries", entries);
