@@ -10,7 +10,7 @@ import socket
 import threading
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from strom.client.blocking import LOOKUP_VERSION, _BlockingRpc, use_kernel_timeouts
@@ -261,6 +261,7 @@ response_bodies = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(body=response_bodies, kind=st.sampled_from([framing.RESPONSE_SUCCESS, framing.RESPONSE_ERROR, 2, -1]))
+@example(body=bytes([8, 5, 18, 2, 0xFF, 0xFE]), kind=framing.RESPONSE_ERROR)  # an error_message not UTF-8
 def test_any_answer_gives_what_the_python_frames_give(body: bytes, kind: int) -> None:
     """Whatever a server answers, the C round trip returns the same value or raises the same error as the
     reference; it may only be stricter (a corrupt answer where protobuf reads one)."""

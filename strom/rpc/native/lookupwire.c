@@ -465,19 +465,27 @@ scan_bucket_entry(Reader *reader, BucketEntry *entry, PyObject *values)
     return 0;
 }
 
-/* The entry's error_message: a new reference to a str, or to None when absent. */
+/* An error_message's text: a new reference to a str, or to None when absent (start NULL); ValueError
+ * when it is not UTF-8 (a corrupt answer, whichever message carries it). */
 static PyObject *
-entry_message(const BucketEntry *entry)
+message_text(const unsigned char *start, size_t size)
 {
-    if (entry->message_start == NULL) {
+    if (start == NULL) {
         Py_RETURN_NONE;
     }
-    PyObject *message = PyUnicode_DecodeUTF8((const char *)entry->message_start, (Py_ssize_t)entry->message_size, NULL);
+    PyObject *message = PyUnicode_DecodeUTF8((const char *)start, (Py_ssize_t)size, NULL);
     if (message == NULL) {
         PyErr_Clear();
         malformed("error_message is not UTF-8");
     }
     return message;
+}
+
+/* The entry's error_message: a new reference to a str, or to None when absent. */
+static PyObject *
+entry_message(const BucketEntry *entry)
+{
+    return message_text(entry->message_start, entry->message_size);
 }
 
 /* One buckets_resp entry as (bucket_id, partition_id, error_code, error_message, values). */
@@ -833,14 +841,8 @@ error_response(Reader reader)
         PyErr_SetString(PyExc_ValueError, "malformed ErrorResponse: no error_code");
         return NULL;
     }
-    if (message_size == 0) {
-        return Py_BuildValue("(LO)", (long long)code, Py_None);
-    }
-    PyObject *message = PyUnicode_DecodeUTF8((const char *)message_start, (Py_ssize_t)message_size, "replace");
-    if (message == NULL) {
-        return NULL;
-    }
-    return Py_BuildValue("(LN)", (long long)code, message);
+    PyObject *message = message_text(message_size == 0 ? NULL : message_start, message_size);  /* "": None */
+    return message == NULL ? NULL : Py_BuildValue("(LN)", (long long)code, message);
 }
 
 /* A LookupResponse for one bucket's one key: the value (bytes, or None: no row), or (error_code,
@@ -848,17 +850,13 @@ error_response(Reader reader)
 static PyObject *
 one_key_answer(Reader reader)
 {
-    BucketEntry entry;
+    BucketEntry entry = {0}, later; /* the first entry is the answer; any later one is only checked */
     int entries = 0;
     Reader inner;
     int next;
     while ((next = next_bucket_entry(&reader, &inner)) > 0) {
-        BucketEntry scanned;
-        if (scan_bucket_entry(&inner, &scanned, NULL) < 0) {
+        if (scan_bucket_entry(&inner, entries++ == 0 ? &entry : &later, NULL) < 0) {
             return NULL;
-        }
-        if (entries++ == 0) {
-            entry = scanned;
         }
     }
     if (next < 0) {
